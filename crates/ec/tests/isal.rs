@@ -20,11 +20,11 @@ fn random_shards(rng: &mut StdRng, count: usize, len: usize) -> Vec<Vec<u8>> {
 }
 
 fn isal_encode(isal: &Isal, matrix: &[u8], data: usize, parity: usize, shards: &[Vec<u8>]) -> Vec<Vec<u8>> {
-    let mut tables = isal.init_tables(parity, data, &matrix[data * data..]);
+    let tables = isal.init_tables(parity, data, &matrix[data * data..]);
     let inputs: Vec<&[u8]> = shards.iter().map(|s| s.as_slice()).collect();
     let mut parity_shards = vec![vec![0u8; shards[0].len()]; parity];
     let mut outputs: Vec<&mut [u8]> = parity_shards.iter_mut().map(|p| p.as_mut_slice()).collect();
-    isal.encode_data(&mut tables, &inputs, &mut outputs)
+    isal.encode_data(&tables, &inputs, &mut outputs)
         .expect("shape fits ISA-L");
     parity_shards
 }
@@ -180,12 +180,12 @@ fn update_matches_isal_progressive_encoding_and_reencoding() {
         // From zero parity, each shard as its own delta builds the parity: ISA-L's progressive encode.
         let mut ours = vec![vec![0u8; len]; parity];
         let mut theirs = vec![vec![0u8; len]; parity];
-        let mut tables = isal.init_tables(parity, data, &codec.encoding_matrix()[data * data..]);
+        let tables = isal.init_tables(parity, data, &codec.encoding_matrix()[data * data..]);
         for (index, shard) in shards.iter().enumerate() {
             let mut refs: Vec<&mut [u8]> = ours.iter_mut().map(|p| p.as_mut_slice()).collect();
             codec.update(index, shard, &mut refs).unwrap();
             let mut refs: Vec<&mut [u8]> = theirs.iter_mut().map(|p| p.as_mut_slice()).collect();
-            isal.encode_data_update(&mut tables, index, shard, &mut refs).unwrap();
+            isal.encode_data_update(&tables, index, shard, &mut refs).unwrap();
         }
         assert_eq!(ours, theirs);
         assert_eq!(ours, encoded);

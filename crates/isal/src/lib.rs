@@ -114,22 +114,17 @@ impl Isal {
     }
 
     /// `ec_encode_data`: `outputs = tables x inputs`.
-    pub fn encode_data(
-        &self,
-        tables: &mut Tables,
-        inputs: &[&[u8]],
-        outputs: &mut [&mut [u8]],
-    ) -> Result<(), IsalError> {
+    pub fn encode_data(&self, tables: &Tables, inputs: &[&[u8]], outputs: &mut [&mut [u8]]) -> Result<(), IsalError> {
         let len = check_shape(tables, inputs.len(), outputs.iter().map(|o| o.len()), inputs)?;
         let mut input_pointers: Vec<*mut c_uchar> = inputs.iter().map(|i| i.as_ptr().cast_mut()).collect();
         let mut output_pointers: Vec<*mut c_uchar> = outputs.iter_mut().map(|o| o.as_mut_ptr()).collect();
-        // SAFETY: the shapes were checked; ISA-L only reads the inputs.
+        // SAFETY: the shapes were checked; ISA-L only reads the inputs and tables.
         unsafe {
             (self.encode_data)(
                 len as c_int,
                 tables.columns as c_int,
                 tables.rows as c_int,
-                tables.bytes.as_mut_ptr(),
+                tables.bytes.as_ptr().cast_mut(),
                 input_pointers.as_mut_ptr(),
                 output_pointers.as_mut_ptr(),
             )
@@ -140,7 +135,7 @@ impl Isal {
     /// `ec_encode_data_update`: `outputs ^= column `index` of tables x input`.
     pub fn encode_data_update(
         &self,
-        tables: &mut Tables,
+        tables: &Tables,
         index: usize,
         input: &[u8],
         outputs: &mut [&mut [u8]],
@@ -159,7 +154,7 @@ impl Isal {
                 tables.columns as c_int,
                 tables.rows as c_int,
                 index as c_int,
-                tables.bytes.as_mut_ptr(),
+                tables.bytes.as_ptr().cast_mut(),
                 input.as_ptr().cast_mut(),
                 output_pointers.as_mut_ptr(),
             )

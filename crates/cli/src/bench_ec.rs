@@ -1,0 +1,304 @@
+//! `tessera bench ec`: Tessera's codec and the system's ISA-L on the same
+//! buffers in the same run.
+//!
+//! The working set (stripes of K+M shards) is allocated once and filled with
+//! random bytes; each measurement sweeps all of it repeatedly for a minimum
+//! time, and Tessera and ISA-L alternate over several rounds so that noise
+//! from a shared machine falls on both. The median round is reported. Work is
+//! cut into the same pieces (a stripe, or a column range of one) for both, and
+//! spread over `--threads` threads the same way.
+
+use anyhow::{bail, Result};
+use rand::RngCore;
+use serde::Serialize;
+use std::time::{Duration, Instant};
+use tessera_ec::{Codec, Kernel, MatrixKind};
+use tessera_isal::{Isal, Tables};
+
+pub struct Options {
+    pub data: usize,
+    pub parity: usize,
+    pub shard_bytes: usize,
+    pub working_set_bytes: usize,
+    pub threads: usize,
+    pub kernel: Option<Kernel>,
+    pub matrix: MatrixKind,
+    pub rounds: usize,
+    pub seconds: f64,
+}
+
+#[derive(Serialize)]
+pub struct Report {
+    pub data: usize,
+    pub parity: usize,
+    pub shard_bytes: usize,
+    pub stripes: usize,
+    pub working_set_bytes: usize,
+    pub threads: usize,
+    pub kernel: &'static str,
+    pub matrix: &'static str,
+    pub cpu: String,
+    pub encode_gbps: f64,
+    pub decode_gbps: f64,
+    pub isal_encode_gbps: Option<f64>,
+    pub isal_decode_gbps: Option<f64>,
+    pub encode_ratio: Option<f64>,
+    pub decode_ratio: Option<f64>,
+}
+
+/// A stripe's buffers: data, parity, and room for the shards a decode rebuilds.
+struct Stripe {
+    data: Vec<Vec<u8>>,
+    parity: Vec<Vec<u8>>,
+    rebuilt: Vec<Vec<u8>>,
+}
+
+/// A unit of work: the same column range of every buffer of one stripe.
+struct View<'a> {
+    data: Vec<&'a mut [u8]>,
+    parity: Vec<&'a mut [u8]>,
+    rebuilt: Vec<&'a mut [u8]>,
+}
+
+pub fn run(options: &Options) -> Result<Report> {
+    let (k, m, n) = (options.data, options.parity, options.shard_bytes);
+    if n == 0 {
+        bail!("--shard-bytes must be at least 1");
+    }
+    if m == 0 {
+        bail!("--parity must be at least 1 to measure decoding");
+    }
+    let mut codec = Codec::new(k, m, options.matrix)?;
+    if let Some(kernel) = options.kernel {
+        codec = codec.with_kernel(kernel)?;
+    }
+    let stripe_bytes = (k + m) * n;
+    let stripe_count = (options.working_set_bytes / stripe_bytes).max(1);
+    let mut rng = rand::thread_rng();
+    let mut stripes: Vec<Stripe> = (0..stripe_count)
+        .map(|_| Stripe {
+            data: (0..k)
+                .map(|_| {
+                    let mut shard = vec![0u8; n];
+                    rng.fill_bytes(&mut shard);
+                    shard
+                })
+                .collect(),
+            parity: vec![vec![0u8; n]; m],
+            rebuilt: vec![vec![0u8; n]; m],
+        })
+        .collect();
+
+    // Lose data shards first (the costly case), then parity if M > K.
+    let lost: Vec<usize> = (0..k).take(m).chain(k..k + m.saturating_sub(k)).collect();
+    let survivors: Vec<usize> = (0..k + m).filter(|i| !lost.contains(i)).take(k).collect();
+    let isal = Isal::load().ok();
+
+    let threads = options.threads;
+    let encode_ours = |stripes: &mut [Stripe]| {
+        for_each_view(views(stripes, n, threads), threads, |mut view| {
+            let data: Vec<&[u8]> = view.data.iter().map(|d| &**d).collect();
+            codec.encode(&data, &mut view.parity).expect("valid shape");
+        })
+    };
+    let decode_ours = |stripes: &mut [Stripe]| {
+        for_each_view(views(stripes, n, threads), threads, |view| {
+            // Each lost shard is replaced by a scratch buffer, so the rebuild
+            // really writes fresh bytes.
+            let mut rebuilt = view.rebuilt.into_iter();
+            let mut shards: Vec<&mut [u8]> = Vec::with_capacity(k + m);
+            for (index, shard) in view.data.into_iter().chain(view.parity).enumerate() {
+                let buffer = if lost.contains(&index) {
+                    rebuilt.next().expect("one per lost shard")
+                } else {
+                    shard
+                };
+                shards.push(buffer);
+            }
+            codec.reconstruct(&mut shards, &lost).expect("at most M lost");
+        })
+    };
+
+    encode_ours(&mut stripes);
+    let mut isal_tables = None;
+    if let Some(isal) = &isal {
+        let matrix = codec.encoding_matrix();
+        let encode_tables = isal.init_tables(m, k, &matrix[k * k..]);
+        let survivor_rows: Vec<u8> = survivors
+            .iter()
+            .flat_map(|&s| matrix[s * k..(s + 1) * k].to_vec())
+            .collect();
+        let inverse = isal.invert_matrix(&survivor_rows, k).expect("the code is MDS");
+        let mut decode_rows = Vec::with_capacity(lost.len() * k);
+        for &t in &lost {
+            for column in 0..k {
+                let mut sum = 0u8;
+                for i in 0..k {
+                    sum ^= tessera_ec::gf::mul(matrix[t * k + i], inverse[i * k + column]);
+                }
+                decode_rows.push(sum);
+            }
+        }
+        let decode_tables = isal.init_tables(lost.len(), k, &decode_rows);
+        isal_tables = Some((encode_tables, decode_tables));
+    }
+    let encode_isal = |stripes: &mut [Stripe], isal: &Isal, tables: &Tables| {
+        for_each_view(views(stripes, n, threads), threads, |mut view| {
+            let data: Vec<&[u8]> = view.data.iter().map(|d| &**d).collect();
+            isal.encode_data(tables, &data, &mut view.parity)
+                .expect("shape fits ISA-L");
+        })
+    };
+    let decode_isal = |stripes: &mut [Stripe], isal: &Isal, tables: &Tables| {
+        for_each_view(views(stripes, n, threads), threads, |mut view| {
+            let all: Vec<&[u8]> = view.data.iter().chain(view.parity.iter()).map(|s| &**s).collect();
+            let inputs: Vec<&[u8]> = survivors.iter().map(|&s| all[s]).collect();
+            isal.encode_data(tables, &inputs, &mut view.rebuilt)
+                .expect("shape fits ISA-L");
+        })
+    };
+    if let (Some(isal), Some((encode_tables, _))) = (&isal, &isal_tables) {
+        let ours = stripes[0].parity.clone();
+        encode_isal(&mut stripes, isal, encode_tables);
+        if stripes[0].parity != ours {
+            bail!("Tessera's parity differs from ISA-L's for {k}+{m}: refusing to report speeds");
+        }
+    }
+
+    let data_bytes = (k * n * stripe_count) as f64;
+    let minimum = Duration::from_secs_f64(options.seconds);
+    let mut samples: [Vec<f64>; 4] = Default::default();
+    for _ in 0..options.rounds.max(1) {
+        samples[0].push(gbps(data_bytes, minimum, || encode_ours(&mut stripes)));
+        samples[1].push(gbps(data_bytes, minimum, || decode_ours(&mut stripes)));
+        if let (Some(isal), Some((encode_tables, decode_tables))) = (&isal, &isal_tables) {
+            samples[2].push(gbps(data_bytes, minimum, || {
+                encode_isal(&mut stripes, isal, encode_tables)
+            }));
+            samples[3].push(gbps(data_bytes, minimum, || {
+                decode_isal(&mut stripes, isal, decode_tables)
+            }));
+        }
+    }
+    // The rebuilt shards must be the lost ones, or the decode timing is meaningless.
+    for (buffer, &index) in stripes[0].rebuilt.iter().zip(&lost) {
+        let original = if index < k {
+            &stripes[0].data[index]
+        } else {
+            &stripes[0].parity[index - k]
+        };
+        if buffer != original {
+            bail!("decoding did not rebuild shard {index}: refusing to report speeds");
+        }
+    }
+    let [encode, decode, isal_encode, isal_decode] = samples.map(median);
+    Ok(Report {
+        data: k,
+        parity: m,
+        shard_bytes: n,
+        stripes: stripe_count,
+        working_set_bytes: stripe_count * stripe_bytes,
+        threads: options.threads,
+        kernel: codec.kernel().name(),
+        matrix: codec.matrix_kind().name(),
+        cpu: cpu_model(),
+        encode_gbps: encode.unwrap_or(0.0),
+        decode_gbps: decode.unwrap_or(0.0),
+        encode_ratio: isal_encode.map(|i| encode.unwrap_or(0.0) / i),
+        decode_ratio: isal_decode.map(|i| decode.unwrap_or(0.0) / i),
+        isal_encode_gbps: isal_encode,
+        isal_decode_gbps: isal_decode,
+    })
+}
+
+#[derive(Clone, Copy)]
+enum Which {
+    Data,
+    Parity,
+    Rebuilt,
+}
+
+/// Cuts every stripe into column ranges of whole cache lines, at least
+/// `threads` views in all.
+fn views<'a>(stripes: &'a mut [Stripe], shard_bytes: usize, threads: usize) -> Vec<View<'a>> {
+    let per_stripe = threads.div_ceil(stripes.len()).max(1);
+    let width = shard_bytes.div_ceil(per_stripe).next_multiple_of(64);
+    let mut views = Vec::new();
+    for stripe in stripes {
+        let first = views.len();
+        let pieces = shard_bytes.div_ceil(width);
+        for _ in 0..pieces {
+            views.push(View {
+                data: Vec::new(),
+                parity: Vec::new(),
+                rebuilt: Vec::new(),
+            });
+        }
+        let mut cut_into = |buffers: &'a mut [Vec<u8>], which: Which| {
+            for buffer in buffers {
+                for (i, chunk) in buffer.chunks_mut(width).enumerate() {
+                    let view = &mut views[first + i];
+                    match which {
+                        Which::Data => view.data.push(chunk),
+                        Which::Parity => view.parity.push(chunk),
+                        Which::Rebuilt => view.rebuilt.push(chunk),
+                    }
+                }
+            }
+        };
+        cut_into(&mut stripe.data, Which::Data);
+        cut_into(&mut stripe.parity, Which::Parity);
+        cut_into(&mut stripe.rebuilt, Which::Rebuilt);
+    }
+    views
+}
+
+/// Runs `work` on every view, thread `t` taking views `t`, `t + threads`, ...
+fn for_each_view(views: Vec<View<'_>>, threads: usize, work: impl Fn(View<'_>) + Sync) {
+    if threads <= 1 {
+        views.into_iter().for_each(work);
+        return;
+    }
+    let mut per_thread: Vec<Vec<View<'_>>> = (0..threads).map(|_| Vec::new()).collect();
+    for (i, view) in views.into_iter().enumerate() {
+        per_thread[i % threads].push(view);
+    }
+    let work = &work;
+    std::thread::scope(|scope| {
+        for mine in per_thread {
+            scope.spawn(move || mine.into_iter().for_each(work));
+        }
+    });
+}
+
+/// GB/s of `bytes` per sweep, sweeping until `minimum` has passed.
+fn gbps(bytes: f64, minimum: Duration, mut sweep: impl FnMut()) -> f64 {
+    let start = Instant::now();
+    let mut sweeps = 0u32;
+    while sweeps == 0 || start.elapsed() < minimum {
+        sweep();
+        sweeps += 1;
+    }
+    bytes * f64::from(sweeps) / start.elapsed().as_secs_f64() / 1e9
+}
+
+fn median(mut samples: Vec<f64>) -> Option<f64> {
+    if samples.is_empty() {
+        return None;
+    }
+    samples.sort_by(f64::total_cmp);
+    Some(samples[samples.len() / 2])
+}
+
+/// The CPU's model name, as /proc/cpuinfo gives it.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".to_string())
+}

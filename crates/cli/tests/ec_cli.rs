@@ -1,0 +1,154 @@
+//! `tessera ec encode|decode` driven as a user would, through the binary.
+
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn tessera(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .output()
+        .expect("the tessera binary runs")
+}
+
+fn shard(dir: &Path, index: usize) -> std::path::PathBuf {
+    dir.join(index.to_string())
+}
+
+#[test]
+fn encode_then_decode_restores_every_lost_shard() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+    for (data, parity, len, matrix) in [
+        (4, 2, 3_000_001, "cauchy"),
+        (10, 4, 65_536, "vandermonde"),
+        (1, 3, 17, "cauchy"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut originals = Vec::new();
+        for i in 0..data {
+            let bytes: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+            std::fs::write(shard(dir.path(), i), &bytes).unwrap();
+            originals.push(bytes);
+        }
+        let (k, m, d) = (
+            data.to_string(),
+            parity.to_string(),
+            dir.path().to_str().unwrap().to_string(),
+        );
+        let args = [
+            "--data",
+            k.as_str(),
+            "--parity",
+            m.as_str(),
+            "--matrix",
+            matrix,
+            d.as_str(),
+        ];
+        let out = tessera(&[&["ec", "encode"][..], &args[..]].concat());
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let all: Vec<Vec<u8>> = (0..data + parity)
+            .map(|i| std::fs::read(shard(dir.path(), i)).unwrap())
+            .collect();
+        assert!(all[..data] == originals[..], "encode leaves the data shards alone");
+        let mut lost: Vec<usize> = (0..data + parity).collect();
+        lost.shuffle(&mut rng);
+        lost.truncate(parity);
+        for &i in &lost {
+            std::fs::remove_file(shard(dir.path(), i)).unwrap();
+        }
+        let out = tessera(&[&["ec", "decode"][..], &args[..]].concat());
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        for (i, expected) in all.iter().enumerate() {
+            assert!(
+                std::fs::read(shard(dir.path(), i)).unwrap() == *expected,
+                "shard {i} of {data}+{parity}"
+            );
+        }
+        assert!(
+            std::fs::read_dir(dir.path()).unwrap().count() == data + parity,
+            "no temporary files left"
+        );
+    }
+}
+
+#[test]
+fn decode_refuses_more_losses_than_parity() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..3 {
+        std::fs::write(shard(dir.path(), i), [i as u8; 100]).unwrap();
+    }
+    let d = dir.path().to_str().unwrap();
+    assert!(tessera(&["ec", "encode", "--data", "3", "--parity", "2", d])
+        .status
+        .success());
+    for i in [0, 2, 4] {
+        std::fs::remove_file(shard(dir.path(), i)).unwrap();
+    }
+    let out = tessera(&["ec", "decode", "--data", "3", "--parity", "2", d]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("3 shards are missing"), "{stderr}");
+    assert!(!shard(dir.path(), 0).exists(), "a refused decode writes nothing");
+}
+
+#[test]
+fn bad_shapes_and_unequal_shards_are_refused_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(shard(dir.path(), 0), [1u8; 10]).unwrap();
+    std::fs::write(shard(dir.path(), 1), [1u8; 11]).unwrap();
+    let d = dir.path().to_str().unwrap();
+    let out = tessera(&["ec", "encode", "--data", "2", "--parity", "1", d]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("same length"));
+    assert!(!shard(dir.path(), 2).exists());
+
+    let out = tessera(&["ec", "encode", "--data", "0", "--parity", "1", d]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at least one data shard"));
+    let out = tessera(&["ec", "encode", "--data", "200", "--parity", "57", d]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("over the limit of 256"));
+    let out = tessera(&[
+        "ec",
+        "encode",
+        "--data",
+        "6",
+        "--parity",
+        "5",
+        "--matrix",
+        "vandermonde",
+        d,
+    ]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not MDS"));
+}
+
+#[test]
+fn bench_ec_prints_the_documented_json_keys() {
+    let out = tessera(&[
+        "bench",
+        "ec",
+        "--data",
+        "4",
+        "--parity",
+        "2",
+        "--shard-bytes",
+        "4K",
+        "--working-set",
+        "64K",
+        "--rounds",
+        "1",
+        "--seconds",
+        "0.01",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    for key in [
+        "\"encode_gbps\":",
+        "\"decode_gbps\":",
+        "\"isal_encode_gbps\":",
+        "\"isal_decode_gbps\":",
+    ] {
+        assert!(text.contains(key), "missing {key} in {text}");
+    }
+    assert_eq!(text.lines().count(), 1, "one JSON object");
+}

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs the peers Tessera's tests run against, from Debian's packages,
+# when they are missing: ISA-L (parity bytes), and the tools later layers
+# test with. Safe to run again; does nothing when all are present.
+set -euo pipefail
+
+packages=(libisal-dev libisal2 zstd lz4 b3sum openssl)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "installing test dependencies: ${missing[*]}" >&2
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
