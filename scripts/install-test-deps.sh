@@ -4,7 +4,7 @@
 # test with. Safe to run again; does nothing when all are present.
 set -euo pipefail
 
-packages=(libisal-dev libisal2 zstd lz4 b3sum openssl gzip python3)
+packages=(libisal-dev libisal2 libssl-dev pkg-config zstd lz4 b3sum openssl gzip python3)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

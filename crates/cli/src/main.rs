@@ -2,6 +2,7 @@
 //! calls into the library crates; output meant for tools is JSON on stdout,
 //! progress and diagnostics go to stderr.
 
+mod bench_data;
 mod bench_ec;
 mod ec_files;
 mod size;
@@ -95,6 +96,36 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Checksum speed per core, against openssl speed or b3sum in the same run.
+    Hash {
+        /// crc32c, xxh3, blake3, sha256 or sha3-512 (default: all).
+        #[arg(long)]
+        algorithm: Option<tessera_checksum::Algorithm>,
+        /// Bytes of random data hashed per pass.
+        #[arg(long, value_parser = size::parse, default_value = "64M")]
+        bytes: u64,
+        /// Bytes per digest (a block).
+        #[arg(long, value_parser = size::parse, default_value = "64K")]
+        block_bytes: u64,
+        /// Print JSON: one object for one algorithm, {"algorithms": [...]} for all.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Compression speed per core and ratio, against zstd -b or lz4 -b in the same run.
+    Compress {
+        /// lz4, zstd[:LEVEL], deflate[:LEVEL], gzip[:LEVEL], zlib[:LEVEL], snappy.
+        #[arg(long, default_value = "lz4")]
+        codec: tessera_compress::Codec,
+        /// File to compress (default: 64 MiB of generated text).
+        #[arg(long)]
+        input: Option<PathBuf>,
+        /// Bytes per independently compressed blob.
+        #[arg(long, value_parser = size::parse, default_value = "64K")]
+        block_bytes: u64,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -128,7 +159,77 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
+        Command::Bench(BenchCommand::Hash {
+            algorithm,
+            bytes,
+            block_bytes,
+            json,
+        }) => bench_hash(algorithm, bytes, block_bytes, json),
+        Command::Bench(BenchCommand::Compress {
+            codec,
+            input,
+            block_bytes,
+            json,
+        }) => {
+            anyhow::ensure!(block_bytes > 0, "--block-bytes must be at least 1");
+            let r = bench_data::compress(codec, input.as_deref(), usize::try_from(block_bytes)?)?;
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!(
+                    "{} on {} ({} bytes, {} B blobs): ratio {:.3}",
+                    r.codec, r.input, r.input_bytes, r.block_bytes, r.ratio
+                );
+                println!(
+                    "tessera    compress {:7.3} GB/s  decompress {:7.3} GB/s",
+                    r.gbps, r.decompress_gbps
+                );
+                match (&r.reference, r.reference_gbps, r.reference_decompress_gbps) {
+                    (Some(name), Some(c), Some(d)) => println!(
+                        "reference  compress {c:7.3} GB/s  decompress {d:7.3} GB/s  ({name}); ratios {:.2}x, {:.2}x",
+                        r.gbps / c,
+                        r.decompress_gbps / d
+                    ),
+                    _ => println!("reference  (none for this codec, or the tool is not installed)"),
+                }
+            }
+            Ok(())
+        }
     }
+}
+
+fn bench_hash(algorithm: Option<tessera_checksum::Algorithm>, bytes: u64, block_bytes: u64, json: bool) -> Result<()> {
+    let algorithms = match algorithm {
+        Some(a) => vec![a],
+        None => tessera_checksum::Algorithm::ALL.to_vec(),
+    };
+    anyhow::ensure!(block_bytes > 0, "--block-bytes must be at least 1");
+    let mut reports = Vec::new();
+    for a in algorithms {
+        reports.push(bench_data::hash(
+            a,
+            usize::try_from(bytes)?,
+            usize::try_from(block_bytes)?,
+        )?);
+    }
+    if json {
+        match &reports[..] {
+            [one] => println!("{}", serde_json::to_string(one)?),
+            all => println!("{}", serde_json::json!({ "algorithms": all })),
+        }
+        return Ok(());
+    }
+    println!("{:<10} {:>10} {:>12}  reference", "algorithm", "GB/s", "ratio");
+    for r in &reports {
+        let reference = match (&r.reference, r.reference_gbps) {
+            (Some(name), Some(gbps)) => format!("{gbps:.3} GB/s ({name})"),
+            (Some(name), None) => format!("({name} not available)"),
+            _ => "(no reference tool)".to_string(),
+        };
+        let ratio = r.ratio.map_or("-".to_string(), |x| format!("{x:.2}x"));
+        println!("{:<10} {:>10.3} {:>12}  {reference}", r.algorithm, r.gbps, ratio);
+    }
+    Ok(())
 }
 
 fn print_ec_report(r: &bench_ec::Report) {

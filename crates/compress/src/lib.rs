@@ -83,7 +83,7 @@ impl Codec {
         }
         let flate_level = |level: u32| flate2::Compression::new(level);
         let out = match self {
-            Codec::Lz4 => lz4_flex::block::compress(input),
+            Codec::Lz4 => lz4::block::compress(input, None, false).map_err(|e| self.corrupt(e))?,
             Codec::Zstd { level } => zstd::bulk::compress(input, level).map_err(|e| self.corrupt(e))?,
             Codec::Deflate { level } => {
                 let mut out = Vec::with_capacity(input.len() / 2);
@@ -123,8 +123,10 @@ impl Codec {
         }
         let out = match self {
             Codec::Lz4 => {
+                // LZ4_decompress_safe: bounded by the output buffer, checked against the input.
                 let mut out = vec![0u8; original_len];
-                let written = lz4_flex::block::decompress_into(input, &mut out).map_err(|e| self.corrupt(e))?;
+                let written = lz4::block::decompress_to_buffer(input, Some(original_len as i32), &mut out)
+                    .map_err(|e| self.corrupt(e))?;
                 out.truncate(written);
                 out
             }

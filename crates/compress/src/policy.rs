@@ -216,7 +216,9 @@ pub fn looks_incompressible(data: &[u8]) -> bool {
         return false;
     }
     let prefix = &data[..data.len().min(SAMPLE_PREFIX_BYTES)];
-    lz4_flex::block::compress(prefix).len() as f64 > 0.97 * prefix.len() as f64
+    crate::Codec::Lz4
+        .compress(prefix)
+        .map_or(true, |packed| packed.len() as f64 > 0.97 * prefix.len() as f64)
 }
 
 #[cfg(test)]

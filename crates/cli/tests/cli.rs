@@ -1,4 +1,4 @@
-//! `tessera ec encode|decode` driven as a user would, through the binary.
+//! The `tessera` binary driven as a user would: `ec encode|decode` and the benches.
 
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -151,4 +151,32 @@ fn bench_ec_prints_the_documented_json_keys() {
         assert!(text.contains(key), "missing {key} in {text}");
     }
     assert_eq!(text.lines().count(), 1, "one JSON object");
+}
+
+#[test]
+fn bench_hash_and_compress_print_the_documented_json_keys() {
+    let out = tessera(&["bench", "hash", "--algorithm", "crc32c", "--bytes", "1M", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with('{') && text.contains("\"gbps\":"), "{text}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("input");
+    std::fs::write(&input, b"tessera stripe parity ".repeat(10_000)).unwrap();
+    let out = tessera(&[
+        "bench",
+        "compress",
+        "--codec",
+        "snappy",
+        "--input",
+        input.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    for key in ["\"gbps\":", "\"ratio\":", "\"decompress_gbps\":"] {
+        assert!(text.contains(key), "missing {key} in {text}");
+    }
+    let out = tessera(&["bench", "compress", "--codec", "brotli"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown codec"));
 }
