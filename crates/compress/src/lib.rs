@@ -86,25 +86,13 @@ impl Codec {
             Codec::Lz4 => lz4::block::compress(input, None, false).map_err(|e| self.corrupt(e))?,
             Codec::Zstd { level } => zstd::bulk::compress(input, level).map_err(|e| self.corrupt(e))?,
             Codec::Deflate { level } => {
-                let mut out = Vec::with_capacity(input.len() / 2);
-                flate2::read::DeflateEncoder::new(input, flate_level(level))
-                    .read_to_end(&mut out)
-                    .map_err(|e| self.corrupt(e))?;
-                out
+                drain(flate2::read::DeflateEncoder::new(input, flate_level(level))).map_err(|e| self.corrupt(e))?
             }
             Codec::Gzip { level } => {
-                let mut out = Vec::with_capacity(input.len() / 2);
-                flate2::read::GzEncoder::new(input, flate_level(level))
-                    .read_to_end(&mut out)
-                    .map_err(|e| self.corrupt(e))?;
-                out
+                drain(flate2::read::GzEncoder::new(input, flate_level(level))).map_err(|e| self.corrupt(e))?
             }
             Codec::Zlib { level } => {
-                let mut out = Vec::with_capacity(input.len() / 2);
-                flate2::read::ZlibEncoder::new(input, flate_level(level))
-                    .read_to_end(&mut out)
-                    .map_err(|e| self.corrupt(e))?;
-                out
+                drain(flate2::read::ZlibEncoder::new(input, flate_level(level))).map_err(|e| self.corrupt(e))?
             }
             Codec::Snappy => snap::raw::Encoder::new()
                 .compress_vec(input)
@@ -184,6 +172,13 @@ impl Codec {
             actual,
         }
     }
+}
+
+/// Everything a streaming encoder produces.
+fn drain(mut encoder: impl Read) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    encoder.read_to_end(&mut out)?;
+    Ok(out)
 }
 
 impl std::str::FromStr for Codec {
