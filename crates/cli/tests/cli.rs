@@ -180,3 +180,40 @@ fn bench_hash_and_compress_print_the_documented_json_keys() {
     let out = tessera(&["bench", "compress", "--codec", "brotli"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown codec"));
 }
+
+#[test]
+fn resilience_prints_the_documented_json_and_plots_every_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let plot = dir.path().join("loss.svg");
+    let out = tessera(&[
+        "resilience",
+        "--layout",
+        "10x8+2",
+        "--layout",
+        "1x92+8",
+        "--afr",
+        "0.01",
+        "--trials",
+        "200",
+        "--json",
+        "--plot",
+        plot.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    for key in [
+        "{\"layouts\":[",
+        "\"layout\":\"10x8+2\"",
+        "\"drives\":100",
+        "\"loss_probability\":[",
+        "\"monte_carlo\":[",
+        "\"mttdl_hours\":",
+    ] {
+        assert!(text.contains(key), "missing {key}");
+    }
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(svg.contains("10x8+2") && svg.contains("1x92+8"));
+    let out = tessera(&["resilience", "--layout", "8+2"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("SPANSxK+M"));
+}
