@@ -183,29 +183,9 @@ impl Codec {
     }
 
     fn rebuild(&self, shards: &mut [&mut [u8]], missing: &[usize], targets: Targets) -> Result<(), EcError> {
-        let total = self.total_shards();
-        check_count(shards.len(), total)?;
+        check_count(shards.len(), self.total_shards())?;
         shard_len(shards.iter().map(|s| s.len()))?;
-        let mut key = PlanKey {
-            missing: [0; 4],
-            targets,
-        };
-        for &index in missing {
-            if index >= total {
-                return Err(EcError::ShardIndexOutOfRange { index, count: total });
-            }
-            let (word, bit) = (index / 64, 1u64 << (index % 64));
-            if key.missing[word] & bit != 0 {
-                return Err(EcError::DuplicateMissing { index });
-            }
-            key.missing[word] |= bit;
-        }
-        if missing.len() > self.parity {
-            return Err(EcError::TooManyMissing {
-                missing: missing.len(),
-                parity: self.parity,
-            });
-        }
+        let key = self.plan_key(missing, targets)?;
         let plan = self.plan(key);
         if plan.targets.is_empty() {
             return Ok(());
@@ -226,6 +206,44 @@ impl Codec {
         assert_eq!(outputs.len(), plan.targets.len());
         self.dot(&plan.coefficients, &inputs, &mut outputs, false);
         Ok(())
+    }
+
+    /// The survivors a rebuild of `missing` reads, and the row-major
+    /// (missing x K) matrix that computes the missing shards from them: what
+    /// an ISA-L application hands `ec_init_tables` to decode.
+    pub fn decode_matrix(&self, missing: &[usize]) -> Result<(Vec<usize>, Vec<u8>), EcError> {
+        let plan = self.plan(self.plan_key(missing, Targets::All)?);
+        let c = &plan.coefficients;
+        let rows = (0..c.rows())
+            .flat_map(|r| (0..c.columns()).map(move |j| c.get(r, j)))
+            .collect();
+        Ok((plan.sources.clone(), rows))
+    }
+
+    /// Checks `missing` and turns it into a cache key.
+    fn plan_key(&self, missing: &[usize], targets: Targets) -> Result<PlanKey, EcError> {
+        let total = self.total_shards();
+        let mut key = PlanKey {
+            missing: [0; 4],
+            targets,
+        };
+        for &index in missing {
+            if index >= total {
+                return Err(EcError::ShardIndexOutOfRange { index, count: total });
+            }
+            let (word, bit) = (index / 64, 1u64 << (index % 64));
+            if key.missing[word] & bit != 0 {
+                return Err(EcError::DuplicateMissing { index });
+            }
+            key.missing[word] |= bit;
+        }
+        if missing.len() > self.parity {
+            return Err(EcError::TooManyMissing {
+                missing: missing.len(),
+                parity: self.parity,
+            });
+        }
+        Ok(key)
     }
 
     fn plan(&self, key: PlanKey) -> Arc<DecodePlan> {

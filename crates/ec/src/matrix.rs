@@ -162,9 +162,6 @@ fn vandermonde_new_column_ok(data: usize, parity: usize) -> bool {
             if is_consecutive(&rows) {
                 continue;
             }
-            if size == 1 {
-                continue;
-            }
             let mut columns_middle = Combinations::new(last.saturating_sub(1), size - 2);
             while let Some(middle) = columns_middle.next_set() {
                 let mut columns = Vec::with_capacity(size);
