@@ -4,7 +4,11 @@
 # test with. Safe to run again; does nothing when all are present.
 set -euo pipefail
 
-packages=(libisal-dev libisal2 libssl-dev pkg-config zstd lz4 b3sum openssl gzip python3)
+# fonts-dejavu-core: labels on PNG charts. libnbd-bin (nbdinfo, nbdcopy),
+# nbdkit, qemu-utils (qemu-img, qemu-io) and fio: the NBD clients and the
+# reference server the array is tested against.
+packages=(libisal-dev libisal2 libssl-dev pkg-config zstd lz4 b3sum openssl gzip python3
+  fonts-dejavu-core libnbd-bin nbdkit qemu-utils fio)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

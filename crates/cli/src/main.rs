@@ -6,6 +6,7 @@ mod bench_data;
 mod bench_ec;
 mod ec_files;
 mod size;
+mod tco;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -47,10 +48,26 @@ enum Command {
         /// Monte Carlo seed (printed, so a run can be repeated).
         #[arg(long, default_value_t = 1)]
         seed: u64,
-        /// Write the loss curves of all layouts to this SVG file.
+        /// Write the loss curves of all layouts to this file: .svg, or .png (drawn with the system's fonts).
         #[arg(long)]
         plot: Option<PathBuf>,
         /// Print one JSON object: {"layouts": [...]}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Total cost of ownership per effective TB of one rack over its term (the SNIA model).
+    Tco {
+        /// A scenario: a TOML file, or a built-in example (snia-baseline, snia-csd-3.84, snia-csd-15.36).
+        scenario: Option<String>,
+        /// Two scenarios (files or examples) side by side, with B's saving over A.
+        #[arg(long, num_args = 2, value_names = ["A", "B"])]
+        compare: Vec<String>,
+        #[command(flatten)]
+        overrides: tco::Overrides,
+        /// Print the scenario (after flags) as TOML, a starting point for a file of your own.
+        #[arg(long)]
+        print_toml: bool,
+        /// Print one JSON object: {"inputs": ..., "report": ...}.
         #[arg(long)]
         json: bool,
     },
@@ -205,6 +222,19 @@ fn main() -> Result<()> {
             plot.as_deref(),
             json,
         ),
+        Command::Tco {
+            scenario,
+            compare,
+            overrides,
+            print_toml,
+            json,
+        } => tco::run(&tco::Options {
+            scenario: scenario.as_deref(),
+            compare: &compare,
+            overrides: &overrides,
+            print_toml,
+            json,
+        }),
         Command::Bench(BenchCommand::Hash {
             algorithm,
             bytes,
@@ -279,7 +309,13 @@ fn resilience(
             .map(|r| (r.layout.clone(), r.loss_probability.clone()))
             .collect();
         let svg = tessera_model::plot::loss_curves("Probability of data loss by drives failed", &curves);
-        std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
+        let png = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("png"));
+        let bytes = if png {
+            tessera_model::plot::svg_to_png(&svg)?
+        } else {
+            svg.into_bytes()
+        };
+        std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }
     if json {

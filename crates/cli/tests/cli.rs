@@ -217,3 +217,86 @@ fn resilience_prints_the_documented_json_and_plots_every_layout() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("SPANSxK+M"));
 }
+
+#[test]
+fn resilience_plots_png_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let plot = dir.path().join("loss.png");
+    let out = tessera(&[
+        "resilience",
+        "--layout",
+        "10x8+2",
+        "--trials",
+        "10",
+        "--plot",
+        plot.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let png = std::fs::read(&plot).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn tco_reproduces_the_snia_case_and_compares() {
+    for (example, printed) in [
+        ("snia-baseline", 565.09),
+        ("snia-csd-3.84", 389.19),
+        ("snia-csd-15.36", 141.05),
+    ] {
+        let v = json(&tessera(&["tco", example, "--json"]));
+        let tco = v["report"]["tco_per_effective_tb"].as_f64().unwrap();
+        assert!((tco - printed).abs() < printed * 0.01, "{example}: {tco} vs {printed}");
+        assert!(v["inputs"]["drive_capacity_gb"].is_number());
+    }
+    let v = json(&tessera(&[
+        "tco",
+        "--compare",
+        "snia-baseline",
+        "snia-csd-3.84",
+        "--json",
+    ]));
+    let saving = v["tco_per_effective_tb_saving_percent"].as_f64().unwrap();
+    assert!((saving - 31.1).abs() < 0.1, "{saving}");
+
+    // Flags override the example; a file written by --print-toml reads back.
+    let dir = tempfile::tempdir().unwrap();
+    let out = tessera(&["tco", "snia-baseline", "--layout", "1x8+2", "--print-toml"]);
+    assert!(out.status.success());
+    let file = dir.path().join("mine.toml");
+    std::fs::write(&file, &out.stdout).unwrap();
+    let v = json(&tessera(&["tco", file.to_str().unwrap(), "--json"]));
+    assert_eq!(v["report"]["overhead"].as_f64(), Some(1.25));
+
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/tco");
+    let (a, b) = (root.join("hdd-10x8+2.toml"), root.join("hdd-1x92+8.toml"));
+    let v = json(&tessera(&[
+        "tco",
+        "--compare",
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+        "--json",
+    ]));
+    let saving = v["tco_per_effective_tb_saving_percent"].as_f64().unwrap();
+    // Same hardware; only the overhead differs: 1 - (100/92) / (10/8).
+    assert!(
+        (saving - (1.0 - (100.0 / 92.0) / 1.25) * 100.0).abs() < 1e-9,
+        "{saving}"
+    );
+}
+
+#[test]
+fn tco_refuses_bad_input_by_name() {
+    let out = tessera(&["tco", "snia-baseline", "--duty-cycle", "30"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("duty_cycle"));
+    let out = tessera(&["tco", "no-such-example"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("snia-baseline"));
+    let out = tessera(&["tco"]);
+    assert!(!out.status.success());
+}
