@@ -63,7 +63,7 @@ enum Command {
         #[arg(long, num_args = 2, value_names = ["A", "B"])]
         compare: Vec<String>,
         #[command(flatten)]
-        overrides: tco::Overrides,
+        overrides: Box<tco::Overrides>,
         /// Print the scenario (after flags) as TOML, a starting point for a file of your own.
         #[arg(long)]
         print_toml: bool,
