@@ -154,6 +154,21 @@ pub struct Digest {
 }
 
 impl Digest {
+    /// A digest read back from storage. Panics on more than 64 bytes: the
+    /// caller sizes the slice by [`Algorithm::digest_bytes`].
+    pub fn from_bytes(bytes: &[u8]) -> Digest {
+        assert!(
+            bytes.len() <= DIGEST_BYTES_MAX,
+            "a digest has at most {DIGEST_BYTES_MAX} bytes"
+        );
+        let mut digest = Digest {
+            bytes: [0; DIGEST_BYTES_MAX],
+            len: bytes.len() as u8,
+        };
+        digest.bytes[..bytes.len()].copy_from_slice(bytes);
+        digest
+    }
+
     pub fn as_bytes(&self) -> &[u8] {
         &self.bytes[..self.len as usize]
     }

@@ -1,0 +1,640 @@
+//! The on-disk format: superblocks, chunk headers and stripe summaries.
+//!
+//! # Layout of a member
+//!
+//! ```text
+//! offset 0          superblock (4 KiB)
+//! offset 1 MiB      row 0: chunk header (4 KiB) | chunk payload (C bytes)
+//!                   row 1: chunk header         | chunk payload
+//!                   ...
+//! size - 4 KiB      backup superblock (4 KiB)
+//! ```
+//!
+//! A stripe has K data and M parity chunks of C bytes. Stripe slot s puts
+//! its chunk j at position p = s (K+M) + j of the array's chunk grid, which
+//! is member p mod N, row p div N: consecutive slots rotate over all N
+//! members (as in dRAID), so parity and rebuild load spread evenly, and the
+//! K+M chunks of a slot are on K+M distinct members because K+M <= N.
+//!
+//! ```text
+//!   N = 5, K+M = 3          member 0   1   2   3   4
+//!                  row 0:        s0  s0  s0  s1  s1
+//!                  row 1:        s1  s2  s2  s2  s3 ...
+//! ```
+//!
+//! The K data payloads, read in order, are the stripe's data area of K C
+//! bytes: extents packed from the front at byte granularity, the summary
+//! (the list of extents and zero ranges) at the back.
+//!
+//! Every structure begins with a magic and a version and ends with a
+//! CRC32C of the bytes before it; integers are little-endian. Offsets are
+//! the constants below, asserted at compile time, and tests hold golden
+//! bytes.
+
+use tessera_checksum::{Algorithm, Digest};
+use tessera_compress::Codec;
+
+/// Bytes of a superblock, and of a chunk header: one 4 KiB sector each.
+pub const SECTOR_BYTES: usize = 4096;
+/// Where row 0 starts on every member: room for the superblock, aligned.
+pub const DATA_START: u64 = 1 << 20;
+/// Logical block size of the exported volume.
+pub const BLOCK_BYTES: usize = 4096;
+/// Members in an array at most: the failed-member bitmap has this many bits.
+pub const MEMBER_COUNT_MAX: usize = 256;
+/// Chunk payload size limits: a multiple of a sector, at most 16 MiB so a
+/// stripe's data area offsets fit in 32 bits for K <= 255.
+pub const CHUNK_BYTES_MIN: usize = 4096;
+pub const CHUNK_BYTES_MAX: usize = 16 << 20;
+/// Bytes of a digest field: room for the widest algorithm (SHA3-512).
+pub const DIGEST_FIELD_BYTES: usize = 64;
+const _: () = assert!(CHUNK_BYTES_MAX as u64 * 255 <= u32::MAX as u64);
+const _: () = assert!(DATA_START as usize >= SECTOR_BYTES);
+
+pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"TSRSUPER";
+pub const CHUNK_MAGIC: [u8; 8] = *b"TSRCHUNK";
+pub const FORMAT_VERSION: u32 = 1;
+/// The CRC32C of a sector covers its first 4092 bytes and sits in the last 4.
+const CRC_OFFSET: usize = SECTOR_BYTES - 4;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FormatError {
+    #[error("not a Tessera {what}: bad magic")]
+    Magic { what: &'static str },
+    #[error("{what} has format version {version}; this build reads version {FORMAT_VERSION}")]
+    Version { what: &'static str, version: u32 },
+    #[error("{what} is corrupt: checksum mismatch")]
+    Crc { what: &'static str },
+    #[error("{what} is corrupt: {field} = {value} is invalid")]
+    Field {
+        what: &'static str,
+        field: &'static str,
+        value: u64,
+    },
+}
+
+fn put(sector: &mut [u8], offset: usize, bytes: &[u8]) {
+    sector[offset..offset + bytes.len()].copy_from_slice(bytes);
+}
+fn get_u16(b: &[u8], offset: usize) -> u16 {
+    u16::from_le_bytes(b[offset..offset + 2].try_into().expect("two bytes"))
+}
+fn get_u32(b: &[u8], offset: usize) -> u32 {
+    u32::from_le_bytes(b[offset..offset + 4].try_into().expect("four bytes"))
+}
+fn get_u64(b: &[u8], offset: usize) -> u64 {
+    u64::from_le_bytes(b[offset..offset + 8].try_into().expect("eight bytes"))
+}
+
+fn seal_sector(sector: &mut [u8]) {
+    let crc = crc32c::crc32c(&sector[..CRC_OFFSET]);
+    put(sector, CRC_OFFSET, &crc.to_le_bytes());
+}
+
+fn check_sector(sector: &[u8], magic: &[u8; 8], what: &'static str) -> Result<(), FormatError> {
+    assert_eq!(sector.len(), SECTOR_BYTES);
+    if &sector[..8] != magic {
+        return Err(FormatError::Magic { what });
+    }
+    if crc32c::crc32c(&sector[..CRC_OFFSET]) != get_u32(sector, CRC_OFFSET) {
+        return Err(FormatError::Crc { what });
+    }
+    let version = get_u32(sector, 8);
+    if version != FORMAT_VERSION {
+        return Err(FormatError::Version { what, version });
+    }
+    Ok(())
+}
+
+/// The checksum algorithm's code on disk.
+pub fn algorithm_code(algorithm: Algorithm) -> u8 {
+    match algorithm {
+        Algorithm::Crc32c => 1,
+        Algorithm::Xxh3 => 2,
+        Algorithm::Blake3 => 3,
+        Algorithm::Sha256 => 4,
+        Algorithm::Sha3_512 => 5,
+    }
+}
+
+pub fn algorithm_from_code(code: u8) -> Option<Algorithm> {
+    Algorithm::ALL.into_iter().find(|&a| algorithm_code(a) == code)
+}
+
+/// A codec's code on disk (0 is "stored raw") and its level (0 where none).
+pub fn codec_code(codec: Option<Codec>) -> (u8, i32) {
+    match codec {
+        None => (0, 0),
+        Some(Codec::Lz4) => (1, 0),
+        Some(Codec::Zstd { level }) => (2, level),
+        Some(Codec::Deflate { level }) => (3, level as i32),
+        Some(Codec::Gzip { level }) => (4, level as i32),
+        Some(Codec::Zlib { level }) => (5, level as i32),
+        Some(Codec::Snappy) => (6, 0),
+    }
+}
+
+/// The codec for a code; `Err` for an unknown code. The level only matters
+/// for compressing, so decoding any level gives a working decompressor.
+pub fn codec_from_code(code: u8, level: i32) -> Result<Option<Codec>, ()> {
+    let level_u = u32::try_from(level).map_err(|_| ())?;
+    Ok(match code {
+        0 => None,
+        1 => Some(Codec::Lz4),
+        2 => Some(Codec::Zstd { level }),
+        3 => Some(Codec::Deflate { level: level_u }),
+        4 => Some(Codec::Gzip { level: level_u }),
+        5 => Some(Codec::Zlib { level: level_u }),
+        6 => Some(Codec::Snappy),
+        _ => return Err(()),
+    })
+}
+
+/// The array's shape and settings, the same on every member.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Geometry {
+    pub data: usize,
+    pub parity: usize,
+    pub members: usize,
+    pub chunk_bytes: usize,
+    /// Rows of chunks on each member.
+    pub rows: u64,
+    pub member_bytes: u64,
+    pub logical_bytes: u64,
+    pub checksum: Algorithm,
+    /// `None`: compression off.
+    pub compression: Option<Codec>,
+}
+
+impl Geometry {
+    pub fn width(&self) -> usize {
+        self.data + self.parity
+    }
+    /// Stripe slots in the array.
+    pub fn slot_count(&self) -> u64 {
+        self.rows * self.members as u64 / self.width() as u64
+    }
+    /// Bytes of a stripe's data area.
+    pub fn data_area_bytes(&self) -> usize {
+        self.data * self.chunk_bytes
+    }
+    /// (member, row) of chunk `index` of stripe `slot`.
+    pub fn place(&self, slot: u64, index: usize) -> (usize, u64) {
+        debug_assert!(slot < self.slot_count() && index < self.width());
+        let position = slot * self.width() as u64 + index as u64;
+        (
+            (position % self.members as u64) as usize,
+            position / self.members as u64,
+        )
+    }
+    /// Byte offset of a row's chunk header on a member; its payload follows.
+    pub fn row_offset(&self, row: u64) -> u64 {
+        DATA_START + row * (SECTOR_BYTES + self.chunk_bytes) as u64
+    }
+    /// Rows that fit on a member of `member_bytes`, after the superblock and
+    /// before the backup superblock.
+    pub fn rows_for(member_bytes: u64, chunk_bytes: usize) -> u64 {
+        member_bytes.saturating_sub(DATA_START + SECTOR_BYTES as u64) / (SECTOR_BYTES + chunk_bytes) as u64
+    }
+    pub fn backup_superblock_offset(&self) -> u64 {
+        self.member_bytes - SECTOR_BYTES as u64
+    }
+}
+
+/// One member's superblock.
+///
+/// ```text
+///   0  magic "TSRSUPER"        8  version u32        12 reserved u32
+///  16  array uuid [16]        32  member uuid [16]
+///  48  member index u32       52  members N u32      56 K u32   60 M u32
+///  64  chunk bytes u32        68  checksum u8        69 codec u8   70 reserved u16
+///  72  codec level i32        76  reserved u32
+///  80  rows u64               88  logical bytes u64  96 member bytes u64
+/// 104  generation u64        112  failed members bitmap [32]
+/// 144  created (Unix seconds) u64
+/// 4092 CRC32C of bytes 0..4092
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct Superblock {
+    pub array_uuid: [u8; 16],
+    pub member_uuid: [u8; 16],
+    pub member_index: usize,
+    pub geometry: Geometry,
+    /// Bumped each time the superblocks are rewritten; the highest wins.
+    pub generation: u64,
+    /// Members marked failed (pulled) as of this generation.
+    pub failed: [u8; MEMBER_COUNT_MAX / 8],
+    pub created_unix_seconds: u64,
+}
+
+impl Superblock {
+    pub fn is_failed(&self, member: usize) -> bool {
+        self.failed[member / 8] & (1 << (member % 8)) != 0
+    }
+    pub fn set_failed(&mut self, member: usize) {
+        self.failed[member / 8] |= 1 << (member % 8);
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let g = &self.geometry;
+        let mut s = vec![0u8; SECTOR_BYTES];
+        put(&mut s, 0, &SUPERBLOCK_MAGIC);
+        put(&mut s, 8, &FORMAT_VERSION.to_le_bytes());
+        put(&mut s, 16, &self.array_uuid);
+        put(&mut s, 32, &self.member_uuid);
+        put(&mut s, 48, &(self.member_index as u32).to_le_bytes());
+        put(&mut s, 52, &(g.members as u32).to_le_bytes());
+        put(&mut s, 56, &(g.data as u32).to_le_bytes());
+        put(&mut s, 60, &(g.parity as u32).to_le_bytes());
+        put(&mut s, 64, &(g.chunk_bytes as u32).to_le_bytes());
+        s[68] = algorithm_code(g.checksum);
+        let (codec, level) = codec_code(g.compression);
+        s[69] = codec;
+        put(&mut s, 72, &level.to_le_bytes());
+        put(&mut s, 80, &g.rows.to_le_bytes());
+        put(&mut s, 88, &g.logical_bytes.to_le_bytes());
+        put(&mut s, 96, &g.member_bytes.to_le_bytes());
+        put(&mut s, 104, &self.generation.to_le_bytes());
+        put(&mut s, 112, &self.failed);
+        put(&mut s, 144, &self.created_unix_seconds.to_le_bytes());
+        seal_sector(&mut s);
+        s
+    }
+
+    pub fn decode(s: &[u8]) -> Result<Superblock, FormatError> {
+        const WHAT: &str = "superblock";
+        check_sector(s, &SUPERBLOCK_MAGIC, WHAT)?;
+        let field = |field, value: u64| FormatError::Field {
+            what: WHAT,
+            field,
+            value,
+        };
+        let members = get_u32(s, 52) as usize;
+        let data = get_u32(s, 56) as usize;
+        let parity = get_u32(s, 60) as usize;
+        let chunk_bytes = get_u32(s, 64) as usize;
+        if members == 0 || members > MEMBER_COUNT_MAX {
+            return Err(field("members", members as u64));
+        }
+        if data == 0 || data + parity > members || data + parity > 256 {
+            return Err(field("data", data as u64));
+        }
+        if !(CHUNK_BYTES_MIN..=CHUNK_BYTES_MAX).contains(&chunk_bytes) || chunk_bytes % SECTOR_BYTES != 0 {
+            return Err(field("chunk_bytes", chunk_bytes as u64));
+        }
+        let member_index = get_u32(s, 48) as usize;
+        if member_index >= members {
+            return Err(field("member_index", member_index as u64));
+        }
+        let checksum = algorithm_from_code(s[68]).ok_or(field("checksum", u64::from(s[68])))?;
+        let compression = codec_from_code(s[69], i32::from_le_bytes(s[72..76].try_into().expect("four bytes")))
+            .map_err(|()| field("codec", u64::from(s[69])))?;
+        let member_bytes = get_u64(s, 96);
+        let rows = get_u64(s, 80);
+        if rows == 0 || rows > Geometry::rows_for(member_bytes, chunk_bytes) {
+            return Err(field("rows", rows));
+        }
+        let logical_bytes = get_u64(s, 88);
+        if logical_bytes == 0 || logical_bytes % BLOCK_BYTES as u64 != 0 {
+            return Err(field("logical_bytes", logical_bytes));
+        }
+        Ok(Superblock {
+            array_uuid: s[16..32].try_into().expect("16 bytes"),
+            member_uuid: s[32..48].try_into().expect("16 bytes"),
+            member_index,
+            geometry: Geometry {
+                data,
+                parity,
+                members,
+                chunk_bytes,
+                rows,
+                member_bytes,
+                logical_bytes,
+                checksum,
+                compression,
+            },
+            generation: get_u64(s, 104),
+            failed: s[112..144].try_into().expect("32 bytes"),
+            created_unix_seconds: get_u64(s, 144),
+        })
+    }
+}
+
+/// Which open stripe a stripe was written from (DESIGN.md: streams).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Stream {
+    User = 0,
+    Gc = 1,
+}
+
+/// The header before each chunk's payload.
+///
+/// ```text
+///   0  magic "TSRCHUNK"   8 version u32   12 chunk index u16   14 stream u8  15 reserved u8
+///  16  array uuid [16]
+///  32  sequence u64       40 slot u64     48 synced-through sequence u64
+///  56  summary bytes u32  60 data bytes u32 (packed extent bytes)
+///  64  leaf digest [64]: this payload's Merkle leaf, H(0x00 | index | payload)
+/// 128  Merkle root [64] of the K+M leaves
+/// 192  summary digest [64]
+/// 4092 CRC32C of bytes 0..4092
+/// ```
+///
+/// `synced_through`: every stripe with a sequence number up to it was on
+/// stable storage before this one was written. Recovery trusts those and
+/// checks every chunk of the newer ones, which a crash may have torn.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChunkHeader {
+    pub index: usize,
+    pub stream: Stream,
+    pub array_uuid: [u8; 16],
+    pub sequence: u64,
+    pub slot: u64,
+    pub synced_through: u64,
+    pub summary_bytes: u32,
+    pub data_bytes: u32,
+    pub leaf: Digest,
+    pub root: Digest,
+    pub summary_digest: Digest,
+}
+
+fn put_digest(s: &mut [u8], offset: usize, digest: &Digest) {
+    let bytes = digest.as_bytes();
+    assert!(bytes.len() <= DIGEST_FIELD_BYTES);
+    put(s, offset, bytes);
+}
+
+impl ChunkHeader {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut s = vec![0u8; SECTOR_BYTES];
+        put(&mut s, 0, &CHUNK_MAGIC);
+        put(&mut s, 8, &FORMAT_VERSION.to_le_bytes());
+        put(&mut s, 12, &(self.index as u16).to_le_bytes());
+        s[14] = self.stream as u8;
+        put(&mut s, 16, &self.array_uuid);
+        put(&mut s, 32, &self.sequence.to_le_bytes());
+        put(&mut s, 40, &self.slot.to_le_bytes());
+        put(&mut s, 48, &self.synced_through.to_le_bytes());
+        put(&mut s, 56, &self.summary_bytes.to_le_bytes());
+        put(&mut s, 60, &self.data_bytes.to_le_bytes());
+        put_digest(&mut s, 64, &self.leaf);
+        put_digest(&mut s, 128, &self.root);
+        put_digest(&mut s, 192, &self.summary_digest);
+        seal_sector(&mut s);
+        s
+    }
+
+    /// Decodes a header written with `algorithm`'s digests.
+    pub fn decode(s: &[u8], algorithm: Algorithm) -> Result<ChunkHeader, FormatError> {
+        const WHAT: &str = "chunk header";
+        check_sector(s, &CHUNK_MAGIC, WHAT)?;
+        let stream = match s[14] {
+            0 => Stream::User,
+            1 => Stream::Gc,
+            other => {
+                return Err(FormatError::Field {
+                    what: WHAT,
+                    field: "stream",
+                    value: u64::from(other),
+                })
+            }
+        };
+        let digest = |offset: usize| Digest::from_bytes(&s[offset..offset + algorithm.digest_bytes()]);
+        Ok(ChunkHeader {
+            index: usize::from(get_u16(s, 12)),
+            stream,
+            array_uuid: s[16..32].try_into().expect("16 bytes"),
+            sequence: get_u64(s, 32),
+            slot: get_u64(s, 40),
+            synced_through: get_u64(s, 48),
+            summary_bytes: get_u32(s, 56),
+            data_bytes: get_u32(s, 60),
+            leaf: digest(64),
+            root: digest(128),
+            summary_digest: digest(192),
+        })
+    }
+}
+
+/// What one summary entry records.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Record {
+    /// `blocks` logical blocks from `lba`, stored at `offset` in the data
+    /// area as `stored_bytes` bytes (compressed with `codec`, or raw).
+    Data {
+        lba: u64,
+        blocks: u32,
+        offset: u32,
+        stored_bytes: u32,
+        codec: Option<Codec>,
+        digest: Digest,
+    },
+    /// `blocks` logical blocks from `lba` read as zeros (TRIM, WRITE_ZEROES).
+    Zero { lba: u64, blocks: u32 },
+}
+
+/// A stripe's summary: its records in write order.
+///
+/// ```text
+///   0 record count u32   4 entry bytes u32 (24 + digest bytes)
+///   8 entries: kind u8 (1 data, 2 zero) | codec u8 | reserved u16 | blocks u32
+///              | lba u64 | offset u32 | stored bytes u32 | digest
+/// ```
+///
+/// Its length and digest are in every chunk header of the stripe.
+pub fn summary_entry_bytes(algorithm: Algorithm) -> usize {
+    24 + algorithm.digest_bytes()
+}
+
+pub fn summary_bytes(algorithm: Algorithm, records: usize) -> usize {
+    8 + records * summary_entry_bytes(algorithm)
+}
+
+pub fn encode_summary(algorithm: Algorithm, records: &[Record]) -> Vec<u8> {
+    let entry = summary_entry_bytes(algorithm);
+    let mut out = vec![0u8; summary_bytes(algorithm, records.len())];
+    put(&mut out, 0, &(records.len() as u32).to_le_bytes());
+    put(&mut out, 4, &(entry as u32).to_le_bytes());
+    for (i, record) in records.iter().enumerate() {
+        let e = &mut out[8 + i * entry..8 + (i + 1) * entry];
+        match record {
+            Record::Data {
+                lba,
+                blocks,
+                offset,
+                stored_bytes,
+                codec,
+                digest,
+            } => {
+                e[0] = 1;
+                e[1] = codec_code(*codec).0;
+                put(e, 4, &blocks.to_le_bytes());
+                put(e, 8, &lba.to_le_bytes());
+                put(e, 16, &offset.to_le_bytes());
+                put(e, 20, &stored_bytes.to_le_bytes());
+                put(e, 24, digest.as_bytes());
+            }
+            Record::Zero { lba, blocks } => {
+                e[0] = 2;
+                put(e, 4, &blocks.to_le_bytes());
+                put(e, 8, &lba.to_le_bytes());
+            }
+        }
+    }
+    out
+}
+
+/// Decodes a summary whose digest already matched; fields are still
+/// checked against the geometry, so a bug cannot map blocks off the end.
+pub fn decode_summary(bytes: &[u8], geometry: &Geometry) -> Result<Vec<Record>, FormatError> {
+    const WHAT: &str = "stripe summary";
+    let field = |field, value: u64| FormatError::Field {
+        what: WHAT,
+        field,
+        value,
+    };
+    if bytes.len() < 8 {
+        return Err(field("length", bytes.len() as u64));
+    }
+    let count = get_u32(bytes, 0) as usize;
+    let entry = get_u32(bytes, 4) as usize;
+    if entry != summary_entry_bytes(geometry.checksum) || 8 + count * entry != bytes.len() {
+        return Err(field("entry_bytes", entry as u64));
+    }
+    let blocks_total = geometry.logical_bytes / BLOCK_BYTES as u64;
+    let data_area = geometry.data_area_bytes() as u64;
+    let mut records = Vec::with_capacity(count);
+    for i in 0..count {
+        let e = &bytes[8 + i * entry..8 + (i + 1) * entry];
+        let blocks = get_u32(e, 4);
+        let lba = get_u64(e, 8);
+        if blocks == 0 || lba.checked_add(u64::from(blocks)).is_none_or(|end| end > blocks_total) {
+            return Err(field("lba", lba));
+        }
+        records.push(match e[0] {
+            1 => {
+                let offset = get_u32(e, 16);
+                let stored_bytes = get_u32(e, 20);
+                if u64::from(offset) + u64::from(stored_bytes) > data_area {
+                    return Err(field("offset", u64::from(offset)));
+                }
+                let codec = codec_from_code(e[1], 0).map_err(|()| field("codec", u64::from(e[1])))?;
+                Record::Data {
+                    lba,
+                    blocks,
+                    offset,
+                    stored_bytes,
+                    codec,
+                    digest: Digest::from_bytes(&e[24..24 + geometry.checksum.digest_bytes()]),
+                }
+            }
+            2 => Record::Zero { lba, blocks },
+            kind => return Err(field("kind", u64::from(kind))),
+        });
+    }
+    Ok(records)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geometry() -> Geometry {
+        Geometry {
+            data: 4,
+            parity: 2,
+            members: 7,
+            chunk_bytes: 65536,
+            rows: 100,
+            member_bytes: 64 << 20,
+            logical_bytes: 16 << 20,
+            checksum: Algorithm::Blake3,
+            compression: Some(Codec::Zstd { level: 3 }),
+        }
+    }
+
+    #[test]
+    fn superblock_round_trips_and_has_golden_bytes() {
+        let mut sb = Superblock {
+            array_uuid: [0xA1; 16],
+            member_uuid: [0xB2; 16],
+            member_index: 3,
+            geometry: geometry(),
+            generation: 9,
+            failed: [0; 32],
+            created_unix_seconds: 1_700_000_000,
+        };
+        sb.set_failed(5);
+        let bytes = sb.encode();
+        assert_eq!(Superblock::decode(&bytes).unwrap(), sb);
+        assert!(sb.is_failed(5) && !sb.is_failed(3));
+        // Golden: magic, version, index, members, K, M, chunk, codes, rows, failed bit 5.
+        assert_eq!(&bytes[0..12], b"TSRSUPER\x01\x00\x00\x00");
+        assert_eq!(
+            &bytes[48..68],
+            &[3, 0, 0, 0, 7, 0, 0, 0, 4, 0, 0, 0, 2, 0, 0, 0, 0, 0, 1, 0]
+        );
+        assert_eq!(&bytes[68..76], &[3, 2, 0, 0, 3, 0, 0, 0]);
+        assert_eq!(&bytes[80..88], &100u64.to_le_bytes());
+        assert_eq!(bytes[112], 0b0010_0000);
+        // Any flipped bit is caught.
+        for bit in [0usize, 100, 8 * 4000, 8 * 4095 + 7] {
+            let mut bad = bytes.clone();
+            bad[bit / 8] ^= 1 << (bit % 8);
+            assert!(Superblock::decode(&bad).is_err(), "bit {bit}");
+        }
+    }
+
+    #[test]
+    fn placement_rotates_over_distinct_members() {
+        let g = geometry();
+        assert_eq!(g.slot_count(), 100 * 7 / 6);
+        for slot in 0..g.slot_count() {
+            let mut members: Vec<usize> = (0..g.width()).map(|j| g.place(slot, j).0).collect();
+            members.sort();
+            members.dedup();
+            assert_eq!(members.len(), g.width(), "slot {slot}");
+        }
+        assert_eq!(g.place(0, 0), (0, 0));
+        assert_eq!(g.place(1, 0), (6, 0));
+        assert_eq!(g.place(1, 1), (0, 1));
+        // The last slot's chunks stay on rows that exist.
+        assert!(g.place(g.slot_count() - 1, g.width() - 1).1 < g.rows);
+    }
+
+    #[test]
+    fn chunk_header_and_summary_round_trip() {
+        let a = Algorithm::Blake3;
+        let h = ChunkHeader {
+            index: 5,
+            stream: Stream::Gc,
+            array_uuid: [7; 16],
+            sequence: 42,
+            slot: 11,
+            synced_through: 40,
+            summary_bytes: 100,
+            data_bytes: 5000,
+            leaf: a.digest(b"leaf"),
+            root: a.digest(b"root"),
+            summary_digest: a.digest(b"summary"),
+        };
+        assert_eq!(ChunkHeader::decode(&h.encode(), a).unwrap(), h);
+        let records = vec![
+            Record::Data {
+                lba: 10,
+                blocks: 16,
+                offset: 4096,
+                stored_bytes: 777,
+                codec: Some(Codec::Lz4),
+                digest: a.digest(b"x"),
+            },
+            Record::Zero { lba: 0, blocks: 3 },
+        ];
+        let bytes = encode_summary(a, &records);
+        assert_eq!(bytes.len(), summary_bytes(a, 2));
+        assert_eq!(decode_summary(&bytes, &geometry()).unwrap(), records);
+        // A record past the end of the volume is refused.
+        let far = encode_summary(a, &[Record::Zero { lba: 4095, blocks: 2 }]);
+        assert!(decode_summary(&far, &geometry()).is_err());
+    }
+}

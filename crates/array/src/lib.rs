@@ -1,0 +1,313 @@
+//! The array: N member devices as one checked, erasure-coded block volume.
+//!
+//! - [`device`]: the I/O seam (files, block devices, a faulty in-memory device for tests).
+//! - [`format`]: superblocks, chunk headers, stripe summaries, placement.
+//! - [`stripe`]: packing, sealing and reconstructing one stripe.
+//! - [`volume`]: the map, the write and read paths, garbage collection, recovery.
+//!
+//! [`create`] formats members; [`open`] checks them and replays the stripes.
+
+pub mod device;
+pub mod format;
+pub mod stripe;
+pub mod volume;
+
+use device::Device;
+use format::{FormatError, Geometry, Superblock, BLOCK_BYTES, MEMBER_COUNT_MAX, SECTOR_BYTES};
+use std::sync::Arc;
+pub use volume::{Array, Member, MemberState, Status};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ArrayError {
+    #[error("{0}")]
+    Codec(tessera_ec::EcError),
+    #[error("compression failed: {0}")]
+    Compress(tessera_compress::CompressError),
+    #[error("I/O error on member {member} ({name}): {source}")]
+    Io {
+        member: usize,
+        name: String,
+        source: std::io::Error,
+    },
+    #[error("bad geometry: {0}")]
+    Geometry(String),
+    #[error("{name} is not a member of a Tessera array: {source}")]
+    NotAMember { name: String, source: FormatError },
+    #[error("{name} belongs to another array ({found}), not {expected}")]
+    ForeignMember {
+        name: String,
+        found: String,
+        expected: String,
+    },
+    #[error("{first} and {second} both claim to be member {index}")]
+    DuplicateMember {
+        index: usize,
+        first: String,
+        second: String,
+    },
+    #[error("{name} disagrees with the other members about the array's geometry")]
+    WrongMember { name: String },
+    #[error("{unavailable} members are missing or failed, more than the {parity} parity can cover: the array cannot be opened")]
+    TooManyUnavailable { unavailable: usize, parity: usize },
+    #[error("failing another member would leave {failed} failed with only {parity} parity: refused")]
+    TooManyFailed { failed: usize, parity: usize },
+    #[error("there is no member {index}: the array has {members}")]
+    NoSuchMember { index: usize, members: usize },
+    #[error("{offset}+{len} is outside the volume of {size} bytes")]
+    OutOfRange { offset: u64, len: u64, size: u64 },
+    #[error("the array is full: no free stripe, and no stripe is worth collecting")]
+    NoSpace,
+    #[error("stripe in slot {slot} cannot be read: fewer than K good chunks or a bad checksum")]
+    Unreadable { slot: u64 },
+    #[error("stripe in slot {slot} has {good} good chunks, fewer than the {need} needed")]
+    TooFewChunks { slot: u64, good: usize, need: usize },
+    #[error("an internal lock was poisoned by a panic; restart the server")]
+    Poisoned,
+}
+
+impl ArrayError {
+    /// The errno an NBD client should see for this error.
+    pub fn errno(&self) -> u32 {
+        match self {
+            ArrayError::OutOfRange { .. } => 22,
+            ArrayError::NoSpace => 28,
+            _ => 5,
+        }
+    }
+}
+
+/// Settings for a new array.
+#[derive(Clone, Debug)]
+pub struct CreateOptions {
+    pub data: usize,
+    pub parity: usize,
+    pub chunk_bytes: usize,
+    pub checksum: tessera_checksum::Algorithm,
+    pub compression: Option<tessera_compress::Codec>,
+    /// Exported size; default: 80% of the usable capacity, which leaves
+    /// garbage collection room to work.
+    pub logical_bytes: Option<u64>,
+}
+
+/// Fraction of usable capacity exported by default.
+const DEFAULT_LOGICAL_FRACTION: f64 = 0.8;
+
+/// Formats `devices` (named for messages) as a new array and opens it.
+pub fn create(devices: Vec<(String, Arc<dyn Device>)>, options: &CreateOptions) -> Result<Array, ArrayError> {
+    let (k, m, n) = (options.data, options.parity, devices.len());
+    let bad = |why: String| Err(ArrayError::Geometry(why));
+    if k == 0 || k + m > 256 {
+        return bad(format!("K={k}, M={m}: need K >= 1 and K+M <= 256"));
+    }
+    if n < k + m || n > MEMBER_COUNT_MAX {
+        return bad(format!(
+            "{n} members for K+M={}: need K+M <= N <= {MEMBER_COUNT_MAX}",
+            k + m
+        ));
+    }
+    let c = options.chunk_bytes;
+    if !(format::CHUNK_BYTES_MIN..=format::CHUNK_BYTES_MAX).contains(&c) || c % SECTOR_BYTES != 0 {
+        return bad(format!(
+            "chunk size {c}: use a multiple of 4 KiB from {} to {}",
+            format::CHUNK_BYTES_MIN,
+            format::CHUNK_BYTES_MAX
+        ));
+    }
+    let member_bytes = devices.iter().map(|(_, d)| d.size()).min().unwrap_or(0);
+    let rows = Geometry::rows_for(member_bytes, c);
+    let mut geometry = Geometry {
+        data: k,
+        parity: m,
+        members: n,
+        chunk_bytes: c,
+        rows,
+        member_bytes,
+        logical_bytes: 0,
+        checksum: options.checksum,
+        compression: options.compression,
+    };
+    // Enough stripes for a user stripe, a GC stripe and the GC reserve.
+    let slots_min = 8;
+    if geometry.slot_count() < slots_min {
+        return bad(format!(
+            "members of {member_bytes} bytes hold {} stripes of {c}-byte chunks; need at least {slots_min}: use larger members or smaller chunks",
+            geometry.slot_count()
+        ));
+    }
+    if volume::extent_blocks_max(&geometry) == 0 {
+        return bad(format!(
+            "a stripe's data area of {} bytes holds no 4 KiB block and its summary: use larger chunks",
+            geometry.data_area_bytes()
+        ));
+    }
+    let usable = geometry.slot_count() * geometry.data_area_bytes() as u64;
+    let block = BLOCK_BYTES as u64;
+    let logical = match options.logical_bytes {
+        Some(bytes) if bytes == 0 || bytes % block != 0 => {
+            return bad(format!("logical size {bytes}: use a positive multiple of 4 KiB"))
+        }
+        Some(bytes) => bytes,
+        None => ((usable as f64 * DEFAULT_LOGICAL_FRACTION) as u64 / block) * block,
+    };
+    geometry.logical_bytes = logical;
+    let superblock = Superblock {
+        array_uuid: rand::random(),
+        member_uuid: [0; 16],
+        member_index: 0,
+        geometry,
+        generation: 1,
+        failed: [0; MEMBER_COUNT_MAX / 8],
+        created_unix_seconds: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    };
+    let members: Vec<Member> = devices
+        .into_iter()
+        .map(|(name, device)| Member {
+            name,
+            uuid: rand::random(),
+            device: Some(device),
+            state: MemberState::Healthy,
+        })
+        .collect();
+    // Clear row 0's headers of reused devices is not needed: a stale
+    // header names another array's uuid and is ignored.
+    write_superblocks(&superblock, &members)?;
+    for (index, member) in members.iter().enumerate() {
+        if let Some(device) = &member.device {
+            device.sync().map_err(|source| io_error(index, member, source))?;
+        }
+    }
+    Array::assemble(superblock, members)
+}
+
+fn io_error(member: usize, m: &Member, source: std::io::Error) -> ArrayError {
+    ArrayError::Io {
+        member,
+        name: m.name.clone(),
+        source,
+    }
+}
+
+/// Writes each healthy member's superblock, primary then backup, from
+/// `template` (whose generation and failed set are the array's).
+pub(crate) fn write_superblocks(template: &Superblock, members: &[Member]) -> Result<(), ArrayError> {
+    for (index, member) in members.iter().enumerate() {
+        let (Some(device), MemberState::Healthy) = (&member.device, member.state) else {
+            continue;
+        };
+        let mut sb = template.clone();
+        sb.member_index = index;
+        sb.member_uuid = member.uuid;
+        let bytes = sb.encode();
+        device.write_at(&bytes, 0).map_err(|e| io_error(index, member, e))?;
+        device.sync().map_err(|e| io_error(index, member, e))?;
+        device
+            .write_at(&bytes, template.geometry.backup_superblock_offset())
+            .map_err(|e| io_error(index, member, e))?;
+        device.sync().map_err(|e| io_error(index, member, e))?;
+    }
+    Ok(())
+}
+
+/// Reads a member's superblock: the primary, or the backup at the end.
+fn read_superblock(device: &dyn Device) -> Result<Superblock, FormatError> {
+    let mut sector = vec![0u8; SECTOR_BYTES];
+    let primary = device
+        .read_at(&mut sector, 0)
+        .map_err(|_| FormatError::Crc { what: "superblock" })
+        .and_then(|()| Superblock::decode(&sector));
+    match primary {
+        Ok(sb) => Ok(sb),
+        Err(error) => {
+            let size = device.size();
+            if size < SECTOR_BYTES as u64 || device.read_at(&mut sector, size - SECTOR_BYTES as u64).is_err() {
+                return Err(error);
+            }
+            Superblock::decode(&sector).map_err(|_| error)
+        }
+    }
+}
+
+/// Opens an array from its members, in any order; `None` is a member that
+/// could not be found. Refuses foreign, duplicated or inconsistent members
+/// and more than M unavailable ones; opens degraded with up to M.
+pub fn open(devices: Vec<(String, Option<Arc<dyn Device>>)>) -> Result<Array, ArrayError> {
+    let mut found: Vec<(String, Arc<dyn Device>, Superblock)> = Vec::new();
+    for (name, device) in devices {
+        let Some(device) = device else { continue };
+        let sb = read_superblock(device.as_ref()).map_err(|source| ArrayError::NotAMember {
+            name: name.clone(),
+            source,
+        })?;
+        found.push((name, device, sb));
+    }
+    let newest = found
+        .iter()
+        .max_by_key(|(_, _, sb)| sb.generation)
+        .map(|(_, _, sb)| sb.clone())
+        .ok_or(ArrayError::TooManyUnavailable {
+            unavailable: usize::MAX,
+            parity: 0,
+        })?;
+    let geometry = &newest.geometry;
+    let mut members: Vec<Option<(String, Arc<dyn Device>, Superblock)>> = (0..geometry.members).map(|_| None).collect();
+    for (name, device, sb) in found {
+        if sb.array_uuid != newest.array_uuid {
+            return Err(ArrayError::ForeignMember {
+                name,
+                found: volume::hex(&sb.array_uuid),
+                expected: volume::hex(&newest.array_uuid),
+            });
+        }
+        if sb.geometry != *geometry {
+            return Err(ArrayError::WrongMember { name });
+        }
+        if device.size() < geometry.member_bytes {
+            return Err(ArrayError::WrongMember { name });
+        }
+        let index = sb.member_index;
+        if let Some((first, _, _)) = &members[index] {
+            return Err(ArrayError::DuplicateMember {
+                index,
+                first: first.clone(),
+                second: name,
+            });
+        }
+        members[index] = Some((name, device, sb));
+    }
+    let members: Vec<Member> = members
+        .into_iter()
+        .enumerate()
+        .map(|(index, slot)| match slot {
+            Some((name, device, sb)) => Member {
+                name,
+                uuid: sb.member_uuid,
+                state: if newest.is_failed(index) {
+                    MemberState::Failed
+                } else {
+                    MemberState::Healthy
+                },
+                device: Some(device),
+            },
+            None => Member {
+                name: format!("member {index}"),
+                uuid: [0; 16],
+                device: None,
+                state: if newest.is_failed(index) {
+                    MemberState::Failed
+                } else {
+                    MemberState::Missing
+                },
+            },
+        })
+        .collect();
+    let unavailable = members.iter().filter(|m| m.state != MemberState::Healthy).count();
+    if unavailable > geometry.parity {
+        return Err(ArrayError::TooManyUnavailable {
+            unavailable,
+            parity: geometry.parity,
+        });
+    }
+    Array::assemble(newest, members)
+}

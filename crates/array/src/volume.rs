@@ -1,0 +1,1171 @@
+//! The volume: logical 4 KiB blocks mapped to extents in stripes, the
+//! write path (pack, seal, write whole stripes), the read path (verify,
+//! reconstruct), garbage collection, and recovery from the stripes' own
+//! summaries.
+//!
+//! # Guarantees
+//!
+//! - A write is in memory until FLUSH or FUA; those return only after
+//!   every stripe holding it is on the members and the members are synced.
+//! - Every extent read is checked against its digest; a failed member or a
+//!   mismatch is answered from any K good chunks of the stripe, or with an
+//!   error, never with wrong bytes.
+//! - A slot is rewritten only after all its live data lives in newer
+//!   stripes that are synced, so a crash at any point leaves every flushed
+//!   block readable: recovery replays every valid stripe in sequence order
+//!   (the newest record of a block wins) and drops unsynced stripes a crash
+//!   tore.
+//!
+//! # Map
+//!
+//! `map` holds ranges of blocks: `start -> Mapping { blocks, target }`,
+//! non-overlapping. A target is a slice of an extent, or zeros recorded in
+//! a stripe (TRIM, WRITE_ZEROES over written blocks; the record must
+//! outlive older data for those blocks, so garbage collection carries it
+//! forward like data). Unwritten blocks have no mapping and read as zeros.
+
+use crate::device::Device;
+use crate::format::{self, ChunkHeader, Geometry, Record, Stream, Superblock, BLOCK_BYTES, SECTOR_BYTES};
+use crate::stripe::{self, OpenStripe};
+use crate::ArrayError;
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::ops::Bound;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use tessera_checksum::Digest;
+use tessera_compress::policy::{Hint, Policy};
+use tessera_compress::Codec;
+
+/// Blocks in one extent at most (64 KiB): the compression unit, and what a
+/// partial overwrite may force a reader to decompress. Smaller where a
+/// stripe's data area is (see [`extent_blocks_max`]).
+pub const EXTENT_BLOCKS_MAX: usize = 16;
+
+/// Blocks per extent for a geometry: an extent and its summary record
+/// always fit an empty stripe.
+pub fn extent_blocks_max(geometry: &Geometry) -> usize {
+    let room = geometry
+        .data_area_bytes()
+        .saturating_sub(format::summary_bytes(geometry.checksum, 1));
+    (room / BLOCK_BYTES).min(EXTENT_BLOCKS_MAX)
+}
+/// Free slots kept for garbage collection's own writes.
+const GC_RESERVE_SLOTS: usize = 2;
+/// A victim must be at most this full of live data to be worth collecting.
+const GC_VICTIM_LIVE_FRACTION_MAX: f64 = 0.95;
+/// Reconstructed stripes kept for sequential degraded reads.
+const RECONSTRUCT_CACHE_STRIPES: usize = 8;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemberState {
+    Healthy,
+    /// Marked failed (by `tessera fail` or after an I/O error).
+    Failed,
+    /// Absent when the array was opened.
+    Missing,
+}
+
+pub struct Member {
+    pub name: String,
+    pub uuid: [u8; 16],
+    pub device: Option<Arc<dyn Device>>,
+    pub state: MemberState,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SlotStatus {
+    Free,
+    Open,
+    Sealed,
+    /// Empty, rewritable once the data that superseded it is synced.
+    Draining,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    status: SlotStatus,
+    sequence: u64,
+    live_data_blocks: u64,
+    live_zero_ranges: u64,
+}
+
+#[derive(Clone, Debug)]
+struct Extent {
+    slot: u64,
+    offset: u32,
+    stored_bytes: u32,
+    blocks: u32,
+    codec: Option<Codec>,
+    digest: Digest,
+}
+
+#[derive(Clone, Debug)]
+enum Target {
+    Zero { slot: u64 },
+    Data { extent: Arc<Extent>, skip: u32 },
+}
+
+#[derive(Clone, Debug)]
+struct Mapping {
+    blocks: u32,
+    target: Target,
+}
+
+/// Counters, readable while the array serves.
+#[derive(Default)]
+struct Counters {
+    user_bytes_written: AtomicU64,
+    member_bytes_written: AtomicU64,
+    stripes_sealed: AtomicU64,
+    short_stripes_sealed: AtomicU64,
+    checksum_errors: AtomicU64,
+    chunks_repaired: AtomicU64,
+    reconstructed_reads: AtomicU64,
+    unrecoverable_reads: AtomicU64,
+    gc_stripes_collected: AtomicU64,
+}
+
+struct State {
+    members: Vec<Member>,
+    superblock: Superblock,
+    map: BTreeMap<u64, Mapping>,
+    slots: Vec<Slot>,
+    free: BTreeSet<u64>,
+    draining: Vec<u64>,
+    open: HashMap<Stream, OpenStripe>,
+    next_sequence: u64,
+    synced_through: u64,
+}
+
+/// An open array.
+pub struct Array {
+    geometry: Geometry,
+    codec: tessera_ec::Codec,
+    policy: Option<Policy>,
+    state: RwLock<State>,
+    counters: Counters,
+    cache: Mutex<VecDeque<((u64, u64), Arc<Vec<u8>>)>>,
+}
+
+/// What `tessera status` reports.
+#[derive(Clone, Debug, Serialize)]
+pub struct Status {
+    pub array_uuid: String,
+    pub data: usize,
+    pub parity: usize,
+    pub chunk_bytes: usize,
+    pub checksum: String,
+    pub compression: String,
+    pub members: Vec<MemberStatus>,
+    pub members_unavailable: usize,
+    pub stripes_total: u64,
+    pub stripes_used: u64,
+    pub stripes_degraded: u64,
+    pub raw_bytes: u64,
+    pub usable_bytes: u64,
+    pub logical_bytes: u64,
+    pub mapped_bytes: u64,
+    pub stored_bytes: u64,
+    pub compression_ratio: f64,
+    pub user_bytes_written: u64,
+    pub member_bytes_written: u64,
+    pub write_amplification: f64,
+    pub stripes_sealed: u64,
+    pub short_stripes_sealed: u64,
+    pub gc_stripes_collected: u64,
+    pub checksum_errors: u64,
+    pub chunks_repaired: u64,
+    pub reconstructed_reads: u64,
+    pub unrecoverable_reads: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct MemberStatus {
+    pub index: usize,
+    pub name: String,
+    pub state: MemberState,
+}
+
+fn lock_poisoned<T>(_: T) -> ArrayError {
+    ArrayError::Poisoned
+}
+
+impl Array {
+    /// Builds the in-memory array from opened members and replays the
+    /// stripes (called by `crate::create` and `crate::open`).
+    pub(crate) fn assemble(superblock: Superblock, members: Vec<Member>) -> Result<Array, ArrayError> {
+        let geometry = superblock.geometry.clone();
+        let codec = tessera_ec::Codec::new(geometry.data, geometry.parity, tessera_ec::MatrixKind::Cauchy)
+            .map_err(ArrayError::Codec)?;
+        let policy = geometry.compression.map(|codec| Policy {
+            mode: tessera_compress::policy::Mode::Aggressive,
+            codec,
+            min_blob: BLOCK_BYTES,
+            max_blob: extent_blocks_max(&geometry) * BLOCK_BYTES,
+            ..Policy::default()
+        });
+        let slot_count = geometry.slot_count();
+        let array = Array {
+            codec,
+            policy,
+            state: RwLock::new(State {
+                members,
+                superblock,
+                map: BTreeMap::new(),
+                slots: vec![
+                    Slot {
+                        status: SlotStatus::Free,
+                        sequence: 0,
+                        live_data_blocks: 0,
+                        live_zero_ranges: 0,
+                    };
+                    slot_count as usize
+                ],
+                free: BTreeSet::new(),
+                draining: Vec::new(),
+                open: HashMap::new(),
+                next_sequence: 1,
+                synced_through: 0,
+            }),
+            counters: Counters::default(),
+            cache: Mutex::new(VecDeque::new()),
+            geometry,
+        };
+        array.recover()?;
+        Ok(array)
+    }
+
+    pub fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
+    pub fn logical_bytes(&self) -> u64 {
+        self.geometry.logical_bytes
+    }
+
+    // ---- recovery -------------------------------------------------------
+
+    /// Rebuilds the map from every stripe's summary, in sequence order.
+    fn recover(&self) -> Result<(), ArrayError> {
+        let g = &self.geometry;
+        let mut state = self.state.write().map_err(lock_poisoned)?;
+        let uuid = state.superblock.array_uuid;
+        // Pass 1: every chunk header.
+        let mut newest: Vec<Option<u64>> = vec![None; g.slot_count() as usize];
+        let mut synced_through = 0;
+        for slot in 0..g.slot_count() {
+            for j in 0..g.width() {
+                let Some(header) = self.read_header(&state, slot, j) else {
+                    continue;
+                };
+                if header.array_uuid != uuid || header.slot != slot || header.index != j {
+                    continue;
+                }
+                synced_through = synced_through.max(header.synced_through);
+                let best = &mut newest[slot as usize];
+                *best = Some(best.map_or(header.sequence, |s: u64| s.max(header.sequence)));
+            }
+        }
+        // Pass 2: each slot's newest stripe, checked, its summary read.
+        let mut stripes: Vec<(u64, u64, Vec<Record>)> = Vec::new();
+        for slot in 0..g.slot_count() {
+            let Some(sequence) = newest[slot as usize] else {
+                continue;
+            };
+            let verify_all = sequence > synced_through;
+            match self.read_summary(&state, slot, sequence, verify_all) {
+                Ok(records) => stripes.push((sequence, slot, records)),
+                Err(_) if verify_all => {
+                    // Written after the last sync and torn by a crash: it
+                    // held nothing acknowledged, and its slot is free.
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        stripes.sort_by_key(|s| s.0);
+        let mut max_sequence = 0;
+        for (sequence, slot, records) in stripes {
+            max_sequence = sequence;
+            let s = &mut state.slots[slot as usize];
+            s.status = SlotStatus::Sealed;
+            s.sequence = sequence;
+            for record in records {
+                match record {
+                    Record::Data {
+                        lba,
+                        blocks,
+                        offset,
+                        stored_bytes,
+                        codec,
+                        digest,
+                    } => {
+                        let extent = Arc::new(Extent {
+                            slot,
+                            offset,
+                            stored_bytes,
+                            blocks,
+                            codec,
+                            digest,
+                        });
+                        state.insert(lba, blocks, Target::Data { extent, skip: 0 });
+                    }
+                    Record::Zero { lba, blocks } => {
+                        state.insert(lba, blocks, Target::Zero { slot });
+                    }
+                }
+            }
+        }
+        state.draining.clear();
+        for slot in 0..g.slot_count() {
+            let s = state.slots[slot as usize];
+            if s.status != SlotStatus::Sealed || s.live_data_blocks + s.live_zero_ranges == 0 {
+                state.slots[slot as usize].status = SlotStatus::Free;
+                state.free.insert(slot);
+            }
+        }
+        state.next_sequence = max_sequence + 1;
+        // Everything replayed is now made durable, so later stripes may say so.
+        self.sync_members(&mut state)?;
+        state.synced_through = max_sequence;
+        Ok(())
+    }
+
+    fn read_header(&self, state: &State, slot: u64, index: usize) -> Option<ChunkHeader> {
+        let (member, row) = self.geometry.place(slot, index);
+        let device = state.readable(member)?;
+        let mut sector = vec![0u8; SECTOR_BYTES];
+        device.read_at(&mut sector, self.geometry.row_offset(row)).ok()?;
+        ChunkHeader::decode(&sector, self.geometry.checksum).ok()
+    }
+
+    /// A stripe's summary. With `verify_all`, every chunk is checked (a
+    /// stripe a crash may have torn); otherwise only the chunks holding
+    /// the summary, reconstructing if one is missing or bad.
+    fn read_summary(
+        &self,
+        state: &State,
+        slot: u64,
+        sequence: u64,
+        verify_all: bool,
+    ) -> Result<Vec<Record>, ArrayError> {
+        let g = &self.geometry;
+        let area = g.data_area_bytes();
+        let header = (0..g.width())
+            .filter_map(|j| self.read_header(state, slot, j))
+            .find(|h| h.sequence == sequence && h.slot == slot)
+            .ok_or(ArrayError::Unreadable { slot })?;
+        let len = header.summary_bytes as usize;
+        if len > area {
+            return Err(ArrayError::Unreadable { slot });
+        }
+        let parse = |bytes: &[u8]| -> Option<Vec<Record>> {
+            if self.geometry.checksum.digest(bytes) != header.summary_digest {
+                return None;
+            }
+            format::decode_summary(bytes, g).ok()
+        };
+        if !verify_all {
+            if let Some(bytes) = self.read_area_direct(state, slot, area - len, len) {
+                if let Some(records) = parse(&bytes) {
+                    return Ok(records);
+                }
+            }
+        }
+        let (data, _bad) = self.reconstruct(state, slot, sequence)?;
+        parse(&data[area - len..]).ok_or(ArrayError::Unreadable { slot })
+    }
+
+    // ---- reads ----------------------------------------------------------
+
+    /// Reads `buf.len()` bytes at byte `offset` of the volume.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ArrayError> {
+        self.check_range(offset, buf.len() as u64)?;
+        let state = self.state.read().map_err(lock_poisoned)?;
+        let block = BLOCK_BYTES as u64;
+        let first = offset / block;
+        let last = (offset + buf.len() as u64).div_ceil(block);
+        let blocks = self.read_blocks(&state, first, last - first)?;
+        let skip = (offset - first * block) as usize;
+        buf.copy_from_slice(&blocks[skip..skip + buf.len()]);
+        Ok(())
+    }
+
+    /// Whole blocks [lba, lba+count) as bytes; holes and zero ranges are zeros.
+    fn read_blocks(&self, state: &State, lba: u64, count: u64) -> Result<Vec<u8>, ArrayError> {
+        let mut out = vec![0u8; count as usize * BLOCK_BYTES];
+        let end = lba + count;
+        for (start, mapping) in state.overlapping(lba, end) {
+            let Target::Data { extent, skip } = &mapping.target else {
+                continue;
+            };
+            let bytes = self.extent_bytes(state, extent)?;
+            let lo = start.max(lba);
+            let hi = (start + u64::from(mapping.blocks)).min(end);
+            let from = (u64::from(*skip) + lo - start) as usize * BLOCK_BYTES;
+            let to_at = (lo - lba) as usize * BLOCK_BYTES;
+            let n = (hi - lo) as usize * BLOCK_BYTES;
+            out[to_at..to_at + n].copy_from_slice(&bytes[from..from + n]);
+        }
+        Ok(out)
+    }
+
+    /// An extent's logical bytes, verified: from the open stripe, from the
+    /// members, or from a reconstruction.
+    fn extent_bytes(&self, state: &State, extent: &Extent) -> Result<Vec<u8>, ArrayError> {
+        let (offset, len) = (extent.offset as usize, extent.stored_bytes as usize);
+        let algorithm = self.geometry.checksum;
+        let stored = if let Some(open) = state.open.values().find(|o| o.slot == extent.slot) {
+            open.data[offset..offset + len].to_vec()
+        } else {
+            let direct = self
+                .read_area_direct(state, extent.slot, offset, len)
+                .filter(|bytes| algorithm.digest(bytes) == extent.digest);
+            match direct {
+                Some(bytes) => bytes,
+                None => {
+                    let sequence = state.slots[extent.slot as usize].sequence;
+                    let area = self.cached_or_reconstruct(state, extent.slot, sequence)?;
+                    let bytes = area[offset..offset + len].to_vec();
+                    if algorithm.digest(&bytes) != extent.digest {
+                        self.counters.unrecoverable_reads.fetch_add(1, Ordering::Relaxed);
+                        return Err(ArrayError::Unreadable { slot: extent.slot });
+                    }
+                    self.counters.reconstructed_reads.fetch_add(1, Ordering::Relaxed);
+                    bytes
+                }
+            }
+        };
+        let logical = extent.blocks as usize * BLOCK_BYTES;
+        match extent.codec {
+            None => Ok(stored),
+            Some(codec) => codec
+                .decompress(&stored, logical)
+                .map_err(|_| ArrayError::Unreadable { slot: extent.slot }),
+        }
+    }
+
+    /// Data-area bytes read straight from the data chunks' members; `None`
+    /// if a member is unavailable or a read fails (the caller reconstructs).
+    fn read_area_direct(&self, state: &State, slot: u64, offset: usize, len: usize) -> Option<Vec<u8>> {
+        let g = &self.geometry;
+        let mut out = vec![0u8; len];
+        for (chunk, within, n, at) in stripe::pieces(g, offset, len) {
+            let (member, row) = g.place(slot, chunk);
+            let device = state.readable(member)?;
+            let position = g.row_offset(row) + (SECTOR_BYTES + within) as u64;
+            device.read_at(&mut out[at..at + n], position).ok()?;
+        }
+        Some(out)
+    }
+
+    fn cached_or_reconstruct(&self, state: &State, slot: u64, sequence: u64) -> Result<Arc<Vec<u8>>, ArrayError> {
+        let key = (slot, sequence);
+        if let Some((_, area)) = self
+            .cache
+            .lock()
+            .map_err(lock_poisoned)?
+            .iter()
+            .find(|(k, _)| *k == key)
+        {
+            return Ok(area.clone());
+        }
+        let (area, bad) = self.reconstruct(state, slot, sequence)?;
+        let on_healthy: Vec<usize> = bad
+            .iter()
+            .copied()
+            .filter(|&j| state.readable(self.geometry.place(slot, j).0).is_some())
+            .collect();
+        if !on_healthy.is_empty() {
+            self.counters
+                .checksum_errors
+                .fetch_add(on_healthy.len() as u64, Ordering::Relaxed);
+            self.repair(state, slot, sequence, &area, &on_healthy);
+        }
+        let area = Arc::new(area);
+        let mut cache = self.cache.lock().map_err(lock_poisoned)?;
+        if cache.len() >= RECONSTRUCT_CACHE_STRIPES {
+            cache.pop_front();
+        }
+        cache.push_back((key, area.clone()));
+        Ok(area)
+    }
+
+    /// Rewrites the chunks `bad` of a stripe, on healthy members, from its
+    /// verified data area: their content is known, so the stripe is whole
+    /// again. A failed rewrite is left for the next read or scrub.
+    fn repair(&self, state: &State, slot: u64, sequence: u64, area: &[u8], bad: &[usize]) {
+        let g = &self.geometry;
+        let Some(template) = (0..g.width())
+            .filter(|j| !bad.contains(j))
+            .filter_map(|j| self.read_header(state, slot, j))
+            .find(|h| h.sequence == sequence && h.slot == slot)
+        else {
+            return;
+        };
+        let data: Vec<&[u8]> = area.chunks(g.chunk_bytes).collect();
+        let mut parity = vec![vec![0u8; g.chunk_bytes]; g.parity];
+        {
+            let mut outputs: Vec<&mut [u8]> = parity.iter_mut().map(|p| p.as_mut_slice()).collect();
+            self.codec.encode(&data, &mut outputs).expect("shapes match the codec");
+        }
+        for &j in bad {
+            let payload: &[u8] = if j < g.data { data[j] } else { &parity[j - g.data] };
+            let mut header = template.clone();
+            header.index = j;
+            header.leaf = tessera_checksum::merkle::leaf(g.checksum, j, payload);
+            let mut chunk = header.encode();
+            chunk.extend_from_slice(payload);
+            let (member, row) = g.place(slot, j);
+            if let Some(device) = state.readable(member) {
+                if device.write_at(&chunk, g.row_offset(row)).is_ok() {
+                    self.counters.chunks_repaired.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    fn reconstruct(&self, state: &State, slot: u64, sequence: u64) -> Result<(Vec<u8>, Vec<usize>), ArrayError> {
+        let g = &self.geometry;
+        stripe::reconstruct(g, &self.codec, slot, sequence, |j| {
+            let (member, row) = g.place(slot, j);
+            let device = state.readable(member)?;
+            let mut chunk = vec![0u8; SECTOR_BYTES + g.chunk_bytes];
+            device.read_at(&mut chunk, g.row_offset(row)).ok()?;
+            Some(chunk)
+        })
+        .map_err(|good| ArrayError::TooFewChunks {
+            slot,
+            good,
+            need: g.data,
+        })
+    }
+
+    // ---- writes ---------------------------------------------------------
+
+    fn check_range(&self, offset: u64, len: u64) -> Result<(), ArrayError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.geometry.logical_bytes => Ok(()),
+            _ => Err(ArrayError::OutOfRange {
+                offset,
+                len,
+                size: self.geometry.logical_bytes,
+            }),
+        }
+    }
+
+    /// Writes `data` at byte `offset`. Unaligned edges are merged with the
+    /// blocks' current contents under the write lock, so they are atomic.
+    /// With `fua`, returns after the data is durable.
+    pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ArrayError> {
+        self.check_range(offset, data.len() as u64)?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let mut state = self.state.write().map_err(lock_poisoned)?;
+        let block = BLOCK_BYTES as u64;
+        let first = offset / block;
+        let last = (offset + data.len() as u64).div_ceil(block);
+        self.ensure_room_for(&mut state, (last - first) as usize * BLOCK_BYTES)?;
+        let aligned = offset % block == 0 && data.len() % BLOCK_BYTES == 0;
+        if aligned {
+            self.write_blocks(&mut state, first, data, Stream::User)?;
+        } else {
+            let mut blocks = self.read_blocks(&state, first, last - first)?;
+            let skip = (offset - first * block) as usize;
+            blocks[skip..skip + data.len()].copy_from_slice(data);
+            self.write_blocks(&mut state, first, &blocks, Stream::User)?;
+        }
+        self.counters
+            .user_bytes_written
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        if fua {
+            self.flush_locked(&mut state)?;
+        }
+        Ok(())
+    }
+
+    /// Makes `len` bytes at `offset` read as zeros and frees their space.
+    /// Unaligned edges are written as zeros; whole blocks become a zero
+    /// record (or nothing, where the blocks were never written).
+    pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), ArrayError> {
+        self.check_range(offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let block = BLOCK_BYTES as u64;
+        let first_whole = offset.div_ceil(block);
+        let end_whole = (offset + len) / block;
+        if first_whole >= end_whole {
+            // No whole block: write the zero bytes.
+            return self.write(offset, &vec![0u8; len as usize], fua);
+        }
+        if offset < first_whole * block {
+            self.write(offset, &vec![0u8; (first_whole * block - offset) as usize], false)?;
+        }
+        if offset + len > end_whole * block {
+            self.write(
+                end_whole * block,
+                &vec![0u8; (offset + len - end_whole * block) as usize],
+                false,
+            )?;
+        }
+        let mut state = self.state.write().map_err(lock_poisoned)?;
+        let mut lba = first_whole;
+        while lba < end_whole {
+            let blocks = (end_whole - lba).min(u64::from(u32::MAX)) as u32;
+            self.zero_blocks(&mut state, lba, blocks, Stream::User)?;
+            lba += u64::from(blocks);
+        }
+        if fua {
+            self.flush_locked(&mut state)?;
+        }
+        Ok(())
+    }
+
+    /// TRIM: the same as WRITE_ZEROES here (discarded blocks read as zeros).
+    pub fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), ArrayError> {
+        self.write_zeroes(offset, len, fua)
+    }
+
+    /// Checks, before anything changes, that `bytes` of user data will
+    /// find stripes: what the open stripe holds, plus free slots.
+    fn ensure_room_for(&self, state: &mut State, bytes: usize) -> Result<(), ArrayError> {
+        let area = self.geometry.data_area_bytes();
+        let per_stripe = area - format::summary_bytes(self.geometry.checksum, area / BLOCK_BYTES);
+        let open_room = state.open.get(&Stream::User).map_or(0, |o| area - o.used);
+        let needed = bytes.saturating_sub(open_room).div_ceil(per_stripe);
+        if needed == 0 {
+            return Ok(());
+        }
+        self.ensure_free(state, needed, GC_RESERVE_SLOTS)
+    }
+
+    fn write_blocks(&self, state: &mut State, lba: u64, data: &[u8], stream: Stream) -> Result<(), ArrayError> {
+        debug_assert_eq!(data.len() % BLOCK_BYTES, 0);
+        let per_extent = extent_blocks_max(&self.geometry);
+        for (i, piece) in data.chunks(per_extent * BLOCK_BYTES).enumerate() {
+            let at = lba + (i * per_extent) as u64;
+            let blocks = (piece.len() / BLOCK_BYTES) as u32;
+            if piece.iter().all(|&b| b == 0) {
+                self.zero_blocks(state, at, blocks, stream)?;
+                continue;
+            }
+            let (codec, stored) = match &self.policy {
+                Some(policy) => {
+                    let blob = policy.compress_blob(piece, Hint::None).map_err(ArrayError::Compress)?;
+                    (blob.codec, blob.bytes)
+                }
+                None => (None, piece.to_vec()),
+            };
+            let digest = self.geometry.checksum.digest(&stored);
+            let slot = self.room(state, stream, stored.len())?;
+            let open = state.open.get_mut(&stream).expect("room opened it");
+            let offset = open.push_data(&stored);
+            let record = Record::Data {
+                lba: at,
+                blocks,
+                offset,
+                stored_bytes: stored.len() as u32,
+                codec,
+                digest,
+            };
+            open.records.push(record);
+            let extent = Arc::new(Extent {
+                slot,
+                offset,
+                stored_bytes: stored.len() as u32,
+                blocks,
+                codec,
+                digest,
+            });
+            state.insert(at, blocks, Target::Data { extent, skip: 0 });
+        }
+        Ok(())
+    }
+
+    fn zero_blocks(&self, state: &mut State, lba: u64, blocks: u32, stream: Stream) -> Result<(), ArrayError> {
+        let end = lba + u64::from(blocks);
+        // Blocks never written already read as zeros and need no record.
+        if state.overlapping(lba, end).next().is_none() {
+            return Ok(());
+        }
+        // A zero record frees space, so it may use all but one reserved slot.
+        let slot = match state.open.get(&stream) {
+            Some(open) if open.fits(self.geometry.checksum, 0) => open.slot,
+            _ if stream == Stream::User && state.free.len() <= GC_RESERVE_SLOTS && state.free.len() > 1 => {
+                self.seal(state, stream, false)?;
+                let slot = *state.free.first().expect("more than one free slot");
+                state.free.remove(&slot);
+                state.slots[slot as usize].status = SlotStatus::Open;
+                state.open.insert(stream, OpenStripe::new(&self.geometry, slot, stream));
+                slot
+            }
+            _ => self.room(state, stream, 0)?,
+        };
+        let open = state.open.get_mut(&stream).expect("room opened it");
+        open.records.push(Record::Zero { lba, blocks });
+        state.insert(lba, blocks, Target::Zero { slot });
+        Ok(())
+    }
+
+    /// Makes room in `stream`'s open stripe for `bytes` and one record;
+    /// returns its slot.
+    fn room(&self, state: &mut State, stream: Stream, bytes: usize) -> Result<u64, ArrayError> {
+        let algorithm = self.geometry.checksum;
+        if let Some(open) = state.open.get(&stream) {
+            if open.fits(algorithm, bytes) {
+                return Ok(open.slot);
+            }
+            self.seal(state, stream, false)?;
+        }
+        let slot = self.allocate(state, stream)?;
+        let open = OpenStripe::new(&self.geometry, slot, stream);
+        assert!(open.fits(algorithm, bytes), "one extent always fits an empty stripe");
+        state.open.insert(stream, open);
+        Ok(slot)
+    }
+
+    /// Free slots a stream must leave: GC may use them all; user data
+    /// leaves GC its reserve.
+    fn reserve(stream: Stream) -> usize {
+        match stream {
+            Stream::Gc => 0,
+            Stream::User => GC_RESERVE_SLOTS,
+        }
+    }
+
+    /// Makes `needed` slots more than the reserve free, collecting garbage
+    /// and syncing as needed, or fails with `NoSpace` having changed no data.
+    fn ensure_free(&self, state: &mut State, needed: usize, reserve: usize) -> Result<(), ArrayError> {
+        if state.free.len() < reserve + needed {
+            self.collect_garbage(state, reserve + needed)?;
+        }
+        if state.free.len() < reserve + needed && !state.draining.is_empty() {
+            self.flush_locked(state)?;
+        }
+        if state.free.len() < reserve + needed {
+            return Err(ArrayError::NoSpace);
+        }
+        Ok(())
+    }
+
+    fn allocate(&self, state: &mut State, stream: Stream) -> Result<u64, ArrayError> {
+        let reserve = Self::reserve(stream);
+        if stream == Stream::User {
+            self.ensure_free(state, 1, reserve)?;
+        } else if state.free.len() <= reserve {
+            if !state.draining.is_empty() {
+                self.flush_locked(state)?;
+            }
+            if state.free.is_empty() {
+                return Err(ArrayError::NoSpace);
+            }
+        }
+        // Prefer a slot whose members are all healthy, so new stripes avoid
+        // failed members where the geometry leaves a choice (N > K+M).
+        let healthy = |slot: &u64| (0..self.geometry.width()).all(|j| state.writable(self.geometry.place(*slot, j).0));
+        let slot = state
+            .free
+            .iter()
+            .copied()
+            .find(healthy)
+            .or_else(|| state.free.first().copied())
+            .expect("free is not empty");
+        state.free.remove(&slot);
+        let s = &mut state.slots[slot as usize];
+        *s = Slot {
+            status: SlotStatus::Open,
+            sequence: 0,
+            live_data_blocks: 0,
+            live_zero_ranges: 0,
+        };
+        Ok(slot)
+    }
+
+    /// Writes `stream`'s open stripe to the members (padding a short one).
+    fn seal(&self, state: &mut State, stream: Stream, short: bool) -> Result<(), ArrayError> {
+        let Some(mut open) = state.open.remove(&stream) else {
+            return Ok(());
+        };
+        let slot = open.slot;
+        if open.records.is_empty() {
+            state.slots[slot as usize].status = SlotStatus::Free;
+            state.free.insert(slot);
+            return Ok(());
+        }
+        let sequence = state.next_sequence;
+        state.next_sequence += 1;
+        let sealed = stripe::seal(
+            &self.geometry,
+            &self.codec,
+            state.superblock.array_uuid,
+            &mut open,
+            sequence,
+            state.synced_through,
+        );
+        let stride = SECTOR_BYTES + self.geometry.chunk_bytes;
+        let mut written = 0u64;
+        for (j, chunk) in sealed.chunks.chunks(stride).enumerate() {
+            let (member, row) = self.geometry.place(slot, j);
+            if !state.writable(member) {
+                continue;
+            }
+            let device = state.members[member]
+                .device
+                .clone()
+                .expect("writable members have devices");
+            match device.write_at(chunk, self.geometry.row_offset(row)) {
+                Ok(()) => written += stride as u64,
+                Err(_) => self.fail_member_locked(state, member)?,
+            }
+        }
+        self.counters.member_bytes_written.fetch_add(written, Ordering::Relaxed);
+        self.counters.stripes_sealed.fetch_add(1, Ordering::Relaxed);
+        if short {
+            self.counters.short_stripes_sealed.fetch_add(1, Ordering::Relaxed);
+        }
+        let s = &mut state.slots[slot as usize];
+        s.status = SlotStatus::Sealed;
+        s.sequence = sequence;
+        if s.live_data_blocks + s.live_zero_ranges == 0 {
+            // Everything in it was overwritten while it was open.
+            s.status = SlotStatus::Draining;
+            state.draining.push(slot);
+        }
+        Ok(())
+    }
+
+    /// FLUSH: seals the open stripes and syncs every member.
+    pub fn flush(&self) -> Result<(), ArrayError> {
+        let mut state = self.state.write().map_err(lock_poisoned)?;
+        self.flush_locked(&mut state)
+    }
+
+    fn flush_locked(&self, state: &mut State) -> Result<(), ArrayError> {
+        for stream in [Stream::Gc, Stream::User] {
+            self.seal(state, stream, true)?;
+        }
+        self.sync_members(state)?;
+        state.synced_through = state.next_sequence - 1;
+        // Slots emptied before this sync may now be rewritten.
+        for slot in std::mem::take(&mut state.draining) {
+            let s = &mut state.slots[slot as usize];
+            assert_eq!(s.live_data_blocks + s.live_zero_ranges, 0, "a draining slot is empty");
+            if s.status == SlotStatus::Draining {
+                s.status = SlotStatus::Free;
+                state.free.insert(slot);
+            }
+        }
+        Ok(())
+    }
+
+    fn sync_members(&self, state: &mut State) -> Result<(), ArrayError> {
+        let devices: Vec<(usize, Arc<dyn Device>)> = (0..state.members.len())
+            .filter(|&m| state.writable(m))
+            .filter_map(|m| state.members[m].device.clone().map(|d| (m, d)))
+            .collect();
+        let results: Vec<(usize, std::io::Result<()>)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = devices
+                .iter()
+                .map(|(m, d)| (*m, scope.spawn(move || d.sync())))
+                .collect();
+            handles
+                .into_iter()
+                .map(|(m, h)| {
+                    (
+                        m,
+                        h.join().unwrap_or_else(|_| Err(std::io::Error::other("sync panicked"))),
+                    )
+                })
+                .collect()
+        });
+        for (member, result) in results {
+            if result.is_err() {
+                self.fail_member_locked(state, member)?;
+            }
+        }
+        Ok(())
+    }
+
+    // ---- garbage collection ----------------------------------------------
+
+    /// Moves the live data of the emptiest stripes into the GC stream until
+    /// enough slots are free, or nothing is worth moving.
+    fn collect_garbage(&self, state: &mut State, target: usize) -> Result<(), ArrayError> {
+        let capacity_blocks = (self.geometry.data_area_bytes() / BLOCK_BYTES) as f64;
+        for _ in 0..state.slots.len() {
+            if state.free.len() + state.draining.len() >= target {
+                break;
+            }
+            let victim = (0..state.slots.len() as u64)
+                .filter(|&s| state.slots[s as usize].status == SlotStatus::Sealed)
+                .min_by_key(|&s| state.slots[s as usize].live_data_blocks);
+            let Some(victim) = victim else { break };
+            let live = state.slots[victim as usize].live_data_blocks as f64;
+            if live > capacity_blocks * GC_VICTIM_LIVE_FRACTION_MAX {
+                break;
+            }
+            self.relocate(state, victim)?;
+            self.counters.gc_stripes_collected.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn relocate(&self, state: &mut State, victim: u64) -> Result<(), ArrayError> {
+        let ranges: Vec<(u64, Mapping)> = state
+            .map
+            .iter()
+            .filter(|(_, m)| m.target.slot() == victim)
+            .map(|(&start, m)| (start, m.clone()))
+            .collect();
+        for (start, mapping) in ranges {
+            match mapping.target {
+                Target::Zero { .. } => {
+                    let slot = self.room(state, Stream::Gc, 0)?;
+                    let open = state.open.get_mut(&Stream::Gc).expect("room opened it");
+                    open.records.push(Record::Zero {
+                        lba: start,
+                        blocks: mapping.blocks,
+                    });
+                    state.insert(start, mapping.blocks, Target::Zero { slot });
+                }
+                Target::Data { .. } => {
+                    let data = self.read_blocks(state, start, u64::from(mapping.blocks))?;
+                    self.write_blocks(state, start, &data, Stream::Gc)?;
+                }
+            }
+        }
+        let s = state.slots[victim as usize];
+        assert_eq!(
+            s.live_data_blocks + s.live_zero_ranges,
+            0,
+            "a relocated stripe is empty"
+        );
+        Ok(())
+    }
+
+    // ---- scrub --------------------------------------------------------------
+
+    /// Reads every chunk of every stripe, checks it against its header's
+    /// leaf, and rewrites the bad ones from the others. Returns (stripes
+    /// checked, bad chunks found); unreadable stripes are an error.
+    pub fn scrub(&self) -> Result<(u64, u64), ArrayError> {
+        let state = self.state.read().map_err(lock_poisoned)?;
+        let (mut stripes, mut bad_total) = (0u64, 0u64);
+        for slot in 0..self.geometry.slot_count() {
+            let s = state.slots[slot as usize];
+            if s.status != SlotStatus::Sealed && s.status != SlotStatus::Draining {
+                continue;
+            }
+            let (area, bad) = self.reconstruct(&state, slot, s.sequence)?;
+            let on_healthy: Vec<usize> = bad
+                .into_iter()
+                .filter(|&j| state.readable(self.geometry.place(slot, j).0).is_some())
+                .collect();
+            if !on_healthy.is_empty() {
+                self.counters
+                    .checksum_errors
+                    .fetch_add(on_healthy.len() as u64, Ordering::Relaxed);
+                self.repair(&state, slot, s.sequence, &area, &on_healthy);
+            }
+            stripes += 1;
+            bad_total += on_healthy.len() as u64;
+        }
+        Ok((stripes, bad_total))
+    }
+
+    // ---- members ----------------------------------------------------------
+
+    /// Marks member `index` failed (as if pulled) and records it in the
+    /// other members' superblocks. Refused if that would leave fewer than K.
+    pub fn fail_member(&self, index: usize) -> Result<(), ArrayError> {
+        let mut state = self.state.write().map_err(lock_poisoned)?;
+        if index >= state.members.len() {
+            return Err(ArrayError::NoSuchMember {
+                index,
+                members: state.members.len(),
+            });
+        }
+        self.fail_member_locked(&mut state, index)
+    }
+
+    fn fail_member_locked(&self, state: &mut State, index: usize) -> Result<(), ArrayError> {
+        if state.members[index].state != MemberState::Healthy {
+            return Ok(());
+        }
+        let unavailable = state.members.iter().filter(|m| m.state != MemberState::Healthy).count();
+        if unavailable + 1 > self.geometry.parity {
+            return Err(ArrayError::TooManyFailed {
+                failed: unavailable + 1,
+                parity: self.geometry.parity,
+            });
+        }
+        state.members[index].state = MemberState::Failed;
+        state.superblock.set_failed(index);
+        state.superblock.generation += 1;
+        let template = state.superblock.clone();
+        crate::write_superblocks(&template, &state.members)?;
+        Ok(())
+    }
+
+    // ---- status -------------------------------------------------------------
+
+    pub fn status(&self) -> Result<Status, ArrayError> {
+        let state = self.state.read().map_err(lock_poisoned)?;
+        let g = &self.geometry;
+        let c = &self.counters;
+        let used: Vec<u64> = (0..g.slot_count())
+            .filter(|&s| state.slots[s as usize].status != SlotStatus::Free)
+            .collect();
+        let degraded = used
+            .iter()
+            .filter(|&&s| (0..g.width()).any(|j| state.readable(g.place(s, j).0).is_none()))
+            .count() as u64;
+        let (mut mapped, mut stored) = (0u64, 0u64);
+        let mut seen = BTreeSet::new();
+        for mapping in state.map.values() {
+            if let Target::Data { extent, .. } = &mapping.target {
+                mapped += u64::from(mapping.blocks) * BLOCK_BYTES as u64;
+                if seen.insert(Arc::as_ptr(extent)) {
+                    stored += u64::from(extent.stored_bytes);
+                }
+            }
+        }
+        let user = c.user_bytes_written.load(Ordering::Relaxed);
+        let member = c.member_bytes_written.load(Ordering::Relaxed);
+        Ok(Status {
+            array_uuid: hex(&state.superblock.array_uuid),
+            data: g.data,
+            parity: g.parity,
+            chunk_bytes: g.chunk_bytes,
+            checksum: g.checksum.name().to_string(),
+            compression: g.compression.map_or("none".to_string(), |c| c.to_string()),
+            members: state
+                .members
+                .iter()
+                .enumerate()
+                .map(|(index, m)| MemberStatus {
+                    index,
+                    name: m.name.clone(),
+                    state: m.state,
+                })
+                .collect(),
+            members_unavailable: state.members.iter().filter(|m| m.state != MemberState::Healthy).count(),
+            stripes_total: g.slot_count(),
+            stripes_used: used.len() as u64,
+            stripes_degraded: degraded,
+            raw_bytes: g.member_bytes * g.members as u64,
+            usable_bytes: g.slot_count() * g.data_area_bytes() as u64,
+            logical_bytes: g.logical_bytes,
+            mapped_bytes: mapped,
+            stored_bytes: stored,
+            compression_ratio: if stored == 0 {
+                1.0
+            } else {
+                mapped as f64 / stored as f64
+            },
+            user_bytes_written: user,
+            member_bytes_written: member,
+            write_amplification: if user == 0 { 0.0 } else { member as f64 / user as f64 },
+            stripes_sealed: c.stripes_sealed.load(Ordering::Relaxed),
+            short_stripes_sealed: c.short_stripes_sealed.load(Ordering::Relaxed),
+            gc_stripes_collected: c.gc_stripes_collected.load(Ordering::Relaxed),
+            checksum_errors: c.checksum_errors.load(Ordering::Relaxed),
+            chunks_repaired: c.chunks_repaired.load(Ordering::Relaxed),
+            reconstructed_reads: c.reconstructed_reads.load(Ordering::Relaxed),
+            unrecoverable_reads: c.unrecoverable_reads.load(Ordering::Relaxed),
+        })
+    }
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Target {
+    fn slot(&self) -> u64 {
+        match self {
+            Target::Zero { slot } => *slot,
+            Target::Data { extent, .. } => extent.slot,
+        }
+    }
+}
+
+impl State {
+    fn readable(&self, member: usize) -> Option<&Arc<dyn Device>> {
+        let m = &self.members[member];
+        match m.state {
+            MemberState::Healthy => m.device.as_ref(),
+            _ => None,
+        }
+    }
+
+    fn writable(&self, member: usize) -> bool {
+        self.readable(member).is_some()
+    }
+
+    /// Mappings overlapping blocks [lba, end), in order.
+    fn overlapping(&self, lba: u64, end: u64) -> impl Iterator<Item = (u64, &Mapping)> {
+        let before = self
+            .map
+            .range(..lba)
+            .next_back()
+            .filter(|(&s, m)| s + u64::from(m.blocks) > lba)
+            .map(|(&s, m)| (s, m));
+        before.into_iter().chain(
+            self.map
+                .range((Bound::Included(lba), Bound::Excluded(end)))
+                .map(|(&s, m)| (s, m)),
+        )
+    }
+
+    fn account(&mut self, target: &Target, blocks: u32, sign: i64) {
+        let s = &mut self.slots[target.slot() as usize];
+        match target {
+            Target::Data { .. } => {
+                s.live_data_blocks = s.live_data_blocks.wrapping_add_signed(sign * i64::from(blocks));
+            }
+            Target::Zero { .. } => s.live_zero_ranges = s.live_zero_ranges.wrapping_add_signed(sign),
+        }
+        if s.status == SlotStatus::Sealed && s.live_data_blocks + s.live_zero_ranges == 0 {
+            s.status = SlotStatus::Draining;
+            let slot = target.slot();
+            self.draining.push(slot);
+        }
+    }
+
+    /// Maps blocks [lba, lba+blocks) to `target`, cutting what was there.
+    fn insert(&mut self, lba: u64, blocks: u32, target: Target) {
+        let end = lba + u64::from(blocks);
+        let old: Vec<(u64, Mapping)> = self.overlapping(lba, end).map(|(s, m)| (s, m.clone())).collect();
+        for (start, mapping) in old {
+            self.map.remove(&start);
+            let mapping_end = start + u64::from(mapping.blocks);
+            if start < lba {
+                let head = (lba - start) as u32;
+                self.put(start, head, mapping.target.clone());
+            }
+            if mapping_end > end {
+                let cut = (end - start) as u32;
+                let tail_target = match &mapping.target {
+                    Target::Data { extent, skip } => Target::Data {
+                        extent: extent.clone(),
+                        skip: skip + cut,
+                    },
+                    zero => zero.clone(),
+                };
+                self.put(end, (mapping_end - end) as u32, tail_target);
+            }
+            // Last, so a stripe keeping a head or tail is never seen empty.
+            self.account(&mapping.target, mapping.blocks, -1);
+        }
+        self.put(lba, blocks, target);
+    }
+
+    fn put(&mut self, lba: u64, blocks: u32, target: Target) {
+        self.account(&target, blocks, 1);
+        self.map.insert(lba, Mapping { blocks, target });
+    }
+}
