@@ -645,8 +645,27 @@ impl Array {
     fn write_blocks(&self, state: &mut State, lba: u64, data: &[u8], stream: Stream) -> Result<(), ArrayError> {
         debug_assert_eq!(data.len() % BLOCK_BYTES, 0);
         let per_extent = extent_blocks_max(&self.geometry);
-        for (i, piece) in data.chunks(per_extent * BLOCK_BYTES).enumerate() {
-            let at = lba + (i * per_extent) as u64;
+        let algorithm = self.geometry.checksum;
+        let mut done = 0;
+        while done < data.len() {
+            let at = lba + (done / BLOCK_BYTES) as u64;
+            let mut take = (data.len() - done).min(per_extent * BLOCK_BYTES);
+            // Raw extents are cut to the open stripe's room, so stripes are
+            // sealed full; compressed ones are sized only after compressing.
+            if self.policy.is_none() {
+                if let Some(open) = state.open.get(&stream) {
+                    let room = open
+                        .data
+                        .len()
+                        .saturating_sub(open.used + format::summary_bytes(algorithm, open.records.len() + 1));
+                    let room_blocks = room / BLOCK_BYTES;
+                    if room_blocks > 0 {
+                        take = take.min(room_blocks * BLOCK_BYTES);
+                    }
+                }
+            }
+            let piece = &data[done..done + take];
+            done += take;
             let blocks = (piece.len() / BLOCK_BYTES) as u32;
             if piece.iter().all(|&b| b == 0) {
                 self.zero_blocks(state, at, blocks, stream)?;

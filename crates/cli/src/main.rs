@@ -2,6 +2,7 @@
 //! calls into the library crates; output meant for tools is JSON on stdout,
 //! progress and diagnostics go to stderr.
 
+mod array_cmd;
 mod bench_data;
 mod bench_ec;
 mod ec_files;
@@ -22,6 +23,62 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Make an array of N members (files in DIR, or --device paths).
+    Create {
+        /// Data chunks per stripe (K).
+        #[arg(long)]
+        data: usize,
+        /// Parity chunks per stripe (M): the members that may fail.
+        #[arg(long)]
+        parity: usize,
+        /// Directory for the array (its member list, and member files with --devices).
+        #[arg(long)]
+        dir: PathBuf,
+        /// Make this many member files in DIR.
+        #[arg(long, conflicts_with = "device")]
+        devices: Option<usize>,
+        /// Size of each member file (suffixes K, M, G, T).
+        #[arg(long, value_parser = size::parse)]
+        device_size: Option<u64>,
+        /// An explicit member (file or block device); repeat for each.
+        #[arg(long = "device")]
+        device: Vec<PathBuf>,
+        /// Bytes per chunk (a multiple of 4K).
+        #[arg(long, value_parser = size::parse, default_value = "64K")]
+        chunk_size: u64,
+        /// Checksum for every extent and chunk: crc32c, xxh3, blake3, sha256, sha3-512.
+        #[arg(long, default_value = "crc32c")]
+        checksum: tessera_checksum::Algorithm,
+        /// Compress extents: lz4, zstd[:LEVEL], deflate[:LEVEL], snappy, or none.
+        #[arg(long, default_value = "none")]
+        compress: String,
+        /// Exported size (may exceed the raw space: thin provisioning); default 80% of usable.
+        #[arg(long, value_parser = size::parse)]
+        size: Option<u64>,
+    },
+    /// Serve the array in DIR over NBD (export name "tessera") until SIGINT or SIGTERM.
+    Serve {
+        dir: PathBuf,
+        /// TCP address to listen on (default 127.0.0.1:10809).
+        #[arg(long, conflicts_with = "socket")]
+        listen: Option<String>,
+        /// Unix socket to listen on instead of TCP.
+        #[arg(long)]
+        socket: Option<PathBuf>,
+    },
+    /// Health, capacity, compression, write amplification and errors of the array in DIR.
+    Status {
+        dir: PathBuf,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Mark member I failed, as if pulled; a served array goes on degraded.
+    Fail {
+        dir: PathBuf,
+        #[arg(long = "device")]
+        index: usize,
+    },
     /// Erasure-code shard files in a directory.
     #[command(subcommand)]
     Ec(EcCommand),
@@ -174,6 +231,35 @@ enum BenchCommand {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
+        Command::Create {
+            data,
+            parity,
+            dir,
+            devices,
+            device_size,
+            device,
+            chunk_size,
+            checksum,
+            compress,
+            size,
+        } => array_cmd::create(&array_cmd::Create {
+            data,
+            parity,
+            dir,
+            devices,
+            device_size,
+            device_paths: device,
+            chunk_bytes: usize::try_from(chunk_size)?,
+            checksum,
+            compression: match compress.as_str() {
+                "none" => None,
+                name => Some(name.parse()?),
+            },
+            logical_bytes: size,
+        }),
+        Command::Serve { dir, listen, socket } => array_cmd::serve(&dir, listen.as_deref(), socket.as_deref()),
+        Command::Status { dir, json } => array_cmd::status(&dir, json),
+        Command::Fail { dir, index } => array_cmd::fail(&dir, index),
         Command::Ec(EcCommand::Encode { shape, dir }) => ec_files::encode(&shape.codec()?, &dir),
         Command::Ec(EcCommand::Decode { shape, dir }) => ec_files::decode(&shape.codec()?, &dir),
         Command::Bench(BenchCommand::Ec {

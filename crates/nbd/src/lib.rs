@@ -1,1 +1,489 @@
-//! NBD server.
+//! An NBD server for any [`Export`]: fixed newstyle negotiation
+//! (NBD_OPT_GO, INFO, LIST, ABORT, EXPORT_NAME, STRUCTURED_REPLY), block
+//! size information, and READ, WRITE, FLUSH, TRIM, WRITE_ZEROES and DISC
+//! with FUA, over TCP or Unix sockets, several connections at once.
+//!
+//! Protocol: NetworkBlockDevice/nbd `doc/proto.md`. Every integer on the
+//! wire is big-endian. A request that is malformed or out of range gets
+//! the protocol's error and changes nothing; a request whose framing
+//! cannot be trusted (bad magic, a write payload over the limit) ends the
+//! connection, as the protocol allows.
+
+use std::io::{self, Read, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Errno values the protocol defines.
+pub mod errno {
+    pub const EPERM: u32 = 1;
+    pub const EIO: u32 = 5;
+    pub const ENOMEM: u32 = 12;
+    pub const EINVAL: u32 = 22;
+    pub const ENOSPC: u32 = 28;
+    pub const EOVERFLOW: u32 = 75;
+    pub const ENOTSUP: u32 = 95;
+    pub const ESHUTDOWN: u32 = 108;
+}
+
+/// What the server exports: a byte range with these operations. Offsets
+/// and lengths are checked against `size` before any call.
+pub trait Export: Send + Sync {
+    fn size(&self) -> u64;
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), u32>;
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), u32>;
+    fn flush(&self) -> Result<(), u32>;
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32>;
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32>;
+}
+
+const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
+const IHAVEOPT: u64 = 0x4948_4156_454F_5054;
+const OPTION_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
+const REQUEST_MAGIC: u32 = 0x2560_9513;
+const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
+const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
+
+const FLAG_FIXED_NEWSTYLE: u16 = 1;
+const FLAG_NO_ZEROES: u16 = 2;
+const CLIENT_FLAG_FIXED_NEWSTYLE: u32 = 1;
+const CLIENT_FLAG_NO_ZEROES: u32 = 2;
+
+const OPT_EXPORT_NAME: u32 = 1;
+const OPT_ABORT: u32 = 2;
+const OPT_LIST: u32 = 3;
+const OPT_INFO: u32 = 6;
+const OPT_GO: u32 = 7;
+const OPT_STRUCTURED_REPLY: u32 = 8;
+const OPT_LIST_META_CONTEXT: u32 = 9;
+const OPT_SET_META_CONTEXT: u32 = 10;
+
+const REP_ACK: u32 = 1;
+const REP_SERVER: u32 = 2;
+const REP_INFO: u32 = 3;
+const REP_ERR_UNSUP: u32 = 0x8000_0001;
+const REP_ERR_INVALID: u32 = 0x8000_0003;
+const REP_ERR_UNKNOWN: u32 = 0x8000_0006;
+const REP_ERR_TOO_BIG: u32 = 0x8000_0009;
+
+const INFO_EXPORT: u16 = 0;
+const INFO_NAME: u16 = 1;
+const INFO_DESCRIPTION: u16 = 2;
+const INFO_BLOCK_SIZE: u16 = 3;
+
+const TFLAG_HAS_FLAGS: u16 = 1;
+const TFLAG_SEND_FLUSH: u16 = 4;
+const TFLAG_SEND_FUA: u16 = 8;
+const TFLAG_SEND_TRIM: u16 = 32;
+const TFLAG_SEND_WRITE_ZEROES: u16 = 64;
+const TFLAG_SEND_DF: u16 = 128;
+const TFLAG_CAN_MULTI_CONN: u16 = 256;
+
+const CMD_READ: u16 = 0;
+const CMD_WRITE: u16 = 1;
+const CMD_DISC: u16 = 2;
+const CMD_FLUSH: u16 = 3;
+const CMD_TRIM: u16 = 4;
+const CMD_WRITE_ZEROES: u16 = 6;
+const CMD_FLAG_FUA: u16 = 1;
+const CMD_FLAG_NO_HOLE: u16 = 2;
+const CMD_FLAG_DF: u16 = 4;
+const CMD_FLAGS_KNOWN: u16 = CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_DF;
+
+const REPLY_FLAG_DONE: u16 = 1;
+const REPLY_TYPE_OFFSET_DATA: u16 = 1;
+const REPLY_TYPE_ERROR: u16 = 0x8001;
+
+/// Block sizes advertised: any 512-byte-aligned request works (the array
+/// merges partial blocks), 4 KiB is its block, 32 MiB the largest request.
+pub const BLOCK_SIZE_MIN: u32 = 512;
+pub const BLOCK_SIZE_PREFERRED: u32 = 4096;
+pub const REQUEST_BYTES_MAX: u32 = 32 << 20;
+/// Option payloads longer than this end the negotiation.
+const OPTION_BYTES_MAX: u32 = 64 << 10;
+
+/// One export under one name.
+pub struct Server<E: Export> {
+    pub export: Arc<E>,
+    pub name: String,
+    pub description: String,
+}
+
+fn read_u32(r: &mut impl Read) -> io::Result<u32> {
+    let mut b = [0; 4];
+    r.read_exact(&mut b)?;
+    Ok(u32::from_be_bytes(b))
+}
+fn read_u64(r: &mut impl Read) -> io::Result<u64> {
+    let mut b = [0; 8];
+    r.read_exact(&mut b)?;
+    Ok(u64::from_be_bytes(b))
+}
+
+fn protocol_error(why: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, why.to_string())
+}
+
+/// How negotiation ended.
+enum Negotiated {
+    Transmission { structured: bool },
+    Closed,
+}
+
+impl<E: Export> Server<E> {
+    fn transmission_flags(&self, structured: bool) -> u16 {
+        let mut flags = TFLAG_HAS_FLAGS
+            | TFLAG_SEND_FLUSH
+            | TFLAG_SEND_FUA
+            | TFLAG_SEND_TRIM
+            | TFLAG_SEND_WRITE_ZEROES
+            | TFLAG_CAN_MULTI_CONN;
+        if structured {
+            flags |= TFLAG_SEND_DF;
+        }
+        flags
+    }
+
+    fn name_matches(&self, name: &[u8]) -> bool {
+        name.is_empty() || name == self.name.as_bytes()
+    }
+
+    /// Serves one client until it disconnects or `stop` is set.
+    pub fn serve<S: Read + Write>(&self, stream: S, stop: &AtomicBool) -> io::Result<()> {
+        let mut stream = io::BufReader::new(stream);
+        let structured = match self.negotiate(&mut stream)? {
+            Negotiated::Transmission { structured } => structured,
+            Negotiated::Closed => return Ok(()),
+        };
+        self.transmit(&mut stream, structured, stop)
+    }
+
+    fn negotiate<S: Read + Write>(&self, stream: &mut io::BufReader<S>) -> io::Result<Negotiated> {
+        let mut hello = Vec::with_capacity(18);
+        hello.extend_from_slice(&NBDMAGIC.to_be_bytes());
+        hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
+        hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+        stream.get_mut().write_all(&hello)?;
+        let client_flags = read_u32(stream)?;
+        if client_flags & CLIENT_FLAG_FIXED_NEWSTYLE == 0 {
+            return Err(protocol_error("client does not speak fixed newstyle"));
+        }
+        if client_flags & !(CLIENT_FLAG_FIXED_NEWSTYLE | CLIENT_FLAG_NO_ZEROES) != 0 {
+            return Err(protocol_error("client sent unknown flags"));
+        }
+        let no_zeroes = client_flags & CLIENT_FLAG_NO_ZEROES != 0;
+        let mut structured = false;
+        // Each option is answered; a client may send many, but not forever.
+        for _ in 0..4096 {
+            if read_u64(stream)? != IHAVEOPT {
+                return Err(protocol_error("bad option magic"));
+            }
+            let option = read_u32(stream)?;
+            let len = read_u32(stream)?;
+            if len > OPTION_BYTES_MAX {
+                // The data cannot be skipped safely without reading it all.
+                let mut sink = io::sink();
+                io::copy(&mut stream.by_ref().take(u64::from(len)), &mut sink)?;
+                self.option_reply(stream, option, REP_ERR_TOO_BIG, b"option data too long")?;
+                continue;
+            }
+            let mut data = vec![0u8; len as usize];
+            stream.read_exact(&mut data)?;
+            match option {
+                OPT_EXPORT_NAME => {
+                    if !self.name_matches(&data) {
+                        return Ok(Negotiated::Closed);
+                    }
+                    let mut reply = Vec::with_capacity(10 + 124);
+                    reply.extend_from_slice(&self.export.size().to_be_bytes());
+                    reply.extend_from_slice(&self.transmission_flags(structured).to_be_bytes());
+                    if !no_zeroes {
+                        reply.extend_from_slice(&[0u8; 124]);
+                    }
+                    stream.get_mut().write_all(&reply)?;
+                    return Ok(Negotiated::Transmission { structured });
+                }
+                OPT_ABORT => {
+                    self.option_reply(stream, option, REP_ACK, &[])?;
+                    return Ok(Negotiated::Closed);
+                }
+                OPT_LIST => {
+                    if !data.is_empty() {
+                        self.option_reply(stream, option, REP_ERR_INVALID, b"NBD_OPT_LIST takes no data")?;
+                        continue;
+                    }
+                    let mut entry = (self.name.len() as u32).to_be_bytes().to_vec();
+                    entry.extend_from_slice(self.name.as_bytes());
+                    self.option_reply(stream, option, REP_SERVER, &entry)?;
+                    self.option_reply(stream, option, REP_ACK, &[])?;
+                }
+                OPT_INFO | OPT_GO => {
+                    if self.info(stream, option, &data, structured)? && option == OPT_GO {
+                        return Ok(Negotiated::Transmission { structured });
+                    }
+                }
+                OPT_STRUCTURED_REPLY => {
+                    if !data.is_empty() {
+                        self.option_reply(stream, option, REP_ERR_INVALID, b"takes no data")?;
+                    } else {
+                        structured = true;
+                        self.option_reply(stream, option, REP_ACK, &[])?;
+                    }
+                }
+                OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
+                    if structured {
+                        // No metadata contexts are offered: an empty list.
+                        self.option_reply(stream, option, REP_ACK, &[])?;
+                    } else {
+                        self.option_reply(stream, option, REP_ERR_INVALID, b"negotiate structured replies first")?;
+                    }
+                }
+                _ => self.option_reply(stream, option, REP_ERR_UNSUP, b"option not supported")?,
+            }
+        }
+        Err(protocol_error("too many options"))
+    }
+
+    fn option_reply<S: Write>(
+        &self,
+        stream: &mut io::BufReader<S>,
+        option: u32,
+        kind: u32,
+        data: &[u8],
+    ) -> io::Result<()> {
+        let mut reply = Vec::with_capacity(20 + data.len());
+        reply.extend_from_slice(&OPTION_REPLY_MAGIC.to_be_bytes());
+        reply.extend_from_slice(&option.to_be_bytes());
+        reply.extend_from_slice(&kind.to_be_bytes());
+        reply.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        reply.extend_from_slice(data);
+        stream.get_mut().write_all(&reply)
+    }
+
+    /// NBD_OPT_INFO and NBD_OPT_GO; returns whether the export was granted.
+    fn info<S: Read + Write>(
+        &self,
+        stream: &mut io::BufReader<S>,
+        option: u32,
+        data: &[u8],
+        structured: bool,
+    ) -> io::Result<bool> {
+        let parsed = (|| {
+            let name_len = u32::from_be_bytes(data.get(0..4)?.try_into().ok()?) as usize;
+            let name = data.get(4..4 + name_len)?;
+            let rest = data.get(4 + name_len..)?;
+            let count = u16::from_be_bytes(rest.get(0..2)?.try_into().ok()?) as usize;
+            let requests = rest.get(2..)?;
+            if requests.len() != count * 2 {
+                return None;
+            }
+            let requests: Vec<u16> = requests.chunks(2).map(|c| u16::from_be_bytes([c[0], c[1]])).collect();
+            Some((name.to_vec(), requests))
+        })();
+        let Some((name, requests)) = parsed else {
+            self.option_reply(stream, option, REP_ERR_INVALID, b"malformed NBD_OPT_INFO/GO")?;
+            return Ok(false);
+        };
+        if !self.name_matches(&name) {
+            self.option_reply(stream, option, REP_ERR_UNKNOWN, b"no such export: try 'tessera'")?;
+            return Ok(false);
+        }
+        let mut export = INFO_EXPORT.to_be_bytes().to_vec();
+        export.extend_from_slice(&self.export.size().to_be_bytes());
+        export.extend_from_slice(&self.transmission_flags(structured).to_be_bytes());
+        self.option_reply(stream, option, REP_INFO, &export)?;
+        if requests.contains(&INFO_NAME) {
+            let mut info = INFO_NAME.to_be_bytes().to_vec();
+            info.extend_from_slice(self.name.as_bytes());
+            self.option_reply(stream, option, REP_INFO, &info)?;
+        }
+        if requests.contains(&INFO_DESCRIPTION) {
+            let mut info = INFO_DESCRIPTION.to_be_bytes().to_vec();
+            info.extend_from_slice(self.description.as_bytes());
+            self.option_reply(stream, option, REP_INFO, &info)?;
+        }
+        let mut sizes = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
+        for size in [BLOCK_SIZE_MIN, BLOCK_SIZE_PREFERRED, REQUEST_BYTES_MAX] {
+            sizes.extend_from_slice(&size.to_be_bytes());
+        }
+        self.option_reply(stream, option, REP_INFO, &sizes)?;
+        self.option_reply(stream, option, REP_ACK, &[])?;
+        Ok(true)
+    }
+
+    fn transmit<S: Read + Write>(
+        &self,
+        stream: &mut io::BufReader<S>,
+        structured: bool,
+        stop: &AtomicBool,
+    ) -> io::Result<()> {
+        let size = self.export.size();
+        let mut payload = Vec::new();
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            let mut header = [0u8; 28];
+            match stream.read_exact(&mut header) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+                Err(e) => return Err(e),
+            }
+            let magic = u32::from_be_bytes(header[0..4].try_into().expect("4 bytes"));
+            if magic != REQUEST_MAGIC {
+                return Err(protocol_error("bad request magic"));
+            }
+            let flags = u16::from_be_bytes([header[4], header[5]]);
+            let kind = u16::from_be_bytes([header[6], header[7]]);
+            let cookie = u64::from_be_bytes(header[8..16].try_into().expect("8 bytes"));
+            let offset = u64::from_be_bytes(header[16..24].try_into().expect("8 bytes"));
+            let len = u32::from_be_bytes(header[24..28].try_into().expect("4 bytes"));
+            if kind == CMD_WRITE {
+                if len > REQUEST_BYTES_MAX {
+                    return Err(protocol_error("write payload over the maximum request size"));
+                }
+                payload.resize(len as usize, 0);
+                stream.read_exact(&mut payload)?;
+            }
+            let in_range = offset.checked_add(u64::from(len)).is_some_and(|end| end <= size);
+            let fua = flags & CMD_FLAG_FUA != 0;
+            let valid = if flags & !CMD_FLAGS_KNOWN != 0 || !in_range {
+                Err(errno::EINVAL)
+            } else {
+                Ok(())
+            };
+            let out = stream.get_mut();
+            match kind {
+                CMD_READ => {
+                    if len > REQUEST_BYTES_MAX {
+                        self.reply(out, structured, cookie, Err(errno::EINVAL))?;
+                        continue;
+                    }
+                    let mut buf = vec![0u8; len as usize];
+                    let result = valid.and_then(|()| self.export.read(offset, &mut buf));
+                    match result {
+                        Ok(()) if structured => {
+                            let mut chunk = Vec::with_capacity(20 + 8 + buf.len());
+                            chunk.extend_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
+                            chunk.extend_from_slice(&REPLY_FLAG_DONE.to_be_bytes());
+                            chunk.extend_from_slice(&REPLY_TYPE_OFFSET_DATA.to_be_bytes());
+                            chunk.extend_from_slice(&cookie.to_be_bytes());
+                            chunk.extend_from_slice(&(8 + buf.len() as u32).to_be_bytes());
+                            chunk.extend_from_slice(&offset.to_be_bytes());
+                            chunk.extend_from_slice(&buf);
+                            out.write_all(&chunk)?;
+                        }
+                        Ok(()) => {
+                            let mut reply = simple_reply(cookie, 0);
+                            reply.extend_from_slice(&buf);
+                            out.write_all(&reply)?;
+                        }
+                        Err(e) => self.reply(out, structured, cookie, Err(e))?,
+                    }
+                }
+                CMD_WRITE => {
+                    let result = valid.and_then(|()| self.export.write(offset, &payload, fua));
+                    self.reply(out, structured, cookie, result)?;
+                }
+                CMD_FLUSH => {
+                    let result = if offset != 0 || len != 0 {
+                        Err(errno::EINVAL)
+                    } else {
+                        self.export.flush()
+                    };
+                    self.reply(out, structured, cookie, result)?;
+                }
+                CMD_TRIM => {
+                    let result = valid.and_then(|()| self.export.trim(offset, u64::from(len), fua));
+                    self.reply(out, structured, cookie, result)?;
+                }
+                CMD_WRITE_ZEROES => {
+                    let result = valid.and_then(|()| self.export.write_zeroes(offset, u64::from(len), fua));
+                    self.reply(out, structured, cookie, result)?;
+                }
+                CMD_DISC => return Ok(()),
+                _ => self.reply(out, structured, cookie, Err(errno::EINVAL))?,
+            }
+        }
+    }
+
+    /// A reply without data: simple, or a structured error chunk.
+    fn reply(&self, out: &mut impl Write, structured: bool, cookie: u64, result: Result<(), u32>) -> io::Result<()> {
+        match result {
+            Err(error) if structured => {
+                let message: &[u8] = match error {
+                    errno::ENOSPC => b"the array is full",
+                    errno::EINVAL => b"request out of range or malformed",
+                    _ => b"I/O error in the array",
+                };
+                let mut chunk = Vec::with_capacity(20 + 6 + message.len());
+                chunk.extend_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
+                chunk.extend_from_slice(&REPLY_FLAG_DONE.to_be_bytes());
+                chunk.extend_from_slice(&REPLY_TYPE_ERROR.to_be_bytes());
+                chunk.extend_from_slice(&cookie.to_be_bytes());
+                chunk.extend_from_slice(&(6 + message.len() as u32).to_be_bytes());
+                chunk.extend_from_slice(&error.to_be_bytes());
+                chunk.extend_from_slice(&(message.len() as u16).to_be_bytes());
+                chunk.extend_from_slice(message);
+                out.write_all(&chunk)
+            }
+            Err(error) => out.write_all(&simple_reply(cookie, error)),
+            Ok(()) => out.write_all(&simple_reply(cookie, 0)),
+        }
+    }
+}
+
+fn simple_reply(cookie: u64, error: u32) -> Vec<u8> {
+    let mut reply = Vec::with_capacity(16);
+    reply.extend_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
+    reply.extend_from_slice(&error.to_be_bytes());
+    reply.extend_from_slice(&cookie.to_be_bytes());
+    reply
+}
+
+/// A listening socket: TCP or Unix.
+pub enum Listener {
+    Tcp(std::net::TcpListener),
+    Unix(std::os::unix::net::UnixListener),
+}
+
+/// Accepts clients until `stop` is set, serving each on its own thread.
+/// Returns after `stop`; connections still open notice it at their next
+/// request.
+pub fn run<E: Export + 'static>(server: Arc<Server<E>>, listener: Listener, stop: Arc<AtomicBool>) -> io::Result<()> {
+    match &listener {
+        Listener::Tcp(l) => l.set_nonblocking(true)?,
+        Listener::Unix(l) => l.set_nonblocking(true)?,
+    }
+    while !stop.load(Ordering::Relaxed) {
+        let accepted: io::Result<Box<dyn FnOnce() + Send>> = match &listener {
+            Listener::Tcp(l) => l.accept().and_then(|(s, peer)| {
+                s.set_nonblocking(false)?;
+                s.set_nodelay(true)?;
+                let (server, stop) = (server.clone(), stop.clone());
+                Ok(Box::new(move || log_end(&peer.to_string(), server.serve(s, &stop))) as Box<dyn FnOnce() + Send>)
+            }),
+            Listener::Unix(l) => l.accept().and_then(|(s, _)| {
+                s.set_nonblocking(false)?;
+                let (server, stop) = (server.clone(), stop.clone());
+                Ok(Box::new(move || log_end("unix client", server.serve(s, &stop))) as Box<dyn FnOnce() + Send>)
+            }),
+        };
+        match accepted {
+            Ok(handler) => {
+                std::thread::spawn(handler);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn log_end(peer: &str, result: io::Result<()>) {
+    match result {
+        Ok(()) => eprintln!("tessera: {peer} disconnected"),
+        Err(e) => eprintln!("tessera: {peer} dropped: {e}"),
+    }
+}

@@ -1,0 +1,360 @@
+//! `tessera create | serve | status | fail`: an array in a directory.
+//!
+//! DIR holds `members` (one member path per line, relative to DIR or
+//! absolute; the superblocks, not this list, say which member is which),
+//! the member files `create --devices` made, and while served, `serve.lock`
+//! and `control.sock`, through which `status` and `fail` reach the server.
+
+use anyhow::{bail, Context, Result};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use tessera_array::device::{Device, FileDevice};
+use tessera_array::{Array, ArrayError, CreateOptions};
+
+const MEMBERS_FILE: &str = "members";
+const LOCK_FILE: &str = "serve.lock";
+const CONTROL_SOCKET: &str = "control.sock";
+
+pub struct Create {
+    pub data: usize,
+    pub parity: usize,
+    pub dir: PathBuf,
+    pub devices: Option<usize>,
+    pub device_size: Option<u64>,
+    pub device_paths: Vec<PathBuf>,
+    pub chunk_bytes: usize,
+    pub checksum: tessera_checksum::Algorithm,
+    pub compression: Option<tessera_compress::Codec>,
+    pub logical_bytes: Option<u64>,
+}
+
+pub fn create(c: &Create) -> Result<()> {
+    std::fs::create_dir_all(&c.dir).with_context(|| format!("creating {}", c.dir.display()))?;
+    let list = c.dir.join(MEMBERS_FILE);
+    if list.exists() {
+        bail!(
+            "{} already holds an array ({} exists); choose another directory",
+            c.dir.display(),
+            list.display()
+        );
+    }
+    let mut members: Vec<(String, Arc<dyn Device>)> = Vec::new();
+    let mut lines = Vec::new();
+    match (c.devices, c.device_paths.is_empty()) {
+        (Some(count), true) => {
+            let size = c.device_size.context("--devices needs --device-size")?;
+            for i in 0..count {
+                let name = format!("member-{i:03}");
+                let path = c.dir.join(&name);
+                let device = FileDevice::create(&path, size).with_context(|| format!("creating {}", path.display()))?;
+                members.push((path.display().to_string(), Arc::new(device)));
+                lines.push(name);
+            }
+        }
+        (None, false) => {
+            for path in &c.device_paths {
+                let device = match (path.exists(), c.device_size) {
+                    (false, Some(size)) => FileDevice::create(path, size),
+                    _ => FileDevice::open(path),
+                }
+                .with_context(|| format!("opening member {}", path.display()))?;
+                let absolute = std::fs::canonicalize(path)?;
+                members.push((absolute.display().to_string(), Arc::new(device)));
+                lines.push(absolute.display().to_string());
+            }
+        }
+        _ => bail!("give either --devices N --device-size SIZE, or --device PATH for each member"),
+    }
+    let options = CreateOptions {
+        data: c.data,
+        parity: c.parity,
+        chunk_bytes: c.chunk_bytes,
+        checksum: c.checksum,
+        compression: c.compression,
+        logical_bytes: c.logical_bytes,
+    };
+    let array = tessera_array::create(members, &options)?;
+    std::fs::write(&list, lines.join("\n") + "\n")?;
+    let s = array.status()?;
+    println!(
+        "created {}+{} on {} members in {}: {} stripes of {} KiB chunks, {} usable, exported as {} (checksum {}, compression {})",
+        s.data,
+        s.parity,
+        s.members.len(),
+        c.dir.display(),
+        s.stripes_total,
+        s.chunk_bytes >> 10,
+        human(s.usable_bytes),
+        human(s.logical_bytes),
+        s.checksum,
+        s.compression
+    );
+    Ok(())
+}
+
+fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+/// Opens the array in DIR; members that cannot be opened count as missing.
+fn open(dir: &Path) -> Result<Array> {
+    let list = dir.join(MEMBERS_FILE);
+    let text = std::fs::read_to_string(&list)
+        .with_context(|| format!("{} is not an array directory (no {})", dir.display(), list.display()))?;
+    let mut members: Vec<(String, Option<Arc<dyn Device>>)> = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let path = dir.join(line.trim());
+        let device = match FileDevice::open(&path) {
+            Ok(d) => Some(Arc::new(d) as Arc<dyn Device>),
+            Err(e) => {
+                eprintln!("tessera: member {} is missing: {e}", path.display());
+                None
+            }
+        };
+        members.push((path.display().to_string(), device));
+    }
+    Ok(tessera_array::open(members)?)
+}
+
+/// The export: the array, with errors logged and mapped to NBD errnos.
+struct ArrayExport(Arc<Array>);
+
+impl ArrayExport {
+    fn map(&self, what: &str, result: Result<(), ArrayError>) -> Result<(), u32> {
+        result.map_err(|e| {
+            eprintln!("tessera: {what} failed: {e}");
+            e.errno()
+        })
+    }
+}
+
+impl tessera_nbd::Export for ArrayExport {
+    fn size(&self) -> u64 {
+        self.0.logical_bytes()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), u32> {
+        self.map("read", self.0.read(offset, buf))
+    }
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), u32> {
+        self.map("write", self.0.write(offset, data, fua))
+    }
+    fn flush(&self) -> Result<(), u32> {
+        self.map("flush", self.0.flush())
+    }
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32> {
+        self.map("trim", self.0.trim(offset, len, fua))
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32> {
+        self.map("write zeroes", self.0.write_zeroes(offset, len, fua))
+    }
+}
+
+fn lock(dir: &Path) -> Result<std::fs::File> {
+    let path = dir.join(LOCK_FILE);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    if file.try_lock().is_err() {
+        bail!(
+            "{} is in use by another tessera process (it holds {})",
+            dir.display(),
+            path.display()
+        );
+    }
+    Ok(file)
+}
+
+pub fn serve(dir: &Path, listen: Option<&str>, socket: Option<&Path>) -> Result<()> {
+    let _lock = lock(dir)?;
+    let array = Arc::new(open(dir)?);
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, stop.clone())?;
+    }
+    let control_path = dir.join(CONTROL_SOCKET);
+    let _ = std::fs::remove_file(&control_path);
+    let control = UnixListener::bind(&control_path).with_context(|| format!("binding {}", control_path.display()))?;
+    {
+        let (array, stop) = (array.clone(), stop.clone());
+        std::thread::spawn(move || control_loop(control, array, stop));
+    }
+    let (listener, url) = match (listen, socket) {
+        (_, Some(path)) => {
+            let _ = std::fs::remove_file(path);
+            let l = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+            (
+                tessera_nbd::Listener::Unix(l),
+                format!("nbd+unix:///tessera?socket={}", path.display()),
+            )
+        }
+        (address, None) => {
+            let address = address.unwrap_or("127.0.0.1:10809");
+            let l = std::net::TcpListener::bind(address).with_context(|| format!("listening on {address}"))?;
+            let local = l.local_addr()?;
+            (tessera_nbd::Listener::Tcp(l), format!("nbd://{local}/tessera"))
+        }
+    };
+    let status = array.status()?;
+    eprintln!(
+        "tessera: serving {} ({}+{}, {} exported, {} of {} members available) at {url}",
+        dir.display(),
+        status.data,
+        status.parity,
+        human(status.logical_bytes),
+        status.members.len() - status.members_unavailable,
+        status.members.len()
+    );
+    eprintln!("tessera: connect with e.g. `nbdinfo {url}` or `qemu-img info {url}`; stop with Ctrl-C");
+    let server = Arc::new(tessera_nbd::Server {
+        export: Arc::new(ArrayExport(array.clone())),
+        name: "tessera".to_string(),
+        description: format!("Tessera array {}", dir.display()),
+    });
+    let result = tessera_nbd::run(server, listener, stop);
+    eprintln!("tessera: shutting down: flushing");
+    array.flush()?;
+    let _ = std::fs::remove_file(&control_path);
+    if let Some(path) = socket {
+        let _ = std::fs::remove_file(path);
+    }
+    result?;
+    eprintln!("tessera: stopped cleanly");
+    Ok(())
+}
+
+/// Answers `status` and `fail I` on the control socket, one line each.
+fn control_loop(listener: UnixListener, array: Arc<Array>, stop: Arc<AtomicBool>) {
+    for stream in listener.incoming() {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let Ok(stream) = stream else { continue };
+        let mut line = String::new();
+        let mut reader = BufReader::new(&stream);
+        if reader.read_line(&mut line).is_err() {
+            continue;
+        }
+        let reply = match line.split_whitespace().collect::<Vec<_>>().as_slice() {
+            ["status"] => array
+                .status()
+                .map_err(|e| e.to_string())
+                .and_then(|s| serde_json::to_string(&s).map_err(|e| e.to_string())),
+            ["fail", index] => match index.parse::<usize>() {
+                Ok(i) => array
+                    .fail_member(i)
+                    .map(|()| "ok".to_string())
+                    .map_err(|e| e.to_string()),
+                Err(_) => Err(format!("'{index}' is not a member index")),
+            },
+            _ => Err("unknown request: use 'status' or 'fail I'".to_string()),
+        };
+        let text = match reply {
+            Ok(text) => text,
+            Err(e) => format!("error: {e}"),
+        };
+        let _ = (&stream).write_all((text + "\n").as_bytes());
+    }
+}
+
+/// Sends one request to a running server; `None` if none is running.
+fn ask_server(dir: &Path, request: &str) -> Result<Option<String>> {
+    let Ok(mut stream) = UnixStream::connect(dir.join(CONTROL_SOCKET)) else {
+        return Ok(None);
+    };
+    stream.write_all(format!("{request}\n").as_bytes())?;
+    let mut line = String::new();
+    BufReader::new(&stream).read_line(&mut line)?;
+    if let Some(error) = line.strip_prefix("error: ") {
+        bail!("{}", error.trim());
+    }
+    Ok(Some(line.trim().to_string()))
+}
+
+pub fn status(dir: &Path, json: bool) -> Result<()> {
+    let status: serde_json::Value = match ask_server(dir, "status")? {
+        Some(text) => serde_json::from_str(&text)?,
+        None => {
+            let _lock = lock(dir)?;
+            serde_json::to_value(open(dir)?.status()?)?
+        }
+    };
+    if json {
+        println!("{status}");
+        return Ok(());
+    }
+    let n = |key: &str| status[key].as_u64().unwrap_or(0);
+    let f = |key: &str| status[key].as_f64().unwrap_or(0.0);
+    println!(
+        "array {}: {}+{}, {} KiB chunks, checksum {}, compression {}",
+        status["array_uuid"].as_str().unwrap_or("?"),
+        n("data"),
+        n("parity"),
+        n("chunk_bytes") >> 10,
+        status["checksum"].as_str().unwrap_or("?"),
+        status["compression"].as_str().unwrap_or("?")
+    );
+    for m in status["members"].as_array().into_iter().flatten() {
+        println!(
+            "  member {:>3}  {:<8} {}",
+            m["index"],
+            m["state"].as_str().unwrap_or("?"),
+            m["name"].as_str().unwrap_or("?")
+        );
+    }
+    println!(
+        "stripes: {} used of {}, {} degraded",
+        n("stripes_used"),
+        n("stripes_total"),
+        n("stripes_degraded")
+    );
+    println!(
+        "capacity: raw {}, usable {}, logical {}; mapped {} stored as {} (compression ratio {:.2})",
+        human(n("raw_bytes")),
+        human(n("usable_bytes")),
+        human(n("logical_bytes")),
+        human(n("mapped_bytes")),
+        human(n("stored_bytes")),
+        f("compression_ratio")
+    );
+    println!(
+        "since start: {} written by clients, {} to members (write amplification {:.2}); {} stripes sealed, {} short (FLUSH), {} collected",
+        human(n("user_bytes_written")),
+        human(n("member_bytes_written")),
+        f("write_amplification"),
+        n("stripes_sealed"),
+        n("short_stripes_sealed"),
+        n("gc_stripes_collected")
+    );
+    println!(
+        "errors: {} bad chunks found, {} repaired; {} reads reconstructed, {} unrecoverable",
+        n("checksum_errors"),
+        n("chunks_repaired"),
+        n("reconstructed_reads"),
+        n("unrecoverable_reads")
+    );
+    Ok(())
+}
+
+pub fn fail(dir: &Path, index: usize) -> Result<()> {
+    if ask_server(dir, &format!("fail {index}"))?.is_some() {
+        println!("member {index} marked failed; the served array goes on degraded");
+        return Ok(());
+    }
+    let _lock = lock(dir)?;
+    open(dir)?.fail_member(index)?;
+    println!("member {index} marked failed");
+    Ok(())
+}
