@@ -41,42 +41,38 @@ pub fn create(c: &Create) -> Result<()> {
             list.display()
         );
     }
+    let count = c.devices.unwrap_or(c.device_paths.len());
+    if c.data == 0 || c.data + c.parity > count {
+        bail!(
+            "{count} members for {}+{}: need K >= 1 and K+M <= N (one chunk of a stripe per member)",
+            c.data,
+            c.parity
+        );
+    }
     let mut members: Vec<(String, Arc<dyn Device>)> = Vec::new();
     let mut lines = Vec::new();
-    match (c.devices, c.device_paths.is_empty()) {
-        (Some(count), true) => {
-            let size = c.device_size.context("--devices needs --device-size")?;
-            for i in 0..count {
-                let name = format!("member-{i:03}");
-                let path = c.dir.join(&name);
-                let device = FileDevice::create(&path, size).with_context(|| format!("creating {}", path.display()))?;
-                members.push((path.display().to_string(), Arc::new(device)));
-                lines.push(name);
+    let mut made: Vec<PathBuf> = Vec::new();
+    let result = create_members(c, &mut members, &mut lines, &mut made).and_then(|()| {
+        let options = CreateOptions {
+            data: c.data,
+            parity: c.parity,
+            chunk_bytes: c.chunk_bytes,
+            checksum: c.checksum,
+            compression: c.compression,
+            logical_bytes: c.logical_bytes,
+        };
+        Ok(tessera_array::create(std::mem::take(&mut members), &options)?)
+    });
+    let array = match result {
+        Ok(array) => array,
+        Err(error) => {
+            // Leave nothing behind from a create that failed.
+            for path in made {
+                let _ = std::fs::remove_file(path);
             }
+            return Err(error);
         }
-        (None, false) => {
-            for path in &c.device_paths {
-                let device = match (path.exists(), c.device_size) {
-                    (false, Some(size)) => FileDevice::create(path, size),
-                    _ => FileDevice::open(path),
-                }
-                .with_context(|| format!("opening member {}", path.display()))?;
-                let absolute = std::fs::canonicalize(path)?;
-                members.push((absolute.display().to_string(), Arc::new(device)));
-                lines.push(absolute.display().to_string());
-            }
-        }
-        _ => bail!("give either --devices N --device-size SIZE, or --device PATH for each member"),
-    }
-    let options = CreateOptions {
-        data: c.data,
-        parity: c.parity,
-        chunk_bytes: c.chunk_bytes,
-        checksum: c.checksum,
-        compression: c.compression,
-        logical_bytes: c.logical_bytes,
     };
-    let array = tessera_array::create(members, &options)?;
     std::fs::write(&list, lines.join("\n") + "\n")?;
     let s = array.status()?;
     println!(
@@ -92,6 +88,44 @@ pub fn create(c: &Create) -> Result<()> {
         s.checksum,
         s.compression
     );
+    Ok(())
+}
+
+fn create_members(
+    c: &Create,
+    members: &mut Vec<(String, Arc<dyn Device>)>,
+    lines: &mut Vec<String>,
+    made: &mut Vec<PathBuf>,
+) -> Result<()> {
+    match (c.devices, c.device_paths.is_empty()) {
+        (Some(count), true) => {
+            let size = c.device_size.context("--devices needs --device-size")?;
+            for i in 0..count {
+                let name = format!("member-{i:03}");
+                let path = c.dir.join(&name);
+                let device = FileDevice::create(&path, size).with_context(|| format!("creating {}", path.display()))?;
+                made.push(path.clone());
+                members.push((path.display().to_string(), Arc::new(device)));
+                lines.push(name);
+            }
+        }
+        (None, false) => {
+            for path in &c.device_paths {
+                let device = match (path.exists(), c.device_size) {
+                    (false, Some(size)) => {
+                        made.push(path.clone());
+                        FileDevice::create(path, size)
+                    }
+                    _ => FileDevice::open(path),
+                }
+                .with_context(|| format!("opening member {}", path.display()))?;
+                let absolute = std::fs::canonicalize(path)?;
+                members.push((absolute.display().to_string(), Arc::new(device)));
+                lines.push(absolute.display().to_string());
+            }
+        }
+        _ => bail!("give either --devices N --device-size SIZE, or --device PATH for each member"),
+    }
     Ok(())
 }
 

@@ -1,0 +1,373 @@
+//! `tessera serve` against real NBD clients: nbdinfo, nbdcopy, qemu-img,
+//! qemu-io and fio, with members failed and removed while serving, a
+//! restart, and a differential run against `nbdkit memory`.
+
+use rand::{Rng, SeedableRng};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+fn tessera(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .output()
+        .expect("the tessera binary runs")
+}
+
+fn run(program: &str, args: &[&str], cwd: &Path) -> String {
+    let out = Command::new(program)
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .unwrap_or_else(|e| panic!("{program} must be installed (scripts/install-test-deps.sh): {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn wait_for(path: &Path) {
+    for _ in 0..200 {
+        if path.exists() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    panic!("{} never appeared", path.display());
+}
+
+/// A server process, stopped with SIGTERM when dropped.
+struct Served {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Served {
+    fn start(dir: &Path, socket: &Path) -> Served {
+        let _ = std::fs::remove_file(socket);
+        let child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args(["serve", dir.to_str().unwrap(), "--socket", socket.to_str().unwrap()])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_for(socket);
+        wait_for(&dir.join("control.sock"));
+        Served {
+            child,
+            socket: socket.to_path_buf(),
+        }
+    }
+
+    fn uri(&self) -> String {
+        format!("nbd+unix:///tessera?socket={}", self.socket.display())
+    }
+
+    fn stop(mut self) {
+        self.terminate();
+    }
+
+    fn terminate(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        for _ in 0..400 {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                assert!(status.success(), "tessera serve exited with {status}");
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        let _ = self.child.kill();
+        panic!("tessera serve did not stop on SIGTERM");
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn create(dir: &Path, extra: &[&str]) {
+    let mut args = vec![
+        "create",
+        "--data",
+        "4",
+        "--parity",
+        "2",
+        "--dir",
+        dir.to_str().unwrap(),
+        "--devices",
+        "6",
+        "--device-size",
+        "40M",
+    ];
+    args.extend_from_slice(extra);
+    let out = tessera(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn fio(uri: &str, cwd: &Path, extra: &[&str]) -> String {
+    let mut args = vec![
+        "--name=job",
+        "--ioengine=nbd",
+        "--uri",
+        uri,
+        "--rw=randwrite",
+        "--bs=16k",
+        "--size=64M",
+        "--iodepth=16",
+        "--verify=crc32c",
+        "--verify_fatal=1",
+        "--randseed=7",
+    ];
+    args.extend_from_slice(extra);
+    run("fio", &args, cwd)
+}
+
+#[test]
+fn real_clients_read_back_what_they_wrote() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("array");
+    create(&dir, &["--compress", "lz4"]);
+    let server = Served::start(&dir, &tmp.path().join("nbd.sock"));
+    let uri = server.uri();
+
+    let info = run("nbdinfo", &["--json", &uri], tmp.path());
+    let info: serde_json::Value = serde_json::from_str(&info).unwrap();
+    let export = &info["exports"][0];
+    assert_eq!(export["export-name"], "tessera");
+    assert_eq!(export["block_size_minimum"], 512);
+    assert_eq!(export["block_size_preferred"], 4096);
+    assert_eq!(export["can_multi_conn"], true);
+    let size = export["export-size"].as_u64().unwrap();
+    assert!(size >= 64 << 20);
+
+    // nbdcopy round trip of a random (and partly compressible) image.
+    let image = tmp.path().join("image.raw");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let mut bytes = vec![0u8; 24 << 20];
+    rng.fill(&mut bytes[..12 << 20]);
+    for (i, b) in bytes[12 << 20..20 << 20].iter_mut().enumerate() {
+        *b = (i / 300) as u8;
+    }
+    std::fs::write(&image, &bytes).unwrap();
+    run("nbdcopy", &[image.to_str().unwrap(), &uri], tmp.path());
+    let back = tmp.path().join("back.raw");
+    run("nbdcopy", &[&uri, back.to_str().unwrap()], tmp.path());
+    let back_bytes = std::fs::read(&back).unwrap();
+    assert_eq!(back_bytes.len() as u64, size);
+    assert!(
+        back_bytes[..bytes.len()] == bytes[..],
+        "nbdcopy read back different bytes"
+    );
+
+    // qemu-img convert, then compare through the NBD export.
+    run(
+        "qemu-img",
+        &["convert", "-n", "-f", "raw", "-O", "raw", image.to_str().unwrap(), &uri],
+        tmp.path(),
+    );
+    let compared = run(
+        "qemu-img",
+        &["compare", "-f", "raw", "-F", "raw", image.to_str().unwrap(), &uri],
+        tmp.path(),
+    );
+    assert!(compared.contains("identical"), "{compared}");
+
+    // qemu-io: patterns, zeroes, discard, unaligned I/O, FUA.
+    let io = run(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0xab 1M 64k",
+            "-c",
+            "read -P 0xab 1M 64k",
+            "-c",
+            "write -z 1M 32k",
+            "-c",
+            "read -P 0 1M 32k",
+            "-c",
+            "read -P 0xab 1056k 32k",
+            "-c",
+            "write -P 0x11 4097 1000",
+            "-c",
+            "read -P 0x11 4097 1000",
+            "-c",
+            "write -f -P 0x22 8M 4k",
+            "-c",
+            "discard 8M 4k",
+            "-c",
+            "read -P 0 8M 4k",
+            &uri,
+        ],
+        tmp.path(),
+    );
+    assert!(!io.contains("Pattern verification failed"), "{io}");
+
+    let status = tessera(&["status", dir.to_str().unwrap(), "--json"]);
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert!(status["compression_ratio"].as_f64().unwrap() > 1.2, "{status}");
+
+    // fio write then verify.
+    let out = fio(&uri, tmp.path(), &["--do_verify=1"]);
+    assert!(out.contains("err= 0"), "{out}");
+    let status = tessera(&["status", dir.to_str().unwrap(), "--json"]);
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(status["unrecoverable_reads"], 0);
+    server.stop();
+}
+
+#[test]
+fn fio_verify_passes_with_m_members_failed_and_after_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("array");
+    create(&dir, &[]);
+    let socket = tmp.path().join("nbd.sock");
+    let server = Served::start(&dir, &socket);
+    let uri = server.uri();
+    fio(&uri, tmp.path(), &["--do_verify=0", "--verify_state_save=1"]);
+    // One member failed by command, another's file deleted while serving.
+    let out = tessera(&["fail", dir.to_str().unwrap(), "--device", "1"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::remove_file(dir.join("member-004")).unwrap();
+    let out = fio(&uri, tmp.path(), &["--verify_only", "--verify_state_load=1"]);
+    assert!(out.contains("err= 0") && out.contains("READ:"), "{out}");
+    // A member that does not exist is refused by name.
+    let out = tessera(&["fail", dir.to_str().unwrap(), "--device", "9"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no member 9"));
+    server.stop();
+
+    // Restarted with one member failed and one missing: the same data.
+    let server = Served::start(&dir, &socket);
+    let out = fio(&server.uri(), tmp.path(), &["--verify_only", "--verify_state_load=1"]);
+    assert!(out.contains("err= 0") && out.contains("READ:"), "{out}");
+    let status = tessera(&["status", dir.to_str().unwrap(), "--json"]);
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(status["members_unavailable"], 2);
+    assert!(status["reconstructed_reads"].as_u64().unwrap() > 0);
+    assert_eq!(status["unrecoverable_reads"], 0);
+    server.stop();
+}
+
+#[test]
+fn the_same_operations_read_back_the_same_as_nbdkit_memory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("array");
+    let size: u64 = 32 << 20;
+    create(&dir, &["--size", "32M", "--compress", "zstd:1"]);
+    let server = Served::start(&dir, &tmp.path().join("nbd.sock"));
+    let reference_socket = tmp.path().join("memory.sock");
+    let mut reference = Command::new("nbdkit")
+        .args([
+            "--foreground",
+            "--unix",
+            reference_socket.to_str().unwrap(),
+            "memory",
+            &format!("size={size}"),
+        ])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("nbdkit must be installed (scripts/install-test-deps.sh)");
+    wait_for(&reference_socket);
+    let reference_uri = format!("nbd+unix:///?socket={}", reference_socket.display());
+
+    // A random sequence of writes, zeroes and discards, some unaligned.
+    let seed: u64 = rand::random();
+    eprintln!("differential seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut commands = Vec::new();
+    for _ in 0..300 {
+        let aligned = rng.gen_bool(0.8);
+        let len: u64 = if aligned {
+            rng.gen_range(1..64) * 4096
+        } else {
+            rng.gen_range(1..70_000)
+        };
+        let offset = if aligned {
+            rng.gen_range(0..(size - len) / 4096) * 4096
+        } else {
+            rng.gen_range(0..size - len)
+        };
+        commands.push(match rng.gen_range(0..6) {
+            0 => format!("write -z {offset} {len}"),
+            1 => format!("discard {offset} {len}"),
+            2 => format!("write -f -P {} {offset} {len}", rng.gen_range(0..256)),
+            _ => format!("write -P {} {offset} {len}", rng.gen_range(0..256)),
+        });
+    }
+    for uri in [server.uri(), reference_uri.clone()] {
+        let mut args = vec!["-f".to_string(), "raw".to_string()];
+        for c in &commands {
+            args.push("-c".to_string());
+            args.push(c.clone());
+        }
+        args.push(uri);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run("qemu-io", &args, tmp.path());
+    }
+    let ours = tmp.path().join("ours.raw");
+    let theirs = tmp.path().join("theirs.raw");
+    run("nbdcopy", &[&server.uri(), ours.to_str().unwrap()], tmp.path());
+    run("nbdcopy", &[&reference_uri, theirs.to_str().unwrap()], tmp.path());
+    let (a, b) = (std::fs::read(&ours).unwrap(), std::fs::read(&theirs).unwrap());
+    assert_eq!(a.len(), b.len());
+    let first = a.iter().zip(&b).position(|(x, y)| x != y);
+    assert_eq!(first, None, "seed {seed}: first differing byte");
+    let _ = reference.kill();
+    let _ = reference.wait();
+    server.stop();
+}
+
+#[test]
+fn create_refuses_bad_shapes_and_open_refuses_foreign_members() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("a");
+    let out = tessera(&[
+        "create",
+        "--data",
+        "4",
+        "--parity",
+        "2",
+        "--dir",
+        dir.to_str().unwrap(),
+        "--devices",
+        "5",
+        "--device-size",
+        "40M",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("K+M <= N"));
+    create(&dir, &[]);
+    // The same directory twice is refused, and changes nothing.
+    let out = tessera(&[
+        "create",
+        "--data",
+        "4",
+        "--parity",
+        "2",
+        "--dir",
+        dir.to_str().unwrap(),
+        "--devices",
+        "6",
+        "--device-size",
+        "40M",
+    ]);
+    assert!(!out.status.success());
+    // A member of another array in this one's list.
+    let other = tmp.path().join("b");
+    create(&other, &[]);
+    std::fs::copy(other.join("member-002"), dir.join("member-002")).unwrap();
+    let out = tessera(&["status", dir.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("belongs to another array"));
+}
