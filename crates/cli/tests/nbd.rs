@@ -371,3 +371,56 @@ fn create_refuses_bad_shapes_and_open_refuses_foreign_members() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("belongs to another array"));
 }
+
+#[test]
+fn kill_9_loses_no_acknowledged_fua_write() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("array");
+    create(&dir, &[]);
+    let socket = tmp.path().join("nbd.sock");
+    let server = Served::start(&dir, &socket);
+    // FUA writes of distinct patterns to distinct places, killed midway.
+    let writes: Vec<(u64, u32)> = (0..400u64).map(|i| (i * 65536, (i % 250 + 1) as u32)).collect();
+    let mut args = vec!["-f".to_string(), "raw".to_string()];
+    for (offset, pattern) in &writes {
+        args.push("-c".to_string());
+        args.push(format!("write -f -P {pattern} {offset} 64k"));
+    }
+    args.push(server.uri());
+    let writer = Command::new("qemu-io")
+        .args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("qemu-io must be installed");
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill").args(["-9", &pid]).status().unwrap().success());
+    let output = writer.wait_with_output().unwrap();
+    let acknowledged: Vec<u64> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|l| l.strip_prefix("wrote 65536/65536 bytes at offset "))
+        .map(|o| o.trim().parse().unwrap())
+        .collect();
+    drop(server);
+    eprintln!(
+        "{} of {} FUA writes acknowledged before kill -9",
+        acknowledged.len(),
+        writes.len()
+    );
+    assert!(
+        !acknowledged.is_empty(),
+        "the kill came before any write; nothing was tested"
+    );
+    let server = Served::start(&dir, &socket);
+    let mut args = vec!["-f".to_string(), "raw".to_string()];
+    for (offset, pattern) in writes.iter().filter(|(o, _)| acknowledged.contains(o)) {
+        args.push("-c".to_string());
+        args.push(format!("read -P {pattern} {offset} 64k"));
+    }
+    args.push(server.uri());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = run("qemu-io", &args, tmp.path());
+    assert!(!out.contains("Pattern verification failed"), "{out}");
+    server.stop();
+}

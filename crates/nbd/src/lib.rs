@@ -487,3 +487,225 @@ fn log_end(peer: &str, result: io::Result<()>) {
         Err(e) => eprintln!("tessera: {peer} dropped: {e}"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The server against a hand-driven client over a socket pair: each
+    //! malformed or out-of-range request gets the protocol's error and
+    //! changes nothing.
+
+    use super::*;
+    use std::os::unix::net::UnixStream;
+    use std::sync::Mutex;
+
+    struct Memory(Mutex<Vec<u8>>);
+
+    impl Export for Memory {
+        fn size(&self) -> u64 {
+            self.0.lock().unwrap().len() as u64
+        }
+        fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), u32> {
+            let data = self.0.lock().unwrap();
+            buf.copy_from_slice(&data[offset as usize..offset as usize + buf.len()]);
+            Ok(())
+        }
+        fn write(&self, offset: u64, bytes: &[u8], _fua: bool) -> Result<(), u32> {
+            self.0.lock().unwrap()[offset as usize..offset as usize + bytes.len()].copy_from_slice(bytes);
+            Ok(())
+        }
+        fn flush(&self) -> Result<(), u32> {
+            Ok(())
+        }
+        fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32> {
+            self.write_zeroes(offset, len, fua)
+        }
+        fn write_zeroes(&self, offset: u64, len: u64, _fua: bool) -> Result<(), u32> {
+            self.0.lock().unwrap()[offset as usize..(offset + len) as usize].fill(0);
+            Ok(())
+        }
+    }
+
+    const SIZE: usize = 1 << 20;
+
+    fn start() -> (UnixStream, Arc<Memory>, std::thread::JoinHandle<io::Result<()>>) {
+        let (client, server_end) = UnixStream::pair().unwrap();
+        let memory = Arc::new(Memory(Mutex::new(vec![7u8; SIZE])));
+        let server = Server {
+            export: memory.clone(),
+            name: "tessera".to_string(),
+            description: "test".to_string(),
+        };
+        let handle = std::thread::spawn(move || server.serve(server_end, &AtomicBool::new(false)));
+        (client, memory, handle)
+    }
+
+    fn send_option(c: &mut UnixStream, option: u32, data: &[u8]) {
+        let mut m = IHAVEOPT.to_be_bytes().to_vec();
+        m.extend_from_slice(&option.to_be_bytes());
+        m.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        m.extend_from_slice(data);
+        c.write_all(&m).unwrap();
+    }
+
+    /// (reply type, data) of one option reply.
+    fn option_reply(c: &mut UnixStream, option: u32) -> (u32, Vec<u8>) {
+        assert_eq!(read_u64(c).unwrap(), OPTION_REPLY_MAGIC);
+        assert_eq!(read_u32(c).unwrap(), option);
+        let kind = read_u32(c).unwrap();
+        let mut data = vec![0; read_u32(c).unwrap() as usize];
+        c.read_exact(&mut data).unwrap();
+        (kind, data)
+    }
+
+    fn go_request(name: &[u8]) -> Vec<u8> {
+        let mut data = (name.len() as u32).to_be_bytes().to_vec();
+        data.extend_from_slice(name);
+        data.extend_from_slice(&1u16.to_be_bytes());
+        data.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
+        data
+    }
+
+    /// Handshake, structured replies, then GO; returns the transmission flags.
+    fn negotiate(c: &mut UnixStream) -> u16 {
+        assert_eq!(read_u64(c).unwrap(), NBDMAGIC);
+        assert_eq!(read_u64(c).unwrap(), IHAVEOPT);
+        let mut flags = [0; 2];
+        c.read_exact(&mut flags).unwrap();
+        c.write_all(&(CLIENT_FLAG_FIXED_NEWSTYLE | CLIENT_FLAG_NO_ZEROES).to_be_bytes())
+            .unwrap();
+        // An unknown option, a malformed GO and an unknown export are refused.
+        send_option(c, 99, b"");
+        assert_eq!(option_reply(c, 99).0, REP_ERR_UNSUP);
+        send_option(c, OPT_GO, &[0, 0, 0, 9, b'x']);
+        assert_eq!(option_reply(c, OPT_GO).0, REP_ERR_INVALID);
+        send_option(c, OPT_GO, &go_request(b"other"));
+        assert_eq!(option_reply(c, OPT_GO).0, REP_ERR_UNKNOWN);
+        send_option(c, OPT_LIST, b"");
+        let (kind, data) = option_reply(c, OPT_LIST);
+        assert_eq!((kind, &data[4..]), (REP_SERVER, &b"tessera"[..]));
+        assert_eq!(option_reply(c, OPT_LIST).0, REP_ACK);
+        send_option(c, OPT_STRUCTURED_REPLY, b"");
+        assert_eq!(option_reply(c, OPT_STRUCTURED_REPLY).0, REP_ACK);
+        send_option(c, OPT_GO, &go_request(b"tessera"));
+        let mut transmission = 0;
+        loop {
+            let (kind, data) = option_reply(c, OPT_GO);
+            if kind == REP_ACK {
+                return transmission;
+            }
+            assert_eq!(kind, REP_INFO);
+            match u16::from_be_bytes([data[0], data[1]]) {
+                INFO_EXPORT => {
+                    assert_eq!(u64::from_be_bytes(data[2..10].try_into().unwrap()), SIZE as u64);
+                    transmission = u16::from_be_bytes([data[10], data[11]]);
+                }
+                INFO_BLOCK_SIZE => {
+                    assert_eq!(u32::from_be_bytes(data[2..6].try_into().unwrap()), BLOCK_SIZE_MIN);
+                    assert_eq!(
+                        u32::from_be_bytes(data[6..10].try_into().unwrap()),
+                        BLOCK_SIZE_PREFERRED
+                    );
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn request(c: &mut UnixStream, flags: u16, kind: u16, cookie: u64, offset: u64, len: u32, payload: &[u8]) {
+        let mut r = REQUEST_MAGIC.to_be_bytes().to_vec();
+        r.extend_from_slice(&flags.to_be_bytes());
+        r.extend_from_slice(&kind.to_be_bytes());
+        r.extend_from_slice(&cookie.to_be_bytes());
+        r.extend_from_slice(&offset.to_be_bytes());
+        r.extend_from_slice(&len.to_be_bytes());
+        r.extend_from_slice(payload);
+        c.write_all(&r).unwrap();
+    }
+
+    /// Error of a reply without data: 0, or the errno (simple or structured).
+    fn reply_error(c: &mut UnixStream, cookie: u64) -> u32 {
+        match read_u32(c).unwrap() {
+            SIMPLE_REPLY_MAGIC => {
+                let error = read_u32(c).unwrap();
+                assert_eq!(read_u64(c).unwrap(), cookie);
+                error
+            }
+            STRUCTURED_REPLY_MAGIC => {
+                let mut head = [0; 4];
+                c.read_exact(&mut head).unwrap();
+                assert_eq!(u16::from_be_bytes([head[2], head[3]]), REPLY_TYPE_ERROR);
+                assert_eq!(read_u64(c).unwrap(), cookie);
+                let mut body = vec![0; read_u32(c).unwrap() as usize];
+                c.read_exact(&mut body).unwrap();
+                u32::from_be_bytes(body[0..4].try_into().unwrap())
+            }
+            magic => panic!("bad reply magic {magic:#x}"),
+        }
+    }
+
+    #[test]
+    fn malformed_and_out_of_range_requests_get_errors_and_change_nothing() {
+        let (mut c, memory, handle) = start();
+        let flags = negotiate(&mut c);
+        assert_ne!(flags & TFLAG_CAN_MULTI_CONN, 0);
+        assert_ne!(flags & TFLAG_SEND_FUA, 0);
+        let size = SIZE as u64;
+        // A write past the end, an overflowing offset, unknown flags, an
+        // unknown command, a flush with a length.
+        request(&mut c, 0, CMD_WRITE, 1, size - 4, 8, &[1; 8]);
+        assert_eq!(reply_error(&mut c, 1), errno::EINVAL);
+        request(&mut c, 0, CMD_WRITE_ZEROES, 2, u64::MAX - 1, 8, &[]);
+        assert_eq!(reply_error(&mut c, 2), errno::EINVAL);
+        request(&mut c, 0x80, CMD_WRITE, 3, 0, 4, &[1; 4]);
+        assert_eq!(reply_error(&mut c, 3), errno::EINVAL);
+        request(&mut c, 0, 42, 4, 0, 0, &[]);
+        assert_eq!(reply_error(&mut c, 4), errno::EINVAL);
+        request(&mut c, 0, CMD_FLUSH, 5, 0, 512, &[]);
+        assert_eq!(reply_error(&mut c, 5), errno::EINVAL);
+        request(&mut c, 0, CMD_READ, 6, size, 512, &[]);
+        assert_eq!(reply_error(&mut c, 6), errno::EINVAL);
+        assert!(memory.0.lock().unwrap().iter().all(|&b| b == 7), "nothing changed");
+        // A good write and a structured read of it.
+        request(&mut c, CMD_FLAG_FUA, CMD_WRITE, 7, 4096, 4, b"abcd");
+        assert_eq!(reply_error(&mut c, 7), 0);
+        request(&mut c, CMD_FLAG_DF, CMD_READ, 8, 4094, 8, &[]);
+        assert_eq!(read_u32(&mut c).unwrap(), STRUCTURED_REPLY_MAGIC);
+        let mut head = [0; 4];
+        c.read_exact(&mut head).unwrap();
+        assert_eq!(u16::from_be_bytes([head[0], head[1]]), REPLY_FLAG_DONE);
+        assert_eq!(u16::from_be_bytes([head[2], head[3]]), REPLY_TYPE_OFFSET_DATA);
+        assert_eq!(read_u64(&mut c).unwrap(), 8);
+        assert_eq!(read_u32(&mut c).unwrap(), 16);
+        assert_eq!(read_u64(&mut c).unwrap(), 4094);
+        let mut data = [0; 8];
+        c.read_exact(&mut data).unwrap();
+        assert_eq!(&data, b"\x07\x07abcd\x07\x07");
+        // A bad magic ends the connection.
+        c.write_all(&[0u8; 28]).unwrap();
+        assert!(handle.join().unwrap().is_err());
+    }
+
+    #[test]
+    fn export_name_and_abort() {
+        let (mut c, _memory, handle) = start();
+        read_u64(&mut c).unwrap();
+        read_u64(&mut c).unwrap();
+        let mut flags = [0; 2];
+        c.read_exact(&mut flags).unwrap();
+        c.write_all(&CLIENT_FLAG_FIXED_NEWSTYLE.to_be_bytes()).unwrap();
+        send_option(&mut c, OPT_EXPORT_NAME, b"");
+        assert_eq!(read_u64(&mut c).unwrap(), SIZE as u64);
+        let mut rest = [0; 2 + 124];
+        c.read_exact(&mut rest).unwrap();
+        request(&mut c, 0, CMD_DISC, 1, 0, 0, &[]);
+        assert!(handle.join().unwrap().is_ok());
+
+        let (mut c, _memory, handle) = start();
+        let mut hello = [0; 18];
+        c.read_exact(&mut hello).unwrap();
+        c.write_all(&CLIENT_FLAG_FIXED_NEWSTYLE.to_be_bytes()).unwrap();
+        send_option(&mut c, OPT_ABORT, b"");
+        assert_eq!(option_reply(&mut c, OPT_ABORT).0, REP_ACK);
+        assert!(handle.join().unwrap().is_ok());
+    }
+}
