@@ -21,10 +21,20 @@ pub struct OpenStripe {
 
 impl OpenStripe {
     pub fn new(geometry: &Geometry, slot: u64, stream: Stream) -> OpenStripe {
+        OpenStripe::with_buffer(slot, stream, None, geometry)
+    }
+
+    /// An open stripe reusing a data-area buffer of a sealed one; its old
+    /// bytes are never read (sealing zeroes what was not written).
+    pub fn with_buffer(slot: u64, stream: Stream, buffer: Option<Vec<u8>>, geometry: &Geometry) -> OpenStripe {
+        let data = match buffer {
+            Some(b) if b.len() == geometry.data_area_bytes() => b,
+            _ => vec![0; geometry.data_area_bytes()],
+        };
         OpenStripe {
             slot,
             stream,
-            data: vec![0; geometry.data_area_bytes()],
+            data,
             used: 0,
             records: Vec::new(),
         }
@@ -44,15 +54,10 @@ impl OpenStripe {
     }
 }
 
-/// A stripe ready to write: K+M chunks, each a header sector and a payload.
-pub struct SealedStripe {
-    /// (K+M) * (SECTOR_BYTES + chunk_bytes) bytes: chunk j's header then payload.
-    pub chunks: Vec<u8>,
-    pub summary_bytes: usize,
-}
-
-/// Builds the chunks of a stripe: writes the summary into the tail of the
-/// data area, computes parity, leaves, root and headers.
+/// Builds the chunks of a stripe into `chunks`: (K+M) * (4 KiB + C) bytes,
+/// chunk j's header then its payload. Writes the summary into the tail of
+/// the data area, zeroes the unused middle, computes parity, leaves, root
+/// and headers.
 pub fn seal(
     geometry: &Geometry,
     codec: &tessera_ec::Codec,
@@ -60,7 +65,8 @@ pub fn seal(
     open: &mut OpenStripe,
     sequence: u64,
     synced_through: u64,
-) -> SealedStripe {
+    chunks: &mut Vec<u8>,
+) {
     let algorithm = geometry.checksum;
     let summary = format::encode_summary(algorithm, &open.records);
     let area = open.data.len();
@@ -68,13 +74,14 @@ pub fn seal(
         open.used + summary.len() <= area,
         "the summary always fits: push checks"
     );
+    open.data[open.used..area - summary.len()].fill(0);
     open.data[area - summary.len()..].copy_from_slice(&summary);
     let summary_digest = algorithm.digest(&summary);
 
     let c = geometry.chunk_bytes;
     let stride = SECTOR_BYTES + c;
     let width = geometry.width();
-    let mut chunks = vec![0u8; width * stride];
+    chunks.resize(width * stride, 0);
     for (j, piece) in open.data.chunks(c).enumerate() {
         chunks[j * stride + SECTOR_BYTES..(j + 1) * stride].copy_from_slice(piece);
     }
@@ -109,10 +116,6 @@ pub fn seal(
         };
         chunks[j * stride..j * stride + SECTOR_BYTES].copy_from_slice(&header.encode());
     }
-    SealedStripe {
-        chunks,
-        summary_bytes: summary.len(),
-    }
 }
 
 /// Pieces of a data-area byte range: (chunk index, offset in chunk, length, offset in range).
@@ -133,13 +136,16 @@ pub fn pieces(geometry: &Geometry, offset: usize, len: usize) -> Vec<(usize, usi
 /// Reconstructs a stripe's data area from what `read_chunk` returns for
 /// each chunk index (header sector + payload, or `None` if unavailable).
 /// A chunk counts only if its header is intact, names this slot and
-/// sequence, and its payload matches the header's leaf. Returns the data
-/// area and the indices of chunks that were unavailable or bad.
+/// sequence, and its payload matches the header's leaf. With `check_all`
+/// every chunk is read and checked (scrub, recovery of a possibly torn
+/// stripe); otherwise reading stops at K good ones. Returns the data area
+/// and the indices of the chunks read that were unavailable or bad.
 pub fn reconstruct(
     geometry: &Geometry,
     codec: &tessera_ec::Codec,
     slot: u64,
     sequence: u64,
+    check_all: bool,
     read_chunk: impl Fn(usize) -> Option<Vec<u8>>,
 ) -> Result<(Vec<u8>, Vec<usize>), usize> {
     let algorithm = geometry.checksum;
@@ -147,7 +153,14 @@ pub fn reconstruct(
     let width = geometry.width();
     let mut payloads: Vec<Vec<u8>> = Vec::with_capacity(width);
     let mut bad = Vec::new();
+    let mut missing = Vec::new();
     for j in 0..width {
+        // Without `check_all`, K good chunks are enough: the rest are not read.
+        if !check_all && j - bad.len() >= geometry.data {
+            missing.push(j);
+            payloads.push(vec![0; c]);
+            continue;
+        }
         let good = read_chunk(j).filter(|chunk| {
             let Ok(header) = ChunkHeader::decode(&chunk[..SECTOR_BYTES], algorithm) else {
                 return false;
@@ -161,18 +174,19 @@ pub fn reconstruct(
             Some(chunk) => payloads.push(chunk[SECTOR_BYTES..].to_vec()),
             None => {
                 bad.push(j);
+                missing.push(j);
                 payloads.push(vec![0; c]);
             }
         }
     }
-    let good = width - bad.len();
+    let good = width - missing.len();
     if good < geometry.data {
         return Err(good);
     }
-    if bad.iter().any(|&j| j < geometry.data) {
+    if missing.iter().any(|&j| j < geometry.data) {
         let mut shards: Vec<&mut [u8]> = payloads.iter_mut().map(|p| p.as_mut_slice()).collect();
         codec
-            .reconstruct_data(&mut shards, &bad)
+            .reconstruct_data(&mut shards, &missing)
             .expect("at least K good chunks decode");
     }
     let mut area = Vec::with_capacity(geometry.data_area_bytes());

@@ -137,6 +137,9 @@ struct State {
     open: HashMap<Stream, OpenStripe>,
     next_sequence: u64,
     synced_through: u64,
+    /// Buffers kept between stripes, so sealing allocates nothing.
+    spare_areas: Vec<Vec<u8>>,
+    seal_buffer: Vec<u8>,
 }
 
 /// An open array.
@@ -228,6 +231,8 @@ impl Array {
                 open: HashMap::new(),
                 next_sequence: 1,
                 synced_through: 0,
+                spare_areas: Vec::new(),
+                seal_buffer: Vec::new(),
             }),
             counters: Counters::default(),
             cache: Mutex::new(VecDeque::new()),
@@ -373,7 +378,7 @@ impl Array {
                 }
             }
         }
-        let (data, _bad) = self.reconstruct(state, slot, sequence)?;
+        let (data, _bad) = self.reconstruct(state, slot, sequence, true)?;
         parse(&data[area - len..]).ok_or(ArrayError::Unreadable { slot })
     }
 
@@ -386,6 +391,9 @@ impl Array {
         let block = BLOCK_BYTES as u64;
         let first = offset / block;
         let last = (offset + buf.len() as u64).div_ceil(block);
+        if offset % block == 0 && buf.len() % BLOCK_BYTES == 0 {
+            return self.read_blocks_into(&state, first, buf);
+        }
         let blocks = self.read_blocks(&state, first, last - first)?;
         let skip = (offset - first * block) as usize;
         buf.copy_from_slice(&blocks[skip..skip + buf.len()]);
@@ -395,20 +403,71 @@ impl Array {
     /// Whole blocks [lba, lba+count) as bytes; holes and zero ranges are zeros.
     fn read_blocks(&self, state: &State, lba: u64, count: u64) -> Result<Vec<u8>, ArrayError> {
         let mut out = vec![0u8; count as usize * BLOCK_BYTES];
-        let end = lba + count;
+        self.read_blocks_into(state, lba, &mut out)?;
+        Ok(out)
+    }
+
+    /// Fills `out` (whole blocks from `lba`). A raw extent read whole goes
+    /// straight from the member into `out` and is verified there.
+    fn read_blocks_into(&self, state: &State, lba: u64, out: &mut [u8]) -> Result<(), ArrayError> {
+        let end = lba + (out.len() / BLOCK_BYTES) as u64;
+        let mut filled = lba;
         for (start, mapping) in state.overlapping(lba, end) {
-            let Target::Data { extent, skip } = &mapping.target else {
-                continue;
-            };
-            let bytes = self.extent_bytes(state, extent)?;
             let lo = start.max(lba);
             let hi = (start + u64::from(mapping.blocks)).min(end);
+            out[block_range_end(lba, filled, lo)].fill(0);
+            filled = hi;
+            let target = &mut out[block_range_end(lba, lo, hi)];
+            let Target::Data { extent, skip } = &mapping.target else {
+                target.fill(0);
+                continue;
+            };
+            let whole = *skip == 0 && lo == start && hi - lo == u64::from(extent.blocks);
+            if whole
+                && extent.codec.is_none()
+                && !self.stripe_is_degraded(state, extent.slot)
+                && self.read_raw_extent_into(state, extent, target)
+            {
+                continue;
+            }
+            let bytes = self.extent_bytes(state, extent)?;
             let from = (u64::from(*skip) + lo - start) as usize * BLOCK_BYTES;
-            let to_at = (lo - lba) as usize * BLOCK_BYTES;
-            let n = (hi - lo) as usize * BLOCK_BYTES;
-            out[to_at..to_at + n].copy_from_slice(&bytes[from..from + n]);
+            target.copy_from_slice(&bytes[from..from + target.len()]);
         }
-        Ok(out)
+        out[block_range_end(lba, filled, end)].fill(0);
+        Ok(())
+    }
+
+    /// Whether a sealed stripe has a data chunk on an unavailable member:
+    /// its extents are then all served from one cached reconstruction, so
+    /// sequential degraded reads read each stripe about once.
+    fn stripe_is_degraded(&self, state: &State, slot: u64) -> bool {
+        if state.open.values().any(|o| o.slot == slot) {
+            return false;
+        }
+        let g = &self.geometry;
+        (0..g.data).any(|j| state.readable(g.place(slot, j).0).is_none())
+    }
+
+    /// The fast path: a raw extent from its members straight into `out`,
+    /// checked there. False if anything is off; the caller takes the slow
+    /// path, which reconstructs.
+    fn read_raw_extent_into(&self, state: &State, extent: &Extent, out: &mut [u8]) -> bool {
+        if state.open.values().any(|o| o.slot == extent.slot) {
+            return false;
+        }
+        let g = &self.geometry;
+        for (chunk, within, n, at) in stripe::pieces(g, extent.offset as usize, extent.stored_bytes as usize) {
+            let (member, row) = g.place(extent.slot, chunk);
+            let Some(device) = state.readable(member) else {
+                return false;
+            };
+            let position = g.row_offset(row) + (SECTOR_BYTES + within) as u64;
+            if device.read_at(&mut out[at..at + n], position).is_err() {
+                return false;
+            }
+        }
+        g.checksum.digest(out) == extent.digest
     }
 
     /// An extent's logical bytes, verified: from the open stripe, from the
@@ -419,9 +478,12 @@ impl Array {
         let stored = if let Some(open) = state.open.values().find(|o| o.slot == extent.slot) {
             open.data[offset..offset + len].to_vec()
         } else {
-            let direct = self
-                .read_area_direct(state, extent.slot, offset, len)
-                .filter(|bytes| algorithm.digest(bytes) == extent.digest);
+            let direct = if self.stripe_is_degraded(state, extent.slot) {
+                None
+            } else {
+                self.read_area_direct(state, extent.slot, offset, len)
+                    .filter(|bytes| algorithm.digest(bytes) == extent.digest)
+            };
             match direct {
                 Some(bytes) => bytes,
                 None => {
@@ -471,7 +533,7 @@ impl Array {
         {
             return Ok(area.clone());
         }
-        let (area, bad) = self.reconstruct(state, slot, sequence)?;
+        let (area, bad) = self.reconstruct(state, slot, sequence, false)?;
         let on_healthy: Vec<usize> = bad
             .iter()
             .copied()
@@ -526,9 +588,15 @@ impl Array {
         }
     }
 
-    fn reconstruct(&self, state: &State, slot: u64, sequence: u64) -> Result<(Vec<u8>, Vec<usize>), ArrayError> {
+    fn reconstruct(
+        &self,
+        state: &State,
+        slot: u64,
+        sequence: u64,
+        check_all: bool,
+    ) -> Result<(Vec<u8>, Vec<usize>), ArrayError> {
         let g = &self.geometry;
-        stripe::reconstruct(g, &self.codec, slot, sequence, |j| {
+        stripe::reconstruct(g, &self.codec, slot, sequence, check_all, |j| {
             let (member, row) = g.place(slot, j);
             let device = state.readable(member)?;
             let mut chunk = vec![0u8; SECTOR_BYTES + g.chunk_bytes];
@@ -650,34 +718,37 @@ impl Array {
         while done < data.len() {
             let at = lba + (done / BLOCK_BYTES) as u64;
             let mut take = (data.len() - done).min(per_extent * BLOCK_BYTES);
+            let room_blocks = state.open.get(&stream).map_or(0, |open| {
+                let summary = format::summary_bytes(algorithm, open.records.len() + 1);
+                open.data.len().saturating_sub(open.used + summary) / BLOCK_BYTES
+            });
             // Raw extents are cut to the open stripe's room, so stripes are
             // sealed full; compressed ones are sized only after compressing.
-            if self.policy.is_none() {
-                if let Some(open) = state.open.get(&stream) {
-                    let room = open
-                        .data
-                        .len()
-                        .saturating_sub(open.used + format::summary_bytes(algorithm, open.records.len() + 1));
-                    let room_blocks = room / BLOCK_BYTES;
-                    if room_blocks > 0 {
-                        take = take.min(room_blocks * BLOCK_BYTES);
-                    }
-                }
+            if self.policy.is_none() && room_blocks > 0 {
+                take = take.min(room_blocks * BLOCK_BYTES);
             }
-            let piece = &data[done..done + take];
-            done += take;
-            let blocks = (piece.len() / BLOCK_BYTES) as u32;
-            if piece.iter().all(|&b| b == 0) {
-                self.zero_blocks(state, at, blocks, stream)?;
+            if data[done..done + take].iter().all(|&b| b == 0) {
+                self.zero_blocks(state, at, (take / BLOCK_BYTES) as u32, stream)?;
+                done += take;
                 continue;
             }
             let (codec, stored) = match &self.policy {
                 Some(policy) => {
-                    let blob = policy.compress_blob(piece, Hint::None).map_err(ArrayError::Compress)?;
-                    (blob.codec, blob.bytes)
+                    let blob = policy
+                        .compress_blob(&data[done..done + take], Hint::None)
+                        .map_err(ArrayError::Compress)?;
+                    if blob.codec.is_none() && room_blocks > 0 && take > room_blocks * BLOCK_BYTES {
+                        // Stored raw after all: cut it to the room like any raw extent.
+                        take = room_blocks * BLOCK_BYTES;
+                        (None, std::borrow::Cow::Borrowed(&data[done..done + take]))
+                    } else {
+                        (blob.codec, std::borrow::Cow::Owned(blob.bytes))
+                    }
                 }
-                None => (None, piece.to_vec()),
+                None => (None, std::borrow::Cow::Borrowed(&data[done..done + take])),
             };
+            let blocks = (take / BLOCK_BYTES) as u32;
+            done += take;
             let digest = self.geometry.checksum.digest(&stored);
             let slot = self.room(state, stream, stored.len())?;
             let open = state.open.get_mut(&stream).expect("room opened it");
@@ -740,7 +811,7 @@ impl Array {
             self.seal(state, stream, false)?;
         }
         let slot = self.allocate(state, stream)?;
-        let open = OpenStripe::new(&self.geometry, slot, stream);
+        let open = OpenStripe::with_buffer(slot, stream, state.spare_areas.pop(), &self.geometry);
         assert!(open.fits(algorithm, bytes), "one extent always fits an empty stripe");
         state.open.insert(stream, open);
         Ok(slot)
@@ -816,17 +887,20 @@ impl Array {
         }
         let sequence = state.next_sequence;
         state.next_sequence += 1;
-        let sealed = stripe::seal(
+        let mut chunks = std::mem::take(&mut state.seal_buffer);
+        stripe::seal(
             &self.geometry,
             &self.codec,
             state.superblock.array_uuid,
             &mut open,
             sequence,
             state.synced_through,
+            &mut chunks,
         );
+        state.spare_areas.push(std::mem::take(&mut open.data));
         let stride = SECTOR_BYTES + self.geometry.chunk_bytes;
         let mut written = 0u64;
-        for (j, chunk) in sealed.chunks.chunks(stride).enumerate() {
+        for (j, chunk) in chunks.chunks(stride).enumerate() {
             let (member, row) = self.geometry.place(slot, j);
             if !state.writable(member) {
                 continue;
@@ -840,6 +914,7 @@ impl Array {
                 Err(_) => self.fail_member_locked(state, member)?,
             }
         }
+        state.seal_buffer = chunks;
         self.counters.member_bytes_written.fetch_add(written, Ordering::Relaxed);
         self.counters.stripes_sealed.fetch_add(1, Ordering::Relaxed);
         if short {
@@ -978,7 +1053,7 @@ impl Array {
             if s.status != SlotStatus::Sealed && s.status != SlotStatus::Draining {
                 continue;
             }
-            let (area, bad) = self.reconstruct(&state, slot, s.sequence)?;
+            let (area, bad) = self.reconstruct(&state, slot, s.sequence, true)?;
             let on_healthy: Vec<usize> = bad
                 .into_iter()
                 .filter(|&j| state.readable(self.geometry.place(slot, j).0).is_some())
@@ -1097,6 +1172,11 @@ impl Array {
             unrecoverable_reads: c.unrecoverable_reads.load(Ordering::Relaxed),
         })
     }
+}
+
+/// Byte range in a block buffer starting at `lba` for blocks [from, end).
+fn block_range_end(lba: u64, from: u64, end: u64) -> std::ops::Range<usize> {
+    (from - lba) as usize * BLOCK_BYTES..(end - lba) as usize * BLOCK_BYTES
 }
 
 pub(crate) fn hex(bytes: &[u8]) -> String {

@@ -10,6 +10,12 @@ mod size;
 mod tco;
 
 use anyhow::{Context, Result};
+
+/// The server allocates and frees stripe-sized buffers at a high rate;
+/// glibc hands those to mmap and back, page-faulting every time, while
+/// mimalloc keeps them (measured: degraded reads, docs/PERFORMANCE.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use tessera_ec::{Codec, Kernel, MatrixKind};

@@ -358,24 +358,25 @@ impl<E: Export> Server<E> {
                         self.reply(out, structured, cookie, Err(errno::EINVAL))?;
                         continue;
                     }
-                    let mut buf = vec![0u8; len as usize];
-                    let result = valid.and_then(|()| self.export.read(offset, &mut buf));
+                    // One buffer per connection: no allocation per read.
+                    payload.resize(len as usize, 0);
+                    let buf = &mut payload[..];
+                    let result = valid.and_then(|()| self.export.read(offset, buf));
                     match result {
                         Ok(()) if structured => {
-                            let mut chunk = Vec::with_capacity(20 + 8 + buf.len());
+                            let mut chunk = Vec::with_capacity(28);
                             chunk.extend_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
                             chunk.extend_from_slice(&REPLY_FLAG_DONE.to_be_bytes());
                             chunk.extend_from_slice(&REPLY_TYPE_OFFSET_DATA.to_be_bytes());
                             chunk.extend_from_slice(&cookie.to_be_bytes());
                             chunk.extend_from_slice(&(8 + buf.len() as u32).to_be_bytes());
                             chunk.extend_from_slice(&offset.to_be_bytes());
-                            chunk.extend_from_slice(&buf);
                             out.write_all(&chunk)?;
+                            out.write_all(buf)?;
                         }
                         Ok(()) => {
-                            let mut reply = simple_reply(cookie, 0);
-                            reply.extend_from_slice(&buf);
-                            out.write_all(&reply)?;
+                            out.write_all(&simple_reply(cookie, 0))?;
+                            out.write_all(buf)?;
                         }
                         Err(e) => self.reply(out, structured, cookie, Err(e))?,
                     }

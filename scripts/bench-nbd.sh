@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Tessera over NBD against `nbdkit file` serving one file on the same disk,
+# measured with fio in the same run: sequential 1 MiB writes and reads at
+# queue depth 16, then reads with M members failed.
+#
+#   scripts/bench-nbd.sh [K M N] [SIZE] [ROUNDS]
+#
+# Defaults: 8+2 on 10 members, 512M of I/O, 3 alternating rounds (median).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+k=${1:-8}; m=${2:-2}; n=${3:-10}; size=${4:-512M}; rounds=${5:-3}
+cargo build --release -q -p tessera
+tessera=$PWD/target/release/tessera
+work=$(mktemp -d "${TMPDIR:-/var/tmp}/tessera-bench.XXXXXX")
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
+trap cleanup EXIT
+
+"$tessera" create --data "$k" --parity "$m" --dir "$work/array" --devices "$n" --device-size 1G >/dev/null
+"$tessera" serve "$work/array" --socket "$work/tessera.sock" 2>"$work/serve.log" & pids+=($!)
+truncate -s 4G "$work/reference.img"
+nbdkit --foreground --unix "$work/nbdkit.sock" file "$work/reference.img" & pids+=($!)
+for s in tessera.sock nbdkit.sock; do
+  for _ in $(seq 100); do [ -S "$work/$s" ] && break; sleep 0.05; done
+done
+tessera_uri="nbd+unix:///tessera?socket=$work/tessera.sock"
+nbdkit_uri="nbd+unix:///?socket=$work/nbdkit.sock"
+
+# MB/s of one fio job (fio's nbd engine prints a line before the JSON).
+measure() { # uri rw
+  fio --name=bench --ioengine=nbd --uri="$1" --rw="$2" --bs=1M --iodepth=16 --size="$size" \
+      --output-format=json 2>/dev/null |
+    python3 -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print(round((j["write"]["bw_bytes"]+j["read"]["bw_bytes"])/1e6,1))'
+}
+median() { tr ' ' '\n' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+
+declare -A runs
+for round in $(seq "$rounds"); do
+  for rw in write read; do
+    runs[tessera_$rw]+="$(measure "$tessera_uri" $rw) "
+    runs[nbdkit_$rw]+="$(measure "$nbdkit_uri" $rw) "
+  done
+done
+for i in $(seq 0 $((m - 1))); do "$tessera" fail "$work/array" --device "$i" >/dev/null; done
+for round in $(seq "$rounds"); do
+  runs[degraded_read]+="$(measure "$tessera_uri" read) "
+done
+
+tw=$(echo ${runs[tessera_write]} | median); nw=$(echo ${runs[nbdkit_write]} | median)
+tr_=$(echo ${runs[tessera_read]} | median); nr=$(echo ${runs[nbdkit_read]} | median)
+dr=$(echo ${runs[degraded_read]} | median)
+ratio() { python3 -c "print(f'{$1/$2:.2f}')"; }
+echo "fio, 1 MiB sequential, QD16, $size per run, median of $rounds; Tessera $k+$m on $n file members"
+printf "%-28s %10s %10s %8s\n" "" "tessera" "nbdkit" "ratio"
+printf "%-28s %10s %10s %8s\n" "write MB/s" "$tw" "$nw" "$(ratio "$tw" "$nw")"
+printf "%-28s %10s %10s %8s\n" "read MB/s" "$tr_" "$nr" "$(ratio "$tr_" "$nr")"
+printf "%-28s %10s %10s %8s\n" "read, $m members failed MB/s" "$dr" "(healthy)" "$(ratio "$dr" "$tr_")"
+echo "runs: ${runs[*]}"
+"$tessera" status "$work/array" | tail -3
