@@ -134,11 +134,11 @@ pub fn codec_code(codec: Option<Codec>) -> (u8, i32) {
     }
 }
 
-/// The codec for a code; `Err` for an unknown code. The level only matters
-/// for compressing, so decoding any level gives a working decompressor.
-pub fn codec_from_code(code: u8, level: i32) -> Result<Option<Codec>, ()> {
-    let level_u = u32::try_from(level).map_err(|_| ())?;
-    Ok(match code {
+/// The codec for a code; `None` for an unknown code or a bad level. The
+/// level only matters for compressing, so any level decompresses.
+pub fn codec_from_code(code: u8, level: i32) -> Option<Option<Codec>> {
+    let level_u = u32::try_from(level).ok()?;
+    Some(match code {
         0 => None,
         1 => Some(Codec::Lz4),
         2 => Some(Codec::Zstd { level }),
@@ -146,7 +146,7 @@ pub fn codec_from_code(code: u8, level: i32) -> Result<Option<Codec>, ()> {
         4 => Some(Codec::Gzip { level: level_u }),
         5 => Some(Codec::Zlib { level: level_u }),
         6 => Some(Codec::Snappy),
-        _ => return Err(()),
+        _ => return None,
     })
 }
 
@@ -279,7 +279,7 @@ impl Superblock {
         if data == 0 || data + parity > members || data + parity > 256 {
             return Err(field("data", data as u64));
         }
-        if !(CHUNK_BYTES_MIN..=CHUNK_BYTES_MAX).contains(&chunk_bytes) || chunk_bytes % SECTOR_BYTES != 0 {
+        if !(CHUNK_BYTES_MIN..=CHUNK_BYTES_MAX).contains(&chunk_bytes) || !chunk_bytes.is_multiple_of(SECTOR_BYTES) {
             return Err(field("chunk_bytes", chunk_bytes as u64));
         }
         let member_index = get_u32(s, 48) as usize;
@@ -288,14 +288,14 @@ impl Superblock {
         }
         let checksum = algorithm_from_code(s[68]).ok_or(field("checksum", u64::from(s[68])))?;
         let compression = codec_from_code(s[69], i32::from_le_bytes(s[72..76].try_into().expect("four bytes")))
-            .map_err(|()| field("codec", u64::from(s[69])))?;
+            .ok_or(field("codec", u64::from(s[69])))?;
         let member_bytes = get_u64(s, 96);
         let rows = get_u64(s, 80);
         if rows == 0 || rows > Geometry::rows_for(member_bytes, chunk_bytes) {
             return Err(field("rows", rows));
         }
         let logical_bytes = get_u64(s, 88);
-        if logical_bytes == 0 || logical_bytes % BLOCK_BYTES as u64 != 0 {
+        if logical_bytes == 0 || !logical_bytes.is_multiple_of(BLOCK_BYTES as u64) {
             return Err(field("logical_bytes", logical_bytes));
         }
         Ok(Superblock {
@@ -518,7 +518,7 @@ pub fn decode_summary(bytes: &[u8], geometry: &Geometry) -> Result<Vec<Record>, 
                 if u64::from(offset) + u64::from(stored_bytes) > data_area {
                     return Err(field("offset", u64::from(offset)));
                 }
-                let codec = codec_from_code(e[1], 0).map_err(|()| field("codec", u64::from(e[1])))?;
+                let codec = codec_from_code(e[1], 0).ok_or(field("codec", u64::from(e[1])))?;
                 Record::Data {
                     lba,
                     blocks,

@@ -106,7 +106,7 @@ pub fn create(devices: Vec<(String, Arc<dyn Device>)>, options: &CreateOptions) 
         ));
     }
     let c = options.chunk_bytes;
-    if !(format::CHUNK_BYTES_MIN..=format::CHUNK_BYTES_MAX).contains(&c) || c % SECTOR_BYTES != 0 {
+    if !(format::CHUNK_BYTES_MIN..=format::CHUNK_BYTES_MAX).contains(&c) || !c.is_multiple_of(SECTOR_BYTES) {
         return bad(format!(
             "chunk size {c}: use a multiple of 4 KiB from {} to {}",
             format::CHUNK_BYTES_MIN,
@@ -229,11 +229,14 @@ fn read_superblock(device: &dyn Device) -> Result<Superblock, FormatError> {
     }
 }
 
+/// A member found at open: its name, device and superblock.
+type Found = (String, Arc<dyn Device>, Superblock);
+
 /// Opens an array from its members, in any order; `None` is a member that
 /// could not be found. Refuses foreign, duplicated or inconsistent members
 /// and more than M unavailable ones; opens degraded with up to M.
 pub fn open(devices: Vec<(String, Option<Arc<dyn Device>>)>) -> Result<Array, ArrayError> {
-    let mut found: Vec<(String, Arc<dyn Device>, Superblock)> = Vec::new();
+    let mut found: Vec<Found> = Vec::new();
     for (name, device) in devices {
         let Some(device) = device else { continue };
         let sb = read_superblock(device.as_ref()).map_err(|source| ArrayError::NotAMember {
@@ -251,7 +254,7 @@ pub fn open(devices: Vec<(String, Option<Arc<dyn Device>>)>) -> Result<Array, Ar
             parity: 0,
         })?;
     let geometry = &newest.geometry;
-    let mut members: Vec<Option<(String, Arc<dyn Device>, Superblock)>> = (0..geometry.members).map(|_| None).collect();
+    let mut members: Vec<Option<Found>> = (0..geometry.members).map(|_| None).collect();
     for (name, device, sb) in found {
         if sb.array_uuid != newest.array_uuid {
             return Err(ArrayError::ForeignMember {

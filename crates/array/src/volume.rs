@@ -142,6 +142,9 @@ struct State {
     seal_buffer: Vec<u8>,
 }
 
+/// A stripe's identity: (slot, sequence).
+type StripeKey = (u64, u64);
+
 /// An open array.
 pub struct Array {
     geometry: Geometry,
@@ -149,7 +152,7 @@ pub struct Array {
     policy: Option<Policy>,
     state: RwLock<State>,
     counters: Counters,
-    cache: Mutex<VecDeque<((u64, u64), Arc<Vec<u8>>)>>,
+    cache: Mutex<VecDeque<(StripeKey, Arc<Vec<u8>>)>>,
 }
 
 /// What `tessera status` reports.
@@ -391,7 +394,7 @@ impl Array {
         let block = BLOCK_BYTES as u64;
         let first = offset / block;
         let last = (offset + buf.len() as u64).div_ceil(block);
-        if offset % block == 0 && buf.len() % BLOCK_BYTES == 0 {
+        if offset.is_multiple_of(block) && buf.len().is_multiple_of(BLOCK_BYTES) {
             return self.read_blocks_into(&state, first, buf);
         }
         let blocks = self.read_blocks(&state, first, last - first)?;
@@ -636,7 +639,7 @@ impl Array {
         let first = offset / block;
         let last = (offset + data.len() as u64).div_ceil(block);
         self.ensure_room_for(&mut state, (last - first) as usize * BLOCK_BYTES)?;
-        let aligned = offset % block == 0 && data.len() % BLOCK_BYTES == 0;
+        let aligned = offset.is_multiple_of(block) && data.len().is_multiple_of(BLOCK_BYTES);
         if aligned {
             self.write_blocks(&mut state, first, data, Stream::User)?;
         } else {
