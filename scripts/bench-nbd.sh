@@ -27,7 +27,10 @@ tessera_uri="nbd+unix:///tessera?socket=$work/tessera.sock"
 nbdkit_uri="nbd+unix:///?socket=$work/nbdkit.sock"
 
 # MB/s of one fio job (fio's nbd engine prints a line before the JSON).
+# Dirty pages are written back first, so one run's writeback does not land
+# in the next run's time.
 measure() { # uri rw
+  sync
   fio --name=bench --ioengine=nbd --uri="$1" --rw="$2" --bs=1M --iodepth=16 --size="$size" \
       --output-format=json 2>/dev/null |
     python3 -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print(round((j["write"]["bw_bytes"]+j["read"]["bw_bytes"])/1e6,1))'

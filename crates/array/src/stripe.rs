@@ -54,19 +54,21 @@ impl OpenStripe {
     }
 }
 
-/// Builds the chunks of a stripe into `chunks`: (K+M) * (4 KiB + C) bytes,
-/// chunk j's header then its payload. Writes the summary into the tail of
-/// the data area, zeroes the unused middle, computes parity, leaves, root
-/// and headers.
-pub fn seal(
-    geometry: &Geometry,
-    codec: &tessera_ec::Codec,
-    array_uuid: [u8; 16],
-    open: &mut OpenStripe,
-    sequence: u64,
-    synced_through: u64,
-    chunks: &mut Vec<u8>,
-) {
+/// What sealing records about a stripe before its chunks are built.
+#[derive(Clone, Debug)]
+pub struct StripeInfo {
+    pub slot: u64,
+    pub stream: Stream,
+    pub sequence: u64,
+    pub synced_through: u64,
+    pub summary_bytes: u32,
+    pub data_bytes: u32,
+    pub summary_digest: Digest,
+}
+
+/// Closes an open stripe's data area: the summary goes into its tail and
+/// the unused middle is zeroed. The area is final after this.
+pub fn finish(geometry: &Geometry, open: &mut OpenStripe, sequence: u64, synced_through: u64) -> StripeInfo {
     let algorithm = geometry.checksum;
     let summary = format::encode_summary(algorithm, &open.records);
     let area = open.data.len();
@@ -76,26 +78,63 @@ pub fn seal(
     );
     open.data[open.used..area - summary.len()].fill(0);
     open.data[area - summary.len()..].copy_from_slice(&summary);
-    let summary_digest = algorithm.digest(&summary);
-
-    let c = geometry.chunk_bytes;
-    let stride = SECTOR_BYTES + c;
-    let width = geometry.width();
-    chunks.resize(width * stride, 0);
-    for (j, piece) in open.data.chunks(c).enumerate() {
-        chunks[j * stride + SECTOR_BYTES..(j + 1) * stride].copy_from_slice(piece);
+    StripeInfo {
+        slot: open.slot,
+        stream: open.stream,
+        sequence,
+        synced_through,
+        summary_bytes: summary.len() as u32,
+        data_bytes: open.used as u32,
+        summary_digest: algorithm.digest(&summary),
     }
+}
+
+/// A finished stripe's headers and parity, built for writing; the data
+/// payloads are the data area itself, so it is not copied.
+#[derive(Default)]
+pub struct Built {
+    /// K+M header sectors.
+    pub headers: Vec<u8>,
+    /// M parity payloads of C bytes.
+    pub parity: Vec<u8>,
+}
+
+impl Built {
+    /// Chunk j's header and payload.
+    pub fn chunk<'a>(&'a self, geometry: &Geometry, area: &'a [u8], j: usize) -> (&'a [u8], &'a [u8]) {
+        let c = geometry.chunk_bytes;
+        let header = &self.headers[j * SECTOR_BYTES..(j + 1) * SECTOR_BYTES];
+        let payload = if j < geometry.data {
+            &area[j * c..(j + 1) * c]
+        } else {
+            &self.parity[(j - geometry.data) * c..(j - geometry.data + 1) * c]
+        };
+        (header, payload)
+    }
+}
+
+/// Computes a finished stripe's parity, leaves, root and headers into `out`
+/// (whose buffers are reused from stripe to stripe).
+pub fn build(
+    geometry: &Geometry,
+    codec: &tessera_ec::Codec,
+    array_uuid: [u8; 16],
+    area: &[u8],
+    info: &StripeInfo,
+    out: &mut Built,
+) {
+    let algorithm = geometry.checksum;
+    let c = geometry.chunk_bytes;
+    let width = geometry.width();
+    out.headers.resize(width * SECTOR_BYTES, 0);
+    out.parity.resize(geometry.parity * c, 0);
     {
-        let (data_part, parity_part) = chunks.split_at_mut(geometry.data * stride);
-        let data: Vec<&[u8]> = data_part.chunks(stride).map(|ch| &ch[SECTOR_BYTES..]).collect();
-        let mut parity: Vec<&mut [u8]> = parity_part
-            .chunks_mut(stride)
-            .map(|ch| &mut ch[SECTOR_BYTES..])
-            .collect();
+        let data: Vec<&[u8]> = area.chunks(c).collect();
+        let mut parity: Vec<&mut [u8]> = out.parity.chunks_mut(c).collect();
         codec.encode(&data, &mut parity).expect("shapes match the codec");
     }
     let leaves: Vec<Digest> = (0..width)
-        .map(|j| merkle::leaf(algorithm, j, &chunks[j * stride + SECTOR_BYTES..(j + 1) * stride]))
+        .map(|j| merkle::leaf(algorithm, j, out.chunk(geometry, area, j).1))
         .collect();
     let root = merkle::Tree::from_leaves(algorithm, leaves.clone())
         .expect("a stripe has chunks")
@@ -103,18 +142,18 @@ pub fn seal(
     for (j, leaf) in leaves.into_iter().enumerate() {
         let header = ChunkHeader {
             index: j,
-            stream: open.stream,
+            stream: info.stream,
             array_uuid,
-            sequence,
-            slot: open.slot,
-            synced_through,
-            summary_bytes: summary.len() as u32,
-            data_bytes: open.used as u32,
+            sequence: info.sequence,
+            slot: info.slot,
+            synced_through: info.synced_through,
+            summary_bytes: info.summary_bytes,
+            data_bytes: info.data_bytes,
             leaf,
             root,
-            summary_digest,
+            summary_digest: info.summary_digest,
         };
-        chunks[j * stride..j * stride + SECTOR_BYTES].copy_from_slice(&header.encode());
+        out.headers[j * SECTOR_BYTES..(j + 1) * SECTOR_BYTES].copy_from_slice(&header.encode());
     }
 }
 
@@ -136,7 +175,8 @@ pub fn pieces(geometry: &Geometry, offset: usize, len: usize) -> Vec<(usize, usi
 /// Reconstructs a stripe's data area from what `read_chunk` returns for
 /// each chunk index (header sector + payload, or `None` if unavailable).
 /// A chunk counts only if its header is intact, names this slot and
-/// sequence, and its payload matches the header's leaf. With `check_all`
+/// sequence, and its payload matches the header's leaf. `area` is a buffer
+/// to fill (any contents). With `check_all`
 /// every chunk is read and checked (scrub, recovery of a possibly torn
 /// stripe); otherwise reading stops at K good ones. Returns the data area
 /// and the indices of the chunks read that were unavailable or bad.
@@ -146,37 +186,37 @@ pub fn reconstruct(
     slot: u64,
     sequence: u64,
     check_all: bool,
-    read_chunk: impl Fn(usize) -> Option<Vec<u8>>,
+    mut area: Vec<u8>,
+    read_chunk: impl Fn(usize, &mut [u8], &mut [u8]) -> bool,
 ) -> Result<(Vec<u8>, Vec<usize>), usize> {
     let algorithm = geometry.checksum;
     let c = geometry.chunk_bytes;
     let width = geometry.width();
-    let mut payloads: Vec<Vec<u8>> = Vec::with_capacity(width);
+    // Data payloads are read straight into the area (a recycled buffer is
+    // fine: every byte is read or rebuilt); parity beside it.
+    area.resize(geometry.data_area_bytes(), 0);
+    let mut parity = vec![0u8; geometry.parity * c];
+    let mut header = vec![0u8; SECTOR_BYTES];
     let mut bad = Vec::new();
     let mut missing = Vec::new();
     for j in 0..width {
         // Without `check_all`, K good chunks are enough: the rest are not read.
-        if !check_all && j - bad.len() >= geometry.data {
+        if !check_all && j - missing.len() >= geometry.data {
             missing.push(j);
-            payloads.push(vec![0; c]);
             continue;
         }
-        let good = read_chunk(j).filter(|chunk| {
-            let Ok(header) = ChunkHeader::decode(&chunk[..SECTOR_BYTES], algorithm) else {
-                return false;
-            };
-            header.slot == slot
-                && header.sequence == sequence
-                && header.index == j
-                && merkle::leaf(algorithm, j, &chunk[SECTOR_BYTES..]) == header.leaf
-        });
-        match good {
-            Some(chunk) => payloads.push(chunk[SECTOR_BYTES..].to_vec()),
-            None => {
-                bad.push(j);
-                missing.push(j);
-                payloads.push(vec![0; c]);
-            }
+        let payload = if j < geometry.data {
+            &mut area[j * c..(j + 1) * c]
+        } else {
+            &mut parity[(j - geometry.data) * c..(j - geometry.data + 1) * c]
+        };
+        let good = read_chunk(j, &mut header, payload)
+            && ChunkHeader::decode(&header, algorithm).is_ok_and(|h| {
+                h.slot == slot && h.sequence == sequence && h.index == j && merkle::leaf(algorithm, j, payload) == h.leaf
+            });
+        if !good {
+            bad.push(j);
+            missing.push(j);
         }
     }
     let good = width - missing.len();
@@ -184,14 +224,10 @@ pub fn reconstruct(
         return Err(good);
     }
     if missing.iter().any(|&j| j < geometry.data) {
-        let mut shards: Vec<&mut [u8]> = payloads.iter_mut().map(|p| p.as_mut_slice()).collect();
+        let mut shards: Vec<&mut [u8]> = area.chunks_mut(c).chain(parity.chunks_mut(c)).collect();
         codec
             .reconstruct_data(&mut shards, &missing)
             .expect("at least K good chunks decode");
-    }
-    let mut area = Vec::with_capacity(geometry.data_area_bytes());
-    for payload in &payloads[..geometry.data] {
-        area.extend_from_slice(payload);
     }
     Ok((area, bad))
 }

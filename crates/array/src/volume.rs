@@ -32,7 +32,8 @@ use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use tessera_checksum::Digest;
 use tessera_compress::policy::{Hint, Policy};
 use tessera_compress::Codec;
@@ -137,9 +138,10 @@ struct State {
     open: HashMap<Stream, OpenStripe>,
     next_sequence: u64,
     synced_through: u64,
+    /// Data areas of sealed stripes the writer has not finished writing.
+    in_flight: HashMap<u64, Arc<Vec<u8>>>,
     /// Buffers kept between stripes, so sealing allocates nothing.
     spare_areas: Vec<Vec<u8>>,
-    seal_buffer: Vec<u8>,
 }
 
 /// A stripe's identity: (slot, sequence).
@@ -151,8 +153,41 @@ pub struct Array {
     codec: tessera_ec::Codec,
     policy: Option<Policy>,
     state: RwLock<State>,
-    counters: Counters,
+    counters: Arc<Counters>,
     cache: Mutex<VecDeque<(StripeKey, Arc<Vec<u8>>)>>,
+    writer: Writer,
+}
+
+/// Sealed stripes queued for the writer thread, which builds their chunks
+/// (parity, leaves, headers) and writes them while the volume packs the
+/// next stripe. Until a stripe's write is done its data area stays in
+/// memory (`State::in_flight`) and reads are served from there; FLUSH
+/// waits for the queue to drain before it syncs.
+struct Writer {
+    sender: Mutex<Option<SyncSender<Job>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    progress: Arc<(Mutex<Progress>, Condvar)>,
+}
+
+/// Stripes queued to the writer at most; a full queue makes sealing wait.
+const WRITER_QUEUE_STRIPES: usize = 2;
+
+struct Job {
+    info: stripe::StripeInfo,
+    area: Arc<Vec<u8>>,
+    /// Members writable when the stripe was sealed.
+    devices: Vec<Option<Arc<dyn Device>>>,
+}
+
+#[derive(Default)]
+struct Progress {
+    in_flight: usize,
+    done: Vec<Done>,
+}
+
+struct Done {
+    slot: u64,
+    failed_members: Vec<usize>,
 }
 
 /// What `tessera status` reports.
@@ -234,13 +269,19 @@ impl Array {
                 open: HashMap::new(),
                 next_sequence: 1,
                 synced_through: 0,
+                in_flight: HashMap::new(),
                 spare_areas: Vec::new(),
-                seal_buffer: Vec::new(),
             }),
-            counters: Counters::default(),
+            counters: Arc::new(Counters::default()),
             cache: Mutex::new(VecDeque::new()),
+            writer: Writer {
+                sender: Mutex::new(None),
+                thread: Mutex::new(None),
+                progress: Arc::new((Mutex::new(Progress::default()), Condvar::new())),
+            },
             geometry,
         };
+        array.start_writer()?;
         array.recover()?;
         Ok(array)
     }
@@ -426,12 +467,14 @@ impl Array {
                 continue;
             };
             let whole = *skip == 0 && lo == start && hi - lo == u64::from(extent.blocks);
-            if whole
-                && extent.codec.is_none()
-                && !self.stripe_is_degraded(state, extent.slot)
-                && self.read_raw_extent_into(state, extent, target)
-            {
-                continue;
+            if whole && extent.codec.is_none() {
+                if !self.stripe_is_degraded(state, extent.slot) {
+                    if self.read_raw_extent_into(state, extent, target) {
+                        continue;
+                    }
+                } else if self.copy_from_reconstruction(state, extent, target)? {
+                    continue;
+                }
             }
             let bytes = self.extent_bytes(state, extent)?;
             let from = (u64::from(*skip) + lo - start) as usize * BLOCK_BYTES;
@@ -445,18 +488,33 @@ impl Array {
     /// its extents are then all served from one cached reconstruction, so
     /// sequential degraded reads read each stripe about once.
     fn stripe_is_degraded(&self, state: &State, slot: u64) -> bool {
-        if state.open.values().any(|o| o.slot == slot) {
+        if state.in_memory(slot).is_some() {
             return false;
         }
         let g = &self.geometry;
         (0..g.data).any(|j| state.readable(g.place(slot, j).0).is_none())
     }
 
+    /// A raw extent of a degraded stripe, from its cached reconstruction,
+    /// checked and copied once. False if its digest does not match (the
+    /// caller's slow path then reports it).
+    fn copy_from_reconstruction(&self, state: &State, extent: &Extent, out: &mut [u8]) -> Result<bool, ArrayError> {
+        let sequence = state.slots[extent.slot as usize].sequence;
+        let area = self.cached_or_reconstruct(state, extent.slot, sequence)?;
+        let bytes = &area[extent.offset as usize..(extent.offset + extent.stored_bytes) as usize];
+        if self.geometry.checksum.digest(bytes) != extent.digest {
+            return Ok(false);
+        }
+        out.copy_from_slice(bytes);
+        self.counters.reconstructed_reads.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+
     /// The fast path: a raw extent from its members straight into `out`,
     /// checked there. False if anything is off; the caller takes the slow
     /// path, which reconstructs.
     fn read_raw_extent_into(&self, state: &State, extent: &Extent, out: &mut [u8]) -> bool {
-        if state.open.values().any(|o| o.slot == extent.slot) {
+        if state.in_memory(extent.slot).is_some() {
             return false;
         }
         let g = &self.geometry;
@@ -478,8 +536,8 @@ impl Array {
     fn extent_bytes(&self, state: &State, extent: &Extent) -> Result<Vec<u8>, ArrayError> {
         let (offset, len) = (extent.offset as usize, extent.stored_bytes as usize);
         let algorithm = self.geometry.checksum;
-        let stored = if let Some(open) = state.open.values().find(|o| o.slot == extent.slot) {
-            open.data[offset..offset + len].to_vec()
+        let stored = if let Some(area) = state.in_memory(extent.slot) {
+            area[offset..offset + len].to_vec()
         } else {
             let direct = if self.stripe_is_degraded(state, extent.slot) {
                 None
@@ -536,7 +594,16 @@ impl Array {
         {
             return Ok(area.clone());
         }
-        let (area, bad) = self.reconstruct(state, slot, sequence, false)?;
+        // The oldest cached stripe's buffer is reused when it is evicted.
+        let recycled = {
+            let mut cache = self.cache.lock().map_err(lock_poisoned)?;
+            if cache.len() >= RECONSTRUCT_CACHE_STRIPES {
+                cache.pop_front().and_then(|(_, area)| Arc::try_unwrap(area).ok())
+            } else {
+                None
+            }
+        };
+        let (area, bad) = self.reconstruct_into(state, slot, sequence, false, recycled.unwrap_or_default())?;
         let on_healthy: Vec<usize> = bad
             .iter()
             .copied()
@@ -598,13 +665,25 @@ impl Array {
         sequence: u64,
         check_all: bool,
     ) -> Result<(Vec<u8>, Vec<usize>), ArrayError> {
+        self.reconstruct_into(state, slot, sequence, check_all, Vec::new())
+    }
+
+    fn reconstruct_into(
+        &self,
+        state: &State,
+        slot: u64,
+        sequence: u64,
+        check_all: bool,
+        buffer: Vec<u8>,
+    ) -> Result<(Vec<u8>, Vec<usize>), ArrayError> {
         let g = &self.geometry;
-        stripe::reconstruct(g, &self.codec, slot, sequence, check_all, |j| {
+        stripe::reconstruct(g, &self.codec, slot, sequence, check_all, buffer, |j, header, payload| {
             let (member, row) = g.place(slot, j);
-            let device = state.readable(member)?;
-            let mut chunk = vec![0u8; SECTOR_BYTES + g.chunk_bytes];
-            device.read_at(&mut chunk, g.row_offset(row)).ok()?;
-            Some(chunk)
+            let Some(device) = state.readable(member) else {
+                return false;
+            };
+            let offset = g.row_offset(row);
+            device.read_at(header, offset).is_ok() && device.read_at(payload, offset + SECTOR_BYTES as u64).is_ok()
         })
         .map_err(|good| ArrayError::TooFewChunks {
             slot,
@@ -638,6 +717,7 @@ impl Array {
         let block = BLOCK_BYTES as u64;
         let first = offset / block;
         let last = (offset + data.len() as u64).div_ceil(block);
+        self.drain_writer(&mut state)?;
         self.ensure_room_for(&mut state, (last - first) as usize * BLOCK_BYTES)?;
         let aligned = offset.is_multiple_of(block) && data.len().is_multiple_of(BLOCK_BYTES);
         if aligned {
@@ -890,35 +970,26 @@ impl Array {
         }
         let sequence = state.next_sequence;
         state.next_sequence += 1;
-        let mut chunks = std::mem::take(&mut state.seal_buffer);
-        stripe::seal(
-            &self.geometry,
-            &self.codec,
-            state.superblock.array_uuid,
-            &mut open,
-            sequence,
-            state.synced_through,
-            &mut chunks,
-        );
-        state.spare_areas.push(std::mem::take(&mut open.data));
-        let stride = SECTOR_BYTES + self.geometry.chunk_bytes;
-        let mut written = 0u64;
-        for (j, chunk) in chunks.chunks(stride).enumerate() {
-            let (member, row) = self.geometry.place(slot, j);
-            if !state.writable(member) {
-                continue;
-            }
-            let device = state.members[member]
-                .device
-                .clone()
-                .expect("writable members have devices");
-            match device.write_at(chunk, self.geometry.row_offset(row)) {
-                Ok(()) => written += stride as u64,
-                Err(_) => self.fail_member_locked(state, member)?,
-            }
+        let info = stripe::finish(&self.geometry, &mut open, sequence, state.synced_through);
+        let area = Arc::new(std::mem::take(&mut open.data));
+        state.in_flight.insert(slot, area.clone());
+        let devices = (0..state.members.len())
+            .map(|m| state.readable(m).cloned())
+            .collect();
+        self.writer
+            .progress
+            .0
+            .lock()
+            .map_err(lock_poisoned)?
+            .in_flight += 1;
+        let sender = self.writer.sender.lock().map_err(lock_poisoned)?;
+        let sent = sender
+            .as_ref()
+            .map(|s| s.send(Job { info, area, devices }).is_ok());
+        if sent != Some(true) {
+            return Err(ArrayError::Poisoned);
         }
-        state.seal_buffer = chunks;
-        self.counters.member_bytes_written.fetch_add(written, Ordering::Relaxed);
+        drop(sender);
         self.counters.stripes_sealed.fetch_add(1, Ordering::Relaxed);
         if short {
             self.counters.short_stripes_sealed.fetch_add(1, Ordering::Relaxed);
@@ -934,6 +1005,54 @@ impl Array {
         Ok(())
     }
 
+    fn start_writer(&self) -> Result<(), ArrayError> {
+        let (sender, receiver) = sync_channel::<Job>(WRITER_QUEUE_STRIPES);
+        let geometry = self.geometry.clone();
+        let codec = tessera_ec::Codec::new(geometry.data, geometry.parity, tessera_ec::MatrixKind::Cauchy)
+            .map_err(ArrayError::Codec)?;
+        let uuid = self.state.read().map_err(lock_poisoned)?.superblock.array_uuid;
+        let progress = self.writer.progress.clone();
+        let counters = self.counters.clone();
+        let thread = std::thread::Builder::new()
+            .name("tessera-writer".to_string())
+            .spawn(move || write_stripes(receiver, &geometry, &codec, uuid, &progress, &counters))
+            .map_err(|e| ArrayError::Io {
+                member: 0,
+                name: "writer thread".to_string(),
+                source: e,
+            })?;
+        *self.writer.sender.lock().map_err(lock_poisoned)? = Some(sender);
+        *self.writer.thread.lock().map_err(lock_poisoned)? = Some(thread);
+        Ok(())
+    }
+
+    /// Waits until the writer has written every queued stripe.
+    fn wait_writer_idle(&self) -> Result<(), ArrayError> {
+        let (lock, idle) = &*self.writer.progress;
+        let mut progress = lock.lock().map_err(lock_poisoned)?;
+        while progress.in_flight > 0 {
+            progress = idle.wait(progress).map_err(lock_poisoned)?;
+        }
+        Ok(())
+    }
+
+    /// Takes in what the writer finished: frees the in-memory copies and
+    /// fails members whose writes failed.
+    fn drain_writer(&self, state: &mut State) -> Result<(), ArrayError> {
+        let done = std::mem::take(&mut self.writer.progress.0.lock().map_err(lock_poisoned)?.done);
+        for d in done {
+            if let Some(area) = state.in_flight.remove(&d.slot) {
+                if let Ok(buffer) = Arc::try_unwrap(area) {
+                    state.spare_areas.push(buffer);
+                }
+            }
+            for member in d.failed_members {
+                self.fail_member_locked(state, member)?;
+            }
+        }
+        Ok(())
+    }
+
     /// FLUSH: seals the open stripes and syncs every member.
     pub fn flush(&self) -> Result<(), ArrayError> {
         let mut state = self.state.write().map_err(lock_poisoned)?;
@@ -944,6 +1063,8 @@ impl Array {
         for stream in [Stream::Gc, Stream::User] {
             self.seal(state, stream, true)?;
         }
+        self.wait_writer_idle()?;
+        self.drain_writer(state)?;
         self.sync_members(state)?;
         state.synced_through = state.next_sequence - 1;
         // Slots emptied before this sync may now be rewritten.
@@ -1050,6 +1171,8 @@ impl Array {
     /// checked, bad chunks found); unreadable stripes are an error.
     pub fn scrub(&self) -> Result<(u64, u64), ArrayError> {
         let state = self.state.read().map_err(lock_poisoned)?;
+        // Stripes still being written are checked once they are on the members.
+        self.wait_writer_idle()?;
         let (mut stripes, mut bad_total) = (0u64, 0u64);
         for slot in 0..self.geometry.slot_count() {
             let s = state.slots[slot as usize];
@@ -1177,6 +1300,63 @@ impl Array {
     }
 }
 
+/// The writer thread: builds and writes each queued stripe, in order.
+fn write_stripes(
+    jobs: Receiver<Job>,
+    geometry: &Geometry,
+    codec: &tessera_ec::Codec,
+    array_uuid: [u8; 16],
+    progress: &(Mutex<Progress>, Condvar),
+    counters: &Counters,
+) {
+    let mut built = stripe::Built::default();
+    for job in jobs {
+        stripe::build(geometry, codec, array_uuid, &job.area, &job.info, &mut built);
+        let mut failed_members = Vec::new();
+        let mut written = 0u64;
+        for j in 0..geometry.width() {
+            let (member, row) = geometry.place(job.info.slot, j);
+            let Some(device) = &job.devices[member] else {
+                continue;
+            };
+            // Header and payload are adjacent on the member: two writes,
+            // so the payload goes from the data area without a copy.
+            let (header, payload) = built.chunk(geometry, &job.area, j);
+            let offset = geometry.row_offset(row);
+            let result = device
+                .write_at(header, offset)
+                .and_then(|()| device.write_at(payload, offset + SECTOR_BYTES as u64));
+            match result {
+                Ok(()) => written += (header.len() + payload.len()) as u64,
+                Err(_) => failed_members.push(member),
+            }
+        }
+        counters.member_bytes_written.fetch_add(written, Ordering::Relaxed);
+        let (lock, idle) = progress;
+        // A poisoned lock means the volume panicked; nothing is left to tell.
+        let Ok(mut p) = lock.lock() else { return };
+        p.in_flight -= 1;
+        p.done.push(Done {
+            slot: job.info.slot,
+            failed_members,
+        });
+        idle.notify_all();
+    }
+}
+
+impl Drop for Array {
+    /// Stops the writer after it has written what was queued, as a clean
+    /// shutdown must; unflushed data is then on the members but not synced.
+    fn drop(&mut self) {
+        if let Ok(mut sender) = self.writer.sender.lock() {
+            sender.take();
+        }
+        if let Some(thread) = self.writer.thread.lock().ok().and_then(|mut t| t.take()) {
+            let _ = thread.join();
+        }
+    }
+}
+
 /// Byte range in a block buffer starting at `lba` for blocks [from, end).
 fn block_range_end(lba: u64, from: u64, end: u64) -> std::ops::Range<usize> {
     (from - lba) as usize * BLOCK_BYTES..(end - lba) as usize * BLOCK_BYTES
@@ -1196,6 +1376,16 @@ impl Target {
 }
 
 impl State {
+    /// The data area of a stripe not (yet) on the members: open, or queued
+    /// for the writer.
+    fn in_memory(&self, slot: u64) -> Option<&[u8]> {
+        self.open
+            .values()
+            .find(|o| o.slot == slot)
+            .map(|o| o.data.as_slice())
+            .or_else(|| self.in_flight.get(&slot).map(|a| a.as_slice()))
+    }
+
     fn readable(&self, member: usize) -> Option<&Arc<dyn Device>> {
         let m = &self.members[member];
         match m.state {
