@@ -212,7 +212,10 @@ pub fn reconstruct(
         };
         let good = read_chunk(j, &mut header, payload)
             && ChunkHeader::decode(&header, algorithm).is_ok_and(|h| {
-                h.slot == slot && h.sequence == sequence && h.index == j && merkle::leaf(algorithm, j, payload) == h.leaf
+                h.slot == slot
+                    && h.sequence == sequence
+                    && h.index == j
+                    && merkle::leaf(algorithm, j, payload) == h.leaf
             });
         if !good {
             bad.push(j);

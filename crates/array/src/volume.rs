@@ -677,14 +677,22 @@ impl Array {
         buffer: Vec<u8>,
     ) -> Result<(Vec<u8>, Vec<usize>), ArrayError> {
         let g = &self.geometry;
-        stripe::reconstruct(g, &self.codec, slot, sequence, check_all, buffer, |j, header, payload| {
-            let (member, row) = g.place(slot, j);
-            let Some(device) = state.readable(member) else {
-                return false;
-            };
-            let offset = g.row_offset(row);
-            device.read_at(header, offset).is_ok() && device.read_at(payload, offset + SECTOR_BYTES as u64).is_ok()
-        })
+        stripe::reconstruct(
+            g,
+            &self.codec,
+            slot,
+            sequence,
+            check_all,
+            buffer,
+            |j, header, payload| {
+                let (member, row) = g.place(slot, j);
+                let Some(device) = state.readable(member) else {
+                    return false;
+                };
+                let offset = g.row_offset(row);
+                device.read_at(header, offset).is_ok() && device.read_at(payload, offset + SECTOR_BYTES as u64).is_ok()
+            },
+        )
         .map_err(|good| ArrayError::TooFewChunks {
             slot,
             good,
@@ -973,19 +981,10 @@ impl Array {
         let info = stripe::finish(&self.geometry, &mut open, sequence, state.synced_through);
         let area = Arc::new(std::mem::take(&mut open.data));
         state.in_flight.insert(slot, area.clone());
-        let devices = (0..state.members.len())
-            .map(|m| state.readable(m).cloned())
-            .collect();
-        self.writer
-            .progress
-            .0
-            .lock()
-            .map_err(lock_poisoned)?
-            .in_flight += 1;
+        let devices = (0..state.members.len()).map(|m| state.readable(m).cloned()).collect();
+        self.writer.progress.0.lock().map_err(lock_poisoned)?.in_flight += 1;
         let sender = self.writer.sender.lock().map_err(lock_poisoned)?;
-        let sent = sender
-            .as_ref()
-            .map(|s| s.send(Job { info, area, devices }).is_ok());
+        let sent = sender.as_ref().map(|s| s.send(Job { info, area, devices }).is_ok());
         if sent != Some(true) {
             return Err(ArrayError::Poisoned);
         }
