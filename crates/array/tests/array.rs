@@ -289,3 +289,34 @@ fn wrong_members_are_refused() {
     a[1].flip_bit(100, 3);
     assert!(reopen(&a, &[]).is_ok());
 }
+
+#[test]
+fn lost_writes_on_a_member_are_caught_and_repaired() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let devices = members(6);
+    let array = tessera_array::create(named(&devices), &options(4, 2, None)).unwrap();
+    let mut model = vec![0u8; array.logical_bytes() as usize];
+    exercise(&array, &mut model, &mut rng, 100);
+    array.flush().unwrap();
+    // Member 3 acknowledges writes and drops them: its chunks go stale.
+    devices[3].set_faults(Faults {
+        lose_writes: true,
+        ..Faults::default()
+    });
+    exercise(&array, &mut model, &mut rng, 300);
+    array.flush().unwrap();
+    devices[3].set_faults(Faults::default());
+    check_all(&array, &model);
+    let (_, bad) = array.scrub().unwrap();
+    let status = array.status().unwrap();
+    assert!(status.checksum_errors > 0, "stale chunks were noticed");
+    assert_eq!(status.chunks_repaired, status.checksum_errors, "and rewritten");
+    assert_eq!(
+        array.scrub().unwrap().1,
+        0,
+        "nothing bad is left after {bad} more repairs"
+    );
+    // Reopened, the same bytes.
+    drop(array);
+    check_all(&reopen(&devices, &[]).unwrap(), &model);
+}
