@@ -20,13 +20,10 @@ pub struct OpenStripe {
 }
 
 impl OpenStripe {
-    pub fn new(geometry: &Geometry, slot: u64, stream: Stream) -> OpenStripe {
-        OpenStripe::with_buffer(slot, stream, None, geometry)
-    }
-
-    /// An open stripe reusing a data-area buffer of a sealed one; its old
-    /// bytes are never read (sealing zeroes what was not written).
-    pub fn with_buffer(slot: u64, stream: Stream, buffer: Option<Vec<u8>>, geometry: &Geometry) -> OpenStripe {
+    /// An open stripe, reusing the data-area buffer of a sealed one if
+    /// given; its old bytes are never read (sealing zeroes what was not
+    /// written).
+    pub fn new(slot: u64, stream: Stream, buffer: Option<Vec<u8>>, geometry: &Geometry) -> OpenStripe {
         let data = match buffer {
             Some(b) if b.len() == geometry.data_area_bytes() => b,
             _ => vec![0; geometry.data_area_bytes()],

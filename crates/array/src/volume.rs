@@ -302,7 +302,7 @@ impl Array {
         let mut state = self.state.write().map_err(lock_poisoned)?;
         let uuid = state.superblock.array_uuid;
         // Pass 1: every chunk header.
-        let mut newest: Vec<Option<u64>> = vec![None; g.slot_count() as usize];
+        let mut newest: Vec<Option<ChunkHeader>> = vec![None; g.slot_count() as usize];
         let mut synced_through = 0;
         for slot in 0..g.slot_count() {
             for j in 0..g.width() {
@@ -314,18 +314,20 @@ impl Array {
                 }
                 synced_through = synced_through.max(header.synced_through);
                 let best = &mut newest[slot as usize];
-                *best = Some(best.map_or(header.sequence, |s: u64| s.max(header.sequence)));
+                if best.as_ref().is_none_or(|b| b.sequence < header.sequence) {
+                    *best = Some(header);
+                }
             }
         }
         // Pass 2: each slot's newest stripe, checked, its summary read.
         let mut stripes: Vec<(u64, u64, Vec<Record>)> = Vec::new();
-        for slot in 0..g.slot_count() {
-            let Some(sequence) = newest[slot as usize] else {
+        for (slot, header) in (0..g.slot_count()).zip(&newest) {
+            let Some(header) = header else {
                 continue;
             };
-            let verify_all = sequence > synced_through;
-            match self.read_summary(&state, slot, sequence, verify_all) {
-                Ok(records) => stripes.push((sequence, slot, records)),
+            let verify_all = header.sequence > synced_through;
+            match self.read_summary(&state, header, verify_all) {
+                Ok(records) => stripes.push((header.sequence, slot, records)),
                 Err(_) if verify_all => {
                     // Written after the last sync and torn by a crash: it
                     // held nothing acknowledged, and its slot is free.
@@ -340,30 +342,8 @@ impl Array {
             let s = &mut state.slots[slot as usize];
             s.status = SlotStatus::Sealed;
             s.sequence = sequence;
-            for record in records {
-                match record {
-                    Record::Data {
-                        lba,
-                        blocks,
-                        offset,
-                        stored_bytes,
-                        codec,
-                        digest,
-                    } => {
-                        let extent = Arc::new(Extent {
-                            slot,
-                            offset,
-                            stored_bytes,
-                            blocks,
-                            codec,
-                            digest,
-                        });
-                        state.insert(lba, blocks, Target::Data { extent, skip: 0 });
-                    }
-                    Record::Zero { lba, blocks } => {
-                        state.insert(lba, blocks, Target::Zero { slot });
-                    }
-                }
+            for record in &records {
+                state.apply(slot, record);
             }
         }
         state.draining.clear();
@@ -389,22 +369,14 @@ impl Array {
         ChunkHeader::decode(&sector, self.geometry.checksum).ok()
     }
 
-    /// A stripe's summary. With `verify_all`, every chunk is checked (a
-    /// stripe a crash may have torn); otherwise only the chunks holding
-    /// the summary, reconstructing if one is missing or bad.
-    fn read_summary(
-        &self,
-        state: &State,
-        slot: u64,
-        sequence: u64,
-        verify_all: bool,
-    ) -> Result<Vec<Record>, ArrayError> {
+    /// The summary of the stripe one of whose chunk `header`s was read.
+    /// With `verify_all`, every chunk is checked (a stripe a crash may have
+    /// torn); otherwise only the chunks holding the summary, reconstructing
+    /// if one is missing or bad.
+    fn read_summary(&self, state: &State, header: &ChunkHeader, verify_all: bool) -> Result<Vec<Record>, ArrayError> {
         let g = &self.geometry;
+        let (slot, sequence) = (header.slot, header.sequence);
         let area = g.data_area_bytes();
-        let header = (0..g.width())
-            .filter_map(|j| self.read_header(state, slot, j))
-            .find(|h| h.sequence == sequence && h.slot == slot)
-            .ok_or(ArrayError::Unreadable { slot })?;
         let len = header.summary_bytes as usize;
         if len > area {
             return Err(ArrayError::Unreadable { slot });
@@ -416,7 +388,8 @@ impl Array {
             format::decode_summary(bytes, g).ok()
         };
         if !verify_all {
-            if let Some(bytes) = self.read_area_direct(state, slot, area - len, len) {
+            let mut bytes = vec![0u8; len];
+            if self.read_area_into(state, slot, area - len, &mut bytes) {
                 if let Some(records) = parse(&bytes) {
                     return Ok(records);
                 }
@@ -468,13 +441,9 @@ impl Array {
             };
             let whole = *skip == 0 && lo == start && hi - lo == u64::from(extent.blocks);
             if whole && extent.codec.is_none() {
-                if !self.stripe_is_degraded(state, extent.slot) {
-                    if self.read_raw_extent_into(state, extent, target) {
-                        continue;
-                    }
-                } else if self.copy_from_reconstruction(state, extent, target)? {
-                    continue;
-                }
+                // A raw extent read whole lands in `out` without a copy.
+                self.read_stored_into(state, extent, target)?;
+                continue;
             }
             let bytes = self.extent_bytes(state, extent)?;
             let from = (u64::from(*skip) + lo - start) as usize * BLOCK_BYTES;
@@ -488,99 +457,64 @@ impl Array {
     /// its extents are then all served from one cached reconstruction, so
     /// sequential degraded reads read each stripe about once.
     fn stripe_is_degraded(&self, state: &State, slot: u64) -> bool {
-        if state.in_memory(slot).is_some() {
-            return false;
-        }
         let g = &self.geometry;
         (0..g.data).any(|j| state.readable(g.place(slot, j).0).is_none())
     }
 
-    /// A raw extent of a degraded stripe, from its cached reconstruction,
-    /// checked and copied once. False if its digest does not match (the
-    /// caller's slow path then reports it).
-    fn copy_from_reconstruction(&self, state: &State, extent: &Extent, out: &mut [u8]) -> Result<bool, ArrayError> {
+    /// An extent's stored bytes into `out`, verified: from memory (a stripe
+    /// not yet on the members), straight from the members, or from a
+    /// (cached) reconstruction when a member is out or the digest fails.
+    fn read_stored_into(&self, state: &State, extent: &Extent, out: &mut [u8]) -> Result<(), ArrayError> {
+        let (offset, len) = (extent.offset as usize, extent.stored_bytes as usize);
+        debug_assert_eq!(out.len(), len);
+        if let Some(area) = state.in_memory(extent.slot) {
+            out.copy_from_slice(&area[offset..offset + len]);
+            return Ok(());
+        }
+        let algorithm = self.geometry.checksum;
+        if !self.stripe_is_degraded(state, extent.slot)
+            && self.read_area_into(state, extent.slot, offset, out)
+            && algorithm.digest(out) == extent.digest
+        {
+            return Ok(());
+        }
         let sequence = state.slots[extent.slot as usize].sequence;
         let area = self.cached_or_reconstruct(state, extent.slot, sequence)?;
-        let bytes = &area[extent.offset as usize..(extent.offset + extent.stored_bytes) as usize];
-        if self.geometry.checksum.digest(bytes) != extent.digest {
-            return Ok(false);
+        let bytes = &area[offset..offset + len];
+        if algorithm.digest(bytes) != extent.digest {
+            self.counters.unrecoverable_reads.fetch_add(1, Ordering::Relaxed);
+            return Err(ArrayError::Unreadable { slot: extent.slot });
         }
-        out.copy_from_slice(bytes);
         self.counters.reconstructed_reads.fetch_add(1, Ordering::Relaxed);
-        Ok(true)
+        out.copy_from_slice(bytes);
+        Ok(())
     }
 
-    /// The fast path: a raw extent from its members straight into `out`,
-    /// checked there. False if anything is off; the caller takes the slow
-    /// path, which reconstructs.
-    fn read_raw_extent_into(&self, state: &State, extent: &Extent, out: &mut [u8]) -> bool {
-        if state.in_memory(extent.slot).is_some() {
-            return false;
-        }
-        let g = &self.geometry;
-        for (chunk, within, n, at) in stripe::pieces(g, extent.offset as usize, extent.stored_bytes as usize) {
-            let (member, row) = g.place(extent.slot, chunk);
-            let Some(device) = state.readable(member) else {
-                return false;
-            };
-            let position = g.row_offset(row) + (SECTOR_BYTES + within) as u64;
-            if device.read_at(&mut out[at..at + n], position).is_err() {
-                return false;
-            }
-        }
-        g.checksum.digest(out) == extent.digest
-    }
-
-    /// An extent's logical bytes, verified: from the open stripe, from the
-    /// members, or from a reconstruction.
+    /// An extent's logical bytes, verified and decompressed.
     fn extent_bytes(&self, state: &State, extent: &Extent) -> Result<Vec<u8>, ArrayError> {
-        let (offset, len) = (extent.offset as usize, extent.stored_bytes as usize);
-        let algorithm = self.geometry.checksum;
-        let stored = if let Some(area) = state.in_memory(extent.slot) {
-            area[offset..offset + len].to_vec()
-        } else {
-            let direct = if self.stripe_is_degraded(state, extent.slot) {
-                None
-            } else {
-                self.read_area_direct(state, extent.slot, offset, len)
-                    .filter(|bytes| algorithm.digest(bytes) == extent.digest)
-            };
-            match direct {
-                Some(bytes) => bytes,
-                None => {
-                    let sequence = state.slots[extent.slot as usize].sequence;
-                    let area = self.cached_or_reconstruct(state, extent.slot, sequence)?;
-                    let bytes = area[offset..offset + len].to_vec();
-                    if algorithm.digest(&bytes) != extent.digest {
-                        self.counters.unrecoverable_reads.fetch_add(1, Ordering::Relaxed);
-                        return Err(ArrayError::Unreadable { slot: extent.slot });
-                    }
-                    self.counters.reconstructed_reads.fetch_add(1, Ordering::Relaxed);
-                    bytes
-                }
-            }
-        };
-        let logical = extent.blocks as usize * BLOCK_BYTES;
+        let mut stored = vec![0u8; extent.stored_bytes as usize];
+        self.read_stored_into(state, extent, &mut stored)?;
         match extent.codec {
             None => Ok(stored),
             Some(codec) => codec
-                .decompress(&stored, logical)
+                .decompress(&stored, extent.blocks as usize * BLOCK_BYTES)
                 .map_err(|_| ArrayError::Unreadable { slot: extent.slot }),
         }
     }
 
-    /// Data-area bytes read straight from the data chunks' members; `None`
-    /// if a member is unavailable or a read fails (the caller reconstructs).
-    fn read_area_direct(&self, state: &State, slot: u64, offset: usize, len: usize) -> Option<Vec<u8>> {
+    /// Fills `out` with data-area bytes from `offset`, straight from the
+    /// data chunks' members; false if a member is out or a read fails.
+    fn read_area_into(&self, state: &State, slot: u64, offset: usize, out: &mut [u8]) -> bool {
         let g = &self.geometry;
-        let mut out = vec![0u8; len];
-        for (chunk, within, n, at) in stripe::pieces(g, offset, len) {
-            let (member, row) = g.place(slot, chunk);
-            let device = state.readable(member)?;
-            let position = g.row_offset(row) + (SECTOR_BYTES + within) as u64;
-            device.read_at(&mut out[at..at + n], position).ok()?;
-        }
-        Some(out)
+        stripe::pieces(g, offset, out.len())
+            .into_iter()
+            .all(|(chunk, within, n, at)| {
+                let (member, row) = g.place(slot, chunk);
+                let position = g.row_offset(row) + (SECTOR_BYTES + within) as u64;
+                state
+                    .readable(member)
+                    .is_some_and(|device| device.read_at(&mut out[at..at + n], position).is_ok())
+            })
     }
 
     fn cached_or_reconstruct(&self, state: &State, slot: u64, sequence: u64) -> Result<Arc<Vec<u8>>, ArrayError> {
@@ -604,17 +538,7 @@ impl Array {
             }
         };
         let (area, bad) = self.reconstruct_into(state, slot, sequence, false, recycled.unwrap_or_default())?;
-        let on_healthy: Vec<usize> = bad
-            .iter()
-            .copied()
-            .filter(|&j| state.readable(self.geometry.place(slot, j).0).is_some())
-            .collect();
-        if !on_healthy.is_empty() {
-            self.counters
-                .checksum_errors
-                .fetch_add(on_healthy.len() as u64, Ordering::Relaxed);
-            self.repair(state, slot, sequence, &area, &on_healthy);
-        }
+        self.repair(state, slot, sequence, &area, &bad);
         let area = Arc::new(area);
         let mut cache = self.cache.lock().map_err(lock_poisoned)?;
         if cache.len() >= RECONSTRUCT_CACHE_STRIPES {
@@ -624,38 +548,53 @@ impl Array {
         Ok(area)
     }
 
-    /// Rewrites the chunks `bad` of a stripe, on healthy members, from its
-    /// verified data area: their content is known, so the stripe is whole
-    /// again. A failed rewrite is left for the next read or scrub.
-    fn repair(&self, state: &State, slot: u64, sequence: u64, area: &[u8], bad: &[usize]) {
+    /// Counts and rewrites the chunks of `bad` that are on healthy members
+    /// (the rest are on failed ones), from the stripe's verified data area:
+    /// their content is known, so the stripe is whole again. A failed
+    /// rewrite is left for the next read or scrub. Returns the count.
+    fn repair(&self, state: &State, slot: u64, sequence: u64, area: &[u8], bad: &[usize]) -> u64 {
         let g = &self.geometry;
+        let bad: Vec<usize> = bad
+            .iter()
+            .copied()
+            .filter(|&j| state.readable(g.place(slot, j).0).is_some())
+            .collect();
+        if bad.is_empty() {
+            return 0;
+        }
+        self.counters
+            .checksum_errors
+            .fetch_add(bad.len() as u64, Ordering::Relaxed);
         let Some(template) = (0..g.width())
             .filter(|j| !bad.contains(j))
             .filter_map(|j| self.read_header(state, slot, j))
             .find(|h| h.sequence == sequence && h.slot == slot)
         else {
-            return;
+            return bad.len() as u64;
         };
-        let data: Vec<&[u8]> = area.chunks(g.chunk_bytes).collect();
-        let mut parity = vec![vec![0u8; g.chunk_bytes]; g.parity];
-        {
-            let mut outputs: Vec<&mut [u8]> = parity.iter_mut().map(|p| p.as_mut_slice()).collect();
-            self.codec.encode(&data, &mut outputs).expect("shapes match the codec");
-        }
-        for &j in bad {
-            let payload: &[u8] = if j < g.data { data[j] } else { &parity[j - g.data] };
-            let mut header = template.clone();
-            header.index = j;
-            header.leaf = tessera_checksum::merkle::leaf(g.checksum, j, payload);
-            let mut chunk = header.encode();
-            chunk.extend_from_slice(payload);
+        // The stripe's chunks rebuilt exactly as sealing built them.
+        let info = stripe::StripeInfo {
+            slot,
+            stream: template.stream,
+            sequence,
+            synced_through: template.synced_through,
+            summary_bytes: template.summary_bytes,
+            data_bytes: template.data_bytes,
+            summary_digest: template.summary_digest,
+        };
+        let mut built = stripe::Built::default();
+        stripe::build(g, &self.codec, template.array_uuid, area, &info, &mut built);
+        for &j in &bad {
+            let (header, payload) = built.chunk(g, area, j);
             let (member, row) = g.place(slot, j);
-            if let Some(device) = state.readable(member) {
-                if device.write_at(&chunk, g.row_offset(row)).is_ok() {
-                    self.counters.chunks_repaired.fetch_add(1, Ordering::Relaxed);
-                }
+            let written = state
+                .readable(member)
+                .is_some_and(|device| write_chunk(device.as_ref(), g, row, header, payload).is_ok());
+            if written {
+                self.counters.chunks_repaired.fetch_add(1, Ordering::Relaxed);
             }
         }
+        bad.len() as u64
     }
 
     fn reconstruct(
@@ -798,7 +737,7 @@ impl Array {
         if needed == 0 {
             return Ok(());
         }
-        self.ensure_free(state, needed, GC_RESERVE_SLOTS)
+        self.ensure_free(state, needed, GC_RESERVE_SLOTS, true)
     }
 
     fn write_blocks(&self, state: &mut State, lba: u64, data: &[u8], stream: Stream) -> Result<(), ArrayError> {
@@ -840,29 +779,27 @@ impl Array {
             };
             let blocks = (take / BLOCK_BYTES) as u32;
             done += take;
-            let digest = self.geometry.checksum.digest(&stored);
-            let slot = self.room(state, stream, stored.len())?;
+            let digest = algorithm.digest(&stored);
+            let slot = self.room(state, stream, stored.len(), Self::reserve(stream))?;
             let open = state.open.get_mut(&stream).expect("room opened it");
-            let offset = open.push_data(&stored);
             let record = Record::Data {
                 lba: at,
                 blocks,
-                offset,
+                offset: open.push_data(&stored),
                 stored_bytes: stored.len() as u32,
                 codec,
                 digest,
             };
-            open.records.push(record);
-            let extent = Arc::new(Extent {
-                slot,
-                offset,
-                stored_bytes: stored.len() as u32,
-                blocks,
-                codec,
-                digest,
-            });
-            state.insert(at, blocks, Target::Data { extent, skip: 0 });
+            state.log(stream, slot, record);
         }
+        Ok(())
+    }
+
+    /// Records that blocks read as zeros. A zero record frees space, so it
+    /// may use the GC reserve but its last slot.
+    fn log_zero(&self, state: &mut State, stream: Stream, lba: u64, blocks: u32) -> Result<(), ArrayError> {
+        let slot = self.room(state, stream, 0, Self::reserve(stream).min(1))?;
+        state.log(stream, slot, Record::Zero { lba, blocks });
         Ok(())
     }
 
@@ -872,28 +809,13 @@ impl Array {
         if state.overlapping(lba, end).next().is_none() {
             return Ok(());
         }
-        // A zero record frees space, so it may use all but one reserved slot.
-        let slot = match state.open.get(&stream) {
-            Some(open) if open.fits(self.geometry.checksum, 0) => open.slot,
-            _ if stream == Stream::User && state.free.len() <= GC_RESERVE_SLOTS && state.free.len() > 1 => {
-                self.seal(state, stream, false)?;
-                let slot = *state.free.first().expect("more than one free slot");
-                state.free.remove(&slot);
-                state.slots[slot as usize].status = SlotStatus::Open;
-                state.open.insert(stream, OpenStripe::new(&self.geometry, slot, stream));
-                slot
-            }
-            _ => self.room(state, stream, 0)?,
-        };
-        let open = state.open.get_mut(&stream).expect("room opened it");
-        open.records.push(Record::Zero { lba, blocks });
-        state.insert(lba, blocks, Target::Zero { slot });
-        Ok(())
+        self.log_zero(state, stream, lba, blocks)
     }
 
-    /// Makes room in `stream`'s open stripe for `bytes` and one record;
-    /// returns its slot.
-    fn room(&self, state: &mut State, stream: Stream, bytes: usize) -> Result<u64, ArrayError> {
+    /// Makes room in `stream`'s open stripe for `bytes` and one record,
+    /// opening a new stripe in a free slot if need be (leaving `reserve`
+    /// slots free); returns its slot.
+    fn room(&self, state: &mut State, stream: Stream, bytes: usize, reserve: usize) -> Result<u64, ArrayError> {
         let algorithm = self.geometry.checksum;
         if let Some(open) = state.open.get(&stream) {
             if open.fits(algorithm, bytes) {
@@ -901,8 +823,8 @@ impl Array {
             }
             self.seal(state, stream, false)?;
         }
-        let slot = self.allocate(state, stream)?;
-        let open = OpenStripe::with_buffer(slot, stream, state.spare_areas.pop(), &self.geometry);
+        let slot = self.allocate(state, stream, reserve)?;
+        let open = OpenStripe::new(slot, stream, state.spare_areas.pop(), &self.geometry);
         assert!(open.fits(algorithm, bytes), "one extent always fits an empty stripe");
         state.open.insert(stream, open);
         Ok(slot)
@@ -918,9 +840,10 @@ impl Array {
     }
 
     /// Makes `needed` slots more than the reserve free, collecting garbage
-    /// and syncing as needed, or fails with `NoSpace` having changed no data.
-    fn ensure_free(&self, state: &mut State, needed: usize, reserve: usize) -> Result<(), ArrayError> {
-        if state.free.len() < reserve + needed {
+    /// (unless GC itself is asking) and syncing as needed, or fails with
+    /// `NoSpace` having changed no data.
+    fn ensure_free(&self, state: &mut State, needed: usize, reserve: usize, collect: bool) -> Result<(), ArrayError> {
+        if collect && state.free.len() < reserve + needed {
             self.collect_garbage(state, reserve + needed)?;
         }
         if state.free.len() < reserve + needed && !state.draining.is_empty() {
@@ -932,18 +855,8 @@ impl Array {
         Ok(())
     }
 
-    fn allocate(&self, state: &mut State, stream: Stream) -> Result<u64, ArrayError> {
-        let reserve = Self::reserve(stream);
-        if stream == Stream::User {
-            self.ensure_free(state, 1, reserve)?;
-        } else if state.free.len() <= reserve {
-            if !state.draining.is_empty() {
-                self.flush_locked(state)?;
-            }
-            if state.free.is_empty() {
-                return Err(ArrayError::NoSpace);
-            }
-        }
+    fn allocate(&self, state: &mut State, stream: Stream, reserve: usize) -> Result<u64, ArrayError> {
+        self.ensure_free(state, 1, reserve, stream == Stream::User)?;
         // Prefer a slot whose members are all healthy, so new stripes avoid
         // failed members where the geometry leaves a choice (N > K+M).
         let healthy = |slot: &u64| (0..self.geometry.width()).all(|j| state.writable(self.geometry.place(*slot, j).0));
@@ -1139,15 +1052,7 @@ impl Array {
             .collect();
         for (start, mapping) in ranges {
             match mapping.target {
-                Target::Zero { .. } => {
-                    let slot = self.room(state, Stream::Gc, 0)?;
-                    let open = state.open.get_mut(&Stream::Gc).expect("room opened it");
-                    open.records.push(Record::Zero {
-                        lba: start,
-                        blocks: mapping.blocks,
-                    });
-                    state.insert(start, mapping.blocks, Target::Zero { slot });
-                }
+                Target::Zero { .. } => self.log_zero(state, Stream::Gc, start, mapping.blocks)?,
                 Target::Data { .. } => {
                     let data = self.read_blocks(state, start, u64::from(mapping.blocks))?;
                     self.write_blocks(state, start, &data, Stream::Gc)?;
@@ -1179,18 +1084,8 @@ impl Array {
                 continue;
             }
             let (area, bad) = self.reconstruct(&state, slot, s.sequence, true)?;
-            let on_healthy: Vec<usize> = bad
-                .into_iter()
-                .filter(|&j| state.readable(self.geometry.place(slot, j).0).is_some())
-                .collect();
-            if !on_healthy.is_empty() {
-                self.counters
-                    .checksum_errors
-                    .fetch_add(on_healthy.len() as u64, Ordering::Relaxed);
-                self.repair(&state, slot, s.sequence, &area, &on_healthy);
-            }
             stripes += 1;
-            bad_total += on_healthy.len() as u64;
+            bad_total += self.repair(&state, slot, s.sequence, &area, &bad);
         }
         Ok((stripes, bad_total))
     }
@@ -1299,6 +1194,20 @@ impl Array {
     }
 }
 
+/// Writes a chunk's header and payload to its row. They are adjacent on
+/// the member; two writes let the payload go from the data area uncopied.
+fn write_chunk(
+    device: &dyn Device,
+    geometry: &Geometry,
+    row: u64,
+    header: &[u8],
+    payload: &[u8],
+) -> std::io::Result<()> {
+    let offset = geometry.row_offset(row);
+    device.write_at(header, offset)?;
+    device.write_at(payload, offset + SECTOR_BYTES as u64)
+}
+
 /// The writer thread: builds and writes each queued stripe, in order.
 fn write_stripes(
     jobs: Receiver<Job>,
@@ -1318,14 +1227,8 @@ fn write_stripes(
             let Some(device) = &job.devices[member] else {
                 continue;
             };
-            // Header and payload are adjacent on the member: two writes,
-            // so the payload goes from the data area without a copy.
             let (header, payload) = built.chunk(geometry, &job.area, j);
-            let offset = geometry.row_offset(row);
-            let result = device
-                .write_at(header, offset)
-                .and_then(|()| device.write_at(payload, offset + SECTOR_BYTES as u64));
-            match result {
+            match write_chunk(device.as_ref(), geometry, row, header, payload) {
                 Ok(()) => written += (header.len() + payload.len()) as u64,
                 Err(_) => failed_members.push(member),
             }
@@ -1424,6 +1327,37 @@ impl State {
             s.status = SlotStatus::Draining;
             let slot = target.slot();
             self.draining.push(slot);
+        }
+    }
+
+    /// Adds a record to `stream`'s open stripe (in `slot`) and maps it.
+    fn log(&mut self, stream: Stream, slot: u64, record: Record) {
+        self.apply(slot, &record);
+        self.open.get_mut(&stream).expect("room opened it").records.push(record);
+    }
+
+    /// Maps what a record in stripe `slot` says, over what was there.
+    fn apply(&mut self, slot: u64, record: &Record) {
+        match *record {
+            Record::Data {
+                lba,
+                blocks,
+                offset,
+                stored_bytes,
+                codec,
+                digest,
+            } => {
+                let extent = Arc::new(Extent {
+                    slot,
+                    offset,
+                    stored_bytes,
+                    blocks,
+                    codec,
+                    digest,
+                });
+                self.insert(lba, blocks, Target::Data { extent, skip: 0 });
+            }
+            Record::Zero { lba, blocks } => self.insert(lba, blocks, Target::Zero { slot }),
         }
     }
 

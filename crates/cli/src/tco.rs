@@ -13,107 +13,85 @@ use tessera_model::tco::{saving_percent, Report, Scenario, EXAMPLES};
 pub struct Overrides {
     /// Deployment term in years.
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     term_years: Option<f64>,
     /// Drive capacity in GB (10^9 bytes).
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     drive_capacity_gb: Option<f64>,
     /// Drive price per GB.
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     drive_price_per_gb: Option<f64>,
     /// Drive power when active, in watts.
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     drive_active_watts: Option<f64>,
     /// Drive power when idle, in watts.
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     drive_idle_watts: Option<f64>,
     /// Drive annual failure rate (0.0044 = 0.44%).
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     drive_afr: Option<f64>,
     /// Cost of replacing one failed drive (labour and logistics; the drive is under warranty).
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     drive_replacement_cost: Option<f64>,
     /// Price of one server.
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     server_cost: Option<f64>,
     /// Power of one server, in watts.
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     server_watts: Option<f64>,
     /// Drives in each storage server.
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     drives_per_server: Option<u32>,
     /// Storage servers in a rack.
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     storage_servers_per_rack: Option<u32>,
     /// Servers in a rack with no drives (monitors, gateways).
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     utility_servers_per_rack: Option<u32>,
     /// Price of one switch.
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     switch_cost: Option<f64>,
     /// Power of one switch, in watts.
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     switch_watts: Option<f64>,
     /// Switches in a rack.
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     switches_per_rack: Option<u32>,
     /// Electricity price per kWh.
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     electricity_per_kwh: Option<f64>,
     /// Power usage effectiveness of the data centre (1.0 = no cooling overhead).
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     pue: Option<f64>,
     /// Rent for one rack's space per month.
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     rack_space_per_month: Option<f64>,
     /// Fraction of time the drives are active rather than idle.
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     duty_cycle: Option<f64>,
     /// Fraction of raw capacity filled with data.
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     capacity_utilization: Option<f64>,
     /// Raw bytes stored per user byte (1.5 for 4+2, 3 for three replicas).
     #[arg(long, conflicts_with = "layout")]
-    #[serde(skip_serializing_if = "Option::is_none")]
     overhead: Option<f64>,
     /// An erasure-coded layout such as 10x8+2; sets the overhead to (K+M)/K.
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     layout: Option<String>,
     /// Fraction of bytes saved by compression and deduplication (0.5 halves them).
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     data_reduction: Option<f64>,
     /// Relative performance, reported as TCO per effective TB per unit of performance.
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     performance_multiplier: Option<f64>,
 }
 
 impl Overrides {
     fn apply(&self, scenario: Scenario) -> Result<Scenario> {
-        let serde_json::Value::Object(overrides) = serde_json::to_value(self)? else {
+        let serde_json::Value::Object(mut overrides) = serde_json::to_value(self)? else {
             unreachable!("a struct serialises to an object")
         };
+        // Flags not given are null.
+        overrides.retain(|_, value| !value.is_null());
         if overrides.is_empty() {
             return Ok(scenario);
         }

@@ -94,7 +94,9 @@ impl Drop for Served {
     }
 }
 
-fn create(dir: &Path, extra: &[&str]) {
+/// `tessera create` of a 4+2 array on `devices` 40 MiB member files in `dir`.
+fn try_create(dir: &Path, devices: &str, extra: &[&str]) -> Output {
+    let dir = dir.to_str().unwrap();
     let mut args = vec![
         "create",
         "--data",
@@ -102,14 +104,18 @@ fn create(dir: &Path, extra: &[&str]) {
         "--parity",
         "2",
         "--dir",
-        dir.to_str().unwrap(),
+        dir,
         "--devices",
-        "6",
+        devices,
         "--device-size",
         "40M",
     ];
     args.extend_from_slice(extra);
-    let out = tessera(&args);
+    tessera(&args)
+}
+
+fn create(dir: &Path, extra: &[&str]) {
+    let out = try_create(dir, "6", extra);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
@@ -332,37 +338,20 @@ fn the_same_operations_read_back_the_same_as_nbdkit_memory() {
 fn create_refuses_bad_shapes_and_open_refuses_foreign_members() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("a");
-    let out = tessera(&[
-        "create",
-        "--data",
-        "4",
-        "--parity",
-        "2",
-        "--dir",
-        dir.to_str().unwrap(),
-        "--devices",
-        "5",
-        "--device-size",
-        "40M",
-    ]);
+    let out = try_create(&dir, "5", &[]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("K+M <= N"));
+    assert!(
+        !dir.join("member-000").exists(),
+        "a refused create leaves no member behind"
+    );
     create(&dir, &[]);
     // The same directory twice is refused, and changes nothing.
-    let out = tessera(&[
-        "create",
-        "--data",
-        "4",
-        "--parity",
-        "2",
-        "--dir",
-        dir.to_str().unwrap(),
-        "--devices",
-        "6",
-        "--device-size",
-        "40M",
-    ]);
+    let before = std::fs::read(dir.join("member-000")).unwrap();
+    let out = try_create(&dir, "6", &[]);
     assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already holds an array"));
+    assert!(std::fs::read(dir.join("member-000")).unwrap() == before);
     // A member of another array in this one's list.
     let other = tmp.path().join("b");
     create(&other, &[]);
