@@ -12,8 +12,8 @@ mod tco;
 use anyhow::{Context, Result};
 
 /// The server allocates and frees stripe-sized buffers at a high rate;
-/// glibc hands those to mmap and back, page-faulting every time, while
-/// mimalloc keeps them (measured: degraded reads, docs/PERFORMANCE.md).
+/// glibc hands large ones to mmap and back, page-faulting each time, while
+/// mimalloc keeps them (degraded reads, A/B in docs/PERFORMANCE.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use clap::{Args, Parser, Subcommand};
