@@ -53,6 +53,7 @@ const _: () = assert!(DATA_START as usize >= SECTOR_BYTES);
 
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"TSRSUPER";
 pub const CHUNK_MAGIC: [u8; 8] = *b"TSRCHUNK";
+pub const CHECKPOINT_MAGIC: [u8; 8] = *b"TSRCHKPT";
 pub const FORMAT_VERSION: u32 = 1;
 /// The CRC32C of a sector covers its first 4092 bytes and sits in the last 4.
 const CRC_OFFSET: usize = SECTOR_BYTES - 4;
@@ -212,6 +213,12 @@ impl Geometry {
 ///  80  rows u64               88  logical bytes u64  96 member bytes u64
 /// 104  generation u64        112  failed members bitmap [32]
 /// 144  created (Unix seconds) u64
+/// 152  checkpoint sequence u64
+/// 160  checkpoint bytes u64  168 first checkpoint stripe's sequence u64
+/// 176  checkpoint stripes u32 (0: no checkpoint; recovery scans every slot)
+/// 180  reserved u32
+/// 184  checkpoint digest [64] (the array's checksum algorithm)
+/// 248  checkpoint stripes' slots u64 each, at most CHECKPOINT_SLOTS_MAX
 /// 4092 CRC32C of bytes 0..4092
 /// ```
 #[derive(Clone, Debug, PartialEq)]
@@ -225,6 +232,24 @@ pub struct Superblock {
     /// Members marked failed (pulled) as of this generation.
     pub failed: [u8; MEMBER_COUNT_MAX / 8],
     pub created_unix_seconds: u64,
+    /// Where the newest map checkpoint is, if there is one.
+    pub checkpoint: Option<CheckpointRef>,
+}
+
+/// Slots a checkpoint may span: as many as the superblock has room for.
+pub const CHECKPOINT_SLOTS_MAX: usize = (CRC_OFFSET - 248) / 8;
+
+/// The superblock's pointer to a checkpoint: `slots` hold `bytes` of it,
+/// in order, in consecutive stripes from sequence `first_stripe_sequence`
+/// (each stripe's data area from its start, `data_bytes` long).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckpointRef {
+    /// Every stripe up to this sequence is in the checkpoint's map.
+    pub sequence: u64,
+    pub bytes: u64,
+    pub first_stripe_sequence: u64,
+    pub digest: Digest,
+    pub slots: Vec<u64>,
 }
 
 impl Superblock {
@@ -257,6 +282,17 @@ impl Superblock {
         put(&mut s, 104, &self.generation.to_le_bytes());
         put(&mut s, 112, &self.failed);
         put(&mut s, 144, &self.created_unix_seconds.to_le_bytes());
+        if let Some(c) = &self.checkpoint {
+            assert!(!c.slots.is_empty() && c.slots.len() <= CHECKPOINT_SLOTS_MAX);
+            put(&mut s, 152, &c.sequence.to_le_bytes());
+            put(&mut s, 160, &c.bytes.to_le_bytes());
+            put(&mut s, 168, &c.first_stripe_sequence.to_le_bytes());
+            put(&mut s, 176, &(c.slots.len() as u32).to_le_bytes());
+            put_digest(&mut s, 184, &c.digest);
+            for (i, slot) in c.slots.iter().enumerate() {
+                put(&mut s, 248 + 8 * i, &slot.to_le_bytes());
+            }
+        }
         seal_sector(&mut s);
         s
     }
@@ -298,24 +334,49 @@ impl Superblock {
         if logical_bytes == 0 || !logical_bytes.is_multiple_of(BLOCK_BYTES as u64) {
             return Err(field("logical_bytes", logical_bytes));
         }
+        let geometry = Geometry {
+            data,
+            parity,
+            members,
+            chunk_bytes,
+            rows,
+            member_bytes,
+            logical_bytes,
+            checksum,
+            compression,
+        };
+        let checkpoint = match get_u32(s, 176) as usize {
+            0 => None,
+            count => {
+                if count > CHECKPOINT_SLOTS_MAX {
+                    return Err(field("checkpoint_stripes", count as u64));
+                }
+                let slots: Vec<u64> = (0..count).map(|i| get_u64(s, 248 + 8 * i)).collect();
+                if let Some(&bad) = slots.iter().find(|&&slot| slot >= geometry.slot_count()) {
+                    return Err(field("checkpoint_slot", bad));
+                }
+                let bytes = get_u64(s, 160);
+                if bytes > count as u64 * geometry.data_area_bytes() as u64 {
+                    return Err(field("checkpoint_bytes", bytes));
+                }
+                Some(CheckpointRef {
+                    sequence: get_u64(s, 152),
+                    bytes,
+                    first_stripe_sequence: get_u64(s, 168),
+                    digest: Digest::from_bytes(&s[184..184 + checksum.digest_bytes()]),
+                    slots,
+                })
+            }
+        };
         Ok(Superblock {
             array_uuid: s[16..32].try_into().expect("16 bytes"),
             member_uuid: s[32..48].try_into().expect("16 bytes"),
             member_index,
-            geometry: Geometry {
-                data,
-                parity,
-                members,
-                chunk_bytes,
-                rows,
-                member_bytes,
-                logical_bytes,
-                checksum,
-                compression,
-            },
+            geometry,
             generation: get_u64(s, 104),
             failed: s[112..144].try_into().expect("32 bytes"),
             created_unix_seconds: get_u64(s, 144),
+            checkpoint,
         })
     }
 }
@@ -325,6 +386,8 @@ impl Superblock {
 pub enum Stream {
     User = 0,
     Gc = 1,
+    /// Map checkpoints: no records, the data area holds checkpoint bytes.
+    Meta = 2,
 }
 
 /// The header before each chunk's payload.
@@ -391,6 +454,7 @@ impl ChunkHeader {
         let stream = match s[14] {
             0 => Stream::User,
             1 => Stream::Gc,
+            2 => Stream::Meta,
             other => {
                 return Err(FormatError::Field {
                     what: WHAT,
@@ -535,6 +599,240 @@ pub fn decode_summary(bytes: &[u8], geometry: &Geometry) -> Result<Vec<Record>, 
     Ok(records)
 }
 
+/// A run of logical blocks stored in a stripe's data area: `blocks`
+/// blocks as `stored_bytes` bytes at `offset` (compressed with `codec`, or
+/// raw), with the stored bytes' `digest`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Extent {
+    pub slot: u64,
+    pub offset: u32,
+    pub stored_bytes: u32,
+    pub blocks: u32,
+    pub codec: Option<Codec>,
+    pub digest: Digest,
+}
+
+/// What a range of blocks in a checkpoint maps to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CheckpointTarget {
+    /// Zeros recorded in stripe `slot`.
+    Zero { slot: u64 },
+    /// Blocks of extent number `extent`, from its block `skip`.
+    Data { extent: usize, skip: u32 },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckpointMapping {
+    pub lba: u64,
+    pub blocks: u32,
+    pub target: CheckpointTarget,
+}
+
+/// The volume's map as of stripe `sequence`: every live stripe and its
+/// sequence, the extents and the mapped ranges (sorted, disjoint), and the
+/// window: the free slots the volume may write before the next checkpoint,
+/// so recovery reads only their headers to roll forward.
+///
+/// ```text
+///   0 magic "TSRCHKPT"   8 version u32   12 reserved u32
+///  16 sequence u64      24 live stripes u64   32 window slots u64
+///  40 extents u64       48 mappings u64
+///  56 live stripes: slot u64 | sequence u64
+///     window: slot u64
+///     extents: slot u64 | offset u32 | stored bytes u32 | blocks u32
+///              | codec u8 | reserved [3] | digest
+///     mappings: lba u64 | blocks u32 | kind u8 (1 data, 2 zero) | reserved [3]
+///               | extent number or zero's slot u64 | skip u32 | reserved u32
+/// ```
+///
+/// Its length and digest are in the superblock, which points to it.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Checkpoint {
+    pub sequence: u64,
+    pub stripes: Vec<(u64, u64)>,
+    pub window: Vec<u64>,
+    pub extents: Vec<Extent>,
+    pub mappings: Vec<CheckpointMapping>,
+}
+
+const CHECKPOINT_HEADER_BYTES: usize = 56;
+const CHECKPOINT_MAPPING_BYTES: usize = 32;
+
+fn checkpoint_extent_bytes(algorithm: Algorithm) -> usize {
+    24 + algorithm.digest_bytes()
+}
+
+impl Checkpoint {
+    /// Encoded size of a checkpoint with these counts.
+    pub fn encoded_bytes(
+        algorithm: Algorithm,
+        stripes: usize,
+        window: usize,
+        extents: usize,
+        mappings: usize,
+    ) -> usize {
+        CHECKPOINT_HEADER_BYTES
+            + 16 * stripes
+            + 8 * window
+            + checkpoint_extent_bytes(algorithm) * extents
+            + CHECKPOINT_MAPPING_BYTES * mappings
+    }
+
+    pub fn encode(&self, algorithm: Algorithm) -> Vec<u8> {
+        let mut out = Vec::with_capacity(Self::encoded_bytes(
+            algorithm,
+            self.stripes.len(),
+            self.window.len(),
+            self.extents.len(),
+            self.mappings.len(),
+        ));
+        out.extend_from_slice(&CHECKPOINT_MAGIC);
+        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        for n in [
+            self.sequence,
+            self.stripes.len() as u64,
+            self.window.len() as u64,
+            self.extents.len() as u64,
+            self.mappings.len() as u64,
+        ] {
+            out.extend_from_slice(&n.to_le_bytes());
+        }
+        for (slot, sequence) in &self.stripes {
+            out.extend_from_slice(&slot.to_le_bytes());
+            out.extend_from_slice(&sequence.to_le_bytes());
+        }
+        for slot in &self.window {
+            out.extend_from_slice(&slot.to_le_bytes());
+        }
+        for e in &self.extents {
+            out.extend_from_slice(&e.slot.to_le_bytes());
+            out.extend_from_slice(&e.offset.to_le_bytes());
+            out.extend_from_slice(&e.stored_bytes.to_le_bytes());
+            out.extend_from_slice(&e.blocks.to_le_bytes());
+            out.extend_from_slice(&[codec_code(e.codec).0, 0, 0, 0]);
+            out.extend_from_slice(e.digest.as_bytes());
+        }
+        for m in &self.mappings {
+            let (kind, target, skip) = match m.target {
+                CheckpointTarget::Data { extent, skip } => (1u8, extent as u64, skip),
+                CheckpointTarget::Zero { slot } => (2u8, slot, 0),
+            };
+            out.extend_from_slice(&m.lba.to_le_bytes());
+            out.extend_from_slice(&m.blocks.to_le_bytes());
+            out.extend_from_slice(&[kind, 0, 0, 0]);
+            out.extend_from_slice(&target.to_le_bytes());
+            out.extend_from_slice(&skip.to_le_bytes());
+            out.extend_from_slice(&0u32.to_le_bytes());
+        }
+        out
+    }
+
+    /// Decodes a checkpoint whose digest already matched, checking every
+    /// field against the geometry and the checkpoint's own tables.
+    pub fn decode(bytes: &[u8], geometry: &Geometry) -> Result<Checkpoint, FormatError> {
+        const WHAT: &str = "checkpoint";
+        let field = |field, value: u64| FormatError::Field {
+            what: WHAT,
+            field,
+            value,
+        };
+        if bytes.len() < CHECKPOINT_HEADER_BYTES {
+            return Err(field("length", bytes.len() as u64));
+        }
+        if bytes[..8] != CHECKPOINT_MAGIC {
+            return Err(FormatError::Magic { what: WHAT });
+        }
+        let version = get_u32(bytes, 8);
+        if version != FORMAT_VERSION {
+            return Err(FormatError::Version { what: WHAT, version });
+        }
+        let algorithm = geometry.checksum;
+        let count = |offset: usize| usize::try_from(get_u64(bytes, offset)).unwrap_or(usize::MAX);
+        let (stripes, window, extents, mappings) = (count(24), count(32), count(40), count(48));
+        let slots = geometry.slot_count();
+        let too_many = [stripes, window].iter().any(|&n| n as u64 > slots)
+            || extents.max(mappings) as u64 > geometry.logical_bytes / BLOCK_BYTES as u64;
+        if too_many || Self::encoded_bytes(algorithm, stripes, window, extents, mappings) != bytes.len() {
+            return Err(field("length", bytes.len() as u64));
+        }
+        let mut at = CHECKPOINT_HEADER_BYTES;
+        let mut next = |n: usize| {
+            at += n;
+            &bytes[at - n..at]
+        };
+        let mut checkpoint = Checkpoint {
+            sequence: get_u64(bytes, 16),
+            ..Checkpoint::default()
+        };
+        let mut live = std::collections::BTreeSet::new();
+        for _ in 0..stripes {
+            let e = next(16);
+            let slot = get_u64(e, 0);
+            if slot >= slots || !live.insert(slot) {
+                return Err(field("stripe_slot", slot));
+            }
+            checkpoint.stripes.push((slot, get_u64(e, 8)));
+        }
+        for _ in 0..window {
+            let slot = get_u64(next(8), 0);
+            if slot >= slots || live.contains(&slot) {
+                return Err(field("window_slot", slot));
+            }
+            checkpoint.window.push(slot);
+        }
+        let data_area = geometry.data_area_bytes() as u64;
+        for _ in 0..extents {
+            let e = next(checkpoint_extent_bytes(algorithm));
+            let extent = Extent {
+                slot: get_u64(e, 0),
+                offset: get_u32(e, 8),
+                stored_bytes: get_u32(e, 12),
+                blocks: get_u32(e, 16),
+                codec: codec_from_code(e[20], 0).ok_or(field("codec", u64::from(e[20])))?,
+                digest: Digest::from_bytes(&e[24..]),
+            };
+            if !live.contains(&extent.slot) {
+                return Err(field("extent_slot", extent.slot));
+            }
+            if u64::from(extent.offset) + u64::from(extent.stored_bytes) > data_area || extent.blocks == 0 {
+                return Err(field("extent_offset", u64::from(extent.offset)));
+            }
+            checkpoint.extents.push(extent);
+        }
+        let blocks_total = geometry.logical_bytes / BLOCK_BYTES as u64;
+        let mut end = 0u64;
+        for _ in 0..mappings {
+            let e = next(CHECKPOINT_MAPPING_BYTES);
+            let (lba, blocks, target) = (get_u64(e, 0), get_u32(e, 8), get_u64(e, 16));
+            let mapping_end = lba.saturating_add(u64::from(blocks));
+            if blocks == 0 || lba < end || mapping_end > blocks_total {
+                return Err(field("lba", lba));
+            }
+            end = mapping_end;
+            let target = match e[12] {
+                1 => {
+                    let skip = get_u32(e, 24);
+                    let extent = usize::try_from(target).unwrap_or(usize::MAX);
+                    let fits = checkpoint
+                        .extents
+                        .get(extent)
+                        .is_some_and(|x| u64::from(skip) + u64::from(blocks) <= u64::from(x.blocks));
+                    if !fits {
+                        return Err(field("extent", target));
+                    }
+                    CheckpointTarget::Data { extent, skip }
+                }
+                2 if live.contains(&target) => CheckpointTarget::Zero { slot: target },
+                2 => return Err(field("zero_slot", target)),
+                kind => return Err(field("kind", u64::from(kind))),
+            };
+            checkpoint.mappings.push(CheckpointMapping { lba, blocks, target });
+        }
+        Ok(checkpoint)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -563,10 +861,32 @@ mod tests {
             generation: 9,
             failed: [0; 32],
             created_unix_seconds: 1_700_000_000,
+            checkpoint: None,
         };
         sb.set_failed(5);
+        assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
+        sb.checkpoint = Some(CheckpointRef {
+            sequence: 77,
+            bytes: 70_000,
+            first_stripe_sequence: 78,
+            digest: Algorithm::Blake3.digest(b"checkpoint"),
+            slots: vec![3, 1],
+        });
         let bytes = sb.encode();
         assert_eq!(Superblock::decode(&bytes).unwrap(), sb);
+        assert_eq!(&bytes[152..160], &77u64.to_le_bytes());
+        assert_eq!(&bytes[176..180], &2u32.to_le_bytes());
+        assert_eq!(&bytes[248..264], &[3, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);
+        // A checkpoint slot off the array, or more bytes than its stripes hold, is refused.
+        for (offset, value) in [(248, 1000u64), (160, 2 * 4 * 65536 + 1)] {
+            let mut bad = sb.clone().encode();
+            bad[offset..offset + 8].copy_from_slice(&value.to_le_bytes());
+            seal_sector(&mut bad);
+            assert!(
+                matches!(Superblock::decode(&bad), Err(FormatError::Field { .. })),
+                "{offset}"
+            );
+        }
         assert!(sb.is_failed(5) && !sb.is_failed(3));
         // Golden: magic, version, index, members, K, M, chunk, codes, rows, failed bit 5.
         assert_eq!(&bytes[0..12], b"TSRSUPER\x01\x00\x00\x00");
@@ -636,5 +956,61 @@ mod tests {
         // A record past the end of the volume is refused.
         let far = encode_summary(a, &[Record::Zero { lba: 4095, blocks: 2 }]);
         assert!(decode_summary(&far, &geometry()).is_err());
+    }
+
+    fn checkpoint() -> Checkpoint {
+        let a = Algorithm::Blake3;
+        Checkpoint {
+            sequence: 99,
+            stripes: vec![(4, 90), (7, 98)],
+            window: vec![1, 2, 3],
+            extents: vec![Extent {
+                slot: 7,
+                offset: 8192,
+                stored_bytes: 3000,
+                blocks: 4,
+                codec: Some(Codec::Lz4),
+                digest: a.digest(b"e"),
+            }],
+            mappings: vec![
+                CheckpointMapping {
+                    lba: 10,
+                    blocks: 2,
+                    target: CheckpointTarget::Data { extent: 0, skip: 1 },
+                },
+                CheckpointMapping {
+                    lba: 12,
+                    blocks: 100,
+                    target: CheckpointTarget::Zero { slot: 4 },
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn checkpoint_round_trips_and_refuses_what_does_not_add_up() {
+        let (a, g) = (Algorithm::Blake3, geometry());
+        let c = checkpoint();
+        let bytes = c.encode(a);
+        assert_eq!(bytes.len(), Checkpoint::encoded_bytes(a, 2, 3, 1, 2));
+        assert_eq!(&bytes[..12], b"TSRCHKPT\x01\x00\x00\x00");
+        assert_eq!(Checkpoint::decode(&bytes, &g).unwrap(), c);
+        let refused = |c: Checkpoint| Checkpoint::decode(&c.encode(a), &g).is_err();
+        let mut bad = checkpoint();
+        bad.window.push(4);
+        assert!(refused(bad), "a window slot that is live");
+        let mut bad = checkpoint();
+        bad.extents[0].slot = 5;
+        assert!(refused(bad), "an extent in a slot not listed");
+        let mut bad = checkpoint();
+        bad.mappings[0].target = CheckpointTarget::Data { extent: 0, skip: 3 };
+        assert!(refused(bad), "a mapping past its extent's end");
+        let mut bad = checkpoint();
+        bad.mappings[1].lba = 11;
+        assert!(refused(bad), "overlapping mappings");
+        let mut bad = checkpoint();
+        bad.mappings[1].blocks = 4085;
+        assert!(refused(bad), "a mapping off the volume");
+        assert!(Checkpoint::decode(&bytes[..bytes.len() - 1], &g).is_err(), "truncated");
     }
 }

@@ -61,6 +61,8 @@ pub enum ArrayError {
     Unreadable { slot: u64 },
     #[error("stripe in slot {slot} has {good} good chunks, fewer than the {need} needed")]
     TooFewChunks { slot: u64, good: usize, need: usize },
+    #[error("the map checkpoint cannot be read: {why}")]
+    CheckpointUnreadable { why: String },
     #[error("an internal lock was poisoned by a panic; restart the server")]
     Poisoned,
 }
@@ -157,6 +159,7 @@ pub fn create(devices: Vec<(String, Arc<dyn Device>)>, options: &CreateOptions) 
         geometry,
         generation: 1,
         failed: [0; MEMBER_COUNT_MAX / 8],
+        checkpoint: None,
         created_unix_seconds: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),

@@ -25,7 +25,10 @@
 //! forward like data). Unwritten blocks have no mapping and read as zeros.
 
 use crate::device::Device;
-use crate::format::{self, ChunkHeader, Geometry, Record, Stream, Superblock, BLOCK_BYTES, SECTOR_BYTES};
+use crate::format::{
+    self, Checkpoint, CheckpointMapping, CheckpointRef, CheckpointTarget, ChunkHeader, Extent, Geometry, Record,
+    Stream, Superblock, BLOCK_BYTES, CHECKPOINT_SLOTS_MAX, SECTOR_BYTES,
+};
 use crate::stripe::{self, OpenStripe};
 use crate::ArrayError;
 use serde::Serialize;
@@ -34,9 +37,7 @@ use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
-use tessera_checksum::Digest;
 use tessera_compress::policy::{Hint, Policy};
-use tessera_compress::Codec;
 
 /// Blocks in one extent at most (64 KiB): the compression unit, and what a
 /// partial overwrite may force a reader to decompress. Smaller where a
@@ -57,6 +58,11 @@ const GC_RESERVE_SLOTS: usize = 2;
 const GC_VICTIM_LIVE_FRACTION_MAX: f64 = 0.95;
 /// Reconstructed stripes kept for sequential degraded reads.
 const RECONSTRUCT_CACHE_STRIPES: usize = 8;
+/// Slots a checkpoint's window holds at most: recovery reads the headers
+/// of these, so this bounds its time; a checkpoint is written each time
+/// the volume has used them up. An eighth of the slots, within bounds.
+const CHECKPOINT_WINDOW_MAX: u64 = 512;
+const CHECKPOINT_WINDOW_MIN: u64 = 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -82,6 +88,8 @@ enum SlotStatus {
     Sealed,
     /// Empty, rewritable once the data that superseded it is synced.
     Draining,
+    /// Holds the durable map checkpoint: rewritable once a newer one is.
+    Checkpoint,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -90,16 +98,6 @@ struct Slot {
     sequence: u64,
     live_data_blocks: u64,
     live_zero_ranges: u64,
-}
-
-#[derive(Clone, Debug)]
-struct Extent {
-    slot: u64,
-    offset: u32,
-    stored_bytes: u32,
-    blocks: u32,
-    codec: Option<Codec>,
-    digest: Digest,
 }
 
 #[derive(Clone, Debug)]
@@ -126,6 +124,7 @@ struct Counters {
     reconstructed_reads: AtomicU64,
     unrecoverable_reads: AtomicU64,
     gc_stripes_collected: AtomicU64,
+    checkpoints_written: AtomicU64,
 }
 
 struct State {
@@ -142,6 +141,29 @@ struct State {
     in_flight: HashMap<u64, Arc<Vec<u8>>>,
     /// Buffers kept between stripes, so sealing allocates nothing.
     spare_areas: Vec<Vec<u8>>,
+    /// The slots new stripes may use until the next checkpoint: the
+    /// durable checkpoint's window (recovery rolls forward over these
+    /// only); `None` when there is no checkpoint and any free slot will do.
+    window: Option<BTreeSet<u64>>,
+    /// Slots allocated since the last checkpoint.
+    allocated_since_checkpoint: u64,
+    /// Free slots user data leaves for the next checkpoint's stripes.
+    checkpoint_reserve: usize,
+    recovery: Recovery,
+}
+
+/// What opening the array found and did, for `status`.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Recovery {
+    /// The checkpoint recovery started from (0: none, every slot scanned).
+    pub checkpoint_sequence: u64,
+    /// Why a checkpoint the superblock names was not used, if it was not.
+    pub checkpoint_error: Option<String>,
+    pub slots_scanned: u64,
+    pub stripes_replayed: u64,
+    /// Stripes newer than the last sync that a crash left incomplete.
+    pub torn_stripes_dropped: u64,
+    pub milliseconds: u64,
 }
 
 /// A stripe's identity: (slot, sequence).
@@ -220,6 +242,10 @@ pub struct Status {
     pub chunks_repaired: u64,
     pub reconstructed_reads: u64,
     pub unrecoverable_reads: u64,
+    /// Sequence of the newest durable map checkpoint (0: none).
+    pub checkpoint_sequence: u64,
+    pub checkpoints_written: u64,
+    pub recovery: Recovery,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -271,6 +297,10 @@ impl Array {
                 synced_through: 0,
                 in_flight: HashMap::new(),
                 spare_areas: Vec::new(),
+                window: None,
+                allocated_since_checkpoint: 0,
+                checkpoint_reserve: 0,
+                recovery: Recovery::default(),
             }),
             counters: Arc::new(Counters::default()),
             cache: Mutex::new(VecDeque::new()),
@@ -296,15 +326,41 @@ impl Array {
 
     // ---- recovery -------------------------------------------------------
 
-    /// Rebuilds the map from every stripe's summary, in sequence order.
+    /// Rebuilds the map: from the newest checkpoint plus the stripes
+    /// written since in its window, or, without a usable checkpoint, from
+    /// every stripe's summary. Either way the newer stripes are replayed in
+    /// sequence order. Then writes a checkpoint if there was none.
     fn recover(&self) -> Result<(), ArrayError> {
+        let started = std::time::Instant::now();
         let g = &self.geometry;
         let mut state = self.state.write().map_err(lock_poisoned)?;
         let uuid = state.superblock.array_uuid;
-        // Pass 1: every chunk header.
-        let mut newest: Vec<Option<ChunkHeader>> = vec![None; g.slot_count() as usize];
-        let mut synced_through = 0;
-        for slot in 0..g.slot_count() {
+        let mut recovery = Recovery::default();
+        let mut from = 0;
+        let mut max_sequence = 0;
+        let mut scan: Vec<u64> = (0..g.slot_count()).collect();
+        if let Some(reference) = state.superblock.checkpoint.clone() {
+            match self.load_checkpoint(&mut state, &reference) {
+                Ok(window) => {
+                    from = reference.sequence;
+                    max_sequence = reference.first_stripe_sequence + reference.slots.len() as u64 - 1;
+                    scan = window.iter().copied().collect();
+                    state.window = Some(window);
+                }
+                Err(error) => {
+                    // Every stripe is self-describing: a full scan still
+                    // finds every acknowledged write.
+                    state.reset_map();
+                    recovery.checkpoint_error = Some(error.to_string());
+                }
+            }
+        }
+        recovery.checkpoint_sequence = from;
+        recovery.slots_scanned = scan.len() as u64;
+        // Pass 1: the headers of every chunk in the scanned slots.
+        let mut newest: HashMap<u64, ChunkHeader> = HashMap::new();
+        let mut synced_through = from;
+        for &slot in &scan {
             for j in 0..g.width() {
                 let Some(header) = self.read_header(&state, slot, j) else {
                     continue;
@@ -312,33 +368,33 @@ impl Array {
                 if header.array_uuid != uuid || header.slot != slot || header.index != j {
                     continue;
                 }
+                max_sequence = max_sequence.max(header.sequence);
+                if header.sequence <= from || header.stream == Stream::Meta {
+                    continue;
+                }
                 synced_through = synced_through.max(header.synced_through);
-                let best = &mut newest[slot as usize];
-                if best.as_ref().is_none_or(|b| b.sequence < header.sequence) {
-                    *best = Some(header);
+                let best = newest.entry(slot).or_insert_with(|| header.clone());
+                if best.sequence < header.sequence {
+                    *best = header;
                 }
             }
         }
         // Pass 2: each slot's newest stripe, checked, its summary read.
         let mut stripes: Vec<(u64, u64, Vec<Record>)> = Vec::new();
-        for (slot, header) in (0..g.slot_count()).zip(&newest) {
-            let Some(header) = header else {
-                continue;
-            };
+        let mut torn = Vec::new();
+        for (&slot, header) in &newest {
             let verify_all = header.sequence > synced_through;
             match self.read_summary(&state, header, verify_all) {
                 Ok(records) => stripes.push((header.sequence, slot, records)),
-                Err(_) if verify_all => {
-                    // Written after the last sync and torn by a crash: it
-                    // held nothing acknowledged, and its slot is free.
-                }
+                // Written after the last sync and torn by a crash: it held
+                // nothing acknowledged.
+                Err(_) if verify_all => torn.push(slot),
                 Err(error) => return Err(error),
             }
         }
         stripes.sort_by_key(|s| s.0);
-        let mut max_sequence = 0;
+        recovery.stripes_replayed = stripes.len() as u64;
         for (sequence, slot, records) in stripes {
-            max_sequence = sequence;
             let s = &mut state.slots[slot as usize];
             s.status = SlotStatus::Sealed;
             s.sequence = sequence;
@@ -349,16 +405,115 @@ impl Array {
         state.draining.clear();
         for slot in 0..g.slot_count() {
             let s = state.slots[slot as usize];
-            if s.status != SlotStatus::Sealed || s.live_data_blocks + s.live_zero_ranges == 0 {
+            let live = s.status == SlotStatus::Sealed && s.live_data_blocks + s.live_zero_ranges > 0;
+            if !live && s.status != SlotStatus::Checkpoint {
                 state.slots[slot as usize].status = SlotStatus::Free;
                 state.free.insert(slot);
+            }
+        }
+        // A torn stripe's headers are erased: once later stripes say they
+        // are synced past its sequence, nothing could tell it was torn.
+        recovery.torn_stripes_dropped = torn.len() as u64;
+        for slot in torn {
+            for j in 0..g.width() {
+                let (member, row) = g.place(slot, j);
+                if let Some(device) = state.readable(member) {
+                    // A member that cannot be written fails at the sync below.
+                    let _ = device.write_at(&[0u8; SECTOR_BYTES], g.row_offset(row));
+                }
             }
         }
         state.next_sequence = max_sequence + 1;
         // Everything replayed is now made durable, so later stripes may say so.
         self.sync_members(&mut state)?;
         state.synced_through = max_sequence;
+        recovery.milliseconds = started.elapsed().as_millis() as u64;
+        state.recovery = recovery;
+        if state.window.is_none() {
+            self.checkpoint_locked(&mut state)?;
+        }
         Ok(())
+    }
+
+    /// Loads the checkpoint `reference` names into the (empty) map and
+    /// slot table; returns its window.
+    fn load_checkpoint(&self, state: &mut State, reference: &CheckpointRef) -> Result<BTreeSet<u64>, ArrayError> {
+        let g = &self.geometry;
+        let unreadable = |why: String| ArrayError::CheckpointUnreadable { why };
+        let per_stripe = g.data_area_bytes() - format::summary_bytes(g.checksum, 0);
+        let stripes: Vec<(u64, u64)> = (reference.first_stripe_sequence..)
+            .zip(&reference.slots)
+            .map(|(sequence, &slot)| (slot, sequence))
+            .collect();
+        let length = |i: usize| (reference.bytes as usize - i * per_stripe).min(per_stripe);
+        if reference.bytes as usize > stripes.len() * per_stripe {
+            return Err(unreadable(format!(
+                "{} bytes in {} stripes",
+                reference.bytes,
+                stripes.len()
+            )));
+        }
+        // Straight from the data chunks; if that does not match the digest,
+        // from every stripe rebuilt and checked chunk by chunk.
+        let mut bytes = vec![0u8; reference.bytes as usize];
+        let direct = stripes.iter().enumerate().all(|(i, &(slot, _))| {
+            let at = i * per_stripe;
+            self.read_area_into(state, slot, 0, &mut bytes[at..at + length(i)])
+        });
+        if !direct || g.checksum.digest(&bytes) != reference.digest {
+            for (i, &(slot, sequence)) in stripes.iter().enumerate() {
+                let (area, _bad) = self.reconstruct(state, slot, sequence, true)?;
+                let at = i * per_stripe;
+                bytes[at..at + length(i)].copy_from_slice(&area[..length(i)]);
+            }
+            if g.checksum.digest(&bytes) != reference.digest {
+                return Err(unreadable("its digest does not match".to_string()));
+            }
+        }
+        let checkpoint = Checkpoint::decode(&bytes, g).map_err(|e| unreadable(e.to_string()))?;
+        if checkpoint.sequence != reference.sequence {
+            return Err(unreadable(format!(
+                "it says sequence {}, the superblock {}",
+                checkpoint.sequence, reference.sequence
+            )));
+        }
+        let meta: BTreeSet<u64> = reference.slots.iter().copied().collect();
+        let clash = checkpoint
+            .stripes
+            .iter()
+            .map(|(slot, _)| slot)
+            .chain(&checkpoint.window)
+            .find(|slot| meta.contains(slot));
+        if let Some(slot) = clash {
+            return Err(unreadable(format!(
+                "slot {slot} is both the checkpoint's and listed in it"
+            )));
+        }
+        for &(slot, sequence) in &stripes {
+            state.slots[slot as usize] = Slot {
+                status: SlotStatus::Checkpoint,
+                sequence,
+                live_data_blocks: 0,
+                live_zero_ranges: 0,
+            };
+        }
+        for &(slot, sequence) in &checkpoint.stripes {
+            let s = &mut state.slots[slot as usize];
+            s.status = SlotStatus::Sealed;
+            s.sequence = sequence;
+        }
+        let extents: Vec<Arc<Extent>> = checkpoint.extents.into_iter().map(Arc::new).collect();
+        for m in checkpoint.mappings {
+            let target = match m.target {
+                CheckpointTarget::Zero { slot } => Target::Zero { slot },
+                CheckpointTarget::Data { extent, skip } => Target::Data {
+                    extent: extents[extent].clone(),
+                    skip,
+                },
+            };
+            state.put(m.lba, m.blocks, target);
+        }
+        Ok(checkpoint.window.into_iter().collect())
     }
 
     fn read_header(&self, state: &State, slot: u64, index: usize) -> Option<ChunkHeader> {
@@ -737,7 +892,7 @@ impl Array {
         if needed == 0 {
             return Ok(());
         }
-        self.ensure_free(state, needed, GC_RESERVE_SLOTS, true)
+        self.ensure_free(state, needed, Self::reserve(state, Stream::User), true)
     }
 
     fn write_blocks(&self, state: &mut State, lba: u64, data: &[u8], stream: Stream) -> Result<(), ArrayError> {
@@ -780,7 +935,7 @@ impl Array {
             let blocks = (take / BLOCK_BYTES) as u32;
             done += take;
             let digest = algorithm.digest(&stored);
-            let slot = self.room(state, stream, stored.len(), Self::reserve(stream))?;
+            let slot = self.room(state, stream, stored.len(), Self::reserve(state, stream))?;
             let open = state.open.get_mut(&stream).expect("room opened it");
             let record = Record::Data {
                 lba: at,
@@ -798,7 +953,7 @@ impl Array {
     /// Records that blocks read as zeros. A zero record frees space, so it
     /// may use the GC reserve but its last slot.
     fn log_zero(&self, state: &mut State, stream: Stream, lba: u64, blocks: u32) -> Result<(), ArrayError> {
-        let slot = self.room(state, stream, 0, Self::reserve(stream).min(1))?;
+        let slot = self.room(state, stream, 0, Self::reserve(state, stream).min(1))?;
         state.log(stream, slot, Record::Zero { lba, blocks });
         Ok(())
     }
@@ -831,11 +986,11 @@ impl Array {
     }
 
     /// Free slots a stream must leave: GC may use them all; user data
-    /// leaves GC its reserve.
-    fn reserve(stream: Stream) -> usize {
+    /// leaves GC its reserve and the next checkpoint its room.
+    fn reserve(state: &State, stream: Stream) -> usize {
         match stream {
-            Stream::Gc => 0,
-            Stream::User => GC_RESERVE_SLOTS,
+            Stream::Gc | Stream::Meta => 0,
+            Stream::User => GC_RESERVE_SLOTS + state.checkpoint_reserve,
         }
     }
 
@@ -857,17 +1012,23 @@ impl Array {
 
     fn allocate(&self, state: &mut State, stream: Stream, reserve: usize) -> Result<u64, ArrayError> {
         self.ensure_free(state, 1, reserve, stream == Stream::User)?;
-        // Prefer a slot whose members are all healthy, so new stripes avoid
-        // failed members where the geometry leaves a choice (N > K+M).
-        let healthy = |slot: &u64| (0..self.geometry.width()).all(|j| state.writable(self.geometry.place(*slot, j).0));
-        let slot = state
-            .free
-            .iter()
-            .copied()
-            .find(healthy)
-            .or_else(|| state.free.first().copied())
-            .expect("free is not empty");
+        let window_used_up = match &state.window {
+            Some(window) => window.iter().all(|slot| !state.free.contains(slot)),
+            None => state.allocated_since_checkpoint >= self.window_slots(),
+        };
+        if window_used_up {
+            self.checkpoint_locked(state)?;
+        }
+        let candidates: Vec<u64> = match &state.window {
+            Some(window) => window.iter().copied().filter(|s| state.free.contains(s)).collect(),
+            None => state.free.iter().copied().collect(),
+        };
+        let slot = self
+            .healthy_first(state, candidates)
+            .next()
+            .ok_or(ArrayError::NoSpace)?;
         state.free.remove(&slot);
+        state.allocated_since_checkpoint += 1;
         let s = &mut state.slots[slot as usize];
         *s = Slot {
             status: SlotStatus::Open,
@@ -878,13 +1039,154 @@ impl Array {
         Ok(slot)
     }
 
+    /// `slots` with those whose members are all healthy first, so new
+    /// stripes avoid failed members where the geometry leaves a choice
+    /// (N > K+M).
+    fn healthy_first<'a>(&self, state: &'a State, slots: Vec<u64>) -> impl Iterator<Item = u64> + 'a {
+        let g = self.geometry.clone();
+        let (healthy, other): (Vec<u64>, Vec<u64>) = slots
+            .into_iter()
+            .partition(|&slot| (0..g.width()).all(|j| state.writable(g.place(slot, j).0)));
+        healthy.into_iter().chain(other)
+    }
+
+    /// Slots in a checkpoint's window: an eighth of the array, within bounds.
+    fn window_slots(&self) -> u64 {
+        (self.geometry.slot_count() / 8).clamp(CHECKPOINT_WINDOW_MIN, CHECKPOINT_WINDOW_MAX)
+    }
+
+    /// Writes a checkpoint now (a clean shutdown does, so the next start
+    /// reads it and few headers).
+    pub fn checkpoint(&self) -> Result<(), ArrayError> {
+        let mut state = self.state.write().map_err(lock_poisoned)?;
+        self.checkpoint_locked(&mut state)
+    }
+
+    /// Flushes, writes the map and a new window to checkpoint stripes in
+    /// free slots, syncs, then points the superblocks at them. Only then
+    /// are the old checkpoint's slots free, and new stripes go to the new
+    /// window. Without room for both, the superblocks say "no checkpoint"
+    /// (recovery then scans every slot) and any free slot may be used.
+    fn checkpoint_locked(&self, state: &mut State) -> Result<(), ArrayError> {
+        self.flush_locked(state)?;
+        let g = &self.geometry;
+        let algorithm = g.checksum;
+        let mut checkpoint = Checkpoint {
+            sequence: state.next_sequence - 1,
+            ..Checkpoint::default()
+        };
+        checkpoint.stripes = (0..g.slot_count())
+            .filter(|&slot| state.slots[slot as usize].status == SlotStatus::Sealed)
+            .map(|slot| (slot, state.slots[slot as usize].sequence))
+            .collect();
+        let mut numbers: HashMap<*const Extent, usize> = HashMap::new();
+        for (&lba, mapping) in &state.map {
+            let target = match &mapping.target {
+                Target::Zero { slot } => CheckpointTarget::Zero { slot: *slot },
+                Target::Data { extent, skip } => {
+                    let extent = *numbers.entry(Arc::as_ptr(extent)).or_insert_with(|| {
+                        checkpoint.extents.push(Extent::clone(extent));
+                        checkpoint.extents.len() - 1
+                    });
+                    CheckpointTarget::Data { extent, skip: *skip }
+                }
+            };
+            checkpoint.mappings.push(CheckpointMapping {
+                lba,
+                blocks: mapping.blocks,
+                target,
+            });
+        }
+        let window_slots = self.window_slots() as usize;
+        let per_stripe = g.data_area_bytes() - format::summary_bytes(algorithm, 0);
+        let bytes_max = Checkpoint::encoded_bytes(
+            algorithm,
+            checkpoint.stripes.len(),
+            window_slots,
+            checkpoint.extents.len(),
+            checkpoint.mappings.len(),
+        );
+        let stripes = bytes_max.div_ceil(per_stripe);
+        let free: Vec<u64> = state.free.iter().copied().collect();
+        let mut candidates: Vec<u64> = self.healthy_first(state, free).collect();
+        if stripes > CHECKPOINT_SLOTS_MAX || candidates.len() < stripes + 1 {
+            return self.drop_checkpoint(state);
+        }
+        let window: Vec<u64> = candidates.split_off(stripes).into_iter().take(window_slots).collect();
+        let meta = candidates;
+        checkpoint.window = window.clone();
+        let bytes = checkpoint.encode(algorithm);
+        let first_stripe_sequence = state.next_sequence;
+        for (slot, piece) in meta.iter().zip(bytes.chunks(per_stripe)) {
+            state.free.remove(slot);
+            state.slots[*slot as usize].status = SlotStatus::Open;
+            let mut open = OpenStripe::new(*slot, Stream::Meta, state.spare_areas.pop(), g);
+            open.push_data(piece);
+            state.open.insert(Stream::Meta, open);
+            self.seal(state, Stream::Meta, false)?;
+        }
+        self.wait_writer_idle()?;
+        self.drain_writer(state)?;
+        self.sync_members(state)?;
+        state.synced_through = state.next_sequence - 1;
+        let reference = CheckpointRef {
+            sequence: checkpoint.sequence,
+            bytes: bytes.len() as u64,
+            first_stripe_sequence,
+            digest: algorithm.digest(&bytes),
+            slots: meta.clone(),
+        };
+        if let Err(error) = self.point_superblocks(state, Some(reference)) {
+            // The old checkpoint stays the durable one; its window too.
+            for &slot in &meta {
+                state.slots[slot as usize].status = SlotStatus::Free;
+                state.free.insert(slot);
+            }
+            return Err(error);
+        }
+        state.window = Some(window.into_iter().collect());
+        state.checkpoint_reserve = stripes;
+        self.counters.checkpoints_written.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Makes the superblocks say there is no checkpoint, so that any free
+    /// slot may be written: recovery will scan them all.
+    fn drop_checkpoint(&self, state: &mut State) -> Result<(), ArrayError> {
+        if state.superblock.checkpoint.is_some() {
+            self.point_superblocks(state, None)?;
+        }
+        state.window = None;
+        state.allocated_since_checkpoint = 0;
+        Ok(())
+    }
+
+    /// Writes `reference` to every member's superblocks; once they are
+    /// durable, the slots of the checkpoint they named before are free.
+    fn point_superblocks(&self, state: &mut State, reference: Option<CheckpointRef>) -> Result<(), ArrayError> {
+        let mut template = state.superblock.clone();
+        template.generation += 1;
+        let old = std::mem::replace(&mut template.checkpoint, reference);
+        crate::write_superblocks(&template, &state.members)?;
+        state.superblock = template;
+        state.allocated_since_checkpoint = 0;
+        for slot in old.map_or_else(Vec::new, |o| o.slots) {
+            let s = &mut state.slots[slot as usize];
+            if s.status == SlotStatus::Checkpoint {
+                s.status = SlotStatus::Free;
+                state.free.insert(slot);
+            }
+        }
+        Ok(())
+    }
+
     /// Writes `stream`'s open stripe to the members (padding a short one).
     fn seal(&self, state: &mut State, stream: Stream, short: bool) -> Result<(), ArrayError> {
         let Some(mut open) = state.open.remove(&stream) else {
             return Ok(());
         };
         let slot = open.slot;
-        if open.records.is_empty() {
+        if open.records.is_empty() && stream != Stream::Meta {
             state.slots[slot as usize].status = SlotStatus::Free;
             state.free.insert(slot);
             return Ok(());
@@ -909,7 +1211,9 @@ impl Array {
         let s = &mut state.slots[slot as usize];
         s.status = SlotStatus::Sealed;
         s.sequence = sequence;
-        if s.live_data_blocks + s.live_zero_ranges == 0 {
+        if stream == Stream::Meta {
+            s.status = SlotStatus::Checkpoint;
+        } else if s.live_data_blocks + s.live_zero_ranges == 0 {
             // Everything in it was overwritten while it was open.
             s.status = SlotStatus::Draining;
             state.draining.push(slot);
@@ -1080,7 +1384,10 @@ impl Array {
         let (mut stripes, mut bad_total) = (0u64, 0u64);
         for slot in 0..self.geometry.slot_count() {
             let s = state.slots[slot as usize];
-            if s.status != SlotStatus::Sealed && s.status != SlotStatus::Draining {
+            if !matches!(
+                s.status,
+                SlotStatus::Sealed | SlotStatus::Draining | SlotStatus::Checkpoint
+            ) {
                 continue;
             }
             let (area, bad) = self.reconstruct(&state, slot, s.sequence, true)?;
@@ -1190,6 +1497,9 @@ impl Array {
             chunks_repaired: c.chunks_repaired.load(Ordering::Relaxed),
             reconstructed_reads: c.reconstructed_reads.load(Ordering::Relaxed),
             unrecoverable_reads: c.unrecoverable_reads.load(Ordering::Relaxed),
+            checkpoint_sequence: state.superblock.checkpoint.as_ref().map_or(0, |c| c.sequence),
+            checkpoints_written: c.checkpoints_written.load(Ordering::Relaxed),
+            recovery: state.recovery.clone(),
         })
     }
 }
@@ -1286,6 +1596,21 @@ impl State {
             .find(|o| o.slot == slot)
             .map(|o| o.data.as_slice())
             .or_else(|| self.in_flight.get(&slot).map(|a| a.as_slice()))
+    }
+
+    /// Forgets the map and every slot's state (a checkpoint that failed
+    /// to load half-way).
+    fn reset_map(&mut self) {
+        self.map.clear();
+        self.free.clear();
+        for s in &mut self.slots {
+            *s = Slot {
+                status: SlotStatus::Free,
+                sequence: 0,
+                live_data_blocks: 0,
+                live_zero_ranges: 0,
+            };
+        }
     }
 
     fn readable(&self, member: usize) -> Option<&Arc<dyn Device>> {

@@ -242,6 +242,14 @@ pub fn serve(dir: &Path, listen: Option<&str>, socket: Option<&Path>) -> Result<
         }
     };
     let status = array.status()?;
+    let r = &status.recovery;
+    eprintln!(
+        "tessera: opened in {} ms: checkpoint at sequence {}, {} slots scanned, {} stripes replayed, {} torn stripes dropped",
+        r.milliseconds, r.checkpoint_sequence, r.slots_scanned, r.stripes_replayed, r.torn_stripes_dropped
+    );
+    if let Some(error) = &r.checkpoint_error {
+        eprintln!("tessera: the checkpoint could not be used ({error}); every slot was scanned instead");
+    }
     eprintln!(
         "tessera: serving {} ({}+{}, {} exported, {} of {} members available) at {url}",
         dir.display(),
@@ -258,8 +266,8 @@ pub fn serve(dir: &Path, listen: Option<&str>, socket: Option<&Path>) -> Result<
         description: format!("Tessera array {}", dir.display()),
     });
     let result = tessera_nbd::run(server, listener, stop);
-    eprintln!("tessera: shutting down: flushing");
-    array.flush()?;
+    eprintln!("tessera: shutting down: flushing and writing a map checkpoint");
+    array.checkpoint()?;
     let _ = std::fs::remove_file(&control_path);
     if let Some(path) = socket {
         let _ = std::fs::remove_file(path);
@@ -379,6 +387,21 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
         n("reconstructed_reads"),
         n("unrecoverable_reads")
     );
+    let r = &status["recovery"];
+    let r_n = |key: &str| r[key].as_u64().unwrap_or(0);
+    println!(
+        "metadata: checkpoint at sequence {} ({} written since start); opening took {} ms from checkpoint {}, {} slots scanned, {} stripes replayed, {} torn stripes dropped",
+        n("checkpoint_sequence"),
+        n("checkpoints_written"),
+        r_n("milliseconds"),
+        r_n("checkpoint_sequence"),
+        r_n("slots_scanned"),
+        r_n("stripes_replayed"),
+        r_n("torn_stripes_dropped")
+    );
+    if let Some(error) = r["checkpoint_error"].as_str() {
+        println!("  the checkpoint could not be used ({error}); every slot was scanned instead");
+    }
     Ok(())
 }
 
