@@ -3,12 +3,23 @@
 # measured with fio in the same run: sequential 1 MiB writes and reads at
 # queue depth 16, then reads with M members failed.
 #
-#   scripts/bench-nbd.sh [K M N] [SIZE] [ROUNDS]
+#   scripts/bench-nbd.sh [K M N] [SIZE] [ROUNDS] [direct|cached]
 #
-# Defaults: 8+2 on 10 members, 512M of I/O, 3 alternating rounds (median).
+# Defaults: 8+2 on 10 members, 512M of I/O, 3 alternating rounds (median),
+# direct. The two modes compare like with like:
+#   direct  Tessera as it runs by default (chunk writes with O_DIRECT, so
+#           freshly written data is not in the page cache) against
+#           `nbdkit file cache=none` (drops the pages it writes).
+#   cached  Tessera with TESSERA_NO_DIRECT_IO=1 (everything through the
+#           page cache) against `nbdkit file` as it runs by default.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-k=${1:-8}; m=${2:-2}; n=${3:-10}; size=${4:-512M}; rounds=${5:-3}
+k=${1:-8}; m=${2:-2}; n=${3:-10}; size=${4:-512M}; rounds=${5:-3}; mode=${6:-direct}
+case "$mode" in
+  direct) nbdkit_cache=none ;;
+  cached) nbdkit_cache=default; export TESSERA_NO_DIRECT_IO=1 ;;
+  *) echo "mode: direct or cached" >&2; exit 2 ;;
+esac
 cargo build --release -q -p tessera
 tessera=$PWD/target/release/tessera
 work=$(mktemp -d "${TMPDIR:-/var/tmp}/tessera-bench.XXXXXX")
@@ -19,7 +30,7 @@ trap cleanup EXIT
 "$tessera" create --data "$k" --parity "$m" --dir "$work/array" --devices "$n" --device-size 1G >/dev/null
 "$tessera" serve "$work/array" --socket "$work/tessera.sock" 2>"$work/serve.log" & pids+=($!)
 truncate -s 4G "$work/reference.img"
-nbdkit --foreground --unix "$work/nbdkit.sock" file "$work/reference.img" & pids+=($!)
+nbdkit --foreground --unix "$work/nbdkit.sock" file "$work/reference.img" cache="$nbdkit_cache" & pids+=($!)
 for s in tessera.sock nbdkit.sock; do
   for _ in $(seq 100); do [ -S "$work/$s" ] && break; sleep 0.05; done
 done
@@ -53,10 +64,12 @@ tw=$(echo ${runs[tessera_write]} | median); nw=$(echo ${runs[nbdkit_write]} | me
 tr_=$(echo ${runs[tessera_read]} | median); nr=$(echo ${runs[nbdkit_read]} | median)
 dr=$(echo ${runs[degraded_read]} | median)
 ratio() { python3 -c "print(f'{$1/$2:.2f}')"; }
-echo "fio, 1 MiB sequential, QD16, $size per run, median of $rounds; Tessera $k+$m on $n file members"
+echo "fio, 1 MiB sequential, QD16, $size per run, median of $rounds; Tessera $k+$m on $n file members ($mode) vs nbdkit file cache=$nbdkit_cache"
 printf "%-28s %10s %10s %8s\n" "" "tessera" "nbdkit" "ratio"
 printf "%-28s %10s %10s %8s\n" "write MB/s" "$tw" "$nw" "$(ratio "$tw" "$nw")"
 printf "%-28s %10s %10s %8s\n" "read MB/s" "$tr_" "$nr" "$(ratio "$tr_" "$nr")"
 printf "%-28s %10s %10s %8s\n" "read, $m members failed MB/s" "$dr" "(healthy)" "$(ratio "$dr" "$tr_")"
-echo "runs: ${runs[*]}"
+for key in tessera_write nbdkit_write tessera_read nbdkit_read degraded_read; do
+  echo "runs $key: ${runs[$key]}"
+done
 "$tessera" status "$work/array" | tail -3

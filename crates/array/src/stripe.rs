@@ -6,6 +6,7 @@
 //! of its live data elsewhere and synced: there is no read-modify-write of
 //! parity, so no write hole.
 
+use crate::device::AlignedBuf;
 use crate::format::{self, ChunkHeader, Geometry, Record, Stream, SECTOR_BYTES};
 use tessera_checksum::{merkle, Algorithm, Digest};
 
@@ -14,7 +15,8 @@ use tessera_checksum::{merkle, Algorithm, Digest};
 pub struct OpenStripe {
     pub slot: u64,
     pub stream: Stream,
-    pub data: Vec<u8>,
+    /// Aligned, so its chunks go to the members with direct I/O.
+    pub data: AlignedBuf,
     pub used: usize,
     pub records: Vec<Record>,
 }
@@ -23,11 +25,9 @@ impl OpenStripe {
     /// An open stripe, reusing the data-area buffer of a sealed one if
     /// given; its old bytes are never read (sealing zeroes what was not
     /// written).
-    pub fn new(slot: u64, stream: Stream, buffer: Option<Vec<u8>>, geometry: &Geometry) -> OpenStripe {
-        let data = match buffer {
-            Some(b) if b.len() == geometry.data_area_bytes() => b,
-            _ => vec![0; geometry.data_area_bytes()],
-        };
+    pub fn new(slot: u64, stream: Stream, buffer: Option<AlignedBuf>, geometry: &Geometry) -> OpenStripe {
+        let mut data = buffer.unwrap_or_default();
+        data.resize(geometry.data_area_bytes());
         OpenStripe {
             slot,
             stream,
@@ -91,9 +91,9 @@ pub fn finish(geometry: &Geometry, open: &mut OpenStripe, sequence: u64, synced_
 #[derive(Default)]
 pub struct Built {
     /// K+M header sectors.
-    pub headers: Vec<u8>,
+    pub headers: AlignedBuf,
     /// M parity payloads of C bytes.
-    pub parity: Vec<u8>,
+    pub parity: AlignedBuf,
 }
 
 impl Built {
@@ -123,8 +123,8 @@ pub fn build(
     let algorithm = geometry.checksum;
     let c = geometry.chunk_bytes;
     let width = geometry.width();
-    out.headers.resize(width * SECTOR_BYTES, 0);
-    out.parity.resize(geometry.parity * c, 0);
+    out.headers.resize(width * SECTOR_BYTES);
+    out.parity.resize(geometry.parity * c);
     {
         let data: Vec<&[u8]> = area.chunks(c).collect();
         let mut parity: Vec<&mut [u8]> = out.parity.chunks_mut(c).collect();

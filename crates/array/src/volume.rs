@@ -24,7 +24,7 @@
 //! outlive older data for those blocks, so garbage collection carries it
 //! forward like data). Unwritten blocks have no mapping and read as zeros.
 
-use crate::device::Device;
+use crate::device::{AlignedBuf, Device};
 use crate::format::{
     self, Checkpoint, CheckpointMapping, CheckpointRef, CheckpointTarget, ChunkHeader, Extent, Geometry, Record,
     Stream, Superblock, BLOCK_BYTES, CHECKPOINT_SLOTS_MAX, SECTOR_BYTES,
@@ -35,7 +35,7 @@ use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::mpsc::{sync_channel, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use tessera_compress::policy::{Hint, Policy};
 
@@ -138,9 +138,9 @@ struct State {
     next_sequence: u64,
     synced_through: u64,
     /// Data areas of sealed stripes the writer has not finished writing.
-    in_flight: HashMap<u64, Arc<Vec<u8>>>,
+    in_flight: HashMap<u64, Arc<AlignedBuf>>,
     /// Buffers kept between stripes, so sealing allocates nothing.
-    spare_areas: Vec<Vec<u8>>,
+    spare_areas: Vec<AlignedBuf>,
     /// The slots new stripes may use until the next checkpoint: the
     /// durable checkpoint's window (recovery rolls forward over these
     /// only); `None` when there is no checkpoint and any free slot will do.
@@ -196,7 +196,7 @@ const WRITER_QUEUE_STRIPES: usize = 2;
 
 struct Job {
     info: stripe::StripeInfo,
-    area: Arc<Vec<u8>>,
+    area: Arc<AlignedBuf>,
     /// Members writable when the stripe was sealed.
     devices: Vec<Option<Arc<dyn Device>>>,
 }
@@ -1012,21 +1012,12 @@ impl Array {
 
     fn allocate(&self, state: &mut State, stream: Stream, reserve: usize) -> Result<u64, ArrayError> {
         self.ensure_free(state, 1, reserve, stream == Stream::User)?;
-        let window_used_up = match &state.window {
-            Some(window) => window.iter().all(|slot| !state.free.contains(slot)),
-            None => state.allocated_since_checkpoint >= self.window_slots(),
-        };
-        if window_used_up {
+        let mut slot = self.pick_slot(state);
+        if slot.is_none() || state.window.is_none() && state.allocated_since_checkpoint >= self.window_slots() {
             self.checkpoint_locked(state)?;
+            slot = self.pick_slot(state);
         }
-        let candidates: Vec<u64> = match &state.window {
-            Some(window) => window.iter().copied().filter(|s| state.free.contains(s)).collect(),
-            None => state.free.iter().copied().collect(),
-        };
-        let slot = self
-            .healthy_first(state, candidates)
-            .next()
-            .ok_or(ArrayError::NoSpace)?;
+        let slot = slot.ok_or(ArrayError::NoSpace)?;
         state.free.remove(&slot);
         state.allocated_since_checkpoint += 1;
         let s = &mut state.slots[slot as usize];
@@ -1037,6 +1028,25 @@ impl Array {
             live_zero_ranges: 0,
         };
         Ok(slot)
+    }
+
+    /// A free slot in the window (any free slot without one), preferring
+    /// one whose members are all healthy, so new stripes avoid failed
+    /// members where the geometry leaves a choice (N > K+M).
+    fn pick_slot(&self, state: &State) -> Option<u64> {
+        let g = &self.geometry;
+        let healthy = |slot: &u64| (0..g.width()).all(|j| state.writable(g.place(*slot, j).0));
+        match &state.window {
+            Some(window) => {
+                let mut free = window.iter().copied().filter(|s| state.free.contains(s));
+                let first = free.next()?;
+                Some(std::iter::once(first).chain(free).find(healthy).unwrap_or(first))
+            }
+            None => {
+                let first = state.free.first().copied()?;
+                Some(state.free.iter().copied().find(healthy).unwrap_or(first))
+            }
+        }
     }
 
     /// `slots` with those whose members are all healthy first, so new
@@ -1231,7 +1241,7 @@ impl Array {
         let counters = self.counters.clone();
         let thread = std::thread::Builder::new()
             .name("tessera-writer".to_string())
-            .spawn(move || write_stripes(receiver, &geometry, &codec, uuid, &progress, &counters))
+            .spawn(move || write_stripes(receiver, &geometry, &codec, uuid, progress, counters))
             .map_err(|e| ArrayError::Io {
                 member: 0,
                 name: "writer thread".to_string(),
@@ -1513,46 +1523,198 @@ fn write_chunk(
     header: &[u8],
     payload: &[u8],
 ) -> std::io::Result<()> {
-    let offset = geometry.row_offset(row);
-    device.write_at(header, offset)?;
-    device.write_at(payload, offset + SECTOR_BYTES as u64)
+    device.write_pair(header, payload, geometry.row_offset(row))
 }
 
-/// The writer thread: builds and writes each queued stripe, in order.
+/// One chunk for a member's writer thread.
+struct ChunkWrite {
+    device: Arc<dyn Device>,
+    member: usize,
+    row: u64,
+    j: usize,
+    sequence: u64,
+    area: Arc<AlignedBuf>,
+    built: Arc<stripe::Built>,
+}
+
+/// What the completion thread hears, in order: a stripe announced, then
+/// its chunks written (or not).
+enum WriteEvent {
+    Stripe {
+        slot: u64,
+        sequence: u64,
+        chunks: usize,
+        built: Arc<stripe::Built>,
+    },
+    Chunk {
+        sequence: u64,
+        member: usize,
+        bytes: u64,
+        ok: bool,
+    },
+}
+
+/// A member's writer thread: writes the chunks it is given, in order.
+fn write_member_chunks(geometry: &Geometry, chunks: Receiver<ChunkWrite>, events: Sender<WriteEvent>) {
+    for w in chunks {
+        let event = write_here(geometry, &w);
+        // The buffers are let go before the stripe is reported done.
+        drop(w);
+        if events.send(event).is_err() {
+            return;
+        }
+    }
+}
+
+fn write_here(geometry: &Geometry, w: &ChunkWrite) -> WriteEvent {
+    let (header, payload) = w.built.chunk(geometry, &w.area, w.j);
+    WriteEvent::Chunk {
+        sequence: w.sequence,
+        member: w.member,
+        bytes: (header.len() + payload.len()) as u64,
+        ok: write_chunk(w.device.as_ref(), geometry, w.row, header, payload).is_ok(),
+    }
+}
+
+/// The writer thread: builds each queued stripe, in order, and hands its
+/// K+M chunks to the members' threads, which write them at once (with
+/// direct I/O each write waits for its device). It goes on to the next
+/// stripe meanwhile; a completion thread reports each stripe when all its
+/// chunks are written.
 fn write_stripes(
     jobs: Receiver<Job>,
     geometry: &Geometry,
     codec: &tessera_ec::Codec,
     array_uuid: [u8; 16],
+    progress: Arc<(Mutex<Progress>, Condvar)>,
+    counters: Arc<Counters>,
+) {
+    let (events, heard) = std::sync::mpsc::channel::<WriteEvent>();
+    let (recycle, recycled) = std::sync::mpsc::channel::<stripe::Built>();
+    let completion = std::thread::Builder::new()
+        .name("tessera-completion".to_string())
+        .spawn(move || complete_stripes(heard, recycle, &progress, &counters));
+    let members: Vec<Option<SyncSender<ChunkWrite>>> = (0..geometry.members)
+        .map(|m| {
+            let (sender, chunks) = sync_channel::<ChunkWrite>(WRITER_QUEUE_STRIPES);
+            let (g, events) = (geometry.clone(), events.clone());
+            std::thread::Builder::new()
+                .name(format!("tessera-member-{m}"))
+                .spawn(move || write_member_chunks(&g, chunks, events))
+                .ok()
+                .map(|_| sender)
+        })
+        .collect();
+    for job in jobs {
+        let mut built = recycled.try_recv().unwrap_or_default();
+        stripe::build(geometry, codec, array_uuid, &job.area, &job.info, &mut built);
+        let built = Arc::new(built);
+        let writes: Vec<ChunkWrite> = (0..geometry.width())
+            .filter_map(|j| {
+                let (member, row) = geometry.place(job.info.slot, j);
+                Some(ChunkWrite {
+                    device: job.devices[member].clone()?,
+                    member,
+                    row,
+                    j,
+                    sequence: job.info.sequence,
+                    area: job.area.clone(),
+                    built: built.clone(),
+                })
+            })
+            .collect();
+        let announced = events.send(WriteEvent::Stripe {
+            slot: job.info.slot,
+            sequence: job.info.sequence,
+            chunks: writes.len(),
+            built,
+        });
+        if announced.is_err() {
+            return;
+        }
+        for write in writes {
+            // Without a thread for this member, the chunk is written here.
+            let unsent = match &members[write.member] {
+                Some(sender) => sender.send(write).err().map(|e| e.0),
+                None => Some(write),
+            };
+            if let Some(write) = unsent {
+                let _ = events.send(write_here(geometry, &write));
+            }
+        }
+    }
+    // Every chunk is written before the writer is done (Drop waits for it).
+    drop(members);
+    drop(events);
+    if let Ok(completion) = completion {
+        let _ = completion.join();
+    }
+}
+
+/// Tallies chunk writes per stripe; when a stripe's are all in, counts
+/// its bytes, reports it (and the members that failed) to the volume, and
+/// returns its buffers to the writer.
+fn complete_stripes(
+    heard: Receiver<WriteEvent>,
+    recycle: Sender<stripe::Built>,
     progress: &(Mutex<Progress>, Condvar),
     counters: &Counters,
 ) {
-    let mut built = stripe::Built::default();
-    for job in jobs {
-        stripe::build(geometry, codec, array_uuid, &job.area, &job.info, &mut built);
-        let mut failed_members = Vec::new();
-        let mut written = 0u64;
-        for j in 0..geometry.width() {
-            let (member, row) = geometry.place(job.info.slot, j);
-            let Some(device) = &job.devices[member] else {
-                continue;
-            };
-            let (header, payload) = built.chunk(geometry, &job.area, j);
-            match write_chunk(device.as_ref(), geometry, row, header, payload) {
-                Ok(()) => written += (header.len() + payload.len()) as u64,
-                Err(_) => failed_members.push(member),
+    struct Pending {
+        slot: u64,
+        left: usize,
+        failed: Vec<usize>,
+        built: Arc<stripe::Built>,
+    }
+    let mut pending: HashMap<u64, Pending> = HashMap::new();
+    for event in heard {
+        let sequence = match event {
+            WriteEvent::Stripe {
+                slot,
+                sequence,
+                chunks,
+                built,
+            } => {
+                let p = Pending {
+                    slot,
+                    left: chunks,
+                    failed: Vec::new(),
+                    built,
+                };
+                pending.insert(sequence, p);
+                sequence
             }
+            WriteEvent::Chunk {
+                sequence,
+                member,
+                bytes,
+                ok,
+            } => {
+                let Some(p) = pending.get_mut(&sequence) else { continue };
+                p.left -= 1;
+                if ok {
+                    counters.member_bytes_written.fetch_add(bytes, Ordering::Relaxed);
+                } else {
+                    p.failed.push(member);
+                }
+                sequence
+            }
+        };
+        if pending.get(&sequence).is_some_and(|p| p.left == 0) {
+            let p = pending.remove(&sequence).expect("just seen");
+            if let Ok(built) = Arc::try_unwrap(p.built) {
+                let _ = recycle.send(built);
+            }
+            let (lock, idle) = progress;
+            // A poisoned lock means the volume panicked; nothing is left to tell.
+            let Ok(mut progress) = lock.lock() else { return };
+            progress.in_flight -= 1;
+            progress.done.push(Done {
+                slot: p.slot,
+                failed_members: p.failed,
+            });
+            idle.notify_all();
         }
-        counters.member_bytes_written.fetch_add(written, Ordering::Relaxed);
-        let (lock, idle) = progress;
-        // A poisoned lock means the volume panicked; nothing is left to tell.
-        let Ok(mut p) = lock.lock() else { return };
-        p.in_flight -= 1;
-        p.done.push(Done {
-            slot: job.info.slot,
-            failed_members,
-        });
-        idle.notify_all();
     }
 }
 
@@ -1594,8 +1756,8 @@ impl State {
         self.open
             .values()
             .find(|o| o.slot == slot)
-            .map(|o| o.data.as_slice())
-            .or_else(|| self.in_flight.get(&slot).map(|a| a.as_slice()))
+            .map(|o| &o.data[..])
+            .or_else(|| self.in_flight.get(&slot).map(|a| &a[..]))
     }
 
     /// Forgets the map and every slot's state (a checkpoint that failed

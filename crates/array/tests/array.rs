@@ -4,7 +4,7 @@
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use tessera_array::device::{Device, Faults, MemoryDevice};
-use tessera_array::format::{ChunkHeader, Stream, SECTOR_BYTES};
+use tessera_array::format::{ChunkHeader, Geometry, Stream, SECTOR_BYTES};
 use tessera_array::{ArrayError, CreateOptions};
 use tessera_checksum::Algorithm;
 
@@ -343,8 +343,7 @@ fn lost_writes_on_a_member_are_caught_and_repaired() {
 }
 
 /// Every chunk header on `devices` that decodes: (member, offset, header).
-fn headers(devices: &[Arc<MemoryDevice>], array: &tessera_array::Array) -> Vec<(usize, u64, ChunkHeader)> {
-    let g = array.geometry().clone();
+fn headers(devices: &[Arc<MemoryDevice>], g: &Geometry) -> Vec<(usize, u64, ChunkHeader)> {
     let mut found = Vec::new();
     for (member, device) in devices.iter().enumerate() {
         for row in 0..g.rows {
@@ -374,8 +373,9 @@ fn a_torn_stripe_stays_dropped_after_later_syncs() {
     rng.fill(&mut data[..256 << 10]);
     array.write(0, &data[..256 << 10], false).unwrap();
     let g = array.geometry().clone();
-    let all = headers(&devices, &array);
+    // Dropping the array waits for its writer: every sealed stripe is written.
     drop(array);
+    let all = headers(&devices, &g);
     let newest = all.iter().map(|(_, _, h)| h.sequence).max().unwrap();
     let torn = all.iter().find(|(_, _, h)| h.sequence == newest - 1).unwrap().2.slot;
     for (member, offset, header) in &all {
@@ -414,8 +414,9 @@ fn an_unreadable_checkpoint_falls_back_to_scanning_every_stripe() {
     exercise(&array, &mut model, &mut rng, 100);
     array.flush().unwrap();
     let g = array.geometry().clone();
-    let all = headers(&devices, &array);
+    // Dropping the array waits for its writer: every sealed stripe is written.
     drop(array);
+    let all = headers(&devices, &g);
     // Every checkpoint stripe loses three chunks: more than M.
     let mut erased = 0;
     for (member, offset, header) in &all {

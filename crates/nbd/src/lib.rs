@@ -11,7 +11,44 @@
 
 use std::io::{self, Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::mpsc::{sync_channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+
+/// A client connection: a byte stream that can be split into a reading
+/// and a writing half.
+pub trait Connection: Read + Write + Send + Sized {
+    fn try_clone(&self) -> io::Result<Self>;
+}
+
+impl Connection for std::os::unix::net::UnixStream {
+    fn try_clone(&self) -> io::Result<Self> {
+        std::os::unix::net::UnixStream::try_clone(self)
+    }
+}
+
+impl Connection for std::net::TcpStream {
+    fn try_clone(&self) -> io::Result<Self> {
+        std::net::TcpStream::try_clone(self)
+    }
+}
+
+/// Requests of one connection served at once: a client's queue depth is
+/// worked on in parallel (reads wait on different members, a write's
+/// payload arrives while the one before is stored). Replies go out as
+/// each finishes, as the protocol allows.
+pub const WORKERS_PER_CONNECTION: usize = 4;
+
+/// A request handed to a connection's workers.
+struct Request {
+    kind: u16,
+    cookie: u64,
+    offset: u64,
+    len: u32,
+    fua: bool,
+    /// Flags or range already found wrong: the reply is this error.
+    invalid: Option<u32>,
+    payload: Vec<u8>,
+}
 
 /// Errno values the protocol defines.
 pub mod errno {
@@ -148,7 +185,7 @@ impl<E: Export> Server<E> {
     }
 
     /// Serves one client until it disconnects or `stop` is set.
-    pub fn serve<S: Read + Write>(&self, stream: S, stop: &AtomicBool) -> io::Result<()> {
+    pub fn serve<S: Connection>(&self, stream: S, stop: &AtomicBool) -> io::Result<()> {
         let mut stream = io::BufReader::new(stream);
         let structured = match self.negotiate(&mut stream)? {
             Negotiated::Transmission { structured } => structured,
@@ -310,14 +347,48 @@ impl<E: Export> Server<E> {
         Ok(true)
     }
 
-    fn transmit<S: Read + Write>(
+    /// The transmission phase: this thread reads requests (and write
+    /// payloads) and hands them to the connection's workers, which carry
+    /// them out and send the replies.
+    fn transmit<S: Connection>(
         &self,
         stream: &mut io::BufReader<S>,
         structured: bool,
         stop: &AtomicBool,
     ) -> io::Result<()> {
         let size = self.export.size();
-        let mut payload = Vec::new();
+        let out = Mutex::new(stream.get_ref().try_clone()?);
+        let (requests, queue) = sync_channel::<Request>(WORKERS_PER_CONNECTION);
+        let queue = Mutex::new(queue);
+        let (give_back, spare) = std::sync::mpsc::channel::<Vec<u8>>();
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..WORKERS_PER_CONNECTION)
+                .map(|_| {
+                    let give_back = give_back.clone();
+                    let (queue, out) = (&queue, &out);
+                    scope.spawn(move || self.work(queue, out, structured, &give_back))
+                })
+                .collect();
+            let read = self.read_requests(stream, size, stop, &requests, &spare);
+            // The workers finish what was queued, then see the queue close.
+            drop(requests);
+            let worked = workers
+                .into_iter()
+                .map(|w| w.join().unwrap_or_else(|_| Err(protocol_error("a worker panicked"))))
+                .collect::<io::Result<Vec<()>>>();
+            read.and(worked.map(|_| ()))
+        })
+    }
+
+    /// Reads requests until DISC, end of stream, `stop` or a framing error.
+    fn read_requests<S: Connection>(
+        &self,
+        stream: &mut io::BufReader<S>,
+        size: u64,
+        stop: &AtomicBool,
+        requests: &std::sync::mpsc::SyncSender<Request>,
+        spare: &Receiver<Vec<u8>>,
+    ) -> io::Result<()> {
         loop {
             if stop.load(Ordering::Relaxed) {
                 return Ok(());
@@ -337,31 +408,108 @@ impl<E: Export> Server<E> {
             let cookie = u64::from_be_bytes(header[8..16].try_into().expect("8 bytes"));
             let offset = u64::from_be_bytes(header[16..24].try_into().expect("8 bytes"));
             let len = u32::from_be_bytes(header[24..28].try_into().expect("4 bytes"));
+            let mut payload = Vec::new();
             if kind == CMD_WRITE {
+                // A buffer a worker is done with: resizing it to the usual
+                // request size costs nothing.
+                payload = spare.try_recv().unwrap_or_default();
                 if len > REQUEST_BYTES_MAX {
                     return Err(protocol_error("write payload over the maximum request size"));
                 }
                 payload.resize(len as usize, 0);
                 stream.read_exact(&mut payload)?;
             }
+            if kind == CMD_DISC {
+                return Ok(());
+            }
             let in_range = offset.checked_add(u64::from(len)).is_some_and(|end| end <= size);
-            let fua = flags & CMD_FLAG_FUA != 0;
-            let valid = if flags & !CMD_FLAGS_KNOWN != 0 || !in_range {
-                Err(errno::EINVAL)
-            } else {
-                Ok(())
+            let invalid = match kind {
+                CMD_FLUSH if offset != 0 || len != 0 => Some(errno::EINVAL),
+                CMD_FLUSH => None,
+                CMD_READ if len > REQUEST_BYTES_MAX => Some(errno::EINVAL),
+                CMD_READ | CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES => {
+                    (flags & !CMD_FLAGS_KNOWN != 0 || !in_range).then_some(errno::EINVAL)
+                }
+                _ => Some(errno::EINVAL),
             };
-            let out = stream.get_mut();
+            let request = Request {
+                kind,
+                cookie,
+                offset,
+                len,
+                fua: flags & CMD_FLAG_FUA != 0,
+                invalid,
+                payload,
+            };
+            if requests.send(request).is_err() {
+                // Every worker has stopped: a reply could not be sent.
+                return Ok(());
+            }
+        }
+    }
+
+    /// A worker: carries out requests and sends their replies until the
+    /// queue closes. Once the client cannot be written to, it only drains
+    /// the queue (so the reading thread never blocks on it) and returns
+    /// the error at the end.
+    fn work<S: Connection>(
+        &self,
+        queue: &Mutex<Receiver<Request>>,
+        out: &Mutex<S>,
+        structured: bool,
+        spare: &Sender<Vec<u8>>,
+    ) -> io::Result<()> {
+        let mut buffer = Vec::new();
+        let mut failed = Ok(());
+        loop {
+            let request = {
+                let queue = queue.lock().map_err(|_| protocol_error("a worker panicked"))?;
+                match queue.recv() {
+                    Ok(r) => r,
+                    Err(_) => return failed,
+                }
+            };
+            if failed.is_ok() {
+                failed = self.carry_out(&request, &mut buffer, out, structured);
+            }
+            // The write buffer goes back to the reading thread for reuse.
+            if request.payload.capacity() > 0 {
+                let _ = spare.send(request.payload);
+            }
+        }
+    }
+
+    /// Carries out one request and sends its reply.
+    fn carry_out<S: Connection>(
+        &self,
+        request: &Request,
+        buffer: &mut Vec<u8>,
+        out: &Mutex<S>,
+        structured: bool,
+    ) -> io::Result<()> {
+        {
+            let Request {
+                kind,
+                cookie,
+                offset,
+                len,
+                fua,
+                invalid,
+                ref payload,
+            } = *request;
+            let checked = |result: &dyn Fn() -> Result<(), u32>| match invalid {
+                Some(error) => Err(error),
+                None => result(),
+            };
+            let lock = || out.lock().map_err(|_| protocol_error("a worker panicked"));
             match kind {
                 CMD_READ => {
-                    if len > REQUEST_BYTES_MAX {
-                        self.reply(out, structured, cookie, Err(errno::EINVAL))?;
-                        continue;
-                    }
-                    // One buffer per connection: no allocation per read.
-                    payload.resize(len as usize, 0);
-                    let buf = &mut payload[..];
-                    let result = valid.and_then(|()| self.export.read(offset, buf));
+                    buffer.resize(if invalid.is_some() { 0 } else { len as usize }, 0);
+                    let result = match invalid {
+                        Some(error) => Err(error),
+                        None => self.export.read(offset, buffer),
+                    };
+                    let mut out = lock()?;
                     match result {
                         Ok(()) if structured => {
                             let mut chunk = Vec::with_capacity(28);
@@ -369,42 +517,31 @@ impl<E: Export> Server<E> {
                             chunk.extend_from_slice(&REPLY_FLAG_DONE.to_be_bytes());
                             chunk.extend_from_slice(&REPLY_TYPE_OFFSET_DATA.to_be_bytes());
                             chunk.extend_from_slice(&cookie.to_be_bytes());
-                            chunk.extend_from_slice(&(8 + buf.len() as u32).to_be_bytes());
+                            chunk.extend_from_slice(&(8 + buffer.len() as u32).to_be_bytes());
                             chunk.extend_from_slice(&offset.to_be_bytes());
                             out.write_all(&chunk)?;
-                            out.write_all(buf)?;
+                            out.write_all(buffer)?;
                         }
                         Ok(()) => {
                             out.write_all(&simple_reply(cookie, 0))?;
-                            out.write_all(buf)?;
+                            out.write_all(buffer)?;
                         }
-                        Err(e) => self.reply(out, structured, cookie, Err(e))?,
+                        Err(e) => self.reply(&mut *out, structured, cookie, Err(e))?,
                     }
                 }
-                CMD_WRITE => {
-                    let result = valid.and_then(|()| self.export.write(offset, &payload, fua));
-                    self.reply(out, structured, cookie, result)?;
+                _ => {
+                    let result = checked(&|| match kind {
+                        CMD_WRITE => self.export.write(offset, payload, fua),
+                        CMD_FLUSH => self.export.flush(),
+                        CMD_TRIM => self.export.trim(offset, u64::from(len), fua),
+                        CMD_WRITE_ZEROES => self.export.write_zeroes(offset, u64::from(len), fua),
+                        _ => Err(errno::EINVAL),
+                    });
+                    self.reply(&mut *lock()?, structured, cookie, result)?;
                 }
-                CMD_FLUSH => {
-                    let result = if offset != 0 || len != 0 {
-                        Err(errno::EINVAL)
-                    } else {
-                        self.export.flush()
-                    };
-                    self.reply(out, structured, cookie, result)?;
-                }
-                CMD_TRIM => {
-                    let result = valid.and_then(|()| self.export.trim(offset, u64::from(len), fua));
-                    self.reply(out, structured, cookie, result)?;
-                }
-                CMD_WRITE_ZEROES => {
-                    let result = valid.and_then(|()| self.export.write_zeroes(offset, u64::from(len), fua));
-                    self.reply(out, structured, cookie, result)?;
-                }
-                CMD_DISC => return Ok(()),
-                _ => self.reply(out, structured, cookie, Err(errno::EINVAL))?,
             }
         }
+        Ok(())
     }
 
     /// A reply without data: simple, or a structured error chunk.
