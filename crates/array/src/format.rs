@@ -630,8 +630,9 @@ pub struct CheckpointMapping {
 
 /// The volume's map as of stripe `sequence`: every live stripe and its
 /// sequence, the extents and the mapped ranges (sorted, disjoint), and the
-/// window: the free slots the volume may write before the next checkpoint,
-/// so recovery reads only their headers to roll forward.
+/// window: the slots the volume may write before the next checkpoint (free
+/// ones, and live ones garbage collection is likely to empty first), so
+/// recovery reads only their headers to roll forward.
 ///
 /// ```text
 ///   0 magic "TSRCHKPT"   8 version u32   12 reserved u32
@@ -774,9 +775,10 @@ impl Checkpoint {
             }
             checkpoint.stripes.push((slot, get_u64(e, 8)));
         }
+        let mut in_window = std::collections::BTreeSet::new();
         for _ in 0..window {
             let slot = get_u64(next(8), 0);
-            if slot >= slots || live.contains(&slot) {
+            if slot >= slots || !in_window.insert(slot) {
                 return Err(field("window_slot", slot));
             }
             checkpoint.window.push(slot);
@@ -997,8 +999,11 @@ mod tests {
         assert_eq!(Checkpoint::decode(&bytes, &g).unwrap(), c);
         let refused = |c: Checkpoint| Checkpoint::decode(&c.encode(a), &g).is_err();
         let mut bad = checkpoint();
-        bad.window.push(4);
-        assert!(refused(bad), "a window slot that is live");
+        bad.window.push(2);
+        assert!(refused(bad), "a window slot twice");
+        let mut bad = checkpoint();
+        bad.window.push(1 << 40);
+        assert!(refused(bad), "a window slot off the array");
         let mut bad = checkpoint();
         bad.extents[0].slot = 5;
         assert!(refused(bad), "an extent in a slot not listed");

@@ -1122,8 +1122,19 @@ impl Array {
         if stripes > CHECKPOINT_SLOTS_MAX || candidates.len() < stripes + 1 {
             return self.drop_checkpoint(state);
         }
-        let window: Vec<u64> = candidates.split_off(stripes).into_iter().take(window_slots).collect();
+        let mut window: Vec<u64> = candidates.split_off(stripes).into_iter().take(window_slots).collect();
         let meta = candidates;
+        // Too few free slots (a full array): the window also takes the live
+        // stripes garbage collection will empty first, so that it does not
+        // shrink to a checkpoint every few stripes. Recovery tells their
+        // new stripes from the old ones by sequence.
+        if window.len() < window_slots {
+            let mut emptiest: Vec<u64> = (0..g.slot_count())
+                .filter(|&slot| state.slots[slot as usize].status == SlotStatus::Sealed)
+                .collect();
+            emptiest.sort_by_key(|&slot| state.slots[slot as usize].live_data_blocks);
+            window.extend(emptiest.into_iter().take(window_slots - window.len()));
+        }
         checkpoint.window = window.clone();
         let bytes = checkpoint.encode(algorithm);
         let first_stripe_sequence = state.next_sequence;
@@ -1343,9 +1354,12 @@ impl Array {
             if state.free.len() + state.draining.len() >= target {
                 break;
             }
+            // Victims in the window first: only there can an emptied slot
+            // be written again before the next checkpoint.
+            let outside = |s: u64| state.window.as_ref().is_some_and(|w| !w.contains(&s));
             let victim = (0..state.slots.len() as u64)
                 .filter(|&s| state.slots[s as usize].status == SlotStatus::Sealed)
-                .min_by_key(|&s| state.slots[s as usize].live_data_blocks);
+                .min_by_key(|&s| (outside(s), state.slots[s as usize].live_data_blocks));
             let Some(victim) = victim else { break };
             let live = state.slots[victim as usize].live_data_blocks as f64;
             if live > capacity_blocks * GC_VICTIM_LIVE_FRACTION_MAX {
