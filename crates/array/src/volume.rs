@@ -445,14 +445,12 @@ impl Array {
             .zip(&reference.slots)
             .map(|(sequence, &slot)| (slot, sequence))
             .collect();
-        let length = |i: usize| (reference.bytes as usize - i * per_stripe).min(per_stripe);
-        if reference.bytes as usize > stripes.len() * per_stripe {
-            return Err(unreadable(format!(
-                "{} bytes in {} stripes",
-                reference.bytes,
-                stripes.len()
-            )));
+        // Every stripe holds part of it, all but the last full.
+        let total = reference.bytes as usize;
+        if total > stripes.len() * per_stripe || total <= (stripes.len() - 1) * per_stripe {
+            return Err(unreadable(format!("{total} bytes in {} stripes", stripes.len())));
         }
+        let length = |i: usize| (total - i * per_stripe).min(per_stripe);
         // Straight from the data chunks; if that does not match the digest,
         // from every stripe rebuilt and checked chunk by chunk.
         let mut bytes = vec![0u8; reference.bytes as usize];
@@ -1123,7 +1121,7 @@ impl Array {
             return self.drop_checkpoint(state);
         }
         let mut window: Vec<u64> = candidates.split_off(stripes).into_iter().take(window_slots).collect();
-        let meta = candidates;
+        let mut meta = candidates;
         // Too few free slots (a full array): the window also takes the live
         // stripes garbage collection will empty first, so that it does not
         // shrink to a checkpoint every few stripes. Recovery tells their
@@ -1137,6 +1135,9 @@ impl Array {
         }
         checkpoint.window = window.clone();
         let bytes = checkpoint.encode(algorithm);
+        // The size was reckoned with a full window: a smaller one may need
+        // a stripe less.
+        meta.truncate(bytes.len().div_ceil(per_stripe));
         let first_stripe_sequence = state.next_sequence;
         for (slot, piece) in meta.iter().zip(bytes.chunks(per_stripe)) {
             state.free.remove(slot);
