@@ -29,6 +29,7 @@ trap cleanup EXIT
 
 "$tessera" create --data "$k" --parity "$m" --dir "$work/array" --devices "$n" --device-size 1G >/dev/null
 "$tessera" serve "$work/array" --socket "$work/tessera.sock" 2>"$work/serve.log" & pids+=($!)
+server=$!
 truncate -s 4G "$work/reference.img"
 nbdkit --foreground --unix "$work/nbdkit.sock" file "$work/reference.img" cache="$nbdkit_cache" & pids+=($!)
 for s in tessera.sock nbdkit.sock; do
@@ -39,25 +40,34 @@ nbdkit_uri="nbd+unix:///?socket=$work/nbdkit.sock"
 
 # MB/s of one fio job (fio's nbd engine prints a line before the JSON).
 # Dirty pages are written back first, so one run's writeback does not land
-# in the next run's time.
-measure() { # uri rw
+# in the next run's time. With a server pid, also appends the cores that
+# server kept busy during the job (its user+system time over the job's
+# wall time, all threads) to $work/cores.RW.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+measure() { # uri rw [server pid]
   sync
+  local before=0 start=0
+  if [ -n "${3:-}" ]; then before=$(cpu_ticks "$3"); start=$(date +%s.%N); fi
   fio --name=bench --ioengine=nbd --uri="$1" --rw="$2" --bs=1M --iodepth=16 --size="$size" \
-      --output-format=json 2>/dev/null |
-    python3 -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print(round((j["write"]["bw_bytes"]+j["read"]["bw_bytes"])/1e6,1))'
+      --output-format=json 2>/dev/null >"$work/fio.json"
+  if [ -n "${3:-}" ]; then
+    python3 -c "print(f'{($(cpu_ticks "$3") - $before) / $(getconf CLK_TCK) / ($(date +%s.%N) - $start):.2f}', end=' ')" \
+      >>"$work/cores.$2"
+  fi
+  python3 -c 'import json,sys; t=open(sys.argv[1]).read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print(round((j["write"]["bw_bytes"]+j["read"]["bw_bytes"])/1e6,1))' "$work/fio.json"
 }
 median() { tr ' ' '\n' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
 declare -A runs
 for round in $(seq "$rounds"); do
   for rw in write read; do
-    runs[tessera_$rw]+="$(measure "$tessera_uri" $rw) "
+    runs[tessera_$rw]+="$(measure "$tessera_uri" $rw "$server") "
     runs[nbdkit_$rw]+="$(measure "$nbdkit_uri" $rw) "
   done
 done
 for i in $(seq 0 $((m - 1))); do "$tessera" fail "$work/array" --device "$i" >/dev/null; done
 for round in $(seq "$rounds"); do
-  runs[degraded_read]+="$(measure "$tessera_uri" read) "
+  runs[degraded_read]+="$(measure "$tessera_uri" read "$server") "
 done
 
 tw=$(echo ${runs[tessera_write]} | median); nw=$(echo ${runs[nbdkit_write]} | median)
@@ -72,4 +82,5 @@ printf "%-28s %10s %10s %8s\n" "read, $m members failed MB/s" "$dr" "(healthy)" 
 for key in tessera_write nbdkit_write tessera_read nbdkit_read degraded_read; do
   echo "runs $key: ${runs[$key]}"
 done
+echo "Tessera server cores busy (of $(nproc)), writes: $(cat "$work/cores.write"); reads (healthy, then degraded): $(cat "$work/cores.read")"
 "$tessera" status "$work/array" | tail -3

@@ -201,14 +201,13 @@ impl Device for FileDevice {
     }
     fn write_pair(&self, first: &[u8], second: &[u8], offset: u64) -> io::Result<()> {
         use std::os::fd::AsRawFd;
-        let Some(direct) = &self.direct else {
-            self.file.write_all_at(first, offset)?;
-            return self.file.write_all_at(second, offset + first.len() as u64);
+        let direct = match &self.direct {
+            Some(direct) if direct_aligned(first, offset) && direct_aligned(second, 0) => direct,
+            _ => {
+                self.write_at(first, offset)?;
+                return self.write_at(second, offset + first.len() as u64);
+            }
         };
-        if !direct_aligned(first, offset) || !direct_aligned(second, 0) {
-            self.write_at(first, offset)?;
-            return self.write_at(second, offset + first.len() as u64);
-        }
         let iov = [first, second].map(|b| libc::iovec {
             iov_base: b.as_ptr() as *mut libc::c_void,
             iov_len: b.len(),

@@ -483,16 +483,9 @@ impl ChunkHeader {
 /// What one summary entry records.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Record {
-    /// `blocks` logical blocks from `lba`, stored at `offset` in the data
-    /// area as `stored_bytes` bytes (compressed with `codec`, or raw).
-    Data {
-        lba: u64,
-        blocks: u32,
-        offset: u32,
-        stored_bytes: u32,
-        codec: Option<Codec>,
-        digest: Digest,
-    },
+    /// The extent's blocks, from `lba`; the extent is in the stripe the
+    /// summary belongs to (its `slot` is that stripe's, not stored).
+    Data { lba: u64, extent: Extent },
     /// `blocks` logical blocks from `lba` read as zeros (TRIM, WRITE_ZEROES).
     Zero { lba: u64, blocks: u32 },
 }
@@ -522,21 +515,14 @@ pub fn encode_summary(algorithm: Algorithm, records: &[Record]) -> Vec<u8> {
     for (i, record) in records.iter().enumerate() {
         let e = &mut out[8 + i * entry..8 + (i + 1) * entry];
         match record {
-            Record::Data {
-                lba,
-                blocks,
-                offset,
-                stored_bytes,
-                codec,
-                digest,
-            } => {
+            Record::Data { lba, extent: x } => {
                 e[0] = 1;
-                e[1] = codec_code(*codec).0;
-                put(e, 4, &blocks.to_le_bytes());
+                e[1] = codec_code(x.codec).0;
+                put(e, 4, &x.blocks.to_le_bytes());
                 put(e, 8, &lba.to_le_bytes());
-                put(e, 16, &offset.to_le_bytes());
-                put(e, 20, &stored_bytes.to_le_bytes());
-                put(e, 24, digest.as_bytes());
+                put(e, 16, &x.offset.to_le_bytes());
+                put(e, 20, &x.stored_bytes.to_le_bytes());
+                put(e, 24, x.digest.as_bytes());
             }
             Record::Zero { lba, blocks } => {
                 e[0] = 2;
@@ -548,9 +534,10 @@ pub fn encode_summary(algorithm: Algorithm, records: &[Record]) -> Vec<u8> {
     out
 }
 
-/// Decodes a summary whose digest already matched; fields are still
-/// checked against the geometry, so a bug cannot map blocks off the end.
-pub fn decode_summary(bytes: &[u8], geometry: &Geometry) -> Result<Vec<Record>, FormatError> {
+/// Decodes the summary of the stripe in `slot`, whose digest already
+/// matched; fields are still checked against the geometry, so a bug cannot
+/// map blocks off the end.
+pub fn decode_summary(bytes: &[u8], geometry: &Geometry, slot: u64) -> Result<Vec<Record>, FormatError> {
     const WHAT: &str = "stripe summary";
     let field = |field, value: u64| FormatError::Field {
         what: WHAT,
@@ -585,11 +572,14 @@ pub fn decode_summary(bytes: &[u8], geometry: &Geometry) -> Result<Vec<Record>, 
                 let codec = codec_from_code(e[1], 0).ok_or(field("codec", u64::from(e[1])))?;
                 Record::Data {
                     lba,
-                    blocks,
-                    offset,
-                    stored_bytes,
-                    codec,
-                    digest: Digest::from_bytes(&e[24..24 + geometry.checksum.digest_bytes()]),
+                    extent: Extent {
+                        slot,
+                        offset,
+                        stored_bytes,
+                        blocks,
+                        codec,
+                        digest: Digest::from_bytes(&e[24..24 + geometry.checksum.digest_bytes()]),
+                    },
                 }
             }
             2 => Record::Zero { lba, blocks },
@@ -944,20 +934,23 @@ mod tests {
         let records = vec![
             Record::Data {
                 lba: 10,
-                blocks: 16,
-                offset: 4096,
-                stored_bytes: 777,
-                codec: Some(Codec::Lz4),
-                digest: a.digest(b"x"),
+                extent: Extent {
+                    slot: 11,
+                    offset: 4096,
+                    stored_bytes: 777,
+                    blocks: 16,
+                    codec: Some(Codec::Lz4),
+                    digest: a.digest(b"x"),
+                },
             },
             Record::Zero { lba: 0, blocks: 3 },
         ];
         let bytes = encode_summary(a, &records);
         assert_eq!(bytes.len(), summary_bytes(a, 2));
-        assert_eq!(decode_summary(&bytes, &geometry()).unwrap(), records);
+        assert_eq!(decode_summary(&bytes, &geometry(), 11).unwrap(), records);
         // A record past the end of the volume is refused.
         let far = encode_summary(a, &[Record::Zero { lba: 4095, blocks: 2 }]);
-        assert!(decode_summary(&far, &geometry()).is_err());
+        assert!(decode_summary(&far, &geometry(), 11).is_err());
     }
 
     fn checkpoint() -> Checkpoint {

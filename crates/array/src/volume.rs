@@ -100,6 +100,18 @@ struct Slot {
     live_zero_ranges: u64,
 }
 
+impl Slot {
+    /// A slot holding no live data (yet).
+    fn empty(status: SlotStatus, sequence: u64) -> Slot {
+        Slot {
+            status,
+            sequence,
+            live_data_blocks: 0,
+            live_zero_ranges: 0,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 enum Target {
     Zero { slot: u64 },
@@ -281,15 +293,7 @@ impl Array {
                 members,
                 superblock,
                 map: BTreeMap::new(),
-                slots: vec![
-                    Slot {
-                        status: SlotStatus::Free,
-                        sequence: 0,
-                        live_data_blocks: 0,
-                        live_zero_ranges: 0,
-                    };
-                    slot_count as usize
-                ],
+                slots: vec![Slot::empty(SlotStatus::Free, 0); slot_count as usize],
                 free: BTreeSet::new(),
                 draining: Vec::new(),
                 open: HashMap::new(),
@@ -488,12 +492,7 @@ impl Array {
             )));
         }
         for &(slot, sequence) in &stripes {
-            state.slots[slot as usize] = Slot {
-                status: SlotStatus::Checkpoint,
-                sequence,
-                live_data_blocks: 0,
-                live_zero_ranges: 0,
-            };
+            state.slots[slot as usize] = Slot::empty(SlotStatus::Checkpoint, sequence);
         }
         for &(slot, sequence) in &checkpoint.stripes {
             let s = &mut state.slots[slot as usize];
@@ -538,7 +537,7 @@ impl Array {
             if self.geometry.checksum.digest(bytes) != header.summary_digest {
                 return None;
             }
-            format::decode_summary(bytes, g).ok()
+            format::decode_summary(bytes, g, slot).ok()
         };
         if !verify_all {
             let mut bytes = vec![0u8; len];
@@ -937,11 +936,14 @@ impl Array {
             let open = state.open.get_mut(&stream).expect("room opened it");
             let record = Record::Data {
                 lba: at,
-                blocks,
-                offset: open.push_data(&stored),
-                stored_bytes: stored.len() as u32,
-                codec,
-                digest,
+                extent: Extent {
+                    slot,
+                    offset: open.push_data(&stored),
+                    stored_bytes: stored.len() as u32,
+                    blocks,
+                    codec,
+                    digest,
+                },
             };
             state.log(stream, slot, record);
         }
@@ -1019,12 +1021,7 @@ impl Array {
         state.free.remove(&slot);
         state.allocated_since_checkpoint += 1;
         let s = &mut state.slots[slot as usize];
-        *s = Slot {
-            status: SlotStatus::Open,
-            sequence: 0,
-            live_data_blocks: 0,
-            live_zero_ranges: 0,
-        };
+        *s = Slot::empty(SlotStatus::Open, 0);
         Ok(slot)
     }
 
@@ -1032,8 +1029,7 @@ impl Array {
     /// one whose members are all healthy, so new stripes avoid failed
     /// members where the geometry leaves a choice (N > K+M).
     fn pick_slot(&self, state: &State) -> Option<u64> {
-        let g = &self.geometry;
-        let healthy = |slot: &u64| (0..g.width()).all(|j| state.writable(g.place(*slot, j).0));
+        let healthy = |slot: &u64| self.all_healthy(state, *slot);
         match &state.window {
             Some(window) => {
                 let mut free = window.iter().copied().filter(|s| state.free.contains(s));
@@ -1047,15 +1043,10 @@ impl Array {
         }
     }
 
-    /// `slots` with those whose members are all healthy first, so new
-    /// stripes avoid failed members where the geometry leaves a choice
-    /// (N > K+M).
-    fn healthy_first<'a>(&self, state: &'a State, slots: Vec<u64>) -> impl Iterator<Item = u64> + 'a {
-        let g = self.geometry.clone();
-        let (healthy, other): (Vec<u64>, Vec<u64>) = slots
-            .into_iter()
-            .partition(|&slot| (0..g.width()).all(|j| state.writable(g.place(slot, j).0)));
-        healthy.into_iter().chain(other)
+    /// Whether every chunk of slot `slot` is on a healthy member.
+    fn all_healthy(&self, state: &State, slot: u64) -> bool {
+        let g = &self.geometry;
+        (0..g.width()).all(|j| state.readable(g.place(slot, j).0).is_some())
     }
 
     /// Slots in a checkpoint's window: an eighth of the array, within bounds.
@@ -1115,8 +1106,9 @@ impl Array {
             checkpoint.mappings.len(),
         );
         let stripes = bytes_max.div_ceil(per_stripe);
-        let free: Vec<u64> = state.free.iter().copied().collect();
-        let mut candidates: Vec<u64> = self.healthy_first(state, free).collect();
+        // Free slots, those on healthy members first (as `pick_slot`).
+        let mut candidates: Vec<u64> = state.free.iter().copied().collect();
+        candidates.sort_by_key(|&slot| !self.all_healthy(state, slot));
         if stripes > CHECKPOINT_SLOTS_MAX || candidates.len() < stripes + 1 {
             return self.drop_checkpoint(state);
         }
@@ -1465,10 +1457,7 @@ impl Array {
         let used: Vec<u64> = (0..g.slot_count())
             .filter(|&s| state.slots[s as usize].status != SlotStatus::Free)
             .collect();
-        let degraded = used
-            .iter()
-            .filter(|&&s| (0..g.width()).any(|j| state.readable(g.place(s, j).0).is_none()))
-            .count() as u64;
+        let degraded = used.iter().filter(|&&s| !self.all_healthy(&state, s)).count() as u64;
         let (mut mapped, mut stored) = (0u64, 0u64);
         let mut seen = BTreeSet::new();
         for mapping in state.map.values() {
@@ -1781,12 +1770,7 @@ impl State {
         self.map.clear();
         self.free.clear();
         for s in &mut self.slots {
-            *s = Slot {
-                status: SlotStatus::Free,
-                sequence: 0,
-                live_data_blocks: 0,
-                live_zero_ranges: 0,
-            };
+            *s = Slot::empty(SlotStatus::Free, 0);
         }
     }
 
@@ -1840,26 +1824,13 @@ impl State {
 
     /// Maps what a record in stripe `slot` says, over what was there.
     fn apply(&mut self, slot: u64, record: &Record) {
-        match *record {
-            Record::Data {
-                lba,
-                blocks,
-                offset,
-                stored_bytes,
-                codec,
-                digest,
-            } => {
-                let extent = Arc::new(Extent {
-                    slot,
-                    offset,
-                    stored_bytes,
-                    blocks,
-                    codec,
-                    digest,
-                });
-                self.insert(lba, blocks, Target::Data { extent, skip: 0 });
+        match record {
+            Record::Data { lba, extent } => {
+                debug_assert_eq!(extent.slot, slot);
+                let extent = Arc::new(extent.clone());
+                self.insert(*lba, extent.blocks, Target::Data { extent, skip: 0 });
             }
-            Record::Zero { lba, blocks } => self.insert(lba, blocks, Target::Zero { slot }),
+            Record::Zero { lba, blocks } => self.insert(*lba, *blocks, Target::Zero { slot }),
         }
     }
 

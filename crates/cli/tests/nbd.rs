@@ -114,6 +114,13 @@ fn try_create(dir: &Path, devices: &str, extra: &[&str]) -> Output {
     tessera(&args)
 }
 
+/// `tessera status DIR --json`, parsed.
+fn status_json(dir: &Path) -> serde_json::Value {
+    let out = tessera(&["status", dir.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 fn create(dir: &Path, extra: &[&str]) {
     let out = try_create(dir, "6", extra);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -219,15 +226,13 @@ fn real_clients_read_back_what_they_wrote() {
     );
     assert!(!io.contains("Pattern verification failed"), "{io}");
 
-    let status = tessera(&["status", dir.to_str().unwrap(), "--json"]);
-    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let status = status_json(&dir);
     assert!(status["compression_ratio"].as_f64().unwrap() > 1.2, "{status}");
 
     // fio write then verify.
     let out = fio(&uri, tmp.path(), &["--do_verify=1"]);
     assert!(out.contains("err= 0"), "{out}");
-    let status = tessera(&["status", dir.to_str().unwrap(), "--json"]);
-    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let status = status_json(&dir);
     assert_eq!(status["unrecoverable_reads"], 0);
     server.stop();
 }
@@ -257,8 +262,7 @@ fn fio_verify_passes_with_m_members_failed_and_after_restart() {
     let server = Served::start(&dir, &socket);
     let out = fio(&server.uri(), tmp.path(), &["--verify_only", "--verify_state_load=1"]);
     assert!(out.contains("err= 0") && out.contains("READ:"), "{out}");
-    let status = tessera(&["status", dir.to_str().unwrap(), "--json"]);
-    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let status = status_json(&dir);
     assert_eq!(status["members_unavailable"], 2);
     assert!(status["reconstructed_reads"].as_u64().unwrap() > 0);
     assert_eq!(status["unrecoverable_reads"], 0);

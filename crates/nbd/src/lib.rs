@@ -487,61 +487,44 @@ impl<E: Export> Server<E> {
         out: &Mutex<S>,
         structured: bool,
     ) -> io::Result<()> {
-        {
-            let Request {
-                kind,
-                cookie,
-                offset,
-                len,
-                fua,
-                invalid,
-                ref payload,
-            } = *request;
-            let checked = |result: &dyn Fn() -> Result<(), u32>| match invalid {
-                Some(error) => Err(error),
-                None => result(),
-            };
-            let lock = || out.lock().map_err(|_| protocol_error("a worker panicked"));
-            match kind {
-                CMD_READ => {
-                    buffer.resize(if invalid.is_some() { 0 } else { len as usize }, 0);
-                    let result = match invalid {
-                        Some(error) => Err(error),
-                        None => self.export.read(offset, buffer),
-                    };
-                    let mut out = lock()?;
-                    match result {
-                        Ok(()) if structured => {
-                            let mut chunk = Vec::with_capacity(28);
-                            chunk.extend_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
-                            chunk.extend_from_slice(&REPLY_FLAG_DONE.to_be_bytes());
-                            chunk.extend_from_slice(&REPLY_TYPE_OFFSET_DATA.to_be_bytes());
-                            chunk.extend_from_slice(&cookie.to_be_bytes());
-                            chunk.extend_from_slice(&(8 + buffer.len() as u32).to_be_bytes());
-                            chunk.extend_from_slice(&offset.to_be_bytes());
-                            out.write_all(&chunk)?;
-                            out.write_all(buffer)?;
-                        }
-                        Ok(()) => {
-                            out.write_all(&simple_reply(cookie, 0))?;
-                            out.write_all(buffer)?;
-                        }
-                        Err(e) => self.reply(&mut *out, structured, cookie, Err(e))?,
-                    }
-                }
-                _ => {
-                    let result = checked(&|| match kind {
-                        CMD_WRITE => self.export.write(offset, payload, fua),
-                        CMD_FLUSH => self.export.flush(),
-                        CMD_TRIM => self.export.trim(offset, u64::from(len), fua),
-                        CMD_WRITE_ZEROES => self.export.write_zeroes(offset, u64::from(len), fua),
-                        _ => Err(errno::EINVAL),
-                    });
-                    self.reply(&mut *lock()?, structured, cookie, result)?;
-                }
-            }
+        let &Request {
+            kind,
+            cookie,
+            offset,
+            len,
+            fua,
+            invalid,
+            ref payload,
+        } = request;
+        let lock = || out.lock().map_err(|_| protocol_error("a worker panicked"));
+        if let Some(error) = invalid {
+            return self.reply(&mut *lock()?, structured, cookie, Err(error));
         }
-        Ok(())
+        let result = match kind {
+            CMD_READ => {
+                buffer.resize(len as usize, 0);
+                self.export.read(offset, buffer)
+            }
+            CMD_WRITE => self.export.write(offset, payload, fua),
+            CMD_FLUSH => self.export.flush(),
+            CMD_TRIM => self.export.trim(offset, u64::from(len), fua),
+            CMD_WRITE_ZEROES => self.export.write_zeroes(offset, u64::from(len), fua),
+            _ => Err(errno::EINVAL),
+        };
+        let mut out = lock()?;
+        match result {
+            Ok(()) if kind == CMD_READ && structured => {
+                let mut chunk = structured_header(REPLY_TYPE_OFFSET_DATA, cookie, 8 + buffer.len() as u32);
+                chunk.extend_from_slice(&offset.to_be_bytes());
+                out.write_all(&chunk)?;
+                out.write_all(buffer)
+            }
+            Ok(()) if kind == CMD_READ => {
+                out.write_all(&simple_reply(cookie, 0))?;
+                out.write_all(buffer)
+            }
+            result => self.reply(&mut *out, structured, cookie, result),
+        }
     }
 
     /// A reply without data: simple, or a structured error chunk.
@@ -553,12 +536,7 @@ impl<E: Export> Server<E> {
                     errno::EINVAL => b"request out of range or malformed",
                     _ => b"I/O error in the array",
                 };
-                let mut chunk = Vec::with_capacity(20 + 6 + message.len());
-                chunk.extend_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
-                chunk.extend_from_slice(&REPLY_FLAG_DONE.to_be_bytes());
-                chunk.extend_from_slice(&REPLY_TYPE_ERROR.to_be_bytes());
-                chunk.extend_from_slice(&cookie.to_be_bytes());
-                chunk.extend_from_slice(&(6 + message.len() as u32).to_be_bytes());
+                let mut chunk = structured_header(REPLY_TYPE_ERROR, cookie, 6 + message.len() as u32);
                 chunk.extend_from_slice(&error.to_be_bytes());
                 chunk.extend_from_slice(&(message.len() as u16).to_be_bytes());
                 chunk.extend_from_slice(message);
@@ -568,6 +546,17 @@ impl<E: Export> Server<E> {
             Ok(()) => out.write_all(&simple_reply(cookie, 0)),
         }
     }
+}
+
+/// The header of a structured reply chunk, the last of its reply.
+fn structured_header(kind: u16, cookie: u64, length: u32) -> Vec<u8> {
+    let mut chunk = Vec::with_capacity(20 + 8);
+    chunk.extend_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
+    chunk.extend_from_slice(&REPLY_FLAG_DONE.to_be_bytes());
+    chunk.extend_from_slice(&kind.to_be_bytes());
+    chunk.extend_from_slice(&cookie.to_be_bytes());
+    chunk.extend_from_slice(&length.to_be_bytes());
+    chunk
 }
 
 fn simple_reply(cookie: u64, error: u32) -> Vec<u8> {
