@@ -107,17 +107,64 @@ fn direct_aligned(buf: &[u8], offset: u64) -> bool {
         && offset.is_multiple_of(IO_ALIGN as u64)
 }
 
+/// Pieces one `pwritev` takes at most (Linux's `IOV_MAX`).
+const IOVECS_MAX: usize = 1024;
+
+/// Writes what is left of `pieces` (laid out from `offset`) after the
+/// first `done` bytes, one piece at a time with `write_at`.
+fn write_pieces(device: &dyn Device, pieces: &[&[u8]], offset: u64, done: usize) -> io::Result<()> {
+    let mut at = 0;
+    for piece in pieces {
+        let skip = done.saturating_sub(at).min(piece.len());
+        if skip < piece.len() {
+            device.write_at(&piece[skip..], offset + (at + skip) as u64)?;
+        }
+        at += piece.len();
+    }
+    Ok(())
+}
+
+/// Reads what is left of `pieces` (laid out from `offset`) after the
+/// first `done` bytes, one piece at a time with `read_at`.
+fn read_pieces(device: &dyn Device, pieces: &mut [&mut [u8]], offset: u64, done: usize) -> io::Result<()> {
+    let mut at = 0;
+    for piece in pieces {
+        let skip = done.saturating_sub(at).min(piece.len());
+        let len = piece.len();
+        if skip < len {
+            device.read_at(&mut piece[skip..], offset + (at + skip) as u64)?;
+        }
+        at += len;
+    }
+    Ok(())
+}
+
 /// A member device: positioned reads and writes, and a barrier.
 pub trait Device: Send + Sync {
     /// Fills `buf` from `offset`, or fails.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Fills `pieces` one after another from `offset` (a chunk's header
+    /// and payload), as one I/O where the device can.
+    fn read_vectored_at(&self, pieces: &mut [&mut [u8]], offset: u64) -> io::Result<()> {
+        let mut at = offset;
+        for piece in pieces {
+            self.read_at(piece, at)?;
+            at += piece.len() as u64;
+        }
+        Ok(())
+    }
     /// Writes all of `buf` at `offset`, or fails.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
-    /// Writes `first` at `offset` and `second` right after it (a chunk's
-    /// header and payload), as one I/O where the device can.
-    fn write_pair(&self, first: &[u8], second: &[u8], offset: u64) -> io::Result<()> {
-        self.write_at(first, offset)?;
-        self.write_at(second, offset + first.len() as u64)
+    /// Writes `pieces` one after another from `offset` (a chunk's header
+    /// and payload, or a run of adjacent chunks), as one I/O where the
+    /// device can.
+    fn write_vectored_at(&self, pieces: &[&[u8]], offset: u64) -> io::Result<()> {
+        let mut at = offset;
+        for piece in pieces {
+            self.write_at(piece, at)?;
+            at += piece.len() as u64;
+        }
+        Ok(())
     }
     /// Returns once every completed write is on stable storage.
     fn sync(&self) -> io::Result<()>;
@@ -171,6 +218,7 @@ impl FileDevice {
             return None;
         }
         OpenOptions::new()
+            .read(true)
             .write(true)
             .custom_flags(libc::O_DIRECT)
             .open(path)
@@ -185,7 +233,51 @@ impl FileDevice {
 
 impl Device for FileDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        if let Some(direct) = &self.direct {
+            if direct_aligned(buf, offset) {
+                match direct.read_exact_at(buf, offset) {
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+                    result => return result,
+                }
+            }
+        }
         self.file.read_exact_at(buf, offset)
+    }
+    fn read_vectored_at(&self, pieces: &mut [&mut [u8]], offset: u64) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let direct = match &self.direct {
+            Some(direct)
+                if pieces.len() <= IOVECS_MAX
+                    && offset.is_multiple_of(IO_ALIGN as u64)
+                    && pieces.iter().all(|p| direct_aligned(p, 0)) =>
+            {
+                direct
+            }
+            _ => return read_pieces(self, pieces, offset, 0),
+        };
+        let iov: Vec<libc::iovec> = pieces
+            .iter_mut()
+            .map(|b| libc::iovec {
+                iov_base: b.as_mut_ptr() as *mut libc::c_void,
+                iov_len: b.len(),
+            })
+            .collect();
+        let total: usize = pieces.iter().map(|p| p.len()).sum();
+        let offset_signed = i64::try_from(offset).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: every iovec points into a live, exclusively borrowed slice
+        // for the call's duration.
+        let n = unsafe { libc::preadv(direct.as_raw_fd(), iov.as_ptr(), iov.len() as i32, offset_signed) };
+        if n < 0 {
+            let error = io::Error::last_os_error();
+            if error.raw_os_error() != Some(libc::EINVAL) {
+                return Err(error);
+            }
+        } else if n as usize == total {
+            return Ok(());
+        }
+        // Refused (EINVAL) or short (the end of the device): the rest, one
+        // piece at a time, which reports a short read as an error.
+        read_pieces(self, pieces, offset, n.max(0) as usize)
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         if let Some(direct) = &self.direct {
@@ -199,23 +291,29 @@ impl Device for FileDevice {
         }
         self.file.write_all_at(buf, offset)
     }
-    fn write_pair(&self, first: &[u8], second: &[u8], offset: u64) -> io::Result<()> {
+    fn write_vectored_at(&self, pieces: &[&[u8]], offset: u64) -> io::Result<()> {
         use std::os::fd::AsRawFd;
         let direct = match &self.direct {
-            Some(direct) if direct_aligned(first, offset) && direct_aligned(second, 0) => direct,
-            _ => {
-                self.write_at(first, offset)?;
-                return self.write_at(second, offset + first.len() as u64);
+            Some(direct)
+                if pieces.len() <= IOVECS_MAX
+                    && offset.is_multiple_of(IO_ALIGN as u64)
+                    && pieces.iter().all(|p| direct_aligned(p, 0)) =>
+            {
+                direct
             }
+            _ => return write_pieces(self, pieces, offset, 0),
         };
-        let iov = [first, second].map(|b| libc::iovec {
-            iov_base: b.as_ptr() as *mut libc::c_void,
-            iov_len: b.len(),
-        });
-        let total = first.len() + second.len();
+        let iov: Vec<libc::iovec> = pieces
+            .iter()
+            .map(|b| libc::iovec {
+                iov_base: b.as_ptr() as *mut libc::c_void,
+                iov_len: b.len(),
+            })
+            .collect();
+        let total: usize = pieces.iter().map(|p| p.len()).sum();
         let offset_signed = i64::try_from(offset).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        // SAFETY: both iovecs point into live slices for the call's duration.
-        let n = unsafe { libc::pwritev(direct.as_raw_fd(), iov.as_ptr(), 2, offset_signed) };
+        // SAFETY: every iovec points into a live slice for the call's duration.
+        let n = unsafe { libc::pwritev(direct.as_raw_fd(), iov.as_ptr(), iov.len() as i32, offset_signed) };
         if n < 0 {
             let error = io::Error::last_os_error();
             if error.raw_os_error() != Some(libc::EINVAL) {
@@ -225,16 +323,7 @@ impl Device for FileDevice {
             return Ok(());
         }
         // Refused (EINVAL) or short: the rest, one piece at a time.
-        let done = n.max(0) as usize;
-        let mut at = 0;
-        for piece in [first, second] {
-            let skip = done.saturating_sub(at).min(piece.len());
-            if skip < piece.len() {
-                self.write_at(&piece[skip..], offset + (at + skip) as u64)?;
-            }
-            at += piece.len();
-        }
-        Ok(())
+        write_pieces(self, pieces, offset, n.max(0) as usize)
     }
     fn sync(&self) -> io::Result<()> {
         self.file.sync_data()
@@ -419,10 +508,27 @@ mod tests {
         d.write_at(&chunk[..4096], 12288).unwrap();
         let mut header = AlignedBuf::zeroed(4096);
         header.fill(9);
-        d.write_pair(&header, &chunk, 16384).unwrap();
-        let mut pair = vec![0u8; 4096 + 8192];
-        d.read_at(&mut pair, 16384).unwrap();
-        assert!(pair[..4096].iter().all(|&b| b == 9) && pair[4096..].iter().all(|&b| b == 7));
+        d.write_vectored_at(&[&header, &chunk, &header], 16384).unwrap();
+        let mut run = vec![0u8; 4096 + 8192 + 4096];
+        d.read_at(&mut run, 16384).unwrap();
+        assert!(run[..4096].iter().all(|&b| b == 9) && run[4096..12288].iter().all(|&b| b == 7));
+        assert!(run[12288..].iter().all(|&b| b == 9));
+        // Read back as pieces: aligned ones (direct where allowed), and
+        // unaligned ones (through the page cache).
+        let (mut head, mut body) = (AlignedBuf::zeroed(4096), AlignedBuf::zeroed(8192));
+        d.read_vectored_at(&mut [&mut head, &mut body], 16384).unwrap();
+        assert!(head.iter().all(|&b| b == 9) && body.iter().all(|&b| b == 7));
+        let (mut odd, mut rest) = ([0u8; 3], vec![0u8; 8189]);
+        d.read_vectored_at(&mut [&mut odd, &mut rest], 20480).unwrap();
+        assert!(odd.iter().chain(&rest).all(|&b| b == 7));
+        assert!(d
+            .read_vectored_at(&mut [&mut head, &mut body], (1 << 20) - 8192)
+            .is_err());
+        // An unaligned piece among them goes through the page cache.
+        d.write_vectored_at(&[&header, b"abc"], 32768).unwrap();
+        let mut back = vec![0u8; 4099];
+        d.read_at(&mut back, 32768).unwrap();
+        assert!(back[..4096].iter().all(|&b| b == 9) && &back[4096..] == b"abc");
         let mut back = vec![0u8; 8192];
         d.read_at(&mut back, 8192).unwrap();
         let mut want = vec![7u8; 8192];

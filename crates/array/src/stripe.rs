@@ -183,17 +183,18 @@ pub fn reconstruct(
     slot: u64,
     sequence: u64,
     check_all: bool,
-    mut area: Vec<u8>,
+    mut area: AlignedBuf,
     read_chunk: impl Fn(usize, &mut [u8], &mut [u8]) -> bool,
-) -> Result<(Vec<u8>, Vec<usize>), usize> {
+) -> Result<(AlignedBuf, Vec<usize>), usize> {
     let algorithm = geometry.checksum;
     let c = geometry.chunk_bytes;
     let width = geometry.width();
     // Data payloads are read straight into the area (a recycled buffer is
-    // fine: every byte is read or rebuilt); parity beside it.
-    area.resize(geometry.data_area_bytes(), 0);
-    let mut parity = vec![0u8; geometry.parity * c];
-    let mut header = vec![0u8; SECTOR_BYTES];
+    // fine: every byte is read or rebuilt); parity beside it. All aligned,
+    // so a chunk's header and payload come with one direct read.
+    area.resize(geometry.data_area_bytes());
+    let mut parity = AlignedBuf::zeroed(geometry.parity * c);
+    let mut header = AlignedBuf::zeroed(SECTOR_BYTES);
     let mut bad = Vec::new();
     let mut missing = Vec::new();
     for j in 0..width {

@@ -188,7 +188,7 @@ pub struct Array {
     policy: Option<Policy>,
     state: RwLock<State>,
     counters: Arc<Counters>,
-    cache: Mutex<VecDeque<(StripeKey, Arc<Vec<u8>>)>>,
+    cache: Mutex<VecDeque<(StripeKey, Arc<AlignedBuf>)>>,
     writer: Writer,
 }
 
@@ -201,10 +201,23 @@ struct Writer {
     sender: Mutex<Option<SyncSender<Job>>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     progress: Arc<(Mutex<Progress>, Condvar)>,
+    /// Stripes sealed and not yet written, at most: sealing waits below it.
+    stripes_max: usize,
 }
 
-/// Stripes queued to the writer at most; a full queue makes sealing wait.
-const WRITER_QUEUE_STRIPES: usize = 2;
+/// Bytes of stripes the writer may hold (queued, being built, or being
+/// written): enough that each member's thread finds several chunks
+/// waiting and writes them with one call, few enough to bound memory for
+/// wide stripes.
+const WRITE_BYTES_IN_FLIGHT_MAX: usize = 64 << 20;
+/// Stripes in flight, whatever their size: at least two, so one is built
+/// while one is written; at most enough for long runs per member.
+const WRITE_STRIPES_IN_FLIGHT_MIN: usize = 2;
+const WRITE_STRIPES_IN_FLIGHT_MAX: usize = 32;
+/// Bytes one member's thread writes with one call at most (after the
+/// first chunk, which always goes).
+const WRITE_RUN_BYTES_MAX: usize = 2 << 20;
+const _: () = assert!(WRITE_STRIPES_IN_FLIGHT_MIN >= 2 && WRITE_STRIPES_IN_FLIGHT_MIN <= WRITE_STRIPES_IN_FLIGHT_MAX);
 
 struct Job {
     info: stripe::StripeInfo,
@@ -312,6 +325,8 @@ impl Array {
                 sender: Mutex::new(None),
                 thread: Mutex::new(None),
                 progress: Arc::new((Mutex::new(Progress::default()), Condvar::new())),
+                stripes_max: (WRITE_BYTES_IN_FLIGHT_MAX / (geometry.width() * (SECTOR_BYTES + geometry.chunk_bytes)))
+                    .clamp(WRITE_STRIPES_IN_FLIGHT_MIN, WRITE_STRIPES_IN_FLIGHT_MAX),
             },
             geometry,
         };
@@ -669,7 +684,7 @@ impl Array {
             })
     }
 
-    fn cached_or_reconstruct(&self, state: &State, slot: u64, sequence: u64) -> Result<Arc<Vec<u8>>, ArrayError> {
+    fn cached_or_reconstruct(&self, state: &State, slot: u64, sequence: u64) -> Result<Arc<AlignedBuf>, ArrayError> {
         let key = (slot, sequence);
         if let Some((_, area)) = self
             .cache
@@ -755,8 +770,8 @@ impl Array {
         slot: u64,
         sequence: u64,
         check_all: bool,
-    ) -> Result<(Vec<u8>, Vec<usize>), ArrayError> {
-        self.reconstruct_into(state, slot, sequence, check_all, Vec::new())
+    ) -> Result<(AlignedBuf, Vec<usize>), ArrayError> {
+        self.reconstruct_into(state, slot, sequence, check_all, AlignedBuf::default())
     }
 
     fn reconstruct_into(
@@ -765,8 +780,8 @@ impl Array {
         slot: u64,
         sequence: u64,
         check_all: bool,
-        buffer: Vec<u8>,
-    ) -> Result<(Vec<u8>, Vec<usize>), ArrayError> {
+        buffer: AlignedBuf,
+    ) -> Result<(AlignedBuf, Vec<usize>), ArrayError> {
         let g = &self.geometry;
         stripe::reconstruct(
             g,
@@ -780,8 +795,9 @@ impl Array {
                 let Some(device) = state.readable(member) else {
                     return false;
                 };
-                let offset = g.row_offset(row);
-                device.read_at(header, offset).is_ok() && device.read_at(payload, offset + SECTOR_BYTES as u64).is_ok()
+                device
+                    .read_vectored_at(&mut [header, payload], g.row_offset(row))
+                    .is_ok()
             },
         )
         .map_err(|good| ArrayError::TooFewChunks {
@@ -1211,7 +1227,14 @@ impl Array {
         let area = Arc::new(std::mem::take(&mut open.data));
         state.in_flight.insert(slot, area.clone());
         let devices = (0..state.members.len()).map(|m| state.readable(m).cloned()).collect();
-        self.writer.progress.0.lock().map_err(lock_poisoned)?.in_flight += 1;
+        {
+            let (lock, done) = &*self.writer.progress;
+            let mut progress = lock.lock().map_err(lock_poisoned)?;
+            while progress.in_flight >= self.writer.stripes_max {
+                progress = done.wait(progress).map_err(lock_poisoned)?;
+            }
+            progress.in_flight += 1;
+        }
         let sender = self.writer.sender.lock().map_err(lock_poisoned)?;
         let sent = sender.as_ref().map(|s| s.send(Job { info, area, devices }).is_ok());
         if sent != Some(true) {
@@ -1236,7 +1259,7 @@ impl Array {
     }
 
     fn start_writer(&self) -> Result<(), ArrayError> {
-        let (sender, receiver) = sync_channel::<Job>(WRITER_QUEUE_STRIPES);
+        let (sender, receiver) = sync_channel::<Job>(self.writer.stripes_max);
         let geometry = self.geometry.clone();
         let codec = tessera_ec::Codec::new(geometry.data, geometry.parity, tessera_ec::MatrixKind::Cauchy)
             .map_err(ArrayError::Codec)?;
@@ -1519,7 +1542,8 @@ impl Array {
 }
 
 /// Writes a chunk's header and payload to its row. They are adjacent on
-/// the member; two writes let the payload go from the data area uncopied.
+/// the member; one vectored write lets the payload go from the data area
+/// uncopied.
 fn write_chunk(
     device: &dyn Device,
     geometry: &Geometry,
@@ -1527,7 +1551,47 @@ fn write_chunk(
     header: &[u8],
     payload: &[u8],
 ) -> std::io::Result<()> {
-    device.write_pair(header, payload, geometry.row_offset(row))
+    device.write_vectored_at(&[header, payload], geometry.row_offset(row))
+}
+
+/// A stripe being written. Each of its chunk writes holds it; when the
+/// last lets go, `Drop` reports the stripe done, so no thread has to wait
+/// to collect the writes.
+struct StripeWrite {
+    slot: u64,
+    /// `Some` until `Drop`, which lets go of them before reporting.
+    area: Option<Arc<AlignedBuf>>,
+    built: Option<stripe::Built>,
+    failed: Mutex<Vec<usize>>,
+    progress: Arc<(Mutex<Progress>, Condvar)>,
+    recycle: Sender<stripe::Built>,
+}
+
+impl StripeWrite {
+    fn chunk(&self, geometry: &Geometry, j: usize) -> (&[u8], &[u8]) {
+        let (built, area) = (self.built.as_ref(), self.area.as_ref());
+        built.expect("until drop").chunk(geometry, area.expect("until drop"), j)
+    }
+}
+
+impl Drop for StripeWrite {
+    fn drop(&mut self) {
+        // The data area goes first, so the volume can reuse it once told.
+        self.area.take();
+        if let Some(built) = self.built.take() {
+            let _ = self.recycle.send(built);
+        }
+        let failed_members = std::mem::take(self.failed.get_mut().unwrap_or_else(|e| e.into_inner()));
+        let (lock, idle) = &*self.progress;
+        // A poisoned lock means the volume panicked; nothing is left to tell.
+        let Ok(mut progress) = lock.lock() else { return };
+        progress.in_flight -= 1;
+        progress.done.push(Done {
+            slot: self.slot,
+            failed_members,
+        });
+        idle.notify_all();
+    }
 }
 
 /// One chunk for a member's writer thread.
@@ -1536,55 +1600,66 @@ struct ChunkWrite {
     member: usize,
     row: u64,
     j: usize,
-    sequence: u64,
-    area: Arc<AlignedBuf>,
-    built: Arc<stripe::Built>,
+    stripe: Arc<StripeWrite>,
 }
 
-/// What the completion thread hears, in order: a stripe announced, then
-/// its chunks written (or not).
-enum WriteEvent {
-    Stripe {
-        slot: u64,
-        sequence: u64,
-        chunks: usize,
-        built: Arc<stripe::Built>,
-    },
-    Chunk {
-        sequence: u64,
-        member: usize,
-        bytes: u64,
-        ok: bool,
-    },
-}
-
-/// A member's writer thread: writes the chunks it is given, in order.
-fn write_member_chunks(geometry: &Geometry, chunks: Receiver<ChunkWrite>, events: Sender<WriteEvent>) {
-    for w in chunks {
-        let event = write_here(geometry, &w);
-        // The buffers are let go before the stripe is reported done.
-        drop(w);
-        if events.send(event).is_err() {
-            return;
+/// A member's writer thread. It writes the chunks it is given in order,
+/// and those waiting when it comes round (up to [`WRITE_RUN_BYTES_MAX`])
+/// that lie end to end on the member with one vectored write: consecutive
+/// stripes' chunks do, so when the member is the bottleneck it does fewer,
+/// larger writes by itself.
+fn write_member_chunks(geometry: &Geometry, chunks: Receiver<ChunkWrite>, counters: &Counters) {
+    let chunk_bytes = SECTOR_BYTES + geometry.chunk_bytes;
+    while let Ok(first) = chunks.recv() {
+        let mut batch = vec![first];
+        while batch.len() * chunk_bytes < WRITE_RUN_BYTES_MAX {
+            match chunks.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
+            }
         }
+        let mut start = 0;
+        while start < batch.len() {
+            let mut end = start + 1;
+            while end < batch.len() && batch[end].row == batch[end - 1].row + 1 {
+                end += 1;
+            }
+            write_run(geometry, &batch[start..end], counters);
+            start = end;
+        }
+        // Dropping the batch lets go of its stripes: the last reports each.
     }
 }
 
-fn write_here(geometry: &Geometry, w: &ChunkWrite) -> WriteEvent {
-    let (header, payload) = w.built.chunk(geometry, &w.area, w.j);
-    WriteEvent::Chunk {
-        sequence: w.sequence,
-        member: w.member,
-        bytes: (header.len() + payload.len()) as u64,
-        ok: write_chunk(w.device.as_ref(), geometry, w.row, header, payload).is_ok(),
+/// Writes chunks that lie end to end on one member with one call.
+fn write_run(geometry: &Geometry, run: &[ChunkWrite], counters: &Counters) {
+    let pieces: Vec<&[u8]> = run
+        .iter()
+        .flat_map(|w| {
+            let (header, payload) = w.stripe.chunk(geometry, w.j);
+            [header, payload]
+        })
+        .collect();
+    let written = run[0]
+        .device
+        .write_vectored_at(&pieces, geometry.row_offset(run[0].row));
+    if written.is_ok() {
+        let bytes: usize = pieces.iter().map(|p| p.len()).sum();
+        counters.member_bytes_written.fetch_add(bytes as u64, Ordering::Relaxed);
+        return;
+    }
+    for w in run {
+        if let Ok(mut failed) = w.stripe.failed.lock() {
+            failed.push(w.member);
+        }
     }
 }
 
 /// The writer thread: builds each queued stripe, in order, and hands its
 /// K+M chunks to the members' threads, which write them at once (with
 /// direct I/O each write waits for its device). It goes on to the next
-/// stripe meanwhile; a completion thread reports each stripe when all its
-/// chunks are written.
+/// stripe meanwhile; each stripe reports itself done when its last chunk
+/// is written.
 fn write_stripes(
     jobs: Receiver<Job>,
     geometry: &Geometry,
@@ -1593,132 +1668,60 @@ fn write_stripes(
     progress: Arc<(Mutex<Progress>, Condvar)>,
     counters: Arc<Counters>,
 ) {
-    let (events, heard) = std::sync::mpsc::channel::<WriteEvent>();
     let (recycle, recycled) = std::sync::mpsc::channel::<stripe::Built>();
-    let completion = std::thread::Builder::new()
-        .name("tessera-completion".to_string())
-        .spawn(move || complete_stripes(heard, recycle, &progress, &counters));
-    let members: Vec<Option<SyncSender<ChunkWrite>>> = (0..geometry.members)
+    type MemberThread = (Sender<ChunkWrite>, std::thread::JoinHandle<()>);
+    let threads: Vec<Option<MemberThread>> = (0..geometry.members)
         .map(|m| {
-            let (sender, chunks) = sync_channel::<ChunkWrite>(WRITER_QUEUE_STRIPES);
-            let (g, events) = (geometry.clone(), events.clone());
+            // Unbounded: `Writer::stripes_max` bounds what is in flight.
+            let (sender, chunks) = std::sync::mpsc::channel::<ChunkWrite>();
+            let (g, counters) = (geometry.clone(), counters.clone());
             std::thread::Builder::new()
                 .name(format!("tessera-member-{m}"))
-                .spawn(move || write_member_chunks(&g, chunks, events))
+                .spawn(move || write_member_chunks(&g, chunks, &counters))
                 .ok()
-                .map(|_| sender)
+                .map(|thread| (sender, thread))
         })
         .collect();
     for job in jobs {
         let mut built = recycled.try_recv().unwrap_or_default();
         stripe::build(geometry, codec, array_uuid, &job.area, &job.info, &mut built);
-        let built = Arc::new(built);
-        let writes: Vec<ChunkWrite> = (0..geometry.width())
-            .filter_map(|j| {
-                let (member, row) = geometry.place(job.info.slot, j);
-                Some(ChunkWrite {
-                    device: job.devices[member].clone()?,
-                    member,
-                    row,
-                    j,
-                    sequence: job.info.sequence,
-                    area: job.area.clone(),
-                    built: built.clone(),
-                })
-            })
-            .collect();
-        let announced = events.send(WriteEvent::Stripe {
+        let stripe = Arc::new(StripeWrite {
             slot: job.info.slot,
-            sequence: job.info.sequence,
-            chunks: writes.len(),
-            built,
+            area: Some(job.area),
+            built: Some(built),
+            failed: Mutex::new(Vec::new()),
+            progress: progress.clone(),
+            recycle: recycle.clone(),
         });
-        if announced.is_err() {
-            return;
-        }
-        for write in writes {
+        for j in 0..geometry.width() {
+            let (member, row) = geometry.place(job.info.slot, j);
+            // A member unavailable when the stripe was sealed gets no chunk.
+            let Some(device) = job.devices[member].clone() else {
+                continue;
+            };
+            let write = ChunkWrite {
+                device,
+                member,
+                row,
+                j,
+                stripe: stripe.clone(),
+            };
             // Without a thread for this member, the chunk is written here.
-            let unsent = match &members[write.member] {
-                Some(sender) => sender.send(write).err().map(|e| e.0),
+            let unsent = match &threads[member] {
+                Some((sender, _)) => sender.send(write).err().map(|e| e.0),
                 None => Some(write),
             };
             if let Some(write) = unsent {
-                let _ = events.send(write_here(geometry, &write));
+                write_run(geometry, std::slice::from_ref(&write), &counters);
             }
         }
     }
-    // Every chunk is written before the writer is done (Drop waits for it).
-    drop(members);
-    drop(events);
-    if let Ok(completion) = completion {
-        let _ = completion.join();
-    }
-}
-
-/// Tallies chunk writes per stripe; when a stripe's are all in, counts
-/// its bytes, reports it (and the members that failed) to the volume, and
-/// returns its buffers to the writer.
-fn complete_stripes(
-    heard: Receiver<WriteEvent>,
-    recycle: Sender<stripe::Built>,
-    progress: &(Mutex<Progress>, Condvar),
-    counters: &Counters,
-) {
-    struct Pending {
-        slot: u64,
-        left: usize,
-        failed: Vec<usize>,
-        built: Arc<stripe::Built>,
-    }
-    let mut pending: HashMap<u64, Pending> = HashMap::new();
-    for event in heard {
-        let sequence = match event {
-            WriteEvent::Stripe {
-                slot,
-                sequence,
-                chunks,
-                built,
-            } => {
-                let p = Pending {
-                    slot,
-                    left: chunks,
-                    failed: Vec::new(),
-                    built,
-                };
-                pending.insert(sequence, p);
-                sequence
-            }
-            WriteEvent::Chunk {
-                sequence,
-                member,
-                bytes,
-                ok,
-            } => {
-                let Some(p) = pending.get_mut(&sequence) else { continue };
-                p.left -= 1;
-                if ok {
-                    counters.member_bytes_written.fetch_add(bytes, Ordering::Relaxed);
-                } else {
-                    p.failed.push(member);
-                }
-                sequence
-            }
-        };
-        if pending.get(&sequence).is_some_and(|p| p.left == 0) {
-            let p = pending.remove(&sequence).expect("just seen");
-            if let Ok(built) = Arc::try_unwrap(p.built) {
-                let _ = recycle.send(built);
-            }
-            let (lock, idle) = progress;
-            // A poisoned lock means the volume panicked; nothing is left to tell.
-            let Ok(mut progress) = lock.lock() else { return };
-            progress.in_flight -= 1;
-            progress.done.push(Done {
-                slot: p.slot,
-                failed_members: p.failed,
-            });
-            idle.notify_all();
-        }
+    // Every chunk is written before the writer is done (`Drop for Array`
+    // waits for it): the member threads write what they were given, then
+    // see their queues close.
+    for (sender, thread) in threads.into_iter().flatten() {
+        drop(sender);
+        let _ = thread.join();
     }
 }
 
