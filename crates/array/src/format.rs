@@ -88,7 +88,7 @@ fn get_u64(b: &[u8], offset: usize) -> u64 {
 }
 
 fn seal_sector(sector: &mut [u8]) {
-    let crc = crc32c::crc32c(&sector[..CRC_OFFSET]);
+    let crc = tessera_checksum::crc32c(&sector[..CRC_OFFSET]);
     put(sector, CRC_OFFSET, &crc.to_le_bytes());
 }
 
@@ -97,7 +97,7 @@ fn check_sector(sector: &[u8], magic: &[u8; 8], what: &'static str) -> Result<()
     if &sector[..8] != magic {
         return Err(FormatError::Magic { what });
     }
-    if crc32c::crc32c(&sector[..CRC_OFFSET]) != get_u32(sector, CRC_OFFSET) {
+    if tessera_checksum::crc32c(&sector[..CRC_OFFSET]) != get_u32(sector, CRC_OFFSET) {
         return Err(FormatError::Crc { what });
     }
     let version = get_u32(sector, 8);
