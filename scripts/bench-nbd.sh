@@ -3,6 +3,11 @@
 # measured with fio in the same run: sequential 1 MiB writes and reads at
 # queue depth 16, then reads with M members failed.
 #
+# Reads are measured twice. "cold": the page cache is dropped before each
+# server's read round (needs root), so both read from the disk: like with
+# like. "warm": as the write round left the cache; nbdkit then serves much
+# of it from the page cache, which Tessera (direct I/O) never uses.
+#
 #   scripts/bench-nbd.sh [K M N] [SIZE] [ROUNDS] [direct|cached]
 #
 # Defaults: 8+2 on 10 members, 512M of I/O, 3 alternating rounds (median),
@@ -57,30 +62,45 @@ measure() { # uri rw [server pid]
   python3 -c 'import json,sys; t=open(sys.argv[1]).read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print(round((j["write"]["bw_bytes"]+j["read"]["bw_bytes"])/1e6,1))' "$work/fio.json"
 }
 median() { tr ' ' '\n' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+# Empties the page cache, so the next read comes from the disk.
+drop_cache() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+if ! (drop_cache) 2>/dev/null; then
+  echo "cannot drop the page cache (not root?): cold reads are skipped" >&2
+  drop_cache() { return 1; }
+fi
 
 declare -A runs
 for round in $(seq "$rounds"); do
-  for rw in write read; do
-    runs[tessera_$rw]+="$(measure "$tessera_uri" $rw "$server") "
-    runs[nbdkit_$rw]+="$(measure "$nbdkit_uri" $rw) "
-  done
+  runs[tessera_write]+="$(measure "$tessera_uri" write "$server") "
+  runs[nbdkit_write]+="$(measure "$nbdkit_uri" write) "
+  runs[tessera_read]+="$(measure "$tessera_uri" read "$server") "
+  runs[nbdkit_read]+="$(measure "$nbdkit_uri" read) "
+  if drop_cache; then
+    runs[tessera_cold]+="$(measure "$tessera_uri" read "$server") "
+    drop_cache
+    runs[nbdkit_cold]+="$(measure "$nbdkit_uri" read) "
+  fi
 done
 for i in $(seq 0 $((m - 1))); do "$tessera" fail "$work/array" --device "$i" >/dev/null; done
 for round in $(seq "$rounds"); do
   runs[degraded_read]+="$(measure "$tessera_uri" read "$server") "
+  if drop_cache; then runs[degraded_cold]+="$(measure "$tessera_uri" read "$server") "; fi
 done
 
-tw=$(echo ${runs[tessera_write]} | median); nw=$(echo ${runs[nbdkit_write]} | median)
-tr_=$(echo ${runs[tessera_read]} | median); nr=$(echo ${runs[nbdkit_read]} | median)
-dr=$(echo ${runs[degraded_read]} | median)
-ratio() { python3 -c "print(f'{$1/$2:.2f}')"; }
+med() { echo ${runs[$1]:-0} | median; }
+tw=$(med tessera_write); nw=$(med nbdkit_write)
+tr_=$(med tessera_read); nr=$(med nbdkit_read); dr=$(med degraded_read)
+tc=$(med tessera_cold); nc=$(med nbdkit_cold); dc=$(med degraded_cold)
+ratio() { python3 -c "print(f'{$1/$2:.2f}' if $2 else '-')"; }
 echo "fio, 1 MiB sequential, QD16, $size per run, median of $rounds; Tessera $k+$m on $n file members ($mode) vs nbdkit file cache=$nbdkit_cache"
-printf "%-28s %10s %10s %8s\n" "" "tessera" "nbdkit" "ratio"
-printf "%-28s %10s %10s %8s\n" "write MB/s" "$tw" "$nw" "$(ratio "$tw" "$nw")"
-printf "%-28s %10s %10s %8s\n" "read MB/s" "$tr_" "$nr" "$(ratio "$tr_" "$nr")"
-printf "%-28s %10s %10s %8s\n" "read, $m members failed MB/s" "$dr" "(healthy)" "$(ratio "$dr" "$tr_")"
-for key in tessera_write nbdkit_write tessera_read nbdkit_read degraded_read; do
-  echo "runs $key: ${runs[$key]}"
+printf "%-36s %10s %10s %8s\n" "" "tessera" "nbdkit" "ratio"
+printf "%-36s %10s %10s %8s\n" "write MB/s" "$tw" "$nw" "$(ratio "$tw" "$nw")"
+printf "%-36s %10s %10s %8s\n" "read MB/s, cold" "$tc" "$nc" "$(ratio "$tc" "$nc")"
+printf "%-36s %10s %10s %8s\n" "read MB/s, warm" "$tr_" "$nr" "$(ratio "$tr_" "$nr")"
+printf "%-36s %10s %10s %8s\n" "read, $m members failed MB/s, cold" "$dc" "(healthy)" "$(ratio "$dc" "$tc")"
+printf "%-36s %10s %10s %8s\n" "read, $m members failed MB/s, warm" "$dr" "(healthy)" "$(ratio "$dr" "$tr_")"
+for key in tessera_write nbdkit_write tessera_cold nbdkit_cold tessera_read nbdkit_read degraded_cold degraded_read; do
+  echo "runs $key: ${runs[$key]:-}"
 done
 echo "Tessera server cores busy (of $(nproc)), writes: $(cat "$work/cores.write"); reads (healthy, then degraded): $(cat "$work/cores.read")"
 "$tessera" status "$work/array" | tail -3
