@@ -1195,10 +1195,8 @@ impl Array {
     /// durable, the slots of the checkpoint they named before are free.
     fn point_superblocks(&self, state: &mut State, reference: Option<CheckpointRef>) -> Result<(), ArrayError> {
         let mut template = state.superblock.clone();
-        template.generation += 1;
         let old = std::mem::replace(&mut template.checkpoint, reference);
-        crate::write_superblocks(&template, &state.members)?;
-        state.superblock = template;
+        self.publish_superblock(state, template)?;
         state.allocated_since_checkpoint = 0;
         for slot in old.map_or_else(Vec::new, |o| o.slots) {
             let s = &mut state.slots[slot as usize];
@@ -1464,11 +1462,39 @@ impl Array {
             });
         }
         state.members[index].state = MemberState::Failed;
-        state.superblock.set_failed(index);
-        state.superblock.generation += 1;
-        let template = state.superblock.clone();
-        crate::write_superblocks(&template, &state.members)?;
-        Ok(())
+        let mut template = state.superblock.clone();
+        template.set_failed(index);
+        self.publish_superblock(state, template)
+    }
+
+    /// Writes `template` (with the next generation) to every healthy
+    /// member's superblocks, and makes it the array's. A member whose
+    /// superblock cannot be written is failed like any other, and recorded
+    /// in a next generation written to the rest; more failures than the
+    /// parity covers are an error, with the array's superblock unchanged.
+    fn publish_superblock(&self, state: &mut State, mut template: Superblock) -> Result<(), ArrayError> {
+        // Each round fails one more member, so this ends by the parity.
+        for _ in 0..=self.geometry.parity {
+            template.generation = state.superblock.generation.max(template.generation) + 1;
+            let member = match crate::write_superblocks(&template, &state.members) {
+                Ok(()) => {
+                    state.superblock = template;
+                    return Ok(());
+                }
+                Err(ArrayError::Io { member, .. }) => member,
+                Err(error) => return Err(error),
+            };
+            let unavailable = state.members.iter().filter(|m| m.state != MemberState::Healthy).count();
+            if unavailable + 1 > self.geometry.parity {
+                return Err(ArrayError::TooManyFailed {
+                    failed: unavailable + 1,
+                    parity: self.geometry.parity,
+                });
+            }
+            state.members[member].state = MemberState::Failed;
+            template.set_failed(member);
+        }
+        unreachable!("a write failure fails a member, and at most M may fail")
     }
 
     // ---- status -------------------------------------------------------------

@@ -440,3 +440,34 @@ fn an_unreadable_checkpoint_falls_back_to_scanning_every_stripe() {
     assert!(recovery.checkpoint_error.is_none() && recovery.slots_scanned < g.slot_count());
     check_all(&array, &model);
 }
+
+#[test]
+fn a_member_whose_superblock_write_fails_is_failed_and_the_array_goes_on() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let devices = members(6);
+    let array = tessera_array::create(named(&devices), &options(4, 2, None)).unwrap();
+    let mut model = vec![0u8; array.logical_bytes() as usize];
+    exercise(&array, &mut model, &mut rng, 100);
+    array.flush().unwrap();
+    // Member 0 stops taking writes; the first write it sees is the
+    // superblock update that records member 1's failure.
+    devices[0].set_faults(Faults {
+        fail_writes: true,
+        ..Faults::default()
+    });
+    array.fail_member(1).unwrap();
+    let states: Vec<_> = array.status().unwrap().members.iter().map(|m| m.state).collect();
+    use tessera_array::MemberState::{Failed, Healthy};
+    assert_eq!(states, [Failed, Failed, Healthy, Healthy, Healthy, Healthy]);
+    // Checkpoints and writes go on with the other four.
+    check_all(&array, &model);
+    exercise(&array, &mut model, &mut rng, 100);
+    array.checkpoint().unwrap();
+    check_all(&array, &model);
+    drop(array);
+    // The others' superblocks say so: reopened with every device, both
+    // are failed and the data is whole.
+    let array = reopen(&devices, &[]).unwrap();
+    assert_eq!(array.status().unwrap().members_unavailable, 2);
+    check_all(&array, &model);
+}
