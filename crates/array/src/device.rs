@@ -174,12 +174,15 @@ pub trait Device: Send + Sync {
 
 /// A file or block device.
 ///
-/// Aligned writes (whole chunks and headers from [`AlignedBuf`]s) use a
-/// second descriptor opened with `O_DIRECT` where the filesystem allows
-/// (not tmpfs): they skip the page cache, which saves a copy of every byte
-/// written. Other writes and all reads go through the page cache, so reads
-/// of recently read stripes stay cheap; Linux keeps the two coherent. Both
-/// are durable only after [`Device::sync`] (`fdatasync`).
+/// Aligned I/O (whole chunks and headers in [`AlignedBuf`]s, the NBD
+/// server's page-aligned read buffers) uses a second descriptor opened
+/// with `O_DIRECT` where the filesystem allows (not tmpfs): it skips the
+/// page cache, which saves a copy of every byte and keeps no second copy
+/// of what the client's own cache holds. Unaligned I/O (superblocks'
+/// neighbours, odd NBD requests) goes through the page cache; Linux keeps
+/// the two coherent (a direct write drops the cached pages it covers, a
+/// direct read writes back dirty ones first). Writes are durable only
+/// after [`Device::sync`] (`fdatasync`).
 pub struct FileDevice {
     file: File,
     direct: Option<File>,
@@ -225,7 +228,7 @@ impl FileDevice {
             .ok()
     }
 
-    /// Whether aligned writes bypass the page cache.
+    /// Whether aligned reads and writes bypass the page cache.
     pub fn is_direct(&self) -> bool {
         self.direct.is_some()
     }

@@ -56,8 +56,14 @@ pub fn extent_blocks_max(geometry: &Geometry) -> usize {
 const GC_RESERVE_SLOTS: usize = 2;
 /// A victim must be at most this full of live data to be worth collecting.
 const GC_VICTIM_LIVE_FRACTION_MAX: f64 = 0.95;
-/// Reconstructed stripes kept for sequential degraded reads.
-const RECONSTRUCT_CACHE_STRIPES: usize = 8;
+/// Bytes of reconstructed stripes kept for sequential degraded reads:
+/// room for the stripes of every request a connection has in flight (16
+/// workers, each on about three stripes of 8+2 with 64 KiB chunks).
+const RECONSTRUCT_CACHE_BYTES_MAX: usize = 32 << 20;
+/// Stripes kept whatever their size: a few for wide ones, at most enough
+/// that the cache's linear lookup stays cheap.
+const RECONSTRUCT_CACHE_STRIPES_MIN: usize = 4;
+const RECONSTRUCT_CACHE_STRIPES_MAX: usize = 64;
 /// Slots a checkpoint's window holds at most: recovery reads the headers
 /// of these, so this bounds its time; a checkpoint is written each time
 /// the volume has used them up. An eighth of the slots, within bounds.
@@ -134,6 +140,7 @@ struct Counters {
     checksum_errors: AtomicU64,
     chunks_repaired: AtomicU64,
     reconstructed_reads: AtomicU64,
+    stripes_reconstructed: AtomicU64,
     unrecoverable_reads: AtomicU64,
     gc_stripes_collected: AtomicU64,
     checkpoints_written: AtomicU64,
@@ -181,6 +188,10 @@ pub struct Recovery {
 /// A stripe's identity: (slot, sequence).
 type StripeKey = (u64, u64);
 
+/// A reconstructed data area, filled once by the reader that rebuilds it
+/// (`None` if that failed); readers of the same stripe wait on it.
+type Rebuilt = Arc<std::sync::OnceLock<Option<Arc<AlignedBuf>>>>;
+
 /// An open array.
 pub struct Array {
     geometry: Geometry,
@@ -188,7 +199,9 @@ pub struct Array {
     policy: Option<Policy>,
     state: RwLock<State>,
     counters: Arc<Counters>,
-    cache: Mutex<VecDeque<(StripeKey, Arc<AlignedBuf>)>>,
+    cache: Mutex<VecDeque<(StripeKey, Rebuilt)>>,
+    /// Stripes the reconstruction cache holds.
+    cache_stripes: usize,
     writer: Writer,
 }
 
@@ -266,6 +279,9 @@ pub struct Status {
     pub checksum_errors: u64,
     pub chunks_repaired: u64,
     pub reconstructed_reads: u64,
+    /// Stripes rebuilt from K chunks to serve reads (each once, however
+    /// many reads it serves from the cache).
+    pub stripes_reconstructed: u64,
     pub unrecoverable_reads: u64,
     /// Sequence of the newest durable map checkpoint (0: none).
     pub checkpoint_sequence: u64,
@@ -321,6 +337,8 @@ impl Array {
             }),
             counters: Arc::new(Counters::default()),
             cache: Mutex::new(VecDeque::new()),
+            cache_stripes: (RECONSTRUCT_CACHE_BYTES_MAX / geometry.data_area_bytes())
+                .clamp(RECONSTRUCT_CACHE_STRIPES_MIN, RECONSTRUCT_CACHE_STRIPES_MAX),
             writer: Writer {
                 sender: Mutex::new(None),
                 thread: Mutex::new(None),
@@ -684,35 +702,54 @@ impl Array {
             })
     }
 
+    /// A degraded stripe's data area, rebuilt once: the first reader to
+    /// miss the cache rebuilds it (in the buffer of the stripe it evicts)
+    /// while other readers of the same stripe wait for that, rather than
+    /// rebuild it again; neighbouring requests of a sequential reader share
+    /// their boundary stripes.
     fn cached_or_reconstruct(&self, state: &State, slot: u64, sequence: u64) -> Result<Arc<AlignedBuf>, ArrayError> {
         let key = (slot, sequence);
-        if let Some((_, area)) = self
-            .cache
-            .lock()
-            .map_err(lock_poisoned)?
-            .iter()
-            .find(|(k, _)| *k == key)
-        {
-            return Ok(area.clone());
-        }
-        // The oldest cached stripe's buffer is reused when it is evicted.
-        let recycled = {
+        let (entry, recycled) = {
             let mut cache = self.cache.lock().map_err(lock_poisoned)?;
-            if cache.len() >= RECONSTRUCT_CACHE_STRIPES {
-                cache.pop_front().and_then(|(_, area)| Arc::try_unwrap(area).ok())
-            } else {
-                None
+            match cache.iter().find(|(k, _)| *k == key) {
+                Some((_, entry)) => (entry.clone(), None),
+                None => {
+                    let evicted = if cache.len() >= self.cache_stripes {
+                        cache.pop_front()
+                    } else {
+                        None
+                    };
+                    let entry = Rebuilt::default();
+                    cache.push_back((key, entry.clone()));
+                    (entry, evicted.and_then(|(_, old)| Arc::try_unwrap(old).ok()))
+                }
             }
         };
-        let (area, bad) = self.reconstruct_into(state, slot, sequence, false, recycled.unwrap_or_default())?;
-        self.repair(state, slot, sequence, &area, &bad);
-        let area = Arc::new(area);
-        let mut cache = self.cache.lock().map_err(lock_poisoned)?;
-        if cache.len() >= RECONSTRUCT_CACHE_STRIPES {
-            cache.pop_front();
+        let mut error = None;
+        let area = entry.get_or_init(|| {
+            // A buffer no reader holds any more is reused.
+            let buffer = recycled
+                .and_then(|cell| cell.into_inner().flatten())
+                .and_then(|area| Arc::try_unwrap(area).ok());
+            self.counters.stripes_reconstructed.fetch_add(1, Ordering::Relaxed);
+            match self.reconstruct_into(state, slot, sequence, false, buffer.unwrap_or_default()) {
+                Ok((area, bad)) => {
+                    self.repair(state, slot, sequence, &area, &bad);
+                    Some(Arc::new(area))
+                }
+                Err(e) => {
+                    error = Some(e);
+                    None
+                }
+            }
+        });
+        if let Some(area) = area {
+            return Ok(area.clone());
         }
-        cache.push_back((key, area.clone()));
-        Ok(area)
+        // Not kept: the next read tries again.
+        let mut cache = self.cache.lock().map_err(lock_poisoned)?;
+        cache.retain(|(k, e)| !(*k == key && Arc::ptr_eq(e, &entry)));
+        Err(error.unwrap_or(ArrayError::Unreadable { slot }))
     }
 
     /// Counts and rewrites the chunks of `bad` that are on healthy members
@@ -1559,6 +1596,7 @@ impl Array {
             checksum_errors: c.checksum_errors.load(Ordering::Relaxed),
             chunks_repaired: c.chunks_repaired.load(Ordering::Relaxed),
             reconstructed_reads: c.reconstructed_reads.load(Ordering::Relaxed),
+            stripes_reconstructed: c.stripes_reconstructed.load(Ordering::Relaxed),
             unrecoverable_reads: c.unrecoverable_reads.load(Ordering::Relaxed),
             checkpoint_sequence: state.superblock.checkpoint.as_ref().map_or(0, |c| c.sequence),
             checkpoints_written: c.checkpoints_written.load(Ordering::Relaxed),

@@ -471,3 +471,40 @@ fn a_member_whose_superblock_write_fails_is_failed_and_the_array_goes_on() {
     assert_eq!(array.status().unwrap().members_unavailable, 2);
     check_all(&array, &model);
 }
+
+#[test]
+fn concurrent_readers_of_a_degraded_stripe_rebuild_it_once() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let devices = members(6);
+    let array = tessera_array::create(named(&devices), &options(4, 2, None)).unwrap();
+    // Four stripes' worth of data from block 0, on the members.
+    let span = 4 * 4 * CHUNK;
+    let mut data = vec![0u8; span];
+    rng.fill(&mut data[..]);
+    array.write(0, &data, true).unwrap();
+    array.fail_member(0).unwrap();
+    let before = array.status().unwrap().stripes_reconstructed;
+    // Eight readers at once, each over all of it, in 16 KiB pieces.
+    let start = std::sync::Barrier::new(8);
+    std::thread::scope(|scope| {
+        for _ in 0..8 {
+            scope.spawn(|| {
+                start.wait();
+                let mut piece = vec![0u8; 16 << 10];
+                for offset in (0..span).step_by(piece.len()) {
+                    array.read(offset as u64, &mut piece).unwrap();
+                    assert!(piece == data[offset..offset + piece.len()], "read at {offset}");
+                }
+            });
+        }
+    });
+    let status = array.status().unwrap();
+    // A stripe's summary (a few records) takes its last block, so each
+    // holds one block less than its data area.
+    let stripes = span.div_ceil(array.geometry().data_area_bytes() - 4096) as u64;
+    assert_eq!(
+        status.stripes_reconstructed - before,
+        stripes,
+        "each degraded stripe is rebuilt once, and serves every reader"
+    );
+}

@@ -381,10 +381,11 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
         n("gc_stripes_collected")
     );
     println!(
-        "errors: {} bad chunks found, {} repaired; {} reads reconstructed, {} unrecoverable",
+        "errors: {} bad chunks found, {} repaired; {} reads reconstructed (from {} stripes rebuilt), {} unrecoverable",
         n("checksum_errors"),
         n("chunks_repaired"),
         n("reconstructed_reads"),
+        n("stripes_reconstructed"),
         n("unrecoverable_reads")
     );
     let r = &status["recovery"];
