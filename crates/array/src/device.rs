@@ -107,37 +107,27 @@ fn direct_aligned(buf: &[u8], offset: u64) -> bool {
         && offset.is_multiple_of(IO_ALIGN as u64)
 }
 
-/// Pieces one `pwritev` takes at most (Linux's `IOV_MAX`).
+/// Pieces one `preadv` or `pwritev` takes at most (Linux's `IOV_MAX`).
 const IOVECS_MAX: usize = 1024;
 
-/// Writes what is left of `pieces` (laid out from `offset`) after the
-/// first `done` bytes, one piece at a time with `write_at`.
-fn write_pieces(device: &dyn Device, pieces: &[&[u8]], offset: u64, done: usize) -> io::Result<()> {
+/// What is left of pieces `lengths` long, laid end to end from `offset`,
+/// once the first `done` bytes are moved: (piece, bytes of it already
+/// moved, device offset of the rest), for each piece not finished.
+fn remaining(lengths: &[usize], offset: u64, done: usize) -> Vec<(usize, usize, u64)> {
     let mut at = 0;
-    for piece in pieces {
-        let skip = done.saturating_sub(at).min(piece.len());
-        if skip < piece.len() {
-            device.write_at(&piece[skip..], offset + (at + skip) as u64)?;
-        }
-        at += piece.len();
-    }
-    Ok(())
-}
-
-/// Reads what is left of `pieces` (laid out from `offset`) after the
-/// first `done` bytes, one piece at a time with `read_at`.
-fn read_pieces(device: &dyn Device, pieces: &mut [&mut [u8]], offset: u64, done: usize) -> io::Result<()> {
-    let mut at = 0;
-    for piece in pieces {
-        let skip = done.saturating_sub(at).min(piece.len());
-        let len = piece.len();
+    let mut left = Vec::new();
+    for (piece, &len) in lengths.iter().enumerate() {
+        let skip = done.saturating_sub(at).min(len);
         if skip < len {
-            device.read_at(&mut piece[skip..], offset + (at + skip) as u64)?;
+            left.push((piece, skip, offset + (at + skip) as u64));
         }
         at += len;
     }
-    Ok(())
+    left
 }
+
+/// `preadv` or `pwritev`.
+type VectoredCall = unsafe extern "C" fn(libc::c_int, *const libc::iovec, libc::c_int, libc::off_t) -> libc::ssize_t;
 
 /// A member device: positioned reads and writes, and a barrier.
 pub trait Device: Send + Sync {
@@ -232,6 +222,36 @@ impl FileDevice {
     pub fn is_direct(&self) -> bool {
         self.direct.is_some()
     }
+
+    /// One `call` (`preadv` or `pwritev`) of all of `iov` on the direct
+    /// descriptor, where `iov` and `offset` meet its alignment; returns
+    /// the bytes it moved: 0 where it was not tried, or the filesystem
+    /// refused direct I/O there (EINVAL), so the caller does the rest
+    /// through the page cache.
+    fn direct_vectored(&self, iov: &[libc::iovec], offset: u64, call: VectoredCall) -> io::Result<usize> {
+        use std::os::fd::AsRawFd;
+        let aligned = |address: usize, len: usize| address.is_multiple_of(IO_ALIGN) && len.is_multiple_of(IO_ALIGN);
+        let Some(direct) = &self.direct else { return Ok(0) };
+        let Ok(offset) = libc::off_t::try_from(offset) else {
+            return Ok(0);
+        };
+        if iov.len() > IOVECS_MAX
+            || !aligned(offset as usize, 0)
+            || !iov.iter().all(|v| aligned(v.iov_base as usize, v.iov_len))
+        {
+            return Ok(0);
+        }
+        // SAFETY: the caller built `iov` from slices it holds (exclusively,
+        // for a read) for the whole call.
+        let moved = unsafe { call(direct.as_raw_fd(), iov.as_ptr(), iov.len() as libc::c_int, offset) };
+        match usize::try_from(moved) {
+            Ok(moved) => Ok(moved),
+            Err(_) => match io::Error::last_os_error() {
+                error if error.raw_os_error() == Some(libc::EINVAL) => Ok(0),
+                error => Err(error),
+            },
+        }
+    }
 }
 
 impl Device for FileDevice {
@@ -247,17 +267,6 @@ impl Device for FileDevice {
         self.file.read_exact_at(buf, offset)
     }
     fn read_vectored_at(&self, pieces: &mut [&mut [u8]], offset: u64) -> io::Result<()> {
-        use std::os::fd::AsRawFd;
-        let direct = match &self.direct {
-            Some(direct)
-                if pieces.len() <= IOVECS_MAX
-                    && offset.is_multiple_of(IO_ALIGN as u64)
-                    && pieces.iter().all(|p| direct_aligned(p, 0)) =>
-            {
-                direct
-            }
-            _ => return read_pieces(self, pieces, offset, 0),
-        };
         let iov: Vec<libc::iovec> = pieces
             .iter_mut()
             .map(|b| libc::iovec {
@@ -265,22 +274,14 @@ impl Device for FileDevice {
                 iov_len: b.len(),
             })
             .collect();
-        let total: usize = pieces.iter().map(|p| p.len()).sum();
-        let offset_signed = i64::try_from(offset).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        // SAFETY: every iovec points into a live, exclusively borrowed slice
-        // for the call's duration.
-        let n = unsafe { libc::preadv(direct.as_raw_fd(), iov.as_ptr(), iov.len() as i32, offset_signed) };
-        if n < 0 {
-            let error = io::Error::last_os_error();
-            if error.raw_os_error() != Some(libc::EINVAL) {
-                return Err(error);
-            }
-        } else if n as usize == total {
-            return Ok(());
+        let done = self.direct_vectored(&iov, offset, libc::preadv)?;
+        // What the direct read left (unaligned, refused, or short at the
+        // end of the device), one piece at a time: short there is an error.
+        let lengths: Vec<usize> = pieces.iter().map(|p| p.len()).collect();
+        for (piece, skip, at) in remaining(&lengths, offset, done) {
+            self.read_at(&mut pieces[piece][skip..], at)?;
         }
-        // Refused (EINVAL) or short (the end of the device): the rest, one
-        // piece at a time, which reports a short read as an error.
-        read_pieces(self, pieces, offset, n.max(0) as usize)
+        Ok(())
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         if let Some(direct) = &self.direct {
@@ -295,17 +296,6 @@ impl Device for FileDevice {
         self.file.write_all_at(buf, offset)
     }
     fn write_vectored_at(&self, pieces: &[&[u8]], offset: u64) -> io::Result<()> {
-        use std::os::fd::AsRawFd;
-        let direct = match &self.direct {
-            Some(direct)
-                if pieces.len() <= IOVECS_MAX
-                    && offset.is_multiple_of(IO_ALIGN as u64)
-                    && pieces.iter().all(|p| direct_aligned(p, 0)) =>
-            {
-                direct
-            }
-            _ => return write_pieces(self, pieces, offset, 0),
-        };
         let iov: Vec<libc::iovec> = pieces
             .iter()
             .map(|b| libc::iovec {
@@ -313,20 +303,14 @@ impl Device for FileDevice {
                 iov_len: b.len(),
             })
             .collect();
-        let total: usize = pieces.iter().map(|p| p.len()).sum();
-        let offset_signed = i64::try_from(offset).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        // SAFETY: every iovec points into a live slice for the call's duration.
-        let n = unsafe { libc::pwritev(direct.as_raw_fd(), iov.as_ptr(), iov.len() as i32, offset_signed) };
-        if n < 0 {
-            let error = io::Error::last_os_error();
-            if error.raw_os_error() != Some(libc::EINVAL) {
-                return Err(error);
-            }
-        } else if n as usize == total {
-            return Ok(());
+        let done = self.direct_vectored(&iov, offset, libc::pwritev)?;
+        // What the direct write left (unaligned, refused, or short), one
+        // piece at a time.
+        let lengths: Vec<usize> = pieces.iter().map(|p| p.len()).collect();
+        for (piece, skip, at) in remaining(&lengths, offset, done) {
+            self.write_at(&pieces[piece][skip..], at)?;
         }
-        // Refused (EINVAL) or short: the rest, one piece at a time.
-        write_pieces(self, pieces, offset, n.max(0) as usize)
+        Ok(())
     }
     fn sync(&self) -> io::Result<()> {
         self.file.sync_data()

@@ -914,6 +914,24 @@ mod tests {
         assert!(g.place(g.slot_count() - 1, g.width() - 1).1 < g.rows);
     }
 
+    /// A summary's records for a stripe in slot 11 (Blake3 digests).
+    fn records() -> Vec<Record> {
+        vec![
+            Record::Data {
+                lba: 10,
+                extent: Extent {
+                    slot: 11,
+                    offset: 4096,
+                    stored_bytes: 777,
+                    blocks: 16,
+                    codec: Some(Codec::Lz4),
+                    digest: Algorithm::Blake3.digest(b"x"),
+                },
+            },
+            Record::Zero { lba: 0, blocks: 3 },
+        ]
+    }
+
     #[test]
     fn chunk_header_and_summary_round_trip() {
         let a = Algorithm::Blake3;
@@ -931,20 +949,7 @@ mod tests {
             summary_digest: a.digest(b"summary"),
         };
         assert_eq!(ChunkHeader::decode(&h.encode(), a).unwrap(), h);
-        let records = vec![
-            Record::Data {
-                lba: 10,
-                extent: Extent {
-                    slot: 11,
-                    offset: 4096,
-                    stored_bytes: 777,
-                    blocks: 16,
-                    codec: Some(Codec::Lz4),
-                    digest: a.digest(b"x"),
-                },
-            },
-            Record::Zero { lba: 0, blocks: 3 },
-        ];
+        let records = records();
         let bytes = encode_summary(a, &records);
         assert_eq!(bytes.len(), summary_bytes(a, 2));
         assert_eq!(decode_summary(&bytes, &geometry(), 11).unwrap(), records);
@@ -1025,23 +1030,7 @@ mod tests {
             }),
         }
         .encode();
-        let summary = encode_summary(
-            a,
-            &[
-                Record::Data {
-                    lba: 10,
-                    extent: Extent {
-                        slot: 11,
-                        offset: 4096,
-                        stored_bytes: 777,
-                        blocks: 16,
-                        codec: Some(Codec::Lz4),
-                        digest: a.digest(b"x"),
-                    },
-                },
-                Record::Zero { lba: 0, blocks: 3 },
-            ],
-        );
+        let summary = encode_summary(a, &records());
         let checkpoint = checkpoint().encode(a);
         let blocks_total = g.logical_bytes / BLOCK_BYTES as u64;
         for seed in 0..2000u64 {

@@ -82,6 +82,25 @@ fn exercise(array: &tessera_array::Array, model: &mut [u8], rng: &mut impl Rng, 
     }
 }
 
+/// A 4+2 array on six members after 100 random operations, flushed:
+/// (members, array, model, the rng to go on with).
+fn flushed_4_plus_2(
+    seed: u64,
+) -> (
+    Vec<Arc<MemoryDevice>>,
+    tessera_array::Array,
+    Vec<u8>,
+    rand::rngs::StdRng,
+) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let devices = members(6);
+    let array = tessera_array::create(named(&devices), &options(4, 2, None)).unwrap();
+    let mut model = vec![0u8; array.logical_bytes() as usize];
+    exercise(&array, &mut model, &mut rng, 100);
+    array.flush().unwrap();
+    (devices, array, model, rng)
+}
+
 fn check_all(array: &tessera_array::Array, model: &[u8]) {
     let mut buf = vec![0u8; model.len()];
     array.read(0, &mut buf).unwrap();
@@ -313,12 +332,7 @@ fn wrong_members_are_refused() {
 
 #[test]
 fn lost_writes_on_a_member_are_caught_and_repaired() {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-    let devices = members(6);
-    let array = tessera_array::create(named(&devices), &options(4, 2, None)).unwrap();
-    let mut model = vec![0u8; array.logical_bytes() as usize];
-    exercise(&array, &mut model, &mut rng, 100);
-    array.flush().unwrap();
+    let (devices, array, mut model, mut rng) = flushed_4_plus_2(11);
     // Member 3 acknowledges writes and drops them: its chunks go stale.
     devices[3].set_faults(Faults {
         lose_writes: true,
@@ -443,12 +457,7 @@ fn an_unreadable_checkpoint_falls_back_to_scanning_every_stripe() {
 
 #[test]
 fn a_member_whose_superblock_write_fails_is_failed_and_the_array_goes_on() {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-    let devices = members(6);
-    let array = tessera_array::create(named(&devices), &options(4, 2, None)).unwrap();
-    let mut model = vec![0u8; array.logical_bytes() as usize];
-    exercise(&array, &mut model, &mut rng, 100);
-    array.flush().unwrap();
+    let (devices, array, mut model, mut rng) = flushed_4_plus_2(11);
     // Member 0 stops taking writes; the first write it sees is the
     // superblock update that records member 1's failure.
     devices[0].set_faults(Faults {
