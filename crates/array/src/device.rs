@@ -380,10 +380,20 @@ impl MemoryDevice {
     /// Loses every write since the last sync except the first `keep`
     /// (in order), as power loss would.
     pub fn crash(&self, keep: usize) {
+        self.crash_with(|index, len| if index < keep { len } else { 0 });
+    }
+
+    /// Power loss as a disk's volatile cache may leave it: of each write
+    /// since the last sync (given its index, in order, and its length),
+    /// `kept` says how many leading bytes reached the media: all, none, or
+    /// part of it (a torn write). Writes are applied in order, so a later
+    /// kept write covers an earlier one.
+    pub fn crash_with(&self, mut kept: impl FnMut(usize, usize) -> usize) {
         let mut state = self.state();
         let pending = std::mem::take(&mut state.pending);
-        for (offset, bytes) in pending.into_iter().take(keep) {
-            state.durable[offset as usize..offset as usize + bytes.len()].copy_from_slice(&bytes);
+        for (index, (offset, bytes)) in pending.into_iter().enumerate() {
+            let n = kept(index, bytes.len()).min(bytes.len());
+            state.durable[offset as usize..offset as usize + n].copy_from_slice(&bytes[..n]);
         }
     }
 
