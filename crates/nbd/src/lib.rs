@@ -58,7 +58,8 @@ impl ReadBuffer {
     /// `len` bytes starting at a page boundary.
     fn get(&mut self, len: usize) -> &mut [u8] {
         if self.bytes.len() < len + READ_BUFFER_ALIGN {
-            self.bytes.resize(len + READ_BUFFER_ALIGN, 0);
+            // Fresh (zeroed by the allocator), not grown: nothing to copy.
+            self.bytes = vec![0; len + READ_BUFFER_ALIGN];
         }
         let pad = self.bytes.as_ptr().align_offset(READ_BUFFER_ALIGN);
         &mut self.bytes[pad..pad + len]
