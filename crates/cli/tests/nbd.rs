@@ -419,3 +419,90 @@ fn kill_9_loses_no_acknowledged_fua_write() {
     assert!(!out.contains("Pattern verification failed"), "{out}");
     server.stop();
 }
+
+#[test]
+fn kill_9_during_queued_writes_keeps_every_flushed_batch_and_tears_no_block() {
+    // Batches of eight 1 MiB writes in flight at once (qemu-io's aio),
+    // each batch then flushed, cycling over four 8 MiB regions: 48 batches
+    // are 384 MiB through an array of about 150 MiB, so the log wraps and
+    // garbage collection runs. The server is killed mid-batch.
+    const BATCH_WRITES: usize = 8;
+    const REGIONS: usize = 4;
+    const BATCHES: usize = 48;
+    const KILL_AFTER_WRITES: usize = 30 * BATCH_WRITES + 3;
+    let region_bytes = (BATCH_WRITES << 20) as u64;
+    let pattern = |batch: usize| (batch % 250 + 1) as u8;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("array");
+    create(&dir, &[]);
+    let socket = tmp.path().join("nbd.sock");
+    let server = Served::start(&dir, &socket);
+    let mut args = vec!["-f".to_string(), "raw".to_string()];
+    for batch in 0..BATCHES {
+        let base = (batch % REGIONS) as u64 * region_bytes;
+        for i in 0..BATCH_WRITES as u64 {
+            args.push("-c".to_string());
+            args.push(format!("aio_write -P {} {} 1M", pattern(batch), base + (i << 20)));
+        }
+        // Every write of the batch answered, then an NBD FLUSH.
+        args.extend(["-c", "aio_flush", "-c", "flush"].map(String::from));
+    }
+    args.push(server.uri());
+    let mut writer = Command::new("qemu-io")
+        .args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("qemu-io must be installed");
+    // qemu-io runs its commands in order, and `aio_flush` waits for every
+    // write before it: once a write of batch b is answered, the flush of
+    // batch b-1 was acknowledged.
+    let mut answered = 0;
+    let pid = server.child.id().to_string();
+    let stdout = std::io::BufReader::new(writer.stdout.take().unwrap());
+    for line in std::io::BufRead::lines(stdout) {
+        let Ok(line) = line else { break };
+        if line.starts_with("wrote 1048576/1048576 bytes at offset ") {
+            answered += 1;
+            if answered == KILL_AFTER_WRITES {
+                assert!(Command::new("kill").args(["-9", &pid]).status().unwrap().success());
+            }
+        }
+    }
+    let _ = writer.wait();
+    drop(server);
+    eprintln!(
+        "{answered} of {} queued writes answered before kill -9",
+        BATCHES * BATCH_WRITES
+    );
+    assert!(
+        (KILL_AFTER_WRITES..BATCHES * BATCH_WRITES).contains(&answered),
+        "the kill came mid-run"
+    );
+    let flushed_through = answered / BATCH_WRITES - 1;
+    let server = Served::start(&dir, &socket);
+    let image = tmp.path().join("after.img");
+    let out = run("nbdcopy", &[&server.uri(), image.to_str().unwrap()], tmp.path());
+    assert!(out.is_empty(), "{out}");
+    server.stop();
+    let after = std::fs::read(&image).unwrap();
+    let (written, rest) = after.split_at(REGIONS * region_bytes as usize);
+    assert!(rest.iter().all(|&b| b == 0), "beyond the regions nothing was written");
+    for (block, bytes) in written.chunks(4096).enumerate() {
+        let region = block * 4096 / region_bytes as usize;
+        // The newest flushed batch over this region, or any batch after it.
+        let flushed = (0..=flushed_through).rev().find(|b| b % REGIONS == region);
+        let allowed: Vec<u8> = std::iter::once(flushed.map_or(0, pattern))
+            .chain(
+                (flushed_through + 1..BATCHES)
+                    .filter(|b| b % REGIONS == region)
+                    .map(pattern),
+            )
+            .collect();
+        assert!(
+            bytes.iter().all(|&b| b == bytes[0]) && allowed.contains(&bytes[0]),
+            "block {block} (region {region}) holds {:?}: torn, or neither batch {flushed:?} (the last flushed) nor a later one",
+            &bytes[..8]
+        );
+    }
+}
