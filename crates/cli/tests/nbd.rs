@@ -365,6 +365,42 @@ fn create_refuses_bad_shapes_and_open_refuses_foreign_members() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("belongs to another array"));
 }
 
+/// Runs qemu-io's `commands` against `server` and kills the server with
+/// SIGKILL once `kill_after` writes are answered; returns the offsets of
+/// the writes qemu-io saw answered, in order.
+fn qemu_io_killing(server: Served, commands: &[String], kill_after: usize) -> Vec<u64> {
+    let mut args = vec!["-f".to_string(), "raw".to_string()];
+    for command in commands {
+        args.extend(["-c".to_string(), command.clone()]);
+    }
+    args.push(server.uri());
+    let mut writer = Command::new("qemu-io")
+        .args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("qemu-io must be installed");
+    let mut answered = Vec::new();
+    let pid = server.child.id().to_string();
+    let stdout = std::io::BufReader::new(writer.stdout.take().unwrap());
+    for line in std::io::BufRead::lines(stdout) {
+        let Ok(line) = line else { break };
+        // "wrote 65536/65536 bytes at offset 1234"
+        if let Some((_, offset)) = line
+            .strip_prefix("wrote ")
+            .and_then(|l| l.split_once(" bytes at offset "))
+        {
+            answered.push(offset.trim().parse().unwrap());
+            if answered.len() == kill_after {
+                assert!(Command::new("kill").args(["-9", &pid]).status().unwrap().success());
+            }
+        }
+    }
+    let _ = writer.wait();
+    drop(server);
+    answered
+}
+
 #[test]
 fn kill_9_loses_no_acknowledged_fua_write() {
     let tmp = tempfile::tempdir().unwrap();
@@ -374,33 +410,12 @@ fn kill_9_loses_no_acknowledged_fua_write() {
     let server = Served::start(&dir, &socket);
     // FUA writes of distinct patterns to distinct places, killed midway.
     let writes: Vec<(u64, u32)> = (0..400u64).map(|i| (i * 65536, (i % 250 + 1) as u32)).collect();
-    let mut args = vec!["-f".to_string(), "raw".to_string()];
-    for (offset, pattern) in &writes {
-        args.push("-c".to_string());
-        args.push(format!("write -f -P {pattern} {offset} 64k"));
-    }
-    args.push(server.uri());
-    let mut writer = Command::new("qemu-io")
-        .args(&args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("qemu-io must be installed");
-    // Kill the server once 50 writes are acknowledged, whatever the speed.
-    let mut acknowledged: Vec<u64> = Vec::new();
-    let pid = server.child.id().to_string();
-    let stdout = std::io::BufReader::new(writer.stdout.take().unwrap());
-    for line in std::io::BufRead::lines(stdout) {
-        let Ok(line) = line else { break };
-        if let Some(offset) = line.strip_prefix("wrote 65536/65536 bytes at offset ") {
-            acknowledged.push(offset.trim().parse().unwrap());
-            if acknowledged.len() == 50 {
-                assert!(Command::new("kill").args(["-9", &pid]).status().unwrap().success());
-            }
-        }
-    }
-    let _ = writer.wait();
-    drop(server);
+    let commands: Vec<String> = writes
+        .iter()
+        .map(|(offset, pattern)| format!("write -f -P {pattern} {offset} 64k"))
+        .collect();
+    // Killed once 50 writes are acknowledged, whatever the speed.
+    let acknowledged = qemu_io_killing(server, &commands, 50);
     eprintln!(
         "{} of {} FUA writes acknowledged before kill -9",
         acknowledged.len(),
@@ -437,40 +452,19 @@ fn kill_9_during_queued_writes_keeps_every_flushed_batch_and_tears_no_block() {
     create(&dir, &[]);
     let socket = tmp.path().join("nbd.sock");
     let server = Served::start(&dir, &socket);
-    let mut args = vec!["-f".to_string(), "raw".to_string()];
+    let mut commands = Vec::new();
     for batch in 0..BATCHES {
         let base = (batch % REGIONS) as u64 * region_bytes;
         for i in 0..BATCH_WRITES as u64 {
-            args.push("-c".to_string());
-            args.push(format!("aio_write -P {} {} 1M", pattern(batch), base + (i << 20)));
+            commands.push(format!("aio_write -P {} {} 1M", pattern(batch), base + (i << 20)));
         }
         // Every write of the batch answered, then an NBD FLUSH.
-        args.extend(["-c", "aio_flush", "-c", "flush"].map(String::from));
+        commands.extend(["aio_flush", "flush"].map(String::from));
     }
-    args.push(server.uri());
-    let mut writer = Command::new("qemu-io")
-        .args(&args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("qemu-io must be installed");
     // qemu-io runs its commands in order, and `aio_flush` waits for every
     // write before it: once a write of batch b is answered, the flush of
     // batch b-1 was acknowledged.
-    let mut answered = 0;
-    let pid = server.child.id().to_string();
-    let stdout = std::io::BufReader::new(writer.stdout.take().unwrap());
-    for line in std::io::BufRead::lines(stdout) {
-        let Ok(line) = line else { break };
-        if line.starts_with("wrote 1048576/1048576 bytes at offset ") {
-            answered += 1;
-            if answered == KILL_AFTER_WRITES {
-                assert!(Command::new("kill").args(["-9", &pid]).status().unwrap().success());
-            }
-        }
-    }
-    let _ = writer.wait();
-    drop(server);
+    let answered = qemu_io_killing(server, &commands, KILL_AFTER_WRITES).len();
     eprintln!(
         "{answered} of {} queued writes answered before kill -9",
         BATCHES * BATCH_WRITES
