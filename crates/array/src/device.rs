@@ -100,30 +100,26 @@ impl std::fmt::Debug for AlignedBuf {
     }
 }
 
-/// Whether a write of `buf` at `offset` meets direct I/O's alignment.
-fn direct_aligned(buf: &[u8], offset: u64) -> bool {
-    (buf.as_ptr() as usize).is_multiple_of(IO_ALIGN)
-        && buf.len().is_multiple_of(IO_ALIGN)
-        && offset.is_multiple_of(IO_ALIGN as u64)
-}
-
 /// Pieces one `preadv` or `pwritev` takes at most (Linux's `IOV_MAX`).
 const IOVECS_MAX: usize = 1024;
 
-/// What is left of pieces `lengths` long, laid end to end from `offset`,
+/// What is left of the pieces of `iov`, laid end to end from `offset`,
 /// once the first `done` bytes are moved: (piece, bytes of it already
 /// moved, device offset of the rest), for each piece not finished.
-fn remaining(lengths: &[usize], offset: u64, done: usize) -> Vec<(usize, usize, u64)> {
-    let mut at = 0;
-    let mut left = Vec::new();
-    for (piece, &len) in lengths.iter().enumerate() {
-        let skip = done.saturating_sub(at).min(len);
-        if skip < len {
-            left.push((piece, skip, offset + (at + skip) as u64));
-        }
-        at += len;
-    }
-    left
+/// Nothing is allocated when everything was moved, as it usually is.
+fn remaining(iov: &[libc::iovec], offset: u64, done: usize) -> impl Iterator<Item = (usize, usize, u64)> + '_ {
+    let starts = iov.iter().scan(0usize, |at, v| {
+        let start = *at;
+        *at += v.iov_len;
+        Some(start)
+    });
+    iov.iter()
+        .zip(starts)
+        .enumerate()
+        .filter_map(move |(piece, (v, start))| {
+            let skip = done.saturating_sub(start).min(v.iov_len);
+            (skip < v.iov_len).then(|| (piece, skip, offset + (start + skip) as u64))
+        })
 }
 
 /// `preadv` or `pwritev`.
@@ -224,7 +220,8 @@ impl FileDevice {
     }
 
     /// One `call` (`preadv` or `pwritev`) of all of `iov` on the direct
-    /// descriptor, where `iov` and `offset` meet its alignment; returns
+    /// descriptor, where `iov` and `offset` meet its alignment (address,
+    /// length and offset multiples of [`IO_ALIGN`]); returns
     /// the bytes it moved: 0 where it was not tried, or the filesystem
     /// refused direct I/O there (EINVAL), so the caller does the rest
     /// through the page cache.
@@ -256,15 +253,7 @@ impl FileDevice {
 
 impl Device for FileDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        if let Some(direct) = &self.direct {
-            if direct_aligned(buf, offset) {
-                match direct.read_exact_at(buf, offset) {
-                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
-                    result => return result,
-                }
-            }
-        }
-        self.file.read_exact_at(buf, offset)
+        self.read_vectored_at(&mut [buf], offset)
     }
     fn read_vectored_at(&self, pieces: &mut [&mut [u8]], offset: u64) -> io::Result<()> {
         let iov: Vec<libc::iovec> = pieces
@@ -276,24 +265,15 @@ impl Device for FileDevice {
             .collect();
         let done = self.direct_vectored(&iov, offset, libc::preadv)?;
         // What the direct read left (unaligned, refused, or short at the
-        // end of the device), one piece at a time: short there is an error.
-        let lengths: Vec<usize> = pieces.iter().map(|p| p.len()).collect();
-        for (piece, skip, at) in remaining(&lengths, offset, done) {
-            self.read_at(&mut pieces[piece][skip..], at)?;
+        // end of the device) through the page cache, piece by piece: a
+        // short read there is an error.
+        for (piece, skip, at) in remaining(&iov, offset, done) {
+            self.file.read_exact_at(&mut pieces[piece][skip..], at)?;
         }
         Ok(())
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        if let Some(direct) = &self.direct {
-            if direct_aligned(buf, offset) {
-                match direct.write_all_at(buf, offset) {
-                    // Some filesystems open O_DIRECT and refuse it per write.
-                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
-                    result => return result,
-                }
-            }
-        }
-        self.file.write_all_at(buf, offset)
+        self.write_vectored_at(&[buf], offset)
     }
     fn write_vectored_at(&self, pieces: &[&[u8]], offset: u64) -> io::Result<()> {
         let iov: Vec<libc::iovec> = pieces
@@ -304,11 +284,10 @@ impl Device for FileDevice {
             })
             .collect();
         let done = self.direct_vectored(&iov, offset, libc::pwritev)?;
-        // What the direct write left (unaligned, refused, or short), one
-        // piece at a time.
-        let lengths: Vec<usize> = pieces.iter().map(|p| p.len()).collect();
-        for (piece, skip, at) in remaining(&lengths, offset, done) {
-            self.write_at(&pieces[piece][skip..], at)?;
+        // What the direct write left (unaligned, refused, or short)
+        // through the page cache, piece by piece.
+        for (piece, skip, at) in remaining(&iov, offset, done) {
+            self.file.write_all_at(&pieces[piece][skip..], at)?;
         }
         Ok(())
     }
@@ -532,6 +511,24 @@ mod tests {
         want[1..3].copy_from_slice(b"xy");
         assert_eq!(back, want);
         eprintln!("direct I/O on {}: {}", dir.path().display(), d.is_direct());
+    }
+
+    #[test]
+    fn what_a_short_vectored_transfer_leaves() {
+        let bytes = [0u8; 10];
+        let iov: Vec<libc::iovec> = [3usize, 4, 2]
+            .iter()
+            .map(|&len| libc::iovec {
+                iov_base: bytes.as_ptr() as *mut libc::c_void,
+                iov_len: len,
+            })
+            .collect();
+        let left = |done| remaining(&iov, 100, done).collect::<Vec<_>>();
+        assert_eq!(left(0), [(0, 0, 100), (1, 0, 103), (2, 0, 107)]);
+        assert_eq!(left(5), [(1, 2, 105), (2, 0, 107)]);
+        assert_eq!(left(7), [(2, 0, 107)]);
+        assert_eq!(left(8), [(2, 1, 108)]);
+        assert!(left(9).is_empty());
     }
 
     #[test]

@@ -230,7 +230,9 @@ const WRITE_STRIPES_IN_FLIGHT_MAX: usize = 32;
 /// Bytes one member's thread writes with one call at most (after the
 /// first chunk, which always goes).
 const WRITE_RUN_BYTES_MAX: usize = 2 << 20;
-const _: () = assert!(WRITE_STRIPES_IN_FLIGHT_MIN >= 2 && WRITE_STRIPES_IN_FLIGHT_MIN <= WRITE_STRIPES_IN_FLIGHT_MAX);
+// `clamp` needs each minimum at most its maximum.
+const _: () = assert!(WRITE_STRIPES_IN_FLIGHT_MIN <= WRITE_STRIPES_IN_FLIGHT_MAX);
+const _: () = assert!(RECONSTRUCT_CACHE_STRIPES_MIN <= RECONSTRUCT_CACHE_STRIPES_MAX);
 
 struct Job {
     info: stripe::StripeInfo,
@@ -1263,10 +1265,11 @@ impl Array {
         state.in_flight.insert(slot, area.clone());
         let devices = (0..state.members.len()).map(|m| state.readable(m).cloned()).collect();
         {
-            let (lock, done) = &*self.writer.progress;
+            // Wait for room: every stripe written wakes this.
+            let (lock, changed) = &*self.writer.progress;
             let mut progress = lock.lock().map_err(lock_poisoned)?;
             while progress.in_flight >= self.writer.stripes_max {
-                progress = done.wait(progress).map_err(lock_poisoned)?;
+                progress = changed.wait(progress).map_err(lock_poisoned)?;
             }
             progress.in_flight += 1;
         }
