@@ -1494,6 +1494,15 @@ impl Array {
         if state.members[index].state != MemberState::Healthy {
             return Ok(());
         }
+        self.mark_failed(state, index)?;
+        let mut template = state.superblock.clone();
+        template.set_failed(index);
+        self.publish_superblock(state, template)
+    }
+
+    /// Marks healthy member `index` failed in memory, if the parity still
+    /// covers one more; the caller records it in the superblocks.
+    fn mark_failed(&self, state: &mut State, index: usize) -> Result<(), ArrayError> {
         let unavailable = state.members.iter().filter(|m| m.state != MemberState::Healthy).count();
         if unavailable + 1 > self.geometry.parity {
             return Err(ArrayError::TooManyFailed {
@@ -1502,9 +1511,7 @@ impl Array {
             });
         }
         state.members[index].state = MemberState::Failed;
-        let mut template = state.superblock.clone();
-        template.set_failed(index);
-        self.publish_superblock(state, template)
+        Ok(())
     }
 
     /// Writes `template` (with the next generation) to every healthy
@@ -1524,14 +1531,7 @@ impl Array {
                 Err(ArrayError::Io { member, .. }) => member,
                 Err(error) => return Err(error),
             };
-            let unavailable = state.members.iter().filter(|m| m.state != MemberState::Healthy).count();
-            if unavailable + 1 > self.geometry.parity {
-                return Err(ArrayError::TooManyFailed {
-                    failed: unavailable + 1,
-                    parity: self.geometry.parity,
-                });
-            }
-            state.members[member].state = MemberState::Failed;
+            self.mark_failed(state, member)?;
             template.set_failed(member);
         }
         unreachable!("a write failure fails a member, and at most M may fail")
