@@ -54,7 +54,10 @@ const _: () = assert!(DATA_START as usize >= SECTOR_BYTES);
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"TSRSUPER";
 pub const CHUNK_MAGIC: [u8; 8] = *b"TSRCHUNK";
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"TSRCHKPT";
-pub const FORMAT_VERSION: u32 = 1;
+/// Version 2: records carry the version of the write they hold, raw
+/// extents a CRC32C per 4 KiB block, checkpoints both (version 1 arrays are
+/// refused by name).
+pub const FORMAT_VERSION: u32 = 2;
 /// The CRC32C of a sector covers its first 4092 bytes and sits in the last 4.
 const CRC_OFFSET: usize = SECTOR_BYTES - 4;
 
@@ -480,57 +483,103 @@ impl ChunkHeader {
     }
 }
 
-/// What one summary entry records.
+/// What one summary entry records. `version` orders writes to the same
+/// blocks: every write takes the next version when it is mapped, and a
+/// copy garbage collection makes keeps the version of what it copied, so
+/// recovery keeps, block by block, the record with the highest version,
+/// whatever order the stripes holding them were written in.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Record {
     /// The extent's blocks, from `lba`; the extent is in the stripe the
     /// summary belongs to (its `slot` is that stripe's, not stored).
-    Data { lba: u64, extent: Extent },
+    Data { lba: u64, version: u64, extent: Extent },
     /// `blocks` logical blocks from `lba` read as zeros (TRIM, WRITE_ZEROES).
-    Zero { lba: u64, blocks: u32 },
+    Zero { lba: u64, blocks: u32, version: u64 },
+}
+
+impl Record {
+    pub fn version(&self) -> u64 {
+        match self {
+            Record::Data { version, .. } | Record::Zero { version, .. } => *version,
+        }
+    }
+
+    pub fn set_version(&mut self, to: u64) {
+        match self {
+            Record::Data { version, .. } | Record::Zero { version, .. } => *version = to,
+        }
+    }
 }
 
 /// A stripe's summary: its records in write order.
 ///
 /// ```text
-///   0 record count u32   4 entry bytes u32 (24 + digest bytes)
-///   8 entries: kind u8 (1 data, 2 zero) | codec u8 | reserved u16 | blocks u32
-///              | lba u64 | offset u32 | stored bytes u32 | digest
+///   0 record count u32   4 reserved u32
+///   8 entries, each:
+///      0 kind u8 (1 data, 2 zero) | codec u8 | reserved u16 | blocks u32
+///      8 lba u64 | 16 version u64
+///     24 offset u32 | 28 stored bytes u32          (data only)
+///     32 digest [D] of the stored bytes            (data only)
+///     32+D CRC32C u32 of each 4 KiB block          (raw data only)
 /// ```
 ///
-/// Its length and digest are in every chunk header of the stripe.
-pub fn summary_entry_bytes(algorithm: Algorithm) -> usize {
-    24 + algorithm.digest_bytes()
+/// A zero entry is 24 bytes, a compressed extent's 32 + D, a raw extent's
+/// 32 + D + 4 per block. Its length and digest are in every chunk header
+/// of the stripe.
+pub const SUMMARY_HEADER_BYTES: usize = 8;
+const ZERO_ENTRY_BYTES: usize = 24;
+const DATA_ENTRY_BYTES: usize = 32;
+
+/// Bytes a record takes in a summary.
+pub fn record_bytes(algorithm: Algorithm, record: &Record) -> usize {
+    match record {
+        Record::Zero { .. } => ZERO_ENTRY_BYTES,
+        Record::Data { extent, .. } => data_record_bytes(algorithm, extent.block_crcs.len()),
+    }
 }
 
-pub fn summary_bytes(algorithm: Algorithm, records: usize) -> usize {
-    8 + records * summary_entry_bytes(algorithm)
+/// Bytes a data record with `crcs` block CRCs takes in a summary.
+pub fn data_record_bytes(algorithm: Algorithm, crcs: usize) -> usize {
+    DATA_ENTRY_BYTES + algorithm.digest_bytes() + 4 * crcs
+}
+
+/// Bytes a zero record takes in a summary.
+pub fn zero_record_bytes() -> usize {
+    ZERO_ENTRY_BYTES
+}
+
+pub fn summary_bytes(algorithm: Algorithm, records: &[Record]) -> usize {
+    SUMMARY_HEADER_BYTES + records.iter().map(|r| record_bytes(algorithm, r)).sum::<usize>()
 }
 
 pub fn encode_summary(algorithm: Algorithm, records: &[Record]) -> Vec<u8> {
-    let entry = summary_entry_bytes(algorithm);
-    let mut out = vec![0u8; summary_bytes(algorithm, records.len())];
-    put(&mut out, 0, &(records.len() as u32).to_le_bytes());
-    put(&mut out, 4, &(entry as u32).to_le_bytes());
-    for (i, record) in records.iter().enumerate() {
-        let e = &mut out[8 + i * entry..8 + (i + 1) * entry];
+    let mut out = Vec::with_capacity(summary_bytes(algorithm, records));
+    out.extend_from_slice(&(records.len() as u32).to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    for record in records {
         match record {
-            Record::Data { lba, extent: x } => {
-                e[0] = 1;
-                e[1] = codec_code(x.codec).0;
-                put(e, 4, &x.blocks.to_le_bytes());
-                put(e, 8, &lba.to_le_bytes());
-                put(e, 16, &x.offset.to_le_bytes());
-                put(e, 20, &x.stored_bytes.to_le_bytes());
-                put(e, 24, x.digest.as_bytes());
+            Record::Data { lba, version, extent: x } => {
+                let (codec, _) = codec_code(x.codec);
+                out.extend_from_slice(&[1, codec, 0, 0]);
+                out.extend_from_slice(&x.blocks.to_le_bytes());
+                out.extend_from_slice(&lba.to_le_bytes());
+                out.extend_from_slice(&version.to_le_bytes());
+                out.extend_from_slice(&x.offset.to_le_bytes());
+                out.extend_from_slice(&x.stored_bytes.to_le_bytes());
+                out.extend_from_slice(x.digest.as_bytes());
+                for crc in &x.block_crcs {
+                    out.extend_from_slice(&crc.to_le_bytes());
+                }
             }
-            Record::Zero { lba, blocks } => {
-                e[0] = 2;
-                put(e, 4, &blocks.to_le_bytes());
-                put(e, 8, &lba.to_le_bytes());
+            Record::Zero { lba, blocks, version } => {
+                out.extend_from_slice(&[2, 0, 0, 0]);
+                out.extend_from_slice(&blocks.to_le_bytes());
+                out.extend_from_slice(&lba.to_le_bytes());
+                out.extend_from_slice(&version.to_le_bytes());
             }
         }
     }
+    debug_assert_eq!(out.len(), summary_bytes(algorithm, records));
     out
 }
 
@@ -544,54 +593,78 @@ pub fn decode_summary(bytes: &[u8], geometry: &Geometry, slot: u64) -> Result<Ve
         field,
         value,
     };
-    if bytes.len() < 8 {
+    if bytes.len() < SUMMARY_HEADER_BYTES {
         return Err(field("length", bytes.len() as u64));
     }
     let count = get_u32(bytes, 0) as usize;
-    let entry = get_u32(bytes, 4) as usize;
-    if entry != summary_entry_bytes(geometry.checksum) || 8 + count * entry != bytes.len() {
-        return Err(field("entry_bytes", entry as u64));
-    }
+    let algorithm = geometry.checksum;
+    let digest_bytes = algorithm.digest_bytes();
     let blocks_total = geometry.logical_bytes / BLOCK_BYTES as u64;
     let data_area = geometry.data_area_bytes() as u64;
+    // Every entry takes at least a zero entry's bytes: a count that could
+    // not fit is refused before anything is allocated for it.
+    if count > (bytes.len() - SUMMARY_HEADER_BYTES) / ZERO_ENTRY_BYTES {
+        return Err(field("count", count as u64));
+    }
     let mut records = Vec::with_capacity(count);
-    for i in 0..count {
-        let e = &bytes[8 + i * entry..8 + (i + 1) * entry];
+    let mut at = SUMMARY_HEADER_BYTES;
+    for _ in 0..count {
+        let e = bytes.get(at..at + ZERO_ENTRY_BYTES).ok_or(field("length", bytes.len() as u64))?;
         let blocks = get_u32(e, 4);
         let lba = get_u64(e, 8);
+        let version = get_u64(e, 16);
         if blocks == 0 || lba.checked_add(u64::from(blocks)).is_none_or(|end| end > blocks_total) {
             return Err(field("lba", lba));
         }
-        records.push(match e[0] {
+        match e[0] {
             1 => {
-                let offset = get_u32(e, 16);
-                let stored_bytes = get_u32(e, 20);
+                let codec = codec_from_code(e[1], 0).ok_or(field("codec", u64::from(e[1])))?;
+                let crcs = if codec.is_none() { blocks as usize } else { 0 };
+                let len = data_record_bytes(algorithm, crcs);
+                let e = bytes.get(at..at + len).ok_or(field("length", bytes.len() as u64))?;
+                let offset = get_u32(e, 24);
+                let stored_bytes = get_u32(e, 28);
                 if u64::from(offset) + u64::from(stored_bytes) > data_area {
                     return Err(field("offset", u64::from(offset)));
                 }
-                let codec = codec_from_code(e[1], 0).ok_or(field("codec", u64::from(e[1])))?;
-                Record::Data {
+                if codec.is_none() && stored_bytes as usize != blocks as usize * BLOCK_BYTES {
+                    return Err(field("stored_bytes", u64::from(stored_bytes)));
+                }
+                let crc_at = DATA_ENTRY_BYTES + digest_bytes;
+                records.push(Record::Data {
                     lba,
+                    version,
                     extent: Extent {
                         slot,
                         offset,
                         stored_bytes,
                         blocks,
                         codec,
-                        digest: Digest::from_bytes(&e[24..24 + geometry.checksum.digest_bytes()]),
+                        digest: Digest::from_bytes(&e[DATA_ENTRY_BYTES..crc_at]),
+                        block_crcs: (0..crcs).map(|i| get_u32(e, crc_at + 4 * i)).collect(),
                     },
-                }
+                });
+                at += len;
             }
-            2 => Record::Zero { lba, blocks },
+            2 => {
+                records.push(Record::Zero { lba, blocks, version });
+                at += ZERO_ENTRY_BYTES;
+            }
             kind => return Err(field("kind", u64::from(kind))),
-        });
+        }
+    }
+    if at != bytes.len() {
+        return Err(field("length", bytes.len() as u64));
     }
     Ok(records)
 }
 
 /// A run of logical blocks stored in a stripe's data area: `blocks`
 /// blocks as `stored_bytes` bytes at `offset` (compressed with `codec`, or
-/// raw), with the stored bytes' `digest`.
+/// raw), with the stored bytes' `digest` in the array's algorithm. A raw
+/// extent also has the CRC32C of each of its 4 KiB blocks, so that a read
+/// of part of it reads and checks only the blocks it wants; it starts at a
+/// 4 KiB boundary of the data area, so those reads can be direct.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Extent {
     pub slot: u64,
@@ -600,6 +673,8 @@ pub struct Extent {
     pub blocks: u32,
     pub codec: Option<Codec>,
     pub digest: Digest,
+    /// One per block for a raw extent; empty for a compressed one.
+    pub block_crcs: Vec<u32>,
 }
 
 /// What a range of blocks in a checkpoint maps to.
@@ -615,58 +690,78 @@ pub enum CheckpointTarget {
 pub struct CheckpointMapping {
     pub lba: u64,
     pub blocks: u32,
+    pub version: u64,
     pub target: CheckpointTarget,
 }
 
 /// The volume's map as of stripe `sequence`: every live stripe and its
-/// sequence, the extents and the mapped ranges (sorted, disjoint), and the
-/// window: the slots the volume may write before the next checkpoint (free
-/// ones, and live ones garbage collection is likely to empty first), so
-/// recovery reads only their headers to roll forward.
+/// sequence, the extents and the mapped ranges (sorted, disjoint, each
+/// with the version of the write it holds), and the window: the slots the
+/// volume may write before the next checkpoint (free ones, and live ones
+/// garbage collection is likely to empty first), so recovery reads only
+/// their headers to roll forward.
+///
+/// The map may be "fuzzy": taken in pieces while writes went on. Every
+/// write in it that is newer than `sequence` is also in a stripe newer
+/// than `sequence`, in the window, and recovery keeps the newest version
+/// of each block, so replaying those stripes over it gives the right map.
 ///
 /// ```text
 ///   0 magic "TSRCHKPT"   8 version u32   12 reserved u32
-///  16 sequence u64      24 live stripes u64   32 window slots u64
-///  40 extents u64       48 mappings u64
-///  56 live stripes: slot u64 | sequence u64
+///  16 sequence u64      24 next write version u64
+///  32 live stripes u64  40 window slots u64   48 extents u64   56 mappings u64
+///  64 live stripes: slot u64 | sequence u64
 ///     window: slot u64
 ///     extents: slot u64 | offset u32 | stored bytes u32 | blocks u32
-///              | codec u8 | reserved [3] | digest
+///              | codec u8 | block CRCs u8 (0 or blocks) | reserved u16
+///              | digest [D] | CRC32C u32 of each block
 ///     mappings: lba u64 | blocks u32 | kind u8 (1 data, 2 zero) | reserved [3]
 ///               | extent number or zero's slot u64 | skip u32 | reserved u32
+///               | version u64
 /// ```
 ///
 /// Its length and digest are in the superblock, which points to it.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Checkpoint {
     pub sequence: u64,
+    /// Versions below this were given out before the checkpoint.
+    pub next_version: u64,
     pub stripes: Vec<(u64, u64)>,
     pub window: Vec<u64>,
     pub extents: Vec<Extent>,
     pub mappings: Vec<CheckpointMapping>,
 }
 
-const CHECKPOINT_HEADER_BYTES: usize = 56;
-const CHECKPOINT_MAPPING_BYTES: usize = 32;
+const CHECKPOINT_HEADER_BYTES: usize = 64;
+const CHECKPOINT_MAPPING_BYTES: usize = 40;
+const CHECKPOINT_EXTENT_BYTES: usize = 24;
 
-fn checkpoint_extent_bytes(algorithm: Algorithm) -> usize {
-    24 + algorithm.digest_bytes()
+/// Bytes one extent takes in a checkpoint.
+pub fn checkpoint_extent_bytes(algorithm: Algorithm, crcs: usize) -> usize {
+    CHECKPOINT_EXTENT_BYTES + algorithm.digest_bytes() + 4 * crcs
 }
 
 impl Checkpoint {
-    /// Encoded size of a checkpoint with these counts.
+    /// Encoded size of a checkpoint with these counts (`crcs`: the block
+    /// CRCs of all its extents together).
     pub fn encoded_bytes(
         algorithm: Algorithm,
         stripes: usize,
         window: usize,
         extents: usize,
+        crcs: usize,
         mappings: usize,
     ) -> usize {
         CHECKPOINT_HEADER_BYTES
             + 16 * stripes
             + 8 * window
-            + checkpoint_extent_bytes(algorithm) * extents
+            + checkpoint_extent_bytes(algorithm, 0) * extents
+            + 4 * crcs
             + CHECKPOINT_MAPPING_BYTES * mappings
+    }
+
+    fn crc_count(&self) -> usize {
+        self.extents.iter().map(|e| e.block_crcs.len()).sum()
     }
 
     pub fn encode(&self, algorithm: Algorithm) -> Vec<u8> {
@@ -675,6 +770,7 @@ impl Checkpoint {
             self.stripes.len(),
             self.window.len(),
             self.extents.len(),
+            self.crc_count(),
             self.mappings.len(),
         ));
         out.extend_from_slice(&CHECKPOINT_MAGIC);
@@ -682,6 +778,7 @@ impl Checkpoint {
         out.extend_from_slice(&0u32.to_le_bytes());
         for n in [
             self.sequence,
+            self.next_version,
             self.stripes.len() as u64,
             self.window.len() as u64,
             self.extents.len() as u64,
@@ -697,12 +794,16 @@ impl Checkpoint {
             out.extend_from_slice(&slot.to_le_bytes());
         }
         for e in &self.extents {
+            assert!(e.block_crcs.len() <= u8::MAX as usize, "an extent has at most 255 blocks");
             out.extend_from_slice(&e.slot.to_le_bytes());
             out.extend_from_slice(&e.offset.to_le_bytes());
             out.extend_from_slice(&e.stored_bytes.to_le_bytes());
             out.extend_from_slice(&e.blocks.to_le_bytes());
-            out.extend_from_slice(&[codec_code(e.codec).0, 0, 0, 0]);
+            out.extend_from_slice(&[codec_code(e.codec).0, e.block_crcs.len() as u8, 0, 0]);
             out.extend_from_slice(e.digest.as_bytes());
+            for crc in &e.block_crcs {
+                out.extend_from_slice(&crc.to_le_bytes());
+            }
         }
         for m in &self.mappings {
             let (kind, target, skip) = match m.target {
@@ -715,6 +816,7 @@ impl Checkpoint {
             out.extend_from_slice(&target.to_le_bytes());
             out.extend_from_slice(&skip.to_le_bytes());
             out.extend_from_slice(&0u32.to_le_bytes());
+            out.extend_from_slice(&m.version.to_le_bytes());
         }
         out
     }
@@ -740,25 +842,30 @@ impl Checkpoint {
         }
         let algorithm = geometry.checksum;
         let count = |offset: usize| usize::try_from(get_u64(bytes, offset)).unwrap_or(usize::MAX);
-        let (stripes, window, extents, mappings) = (count(24), count(32), count(40), count(48));
+        let (stripes, window, extents, mappings) = (count(32), count(40), count(48), count(56));
         let slots = geometry.slot_count();
+        let blocks_total = geometry.logical_bytes / BLOCK_BYTES as u64;
         let too_many = [stripes, window].iter().any(|&n| n as u64 > slots)
-            || extents.max(mappings) as u64 > geometry.logical_bytes / BLOCK_BYTES as u64;
-        if too_many || Self::encoded_bytes(algorithm, stripes, window, extents, mappings) != bytes.len() {
+            || extents.max(mappings) as u64 > blocks_total;
+        // Without block CRCs, the smallest the tables could be: more
+        // entries than the bytes hold are refused before any allocation.
+        if too_many || Self::encoded_bytes(algorithm, stripes, window, extents, 0, mappings) > bytes.len() {
             return Err(field("length", bytes.len() as u64));
         }
         let mut at = CHECKPOINT_HEADER_BYTES;
-        let mut next = |n: usize| {
+        let mut next = |n: usize| -> Result<&[u8], FormatError> {
+            let piece = bytes.get(at..at + n).ok_or(field("length", bytes.len() as u64))?;
             at += n;
-            &bytes[at - n..at]
+            Ok(piece)
         };
         let mut checkpoint = Checkpoint {
             sequence: get_u64(bytes, 16),
+            next_version: get_u64(bytes, 24),
             ..Checkpoint::default()
         };
         let mut live = std::collections::BTreeSet::new();
         for _ in 0..stripes {
-            let e = next(16);
+            let e = next(16)?;
             let slot = get_u64(e, 0);
             if slot >= slots || !live.insert(slot) {
                 return Err(field("stripe_slot", slot));
@@ -767,22 +874,32 @@ impl Checkpoint {
         }
         let mut in_window = std::collections::BTreeSet::new();
         for _ in 0..window {
-            let slot = get_u64(next(8), 0);
+            let slot = get_u64(next(8)?, 0);
             if slot >= slots || !in_window.insert(slot) {
                 return Err(field("window_slot", slot));
             }
             checkpoint.window.push(slot);
         }
         let data_area = geometry.data_area_bytes() as u64;
+        let fixed = checkpoint_extent_bytes(algorithm, 0);
         for _ in 0..extents {
-            let e = next(checkpoint_extent_bytes(algorithm));
+            let e = next(fixed)?;
+            let codec = codec_from_code(e[20], 0).ok_or(field("codec", u64::from(e[20])))?;
+            let blocks = get_u32(e, 16);
+            let crcs = usize::from(e[21]);
+            let want_crcs = if codec.is_none() { blocks as usize } else { 0 };
+            if crcs != want_crcs {
+                return Err(field("block_crcs", crcs as u64));
+            }
+            let crc_bytes = next(4 * crcs)?;
             let extent = Extent {
                 slot: get_u64(e, 0),
                 offset: get_u32(e, 8),
                 stored_bytes: get_u32(e, 12),
-                blocks: get_u32(e, 16),
-                codec: codec_from_code(e[20], 0).ok_or(field("codec", u64::from(e[20])))?,
-                digest: Digest::from_bytes(&e[24..]),
+                blocks,
+                codec,
+                digest: Digest::from_bytes(&e[CHECKPOINT_EXTENT_BYTES..]),
+                block_crcs: (0..crcs).map(|i| get_u32(crc_bytes, 4 * i)).collect(),
             };
             if !live.contains(&extent.slot) {
                 return Err(field("extent_slot", extent.slot));
@@ -792,10 +909,9 @@ impl Checkpoint {
             }
             checkpoint.extents.push(extent);
         }
-        let blocks_total = geometry.logical_bytes / BLOCK_BYTES as u64;
         let mut end = 0u64;
         for _ in 0..mappings {
-            let e = next(CHECKPOINT_MAPPING_BYTES);
+            let e = next(CHECKPOINT_MAPPING_BYTES)?;
             let (lba, blocks, target) = (get_u64(e, 0), get_u32(e, 8), get_u64(e, 16));
             let mapping_end = lba.saturating_add(u64::from(blocks));
             if blocks == 0 || lba < end || mapping_end > blocks_total {
@@ -819,7 +935,15 @@ impl Checkpoint {
                 2 => return Err(field("zero_slot", target)),
                 kind => return Err(field("kind", u64::from(kind))),
             };
-            checkpoint.mappings.push(CheckpointMapping { lba, blocks, target });
+            checkpoint.mappings.push(CheckpointMapping {
+                lba,
+                blocks,
+                version: get_u64(e, 32),
+                target,
+            });
+        }
+        if at != bytes.len() {
+            return Err(field("length", bytes.len() as u64));
         }
         Ok(checkpoint)
     }
@@ -881,7 +1005,7 @@ mod tests {
         }
         assert!(sb.is_failed(5) && !sb.is_failed(3));
         // Golden: magic, version, index, members, K, M, chunk, codes, rows, failed bit 5.
-        assert_eq!(&bytes[0..12], b"TSRSUPER\x01\x00\x00\x00");
+        assert_eq!(&bytes[0..12], b"TSRSUPER\x02\x00\x00\x00");
         assert_eq!(
             &bytes[48..68],
             &[3, 0, 0, 0, 7, 0, 0, 0, 4, 0, 0, 0, 2, 0, 0, 0, 0, 0, 1, 0]
@@ -914,21 +1038,41 @@ mod tests {
         assert!(g.place(g.slot_count() - 1, g.width() - 1).1 < g.rows);
     }
 
-    /// A summary's records for a stripe in slot 11 (Blake3 digests).
+    /// A summary's records for a stripe in slot 11 (Blake3 digests): a
+    /// compressed extent, a raw one with its block CRCs, a zero range.
     fn records() -> Vec<Record> {
         vec![
             Record::Data {
                 lba: 10,
+                version: 7,
                 extent: Extent {
                     slot: 11,
-                    offset: 4096,
+                    offset: 0,
                     stored_bytes: 777,
                     blocks: 16,
                     codec: Some(Codec::Lz4),
                     digest: Algorithm::Blake3.digest(b"x"),
+                    block_crcs: Vec::new(),
                 },
             },
-            Record::Zero { lba: 0, blocks: 3 },
+            Record::Data {
+                lba: 40,
+                version: 9,
+                extent: Extent {
+                    slot: 11,
+                    offset: 4096,
+                    stored_bytes: 2 * 4096,
+                    blocks: 2,
+                    codec: None,
+                    digest: Algorithm::Blake3.digest(b"y"),
+                    block_crcs: vec![0xdead_beef, 0x0123_4567],
+                },
+            },
+            Record::Zero {
+                lba: 0,
+                blocks: 3,
+                version: 8,
+            },
         ]
     }
 
@@ -951,37 +1095,79 @@ mod tests {
         assert_eq!(ChunkHeader::decode(&h.encode(), a).unwrap(), h);
         let records = records();
         let bytes = encode_summary(a, &records);
-        assert_eq!(bytes.len(), summary_bytes(a, 2));
+        assert_eq!(bytes.len(), 8 + (32 + 32) + (32 + 32 + 8) + 24);
+        assert_eq!(bytes.len(), summary_bytes(a, &records));
         assert_eq!(decode_summary(&bytes, &geometry(), 11).unwrap(), records);
-        // A record past the end of the volume is refused.
-        let far = encode_summary(a, &[Record::Zero { lba: 4095, blocks: 2 }]);
+        // Golden: count, then the raw entry's kind, blocks, lba, version and CRCs.
+        assert_eq!(&bytes[0..4], &3u32.to_le_bytes());
+        let raw = 8 + 64;
+        assert_eq!(&bytes[raw..raw + 8], &[1, 0, 0, 0, 2, 0, 0, 0]);
+        assert_eq!(&bytes[raw + 8..raw + 24], &[40, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(&bytes[raw + 64..raw + 72], &[0xef, 0xbe, 0xad, 0xde, 0x67, 0x45, 0x23, 0x01]);
+        // A record past the end of the volume is refused, and so is a raw
+        // extent whose stored bytes are not its blocks.
+        let far = encode_summary(
+            a,
+            &[Record::Zero {
+                lba: 4095,
+                blocks: 2,
+                version: 1,
+            }],
+        );
         assert!(decode_summary(&far, &geometry(), 11).is_err());
+        let mut odd = records.clone();
+        if let Record::Data { extent, .. } = &mut odd[1] {
+            extent.stored_bytes = 100;
+        }
+        assert!(decode_summary(&encode_summary(a, &odd), &geometry(), 11).is_err());
+        assert!(decode_summary(&bytes[..bytes.len() - 1], &geometry(), 11).is_err());
     }
 
     fn checkpoint() -> Checkpoint {
         let a = Algorithm::Blake3;
         Checkpoint {
             sequence: 99,
+            next_version: 1234,
             stripes: vec![(4, 90), (7, 98)],
             window: vec![1, 2, 3],
-            extents: vec![Extent {
-                slot: 7,
-                offset: 8192,
-                stored_bytes: 3000,
-                blocks: 4,
-                codec: Some(Codec::Lz4),
-                digest: a.digest(b"e"),
-            }],
+            extents: vec![
+                Extent {
+                    slot: 7,
+                    offset: 8192,
+                    stored_bytes: 3000,
+                    blocks: 4,
+                    codec: Some(Codec::Lz4),
+                    digest: a.digest(b"e"),
+                    block_crcs: Vec::new(),
+                },
+                Extent {
+                    slot: 4,
+                    offset: 0,
+                    stored_bytes: 8192,
+                    blocks: 2,
+                    codec: None,
+                    digest: a.digest(b"f"),
+                    block_crcs: vec![1, 2],
+                },
+            ],
             mappings: vec![
                 CheckpointMapping {
                     lba: 10,
                     blocks: 2,
+                    version: 5,
                     target: CheckpointTarget::Data { extent: 0, skip: 1 },
                 },
                 CheckpointMapping {
                     lba: 12,
                     blocks: 100,
+                    version: 6,
                     target: CheckpointTarget::Zero { slot: 4 },
+                },
+                CheckpointMapping {
+                    lba: 200,
+                    blocks: 1,
+                    version: 1233,
+                    target: CheckpointTarget::Data { extent: 1, skip: 1 },
                 },
             ],
         }
@@ -1064,12 +1250,14 @@ mod tests {
             if let Ok(records) = decoded("summary", seed, &bytes, |b| decode_summary(b, &g, 11)) {
                 for record in records {
                     let (lba, blocks) = match record {
-                        Record::Data { lba, extent } => {
+                        Record::Data { lba, extent, .. } => {
                             let end = u64::from(extent.offset) + u64::from(extent.stored_bytes);
                             assert!(end <= g.data_area_bytes() as u64, "seed {seed}");
+                            let crcs = if extent.codec.is_none() { extent.blocks as usize } else { 0 };
+                            assert_eq!(extent.block_crcs.len(), crcs, "seed {seed}");
                             (lba, extent.blocks)
                         }
-                        Record::Zero { lba, blocks } => (lba, blocks),
+                        Record::Zero { lba, blocks, .. } => (lba, blocks),
                     };
                     assert!(blocks > 0 && lba + u64::from(blocks) <= blocks_total, "seed {seed}");
                 }
@@ -1088,8 +1276,9 @@ mod tests {
         let (a, g) = (Algorithm::Blake3, geometry());
         let c = checkpoint();
         let bytes = c.encode(a);
-        assert_eq!(bytes.len(), Checkpoint::encoded_bytes(a, 2, 3, 1, 2));
-        assert_eq!(&bytes[..12], b"TSRCHKPT\x01\x00\x00\x00");
+        assert_eq!(bytes.len(), Checkpoint::encoded_bytes(a, 2, 3, 2, 2, 3));
+        assert_eq!(&bytes[..12], b"TSRCHKPT\x02\x00\x00\x00");
+        assert_eq!(&bytes[24..32], &1234u64.to_le_bytes());
         assert_eq!(Checkpoint::decode(&bytes, &g).unwrap(), c);
         let refused = |c: Checkpoint| Checkpoint::decode(&c.encode(a), &g).is_err();
         let mut bad = checkpoint();

@@ -1,26 +1,57 @@
 //! The array: N member devices as one checked, erasure-coded block volume.
 //!
-//! - [`device`]: the I/O seam (files, block devices, a faulty in-memory device for tests).
-//! - [`format`]: superblocks, chunk headers, stripe summaries, placement.
-//! - [`stripe`]: packing, sealing and reconstructing one stripe.
-//! - [`volume`]: the map, the write and read paths, garbage collection, recovery.
+//! Bottom up, each module owning one thing (threads and locks: `docs/ENGINE.md`):
 //!
-//! [`create`] formats members; [`open`] checks them and replays the stripes.
+//! - [`device`]: the I/O seam (files, block devices, a faulty in-memory device for tests).
+//! - [`format`]: superblocks, chunk headers, stripe summaries, checkpoints, placement.
+//! - [`limits`]: the engine's limits and defaults, with why.
+//! - [`stripe`]: packing one stripe, sealing it, reading it back whole.
+//! - [`map`]: logical blocks to extents (L2P), with versions.
+//! - [`slots`]: what each stripe slot holds; allocation; pins.
+//! - `members`: member health and the superblocks that record it.
+//! - `io`: each member's queue of chunk writes, and syncs.
+//! - `engine`: the shared state and the public [`Array`]; beside it `write`,
+//!   `read`, `cache`, `repair`, `gc`, `checkpoint`, `recovery`,
+//!   `maintenance` and `status`.
+//!
+//! [`create`] formats members; [`open`] checks them and recovers the map.
 
+mod cache;
+mod checkpoint;
 pub mod device;
+mod engine;
 pub mod format;
+mod gc;
+mod io;
+pub mod limits;
+mod maintenance;
+pub mod map;
+mod members;
+mod read;
+mod recovery;
+mod repair;
+pub mod slots;
+mod status;
 pub mod stripe;
-pub mod volume;
+mod write;
 
 use device::Device;
 use format::{FormatError, Geometry, Superblock, BLOCK_BYTES, MEMBER_COUNT_MAX, SECTOR_BYTES};
 use std::sync::Arc;
-pub use volume::{Array, Member, MemberState, Status};
+
+pub use engine::{Array, EngineOptions};
+pub use members::{Member, MemberState};
+pub use recovery::Recovery;
+pub use repair::ScrubReport;
+pub use status::{AcceleratorStatus, MemberStatus, Status};
+pub use write::extent_blocks_max;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ArrayError {
     #[error("{0}")]
     Codec(tessera_ec::EcError),
+    #[error("accelerator: {0}")]
+    Accel(tessera_accel::AccelError),
     #[error("compression failed: {0}")]
     Compress(tessera_compress::CompressError),
     #[error("I/O error on member {member} ({name}): {source}")]
@@ -51,20 +82,20 @@ pub enum ArrayError {
     TooManyUnavailable { unavailable: usize, parity: usize },
     #[error("failing another member would leave {failed} failed with only {parity} parity: refused")]
     TooManyFailed { failed: usize, parity: usize },
+    #[error("writes are refused: {why}; reads go on where they can. Restart the array once the members are back")]
+    WritesRefused { why: String },
     #[error("there is no member {index}: the array has {members}")]
     NoSuchMember { index: usize, members: usize },
     #[error("{offset}+{len} is outside the volume of {size} bytes")]
     OutOfRange { offset: u64, len: u64, size: u64 },
-    #[error("the array is full: no free stripe, and no stripe is worth collecting")]
+    #[error("the array is full: live data fills it; trim or overwrite data, or create a larger array")]
     NoSpace,
     #[error("stripe in slot {slot} cannot be read: fewer than K good chunks or a bad checksum")]
     Unreadable { slot: u64 },
     #[error("stripe in slot {slot} has {good} good chunks, fewer than the {need} needed")]
     TooFewChunks { slot: u64, good: usize, need: usize },
-    #[error("the map checkpoint cannot be read: {why}")]
+    #[error("the map checkpoint cannot be used: {why}")]
     CheckpointUnreadable { why: String },
-    #[error("an internal lock was poisoned by a panic; restart the server")]
-    Poisoned,
 }
 
 impl ArrayError {
@@ -86,16 +117,36 @@ pub struct CreateOptions {
     pub chunk_bytes: usize,
     pub checksum: tessera_checksum::Algorithm,
     pub compression: Option<tessera_compress::Codec>,
-    /// Exported size; default: 80% of the usable capacity, which leaves
-    /// garbage collection room to work.
+    /// Exported size; default: 80% of the usable capacity less the
+    /// engine's reserves, which leaves garbage collection room to work.
     pub logical_bytes: Option<u64>,
 }
 
-/// Fraction of usable capacity exported by default.
-const DEFAULT_LOGICAL_FRACTION: f64 = 0.8;
+/// Stripe slots an array needs at least: the reserves (GC, open stripes,
+/// a checkpoint) and a window.
+const SLOTS_MIN: u64 = 16;
+
+/// The exported size by default: a fraction of the usable space after the
+/// slots the engine keeps for itself.
+fn default_logical_bytes(geometry: &Geometry) -> u64 {
+    use limits::{DEFAULT_LOGICAL_FRACTION, GC_RESERVE_SLOTS, OPEN_STREAM_COUNT};
+    let reserved = (GC_RESERVE_SLOTS + OPEN_STREAM_COUNT + 3) as u64;
+    let usable = geometry.slot_count().saturating_sub(reserved) * write::stripe_fill_bytes(geometry, None);
+    let block = BLOCK_BYTES as u64;
+    ((usable as f64 * DEFAULT_LOGICAL_FRACTION) as u64 / block) * block
+}
 
 /// Formats `devices` (named for messages) as a new array and opens it.
 pub fn create(devices: Vec<(String, Arc<dyn Device>)>, options: &CreateOptions) -> Result<Array, ArrayError> {
+    create_with(devices, options, EngineOptions::default())
+}
+
+/// [`create`], run with `engine` options.
+pub fn create_with(
+    devices: Vec<(String, Arc<dyn Device>)>,
+    options: &CreateOptions,
+    engine: EngineOptions,
+) -> Result<Array, ArrayError> {
     let (k, m, n) = (options.data, options.parity, devices.len());
     let bad = |why: String| Err(ArrayError::Geometry(why));
     if k == 0 || k + m > 256 {
@@ -128,30 +179,25 @@ pub fn create(devices: Vec<(String, Arc<dyn Device>)>, options: &CreateOptions) 
         checksum: options.checksum,
         compression: options.compression,
     };
-    // Enough stripes for a user stripe, a GC stripe and the GC reserve.
-    let slots_min = 8;
-    if geometry.slot_count() < slots_min {
+    if geometry.slot_count() < SLOTS_MIN {
         return bad(format!(
-            "members of {member_bytes} bytes hold {} stripes of {c}-byte chunks; need at least {slots_min}: use larger members or smaller chunks",
+            "members of {member_bytes} bytes hold {} stripes of {c}-byte chunks; need at least {SLOTS_MIN}: use larger members or smaller chunks",
             geometry.slot_count()
         ));
     }
-    if volume::extent_blocks_max(&geometry) == 0 {
+    if extent_blocks_max(&geometry) == 0 {
         return bad(format!(
             "a stripe's data area of {} bytes holds no 4 KiB block and its summary: use larger chunks",
             geometry.data_area_bytes()
         ));
     }
-    let usable = geometry.slot_count() * geometry.data_area_bytes() as u64;
-    let block = BLOCK_BYTES as u64;
-    let logical = match options.logical_bytes {
-        Some(bytes) if bytes == 0 || bytes % block != 0 => {
+    geometry.logical_bytes = match options.logical_bytes {
+        Some(bytes) if bytes == 0 || bytes % BLOCK_BYTES as u64 != 0 => {
             return bad(format!("logical size {bytes}: use a positive multiple of 4 KiB"))
         }
         Some(bytes) => bytes,
-        None => ((usable as f64 * DEFAULT_LOGICAL_FRACTION) as u64 / block) * block,
+        None => default_logical_bytes(&geometry),
     };
-    geometry.logical_bytes = logical;
     let superblock = Superblock {
         array_uuid: rand::random(),
         member_uuid: [0; 16],
@@ -173,44 +219,22 @@ pub fn create(devices: Vec<(String, Arc<dyn Device>)>, options: &CreateOptions) 
             state: MemberState::Healthy,
         })
         .collect();
-    // Clear row 0's headers of reused devices is not needed: a stale
-    // header names another array's uuid and is ignored.
-    write_superblocks(&superblock, &members)?;
-    for (index, member) in members.iter().enumerate() {
-        if let Some(device) = &member.device {
-            device.sync().map_err(|source| io_error(index, member, source))?;
-        }
+    // A stale chunk header of a reused device names another array's uuid
+    // and is ignored; only the superblocks are written.
+    let template = superblock.clone();
+    let targets: Vec<(usize, [u8; 16], Arc<dyn Device>)> = members
+        .iter()
+        .enumerate()
+        .filter_map(|(i, m)| m.device.clone().map(|d| (i, m.uuid, d)))
+        .collect();
+    if let Some((member, source)) = members::write_superblocks(&template, &targets).into_iter().next() {
+        return Err(ArrayError::Io {
+            member,
+            name: members[member].name.clone(),
+            source,
+        });
     }
-    Array::assemble(superblock, members)
-}
-
-fn io_error(member: usize, m: &Member, source: std::io::Error) -> ArrayError {
-    ArrayError::Io {
-        member,
-        name: m.name.clone(),
-        source,
-    }
-}
-
-/// Writes each healthy member's superblock, primary then backup, from
-/// `template` (whose generation and failed set are the array's).
-pub(crate) fn write_superblocks(template: &Superblock, members: &[Member]) -> Result<(), ArrayError> {
-    for (index, member) in members.iter().enumerate() {
-        let (Some(device), MemberState::Healthy) = (&member.device, member.state) else {
-            continue;
-        };
-        let mut sb = template.clone();
-        sb.member_index = index;
-        sb.member_uuid = member.uuid;
-        let bytes = sb.encode();
-        device.write_at(&bytes, 0).map_err(|e| io_error(index, member, e))?;
-        device.sync().map_err(|e| io_error(index, member, e))?;
-        device
-            .write_at(&bytes, template.geometry.backup_superblock_offset())
-            .map_err(|e| io_error(index, member, e))?;
-        device.sync().map_err(|e| io_error(index, member, e))?;
-    }
-    Ok(())
+    Array::assemble(superblock, members, engine)
 }
 
 /// Reads a member's superblock: the primary, or the backup at the end.
@@ -239,6 +263,11 @@ type Found = (String, Arc<dyn Device>, Superblock);
 /// could not be found. Refuses foreign, duplicated or inconsistent members
 /// and more than M unavailable ones; opens degraded with up to M.
 pub fn open(devices: Vec<(String, Option<Arc<dyn Device>>)>) -> Result<Array, ArrayError> {
+    open_with(devices, EngineOptions::default())
+}
+
+/// [`open`], run with `engine` options.
+pub fn open_with(devices: Vec<(String, Option<Arc<dyn Device>>)>, engine: EngineOptions) -> Result<Array, ArrayError> {
     let mut found: Vec<Found> = Vec::new();
     for (name, device) in devices {
         let Some(device) = device else { continue };
@@ -262,14 +291,11 @@ pub fn open(devices: Vec<(String, Option<Arc<dyn Device>>)>) -> Result<Array, Ar
         if sb.array_uuid != newest.array_uuid {
             return Err(ArrayError::ForeignMember {
                 name,
-                found: volume::hex(&sb.array_uuid),
-                expected: volume::hex(&newest.array_uuid),
+                found: engine::hex(&sb.array_uuid),
+                expected: engine::hex(&newest.array_uuid),
             });
         }
-        if sb.geometry != *geometry {
-            return Err(ArrayError::WrongMember { name });
-        }
-        if device.size() < geometry.member_bytes {
+        if sb.geometry != *geometry || device.size() < geometry.member_bytes {
             return Err(ArrayError::WrongMember { name });
         }
         let index = sb.member_index;
@@ -315,5 +341,5 @@ pub fn open(devices: Vec<(String, Option<Arc<dyn Device>>)>) -> Result<Array, Ar
             parity: geometry.parity,
         });
     }
-    Array::assemble(newest, members)
+    Array::assemble(newest, members, engine)
 }

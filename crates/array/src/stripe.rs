@@ -1,14 +1,33 @@
 //! Stripes: packing extents into an open stripe, sealing it (summary,
-//! parity, Merkle root, headers) and reading it back, reconstructing from
-//! any K good chunks when a member is failed or a chunk is corrupt.
+//! parity, Merkle leaves and root, headers) and reading it back whole,
+//! rebuilding from any K good chunks.
 //!
-//! A sealed stripe is never written again until the volume has moved all
-//! of its live data elsewhere and synced: there is no read-modify-write of
-//! parity, so no write hole.
+//! # Guarantees
+//!
+//! - A sealed stripe is never written again until the volume has moved all
+//!   of its live data elsewhere and synced: there is no read-modify-write
+//!   of parity, so no write hole.
+//! - A rebuilt stripe is returned only if every chunk it was built from
+//!   matches the leaf in its own header and the leaves of all K+M chunks
+//!   (the rebuilt ones included) hash to the root the headers carry. A
+//!   chunk that passes its own checksum but does not belong to the stripe
+//!   (a stale or misdirected copy whose header was rewritten with it) is
+//!   found by the root, set aside, and rebuilt from the others.
 
 use crate::device::AlignedBuf;
-use crate::format::{self, ChunkHeader, Geometry, Record, Stream, SECTOR_BYTES};
-use tessera_checksum::{merkle, Algorithm, Digest};
+use crate::format::{self, ChunkHeader, Geometry, Record, Stream, BLOCK_BYTES, SECTOR_BYTES};
+use tessera_accel::{Accelerator, Leaves, ReconstructJob, SealJob, Shape};
+use tessera_checksum::{Algorithm, Digest};
+
+/// The accelerator's view of a geometry.
+pub fn shape(geometry: &Geometry) -> Shape {
+    Shape {
+        data: geometry.data,
+        parity: geometry.parity,
+        chunk_bytes: geometry.chunk_bytes,
+        checksum: geometry.checksum,
+    }
+}
 
 /// An open stripe being filled: data from the front of the data area,
 /// records for the summary at the back.
@@ -19,12 +38,22 @@ pub struct OpenStripe {
     pub data: AlignedBuf,
     pub used: usize,
     pub records: Vec<Record>,
+    /// Bytes the summary of `records` takes.
+    summary_bytes: usize,
+    /// Records from this index on are not in the map yet (their versions
+    /// are given when they are mapped).
+    pub mapped: usize,
+    /// Sealed slots emptied by this stripe's records: free once it is synced.
+    pub drains: Vec<u64>,
 }
 
+/// What a raw extent's start is rounded up to in the data area, so that a
+/// read of its blocks is aligned for direct I/O.
+const RAW_ALIGN: usize = BLOCK_BYTES;
+
 impl OpenStripe {
-    /// An open stripe, reusing the data-area buffer of a sealed one if
-    /// given; its old bytes are never read (sealing zeroes what was not
-    /// written).
+    /// An open stripe, reusing a data-area buffer if given; its old bytes
+    /// are never read (sealing zeroes what was not written).
     pub fn new(slot: u64, stream: Stream, buffer: Option<AlignedBuf>, geometry: &Geometry) -> OpenStripe {
         let mut data = buffer.unwrap_or_default();
         data.resize(geometry.data_area_bytes());
@@ -34,20 +63,52 @@ impl OpenStripe {
             data,
             used: 0,
             records: Vec::new(),
+            summary_bytes: format::SUMMARY_HEADER_BYTES,
+            mapped: 0,
+            drains: Vec::new(),
         }
     }
 
-    /// Whether `bytes` more data and one more record fit.
-    pub fn fits(&self, algorithm: Algorithm, bytes: usize) -> bool {
-        self.used + bytes + format::summary_bytes(algorithm, self.records.len() + 1) <= self.data.len()
+    /// Where data of `stored` bytes would start.
+    fn start(&self, raw: bool) -> usize {
+        if raw {
+            self.used.next_multiple_of(RAW_ALIGN)
+        } else {
+            self.used
+        }
     }
 
-    /// Appends stored bytes; returns their offset in the data area.
-    pub fn push_data(&mut self, bytes: &[u8]) -> u32 {
-        let offset = self.used;
+    /// Whether a record of `record_bytes` with `stored` bytes of data fits.
+    pub fn fits(&self, raw: bool, stored: usize, record_bytes: usize) -> bool {
+        self.start(raw) + stored + self.summary_bytes + record_bytes <= self.data.len()
+    }
+
+    /// Blocks of a raw extent (each with its CRC) that fit, at most `want`.
+    pub fn raw_blocks_that_fit(&self, algorithm: Algorithm, want: usize) -> usize {
+        let fixed = self.start(true) + self.summary_bytes + format::data_record_bytes(algorithm, 0);
+        let room = self.data.len().saturating_sub(fixed);
+        (room / (BLOCK_BYTES + 4)).min(want)
+    }
+
+    /// Appends stored bytes (a raw extent at a block boundary); returns
+    /// their offset in the data area.
+    pub fn push_data(&mut self, bytes: &[u8], raw: bool) -> u32 {
+        let offset = self.start(raw);
+        self.data[self.used..offset].fill(0);
         self.data[offset..offset + bytes.len()].copy_from_slice(bytes);
-        self.used += bytes.len();
+        self.used = offset + bytes.len();
         u32::try_from(offset).expect("data areas are under 4 GiB")
+    }
+
+    pub fn push_record(&mut self, algorithm: Algorithm, record: Record) {
+        self.summary_bytes += format::record_bytes(algorithm, &record);
+        assert!(self.used + self.summary_bytes <= self.data.len(), "push checks the room first");
+        self.records.push(record);
+    }
+
+    /// Whether the stripe holds anything to write.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
     }
 }
 
@@ -97,61 +158,81 @@ pub struct Built {
 }
 
 impl Built {
+    /// Buffers sized for `geometry` (reusing these if they are).
+    pub fn sized(mut self, geometry: &Geometry) -> Built {
+        self.headers.resize(geometry.width() * SECTOR_BYTES);
+        self.parity.resize(geometry.parity * geometry.chunk_bytes);
+        self
+    }
+
     /// Chunk j's header and payload.
     pub fn chunk<'a>(&'a self, geometry: &Geometry, area: &'a [u8], j: usize) -> (&'a [u8], &'a [u8]) {
-        let c = geometry.chunk_bytes;
         let header = &self.headers[j * SECTOR_BYTES..(j + 1) * SECTOR_BYTES];
-        let payload = if j < geometry.data {
-            &area[j * c..(j + 1) * c]
-        } else {
-            &self.parity[(j - geometry.data) * c..(j - geometry.data + 1) * c]
-        };
-        (header, payload)
+        (header, payload(geometry, area, &self.parity, j))
+    }
+
+    /// Writes every chunk's header from the stripe's leaves and root.
+    pub fn write_headers(&mut self, array_uuid: [u8; 16], info: &StripeInfo, leaves: &Leaves) {
+        for (j, leaf) in leaves.leaves.iter().enumerate() {
+            let header = ChunkHeader {
+                index: j,
+                stream: info.stream,
+                array_uuid,
+                sequence: info.sequence,
+                slot: info.slot,
+                synced_through: info.synced_through,
+                summary_bytes: info.summary_bytes,
+                data_bytes: info.data_bytes,
+                leaf: *leaf,
+                root: leaves.root,
+                summary_digest: info.summary_digest,
+            };
+            self.headers[j * SECTOR_BYTES..(j + 1) * SECTOR_BYTES].copy_from_slice(&header.encode());
+        }
     }
 }
 
-/// Computes a finished stripe's parity, leaves, root and headers into `out`
-/// (whose buffers are reused from stripe to stripe).
+/// Chunk j's payload: a data chunk of `area` or a parity chunk of `parity`.
+fn payload<'a>(geometry: &Geometry, area: &'a [u8], parity: &'a [u8], j: usize) -> &'a [u8] {
+    let c = geometry.chunk_bytes;
+    if j < geometry.data {
+        &area[j * c..(j + 1) * c]
+    } else {
+        &parity[(j - geometry.data) * c..(j - geometry.data + 1) * c]
+    }
+}
+
+/// Chunk j's payload buffer, for reading into.
+fn payload_mut<'a>(geometry: &Geometry, area: &'a mut [u8], parity: &'a mut [u8], j: usize) -> &'a mut [u8] {
+    let c = geometry.chunk_bytes;
+    if j < geometry.data {
+        &mut area[j * c..(j + 1) * c]
+    } else {
+        &mut parity[(j - geometry.data) * c..(j - geometry.data + 1) * c]
+    }
+}
+
+/// Seals finished stripes in one batch through the accelerator: parity,
+/// leaves, root and headers into each `Built`.
 pub fn build(
     geometry: &Geometry,
-    codec: &tessera_ec::Codec,
+    accel: &dyn Accelerator,
     array_uuid: [u8; 16],
-    area: &[u8],
-    info: &StripeInfo,
-    out: &mut Built,
-) {
-    let algorithm = geometry.checksum;
-    let c = geometry.chunk_bytes;
-    let width = geometry.width();
-    out.headers.resize(width * SECTOR_BYTES);
-    out.parity.resize(geometry.parity * c);
-    {
-        let data: Vec<&[u8]> = area.chunks(c).collect();
-        let mut parity: Vec<&mut [u8]> = out.parity.chunks_mut(c).collect();
-        codec.encode(&data, &mut parity).expect("shapes match the codec");
-    }
-    let leaves: Vec<Digest> = (0..width)
-        .map(|j| merkle::leaf(algorithm, j, out.chunk(geometry, area, j).1))
+    stripes: &mut [(&[u8], &StripeInfo, &mut Built)],
+) -> Result<(), tessera_accel::AccelError> {
+    let mut jobs: Vec<SealJob> = stripes
+        .iter_mut()
+        .map(|(area, _, built)| SealJob {
+            data: area,
+            parity: &mut built.parity,
+        })
         .collect();
-    let root = merkle::Tree::from_leaves(algorithm, leaves.clone())
-        .expect("a stripe has chunks")
-        .root();
-    for (j, leaf) in leaves.into_iter().enumerate() {
-        let header = ChunkHeader {
-            index: j,
-            stream: info.stream,
-            array_uuid,
-            sequence: info.sequence,
-            slot: info.slot,
-            synced_through: info.synced_through,
-            summary_bytes: info.summary_bytes,
-            data_bytes: info.data_bytes,
-            leaf,
-            root,
-            summary_digest: info.summary_digest,
-        };
-        out.headers[j * SECTOR_BYTES..(j + 1) * SECTOR_BYTES].copy_from_slice(&header.encode());
+    let results = accel.seal(&shape(geometry), &mut jobs)?;
+    drop(jobs);
+    for ((_, info, built), leaves) in stripes.iter_mut().zip(results) {
+        built.write_headers(array_uuid, info, &leaves);
     }
+    Ok(())
 }
 
 /// Pieces of a data-area byte range: (chunk index, offset in chunk, length, offset in range).
@@ -169,66 +250,230 @@ pub fn pieces(geometry: &Geometry, offset: usize, len: usize) -> Vec<(usize, usi
     out
 }
 
-/// Reconstructs a stripe's data area from what `read_chunk` returns for
-/// each chunk index (header sector + payload, or `None` if unavailable).
-/// A chunk counts only if its header is intact, names this slot and
-/// sequence, and its payload matches the header's leaf. `area` is a buffer
-/// to fill (any contents). With `check_all`
-/// every chunk is read and checked (scrub, recovery of a possibly torn
-/// stripe); otherwise reading stops at K good ones. Returns the data area
-/// and the indices of the chunks read that were unavailable or bad.
+/// A stripe read back whole: its data area and parity, the chunks found
+/// bad (unreadable, stale, corrupt, or not belonging), every chunk's leaf
+/// and the root, and one of its good headers (to rebuild the others from).
+pub struct Rebuilt {
+    pub area: AlignedBuf,
+    pub parity: AlignedBuf,
+    pub bad: Vec<usize>,
+    pub leaves: Leaves,
+    pub header: ChunkHeader,
+}
+
+impl Rebuilt {
+    /// Chunk j's header and payload as they should be on its member.
+    pub fn chunk(&self, geometry: &Geometry, j: usize) -> (Vec<u8>, &[u8]) {
+        let mut header = self.header.clone();
+        header.index = j;
+        header.leaf = self.leaves.leaves[j];
+        (header.encode(), payload(geometry, &self.area, &self.parity, j))
+    }
+}
+
+/// Why a stripe could not be rebuilt.
+#[derive(Debug)]
+pub enum RebuildError {
+    /// Fewer than K chunks could be read with headers of this stripe.
+    TooFewChunks { good: usize },
+    /// K or more were read, but no K of them hash to the stripe's root.
+    RootMismatch,
+    Accel(tessera_accel::AccelError),
+}
+
+/// Reads stripe (`slot`, `sequence`) of array `array_uuid` back whole from
+/// what `read_chunk` returns for each chunk index (header sector and
+/// payload, or false if unavailable), rebuilding what is missing or bad.
+/// With `check_all`, every chunk is read and checked (scrub, recovery of a
+/// possibly torn stripe); otherwise reading stops at K.
 pub fn reconstruct(
     geometry: &Geometry,
-    codec: &tessera_ec::Codec,
-    slot: u64,
-    sequence: u64,
+    accel: &dyn Accelerator,
+    (slot, sequence): (u64, u64),
+    array_uuid: [u8; 16],
     check_all: bool,
     mut area: AlignedBuf,
     read_chunk: impl Fn(usize, &mut [u8], &mut [u8]) -> bool,
-) -> Result<(AlignedBuf, Vec<usize>), usize> {
+) -> Result<Rebuilt, RebuildError> {
+    let (k, width) = (geometry.data, geometry.width());
     let algorithm = geometry.checksum;
-    let c = geometry.chunk_bytes;
-    let width = geometry.width();
-    // Data payloads are read straight into the area (a recycled buffer is
-    // fine: every byte is read or rebuilt); parity beside it. All aligned,
-    // so a chunk's header and payload come with one direct read.
     area.resize(geometry.data_area_bytes());
-    let mut parity = AlignedBuf::zeroed(geometry.parity * c);
-    let mut header = AlignedBuf::zeroed(SECTOR_BYTES);
+    let mut parity = AlignedBuf::zeroed(geometry.parity * geometry.chunk_bytes);
+    let mut sector = AlignedBuf::zeroed(SECTOR_BYTES);
+    // Per chunk: its header once read and plausible; whether it was tried.
+    let mut headers: Vec<Option<ChunkHeader>> = vec![None; width];
+    let mut tried = vec![false; width];
     let mut bad = Vec::new();
-    let mut missing = Vec::new();
-    for j in 0..width {
-        // Without `check_all`, K good chunks are enough: the rest are not read.
-        if !check_all && j - missing.len() >= geometry.data {
-            missing.push(j);
+    let plausible = |h: &ChunkHeader, j: usize| {
+        h.slot == slot && h.sequence == sequence && h.index == j && h.array_uuid == array_uuid
+    };
+    // Each round either succeeds, fails, or sets aside at least one chunk.
+    for _ in 0..=width {
+        for j in 0..width {
+            let have = headers.iter().filter(|h| h.is_some()).count();
+            if tried[j] || (!check_all && have >= k) {
+                continue;
+            }
+            tried[j] = true;
+            let payload = payload_mut(geometry, &mut area, &mut parity, j);
+            let header = read_chunk(j, &mut sector, payload)
+                .then(|| ChunkHeader::decode(&sector, algorithm).ok())
+                .flatten()
+                .filter(|h| plausible(h, j));
+            match header {
+                Some(h) => headers[j] = Some(h),
+                None => bad.push(j),
+            }
+        }
+        let present: Vec<usize> = (0..width).filter(|&j| headers[j].is_some()).collect();
+        if present.len() < k {
+            return Err(RebuildError::TooFewChunks { good: present.len() });
+        }
+        // The root most headers carry; chunks carrying another do not belong.
+        let root = majority(present.iter().map(|&j| headers[j].as_ref().expect("present").root));
+        let odd: Vec<usize> = present
+            .iter()
+            .copied()
+            .filter(|&j| headers[j].as_ref().expect("present").root != root)
+            .collect();
+        if !odd.is_empty() {
+            set_aside(&mut headers, &mut bad, &odd);
             continue;
         }
-        let payload = if j < geometry.data {
-            &mut area[j * c..(j + 1) * c]
-        } else {
-            &mut parity[(j - geometry.data) * c..(j - geometry.data + 1) * c]
-        };
-        let good = read_chunk(j, &mut header, payload)
-            && ChunkHeader::decode(&header, algorithm).is_ok_and(|h| {
-                h.slot == slot
-                    && h.sequence == sequence
-                    && h.index == j
-                    && merkle::leaf(algorithm, j, payload) == h.leaf
-            });
-        if !good {
-            bad.push(j);
-            missing.push(j);
+        let missing: Vec<usize> = (0..width).filter(|&j| headers[j].is_none()).collect();
+        let leaves = rebuild(geometry, accel, &mut area, &mut parity, &missing)?;
+        let corrupt: Vec<usize> = present
+            .iter()
+            .copied()
+            .filter(|&j| leaves.leaves[j] != headers[j].as_ref().expect("present").leaf)
+            .collect();
+        if !corrupt.is_empty() {
+            set_aside(&mut headers, &mut bad, &corrupt);
+            continue;
+        }
+        if leaves.root == root {
+            return Ok(done(area, parity, bad, leaves, headers));
+        }
+        // Every chunk matches its own header, yet together they do not make
+        // the root: one or two of them are copies that do not belong. Read
+        // the rest and find which to leave out.
+        return find_outsiders(geometry, accel, area, parity, headers, tried, bad, root, &read_chunk);
+    }
+    Err(RebuildError::RootMismatch)
+}
+
+fn majority(roots: impl Iterator<Item = Digest>) -> Digest {
+    let roots: Vec<Digest> = roots.collect();
+    *roots
+        .iter()
+        .max_by_key(|r| roots.iter().filter(|s| s == r).count())
+        .expect("at least K chunks are present")
+}
+
+fn set_aside(headers: &mut [Option<ChunkHeader>], bad: &mut Vec<usize>, chunks: &[usize]) {
+    for &j in chunks {
+        headers[j] = None;
+        bad.push(j);
+    }
+}
+
+/// Rebuilds the `missing` chunks of the stripe held in `area` and `parity`
+/// and returns every leaf and the root.
+fn rebuild(
+    geometry: &Geometry,
+    accel: &dyn Accelerator,
+    area: &mut AlignedBuf,
+    parity: &mut AlignedBuf,
+    missing: &[usize],
+) -> Result<Leaves, RebuildError> {
+    let c = geometry.chunk_bytes;
+    let mut jobs = [ReconstructJob {
+        chunks: area.chunks_mut(c).chain(parity.chunks_mut(c)).collect(),
+        missing: missing.to_vec(),
+    }];
+    let mut results = accel
+        .reconstruct(&shape(geometry), &mut jobs)
+        .map_err(RebuildError::Accel)?;
+    Ok(results.remove(0))
+}
+
+fn done(
+    area: AlignedBuf,
+    parity: AlignedBuf,
+    mut bad: Vec<usize>,
+    leaves: Leaves,
+    headers: Vec<Option<ChunkHeader>>,
+) -> Rebuilt {
+    bad.sort_unstable();
+    bad.dedup();
+    let header = headers.into_iter().flatten().next().expect("K chunks are present");
+    Rebuilt {
+        area,
+        parity,
+        bad,
+        leaves,
+        header,
+    }
+}
+
+/// The rare path: chunks agree with their headers but not with the root.
+/// Reads every chunk, then tries leaving out each one (and each pair,
+/// where the parity allows) until the rest rebuild to the root.
+#[allow(clippy::too_many_arguments)]
+fn find_outsiders(
+    geometry: &Geometry,
+    accel: &dyn Accelerator,
+    mut area: AlignedBuf,
+    mut parity: AlignedBuf,
+    mut headers: Vec<Option<ChunkHeader>>,
+    tried: Vec<bool>,
+    mut bad: Vec<usize>,
+    root: Digest,
+    read_chunk: &impl Fn(usize, &mut [u8], &mut [u8]) -> bool,
+) -> Result<Rebuilt, RebuildError> {
+    let (k, width) = (geometry.data, geometry.width());
+    let mut sector = AlignedBuf::zeroed(SECTOR_BYTES);
+    let template = headers.iter().flatten().next().expect("K chunks are present").clone();
+    let belongs = |h: &ChunkHeader, j: usize| {
+        h.index == j
+            && (h.slot, h.sequence, h.array_uuid, h.root) == (template.slot, template.sequence, template.array_uuid, root)
+    };
+    // The last rebuild overwrote the chunks not read; read them now.
+    for j in (0..width).filter(|&j| !tried[j]) {
+        let payload = payload_mut(geometry, &mut area, &mut parity, j);
+        let header = read_chunk(j, &mut sector, payload)
+            .then(|| ChunkHeader::decode(&sector, geometry.checksum).ok())
+            .flatten()
+            .filter(|h| belongs(h, j));
+        match header {
+            Some(h) => headers[j] = Some(h),
+            None => bad.push(j),
         }
     }
-    let good = width - missing.len();
-    if good < geometry.data {
-        return Err(good);
+    let present: Vec<usize> = (0..width).filter(|&j| headers[j].is_some()).collect();
+    let spare = present.len().saturating_sub(k);
+    let mut candidates: Vec<Vec<usize>> = present.iter().map(|&j| vec![j]).collect();
+    if spare >= 2 {
+        for (a, &x) in present.iter().enumerate() {
+            candidates.extend(present[a + 1..].iter().map(|&y| vec![x, y]));
+        }
     }
-    if missing.iter().any(|&j| j < geometry.data) {
-        let mut shards: Vec<&mut [u8]> = area.chunks_mut(c).chain(parity.chunks_mut(c)).collect();
-        codec
-            .reconstruct_data(&mut shards, &missing)
-            .expect("at least K good chunks decode");
+    let (read_area, read_parity) = (area.clone(), parity.clone());
+    for leave_out in candidates.into_iter().filter(|s| s.len() <= spare) {
+        area.copy_from_slice(&read_area);
+        parity.copy_from_slice(&read_parity);
+        let missing: Vec<usize> = (0..width)
+            .filter(|&j| headers[j].is_none() || leave_out.contains(&j))
+            .collect();
+        let leaves = rebuild(geometry, accel, &mut area, &mut parity, &missing)?;
+        let consistent = present
+            .iter()
+            .filter(|j| !leave_out.contains(j))
+            .all(|&j| leaves.leaves[j] == headers[j].as_ref().expect("present").leaf);
+        if consistent && leaves.root == root {
+            set_aside(&mut headers, &mut bad, &leave_out);
+            return Ok(done(area, parity, bad, leaves, headers));
+        }
     }
-    Ok((area, bad))
+    Err(RebuildError::RootMismatch)
 }

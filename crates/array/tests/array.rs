@@ -141,7 +141,7 @@ fn random_io_matches_the_model_through_gc_and_reopen() {
         drop(array);
         let array = reopen(&devices, &[]).unwrap();
         let recovery = array.status().unwrap().recovery;
-        assert!(recovery.checkpoint_sequence > 0 && recovery.checkpoint_error.is_none());
+        assert!(recovery.checkpoint_sequence > 0 && recovery.checkpoint_error.is_none(), "{recovery:?}");
         assert!(
             recovery.slots_scanned < status.stripes_total / 4,
             "seed {seed}: recovery read {} slots' headers of {}",
@@ -178,9 +178,10 @@ fn reads_survive_m_failed_members_and_corruption() {
     );
     // Scrub finds the flips reads did not touch (parity, unused bytes) and
     // repairs them; a second scrub finds nothing.
-    let (stripes, _) = array.scrub().unwrap();
-    assert!(stripes > 0);
-    assert_eq!(array.scrub().unwrap().1, 0);
+    let report = array.scrub().unwrap();
+    assert!(report.stripes_checked > 0);
+    assert_eq!(report.chunks_bad, report.chunks_repaired);
+    assert_eq!(array.scrub().unwrap().chunks_bad, 0);
     // Two members fail: reads reconstruct, writes go on.
     array.fail_member(0).unwrap();
     devices[5].set_faults(Faults {
@@ -352,12 +353,12 @@ fn lost_writes_on_a_member_are_caught_and_repaired() {
     array.flush().unwrap();
     devices[3].set_faults(Faults::default());
     check_all(&array, &model);
-    let (_, bad) = array.scrub().unwrap();
+    let bad = array.scrub().unwrap().chunks_bad;
     let status = array.status().unwrap();
     assert!(status.checksum_errors > 0, "stale chunks were noticed");
     assert_eq!(status.chunks_repaired, status.checksum_errors, "and rewritten");
     assert_eq!(
-        array.scrub().unwrap().1,
+        array.scrub().unwrap().chunks_bad,
         0,
         "nothing bad is left after {bad} more repairs"
     );

@@ -1,0 +1,229 @@
+//! The accelerator seam: the arithmetic an array does in bulk, behind one
+//! trait that takes batches.
+//!
+//! Guarantees: every backend computes exactly what the reference functions
+//! compute (`tessera_ec::Codec` with the Cauchy matrix for parity and
+//! rebuilt chunks, `tessera_checksum` for digests and Merkle trees), so a
+//! stripe sealed by one backend is read back by any other. The CPU backend
+//! is that reference; a GPU backend is tested against it.
+//!
+//! Three kinds of work cross the seam, each as a batch, so that a backend
+//! can spread it as it likes (a thread pool, GPU streams):
+//!
+//! - [`Accelerator::seal`]: for each stripe, the M parity chunks of its K
+//!   data chunks, the Merkle leaf of every chunk and the stripe's root.
+//! - [`Accelerator::reconstruct`]: for each stripe, its missing chunks from
+//!   any K others, then every leaf and the root, which the caller compares
+//!   with the stored ones (so chunks that pass their own checksums but do
+//!   not belong together are caught).
+//! - [`Accelerator::hash`]: the digest of each buffer.
+//!
+//! [`select`] picks a backend by name (`auto`, `cpu`, `cuda`).
+
+pub mod cpu;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tessera_checksum::{Algorithm, Digest};
+
+/// A stripe's shape: K data and M parity chunks of `chunk_bytes`, hashed
+/// with `checksum`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Shape {
+    pub data: usize,
+    pub parity: usize,
+    pub chunk_bytes: usize,
+    pub checksum: Algorithm,
+}
+
+impl Shape {
+    pub fn width(&self) -> usize {
+        self.data + self.parity
+    }
+}
+
+/// One stripe to seal: its K data chunks laid end to end, and room for its
+/// M parity chunks laid end to end.
+pub struct SealJob<'a> {
+    pub data: &'a [u8],
+    pub parity: &'a mut [u8],
+}
+
+/// One stripe to rebuild: all K+M chunks (data first, then parity), each
+/// `chunk_bytes` long; those listed in `missing` are rebuilt, whatever
+/// they held.
+pub struct ReconstructJob<'a> {
+    pub chunks: Vec<&'a mut [u8]>,
+    pub missing: Vec<usize>,
+}
+
+/// What sealing or rebuilding a stripe yields besides chunk bytes: the
+/// Merkle leaf of each of its K+M chunks, in order, and the root over them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Leaves {
+    pub leaves: Vec<Digest>,
+    pub root: Digest,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AccelError {
+    #[error("{0}")]
+    Codec(#[from] tessera_ec::EcError),
+    #[error("stripe {index} of the batch has {got} bytes where {want} are expected")]
+    WrongSize { index: usize, got: usize, want: usize },
+    #[error("the '{name}' accelerator is not available: {why}")]
+    Unavailable { name: String, why: String },
+    #[error("unknown accelerator '{name}': use auto, cpu or cuda")]
+    UnknownKind { name: String },
+}
+
+/// The work a backend has done since it started, for `status`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Work {
+    pub stripes_sealed: u64,
+    pub stripes_reconstructed: u64,
+    /// Bytes read to seal and rebuild (data chunks in, all chunks hashed).
+    pub bytes_coded: u64,
+    pub buffers_hashed: u64,
+    pub bytes_hashed: u64,
+}
+
+/// Counters a backend bumps as it works.
+#[derive(Default)]
+pub struct WorkCounters {
+    stripes_sealed: AtomicU64,
+    stripes_reconstructed: AtomicU64,
+    bytes_coded: AtomicU64,
+    buffers_hashed: AtomicU64,
+    bytes_hashed: AtomicU64,
+}
+
+impl WorkCounters {
+    pub fn sealed(&self, stripes: usize, bytes: usize) {
+        self.stripes_sealed.fetch_add(stripes as u64, Ordering::Relaxed);
+        self.bytes_coded.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+    pub fn reconstructed(&self, stripes: usize, bytes: usize) {
+        self.stripes_reconstructed.fetch_add(stripes as u64, Ordering::Relaxed);
+        self.bytes_coded.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+    pub fn hashed(&self, buffers: usize, bytes: usize) {
+        self.buffers_hashed.fetch_add(buffers as u64, Ordering::Relaxed);
+        self.bytes_hashed.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+    pub fn snapshot(&self) -> Work {
+        Work {
+            stripes_sealed: self.stripes_sealed.load(Ordering::Relaxed),
+            stripes_reconstructed: self.stripes_reconstructed.load(Ordering::Relaxed),
+            bytes_coded: self.bytes_coded.load(Ordering::Relaxed),
+            buffers_hashed: self.buffers_hashed.load(Ordering::Relaxed),
+            bytes_hashed: self.bytes_hashed.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A backend for the array's bulk arithmetic.
+pub trait Accelerator: Send + Sync {
+    /// The backend's name, as `status` and `bench` print it.
+    fn name(&self) -> &str;
+
+    /// Computes each job's parity, then the leaves and root of its K+M
+    /// chunks. Results are in job order.
+    fn seal(&self, shape: &Shape, jobs: &mut [SealJob<'_>]) -> Result<Vec<Leaves>, AccelError>;
+
+    /// Rebuilds each job's missing chunks (at most M), then computes the
+    /// leaves and root of all K+M. Results are in job order.
+    fn reconstruct(&self, shape: &Shape, jobs: &mut [ReconstructJob<'_>]) -> Result<Vec<Leaves>, AccelError>;
+
+    /// The digest of each input, in order.
+    fn hash(&self, algorithm: Algorithm, inputs: &[&[u8]]) -> Vec<Digest>;
+
+    /// The work done so far.
+    fn work(&self) -> Work;
+}
+
+/// Which backend to use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Kind {
+    /// The fastest backend this machine has (today: the CPU).
+    #[default]
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+impl std::str::FromStr for Kind {
+    type Err = AccelError;
+    fn from_str(name: &str) -> Result<Kind, AccelError> {
+        match name.to_ascii_lowercase().as_str() {
+            "auto" => Ok(Kind::Auto),
+            "cpu" => Ok(Kind::Cpu),
+            "cuda" | "gpu" => Ok(Kind::Cuda),
+            _ => Err(AccelError::UnknownKind { name: name.to_string() }),
+        }
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Kind::Auto => "auto",
+            Kind::Cpu => "cpu",
+            Kind::Cuda => "cuda",
+        })
+    }
+}
+
+/// The backend `kind` names. `Auto` falls back to the CPU; `Cuda` is
+/// refused with the reason until a CUDA backend is built in.
+pub fn select(kind: Kind) -> Result<Arc<dyn Accelerator>, AccelError> {
+    match kind {
+        Kind::Auto | Kind::Cpu => Ok(Arc::new(cpu::Cpu::new(cpu::default_threads()))),
+        Kind::Cuda => Err(AccelError::Unavailable {
+            name: "cuda".to_string(),
+            why: "this build has no CUDA backend; use --accel cpu".to_string(),
+        }),
+    }
+}
+
+/// Checks that every seal job has K data and M parity chunks of the shape.
+fn check_seal_jobs(shape: &Shape, jobs: &[SealJob<'_>]) -> Result<(), AccelError> {
+    for (index, job) in jobs.iter().enumerate() {
+        for (got, chunks) in [(job.data.len(), shape.data), (job.parity.len(), shape.parity)] {
+            let want = chunks * shape.chunk_bytes;
+            if got != want {
+                return Err(AccelError::WrongSize { index, got, want });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks that every rebuild job has K+M chunks of the shape and at most
+/// M missing, each named once.
+fn check_reconstruct_jobs(shape: &Shape, jobs: &[ReconstructJob<'_>]) -> Result<(), AccelError> {
+    for (index, job) in jobs.iter().enumerate() {
+        if job.chunks.len() != shape.width() {
+            return Err(AccelError::WrongSize {
+                index,
+                got: job.chunks.len(),
+                want: shape.width(),
+            });
+        }
+        if let Some(chunk) = job.chunks.iter().find(|c| c.len() != shape.chunk_bytes) {
+            return Err(AccelError::WrongSize {
+                index,
+                got: chunk.len(),
+                want: shape.chunk_bytes,
+            });
+        }
+        if job.missing.len() > shape.parity {
+            return Err(tessera_ec::EcError::TooManyMissing {
+                missing: job.missing.len(),
+                parity: shape.parity,
+            }
+            .into());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,316 @@
+//! Checkpoints: the map written to stripes of the Meta stream and named by
+//! the superblocks, so that opening reads it and rolls forward over the
+//! slots of its window instead of reading every stripe's summary.
+//!
+//! # How a checkpoint is taken while clients write
+//!
+//! 1. Note the last sequence sealed, S. Choose the window: the slots new
+//!    stripes may take until the next checkpoint. It holds every slot a
+//!    stripe newer than S may be in (the open stripes' slots, any sealed
+//!    since S, and the usable free slots, to which allocation is narrowed
+//!    until the checkpoint is durable), then other free slots and the
+//!    stripes garbage collection will empty first.
+//!    No slot is freed until the checkpoint is done: the copy may point
+//!    into slots that drain meanwhile, and step 4 takes free slots.
+//! 2. Copy the map in pieces, each under one short hold of the index's
+//!    read lock. Writes go on between pieces, so the copy is "fuzzy": a
+//!    block may be copied before or after a write to it. Every write the
+//!    copy may have missed or caught half-way is in a stripe newer than S,
+//!    in the window, and recovery keeps the newest version of each block,
+//!    so replaying those stripes over the copy gives the right map.
+//! 3. Seal and sync the open stripes: everything the copy points at is
+//!    durable.
+//! 4. Write the copy to free slots (outside the window where it can) as Meta stripes
+//!    (consecutive sequences), sync, then point the superblocks at them.
+//!    Only then is the old checkpoint's space free and the new window the
+//!    one allocation uses.
+//!
+//! Without room for the checkpoint (the map is larger than the superblock
+//! can name, or no free slots), the superblocks say "no checkpoint":
+//! recovery then scans every slot, and any free slot may be used.
+
+use crate::engine::{Resident, Shared};
+use crate::format::{
+    self, Checkpoint, CheckpointMapping, CheckpointRef, CheckpointTarget, Extent, Stream, CHECKPOINT_SLOTS_MAX,
+};
+use crate::limits::{CHECKPOINT_MAPPINGS_PER_LOCK, CHECKPOINT_WINDOW_MAX, CHECKPOINT_WINDOW_MIN};
+use crate::map::Target;
+use crate::slots::SlotState;
+use crate::status::Counters;
+use crate::stripe::OpenStripe;
+use crate::ArrayError;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+impl Shared {
+    /// Slots in a checkpoint's window: an eighth of the array, within bounds.
+    pub(crate) fn window_slots(&self) -> u64 {
+        (self.geometry.slot_count() / 8).clamp(CHECKPOINT_WINDOW_MIN, CHECKPOINT_WINDOW_MAX)
+    }
+
+    /// Writes a checkpoint of the map now.
+    pub fn checkpoint(&self) -> Result<(), ArrayError> {
+        self.members.check_writable()?;
+        let _one = self.checkpoint_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let start = self.tracker.last_sequence();
+        let mut window = self.choose_window(start);
+        let (mut checkpoint, referenced) = self.copy_map(start, &window);
+        // 3. Everything the copy points at is made durable.
+        let sealed: Vec<_> = [Stream::User, Stream::Gc]
+            .into_iter()
+            .filter_map(|stream| self.seal_stream(stream))
+            .collect();
+        if let Err(error) = self.submit(sealed).and_then(|()| self.sync_through(self.tracker.last_sequence())) {
+            self.end_restriction();
+            return Err(error);
+        }
+        {
+            let index = self.index();
+            checkpoint.stripes = referenced
+                .into_iter()
+                .map(|(slot, sequence)| {
+                    let s = index.slots.get(slot);
+                    (slot, if s.state == SlotState::Sealed { s.sequence } else { sequence })
+                })
+                .collect();
+        }
+        match self.write_checkpoint(&mut checkpoint, &mut window) {
+            Ok(Some(meta)) => {
+                let synced = self.tracker.lock().synced_through;
+                let mut index = self.index_mut();
+                index.slots.set_window(Some(window));
+                index.slots.release_drained(synced);
+                let old = std::mem::replace(&mut index.checkpoint_slots, meta);
+                for slot in old {
+                    index.slots.free(slot);
+                }
+                index.checkpoint_reserve = index.checkpoint_slots.len() + 1;
+                drop(index);
+                Counters::add(&self.counters.checkpoints_written, 1);
+                Ok(())
+            }
+            Ok(None) => self.drop_checkpoint(),
+            Err(error) => {
+                self.end_restriction();
+                Err(error)
+            }
+        }
+    }
+
+    /// Ends a failed checkpoint's narrowing of allocation, and frees what
+    /// drained meanwhile.
+    fn end_restriction(&self) {
+        let synced = self.tracker.lock().synced_through;
+        let mut index = self.index_mut();
+        index.slots.lift_restriction();
+        index.slots.release_drained(synced);
+    }
+
+    /// Step 1: the next window; allocation is narrowed to it meanwhile.
+    fn choose_window(&self, start: u64) -> BTreeSet<u64> {
+        let size = self.window_slots() as usize;
+        let mut index = self.index_mut();
+        // Slots that may hold stripes newer than `start` before the new
+        // checkpoint is durable: all of them go in, whatever the size.
+        let mut window: BTreeSet<u64> = index
+            .resident
+            .iter()
+            .filter(|(_, r)| matches!(r, Resident::Open(_)))
+            .map(|(&slot, _)| slot)
+            .collect();
+        window.extend(
+            index
+                .slots
+                .iter()
+                .filter(|(_, s)| s.state == SlotState::Sealed && s.sequence > start)
+                .map(|(slot, _)| slot),
+        );
+        let floor = window.len();
+        let healthy_first = |mut slots: Vec<u64>| {
+            slots.sort_by_key(|&slot| !self.all_healthy(slot));
+            slots
+        };
+        // Free slots, those allocation takes now first.
+        let usable = healthy_first(index.slots.usable_slots().collect());
+        let other_free = healthy_first(
+            index
+                .slots
+                .free_slots()
+                .filter(|s| !index.slots.is_usable(*s))
+                .collect(),
+        );
+        for slot in usable.into_iter().chain(other_free) {
+            if window.len() >= floor + size {
+                break;
+            }
+            window.insert(slot);
+        }
+        // On a full array, also the stripes garbage collection empties
+        // first: emptied, they serve without waiting for a checkpoint.
+        if window.len() < floor + size {
+            let area = self.fill_bytes;
+            let next = start + 1;
+            let victims = index
+                .slots
+                .victims(area, next, floor + size - window.len(), false, |slot| window.contains(&slot));
+            window.extend(victims);
+        }
+        index.slots.restrict_usable(&window);
+        window
+    }
+
+    /// Step 2: the map, copied in pieces, and the slots it points into
+    /// with their sequences as seen then.
+    fn copy_map(&self, start: u64, window: &BTreeSet<u64>) -> (Checkpoint, BTreeMap<u64, u64>) {
+        let mut checkpoint = Checkpoint {
+            sequence: start,
+            window: window.iter().copied().collect(),
+            ..Checkpoint::default()
+        };
+        // Extents are numbered by identity; holding them keeps an address
+        // from being reused for another extent while the copy goes on.
+        let mut numbers: HashMap<*const Extent, usize> = HashMap::new();
+        let mut held: Vec<Arc<Extent>> = Vec::new();
+        let mut referenced = BTreeMap::new();
+        let mut cursor = 0u64;
+        loop {
+            let index = self.index();
+            checkpoint.next_version = index.next_version;
+            let mut copied = 0;
+            for (lba, mapping) in index.map.from(cursor).take(CHECKPOINT_MAPPINGS_PER_LOCK) {
+                let slot = mapping.target.slot();
+                referenced
+                    .entry(slot)
+                    .or_insert_with(|| index.slots.get(slot).sequence);
+                let target = match &mapping.target {
+                    Target::Zero { slot } => CheckpointTarget::Zero { slot: *slot },
+                    Target::Data { extent, skip } => {
+                        let number = *numbers.entry(Arc::as_ptr(extent)).or_insert_with(|| {
+                            held.push(extent.clone());
+                            checkpoint.extents.push(Extent::clone(extent));
+                            checkpoint.extents.len() - 1
+                        });
+                        CheckpointTarget::Data { extent: number, skip: *skip }
+                    }
+                };
+                checkpoint.mappings.push(CheckpointMapping {
+                    lba,
+                    blocks: mapping.blocks,
+                    version: mapping.version,
+                    target,
+                });
+                cursor = lba + u64::from(mapping.blocks);
+                copied += 1;
+            }
+            if copied < CHECKPOINT_MAPPINGS_PER_LOCK {
+                return (checkpoint, referenced);
+            }
+        }
+    }
+
+    /// Step 4: the encoded checkpoint into Meta stripes in free slots
+    /// (outside `window` where there are enough; those taken from it leave
+    /// it), synced, then named by the superblocks. Returns its slots, or
+    /// `None` if it does not fit.
+    fn write_checkpoint(
+        &self,
+        checkpoint: &mut Checkpoint,
+        window: &mut BTreeSet<u64>,
+    ) -> Result<Option<Vec<u64>>, ArrayError> {
+        let g = &self.geometry;
+        let algorithm = g.checksum;
+        let start = checkpoint.sequence;
+        let per_stripe = g.data_area_bytes() - format::summary_bytes(algorithm, &[]);
+        let mut bytes = checkpoint.encode(algorithm);
+        let count = bytes.len().div_ceil(per_stripe);
+        if count > CHECKPOINT_SLOTS_MAX {
+            return Ok(None);
+        }
+        let mut meta: Vec<u64> = {
+            let mut index = self.index_mut();
+            // A free slot has held nothing since the checkpoint began (no
+            // slot is freed meanwhile), so one in the window may be taken.
+            let mut free: Vec<u64> = index.slots.free_slots().collect();
+            if free.len() < count {
+                return Ok(None);
+            }
+            free.sort_by_key(|&slot| (window.contains(&slot), !self.all_healthy(slot)));
+            free.truncate(count);
+            for &slot in &free {
+                index.slots.take(slot, SlotState::Open);
+            }
+            free
+        };
+        // Slots taken from the window leave it, and the copy says so (it
+        // only shrinks, so it needs no more stripes).
+        if meta.iter().any(|slot| window.remove(slot)) {
+            checkpoint.window = window.iter().copied().collect();
+            bytes = checkpoint.encode(algorithm);
+            let spare = meta.split_off(bytes.len().div_ceil(per_stripe));
+            let mut index = self.index_mut();
+            for slot in spare {
+                index.slots.release_open(slot);
+            }
+        }
+        let bytes = &bytes[..];
+        let first = self.tracker.assign_many(meta.len());
+        let sealed: Vec<_> = meta
+            .iter()
+            .zip(bytes.chunks(per_stripe))
+            .enumerate()
+            .map(|(i, (&slot, piece))| {
+                let mut open = OpenStripe::new(slot, Stream::Meta, self.spares().areas.pop(), g);
+                open.push_data(piece, false);
+                self.seal_as(open, SlotState::Checkpoint, first + i as u64)
+            })
+            .collect();
+        let written = self
+            .submit(sealed)
+            .and_then(|()| self.sync_through(first + meta.len() as u64 - 1));
+        let reference = CheckpointRef {
+            sequence: start,
+            bytes: bytes.len() as u64,
+            first_stripe_sequence: first,
+            digest: algorithm.digest(bytes),
+            slots: meta.clone(),
+        };
+        let published = written.and_then(|()| {
+            let mut superblock = self.members.superblock();
+            let mut template = superblock.clone();
+            template.checkpoint = Some(reference);
+            self.members.publish_locked(&mut superblock, template)
+        });
+        if let Err(error) = published {
+            // The old checkpoint stays the durable one; these slots are
+            // free again once their writes are done.
+            self.wait_written(first + meta.len() as u64 - 1);
+            let mut index = self.index_mut();
+            for &slot in &meta {
+                index.slots.free(slot);
+            }
+            return Err(error);
+        }
+        Ok(Some(meta))
+    }
+
+    /// Makes the superblocks say there is no checkpoint, so that any free
+    /// slot may be written: recovery will scan them all.
+    fn drop_checkpoint(&self) -> Result<(), ArrayError> {
+        let mut superblock = self.members.superblock();
+        if superblock.checkpoint.is_some() {
+            let mut template = superblock.clone();
+            template.checkpoint = None;
+            self.members.publish_locked(&mut superblock, template)?;
+        }
+        drop(superblock);
+        let synced = self.tracker.lock().synced_through;
+        let mut index = self.index_mut();
+        index.slots.set_window(None);
+        index.slots.release_drained(synced);
+        for slot in std::mem::take(&mut index.checkpoint_slots) {
+            index.slots.free(slot);
+        }
+        index.checkpoint_reserve = 0;
+        Ok(())
+    }
+}

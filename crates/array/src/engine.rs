@@ -1,0 +1,448 @@
+//! The engine: the state an open array shares among client threads, member
+//! I/O threads and background work, and the public [`Array`].
+//!
+//! The threads, the locks, their order and what each protects are in
+//! `docs/ENGINE.md`; in short, no lock is held across device I/O or a
+//! sync by the paths clients take, and every critical section only moves
+//! indexes. The modules beside this one each add one part:
+//!
+//! - `write`: packing extents into open stripes, sealing, FLUSH.
+//! - `read`: the read path and the reconstruction cache.
+//! - `repair`: rewriting bad chunks, scrub.
+//! - `gc`: garbage collection.
+//! - `checkpoint` and `recovery`: the map's durable copy, and opening.
+//! - `maintenance`: the background thread that runs GC and checkpoints.
+//! - `status`: counters and `tessera status`.
+
+use crate::cache::ReconstructCache;
+use crate::device::AlignedBuf;
+use crate::format::{Geometry, Stream, Superblock, BLOCK_BYTES, SECTOR_BYTES};
+use crate::io::MemberIo;
+use crate::limits::{PARTIAL_WRITE_LOCK_COUNT, RECONSTRUCT_CACHE_BYTES_DEFAULT, WRITE_BYTES_IN_FLIGHT_MAX};
+use crate::map::Map;
+use crate::members::{Member, Members};
+use crate::recovery::Recovery;
+use crate::slots::{Pins, SlotTable};
+use crate::status::{Counters, Status};
+use crate::stripe::OpenStripe;
+use crate::ArrayError;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
+use tessera_accel::Accelerator;
+use tessera_compress::policy::Policy;
+
+/// How an array is run (not stored on disk).
+#[derive(Clone)]
+pub struct EngineOptions {
+    /// The accelerator for parity, rebuilds and hashes (default: the CPU).
+    pub accel: Option<Arc<dyn Accelerator>>,
+    /// Bytes of rebuilt stripes kept for degraded reads.
+    pub reconstruct_cache_bytes: usize,
+    /// Whether a background thread collects garbage and writes
+    /// checkpoints ahead of need; without it, writers do so when they must.
+    pub background: bool,
+}
+
+impl Default for EngineOptions {
+    fn default() -> EngineOptions {
+        EngineOptions {
+            accel: None,
+            reconstruct_cache_bytes: RECONSTRUCT_CACHE_BYTES_DEFAULT,
+            background: true,
+        }
+    }
+}
+
+/// Where a slot's data area is while it is not (only) on the members.
+pub(crate) enum Resident {
+    /// Being filled: in `Shared::open` of this stream, under its lock.
+    Open(Stream),
+    /// Sealed, being written: immutable in memory until the write is done.
+    Sealed(Arc<AlignedBuf>),
+}
+
+/// What the index's lock protects: the map, the slot table and where
+/// unwritten stripes are. Critical sections only move indexes.
+pub(crate) struct Index {
+    pub map: Map,
+    pub slots: SlotTable,
+    pub resident: HashMap<u64, Resident>,
+    /// The version the next mapped write gets.
+    pub next_version: u64,
+    /// Slots the next checkpoint's stripes need, kept from user data.
+    pub checkpoint_reserve: usize,
+    /// The durable checkpoint's stripes.
+    pub checkpoint_slots: Vec<u64>,
+}
+
+/// Sequences and the progress of writes and syncs.
+#[derive(Default)]
+pub(crate) struct TrackerState {
+    pub next_sequence: u64,
+    /// Sealed stripes not yet on the members.
+    pub in_flight: BTreeSet<u64>,
+    /// Bytes of stripes handed to the members and not yet written.
+    pub submitted_bytes: usize,
+    pub synced_through: u64,
+    pub syncing: bool,
+}
+
+impl TrackerState {
+    /// Every stripe up to this sequence is on the members (not yet synced).
+    pub fn written_through(&self) -> u64 {
+        match self.in_flight.first() {
+            Some(&oldest) => oldest - 1,
+            None => self.next_sequence - 1,
+        }
+    }
+}
+
+pub(crate) struct Tracker {
+    state: Mutex<TrackerState>,
+    pub changed: Condvar,
+}
+
+impl Tracker {
+    pub fn lock(&self) -> MutexGuard<'_, TrackerState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn wait<'a>(&self, guard: MutexGuard<'a, TrackerState>) -> MutexGuard<'a, TrackerState> {
+        self.changed.wait(guard).unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The next `count` sequences (consecutive), registered as in flight
+    /// until each is `written`; returns the first.
+    pub fn assign_many(&self, count: usize) -> u64 {
+        let mut t = self.lock();
+        let first = t.next_sequence;
+        t.next_sequence += count as u64;
+        t.in_flight.extend(first..first + count as u64);
+        first
+    }
+
+    pub fn last_sequence(&self) -> u64 {
+        self.lock().next_sequence - 1
+    }
+
+    /// Waits until `bytes` more may be handed to the members.
+    pub fn wait_for_room(&self, bytes: usize) {
+        let mut t = self.lock();
+        while t.submitted_bytes > 0 && t.submitted_bytes + bytes > WRITE_BYTES_IN_FLIGHT_MAX {
+            t = self.wait(t);
+        }
+        t.submitted_bytes += bytes;
+    }
+
+    /// Waits until every stripe up to `sequence` is written (not synced).
+    pub fn wait_written(&self, sequence: u64) {
+        let mut t = self.lock();
+        while t.written_through() < sequence {
+            t = self.wait(t);
+        }
+    }
+
+    pub fn written(&self, sequence: u64, bytes: usize) {
+        let mut t = self.lock();
+        assert!(t.in_flight.remove(&sequence), "stripe {sequence} reported written twice");
+        t.submitted_bytes -= bytes;
+        drop(t);
+        self.changed.notify_all();
+    }
+}
+
+/// Spare buffers, so sealing and rebuilding allocate little.
+#[derive(Default)]
+pub(crate) struct Spares {
+    pub areas: Vec<AlignedBuf>,
+    pub built: Vec<crate::stripe::Built>,
+}
+
+/// Spares kept at most of each kind.
+const SPARES_MAX: usize = 64;
+
+pub(crate) struct Shared {
+    /// This engine, for the stripes it hands to the member threads.
+    pub me: Weak<Shared>,
+    pub geometry: Geometry,
+    pub array_uuid: [u8; 16],
+    pub accel: Arc<dyn Accelerator>,
+    pub policy: Option<Policy>,
+    /// Live bytes a stripe can be counted on to hold (admission).
+    pub fill_bytes: u64,
+    pub members: Members,
+    pub index: RwLock<Index>,
+    pub pins: Pins,
+    /// The open stripe of each stream that has one: User, then Gc.
+    pub open: [Mutex<Option<OpenStripe>>; 2],
+    pub tracker: Tracker,
+    pub io: MemberIo,
+    pub cache: ReconstructCache,
+    pub counters: Counters,
+    /// Read-modify-writes of partial blocks, by block number.
+    pub partial: Vec<Mutex<()>>,
+    pub spares: Mutex<Spares>,
+    /// Live bytes (times LIVE_SCALE) admitted for writes not yet mapped.
+    pub admitted: Mutex<u128>,
+    /// One garbage collection round at a time; held across its I/O.
+    pub gc_lock: Mutex<()>,
+    /// One checkpoint at a time; held across its I/O.
+    pub checkpoint_lock: Mutex<()>,
+    pub maintenance: crate::maintenance::Signal,
+    pub recovery: Mutex<Recovery>,
+    pub options: EngineOptions,
+}
+
+/// An open array.
+pub struct Array {
+    shared: Arc<Shared>,
+    background: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+fn poisoned<T>(guard: std::sync::PoisonError<T>) -> T {
+    guard.into_inner()
+}
+
+impl Shared {
+    pub fn index(&self) -> RwLockReadGuard<'_, Index> {
+        self.index.read().unwrap_or_else(poisoned)
+    }
+
+    pub fn index_mut(&self) -> RwLockWriteGuard<'_, Index> {
+        self.index.write().unwrap_or_else(poisoned)
+    }
+
+    pub fn open_stripe(&self, stream: Stream) -> MutexGuard<'_, Option<OpenStripe>> {
+        let i = match stream {
+            Stream::User => 0,
+            Stream::Gc => 1,
+            Stream::Meta => unreachable!("checkpoint stripes are never left open"),
+        };
+        self.open[i].lock().unwrap_or_else(poisoned)
+    }
+
+    pub fn spares(&self) -> MutexGuard<'_, Spares> {
+        self.spares.lock().unwrap_or_else(poisoned)
+    }
+
+    /// Keeps a data area for the next open stripe, if it is not shared.
+    pub fn recycle_area(&self, area: Arc<AlignedBuf>) {
+        if let Ok(area) = Arc::try_unwrap(area) {
+            let mut spares = self.spares();
+            if spares.areas.len() < SPARES_MAX {
+                spares.areas.push(area);
+            }
+        }
+    }
+
+    /// Whether every chunk of slot `slot` is on a healthy member.
+    pub fn all_healthy(&self, slot: u64) -> bool {
+        let g = &self.geometry;
+        (0..g.width()).all(|j| self.members.readable(g.place(slot, j).0).is_some())
+    }
+
+    pub fn check_range(&self, offset: u64, len: u64) -> Result<(), ArrayError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.geometry.logical_bytes => Ok(()),
+            _ => Err(ArrayError::OutOfRange {
+                offset,
+                len,
+                size: self.geometry.logical_bytes,
+            }),
+        }
+    }
+
+    pub fn wait_written(&self, sequence: u64) {
+        self.tracker.wait_written(sequence);
+    }
+
+    /// Members a sync or a stripe is written to.
+    pub fn writable_members(&self) -> Vec<usize> {
+        (0..self.members.count())
+            .filter(|&m| self.members.readable(m).is_some())
+            .collect()
+    }
+}
+
+impl Array {
+    /// Builds the engine over opened members and recovers the map (called
+    /// by `crate::create` and `crate::open`).
+    pub(crate) fn assemble(superblock: Superblock, members: Vec<Member>, options: EngineOptions) -> Result<Array, ArrayError> {
+        let geometry = superblock.geometry.clone();
+        let accel = match &options.accel {
+            Some(accel) => accel.clone(),
+            None => tessera_accel::select(tessera_accel::Kind::Auto).map_err(ArrayError::Accel)?,
+        };
+        let policy = geometry.compression.map(|codec| Policy {
+            mode: tessera_compress::policy::Mode::Aggressive,
+            codec,
+            min_blob: BLOCK_BYTES,
+            max_blob: crate::write::extent_blocks_max(&geometry) * BLOCK_BYTES,
+            ..Policy::default()
+        });
+        let counters = Counters::default();
+        let devices = members.iter().map(|m| m.device.clone()).collect();
+        let io = MemberIo::start(&geometry, devices, counters.member_bytes_written.clone()).map_err(|e| {
+            ArrayError::Io {
+                member: 0,
+                name: "member I/O threads".to_string(),
+                source: e,
+            }
+        })?;
+        let slot_count = geometry.slot_count();
+        let cache = ReconstructCache::new(options.reconstruct_cache_bytes, geometry.data_area_bytes());
+        let array_uuid = superblock.array_uuid;
+        let fill_bytes = crate::write::stripe_fill_bytes(&geometry, policy.as_ref());
+        let shared = Arc::new_cyclic(|me| Shared {
+            fill_bytes,
+            me: me.clone(),
+            array_uuid,
+            accel,
+            policy,
+            members: Members::new(members, superblock),
+            index: RwLock::new(Index {
+                map: Map::default(),
+                slots: SlotTable::new(geometry.checksum, slot_count),
+                resident: HashMap::new(),
+                next_version: 1,
+                checkpoint_reserve: 0,
+                checkpoint_slots: Vec::new(),
+            }),
+            pins: Pins::new(slot_count),
+            open: [Mutex::new(None), Mutex::new(None)],
+            tracker: Tracker {
+                state: Mutex::new(TrackerState {
+                    next_sequence: 1,
+                    ..TrackerState::default()
+                }),
+                changed: Condvar::new(),
+            },
+            io,
+            cache,
+            counters,
+            partial: (0..PARTIAL_WRITE_LOCK_COUNT).map(|_| Mutex::new(())).collect(),
+            spares: Mutex::new(Spares::default()),
+            admitted: Mutex::new(0),
+            gc_lock: Mutex::new(()),
+            checkpoint_lock: Mutex::new(()),
+            maintenance: crate::maintenance::Signal::default(),
+            recovery: Mutex::new(Recovery::default()),
+            options,
+            geometry,
+        });
+        let array = Array {
+            shared,
+            background: Mutex::new(None),
+        };
+        array.shared.recover()?;
+        if array.shared.options.background {
+            let shared = array.shared.clone();
+            let thread = std::thread::Builder::new()
+                .name("tessera-maintenance".to_string())
+                .spawn(move || shared.maintain())
+                .map_err(|e| ArrayError::Io {
+                    member: 0,
+                    name: "maintenance thread".to_string(),
+                    source: e,
+                })?;
+            *array.background.lock().unwrap_or_else(poisoned) = Some(thread);
+        }
+        Ok(array)
+    }
+
+    pub fn geometry(&self) -> &Geometry {
+        &self.shared.geometry
+    }
+
+    pub fn logical_bytes(&self) -> u64 {
+        self.shared.geometry.logical_bytes
+    }
+
+    /// Reads `buf.len()` bytes at byte `offset` of the volume.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ArrayError> {
+        self.shared.read(offset, buf)
+    }
+
+    /// Writes `data` at byte `offset`; with `fua`, returns once it is durable.
+    pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ArrayError> {
+        self.shared.write(offset, data, fua)
+    }
+
+    /// Makes `len` bytes at `offset` read as zeros and frees their space.
+    pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), ArrayError> {
+        self.shared.write_zeroes(offset, len, fua)
+    }
+
+    /// TRIM: the same as WRITE_ZEROES here (discarded blocks read as zeros).
+    pub fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), ArrayError> {
+        self.shared.write_zeroes(offset, len, fua)
+    }
+
+    /// FLUSH: returns once every write that returned before it is durable.
+    pub fn flush(&self) -> Result<(), ArrayError> {
+        self.shared.flush()
+    }
+
+    /// Writes a map checkpoint now (a clean shutdown does, so the next
+    /// start reads it and few headers).
+    pub fn checkpoint(&self) -> Result<(), ArrayError> {
+        self.shared.checkpoint()
+    }
+
+    /// Marks member `index` failed (as if pulled) and records it in the
+    /// other members' superblocks. Refused if more than M would be gone.
+    pub fn fail_member(&self, index: usize) -> Result<(), ArrayError> {
+        self.shared.members.fail(index)?;
+        self.shared.maintenance.wake();
+        Ok(())
+    }
+
+    /// Reads every chunk of every stripe, checks each against its leaf and
+    /// the stripe's Merkle root, and rewrites the bad ones from the others.
+    pub fn scrub(&self) -> Result<crate::repair::ScrubReport, ArrayError> {
+        self.shared.scrub()
+    }
+
+    pub fn status(&self) -> Result<Status, ArrayError> {
+        Ok(self.shared.status())
+    }
+
+    /// Checks that the map, the slots' live counts and the free set agree;
+    /// tests call it between operations.
+    pub fn check(&self) -> Result<(), String> {
+        let index = self.shared.index();
+        index.slots.check(&index.map)
+    }
+
+    /// The accelerator the array uses.
+    pub fn accelerator(&self) -> &Arc<dyn Accelerator> {
+        &self.shared.accel
+    }
+}
+
+impl Drop for Array {
+    /// Stops background work, then lets the member threads write what was
+    /// sealed, as a clean shutdown must; what is still in open stripes is
+    /// dropped, as a crash would (callers flush first).
+    fn drop(&mut self) {
+        self.shared.maintenance.stop();
+        if let Some(thread) = self.background.lock().unwrap_or_else(poisoned).take() {
+            let _ = thread.join();
+        }
+        self.shared.io.stop();
+    }
+}
+
+/// Byte range in a block buffer starting at `lba` for blocks [from, end).
+pub(crate) fn block_range(lba: u64, from: u64, end: u64) -> std::ops::Range<usize> {
+    (from - lba) as usize * BLOCK_BYTES..(end - lba) as usize * BLOCK_BYTES
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Bytes of one sealed stripe on the members.
+pub(crate) fn stripe_bytes(geometry: &Geometry) -> usize {
+    geometry.width() * (SECTOR_BYTES + geometry.chunk_bytes)
+}

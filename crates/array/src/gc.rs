@@ -1,0 +1,234 @@
+//! Garbage collection: the live data of stripes that are mostly garbage is
+//! copied into the GC stream, and the emptied slots become free once the
+//! copies are synced.
+//!
+//! # Guarantees
+//!
+//! - Victims are chosen over the whole array by cost-benefit (the slot
+//!   table's `victims`), by live stored bytes, so compressed stripes are
+//!   weighed by what they really hold.
+//! - A round needs one free slot (the GC stream's stripe, kept from user
+//!   data by the reserve) and frees every victim it empties: it seals the
+//!   GC stream's stripe and syncs before it ends. So collection progresses
+//!   whenever some stripe holds garbage, which the admission of writes
+//!   ensures while the array is not truly full.
+//! - A copy is mapped only where the map still points at what was copied
+//!   (a client write that raced with the copy wins), and keeps the copied
+//!   write's version, so recovery never prefers it to a newer write.
+//! - A victim's summary says what it held; nothing scans the map.
+
+use crate::device::AlignedBuf;
+use crate::engine::Shared;
+use crate::format::{ChunkHeader, Extent, Record, Stream, BLOCK_BYTES, SECTOR_BYTES};
+use crate::limits::{GC_FREE_TARGET_DIVISOR, GC_FREE_TARGET_MAX, GC_FREE_TARGET_MIN, GC_RESERVE_SLOTS, GC_VICTIMS_PER_ROUND};
+use crate::map::Target;
+use crate::slots::{Pinned, SlotState};
+use crate::status::Counters;
+use crate::write::{Piece, Stored};
+use crate::ArrayError;
+use std::sync::Arc;
+
+/// A live piece of a victim: blocks, the version they hold, where.
+struct Live {
+    lba: u64,
+    blocks: u32,
+    version: u64,
+    target: Target,
+}
+
+impl Shared {
+    /// Free slots background collection keeps: a sixteenth of the array,
+    /// within bounds, above what user writes must leave free anyway.
+    pub(crate) fn gc_free_target(&self) -> usize {
+        let slots = self.geometry.slot_count();
+        let target = (slots / GC_FREE_TARGET_DIVISOR).clamp(GC_FREE_TARGET_MIN, GC_FREE_TARGET_MAX) as usize;
+        target + GC_RESERVE_SLOTS + self.index().checkpoint_reserve
+    }
+
+    /// Whether fewer slots are free than collection keeps.
+    pub(crate) fn needs_gc(&self) -> bool {
+        let target = self.gc_free_target();
+        self.index().slots.free_count() < target
+    }
+
+    /// One round of collection: relocates the live data of the best
+    /// victims, then seals and syncs the copies so the victims are free.
+    /// Returns how many slots it emptied. `urgent`: a writer found no free
+    /// slot and waits for this round.
+    pub(crate) fn collect_garbage(&self, urgent: bool) -> Result<usize, ArrayError> {
+        let _round = self.gc_lock.lock().unwrap_or_else(|p| p.into_inner());
+        // A round that ran while this one waited may have done the work.
+        let done = if urgent {
+            self.has_room(&self.index(), crate::write::Claim::Write)
+        } else {
+            !self.needs_gc()
+        };
+        if done {
+            return Ok(0);
+        }
+        let next = self.tracker.last_sequence() + 1;
+        let victims = {
+            let index = self.index();
+            let area = self.fill_bytes;
+            index.slots.victims(area, next, GC_VICTIMS_PER_ROUND, urgent, |slot| {
+                self.pins.pinned(slot) || index.resident.contains_key(&slot)
+            })
+        };
+        if victims.is_empty() {
+            return Ok(0);
+        }
+        Counters::add(&self.counters.gc_rounds, 1);
+        for &victim in &victims {
+            self.relocate(victim)?;
+        }
+        // The copies are made durable; then the victims drain.
+        self.submit(self.seal_stream(Stream::Gc).into_iter().collect())?;
+        let emptied = {
+            let index = self.index();
+            victims
+                .iter()
+                .filter(|&&v| index.slots.get(v).state == SlotState::Draining)
+                .count()
+        };
+        self.sync_through(self.tracker.last_sequence())?;
+        Counters::add(&self.counters.gc_stripes_collected, emptied as u64);
+        Ok(emptied)
+    }
+
+    /// Copies what is still live in `victim` into the GC stream.
+    fn relocate(&self, victim: u64) -> Result<(), ArrayError> {
+        let mut pinned = Pinned::new(&self.pins);
+        let sequence = {
+            let index = self.index();
+            let s = index.slots.get(victim);
+            if s.state != SlotState::Sealed || index.resident.contains_key(&victim) {
+                return Ok(());
+            }
+            pinned.add(victim);
+            s.sequence
+        };
+        let (mut area, records) = self.stripe_contents(victim, sequence)?;
+        let live = self.live_pieces(victim, &records);
+        for piece in live {
+            let stored = match &piece.target {
+                Target::Zero { .. } => Stored::Zero,
+                Target::Data { extent, skip } => {
+                    let mut bytes = vec![0u8; piece.blocks as usize * BLOCK_BYTES];
+                    if !self.extent_from_area(extent, *skip, &area, &mut bytes) {
+                        // A bad chunk: the stripe rebuilt, checked again.
+                        area = self.rebuilt_area(victim, sequence)?;
+                        if !self.extent_from_area(extent, *skip, &area, &mut bytes) {
+                            Counters::add(&self.counters.unrecoverable_reads, 1);
+                            return Err(ArrayError::Unreadable { slot: victim });
+                        }
+                    }
+                    Counters::add(&self.counters.gc_bytes_relocated, bytes.len() as u64);
+                    let pieces = self.prepare(piece.lba, &bytes, Some((piece.target.clone(), piece.version)))?;
+                    self.store(Stream::Gc, pieces)?;
+                    continue;
+                }
+            };
+            let relocates = Some((piece.target, piece.version));
+            self.store(
+                Stream::Gc,
+                vec![Piece {
+                    lba: piece.lba,
+                    blocks: piece.blocks,
+                    stored,
+                    relocates,
+                }],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The pieces of the map that still point into `victim`, as its
+    /// summary's records name them.
+    fn live_pieces(&self, victim: u64, records: &[Record]) -> Vec<Live> {
+        let index = self.index();
+        let mut live = Vec::new();
+        for record in records {
+            let (lba, blocks, version) = match record {
+                Record::Data { lba, version, extent } => (*lba, extent.blocks, *version),
+                Record::Zero { lba, blocks, version } => (*lba, *blocks, *version),
+            };
+            for (start, mapping) in index.map.overlapping(lba, lba + u64::from(blocks)) {
+                let belongs = mapping.version == version
+                    && match (&mapping.target, record) {
+                        (Target::Zero { slot }, Record::Zero { .. }) => *slot == victim,
+                        (Target::Data { extent, .. }, Record::Data { extent: x, .. }) => {
+                            extent.slot == victim && extent.offset == x.offset
+                        }
+                        _ => false,
+                    };
+                if !belongs {
+                    continue;
+                }
+                let lo = start.max(lba);
+                let hi = (start + u64::from(mapping.blocks)).min(lba + u64::from(blocks));
+                let target = match &mapping.target {
+                    Target::Data { extent, skip } => Target::Data {
+                        extent: extent.clone(),
+                        skip: skip + (lo - start) as u32,
+                    },
+                    zero => zero.clone(),
+                };
+                live.push(Live {
+                    lba: lo,
+                    blocks: (hi - lo) as u32,
+                    version,
+                    target,
+                });
+            }
+        }
+        live
+    }
+
+    /// A stripe's data area (read straight from its data chunks, or
+    /// rebuilt if that fails) and its summary's records.
+    pub(crate) fn stripe_contents(&self, slot: u64, sequence: u64) -> Result<(Arc<AlignedBuf>, Vec<Record>), ArrayError> {
+        let header = self.stripe_header(slot, sequence).ok_or(ArrayError::Unreadable { slot })?;
+        let mut area = self.spares().areas.pop().unwrap_or_default();
+        area.resize(self.geometry.data_area_bytes());
+        if self.read_area_into(slot, 0, &mut area) {
+            if let Some(records) = self.parse_summary(&area, &header) {
+                return Ok((Arc::new(area), records));
+            }
+        }
+        let area = self.rebuilt_area(slot, sequence)?;
+        let records = self.parse_summary(&area, &header).ok_or(ArrayError::Unreadable { slot })?;
+        Ok((area, records))
+    }
+
+    /// The header of any chunk of stripe (`slot`, `sequence`) that reads back.
+    pub(crate) fn stripe_header(&self, slot: u64, sequence: u64) -> Option<ChunkHeader> {
+        (0..self.geometry.width())
+            .filter_map(|j| self.read_header(slot, j))
+            .find(|h| h.sequence == sequence && h.slot == slot && h.array_uuid == self.array_uuid)
+    }
+
+    pub(crate) fn read_header(&self, slot: u64, index: usize) -> Option<ChunkHeader> {
+        let (member, row) = self.geometry.place(slot, index);
+        let device = self.members.readable(member)?;
+        let mut sector = AlignedBuf::zeroed(SECTOR_BYTES);
+        device.read_at(&mut sector, self.geometry.row_offset(row)).ok()?;
+        ChunkHeader::decode(&sector, self.geometry.checksum).ok()
+    }
+
+    /// The records of the summary at the tail of `area`, if it matches
+    /// the digest in `header`.
+    pub(crate) fn parse_summary(&self, area: &[u8], header: &ChunkHeader) -> Option<Vec<Record>> {
+        let len = header.summary_bytes as usize;
+        let bytes = area.get(area.len().checked_sub(len)?..)?;
+        if self.geometry.checksum.digest(bytes) != header.summary_digest {
+            return None;
+        }
+        crate::format::decode_summary(bytes, &self.geometry, header.slot).ok()
+    }
+
+    /// Blocks [skip, ..) of `extent` from its stripe's data area into
+    /// `out`, if they check.
+    pub(crate) fn extent_from_area(&self, extent: &Extent, skip: u32, area: &[u8], out: &mut [u8]) -> bool {
+        crate::read::checked_blocks(self.geometry.checksum, extent, skip, area, out)
+    }
+}

@@ -1,0 +1,92 @@
+//! The engine's limits and defaults, each with why, in one place; the
+//! relations between them are asserted at compile time.
+
+/// Blocks in one extent at most (64 KiB): the compression unit, and what a
+/// partial overwrite may force a reader to decompress. Smaller where a
+/// stripe's data area is (`volume::extent_blocks_max`).
+pub const EXTENT_BLOCKS_MAX: usize = 16;
+
+/// Live data is counted in units of 1/LIVE_SCALE byte so that a block of
+/// any extent (its stored bytes shared among its 1..=16 blocks) counts
+/// exactly: 720720 is the least common multiple of 1..=16. Counts return
+/// to zero exactly when the last block of a stripe is overwritten.
+pub const LIVE_SCALE: u64 = 720_720;
+const _: () = {
+    let mut blocks = 1;
+    while blocks <= EXTENT_BLOCKS_MAX {
+        assert!(LIVE_SCALE % blocks as u64 == 0);
+        blocks += 1;
+    }
+};
+
+/// Free slots user writes leave to garbage collection: one for the GC
+/// stream's open stripe, one to seal it into while its victims drain.
+pub const GC_RESERVE_SLOTS: usize = 2;
+
+/// Open stripes (user and GC streams) that hold a slot at any time.
+pub const OPEN_STREAM_COUNT: usize = 2;
+
+/// Garbage collection runs in the background while fewer slots than this
+/// fraction of the array (within the bounds below) are free: enough that
+/// writers find a free slot while a round of collection goes on.
+pub const GC_FREE_TARGET_DIVISOR: u64 = 16;
+pub const GC_FREE_TARGET_MIN: u64 = 4;
+pub const GC_FREE_TARGET_MAX: u64 = 256;
+const _: () = assert!(GC_FREE_TARGET_MIN <= GC_FREE_TARGET_MAX);
+
+/// Victims garbage collection relocates in one round before it syncs and
+/// lets the emptied slots go: bounds the work one round does (and a
+/// foreground writer waits for, when it must) to a few stripes.
+pub const GC_VICTIMS_PER_ROUND: usize = 8;
+
+/// Background collection leaves alone stripes fuller than this (of what a
+/// stripe can hold): relocating them would copy much to free little. A
+/// writer that finds no free slot takes any stripe with garbage.
+pub const GC_BACKGROUND_LIVE_MAX: f64 = 0.85;
+
+/// Slots a checkpoint's window holds at most: recovery reads the headers
+/// of these, so this bounds its time. An eighth of the slots, within bounds.
+pub const CHECKPOINT_WINDOW_MAX: u64 = 512;
+pub const CHECKPOINT_WINDOW_MIN: u64 = 16;
+const _: () = assert!(CHECKPOINT_WINDOW_MIN <= CHECKPOINT_WINDOW_MAX);
+/// A new checkpoint starts in the background once fewer than this
+/// fraction of the window's slots are left free: it takes a while, and
+/// writers need the rest meanwhile.
+pub const CHECKPOINT_WINDOW_LOW_DIVISOR: u64 = 4;
+
+/// Mappings a checkpoint copies under one hold of the map's read lock:
+/// writers wait at most this long (about a millisecond) for it.
+pub const CHECKPOINT_MAPPINGS_PER_LOCK: usize = 16 << 10;
+
+/// Bytes of sealed stripes (all K+M chunks) not yet on the members, at
+/// most: writers wait below it, which bounds memory and keeps each
+/// member's queue deep enough for long runs of adjacent chunks.
+pub const WRITE_BYTES_IN_FLIGHT_MAX: usize = 128 << 20;
+
+/// Bytes one member's I/O thread writes with one call at most (after the
+/// first chunk, which always goes).
+pub const WRITE_RUN_BYTES_MAX: usize = 2 << 20;
+
+/// I/O threads per member: while one writes, the next run gathers, so a
+/// member always has a write in flight.
+pub const MEMBER_IO_THREADS: usize = 2;
+
+/// Bytes of rebuilt stripes the reconstruction cache keeps by default;
+/// `EngineOptions::reconstruct_cache_bytes` changes it.
+pub const RECONSTRUCT_CACHE_BYTES_DEFAULT: usize = 256 << 20;
+/// Stripes it keeps whatever their size: as many as the readers that may
+/// be rebuilding at once, so that none evicts a stripe another still needs.
+pub const RECONSTRUCT_CACHE_STRIPES_MIN: usize = 64;
+
+/// The largest request the array is sized for: the NBD server's maximum
+/// request. The default exported size leaves room to rewrite this much of
+/// a full array at once.
+pub const REQUEST_BYTES_MAX: u64 = 32 << 20;
+
+/// Fraction of the usable capacity exported by default, at most: the rest
+/// is what garbage collection works with.
+pub const DEFAULT_LOGICAL_FRACTION: f64 = 0.8;
+
+/// Locks serializing read-modify-writes of partial blocks, chosen by block
+/// number: partial writes to different blocks rarely share one.
+pub const PARTIAL_WRITE_LOCK_COUNT: usize = 64;

@@ -1,0 +1,101 @@
+//! Background work: one thread that writes checkpoints before the window
+//! runs out and collects garbage before free slots do, so that writers
+//! rarely find either to do themselves.
+//!
+//! # Guarantees
+//!
+//! - It takes the same locks as a writer, for as short a time, and holds
+//!   none of them across I/O; a round of collection or a checkpoint never
+//!   stalls a client for longer than one stripe's packing.
+//! - It is woken when a slot is taken and otherwise looks twice a second;
+//!   dropping the array stops it before the members' threads stop.
+
+use crate::engine::Shared;
+use crate::limits::CHECKPOINT_WINDOW_LOW_DIVISOR;
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+/// How long the thread sleeps when nobody wakes it.
+const IDLE_WAIT: Duration = Duration::from_millis(500);
+/// Rounds of collection one wake-up runs at most before it looks at
+/// checkpoints and stopping again.
+const GC_ROUNDS_PER_WAKE: usize = 64;
+
+#[derive(Default)]
+pub struct Signal {
+    state: Mutex<(bool, bool)>,
+    changed: Condvar,
+}
+
+impl Signal {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (bool, bool)> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Asks the thread to look now.
+    pub fn wake(&self) {
+        self.lock().0 = true;
+        self.changed.notify_one();
+    }
+
+    pub fn stop(&self) {
+        self.lock().1 = true;
+        self.changed.notify_one();
+    }
+
+    pub fn stopped(&self) -> bool {
+        self.lock().1
+    }
+
+    /// Waits for a wake-up or the idle time; true once stopped.
+    fn wait(&self) -> bool {
+        let mut state = self.lock();
+        if !state.0 && !state.1 {
+            state = self
+                .changed
+                .wait_timeout(state, IDLE_WAIT)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        state.0 = false;
+        state.1
+    }
+}
+
+impl Shared {
+    /// The maintenance thread's loop, until the array is dropped.
+    pub(crate) fn maintain(&self) {
+        while !self.maintenance.wait() {
+            if self.members.lost().is_some() {
+                continue;
+            }
+            if self.needs_checkpoint() {
+                // A failure is reported when a writer needs the checkpoint.
+                let _ = self.checkpoint();
+            }
+            for _ in 0..GC_ROUNDS_PER_WAKE {
+                if self.maintenance.stopped() || !self.needs_gc() {
+                    break;
+                }
+                match self.collect_garbage(false) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        }
+    }
+
+    /// Whether the window is running low while free slots lie outside it,
+    /// or there is no checkpoint and enough free slots for a window.
+    pub(crate) fn needs_checkpoint(&self) -> bool {
+        let window = self.window_slots() as usize;
+        // Not under the index's lock: the superblock's is held across I/O.
+        let has_checkpoint = self.members.superblock().checkpoint.is_some();
+        let index = self.index();
+        let (usable, free) = (index.slots.usable_count(), index.slots.free_count());
+        match index.slots.window() {
+            Some(_) => usable < window / CHECKPOINT_WINDOW_LOW_DIVISOR as usize && free > usable + index.checkpoint_reserve,
+            None => free >= window / 2 && !has_checkpoint,
+        }
+    }
+}

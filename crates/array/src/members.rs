@@ -1,0 +1,272 @@
+//! Membership: the member devices, their health, and the superblocks that
+//! record it.
+//!
+//! # Guarantees
+//!
+//! - A member's state is read without a lock (every I/O path asks), and
+//!   changes only under the superblock lock, which is held while the new
+//!   superblocks are written. That lock is never taken by a read or write
+//!   of client data, only by membership changes and checkpoints.
+//! - A member whose write, sync or superblock write fails is failed and
+//!   recorded in the others' superblocks, as long as the parity covers it.
+//!   When it would not (more than M unavailable), the array is marked
+//!   lost for writing, for good: every later write and FLUSH fails with
+//!   the reason, so no FLUSH ever reports success over data that is not
+//!   durable. Reads go on where K good chunks remain. Reopening the array
+//!   (once the members are back) is the way out.
+
+use crate::device::Device;
+use crate::format::{Superblock, SECTOR_BYTES};
+use crate::ArrayError;
+use serde::Serialize;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemberState {
+    Healthy,
+    /// Marked failed (by `tessera fail` or after an I/O error).
+    Failed,
+    /// Absent when the array was opened.
+    Missing,
+}
+
+impl MemberState {
+    fn code(self) -> u8 {
+        match self {
+            MemberState::Healthy => 0,
+            MemberState::Failed => 1,
+            MemberState::Missing => 2,
+        }
+    }
+
+    fn from_code(code: u8) -> MemberState {
+        match code {
+            0 => MemberState::Healthy,
+            1 => MemberState::Failed,
+            _ => MemberState::Missing,
+        }
+    }
+}
+
+/// A member as opened: its name (for messages), identity and device.
+pub struct Member {
+    pub name: String,
+    pub uuid: [u8; 16],
+    pub device: Option<Arc<dyn Device>>,
+    pub state: MemberState,
+}
+
+struct Entry {
+    name: String,
+    uuid: [u8; 16],
+    device: Option<Arc<dyn Device>>,
+    state: AtomicU8,
+}
+
+pub struct Members {
+    entries: Vec<Entry>,
+    parity: usize,
+    /// The array's superblock as last written; its lock is held across
+    /// superblock writes.
+    superblock: Mutex<Superblock>,
+    /// Why the array refuses writes, once more than M members are gone.
+    lost: OnceLock<String>,
+}
+
+fn io_error(member: usize, name: &str, source: std::io::Error) -> ArrayError {
+    ArrayError::Io {
+        member,
+        name: name.to_string(),
+        source,
+    }
+}
+
+/// Writes `template` (with each member's index and uuid) to the primary
+/// and backup superblock of every member in `targets`, in parallel; each
+/// is synced before the backup is written. Returns the members that failed.
+pub(crate) fn write_superblocks(
+    template: &Superblock,
+    targets: &[(usize, [u8; 16], Arc<dyn Device>)],
+) -> Vec<(usize, std::io::Error)> {
+    let write = |index: usize, uuid: [u8; 16], device: &Arc<dyn Device>| -> std::io::Result<()> {
+        let mut sb = template.clone();
+        sb.member_index = index;
+        sb.member_uuid = uuid;
+        let bytes = sb.encode();
+        device.write_at(&bytes, 0)?;
+        device.sync()?;
+        device.write_at(&bytes, template.geometry.backup_superblock_offset())?;
+        device.sync()
+    };
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = targets
+            .iter()
+            .map(|(index, uuid, device)| (*index, scope.spawn(move || write(*index, *uuid, device))))
+            .collect();
+        handles
+            .into_iter()
+            .filter_map(|(index, handle)| {
+                let result = handle
+                    .join()
+                    .unwrap_or_else(|_| Err(std::io::Error::other("superblock write panicked")));
+                result.err().map(|e| (index, e))
+            })
+            .collect()
+    })
+}
+
+impl Members {
+    pub fn new(members: Vec<Member>, superblock: Superblock) -> Members {
+        Members {
+            parity: superblock.geometry.parity,
+            entries: members
+                .into_iter()
+                .map(|m| Entry {
+                    name: m.name,
+                    uuid: m.uuid,
+                    device: m.device,
+                    state: AtomicU8::new(m.state.code()),
+                })
+                .collect(),
+            superblock: Mutex::new(superblock),
+            lost: OnceLock::new(),
+        }
+    }
+
+    pub fn count(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn name(&self, index: usize) -> &str {
+        &self.entries[index].name
+    }
+
+    pub fn state(&self, index: usize) -> MemberState {
+        MemberState::from_code(self.entries[index].state.load(Ordering::Acquire))
+    }
+
+    /// The device of a healthy member.
+    pub fn readable(&self, index: usize) -> Option<&Arc<dyn Device>> {
+        let entry = &self.entries[index];
+        match self.state(index) {
+            MemberState::Healthy => entry.device.as_ref(),
+            _ => None,
+        }
+    }
+
+    pub fn unavailable(&self) -> usize {
+        (0..self.count()).filter(|&i| self.state(i) != MemberState::Healthy).count()
+    }
+
+    /// Why writes are refused, once they are.
+    pub fn lost(&self) -> Option<&str> {
+        self.lost.get().map(String::as_str)
+    }
+
+    /// Fails with the reason writes are refused, if they are.
+    pub fn check_writable(&self) -> Result<(), ArrayError> {
+        match self.lost() {
+            Some(why) => Err(ArrayError::WritesRefused { why: why.to_string() }),
+            None => Ok(()),
+        }
+    }
+
+    /// The superblock lock; held across superblock writes.
+    pub fn superblock(&self) -> MutexGuard<'_, Superblock> {
+        self.superblock.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Marks member `index` failed, as if pulled, and records it in the
+    /// other members' superblocks. Refused if more than M would be gone.
+    pub fn fail(&self, index: usize) -> Result<(), ArrayError> {
+        if index >= self.count() {
+            return Err(ArrayError::NoSuchMember {
+                index,
+                members: self.count(),
+            });
+        }
+        let mut sb = self.superblock();
+        if self.state(index) != MemberState::Healthy {
+            return Ok(());
+        }
+        self.mark_failed(index)?;
+        let mut template = sb.clone();
+        template.set_failed(index);
+        self.publish_locked(&mut sb, template)
+    }
+
+    /// A member's write or sync failed: it is failed and recorded if the
+    /// parity covers it; otherwise the array stops taking writes, for good.
+    /// Returns whether writes are still taken.
+    pub fn failed_io(&self, index: usize, error: &std::io::Error) -> Result<(), ArrayError> {
+        let result = self.fail(index);
+        if let Err(ArrayError::TooManyFailed { failed, parity }) = &result {
+            let _ = self.lost.set(format!(
+                "member {index} ({}) failed ({error}) with {} already unavailable: {failed} is more than the {parity} parity covers",
+                self.entries[index].name,
+                failed - 1
+            ));
+            return self.check_writable();
+        }
+        result
+    }
+
+    /// Marks healthy member `index` failed in memory, if the parity still
+    /// covers one more; the caller records it in the superblocks.
+    fn mark_failed(&self, index: usize) -> Result<(), ArrayError> {
+        let unavailable = self.unavailable();
+        if unavailable + 1 > self.parity {
+            return Err(ArrayError::TooManyFailed {
+                failed: unavailable + 1,
+                parity: self.parity,
+            });
+        }
+        self.entries[index]
+            .state
+            .store(MemberState::Failed.code(), Ordering::Release);
+        Ok(())
+    }
+
+    /// Writes `template` (with the next generation) to every healthy
+    /// member's superblocks, and makes it the array's. A member whose
+    /// superblock cannot be written is failed like any other, and recorded
+    /// in a next generation written to the rest; more failures than the
+    /// parity covers are an error, with the array's superblock unchanged.
+    pub fn publish_locked(&self, current: &mut Superblock, mut template: Superblock) -> Result<(), ArrayError> {
+        // Each round fails one more member, so this ends by the parity.
+        for _ in 0..=self.parity {
+            template.generation = current.generation.max(template.generation) + 1;
+            let targets: Vec<(usize, [u8; 16], Arc<dyn Device>)> = (0..self.count())
+                .filter_map(|i| self.readable(i).map(|d| (i, self.entries[i].uuid, d.clone())))
+                .collect();
+            let failures = write_superblocks(&template, &targets);
+            let Some((member, error)) = failures.into_iter().next() else {
+                *current = template;
+                return Ok(());
+            };
+            if let Err(e) = self.mark_failed(member) {
+                let _ = self.lost.set(format!(
+                    "the superblock of member {member} ({}) could not be written ({error}) and no more members may fail",
+                    self.entries[member].name
+                ));
+                return Err(e);
+            }
+            template.set_failed(member);
+        }
+        Err(io_error(
+            0,
+            &self.entries[0].name,
+            std::io::Error::other("superblock writes kept failing"),
+        ))
+    }
+
+    /// Erases a chunk header sector on a healthy member (best effort: a
+    /// member that cannot be written fails at the next sync).
+    pub fn erase_sector(&self, member: usize, offset: u64) {
+        if let Some(device) = self.readable(member) {
+            let _ = device.write_at(&[0u8; SECTOR_BYTES], offset);
+        }
+    }
+}

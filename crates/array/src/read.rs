@@ -1,0 +1,283 @@
+//! The read path: the map says where each block is; it is copied from
+//! memory (a stripe being filled or written) or read from its members and
+//! checked, or, when a member is out or a check fails, taken from the
+//! stripe rebuilt from any K good chunks.
+//!
+//! # Guarantees
+//!
+//! - Every byte returned from the members is checked: the CRC32C of each
+//!   4 KiB block of a raw extent read in part, the extent's digest (the
+//!   array's algorithm) for one read whole or compressed. A mismatch is
+//!   answered from the rebuilt stripe, checked again, or with an error;
+//!   never with wrong bytes.
+//! - Reads hold the index's lock only to look up where blocks are; the
+//!   slots they will read are pinned meanwhile, so no slot is rewritten
+//!   under a reader.
+//! - Reads of chunks on healthy members go straight to them; a stripe is
+//!   rebuilt only when a chunk a read needs is out or bad, and then once
+//!   for all readers (the reconstruction cache).
+
+use crate::device::AlignedBuf;
+use crate::engine::{block_range, Resident, Shared};
+use crate::format::{Extent, Stream, BLOCK_BYTES, SECTOR_BYTES};
+use crate::map::Target;
+use crate::slots::Pinned;
+use crate::status::Counters;
+use crate::stripe::{self, RebuildError, Rebuilt};
+use crate::ArrayError;
+use std::sync::Arc;
+use tessera_checksum::Algorithm;
+
+/// Where a stripe's data area is.
+pub(crate) enum Where {
+    Memory(Arc<AlignedBuf>),
+    Open(Stream),
+    Members { sequence: u64 },
+}
+
+impl Shared {
+    /// Reads `buf.len()` bytes at byte `offset` of the volume.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ArrayError> {
+        self.check_range(offset, buf.len() as u64)?;
+        let block = BLOCK_BYTES as u64;
+        let first = offset / block;
+        if offset.is_multiple_of(block) && buf.len().is_multiple_of(BLOCK_BYTES) {
+            return self.read_blocks_into(first, buf);
+        }
+        let last = (offset + buf.len() as u64).div_ceil(block);
+        let mut blocks = vec![0u8; (last - first) as usize * BLOCK_BYTES];
+        self.read_blocks_into(first, &mut blocks)?;
+        let skip = (offset - first * block) as usize;
+        buf.copy_from_slice(&blocks[skip..skip + buf.len()]);
+        Ok(())
+    }
+
+    /// Fills `out` with whole blocks from `lba`; holes and zero ranges are
+    /// zeros.
+    pub(crate) fn read_blocks_into(&self, lba: u64, out: &mut [u8]) -> Result<(), ArrayError> {
+        let end = lba + (out.len() / BLOCK_BYTES) as u64;
+        let mut pinned = Pinned::new(&self.pins);
+        let mut plan = Vec::new();
+        {
+            let index = self.index();
+            for (start, mapping) in index.map.overlapping(lba, end) {
+                let (lo, hi) = (start.max(lba), (start + u64::from(mapping.blocks)).min(end));
+                if let Target::Data { extent, skip } = &mapping.target {
+                    pinned.add(extent.slot);
+                    let at = where_is(&index, extent.slot);
+                    let skip = skip + (lo - start) as u32;
+                    plan.push((lo, hi, Some((extent.clone(), skip, at))));
+                } else {
+                    plan.push((lo, hi, None));
+                }
+            }
+        }
+        let mut filled = lba;
+        for (lo, hi, source) in plan {
+            out[block_range(lba, filled, lo)].fill(0);
+            filled = hi;
+            let target = &mut out[block_range(lba, lo, hi)];
+            match source {
+                None => target.fill(0),
+                Some((extent, skip, at)) => self.read_extent(&extent, skip, (hi - lo) as u32, at, target)?,
+            }
+        }
+        out[block_range(lba, filled, end)].fill(0);
+        Ok(())
+    }
+
+    /// Blocks [skip, skip+blocks) of `extent` into `out`, checked; its
+    /// slot is pinned by the caller.
+    pub(crate) fn read_extent(
+        &self,
+        extent: &Extent,
+        skip: u32,
+        blocks: u32,
+        mut at: Where,
+        out: &mut [u8],
+    ) -> Result<(), ArrayError> {
+        // A stripe only moves on (open, written, on the members), so the
+        // second look finds it in memory or on the members.
+        for _ in 0..3 {
+            match at {
+                Where::Memory(area) => return copy_blocks(extent, skip, &area, out),
+                Where::Open(stream) => {
+                    let open = self.open_stripe(stream);
+                    if let Some(open) = open.as_ref().filter(|o| o.slot == extent.slot) {
+                        return copy_blocks(extent, skip, &open.data, out);
+                    }
+                    drop(open);
+                    at = where_is(&self.index(), extent.slot);
+                }
+                Where::Members { sequence } => return self.read_from_members(extent, skip, blocks, sequence, out),
+            }
+        }
+        unreachable!("a stripe is open, then in memory, then on the members")
+    }
+
+    /// An extent's blocks read from the members and checked; from the
+    /// rebuilt stripe if a member is out or a check fails.
+    fn read_from_members(
+        &self,
+        extent: &Extent,
+        skip: u32,
+        blocks: u32,
+        sequence: u64,
+        out: &mut [u8],
+    ) -> Result<(), ArrayError> {
+        let key = (extent.slot, sequence);
+        if let Some(area) = self.cache.peek(key) {
+            return self.from_rebuilt(extent, skip, &area, out);
+        }
+        let direct = match extent.codec {
+            None => {
+                let offset = extent.offset as usize + skip as usize * BLOCK_BYTES;
+                self.read_area_into(extent.slot, offset, out)
+                    && raw_ok(self.geometry.checksum, extent, skip, out)
+            }
+            Some(_) => {
+                let mut stored = vec![0u8; extent.stored_bytes as usize];
+                self.read_area_into(extent.slot, extent.offset as usize, &mut stored)
+                    && self.geometry.checksum.digest(&stored) == extent.digest
+                    && decompress_blocks(extent, &stored, skip, out).is_ok()
+            }
+        };
+        if direct {
+            return Ok(());
+        }
+        debug_assert_eq!(out.len(), blocks as usize * BLOCK_BYTES);
+        let area = self.rebuilt_area(extent.slot, sequence)?;
+        self.from_rebuilt(extent, skip, &area, out)
+    }
+
+    /// An extent's blocks from a rebuilt data area, checked again.
+    fn from_rebuilt(&self, extent: &Extent, skip: u32, area: &[u8], out: &mut [u8]) -> Result<(), ArrayError> {
+        if !checked_blocks(self.geometry.checksum, extent, skip, area, out) {
+            Counters::add(&self.counters.unrecoverable_reads, 1);
+            return Err(ArrayError::Unreadable { slot: extent.slot });
+        }
+        Counters::add(&self.counters.reconstructed_reads, 1);
+        Ok(())
+    }
+
+    /// Fills `out` with data-area bytes from `offset`, straight from the
+    /// data chunks' members; false if a member is out or a read fails.
+    pub(crate) fn read_area_into(&self, slot: u64, offset: usize, out: &mut [u8]) -> bool {
+        let g = &self.geometry;
+        stripe::pieces(g, offset, out.len())
+            .into_iter()
+            .all(|(chunk, within, n, at)| {
+                let (member, row) = g.place(slot, chunk);
+                let position = g.row_offset(row) + (SECTOR_BYTES + within) as u64;
+                self.members
+                    .readable(member)
+                    .is_some_and(|device| device.read_at(&mut out[at..at + n], position).is_ok())
+            })
+    }
+
+    /// A stripe's data area rebuilt from any K good chunks, once for all
+    /// readers; bad chunks on healthy members are rewritten.
+    pub(crate) fn rebuilt_area(&self, slot: u64, sequence: u64) -> Result<Arc<AlignedBuf>, ArrayError> {
+        self.cache.get_or_build((slot, sequence), || {
+            Counters::add(&self.counters.stripes_reconstructed, 1);
+            let rebuilt = self.rebuild_stripe(slot, sequence, false)?;
+            self.repair(slot, &rebuilt);
+            Ok(rebuilt.area)
+        })
+    }
+
+    /// Reads stripe (`slot`, `sequence`) back whole, rebuilding what is
+    /// out or bad and checking the Merkle root; with `check_all`, every
+    /// chunk is read and checked.
+    pub(crate) fn rebuild_stripe(&self, slot: u64, sequence: u64, check_all: bool) -> Result<Rebuilt, ArrayError> {
+        let g = &self.geometry;
+        let area = self.spares().areas.pop().unwrap_or_default();
+        stripe::reconstruct(
+            g,
+            self.accel.as_ref(),
+            (slot, sequence),
+            self.array_uuid,
+            check_all,
+            area,
+            |j, header, payload| {
+                let (member, row) = g.place(slot, j);
+                self.members
+                    .readable(member)
+                    .is_some_and(|d| d.read_vectored_at(&mut [header, payload], g.row_offset(row)).is_ok())
+            },
+        )
+        .map_err(|error| match error {
+            RebuildError::TooFewChunks { good } => ArrayError::TooFewChunks {
+                slot,
+                good,
+                need: g.data,
+            },
+            RebuildError::RootMismatch => ArrayError::Unreadable { slot },
+            RebuildError::Accel(e) => ArrayError::Accel(e),
+        })
+    }
+}
+
+/// Where slot `slot`'s data area is, as the index says now.
+pub(crate) fn where_is(index: &crate::engine::Index, slot: u64) -> Where {
+    match index.resident.get(&slot) {
+        Some(Resident::Open(stream)) => Where::Open(*stream),
+        Some(Resident::Sealed(area)) => Where::Memory(area.clone()),
+        None => Where::Members {
+            sequence: index.slots.get(slot).sequence,
+        },
+    }
+}
+
+/// Whether raw blocks [skip, ..) of `extent` read into `bytes` are right:
+/// by their block CRCs, or by the extent's digest when read whole with a
+/// stronger algorithm than CRC32C.
+fn raw_ok(algorithm: Algorithm, extent: &Extent, skip: u32, bytes: &[u8]) -> bool {
+    let whole = skip == 0 && bytes.len() == extent.stored_bytes as usize;
+    if whole && algorithm != Algorithm::Crc32c {
+        return algorithm.digest(bytes) == extent.digest;
+    }
+    bytes
+        .chunks(BLOCK_BYTES)
+        .zip(&extent.block_crcs[skip as usize..])
+        .all(|(block, &crc)| tessera_checksum::crc32c(block) == crc)
+}
+
+/// Blocks [skip, ..) of `extent` from its stripe's data area `area` into
+/// `out`, if they check (as read from the members).
+pub(crate) fn checked_blocks(algorithm: Algorithm, extent: &Extent, skip: u32, area: &[u8], out: &mut [u8]) -> bool {
+    let stored = &area[extent.offset as usize..(extent.offset + extent.stored_bytes) as usize];
+    match extent.codec {
+        None => {
+            let from = skip as usize * BLOCK_BYTES;
+            out.copy_from_slice(&stored[from..from + out.len()]);
+            raw_ok(algorithm, extent, skip, out)
+        }
+        Some(_) => algorithm.digest(stored) == extent.digest && decompress_blocks(extent, stored, skip, out).is_ok(),
+    }
+}
+
+/// Blocks [skip, ..) of a compressed extent's stored bytes, into `out`.
+fn decompress_blocks(extent: &Extent, stored: &[u8], skip: u32, out: &mut [u8]) -> Result<(), ArrayError> {
+    let codec = extent.codec.expect("compressed");
+    let bytes = codec
+        .decompress(stored, extent.blocks as usize * BLOCK_BYTES)
+        .map_err(|_| ArrayError::Unreadable { slot: extent.slot })?;
+    let from = skip as usize * BLOCK_BYTES;
+    out.copy_from_slice(&bytes[from..from + out.len()]);
+    Ok(())
+}
+
+/// An extent's blocks from a data area in memory (what this process
+/// wrote: not checked again).
+fn copy_blocks(extent: &Extent, skip: u32, area: &[u8], out: &mut [u8]) -> Result<(), ArrayError> {
+    let stored = &area[extent.offset as usize..(extent.offset + extent.stored_bytes) as usize];
+    match extent.codec {
+        None => {
+            let from = skip as usize * BLOCK_BYTES;
+            out.copy_from_slice(&stored[from..from + out.len()]);
+            Ok(())
+        }
+        Some(_) => decompress_blocks(extent, stored, skip, out),
+    }
+}

@@ -1,0 +1,329 @@
+//! Recovery: the map rebuilt when the array opens.
+//!
+//! # Guarantees
+//!
+//! - From the newest checkpoint the superblocks name, rolled forward over
+//!   the stripes newer than it in its window; without a usable checkpoint,
+//!   from every stripe's summary. Either way every write a FLUSH or FUA
+//!   acknowledged is found: stripes are self-describing.
+//! - Replay keeps, block by block, the record with the highest version,
+//!   so the order stripes were written in does not matter (a relocated
+//!   copy never undoes a newer write).
+//! - Stripes written after the last sync are read whole and checked
+//!   against their Merkle root; one a crash tore (fewer than K good
+//!   chunks) held nothing acknowledged and is dropped, and its headers are
+//!   erased, so that later stripes saying "synced through" past it cannot
+//!   bring it back. One with K or more good chunks is kept and its missing
+//!   chunks rewritten.
+//! - If the checkpoint cannot be read, or replay finds the map pointing
+//!   into a slot that holds a newer stripe than the one it was copied
+//!   from, recovery starts over from every stripe's summary and says why
+//!   in `status`.
+
+use crate::engine::Shared;
+use crate::format::{ChunkHeader, CheckpointRef, CheckpointTarget, Extent, Record, Stream, SUMMARY_HEADER_BYTES};
+use crate::map::{Map, Rule, Target};
+use crate::slots::{SlotState, SlotTable};
+use crate::ArrayError;
+use serde::Serialize;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+/// What opening the array found and did, for `status`.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Recovery {
+    /// The checkpoint recovery started from (0: none, every slot scanned).
+    pub checkpoint_sequence: u64,
+    /// Why a checkpoint the superblock names was not used, if it was not.
+    pub checkpoint_error: Option<String>,
+    pub slots_scanned: u64,
+    pub stripes_replayed: u64,
+    /// Stripes newer than the last sync that a crash left incomplete.
+    pub torn_stripes_dropped: u64,
+    /// Chunks of kept stripes that were missing or bad, and rewritten.
+    pub chunks_repaired: u64,
+    pub milliseconds: u64,
+}
+
+/// What a replay found, for the steps after it.
+struct Replayed {
+    recovery: Recovery,
+    window: Option<BTreeSet<u64>>,
+    max_sequence: u64,
+    torn: Vec<u64>,
+}
+
+impl Shared {
+    /// Rebuilds the map and the slot table, then syncs, so that new
+    /// stripes may say everything before them is durable.
+    pub(crate) fn recover(&self) -> Result<(), ArrayError> {
+        let started = std::time::Instant::now();
+        let reference = self.members.superblock().checkpoint.clone();
+        let replayed = match self.replay(reference.as_ref()) {
+            Err(error @ ArrayError::CheckpointUnreadable { .. }) => {
+                // Every stripe is self-describing: a full scan still finds
+                // every acknowledged write.
+                self.reset_index();
+                let mut replayed = self.replay(None)?;
+                replayed.recovery.checkpoint_error = Some(error.to_string());
+                replayed
+            }
+            other => other?,
+        };
+        let Replayed {
+            mut recovery,
+            window,
+            max_sequence,
+            torn,
+        } = replayed;
+        let g = &self.geometry;
+        recovery.torn_stripes_dropped = torn.len() as u64;
+        for slot in torn {
+            for j in 0..g.width() {
+                let (member, row) = g.place(slot, j);
+                self.members.erase_sector(member, g.row_offset(row));
+            }
+        }
+        {
+            let mut t = self.tracker.lock();
+            t.next_sequence = max_sequence + 1;
+        }
+        // Everything replayed, and the erasures, are made durable, so
+        // later stripes may say so.
+        for (member, error) in self.io.sync(&self.writable_members()) {
+            self.members.failed_io(member, &error)?;
+        }
+        self.tracker.lock().synced_through = max_sequence;
+        let has_window = window.is_some();
+        self.index_mut().slots.set_window(window);
+        recovery.milliseconds = started.elapsed().as_millis() as u64;
+        *self.recovery.lock().unwrap_or_else(|p| p.into_inner()) = recovery;
+        if !has_window {
+            self.checkpoint()?;
+        }
+        Ok(())
+    }
+
+    fn reset_index(&self) {
+        let mut index = self.index_mut();
+        index.map = Map::default();
+        index.slots = SlotTable::new(self.geometry.checksum, self.geometry.slot_count());
+        index.checkpoint_slots.clear();
+        index.checkpoint_reserve = 0;
+        index.next_version = 1;
+    }
+
+    /// Loads the checkpoint (if any) and replays the stripes newer than it
+    /// in its window (or every slot).
+    fn replay(&self, reference: Option<&CheckpointRef>) -> Result<Replayed, ArrayError> {
+        let g = &self.geometry;
+        let mut recovery = Recovery::default();
+        let (mut from, mut max_sequence, mut window) = (0, 0, None);
+        let mut scan: Vec<u64> = (0..g.slot_count()).collect();
+        if let Some(reference) = reference {
+            let loaded = self.load_checkpoint(reference)?;
+            from = reference.sequence;
+            max_sequence = reference.first_stripe_sequence + reference.slots.len() as u64 - 1;
+            scan = loaded.iter().copied().collect();
+            window = Some(loaded);
+        }
+        recovery.checkpoint_sequence = from;
+        recovery.slots_scanned = scan.len() as u64;
+        // Pass 1: the headers of every chunk in the scanned slots.
+        let mut newest: HashMap<u64, ChunkHeader> = HashMap::new();
+        let mut synced_through = from;
+        for &slot in &scan {
+            for j in 0..g.width() {
+                let Some(header) = self.read_header(slot, j) else {
+                    continue;
+                };
+                if header.array_uuid != self.array_uuid || header.slot != slot || header.index != j {
+                    continue;
+                }
+                max_sequence = max_sequence.max(header.sequence);
+                if header.sequence <= from || header.stream == Stream::Meta {
+                    continue;
+                }
+                synced_through = synced_through.max(header.synced_through);
+                let best = newest.entry(slot).or_insert_with(|| header.clone());
+                if best.sequence < header.sequence {
+                    *best = header;
+                }
+            }
+        }
+        // Pass 2: each slot's newest stripe, checked, its summary read.
+        let mut stripes: Vec<(u64, u64, Vec<Record>)> = Vec::new();
+        let mut torn = Vec::new();
+        for (&slot, header) in &newest {
+            let verify_all = header.sequence > synced_through;
+            match self.read_summary(header, verify_all, &mut recovery) {
+                Ok(records) => stripes.push((header.sequence, slot, records)),
+                // Written after the last sync and torn by a crash: it held
+                // nothing acknowledged.
+                Err(_) if verify_all => torn.push(slot),
+                Err(error) => return Err(error),
+            }
+        }
+        stripes.sort_by_key(|s| s.0);
+        recovery.stripes_replayed = stripes.len() as u64;
+        let mut index = self.index_mut();
+        let mut replayed_slots = HashSet::new();
+        let mut fresh: HashSet<*const Extent> = HashSet::new();
+        for (sequence, slot, records) in stripes {
+            index.slots.set(slot, SlotState::Sealed, sequence);
+            replayed_slots.insert(slot);
+            for record in records {
+                let version = record.version();
+                index.next_version = index.next_version.max(version + 1);
+                let (lba, blocks, target) = match record {
+                    Record::Data { lba, extent, .. } => {
+                        let extent = Arc::new(extent);
+                        fresh.insert(Arc::as_ptr(&extent));
+                        (lba, extent.blocks, Target::Data { extent, skip: 0 })
+                    }
+                    Record::Zero { lba, blocks, .. } => (lba, blocks, Target::Zero { slot }),
+                };
+                let deltas = index.map.insert(lba, blocks, version, &target, Rule::IfNotNewer);
+                index.slots.account(&deltas);
+            }
+        }
+        // The checkpoint's copy of the map must not point into a slot that
+        // now holds a newer stripe: every such block was overwritten by a
+        // replayed write. If one is left, the checkpoint is not trusted.
+        let stale = index.map.iter().find_map(|(lba, m)| match &m.target {
+            Target::Data { extent, .. }
+                if replayed_slots.contains(&extent.slot) && !fresh.contains(&Arc::as_ptr(extent)) =>
+            {
+                Some((lba, extent.slot))
+            }
+            _ => None,
+        });
+        if let Some((lba, slot)) = stale {
+            return Err(ArrayError::CheckpointUnreadable {
+                why: format!("it maps block {lba} into slot {slot}, which holds a newer stripe"),
+            });
+        }
+        // What nothing points at is free; everything replayed is durable.
+        index.slots.forget_draining();
+        for slot in 0..g.slot_count() {
+            let s = *index.slots.get(slot);
+            if s.state != SlotState::Checkpoint && s.pieces == 0 && s.state != SlotState::Free {
+                index.slots.set(slot, SlotState::Free, 0);
+            }
+        }
+        Ok(Replayed {
+            recovery,
+            window,
+            max_sequence,
+            torn,
+        })
+    }
+
+    /// Loads the checkpoint `reference` names into the (empty) map and
+    /// slot table; returns its window.
+    fn load_checkpoint(&self, reference: &CheckpointRef) -> Result<BTreeSet<u64>, ArrayError> {
+        let g = &self.geometry;
+        let unreadable = |why: String| ArrayError::CheckpointUnreadable { why };
+        let per_stripe = g.data_area_bytes() - crate::format::summary_bytes(g.checksum, &[]);
+        let stripes: Vec<(u64, u64)> = (reference.first_stripe_sequence..)
+            .zip(&reference.slots)
+            .map(|(sequence, &slot)| (slot, sequence))
+            .collect();
+        // Every stripe holds part of it, all but the last full.
+        let total = reference.bytes as usize;
+        if total > stripes.len() * per_stripe || total <= (stripes.len() - 1) * per_stripe {
+            return Err(unreadable(format!("{total} bytes in {} stripes", stripes.len())));
+        }
+        let length = |i: usize| (total - i * per_stripe).min(per_stripe);
+        // Straight from the data chunks; if that does not match the digest,
+        // from every stripe rebuilt and checked chunk by chunk.
+        let mut bytes = vec![0u8; total];
+        let direct = stripes.iter().enumerate().all(|(i, &(slot, _))| {
+            let at = i * per_stripe;
+            self.read_area_into(slot, 0, &mut bytes[at..at + length(i)])
+        });
+        if !direct || g.checksum.digest(&bytes) != reference.digest {
+            for (i, &(slot, sequence)) in stripes.iter().enumerate() {
+                let rebuilt = self
+                    .rebuild_stripe(slot, sequence, true)
+                    .map_err(|e| unreadable(e.to_string()))?;
+                let at = i * per_stripe;
+                bytes[at..at + length(i)].copy_from_slice(&rebuilt.area[..length(i)]);
+            }
+            if g.checksum.digest(&bytes) != reference.digest {
+                return Err(unreadable("its digest does not match".to_string()));
+            }
+        }
+        let checkpoint = crate::format::Checkpoint::decode(&bytes, g).map_err(|e| unreadable(e.to_string()))?;
+        if checkpoint.sequence != reference.sequence {
+            return Err(unreadable(format!(
+                "it says sequence {}, the superblock {}",
+                checkpoint.sequence, reference.sequence
+            )));
+        }
+        let meta: BTreeSet<u64> = reference.slots.iter().copied().collect();
+        let clash = checkpoint
+            .stripes
+            .iter()
+            .map(|(slot, _)| slot)
+            .chain(&checkpoint.window)
+            .find(|slot| meta.contains(slot));
+        if let Some(slot) = clash {
+            return Err(unreadable(format!("slot {slot} is both the checkpoint's and listed in it")));
+        }
+        let mut index = self.index_mut();
+        for &(slot, sequence) in &stripes {
+            index.slots.set(slot, SlotState::Checkpoint, sequence);
+        }
+        for &(slot, sequence) in &checkpoint.stripes {
+            index.slots.set(slot, SlotState::Sealed, sequence);
+        }
+        let extents: Vec<Arc<Extent>> = checkpoint.extents.into_iter().map(Arc::new).collect();
+        for m in checkpoint.mappings {
+            let target = match m.target {
+                CheckpointTarget::Zero { slot } => Target::Zero { slot },
+                CheckpointTarget::Data { extent, skip } => Target::Data {
+                    extent: extents[extent].clone(),
+                    skip,
+                },
+            };
+            let deltas = index.map.insert(m.lba, m.blocks, m.version, &target, Rule::Always);
+            index.slots.account(&deltas);
+        }
+        index.next_version = checkpoint.next_version.max(1);
+        index.checkpoint_slots = reference.slots.clone();
+        index.checkpoint_reserve = reference.slots.len() + 1;
+        Ok(checkpoint.window.into_iter().collect())
+    }
+
+    /// The summary of the stripe one of whose chunk `header`s was read.
+    /// With `verify_all`, every chunk is read and checked against the
+    /// root (a stripe a crash may have torn), and missing or bad ones are
+    /// rewritten; otherwise only the tail of the data area is read,
+    /// rebuilding the stripe if that fails.
+    fn read_summary(&self, header: &ChunkHeader, verify_all: bool, recovery: &mut Recovery) -> Result<Vec<Record>, ArrayError> {
+        let g = &self.geometry;
+        let slot = header.slot;
+        let area = g.data_area_bytes();
+        let len = header.summary_bytes as usize;
+        if len > area || len < SUMMARY_HEADER_BYTES {
+            return Err(ArrayError::Unreadable { slot });
+        }
+        if !verify_all {
+            let mut tail = vec![0u8; len];
+            if self.read_area_into(slot, area - len, &mut tail) {
+                if let Some(records) = self.parse_summary(&tail, header) {
+                    return Ok(records);
+                }
+            }
+        }
+        let rebuilt = self.rebuild_stripe(slot, header.sequence, verify_all)?;
+        let records = self
+            .parse_summary(&rebuilt.area, header)
+            .ok_or(ArrayError::Unreadable { slot })?;
+        if verify_all {
+            recovery.chunks_repaired += self.repair(slot, &rebuilt).1;
+        }
+        Ok(records)
+    }
+}

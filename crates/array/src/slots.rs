@@ -1,0 +1,514 @@
+//! The slot table: what each stripe slot holds, how much of it is live,
+//! and which slots new stripes may take.
+//!
+//! # Guarantees
+//!
+//! - Live data is counted in stored bytes (what a stripe's data area
+//!   holds, summary entries included), exactly, from the map's deltas: a
+//!   compressed stripe is never more than full, and a slot's count is zero
+//!   exactly when nothing in the map points into it.
+//! - A slot is handed out only when it is free: empty, and the stripes
+//!   holding what superseded its data are synced (it went through
+//!   `Draining`), and no reader has it pinned. So a slot is rewritten only
+//!   when no durable state and no reader in progress needs what it held.
+//! - With a checkpoint, slots are handed out only from its window, the
+//!   slots recovery scans; without one, from any free slot.
+//!
+//! # States
+//!
+//! ```text
+//!  Free --allocate--> Open --seal--> Sealed --last piece gone--> Draining
+//!   ^                                                               |
+//!   +------------ the superseding stripes are synced ---------------+
+//!  Free --checkpoint--> Checkpoint --next checkpoint durable--> Free
+//! ```
+
+use crate::format::{self, Extent};
+use crate::limits::{GC_BACKGROUND_LIVE_MAX, LIVE_SCALE};
+use crate::map::{Delta, Target};
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU32, Ordering};
+use tessera_checksum::Algorithm;
+
+/// Readers using each slot's chunks, counted outside the index's lock: a
+/// reader pins the slots it will read while it holds the lock's read side,
+/// so a slot the allocator (holding the write side) sees unpinned cannot
+/// gain a reader of its old contents.
+pub struct Pins {
+    counts: Vec<AtomicU32>,
+}
+
+impl Pins {
+    pub fn new(count: u64) -> Pins {
+        Pins {
+            counts: (0..count).map(|_| AtomicU32::new(0)).collect(),
+        }
+    }
+
+    pub fn pin(&self, slot: u64) {
+        self.counts[slot as usize].fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub fn unpin(&self, slot: u64) {
+        let before = self.counts[slot as usize].fetch_sub(1, Ordering::AcqRel);
+        assert!(before > 0, "slot {slot} unpinned more than pinned");
+    }
+
+    pub fn pinned(&self, slot: u64) -> bool {
+        self.counts[slot as usize].load(Ordering::Acquire) > 0
+    }
+}
+
+/// Slots pinned for as long as this lives.
+pub struct Pinned<'a> {
+    pins: &'a Pins,
+    slots: Vec<u64>,
+}
+
+impl<'a> Pinned<'a> {
+    pub fn new(pins: &'a Pins) -> Pinned<'a> {
+        Pinned {
+            pins,
+            slots: Vec::new(),
+        }
+    }
+
+    /// Pins `slot` (call with the index's lock held).
+    pub fn add(&mut self, slot: u64) {
+        self.pins.pin(slot);
+        self.slots.push(slot);
+    }
+}
+
+impl Drop for Pinned<'_> {
+    fn drop(&mut self) {
+        for &slot in &self.slots {
+            self.pins.unpin(slot);
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotState {
+    Free,
+    /// An open stripe is being filled in it.
+    Open,
+    /// A sealed stripe (being written, or on the members).
+    Sealed,
+    /// Empty, rewritable once the stripes that superseded it are synced.
+    Draining,
+    /// Holds part of the durable map checkpoint: rewritable once a newer
+    /// checkpoint is durable.
+    Checkpoint,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Slot {
+    pub state: SlotState,
+    /// Sequence of the stripe in it (0 while open or free).
+    pub sequence: u64,
+    /// Live bytes times LIVE_SCALE: stored bytes and summary entries of
+    /// what the map points at here.
+    pub live: u64,
+    /// Map pieces pointing into this slot.
+    pub pieces: u32,
+}
+
+impl Slot {
+    fn empty(state: SlotState, sequence: u64) -> Slot {
+        Slot {
+            state,
+            sequence,
+            live: 0,
+            pieces: 0,
+        }
+    }
+}
+
+pub struct SlotTable {
+    algorithm: Algorithm,
+    slots: Vec<Slot>,
+    free: BTreeSet<u64>,
+    /// The checkpoint's window: the slots new stripes may use until the
+    /// next checkpoint; `None` when there is none and any free slot will do.
+    window: Option<BTreeSet<u64>>,
+    /// Free slots in the window (all free slots without a window), and,
+    /// while a checkpoint is being written, in `restrict` too.
+    usable: BTreeSet<u64>,
+    /// The next checkpoint's window while it is being written: slots
+    /// outside it are not handed out meanwhile.
+    restrict: Option<BTreeSet<u64>>,
+    /// Empty slots and the sequence that must be synced before each is free.
+    draining: Vec<(u64, u64)>,
+    /// Totals over all slots.
+    live_total: u128,
+    stored_total: u128,
+    mapped_data_blocks: u64,
+}
+
+/// Live bytes (times LIVE_SCALE) one block of `extent` stands for: its
+/// share of the stored bytes and of its summary entry.
+fn block_live(algorithm: Algorithm, extent: &Extent) -> (u64, u64) {
+    let record = format::data_record_bytes(algorithm, extent.block_crcs.len()) as u64;
+    let per = |bytes: u64| bytes * LIVE_SCALE / u64::from(extent.blocks);
+    (per(u64::from(extent.stored_bytes) + record), per(u64::from(extent.stored_bytes)))
+}
+
+impl SlotTable {
+    /// A table of `count` free slots and no window.
+    pub fn new(algorithm: Algorithm, count: u64) -> SlotTable {
+        SlotTable {
+            algorithm,
+            slots: vec![Slot::empty(SlotState::Free, 0); count as usize],
+            free: (0..count).collect(),
+            window: None,
+            usable: (0..count).collect(),
+            restrict: None,
+            draining: Vec::new(),
+            live_total: 0,
+            stored_total: 0,
+            mapped_data_blocks: 0,
+        }
+    }
+
+    pub fn count(&self) -> u64 {
+        self.slots.len() as u64
+    }
+
+    pub fn get(&self, slot: u64) -> &Slot {
+        &self.slots[slot as usize]
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &Slot)> {
+        self.slots.iter().enumerate().map(|(i, s)| (i as u64, s))
+    }
+
+    /// Live bytes in the array (stored data and summary entries).
+    pub fn live_bytes(&self) -> u64 {
+        (self.live_total / u128::from(LIVE_SCALE)) as u64
+    }
+
+    /// Live bytes times LIVE_SCALE.
+    pub fn live_units(&self) -> u128 {
+        self.live_total
+    }
+
+    /// Live bytes times LIVE_SCALE that `blocks` blocks of `target` stand for.
+    pub fn footprint(&self, target: &Target, blocks: u32) -> u64 {
+        match target {
+            Target::Data { extent, .. } => block_live(self.algorithm, extent).0 * u64::from(blocks),
+            Target::Zero { .. } => format::zero_record_bytes() as u64 * LIVE_SCALE,
+        }
+    }
+
+    /// Stored bytes of live data (without summary entries).
+    pub fn stored_bytes(&self) -> u64 {
+        (self.stored_total / u128::from(LIVE_SCALE)) as u64
+    }
+
+    pub fn mapped_data_blocks(&self) -> u64 {
+        self.mapped_data_blocks
+    }
+
+    pub fn free_count(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Free slots new stripes may take now (in the window).
+    pub fn usable_count(&self) -> usize {
+        self.usable.len()
+    }
+
+    pub fn draining_count(&self) -> usize {
+        self.draining.len()
+    }
+
+    /// The sequence whose sync frees every draining slot.
+    pub fn draining_sequence_max(&self) -> Option<u64> {
+        self.draining.iter().map(|&(_, sequence)| sequence).max()
+    }
+
+    pub fn usable_slots(&self) -> impl Iterator<Item = u64> + '_ {
+        self.usable.iter().copied()
+    }
+
+    pub fn is_usable(&self, slot: u64) -> bool {
+        self.usable.contains(&slot)
+    }
+
+    pub fn window(&self) -> Option<&BTreeSet<u64>> {
+        self.window.as_ref()
+    }
+
+    pub fn free_slots(&self) -> impl Iterator<Item = u64> + '_ {
+        self.free.iter().copied()
+    }
+
+    /// Applies the map's deltas; returns the sealed slots they emptied
+    /// (now `Draining`, waiting for `drain_after`).
+    pub fn account(&mut self, deltas: &[Delta]) -> Vec<u64> {
+        let mut emptied = Vec::new();
+        for delta in deltas {
+            let slot = delta.target.slot();
+            let s = &mut self.slots[slot as usize];
+            let (live, stored, data_blocks) = match &delta.target {
+                Target::Data { extent, .. } => {
+                    let (live, stored) = block_live(self.algorithm, extent);
+                    let blocks = u64::from(delta.blocks);
+                    (live * blocks, stored * blocks, blocks)
+                }
+                Target::Zero { .. } => (format::zero_record_bytes() as u64 * LIVE_SCALE, 0, 0),
+            };
+            if delta.gained {
+                s.live += live;
+                s.pieces += 1;
+                self.live_total += u128::from(live);
+                self.stored_total += u128::from(stored);
+                self.mapped_data_blocks += data_blocks;
+            } else {
+                s.live = s.live.checked_sub(live).expect("a slot loses only what it gained");
+                s.pieces = s.pieces.checked_sub(1).expect("a slot loses only pieces it has");
+                self.live_total -= u128::from(live);
+                self.stored_total -= u128::from(stored);
+                self.mapped_data_blocks -= data_blocks;
+                if s.pieces == 0 {
+                    assert_eq!(s.live, 0, "slot {slot}: no pieces, yet live bytes");
+                    if s.state == SlotState::Sealed {
+                        s.state = SlotState::Draining;
+                        emptied.push(slot);
+                    }
+                }
+            }
+        }
+        emptied
+    }
+
+    /// Slot `slot` (draining) may be freed once `sequence` is synced.
+    pub fn drain_after(&mut self, slot: u64, sequence: u64) {
+        debug_assert_eq!(self.slots[slot as usize].state, SlotState::Draining);
+        self.draining.push((slot, sequence));
+    }
+
+    /// Forgets which slots drain after which sequence (recovery: all it
+    /// replayed is durable, and it frees every empty slot itself).
+    pub fn forget_draining(&mut self) {
+        self.draining.clear();
+    }
+
+    /// Frees the draining slots whose superseding stripes are synced
+    /// through `synced`; returns how many. None is freed while a
+    /// checkpoint is being written (its copy of the map may point into
+    /// them, and its own stripes are put in free slots).
+    pub fn release_drained(&mut self, synced: u64) -> usize {
+        if self.restrict.is_some() {
+            return 0;
+        }
+        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.draining)
+            .into_iter()
+            .partition(|&(_, sequence)| sequence <= synced);
+        self.draining = waiting;
+        for &(slot, _) in &ready {
+            let s = &self.slots[slot as usize];
+            assert_eq!(s.pieces, 0, "slot {slot} drained with live data");
+            if s.state == SlotState::Draining {
+                self.set_free(slot);
+            }
+        }
+        ready.len()
+    }
+
+    fn set_free(&mut self, slot: u64) {
+        self.slots[slot as usize] = Slot::empty(SlotState::Free, 0);
+        self.free.insert(slot);
+        if self.may_use(slot) {
+            self.usable.insert(slot);
+        }
+    }
+
+    /// Whether a free slot may be handed out: in the window and the
+    /// restriction, where there are these.
+    fn may_use(&self, slot: u64) -> bool {
+        [&self.window, &self.restrict]
+            .iter()
+            .all(|set| set.as_ref().is_none_or(|s| s.contains(&slot)))
+    }
+
+    /// Frees a slot that holds nothing anyone needs (a checkpoint stripe
+    /// superseded, or one that was never named by a superblock).
+    pub fn free(&mut self, slot: u64) {
+        assert_eq!(self.slots[slot as usize].pieces, 0, "slot {slot} freed with live data");
+        self.set_free(slot);
+    }
+
+    /// Gives back an open slot whose stripe took nothing.
+    pub fn release_open(&mut self, slot: u64) {
+        assert_eq!(self.slots[slot as usize].state, SlotState::Open, "slot {slot} is not open");
+        self.free(slot);
+    }
+
+    /// Takes a usable slot for a new open stripe, preferring one for which
+    /// `preferred` holds (all its members healthy); pinned slots are skipped.
+    pub fn allocate(&mut self, preferred: impl Fn(u64) -> bool, pins: &Pins) -> Option<u64> {
+        let mut candidates = self.usable.iter().copied().filter(|&s| !pins.pinned(s));
+        let first = candidates.next()?;
+        let slot = std::iter::once(first)
+            .chain(candidates)
+            .find(|&s| preferred(s))
+            .unwrap_or(first);
+        self.take(slot, SlotState::Open);
+        Some(slot)
+    }
+
+    /// Takes free slot `slot` (usable or not) into `state`.
+    pub fn take(&mut self, slot: u64, state: SlotState) {
+        assert!(self.free.remove(&slot), "slot {slot} is not free");
+        self.usable.remove(&slot);
+        self.slots[slot as usize] = Slot::empty(state, 0);
+    }
+
+    /// Records the stripe sealed into open slot `slot`; if everything it
+    /// held was overwritten while it was open, it drains at once.
+    pub fn sealed(&mut self, slot: u64, sequence: u64, state: SlotState) {
+        let s = &mut self.slots[slot as usize];
+        assert_eq!(s.state, SlotState::Open, "slot {slot} sealed without being open");
+        s.sequence = sequence;
+        s.state = state;
+        if state == SlotState::Sealed && s.pieces == 0 {
+            s.state = SlotState::Draining;
+            self.draining.push((slot, sequence));
+        }
+    }
+
+    /// Sets a slot's state and sequence as recovery or a checkpoint found them.
+    pub fn set(&mut self, slot: u64, state: SlotState, sequence: u64) {
+        let s = &mut self.slots[slot as usize];
+        s.state = state;
+        s.sequence = sequence;
+        if state == SlotState::Free {
+            self.free.insert(slot);
+            if self.may_use(slot) {
+                self.usable.insert(slot);
+            }
+        } else {
+            self.free.remove(&slot);
+            self.usable.remove(&slot);
+        }
+    }
+
+    /// Makes `window` the slots new stripes may use (`None`: any free
+    /// slot), ending any restriction.
+    pub fn set_window(&mut self, window: Option<BTreeSet<u64>>) {
+        self.window = window;
+        self.restrict = None;
+        self.recompute_usable();
+    }
+
+    /// Narrows the usable slots to those in `keep` too, until the window
+    /// is set or the restriction lifted (while a checkpoint is written,
+    /// only slots both its window and the current one hold may be used).
+    pub fn restrict_usable(&mut self, keep: &BTreeSet<u64>) {
+        self.restrict = Some(keep.clone());
+        self.recompute_usable();
+    }
+
+    pub fn lift_restriction(&mut self) {
+        self.restrict = None;
+        self.recompute_usable();
+    }
+
+    fn recompute_usable(&mut self) {
+        self.usable = self.free.iter().copied().filter(|&s| self.may_use(s)).collect();
+    }
+
+    /// Fraction of `fill` bytes (what a stripe can hold) a slot's live
+    /// data fills.
+    pub fn utilization(&self, slot: u64, fill: u64) -> f64 {
+        self.slots[slot as usize].live as f64 / (fill as f64 * LIVE_SCALE as f64)
+    }
+
+    /// Up to `count` sealed slots garbage collection should empty first,
+    /// best first, with `next_sequence` as now; `fill` is what a stripe
+    /// can hold (a stripe holding that much has nothing to collect). Cost-benefit, as in LFS:
+    /// what a relocation frees (1 - u) for what it copies (u), times the
+    /// age of the data (old data is unlikely to be overwritten soon, so
+    /// copying it now is not wasted). Slots in the window score as if twice
+    /// their age: only there does an emptied slot serve before the next
+    /// checkpoint. `greedy` (a writer waits for a slot): the most garbage
+    /// first, whatever its age; otherwise only slots live below
+    /// GC_BACKGROUND_LIVE_MAX. Full slots, and those `skip` names (pinned, or still
+    /// being written), are never chosen.
+    pub fn victims(
+        &self,
+        fill: u64,
+        next_sequence: u64,
+        count: usize,
+        greedy: bool,
+        skip: impl Fn(u64) -> bool,
+    ) -> Vec<u64> {
+        let mut scored: Vec<(f64, u64)> = self
+            .iter()
+            .filter(|(slot, s)| s.state == SlotState::Sealed && !skip(*slot))
+            .filter_map(|(slot, s)| {
+                let u = self.utilization(slot, fill);
+                if u >= if greedy { 1.0 } else { GC_BACKGROUND_LIVE_MAX } {
+                    return None;
+                }
+                let in_window = self.window.as_ref().is_none_or(|w| w.contains(&slot));
+                let weight = if in_window { 2.0 } else { 1.0 };
+                if greedy {
+                    return Some(((1.0 - u) * weight, slot));
+                }
+                let age = next_sequence.saturating_sub(s.sequence) as f64 + 1.0;
+                Some(((1.0 - u) * age * weight / (u + 0.01), slot))
+            })
+            .collect();
+        scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+        scored.into_iter().take(count).map(|(_, slot)| slot).collect()
+    }
+
+    /// Recomputes what the map says each slot holds and compares it with
+    /// the counts kept: the engine's invariant, checked by tests.
+    pub fn check(&self, map: &crate::map::Map) -> Result<(), String> {
+        let mut expected = SlotTable::new(self.algorithm, self.count());
+        let deltas: Vec<Delta> = map
+            .iter()
+            .map(|(_, m)| Delta {
+                target: m.target.clone(),
+                blocks: m.blocks,
+                gained: true,
+            })
+            .collect();
+        expected.account(&deltas);
+        for (slot, s) in self.iter() {
+            let want = expected.get(slot);
+            if (s.live, s.pieces) != (want.live, want.pieces) {
+                return Err(format!(
+                    "slot {slot}: counted {} live units in {} pieces, the map says {} in {}",
+                    s.live, s.pieces, want.live, want.pieces
+                ));
+            }
+            let free = self.free.contains(&slot);
+            if free != (s.state == SlotState::Free) {
+                return Err(format!("slot {slot} is {:?} but free-listed: {free}", s.state));
+            }
+            if s.pieces > 0 && !matches!(s.state, SlotState::Sealed | SlotState::Open) {
+                return Err(format!("slot {slot} is {:?} with {} live pieces", s.state, s.pieces));
+            }
+            if self.usable.contains(&slot) && !free {
+                return Err(format!("slot {slot} is usable but not free"));
+            }
+        }
+        if (self.live_total, self.mapped_data_blocks) != (expected.live_total, expected.mapped_data_blocks) {
+            return Err(format!(
+                "totals: {} live units and {} mapped blocks counted, the map says {} and {}",
+                self.live_total, self.mapped_data_blocks, expected.live_total, expected.mapped_data_blocks
+            ));
+        }
+        for &(slot, _) in &self.draining {
+            if self.slots[slot as usize].state != SlotState::Draining {
+                return Err(format!("slot {slot} is listed as draining but is {:?}", self.slots[slot as usize].state));
+            }
+        }
+        Ok(())
+    }
+}

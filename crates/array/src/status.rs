@@ -1,0 +1,189 @@
+//! Counters and what `tessera status` reports.
+//!
+//! Counters are atomics, bumped where the work happens and read without
+//! a lock; the rest of the report is read from the index under its read
+//! lock, from totals the slot table keeps, so a status request costs a
+//! pass over the slots (not the map) and never stalls writers for long.
+
+use crate::engine::{hex, Shared};
+use crate::members::MemberState;
+use crate::recovery::Recovery;
+use crate::slots::SlotState;
+use serde::Serialize;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Counters, readable while the array serves.
+#[derive(Default)]
+pub struct Counters {
+    pub user_bytes_written: AtomicU64,
+    /// Shared with the member I/O threads, which add what they write.
+    pub member_bytes_written: Arc<AtomicU64>,
+    pub stripes_sealed: AtomicU64,
+    pub short_stripes_sealed: AtomicU64,
+    pub flushes: AtomicU64,
+    pub syncs: AtomicU64,
+    pub checksum_errors: AtomicU64,
+    pub chunks_repaired: AtomicU64,
+    pub reconstructed_reads: AtomicU64,
+    pub stripes_reconstructed: AtomicU64,
+    pub unrecoverable_reads: AtomicU64,
+    pub gc_rounds: AtomicU64,
+    pub gc_stripes_collected: AtomicU64,
+    pub gc_bytes_relocated: AtomicU64,
+    pub checkpoints_written: AtomicU64,
+}
+
+impl Counters {
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// What `tessera status` reports.
+#[derive(Clone, Debug, Serialize)]
+pub struct Status {
+    pub array_uuid: String,
+    pub data: usize,
+    pub parity: usize,
+    pub chunk_bytes: usize,
+    pub checksum: String,
+    pub compression: String,
+    /// The accelerator in use and the work it has done.
+    pub accelerator: AcceleratorStatus,
+    pub members: Vec<MemberStatus>,
+    pub members_unavailable: usize,
+    /// Why writes and FLUSH are refused (more than M members failed), if
+    /// they are; `null` otherwise.
+    pub writes_refused: Option<String>,
+    pub stripes_total: u64,
+    pub stripes_used: u64,
+    pub stripes_free: u64,
+    pub stripes_degraded: u64,
+    pub raw_bytes: u64,
+    pub usable_bytes: u64,
+    pub logical_bytes: u64,
+    pub mapped_bytes: u64,
+    /// Stored bytes of live data (compressed size where compressed).
+    pub stored_bytes: u64,
+    pub compression_ratio: f64,
+    pub user_bytes_written: u64,
+    pub member_bytes_written: u64,
+    pub write_amplification: f64,
+    pub stripes_sealed: u64,
+    pub short_stripes_sealed: u64,
+    pub flushes: u64,
+    pub syncs: u64,
+    pub gc_rounds: u64,
+    pub gc_stripes_collected: u64,
+    pub gc_bytes_relocated: u64,
+    pub checksum_errors: u64,
+    pub chunks_repaired: u64,
+    pub reconstructed_reads: u64,
+    /// Stripes rebuilt from K chunks to serve reads (each once, however
+    /// many reads it serves from the cache).
+    pub stripes_reconstructed: u64,
+    pub unrecoverable_reads: u64,
+    /// Sequence of the newest durable map checkpoint (0: none).
+    pub checkpoint_sequence: u64,
+    pub checkpoints_written: u64,
+    pub recovery: Recovery,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct MemberStatus {
+    pub index: usize,
+    pub name: String,
+    pub state: MemberState,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct AcceleratorStatus {
+    pub name: String,
+    pub stripes_sealed: u64,
+    pub stripes_reconstructed: u64,
+    pub bytes_coded: u64,
+    pub bytes_hashed: u64,
+}
+
+impl Shared {
+    pub fn status(&self) -> Status {
+        let g = &self.geometry;
+        let c = &self.counters;
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let (used, free, degraded, mapped, stored) = {
+            let index = self.index();
+            let used: Vec<u64> = index
+                .slots
+                .iter()
+                .filter(|(_, s)| s.state != SlotState::Free)
+                .map(|(slot, _)| slot)
+                .collect();
+            let degraded = used.iter().filter(|&&s| !self.all_healthy(s)).count() as u64;
+            (
+                used.len() as u64,
+                index.slots.free_count() as u64,
+                degraded,
+                index.slots.mapped_data_blocks() * crate::format::BLOCK_BYTES as u64,
+                index.slots.stored_bytes(),
+            )
+        };
+        let user = load(&c.user_bytes_written);
+        let member = load(&c.member_bytes_written);
+        let work = self.accel.work();
+        let members = &self.members;
+        Status {
+            array_uuid: hex(&self.array_uuid),
+            data: g.data,
+            parity: g.parity,
+            chunk_bytes: g.chunk_bytes,
+            checksum: g.checksum.name().to_string(),
+            compression: g.compression.map_or("none".to_string(), |c| c.to_string()),
+            accelerator: AcceleratorStatus {
+                name: self.accel.name().to_string(),
+                stripes_sealed: work.stripes_sealed,
+                stripes_reconstructed: work.stripes_reconstructed,
+                bytes_coded: work.bytes_coded,
+                bytes_hashed: work.bytes_hashed,
+            },
+            members: (0..members.count())
+                .map(|index| MemberStatus {
+                    index,
+                    name: members.name(index).to_string(),
+                    state: members.state(index),
+                })
+                .collect(),
+            members_unavailable: members.unavailable(),
+            writes_refused: members.lost().map(str::to_string),
+            stripes_total: g.slot_count(),
+            stripes_used: used,
+            stripes_free: free,
+            stripes_degraded: degraded,
+            raw_bytes: g.member_bytes * g.members as u64,
+            usable_bytes: g.slot_count() * g.data_area_bytes() as u64,
+            logical_bytes: g.logical_bytes,
+            mapped_bytes: mapped,
+            stored_bytes: stored,
+            compression_ratio: if stored == 0 { 1.0 } else { mapped as f64 / stored as f64 },
+            user_bytes_written: user,
+            member_bytes_written: member,
+            write_amplification: if user == 0 { 0.0 } else { member as f64 / user as f64 },
+            stripes_sealed: load(&c.stripes_sealed),
+            short_stripes_sealed: load(&c.short_stripes_sealed),
+            flushes: load(&c.flushes),
+            syncs: load(&c.syncs),
+            gc_rounds: load(&c.gc_rounds),
+            gc_stripes_collected: load(&c.gc_stripes_collected),
+            gc_bytes_relocated: load(&c.gc_bytes_relocated),
+            checksum_errors: load(&c.checksum_errors),
+            chunks_repaired: load(&c.chunks_repaired),
+            reconstructed_reads: load(&c.reconstructed_reads),
+            stripes_reconstructed: load(&c.stripes_reconstructed),
+            unrecoverable_reads: load(&c.unrecoverable_reads),
+            checkpoint_sequence: members.superblock().checkpoint.as_ref().map_or(0, |c| c.sequence),
+            checkpoints_written: load(&c.checkpoints_written),
+            recovery: self.recovery.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+        }
+    }
+}
+

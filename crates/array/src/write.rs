@@ -1,0 +1,846 @@
+//! The write path: extents prepared outside every lock, packed into the
+//! open stripe of their stream, sealed into whole stripes and handed to
+//! the members; FLUSH; and finding a slot when none is free.
+//!
+//! # Guarantees
+//!
+//! - A write returns once its data is in an open or sealed stripe and in
+//!   the map (reads see it); FLUSH and FUA return only once every stripe
+//!   holding what was written before them is on the members and synced.
+//! - Compression and hashing run before any lock is taken; the open
+//!   stripe's lock is held while the bytes are copied in and the records
+//!   mapped, the index's only while they are mapped. Sealing a full stripe
+//!   (parity, leaves, headers) and writing it happen after both are let go,
+//!   so writers never queue behind one another's sealing or syncing.
+//! - Every write takes the next version when it is mapped, and its record
+//!   carries it; a relocated copy keeps the version it copied and is
+//!   mapped only where the map still points at what was copied.
+//! - Writes are admitted only if live data after them fits the array
+//!   (less its reserves): a full array refuses a write with NoSpace before
+//!   anything changes. Writes that overwrite as much as they add are
+//!   always admitted.
+//! - Syncs are shared: FLUSHes that arrive while one syncs wait for it and
+//!   are covered by the next, one sync for all of them.
+
+use crate::engine::{stripe_bytes, Resident, Shared};
+use crate::format::{self, Extent, Record, Stream, BLOCK_BYTES};
+use crate::io::{StripeDone, StripeWrite};
+use crate::limits::{EXTENT_BLOCKS_MAX, GC_RESERVE_SLOTS, LIVE_SCALE, OPEN_STREAM_COUNT};
+use crate::map::{Rule, Target};
+use crate::slots::SlotState;
+use crate::status::Counters;
+use crate::stripe::{self, Built, OpenStripe, StripeInfo};
+use crate::ArrayError;
+use std::borrow::Cow;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use tessera_checksum::{Algorithm, Digest};
+use tessera_compress::policy::Hint;
+
+/// Blocks per extent for a geometry: a raw extent of this many blocks,
+/// with its summary entry, always fits an empty stripe.
+pub fn extent_blocks_max(geometry: &crate::format::Geometry) -> usize {
+    let algorithm = geometry.checksum;
+    (1..=EXTENT_BLOCKS_MAX)
+        .rev()
+        .find(|&blocks| {
+            blocks * BLOCK_BYTES + format::SUMMARY_HEADER_BYTES + format::data_record_bytes(algorithm, blocks)
+                <= geometry.data_area_bytes()
+        })
+        .unwrap_or(0)
+}
+
+/// Live bytes (footprint: stored bytes and summary entries) one stripe
+/// can be counted on to hold: as many raw blocks of whole extents as fit,
+/// less, with compression on, half the largest compressed extent (the gap
+/// a compressed extent that does not fit leaves at a stripe's end, on
+/// average). What admission reckons the array holds per slot.
+pub fn stripe_fill_bytes(geometry: &crate::format::Geometry, policy: Option<&tessera_compress::policy::Policy>) -> u64 {
+    let algorithm = geometry.checksum;
+    let per_extent = extent_blocks_max(geometry).max(1);
+    let footprint = |blocks: usize| {
+        let records = blocks.div_ceil(per_extent);
+        blocks * (BLOCK_BYTES + 4) + records * format::data_record_bytes(algorithm, 0)
+    };
+    let room = geometry.data_area_bytes() - format::SUMMARY_HEADER_BYTES;
+    let blocks = (0..=room / BLOCK_BYTES).rev().find(|&b| footprint(b) <= room).unwrap_or(0);
+    let gap = policy.map_or(0.0, |p| p.required_ratio * (per_extent * BLOCK_BYTES) as f64 / 2.0);
+    (footprint(blocks) as f64 - gap).max(0.0) as u64
+}
+
+/// What one record of a write stores.
+pub(crate) enum Stored<'a> {
+    Zero,
+    /// Raw blocks, the CRC32C of each, and the digest of them all.
+    Raw {
+        bytes: Cow<'a, [u8]>,
+        crcs: Vec<u32>,
+        digest: Digest,
+    },
+    Compressed {
+        codec: tessera_compress::Codec,
+        bytes: Vec<u8>,
+        digest: Digest,
+    },
+}
+
+/// One record to pack: blocks [lba, lba+blocks) and what they store.
+pub(crate) struct Piece<'a> {
+    pub lba: u64,
+    pub blocks: u32,
+    pub stored: Stored<'a>,
+    /// For a relocation: what it copies and that write's version.
+    pub relocates: Option<(Target, u64)>,
+}
+
+impl Piece<'_> {
+    /// Bytes it will take in a stripe, its summary entry included.
+    fn footprint(&self, algorithm: Algorithm) -> u64 {
+        (match &self.stored {
+            Stored::Zero => format::zero_record_bytes(),
+            Stored::Raw { bytes, crcs, .. } => bytes.len() + format::data_record_bytes(algorithm, crcs.len()),
+            Stored::Compressed { bytes, .. } => bytes.len() + format::data_record_bytes(algorithm, 0),
+        }) as u64
+    }
+}
+
+/// The digest of raw blocks whose CRC32Cs are `crcs`: for a CRC32C array
+/// derived from them without reading the bytes again.
+fn raw_digest(algorithm: Algorithm, bytes: &[u8], crcs: &[u32]) -> Digest {
+    match algorithm {
+        Algorithm::Crc32c => {
+            let crc = crcs
+                .iter()
+                .skip(1)
+                .fold(crcs[0], |crc, &next| tessera_checksum::crc32c_combine(crc, next, BLOCK_BYTES as u64));
+            Digest::from_crc32c(crc)
+        }
+        other => other.digest(bytes),
+    }
+}
+
+fn block_crcs(bytes: &[u8]) -> Vec<u32> {
+    bytes.chunks(BLOCK_BYTES).map(tessera_checksum::crc32c).collect()
+}
+
+/// A stripe sealed (sequence given, data area final) and not yet built.
+pub(crate) struct Sealing {
+    pub info: StripeInfo,
+    pub area: Arc<crate::device::AlignedBuf>,
+}
+
+/// Live bytes a write has been admitted for and not yet mapped.
+pub(crate) struct Admitted<'a> {
+    shared: &'a Shared,
+    units: u128,
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        *self.shared.admitted.lock().unwrap_or_else(|p| p.into_inner()) -= self.units;
+    }
+}
+
+impl Shared {
+    /// Writes `data` at byte `offset`. Unaligned edges are merged with the
+    /// blocks' current contents under a lock on those blocks, so partial
+    /// writes to one block never undo each other.
+    pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ArrayError> {
+        self.check_range(offset, data.len() as u64)?;
+        self.members.check_writable()?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let block = BLOCK_BYTES as u64;
+        let first = offset / block;
+        let last = (offset + data.len() as u64).div_ceil(block);
+        if offset.is_multiple_of(block) && data.len().is_multiple_of(BLOCK_BYTES) {
+            self.write_blocks(first, data)?;
+        } else {
+            let _locks = self.lock_partial(first, last - 1);
+            let mut blocks = vec![0u8; (last - first) as usize * BLOCK_BYTES];
+            self.read_blocks_into(first, &mut blocks)?;
+            let skip = (offset - first * block) as usize;
+            blocks[skip..skip + data.len()].copy_from_slice(data);
+            self.write_blocks(first, &blocks)?;
+        }
+        Counters::add(&self.counters.user_bytes_written, data.len() as u64);
+        if fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// The partial-write locks of blocks `first` and `last`, in order.
+    fn lock_partial(&self, first: u64, last: u64) -> Vec<std::sync::MutexGuard<'_, ()>> {
+        let n = self.partial.len() as u64;
+        let mut locks = vec![(first % n) as usize, (last % n) as usize];
+        locks.sort_unstable();
+        locks.dedup();
+        locks
+            .into_iter()
+            .map(|i| self.partial[i].lock().unwrap_or_else(|p| p.into_inner()))
+            .collect()
+    }
+
+    /// Makes `len` bytes at `offset` read as zeros. Unaligned edges are
+    /// written as zeros; whole blocks become zero records (or nothing,
+    /// where no block was ever written).
+    pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), ArrayError> {
+        self.check_range(offset, len)?;
+        self.members.check_writable()?;
+        if len == 0 {
+            return Ok(());
+        }
+        let block = BLOCK_BYTES as u64;
+        let first_whole = offset.div_ceil(block);
+        let end_whole = (offset + len) / block;
+        if first_whole >= end_whole {
+            return self.write(offset, &vec![0u8; len as usize], fua);
+        }
+        if offset < first_whole * block {
+            self.write(offset, &vec![0u8; (first_whole * block - offset) as usize], false)?;
+        }
+        if offset + len > end_whole * block {
+            let tail = (offset + len - end_whole * block) as usize;
+            self.write(end_whole * block, &vec![0u8; tail], false)?;
+        }
+        let mut pieces = Vec::new();
+        let mut lba = first_whole;
+        while lba < end_whole {
+            let blocks = (end_whole - lba).min(u64::from(u32::MAX)) as u32;
+            pieces.push(Piece {
+                lba,
+                blocks,
+                stored: Stored::Zero,
+                relocates: None,
+            });
+            lba += u64::from(blocks);
+        }
+        self.store(Stream::User, pieces)?;
+        if fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Writes whole blocks from `lba`.
+    fn write_blocks(&self, lba: u64, data: &[u8]) -> Result<(), ArrayError> {
+        let pieces = self.prepare(lba, data, None)?;
+        self.store(Stream::User, pieces)
+    }
+
+    /// Cuts whole blocks from `lba` into extents, each compressed (per the
+    /// policy), hashed, or found to be zeros; no lock is held. With
+    /// `relocates`, the pieces are copies of that target at that version.
+    pub(crate) fn prepare<'a>(
+        &self,
+        lba: u64,
+        data: &'a [u8],
+        relocates: Option<(Target, u64)>,
+    ) -> Result<Vec<Piece<'a>>, ArrayError> {
+        debug_assert_eq!(data.len() % BLOCK_BYTES, 0);
+        let algorithm = self.geometry.checksum;
+        let per_extent = extent_blocks_max(&self.geometry) * BLOCK_BYTES;
+        let mut pieces = Vec::new();
+        let mut to_hash: Vec<(usize, &[u8])> = Vec::new();
+        for (i, bytes) in data.chunks(per_extent).enumerate() {
+            let piece_lba = lba + (i * per_extent / BLOCK_BYTES) as u64;
+            let blocks = (bytes.len() / BLOCK_BYTES) as u32;
+            let stored = if bytes.iter().all(|&b| b == 0) {
+                Stored::Zero
+            } else {
+                let blob = match &self.policy {
+                    Some(policy) => Some(policy.compress_blob(bytes, Hint::None).map_err(ArrayError::Compress)?),
+                    None => None,
+                };
+                match blob {
+                    Some(blob) if blob.codec.is_some() => {
+                        to_hash.push((pieces.len(), &[]));
+                        Stored::Compressed {
+                            codec: blob.codec.expect("checked"),
+                            bytes: blob.bytes,
+                            digest: Digest::from_bytes(&[]),
+                        }
+                    }
+                    _ => {
+                        let crcs = block_crcs(bytes);
+                        let digest = match algorithm {
+                            Algorithm::Crc32c => raw_digest(algorithm, bytes, &crcs),
+                            _ => {
+                                to_hash.push((pieces.len(), bytes));
+                                Digest::from_bytes(&[])
+                            }
+                        };
+                        Stored::Raw {
+                            bytes: Cow::Borrowed(bytes),
+                            crcs,
+                            digest,
+                        }
+                    }
+                }
+            };
+            pieces.push(Piece {
+                lba: piece_lba,
+                blocks,
+                stored,
+                relocates: relocates.as_ref().map(|(t, v)| (t.advanced_by(piece_lba - lba), *v)),
+            });
+        }
+        // Digests the accelerator computes, as one batch.
+        if !to_hash.is_empty() {
+            let inputs: Vec<&[u8]> = to_hash
+                .iter()
+                .map(|&(i, raw)| match &pieces[i].stored {
+                    Stored::Compressed { bytes, .. } => &bytes[..],
+                    _ => raw,
+                })
+                .collect();
+            let digests = self.accel.hash(algorithm, &inputs);
+            for (&(i, _), digest) in to_hash.iter().zip(digests) {
+                match &mut pieces[i].stored {
+                    Stored::Compressed { digest: d, .. } | Stored::Raw { digest: d, .. } => *d = digest,
+                    Stored::Zero => unreachable!("zeros are not hashed"),
+                }
+            }
+        }
+        Ok(merge_zero_runs(pieces))
+    }
+
+    /// Admits, packs, seals and submits pieces of `stream`.
+    pub(crate) fn store(&self, stream: Stream, pieces: Vec<Piece<'_>>) -> Result<(), ArrayError> {
+        let pieces = self.drop_needless_zeros(pieces);
+        if pieces.is_empty() {
+            return Ok(());
+        }
+        let claim = match stream {
+            Stream::User if pieces.iter().all(|p| matches!(p.stored, Stored::Zero)) => Claim::Freeing,
+            Stream::User => Claim::Write,
+            _ => Claim::Collect,
+        };
+        let _admitted = match claim {
+            Claim::Write => Some(self.admit(&pieces)?),
+            _ => None,
+        };
+        let sealed = self.pack(stream, claim, pieces)?;
+        self.submit(sealed)
+    }
+
+    /// Zero pieces over blocks never written need no record: they read as
+    /// zeros already (relocations of zero records are always kept).
+    fn drop_needless_zeros<'a>(&self, pieces: Vec<Piece<'a>>) -> Vec<Piece<'a>> {
+        if !pieces.iter().any(|p| matches!(p.stored, Stored::Zero) && p.relocates.is_none()) {
+            return pieces;
+        }
+        let index = self.index();
+        pieces
+            .into_iter()
+            .filter(|p| {
+                !matches!(p.stored, Stored::Zero)
+                    || p.relocates.is_some()
+                    || index.map.overlapping(p.lba, p.lba + u64::from(p.blocks)).next().is_some()
+            })
+            .collect()
+    }
+
+    /// Checks that live data after these pieces fits, counting what they
+    /// overwrite as freed; refuses with NoSpace, changing nothing.
+    fn admit(&self, pieces: &[Piece<'_>]) -> Result<Admitted<'_>, ArrayError> {
+        let algorithm = self.geometry.checksum;
+        let incoming: u128 = pieces.iter().map(|p| u128::from(p.footprint(algorithm))).sum::<u128>()
+            * u128::from(LIVE_SCALE);
+        let index = self.index();
+        let mut overwritten: u128 = 0;
+        for p in pieces {
+            for (start, mapping) in index.map.overlapping(p.lba, p.lba + u64::from(p.blocks)) {
+                let lo = start.max(p.lba);
+                let hi = (start + u64::from(mapping.blocks)).min(p.lba + u64::from(p.blocks));
+                overwritten += u128::from(index.slots.footprint(&mapping.target, (hi - lo) as u32));
+            }
+        }
+        // One slot more than the reserves: the open stripes' tails.
+        let reserved_slots = GC_RESERVE_SLOTS + OPEN_STREAM_COUNT + index.checkpoint_reserve + 1;
+        let slots = (index.slots.count() as usize).saturating_sub(reserved_slots) as u128;
+        let capacity = slots * u128::from(self.fill_bytes) * u128::from(LIVE_SCALE);
+        let live = index.slots.live_units();
+        drop(index);
+        // Summary entries are not held against a write: an overwrite may
+        // cut its extents where the write it replaces did not, and must
+        // not be refused for the few bytes of entries that costs.
+        let entries: u128 = pieces
+            .iter()
+            .map(|p| match &p.stored {
+                Stored::Zero => 0,
+                Stored::Raw { crcs, .. } => format::data_record_bytes(algorithm, crcs.len()) as u128,
+                Stored::Compressed { .. } => format::data_record_bytes(algorithm, 0) as u128,
+            })
+            .sum::<u128>()
+            * u128::from(LIVE_SCALE);
+        let units = incoming.saturating_sub(overwritten + entries);
+        let mut admitted = self.admitted.lock().unwrap_or_else(|p| p.into_inner());
+        if live + *admitted + units > capacity {
+            return Err(ArrayError::NoSpace);
+        }
+        *admitted += units;
+        Ok(Admitted { shared: self, units })
+    }
+
+    /// Packs pieces into `stream`'s open stripe, opening and sealing
+    /// stripes as they fill; returns the stripes sealed.
+    fn pack(&self, stream: Stream, claim: Claim, pieces: Vec<Piece<'_>>) -> Result<Vec<Sealing>, ArrayError> {
+        let mut queue: VecDeque<Piece> = pieces.into();
+        let mut sealed = Vec::new();
+        // Each round packs at least one piece or finds a slot; a slot that
+        // other writers keep taking first ends in NoSpace, not forever.
+        for _ in 0..(16 + 4 * queue.len()) * 64 {
+            let mut guard = self.open_stripe(stream);
+            if guard.is_none() {
+                match self.open_slot(stream, claim) {
+                    Some(open) => *guard = Some(open),
+                    None => {
+                        drop(guard);
+                        // What this request filled goes out first: its
+                        // drains may be what frees a slot.
+                        self.submit(std::mem::take(&mut sealed))?;
+                        self.make_room(claim)?;
+                        continue;
+                    }
+                }
+            }
+            let open = guard.as_mut().expect("opened above");
+            let mut relocations = Vec::new();
+            while let Some(piece) = queue.pop_front() {
+                let relocates = piece.relocates.clone();
+                match self.place(open, piece) {
+                    Placed::All => relocations.push(relocates),
+                    Placed::Part(rest) => {
+                        relocations.push(relocates);
+                        queue.push_front(rest);
+                        break;
+                    }
+                    Placed::Nothing(piece) => {
+                        assert!(!open.is_empty(), "one extent always fits an empty stripe");
+                        queue.push_front(piece);
+                        break;
+                    }
+                }
+            }
+            self.map_records(open, relocations);
+            if queue.is_empty() {
+                return Ok(sealed);
+            }
+            // Full: sealed now, a new one opened next round.
+            let full = guard.take().expect("open");
+            sealed.extend(self.seal_open(full, SlotState::Sealed));
+        }
+        self.submit(sealed)?;
+        Err(ArrayError::NoSpace)
+    }
+
+    /// Puts as much of `piece` as fits into `open`.
+    fn place<'a>(&self, open: &mut OpenStripe, piece: Piece<'a>) -> Placed<'a> {
+        let algorithm = self.geometry.checksum;
+        let slot = open.slot;
+        match piece.stored {
+            Stored::Zero => {
+                if !open.fits(false, 0, format::zero_record_bytes()) {
+                    return Placed::Nothing(piece);
+                }
+                open.push_record(
+                    algorithm,
+                    Record::Zero {
+                        lba: piece.lba,
+                        blocks: piece.blocks,
+                        version: 0,
+                    },
+                );
+                Placed::All
+            }
+            Stored::Compressed { codec, ref bytes, digest } => {
+                if !open.fits(false, bytes.len(), format::data_record_bytes(algorithm, 0)) {
+                    return Placed::Nothing(piece);
+                }
+                let offset = open.push_data(bytes, false);
+                let extent = Extent {
+                    slot,
+                    offset,
+                    stored_bytes: bytes.len() as u32,
+                    blocks: piece.blocks,
+                    codec: Some(codec),
+                    digest,
+                    block_crcs: Vec::new(),
+                };
+                open.push_record(algorithm, data_record(piece.lba, extent));
+                Placed::All
+            }
+            Stored::Raw { .. } => {
+                let fit = open.raw_blocks_that_fit(algorithm, piece.blocks as usize);
+                if fit == 0 {
+                    return Placed::Nothing(piece);
+                }
+                let (head, rest) = if fit < piece.blocks as usize {
+                    let (head, rest) = split_raw(algorithm, piece, fit);
+                    (head, Some(rest))
+                } else {
+                    (piece, None)
+                };
+                let Stored::Raw { bytes, crcs, digest } = head.stored else {
+                    unreachable!("split keeps raw pieces raw")
+                };
+                let offset = open.push_data(&bytes, true);
+                let extent = Extent {
+                    slot,
+                    offset,
+                    stored_bytes: bytes.len() as u32,
+                    blocks: head.blocks,
+                    codec: None,
+                    digest,
+                    block_crcs: crcs,
+                };
+                open.push_record(algorithm, data_record(head.lba, extent));
+                match rest {
+                    Some(rest) => Placed::Part(rest),
+                    None => Placed::All,
+                }
+            }
+        }
+    }
+
+    /// Maps the records `open` took since it was last mapped, in order:
+    /// each new write takes the next version; each relocation keeps its
+    /// version and maps only where the map still points at what it copied.
+    /// Slots this empties drain once `open` is synced.
+    fn map_records(&self, open: &mut OpenStripe, relocations: Vec<Option<(Target, u64)>>) {
+        debug_assert_eq!(open.mapped + relocations.len(), open.records.len());
+        let mut index = self.index_mut();
+        for (record, relocates) in open.records[open.mapped..].iter_mut().zip(relocations) {
+            let (lba, blocks, target) = match &*record {
+                Record::Data { lba, extent, .. } => (
+                    *lba,
+                    extent.blocks,
+                    Target::Data {
+                        extent: Arc::new(extent.clone()),
+                        skip: 0,
+                    },
+                ),
+                Record::Zero { lba, blocks, .. } => (*lba, *blocks, Target::Zero { slot: open.slot }),
+            };
+            let deltas = match relocates {
+                None => {
+                    let version = index.next_version;
+                    index.next_version += 1;
+                    record.set_version(version);
+                    index.map.insert(lba, blocks, version, &target, Rule::Always)
+                }
+                Some((copied, version)) => {
+                    record.set_version(version);
+                    let rule = Rule::IfStill {
+                        target: &copied,
+                        version,
+                    };
+                    index.map.insert(lba, blocks, version, &target, rule)
+                }
+            };
+            let emptied = index.slots.account(&deltas);
+            open.drains.extend(emptied);
+        }
+        open.mapped = open.records.len();
+    }
+
+    /// A new open stripe for `stream` in a usable slot, if the stream's
+    /// reserve allows one.
+    fn open_slot(&self, stream: Stream, claim: Claim) -> Option<OpenStripe> {
+        let area = self.spares().areas.pop();
+        let mut index = self.index_mut();
+        if !self.has_room(&index, claim) {
+            drop(index);
+            if let Some(area) = area {
+                self.spares().areas.push(area);
+            }
+            return None;
+        }
+        let slot = index.slots.allocate(|s| self.all_healthy(s), &self.pins)?;
+        index.resident.insert(slot, Resident::Open(stream));
+        drop(index);
+        self.maintenance.wake();
+        Some(OpenStripe::new(slot, stream, area, &self.geometry))
+    }
+
+    /// Whether `claim` may take a usable slot: user data leaves garbage
+    /// collection its reserve and the next checkpoint its stripes; zero
+    /// records, which free space, leave collection its last slot.
+    pub(crate) fn has_room(&self, index: &crate::engine::Index, claim: Claim) -> bool {
+        let (usable, free) = (index.slots.usable_count(), index.slots.free_count());
+        match claim {
+            Claim::Write => usable > GC_RESERVE_SLOTS && free > GC_RESERVE_SLOTS + index.checkpoint_reserve,
+            Claim::Freeing => usable > 1 && free > 1,
+            Claim::Collect => usable > 0,
+        }
+    }
+
+    /// Seals an open stripe with the next sequence; an open stripe that
+    /// took nothing gives its slot back instead.
+    pub(crate) fn seal_open(&self, open: OpenStripe, state: SlotState) -> Option<Sealing> {
+        if open.is_empty() && open.stream != Stream::Meta {
+            let mut index = self.index_mut();
+            index.resident.remove(&open.slot);
+            index.slots.release_open(open.slot);
+            return None;
+        }
+        let sequence = self.tracker.assign_many(1);
+        Some(self.seal_as(open, state, sequence))
+    }
+
+    /// Seals an open stripe as `sequence` (assigned to it): its summary
+    /// into the data area, and the area kept in memory for readers until
+    /// it is written. Slots its records emptied drain once it is synced.
+    pub(crate) fn seal_as(&self, mut open: OpenStripe, state: SlotState, sequence: u64) -> Sealing {
+        let synced_through = self.tracker.lock().synced_through;
+        let info = stripe::finish(&self.geometry, &mut open, sequence, synced_through);
+        let area = Arc::new(std::mem::take(&mut open.data));
+        let mut index = self.index_mut();
+        index.slots.sealed(open.slot, sequence, state);
+        index.resident.insert(open.slot, Resident::Sealed(area.clone()));
+        for slot in open.drains {
+            index.slots.drain_after(slot, sequence);
+        }
+        drop(index);
+        Counters::add(&self.counters.stripes_sealed, 1);
+        Sealing { info, area }
+    }
+
+    /// Builds sealed stripes (one accelerator batch) and hands their
+    /// chunks to the members, waiting while too much is in flight.
+    pub(crate) fn submit(&self, sealed: Vec<Sealing>) -> Result<(), ArrayError> {
+        if sealed.is_empty() {
+            return Ok(());
+        }
+        let mut built: Vec<Built> = {
+            let mut spares = self.spares();
+            (0..sealed.len())
+                .map(|_| spares.built.pop().unwrap_or_default().sized(&self.geometry))
+                .collect()
+        };
+        {
+            let mut batch: Vec<(&[u8], &StripeInfo, &mut Built)> = sealed
+                .iter()
+                .zip(built.iter_mut())
+                .map(|(s, b)| (&s.area[..], &s.info, b))
+                .collect();
+            stripe::build(&self.geometry, self.accel.as_ref(), self.array_uuid, &mut batch)
+                .expect("the accelerator seals stripes of the array's own shape");
+        }
+        let done: Arc<dyn StripeDone> = self.me.upgrade().expect("the engine outlives its writers");
+        let bytes = stripe_bytes(&self.geometry);
+        for (s, b) in sealed.into_iter().zip(built) {
+            self.tracker.wait_for_room(bytes);
+            let write = StripeWrite::new(s.info.slot, s.info.sequence, s.area, b, bytes, done.clone());
+            self.io.submit(Arc::new(write), |m| self.members.readable(m).is_some());
+        }
+        Ok(())
+    }
+
+    /// Seals `stream`'s open stripe, however full (FLUSH, checkpoints).
+    pub(crate) fn seal_stream(&self, stream: Stream) -> Option<Sealing> {
+        let open = self.open_stripe(stream).take()?;
+        let sealing = self.seal_open(open, SlotState::Sealed)?;
+        Counters::add(&self.counters.short_stripes_sealed, 1);
+        Some(sealing)
+    }
+
+    /// FLUSH: seals the open user stripe and returns once every stripe
+    /// sealed so far is on the members and synced. Garbage collection's
+    /// copies need not be durable (what they copied stays until they are).
+    pub fn flush(&self) -> Result<(), ArrayError> {
+        self.members.check_writable()?;
+        self.submit(self.seal_stream(Stream::User).into_iter().collect())?;
+        let target = self.tracker.last_sequence();
+        self.sync_through(target)?;
+        Counters::add(&self.counters.flushes, 1);
+        self.members.check_writable()
+    }
+
+    /// Returns once every stripe up to `target` is written and synced. One
+    /// caller syncs the members at a time; the others wait and are covered
+    /// by the sync that follows. Members whose sync fails are failed.
+    pub(crate) fn sync_through(&self, target: u64) -> Result<(), ArrayError> {
+        let mut t = self.tracker.lock();
+        // Each pass either returns, syncs, or waits for a write or a sync
+        // to finish; every stripe in flight finishes.
+        loop {
+            if t.synced_through >= target {
+                return Ok(());
+            }
+            if t.syncing || t.written_through() < target {
+                t = self.tracker.wait(t);
+                continue;
+            }
+            t.syncing = true;
+            let written = t.written_through();
+            drop(t);
+            let failures = self.io.sync(&self.writable_members());
+            for (member, error) in &failures {
+                // A member past the parity marks the array lost; the
+                // caller's check of it reports that.
+                let _ = self.members.failed_io(*member, error);
+            }
+            t = self.tracker.lock();
+            t.syncing = false;
+            t.synced_through = t.synced_through.max(written);
+            self.tracker.changed.notify_all();
+            drop(t);
+            Counters::add(&self.counters.syncs, 1);
+            self.index_mut().slots.release_drained(written);
+            t = self.tracker.lock();
+        }
+    }
+
+    /// Finds a usable slot for `claim` when there is none: syncs stripes
+    /// whose drains would free slots, writes a checkpoint if free slots
+    /// lie outside the window, or collects garbage (not for the GC stream
+    /// itself); NoSpace if none of that frees a slot.
+    fn make_room(&self, claim: Claim) -> Result<(), ArrayError> {
+        let room = |shared: &Shared| shared.has_room(&shared.index(), claim);
+        // Nothing is freed while a checkpoint is written: wait for one in
+        // progress, which frees what drained meanwhile as it ends.
+        let after_checkpoint = || drop(self.checkpoint_lock.lock().unwrap_or_else(|p| p.into_inner()));
+        after_checkpoint();
+        if room(self) {
+            return Ok(());
+        }
+        let drained = self.index().slots.draining_sequence_max();
+        if let Some(sequence) = drained {
+            self.sync_through(sequence)?;
+            if room(self) {
+                return Ok(());
+            }
+        }
+        let outside = {
+            let index = self.index();
+            index.slots.free_count() > index.slots.usable_count() + index.checkpoint_reserve
+        };
+        if outside {
+            self.checkpoint()?;
+            if room(self) {
+                return Ok(());
+            }
+        }
+        if claim != Claim::Collect {
+            // Rounds go on while they empty stripes; admission keeps live
+            // data below what the array holds, so some stripe holds garbage.
+            for _ in 0..self.geometry.slot_count() {
+                let emptied = self.collect_garbage(true)?;
+                after_checkpoint();
+                if room(self) {
+                    return Ok(());
+                }
+                if emptied == 0 {
+                    break;
+                }
+            }
+        }
+        Err(ArrayError::NoSpace)
+    }
+}
+
+/// Who asks for a slot, which sets how much of the reserve it may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Claim {
+    /// Client data.
+    Write,
+    /// Only zero records (TRIM, WRITE_ZEROES): they free space.
+    Freeing,
+    /// Garbage collection's copies.
+    Collect,
+}
+
+enum Placed<'a> {
+    All,
+    /// The head went in; this is the rest.
+    Part(Piece<'a>),
+    Nothing(Piece<'a>),
+}
+
+fn data_record(lba: u64, extent: Extent) -> Record {
+    Record::Data {
+        lba,
+        version: 0,
+        extent,
+    }
+}
+
+/// Cuts a raw piece after `blocks` blocks; each part gets its own digest
+/// (derived from the block CRCs for a CRC32C array, hashed otherwise).
+fn split_raw<'a>(algorithm: Algorithm, piece: Piece<'a>, blocks: usize) -> (Piece<'a>, Piece<'a>) {
+    let Stored::Raw { bytes, crcs, .. } = piece.stored else {
+        unreachable!("only raw pieces are split")
+    };
+    let at = blocks * BLOCK_BYTES;
+    let (head_bytes, rest_bytes): (Cow<[u8]>, Cow<[u8]>) = match bytes {
+        Cow::Borrowed(b) => (Cow::Borrowed(&b[..at]), Cow::Borrowed(&b[at..])),
+        Cow::Owned(b) => (Cow::Owned(b[..at].to_vec()), Cow::Owned(b[at..].to_vec())),
+    };
+    let (head_crcs, rest_crcs) = (crcs[..blocks].to_vec(), crcs[blocks..].to_vec());
+    let part = |lba: u64, bytes: Cow<'a, [u8]>, crcs: Vec<u32>, relocates: Option<(Target, u64)>| Piece {
+        lba,
+        blocks: crcs.len() as u32,
+        stored: Stored::Raw {
+            digest: raw_digest(algorithm, &bytes, &crcs),
+            bytes,
+            crcs,
+        },
+        relocates,
+    };
+    let rest_relocates = piece
+        .relocates
+        .as_ref()
+        .map(|(t, v)| (t.advanced_by(blocks as u64), *v));
+    (
+        part(piece.lba, head_bytes, head_crcs, piece.relocates),
+        part(piece.lba + blocks as u64, rest_bytes, rest_crcs, rest_relocates),
+    )
+}
+
+/// Joins consecutive zero pieces of a new write into one record.
+fn merge_zero_runs(pieces: Vec<Piece<'_>>) -> Vec<Piece<'_>> {
+    let mut out: Vec<Piece> = Vec::with_capacity(pieces.len());
+    for piece in pieces {
+        if let (Some(last), Stored::Zero) = (out.last_mut(), &piece.stored) {
+            let adjacent = last.lba + u64::from(last.blocks) == piece.lba;
+            if matches!(last.stored, Stored::Zero) && adjacent && last.relocates.is_none() && piece.relocates.is_none() {
+                last.blocks += piece.blocks;
+                continue;
+            }
+        }
+        out.push(piece);
+    }
+    out
+}
+
+impl StripeDone for Shared {
+    /// A stripe's chunks are all written: members whose writes failed are
+    /// failed (before any FLUSH can see the stripe as written), readers go
+    /// to the members from now on, and FLUSHes waiting for it are woken.
+    fn stripe_written(&self, stripe: &StripeWrite, failed: Vec<(usize, std::io::Error)>) {
+        for (member, error) in &failed {
+            let _ = self.members.failed_io(*member, error);
+        }
+        {
+            let mut index = self.index_mut();
+            if let Some(Resident::Sealed(area)) = index.resident.get(&stripe.slot) {
+                if Arc::ptr_eq(area, &stripe.area) {
+                    index.resident.remove(&stripe.slot);
+                }
+            }
+        }
+        self.tracker.written(stripe.sequence, stripe.bytes);
+    }
+
+    fn recycle(&self, area: Arc<crate::device::AlignedBuf>, built: Built) {
+        self.recycle_area(area);
+        let mut spares = self.spares();
+        if spares.built.len() < 64 {
+            spares.built.push(built);
+        }
+    }
+}
