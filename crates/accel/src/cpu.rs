@@ -106,7 +106,13 @@ fn encode(codec: &Codec, shape: &Shape, data: &[u8], parity: &mut [u8], pieces: 
 }
 
 impl Cpu {
-    fn seal_one(&self, codec: &Codec, shape: &Shape, job: &mut SealJob<'_>, pieces: usize) -> Result<Leaves, AccelError> {
+    fn seal_one(
+        &self,
+        codec: &Codec,
+        shape: &Shape,
+        job: &mut SealJob<'_>,
+        pieces: usize,
+    ) -> Result<Leaves, AccelError> {
         encode(codec, shape, job.data, job.parity, pieces)?;
         let chunks: Vec<&[u8]> = job
             .data
@@ -141,9 +147,13 @@ impl Accelerator for Cpu {
         let codec = self.codec(shape)?;
         let bytes = jobs.len() * shape.data * shape.chunk_bytes;
         let result = if !self.parallel(bytes) {
-            jobs.iter_mut().map(|job| self.seal_one(&codec, shape, job, 1)).collect()
+            jobs.iter_mut()
+                .map(|job| self.seal_one(&codec, shape, job, 1))
+                .collect()
         } else if jobs.len() == 1 {
-            self.pool.install(|| self.seal_one(&codec, shape, &mut jobs[0], self.threads)).map(|l| vec![l])
+            self.pool
+                .install(|| self.seal_one(&codec, shape, &mut jobs[0], self.threads))
+                .map(|l| vec![l])
         } else {
             self.pool.install(|| {
                 jobs.par_iter_mut()

@@ -8,8 +8,9 @@
 //!    stripes may take until the next checkpoint. It holds every slot a
 //!    stripe newer than S may be in (the open stripes' slots, any sealed
 //!    since S, and the usable free slots, to which allocation is narrowed
-//!    until the checkpoint is durable), then other free slots and the
-//!    stripes garbage collection will empty first.
+//!    until the checkpoint is durable; a window's worth of them at most),
+//!    then a window's worth of other free slots (or, on a full array, the stripes garbage collection
+//!    will empty first).
 //!    No slot is freed until the checkpoint is done: the copy may point
 //!    into slots that drain meanwhile, and step 4 takes free slots.
 //! 2. Copy the map in pieces, each under one short hold of the index's
@@ -33,7 +34,9 @@ use crate::engine::{Resident, Shared};
 use crate::format::{
     self, Checkpoint, CheckpointMapping, CheckpointRef, CheckpointTarget, Extent, Stream, CHECKPOINT_SLOTS_MAX,
 };
-use crate::limits::{CHECKPOINT_MAPPINGS_PER_LOCK, CHECKPOINT_WINDOW_MAX, CHECKPOINT_WINDOW_MIN};
+use crate::limits::{
+    CHECKPOINT_MAPPINGS_PER_LOCK, CHECKPOINT_WINDOW_DIVISOR, CHECKPOINT_WINDOW_MAX, CHECKPOINT_WINDOW_MIN,
+};
 use crate::map::Target;
 use crate::slots::SlotState;
 use crate::status::Counters;
@@ -43,9 +46,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 impl Shared {
-    /// Slots in a checkpoint's window: an eighth of the array, within bounds.
+    /// Slots a checkpoint adds to its window: a quarter of the array, within bounds.
     pub(crate) fn window_slots(&self) -> u64 {
-        (self.geometry.slot_count() / 8).clamp(CHECKPOINT_WINDOW_MIN, CHECKPOINT_WINDOW_MAX)
+        (self.geometry.slot_count() / CHECKPOINT_WINDOW_DIVISOR).clamp(CHECKPOINT_WINDOW_MIN, CHECKPOINT_WINDOW_MAX)
     }
 
     /// Writes a checkpoint of the map now.
@@ -60,7 +63,10 @@ impl Shared {
             .into_iter()
             .filter_map(|stream| self.seal_stream(stream))
             .collect();
-        if let Err(error) = self.submit(sealed).and_then(|()| self.sync_through(self.tracker.last_sequence())) {
+        if let Err(error) = self
+            .submit(sealed)
+            .and_then(|()| self.sync_through(self.tracker.last_sequence()))
+        {
             self.end_restriction();
             return Err(error);
         }
@@ -70,7 +76,14 @@ impl Shared {
                 .into_iter()
                 .map(|(slot, sequence)| {
                     let s = index.slots.get(slot);
-                    (slot, if s.state == SlotState::Sealed { s.sequence } else { sequence })
+                    (
+                        slot,
+                        if s.state == SlotState::Sealed {
+                            s.sequence
+                        } else {
+                            sequence
+                        },
+                    )
                 })
                 .collect();
         }
@@ -125,26 +138,21 @@ impl Shared {
                 .filter(|(_, s)| s.state == SlotState::Sealed && s.sequence > start)
                 .map(|(slot, _)| slot),
         );
-        let floor = window.len();
+        // Up to a window's worth of the usable slots stay (allocation goes
+        // on from them, and from nothing else, until this is durable); a
+        // window's worth of other free slots join.
         let healthy_first = |mut slots: Vec<u64>| {
             slots.sort_by_key(|&slot| !self.all_healthy(slot));
             slots
         };
-        // Free slots, those allocation takes now first.
-        let usable = healthy_first(index.slots.usable_slots().collect());
-        let other_free = healthy_first(
-            index
-                .slots
-                .free_slots()
-                .filter(|s| !index.slots.is_usable(*s))
-                .collect(),
+        window.extend(
+            healthy_first(index.slots.usable_slots().collect())
+                .into_iter()
+                .take(size),
         );
-        for slot in usable.into_iter().chain(other_free) {
-            if window.len() >= floor + size {
-                break;
-            }
-            window.insert(slot);
-        }
+        let floor = window.len();
+        let other_free = healthy_first(index.slots.free_slots().filter(|s| !window.contains(s)).collect());
+        window.extend(other_free.into_iter().take(size));
         // On a full array, also the stripes garbage collection empties
         // first: emptied, they serve without waiting for a checkpoint.
         if window.len() < floor + size {
@@ -152,7 +160,9 @@ impl Shared {
             let next = start + 1;
             let victims = index
                 .slots
-                .victims(area, next, floor + size - window.len(), false, |slot| window.contains(&slot));
+                .victims(area, next, floor + size - window.len(), false, |slot| {
+                    window.contains(&slot)
+                });
             window.extend(victims);
         }
         index.slots.restrict_usable(&window);
@@ -179,9 +189,7 @@ impl Shared {
             let mut copied = 0;
             for (lba, mapping) in index.map.from(cursor).take(CHECKPOINT_MAPPINGS_PER_LOCK) {
                 let slot = mapping.target.slot();
-                referenced
-                    .entry(slot)
-                    .or_insert_with(|| index.slots.get(slot).sequence);
+                referenced.entry(slot).or_insert_with(|| index.slots.get(slot).sequence);
                 let target = match &mapping.target {
                     Target::Zero { slot } => CheckpointTarget::Zero { slot: *slot },
                     Target::Data { extent, skip } => {
@@ -190,7 +198,10 @@ impl Shared {
                             checkpoint.extents.push(Extent::clone(extent));
                             checkpoint.extents.len() - 1
                         });
-                        CheckpointTarget::Data { extent: number, skip: *skip }
+                        CheckpointTarget::Data {
+                            extent: number,
+                            skip: *skip,
+                        }
                     }
                 };
                 checkpoint.mappings.push(CheckpointMapping {

@@ -144,7 +144,10 @@ impl Tracker {
 
     pub fn written(&self, sequence: u64, bytes: usize) {
         let mut t = self.lock();
-        assert!(t.in_flight.remove(&sequence), "stripe {sequence} reported written twice");
+        assert!(
+            t.in_flight.remove(&sequence),
+            "stripe {sequence} reported written twice"
+        );
         t.submitted_bytes -= bytes;
         drop(t);
         self.changed.notify_all();
@@ -267,7 +270,11 @@ impl Shared {
 impl Array {
     /// Builds the engine over opened members and recovers the map (called
     /// by `crate::create` and `crate::open`).
-    pub(crate) fn assemble(superblock: Superblock, members: Vec<Member>, options: EngineOptions) -> Result<Array, ArrayError> {
+    pub(crate) fn assemble(
+        superblock: Superblock,
+        members: Vec<Member>,
+        options: EngineOptions,
+    ) -> Result<Array, ArrayError> {
         let geometry = superblock.geometry.clone();
         let accel = match &options.accel {
             Some(accel) => accel.clone(),
@@ -282,13 +289,12 @@ impl Array {
         });
         let counters = Counters::default();
         let devices = members.iter().map(|m| m.device.clone()).collect();
-        let io = MemberIo::start(&geometry, devices, counters.member_bytes_written.clone()).map_err(|e| {
-            ArrayError::Io {
+        let io =
+            MemberIo::start(&geometry, devices, counters.member_bytes_written.clone()).map_err(|e| ArrayError::Io {
                 member: 0,
                 name: "member I/O threads".to_string(),
                 source: e,
-            }
-        })?;
+            })?;
         let slot_count = geometry.slot_count();
         let cache = ReconstructCache::new(options.reconstruct_cache_bytes, geometry.data_area_bytes());
         let array_uuid = superblock.array_uuid;

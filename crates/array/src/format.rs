@@ -558,7 +558,11 @@ pub fn encode_summary(algorithm: Algorithm, records: &[Record]) -> Vec<u8> {
     out.extend_from_slice(&0u32.to_le_bytes());
     for record in records {
         match record {
-            Record::Data { lba, version, extent: x } => {
+            Record::Data {
+                lba,
+                version,
+                extent: x,
+            } => {
                 let (codec, _) = codec_code(x.codec);
                 out.extend_from_slice(&[1, codec, 0, 0]);
                 out.extend_from_slice(&x.blocks.to_le_bytes());
@@ -609,7 +613,9 @@ pub fn decode_summary(bytes: &[u8], geometry: &Geometry, slot: u64) -> Result<Ve
     let mut records = Vec::with_capacity(count);
     let mut at = SUMMARY_HEADER_BYTES;
     for _ in 0..count {
-        let e = bytes.get(at..at + ZERO_ENTRY_BYTES).ok_or(field("length", bytes.len() as u64))?;
+        let e = bytes
+            .get(at..at + ZERO_ENTRY_BYTES)
+            .ok_or(field("length", bytes.len() as u64))?;
         let blocks = get_u32(e, 4);
         let lba = get_u64(e, 8);
         let version = get_u64(e, 16);
@@ -794,7 +800,10 @@ impl Checkpoint {
             out.extend_from_slice(&slot.to_le_bytes());
         }
         for e in &self.extents {
-            assert!(e.block_crcs.len() <= u8::MAX as usize, "an extent has at most 255 blocks");
+            assert!(
+                e.block_crcs.len() <= u8::MAX as usize,
+                "an extent has at most 255 blocks"
+            );
             out.extend_from_slice(&e.slot.to_le_bytes());
             out.extend_from_slice(&e.offset.to_le_bytes());
             out.extend_from_slice(&e.stored_bytes.to_le_bytes());
@@ -845,8 +854,8 @@ impl Checkpoint {
         let (stripes, window, extents, mappings) = (count(32), count(40), count(48), count(56));
         let slots = geometry.slot_count();
         let blocks_total = geometry.logical_bytes / BLOCK_BYTES as u64;
-        let too_many = [stripes, window].iter().any(|&n| n as u64 > slots)
-            || extents.max(mappings) as u64 > blocks_total;
+        let too_many =
+            [stripes, window].iter().any(|&n| n as u64 > slots) || extents.max(mappings) as u64 > blocks_total;
         // Without block CRCs, the smallest the tables could be: more
         // entries than the bytes hold are refused before any allocation.
         if too_many || Self::encoded_bytes(algorithm, stripes, window, extents, 0, mappings) > bytes.len() {
@@ -1102,8 +1111,14 @@ mod tests {
         assert_eq!(&bytes[0..4], &3u32.to_le_bytes());
         let raw = 8 + 64;
         assert_eq!(&bytes[raw..raw + 8], &[1, 0, 0, 0, 2, 0, 0, 0]);
-        assert_eq!(&bytes[raw + 8..raw + 24], &[40, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0]);
-        assert_eq!(&bytes[raw + 64..raw + 72], &[0xef, 0xbe, 0xad, 0xde, 0x67, 0x45, 0x23, 0x01]);
+        assert_eq!(
+            &bytes[raw + 8..raw + 24],
+            &[40, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0]
+        );
+        assert_eq!(
+            &bytes[raw + 64..raw + 72],
+            &[0xef, 0xbe, 0xad, 0xde, 0x67, 0x45, 0x23, 0x01]
+        );
         // A record past the end of the volume is refused, and so is a raw
         // extent whose stored bytes are not its blocks.
         let far = encode_summary(
@@ -1253,7 +1268,11 @@ mod tests {
                         Record::Data { lba, extent, .. } => {
                             let end = u64::from(extent.offset) + u64::from(extent.stored_bytes);
                             assert!(end <= g.data_area_bytes() as u64, "seed {seed}");
-                            let crcs = if extent.codec.is_none() { extent.blocks as usize } else { 0 };
+                            let crcs = if extent.codec.is_none() {
+                                extent.blocks as usize
+                            } else {
+                                0
+                            };
                             assert_eq!(extent.block_crcs.len(), crcs, "seed {seed}");
                             (lba, extent.blocks)
                         }

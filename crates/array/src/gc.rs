@@ -20,7 +20,9 @@
 use crate::device::AlignedBuf;
 use crate::engine::Shared;
 use crate::format::{ChunkHeader, Extent, Record, Stream, BLOCK_BYTES, SECTOR_BYTES};
-use crate::limits::{GC_FREE_TARGET_DIVISOR, GC_FREE_TARGET_MAX, GC_FREE_TARGET_MIN, GC_RESERVE_SLOTS, GC_VICTIMS_PER_ROUND};
+use crate::limits::{
+    GC_FREE_TARGET_DIVISOR, GC_FREE_TARGET_MAX, GC_FREE_TARGET_MIN, GC_RESERVE_SLOTS, GC_VICTIMS_PER_ROUND,
+};
 use crate::map::Target;
 use crate::slots::{Pinned, SlotState};
 use crate::status::Counters;
@@ -186,8 +188,14 @@ impl Shared {
 
     /// A stripe's data area (read straight from its data chunks, or
     /// rebuilt if that fails) and its summary's records.
-    pub(crate) fn stripe_contents(&self, slot: u64, sequence: u64) -> Result<(Arc<AlignedBuf>, Vec<Record>), ArrayError> {
-        let header = self.stripe_header(slot, sequence).ok_or(ArrayError::Unreadable { slot })?;
+    pub(crate) fn stripe_contents(
+        &self,
+        slot: u64,
+        sequence: u64,
+    ) -> Result<(Arc<AlignedBuf>, Vec<Record>), ArrayError> {
+        let header = self
+            .stripe_header(slot, sequence)
+            .ok_or(ArrayError::Unreadable { slot })?;
         let mut area = self.spares().areas.pop().unwrap_or_default();
         area.resize(self.geometry.data_area_bytes());
         if self.read_area_into(slot, 0, &mut area) {
@@ -196,7 +204,9 @@ impl Shared {
             }
         }
         let area = self.rebuilt_area(slot, sequence)?;
-        let records = self.parse_summary(&area, &header).ok_or(ArrayError::Unreadable { slot })?;
+        let records = self
+            .parse_summary(&area, &header)
+            .ok_or(ArrayError::Unreadable { slot })?;
         Ok((area, records))
     }
 

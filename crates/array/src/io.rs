@@ -9,7 +9,9 @@
 //!   whose writes failed.
 //! - Chunks that lie end to end on a member (consecutive stripes' chunks
 //!   do) and wait in its queue together go out with one `pwritev`, so a
-//!   busy member gets few large writes.
+//!   busy member gets few large writes, whatever order the stripes were
+//!   handed over in (the queue is kept by row). A member's second thread writes
+//!   only when a whole run waits, so runs grow instead of splitting.
 //! - A sync is served before queued writes (it covers writes already
 //!   completed, not those queued), so a FLUSH waits for one write per
 //!   member at most, not for the backlog.
@@ -20,7 +22,7 @@ use crate::device::{AlignedBuf, Device};
 use crate::format::{Geometry, SECTOR_BYTES};
 use crate::limits::{MEMBER_IO_THREADS, WRITE_RUN_BYTES_MAX};
 use crate::stripe::Built;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -46,7 +48,14 @@ pub struct StripeWrite {
 }
 
 impl StripeWrite {
-    pub fn new(slot: u64, sequence: u64, area: Arc<AlignedBuf>, built: Built, bytes: usize, done: Arc<dyn StripeDone>) -> StripeWrite {
+    pub fn new(
+        slot: u64,
+        sequence: u64,
+        area: Arc<AlignedBuf>,
+        built: Built,
+        bytes: usize,
+        done: Arc<dyn StripeDone>,
+    ) -> StripeWrite {
         StripeWrite {
             slot,
             sequence,
@@ -100,8 +109,15 @@ struct SyncWait {
 
 #[derive(Default)]
 struct Queue {
-    writes: VecDeque<ChunkWrite>,
+    /// By row: a row is queued once at a time (a slot is rewritten only
+    /// after its last stripe was written and synced).
+    writes: BTreeMap<u64, ChunkWrite>,
+    /// Where the last run ended: runs are taken upwards from here, and
+    /// wrap (C-SCAN), so no row waits for ever.
+    cursor: u64,
     syncs: VecDeque<Arc<SyncWait>>,
+    /// Threads of this member writing now.
+    writing: usize,
     closed: bool,
 }
 
@@ -183,11 +199,15 @@ impl MemberIo {
         for (member, row, index) in chunks {
             let queue = self.queues[member].as_ref().expect("filtered above");
             let mut q = queue.lock();
-            q.writes.push_back(ChunkWrite {
+            let previous = q.writes.insert(
                 row,
-                index,
-                stripe: stripe.clone(),
-            });
+                ChunkWrite {
+                    row,
+                    index,
+                    stripe: stripe.clone(),
+                },
+            );
+            assert!(previous.is_none(), "member {member} row {row} queued twice");
             drop(q);
             queue.ready.notify_one();
         }
@@ -225,6 +245,17 @@ impl MemberIo {
     }
 }
 
+/// Counts a thread as writing until dropped; then wakes a sibling that
+/// may have been waiting for a whole run.
+struct Writing<'a>(&'a MemberQueue);
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        self.0.lock().writing -= 1;
+        self.0.ready.notify_one();
+    }
+}
+
 /// A member's I/O thread: syncs first, then runs of adjacent chunks.
 fn serve(queue: &MemberQueue, geometry: &Geometry, bytes_written: &AtomicU64) {
     let chunk_bytes = SECTOR_BYTES + geometry.chunk_bytes;
@@ -235,16 +266,27 @@ fn serve(queue: &MemberQueue, geometry: &Geometry, bytes_written: &AtomicU64) {
                 if let Some(sync) = q.syncs.pop_front() {
                     break Work::Sync(sync);
                 }
-                if let Some(first) = q.writes.pop_front() {
-                    let mut run = vec![first];
+                // A second thread joins only once a whole run waits: chunks
+                // that arrive one by one gather while the first writes, so
+                // a busy member gets long runs, and two at a time.
+                let enough = q.writes.len() * chunk_bytes >= WRITE_RUN_BYTES_MAX || q.closed;
+                if !q.writes.is_empty() && (q.writing == 0 || enough) {
+                    let start = q
+                        .writes
+                        .range(q.cursor..)
+                        .next()
+                        .or_else(|| q.writes.iter().next())
+                        .map(|(&row, _)| row)
+                        .expect("not empty");
+                    q.writing += 1;
+                    let mut run = vec![q.writes.remove(&start).expect("found above")];
                     while run.len() * chunk_bytes < WRITE_RUN_BYTES_MAX {
-                        match q.writes.front() {
-                            Some(next) if next.row == run[run.len() - 1].row + 1 => {
-                                run.push(q.writes.pop_front().expect("front exists"));
-                            }
-                            _ => break,
+                        match q.writes.remove(&(start + run.len() as u64)) {
+                            Some(next) => run.push(next),
+                            None => break,
                         }
                     }
+                    q.cursor = start + run.len() as u64;
                     break Work::Write(run);
                 }
                 if q.closed {
@@ -266,6 +308,7 @@ fn serve(queue: &MemberQueue, geometry: &Geometry, bytes_written: &AtomicU64) {
                 }
             }
             Work::Write(run) => {
+                let _writing = Writing(queue);
                 let pieces: Vec<&[u8]> = run
                     .iter()
                     .flat_map(|w| {
@@ -273,9 +316,7 @@ fn serve(queue: &MemberQueue, geometry: &Geometry, bytes_written: &AtomicU64) {
                         [header, payload]
                     })
                     .collect();
-                let result = queue
-                    .device
-                    .write_vectored_at(&pieces, geometry.row_offset(run[0].row));
+                let result = queue.device.write_vectored_at(&pieces, geometry.row_offset(run[0].row));
                 if result.is_ok() {
                     let bytes: usize = pieces.iter().map(|p| p.len()).sum();
                     bytes_written.fetch_add(bytes as u64, Ordering::Relaxed);

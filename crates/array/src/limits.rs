@@ -44,15 +44,19 @@ pub const GC_VICTIMS_PER_ROUND: usize = 8;
 /// writer that finds no free slot takes any stripe with garbage.
 pub const GC_BACKGROUND_LIVE_MAX: f64 = 0.85;
 
-/// Slots a checkpoint's window holds at most: recovery reads the headers
-/// of these, so this bounds its time. An eighth of the slots, within bounds.
-pub const CHECKPOINT_WINDOW_MAX: u64 = 512;
+/// Slots a checkpoint adds to its window: a quarter of the array, within
+/// bounds. Recovery reads the headers of the window's slots (at most about
+/// twice this), so this bounds its time; new stripes go only to window
+/// slots, so a larger window means fewer checkpoints and syncs per GiB
+/// written (each costs the members a sync).
+pub const CHECKPOINT_WINDOW_DIVISOR: u64 = 4;
+pub const CHECKPOINT_WINDOW_MAX: u64 = 8192;
 pub const CHECKPOINT_WINDOW_MIN: u64 = 16;
 const _: () = assert!(CHECKPOINT_WINDOW_MIN <= CHECKPOINT_WINDOW_MAX);
 /// A new checkpoint starts in the background once fewer than this
 /// fraction of the window's slots are left free: it takes a while, and
 /// writers need the rest meanwhile.
-pub const CHECKPOINT_WINDOW_LOW_DIVISOR: u64 = 4;
+pub const CHECKPOINT_WINDOW_LOW_DIVISOR: u64 = 2;
 
 /// Mappings a checkpoint copies under one hold of the map's read lock:
 /// writers wait at most this long (about a millisecond) for it.

@@ -1,6 +1,6 @@
-//! Background work: one thread that writes checkpoints before the window
-//! runs out and collects garbage before free slots do, so that writers
-//! rarely find either to do themselves.
+//! Background work: one thread that syncs slots that drained free, writes
+//! checkpoints before the window runs out, and collects garbage before
+//! free slots do, so that writers rarely find any of it to do themselves.
 //!
 //! # Guarantees
 //!
@@ -20,6 +20,8 @@ const IDLE_WAIT: Duration = Duration::from_millis(500);
 /// Rounds of collection one wake-up runs at most before it looks at
 /// checkpoints and stopping again.
 const GC_ROUNDS_PER_WAKE: usize = 64;
+/// A sync frees drained slots once half a window's worth of them wait.
+const DRAIN_SYNC_DIVISOR: usize = 2;
 
 #[derive(Default)]
 pub struct Signal {
@@ -69,6 +71,10 @@ impl Shared {
             if self.members.lost().is_some() {
                 continue;
             }
+            if let Some(sequence) = self.drain_sync_due() {
+                // A failure is reported when a writer or FLUSH syncs.
+                let _ = self.sync_through(sequence);
+            }
             if self.needs_checkpoint() {
                 // A failure is reported when a writer needs the checkpoint.
                 let _ = self.checkpoint();
@@ -85,6 +91,19 @@ impl Shared {
         }
     }
 
+    /// The sequence to sync through, when enough slots wait for a sync to
+    /// be free (overwrites empty slots; without FLUSHes nothing would sync
+    /// them): half a window's worth, or any once usable slots run low. A
+    /// sync costs the members, so it waits until its slots are wanted.
+    pub(crate) fn drain_sync_due(&self) -> Option<u64> {
+        let window = self.window_slots() as usize;
+        let index = self.index();
+        let draining = index.slots.draining_count();
+        let low = index.slots.usable_count() < window / CHECKPOINT_WINDOW_LOW_DIVISOR as usize;
+        let due = draining >= (window / DRAIN_SYNC_DIVISOR).max(1) || (low && draining > 0);
+        due.then(|| index.slots.draining_sequence_max()).flatten()
+    }
+
     /// Whether the window is running low while free slots lie outside it,
     /// or there is no checkpoint and enough free slots for a window.
     pub(crate) fn needs_checkpoint(&self) -> bool {
@@ -94,7 +113,9 @@ impl Shared {
         let index = self.index();
         let (usable, free) = (index.slots.usable_count(), index.slots.free_count());
         match index.slots.window() {
-            Some(_) => usable < window / CHECKPOINT_WINDOW_LOW_DIVISOR as usize && free > usable + index.checkpoint_reserve,
+            Some(_) => {
+                usable < window / CHECKPOINT_WINDOW_LOW_DIVISOR as usize && free > usable + index.checkpoint_reserve
+            }
             None => free >= window / 2 && !has_checkpoint,
         }
     }

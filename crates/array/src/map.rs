@@ -96,9 +96,7 @@ impl Rule<'_> {
         match self {
             Rule::Always => true,
             Rule::IfNotNewer => existing.version <= version,
-            Rule::IfStill { target, version } => {
-                existing.version == *version && existing.target.same_record(target)
-            }
+            Rule::IfStill { target, version } => existing.version == *version && existing.target.same_record(target),
         }
     }
 

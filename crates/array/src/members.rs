@@ -157,7 +157,9 @@ impl Members {
     }
 
     pub fn unavailable(&self) -> usize {
-        (0..self.count()).filter(|&i| self.state(i) != MemberState::Healthy).count()
+        (0..self.count())
+            .filter(|&i| self.state(i) != MemberState::Healthy)
+            .count()
     }
 
     /// Why writes are refused, once they are.

@@ -132,8 +132,7 @@ impl Shared {
         let direct = match extent.codec {
             None => {
                 let offset = extent.offset as usize + skip as usize * BLOCK_BYTES;
-                self.read_area_into(extent.slot, offset, out)
-                    && raw_ok(self.geometry.checksum, extent, skip, out)
+                self.read_area_into(extent.slot, offset, out) && raw_ok(self.geometry.checksum, extent, skip, out)
             }
             Some(_) => {
                 let mut stored = vec![0u8; extent.stored_bytes as usize];

@@ -21,7 +21,7 @@
 //!   in `status`.
 
 use crate::engine::Shared;
-use crate::format::{ChunkHeader, CheckpointRef, CheckpointTarget, Extent, Record, Stream, SUMMARY_HEADER_BYTES};
+use crate::format::{CheckpointRef, CheckpointTarget, ChunkHeader, Extent, Record, Stream, SUMMARY_HEADER_BYTES};
 use crate::map::{Map, Rule, Target};
 use crate::slots::{SlotState, SlotTable};
 use crate::ArrayError;
@@ -269,7 +269,9 @@ impl Shared {
             .chain(&checkpoint.window)
             .find(|slot| meta.contains(slot));
         if let Some(slot) = clash {
-            return Err(unreadable(format!("slot {slot} is both the checkpoint's and listed in it")));
+            return Err(unreadable(format!(
+                "slot {slot} is both the checkpoint's and listed in it"
+            )));
         }
         let mut index = self.index_mut();
         for &(slot, sequence) in &stripes {
@@ -301,7 +303,12 @@ impl Shared {
     /// root (a stripe a crash may have torn), and missing or bad ones are
     /// rewritten; otherwise only the tail of the data area is read,
     /// rebuilding the stripe if that fails.
-    fn read_summary(&self, header: &ChunkHeader, verify_all: bool, recovery: &mut Recovery) -> Result<Vec<Record>, ArrayError> {
+    fn read_summary(
+        &self,
+        header: &ChunkHeader,
+        verify_all: bool,
+        recovery: &mut Recovery,
+    ) -> Result<Vec<Record>, ArrayError> {
         let g = &self.geometry;
         let slot = header.slot;
         let area = g.data_area_bytes();

@@ -78,8 +78,8 @@ impl Shared {
         let sequence = {
             let index = self.index();
             let s = index.slots.get(slot);
-            let on_members = matches!(s.state, SlotState::Sealed | SlotState::Checkpoint)
-                && !index.resident.contains_key(&slot);
+            let on_members =
+                matches!(s.state, SlotState::Sealed | SlotState::Checkpoint) && !index.resident.contains_key(&slot);
             if !on_members {
                 return;
             }

@@ -151,7 +151,10 @@ pub struct SlotTable {
 fn block_live(algorithm: Algorithm, extent: &Extent) -> (u64, u64) {
     let record = format::data_record_bytes(algorithm, extent.block_crcs.len()) as u64;
     let per = |bytes: u64| bytes * LIVE_SCALE / u64::from(extent.blocks);
-    (per(u64::from(extent.stored_bytes) + record), per(u64::from(extent.stored_bytes)))
+    (
+        per(u64::from(extent.stored_bytes) + record),
+        per(u64::from(extent.stored_bytes)),
+    )
 }
 
 impl SlotTable {
@@ -342,7 +345,11 @@ impl SlotTable {
 
     /// Gives back an open slot whose stripe took nothing.
     pub fn release_open(&mut self, slot: u64) {
-        assert_eq!(self.slots[slot as usize].state, SlotState::Open, "slot {slot} is not open");
+        assert_eq!(
+            self.slots[slot as usize].state,
+            SlotState::Open,
+            "slot {slot} is not open"
+        );
         self.free(slot);
     }
 
@@ -506,7 +513,10 @@ impl SlotTable {
         }
         for &(slot, _) in &self.draining {
             if self.slots[slot as usize].state != SlotState::Draining {
-                return Err(format!("slot {slot} is listed as draining but is {:?}", self.slots[slot as usize].state));
+                return Err(format!(
+                    "slot {slot} is listed as draining but is {:?}",
+                    self.slots[slot as usize].state
+                ));
             }
         }
         Ok(())

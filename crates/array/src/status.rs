@@ -32,6 +32,10 @@ pub struct Counters {
     pub gc_stripes_collected: AtomicU64,
     pub gc_bytes_relocated: AtomicU64,
     pub checkpoints_written: AtomicU64,
+    /// Microseconds writers waited for the members (writes in flight at
+    /// the bound), and for a free slot.
+    pub waited_for_members_us: AtomicU64,
+    pub waited_for_slot_us: AtomicU64,
 }
 
 impl Counters {
@@ -87,6 +91,10 @@ pub struct Status {
     /// Sequence of the newest durable map checkpoint (0: none).
     pub checkpoint_sequence: u64,
     pub checkpoints_written: u64,
+    /// Milliseconds writers spent waiting for the members to take more
+    /// (the write bound), and for a free slot (sync, GC, checkpoint).
+    pub writers_waited_for_members_ms: u64,
+    pub writers_waited_for_slot_ms: u64,
     pub recovery: Recovery,
 }
 
@@ -164,7 +172,11 @@ impl Shared {
             logical_bytes: g.logical_bytes,
             mapped_bytes: mapped,
             stored_bytes: stored,
-            compression_ratio: if stored == 0 { 1.0 } else { mapped as f64 / stored as f64 },
+            compression_ratio: if stored == 0 {
+                1.0
+            } else {
+                mapped as f64 / stored as f64
+            },
             user_bytes_written: user,
             member_bytes_written: member,
             write_amplification: if user == 0 { 0.0 } else { member as f64 / user as f64 },
@@ -182,8 +194,9 @@ impl Shared {
             unrecoverable_reads: load(&c.unrecoverable_reads),
             checkpoint_sequence: members.superblock().checkpoint.as_ref().map_or(0, |c| c.sequence),
             checkpoints_written: load(&c.checkpoints_written),
+            writers_waited_for_members_ms: load(&c.waited_for_members_us) / 1000,
+            writers_waited_for_slot_ms: load(&c.waited_for_slot_us) / 1000,
             recovery: self.recovery.lock().unwrap_or_else(|p| p.into_inner()).clone(),
         }
     }
 }
-

@@ -102,7 +102,10 @@ impl OpenStripe {
 
     pub fn push_record(&mut self, algorithm: Algorithm, record: Record) {
         self.summary_bytes += format::record_bytes(algorithm, &record);
-        assert!(self.used + self.summary_bytes <= self.data.len(), "push checks the room first");
+        assert!(
+            self.used + self.summary_bytes <= self.data.len(),
+            "push checks the room first"
+        );
         self.records.push(record);
     }
 
@@ -275,7 +278,9 @@ impl Rebuilt {
 #[derive(Debug)]
 pub enum RebuildError {
     /// Fewer than K chunks could be read with headers of this stripe.
-    TooFewChunks { good: usize },
+    TooFewChunks {
+        good: usize,
+    },
     /// K or more were read, but no K of them hash to the stripe's root.
     RootMismatch,
     Accel(tessera_accel::AccelError),
@@ -436,7 +441,8 @@ fn find_outsiders(
     let template = headers.iter().flatten().next().expect("K chunks are present").clone();
     let belongs = |h: &ChunkHeader, j: usize| {
         h.index == j
-            && (h.slot, h.sequence, h.array_uuid, h.root) == (template.slot, template.sequence, template.array_uuid, root)
+            && (h.slot, h.sequence, h.array_uuid, h.root)
+                == (template.slot, template.sequence, template.array_uuid, root)
     };
     // The last rebuild overwrote the chunks not read; read them now.
     for j in (0..width).filter(|&j| !tried[j]) {

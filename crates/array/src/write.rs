@@ -63,7 +63,10 @@ pub fn stripe_fill_bytes(geometry: &crate::format::Geometry, policy: Option<&tes
         blocks * (BLOCK_BYTES + 4) + records * format::data_record_bytes(algorithm, 0)
     };
     let room = geometry.data_area_bytes() - format::SUMMARY_HEADER_BYTES;
-    let blocks = (0..=room / BLOCK_BYTES).rev().find(|&b| footprint(b) <= room).unwrap_or(0);
+    let blocks = (0..=room / BLOCK_BYTES)
+        .rev()
+        .find(|&b| footprint(b) <= room)
+        .unwrap_or(0);
     let gap = policy.map_or(0.0, |p| p.required_ratio * (per_extent * BLOCK_BYTES) as f64 / 2.0);
     (footprint(blocks) as f64 - gap).max(0.0) as u64
 }
@@ -101,21 +104,6 @@ impl Piece<'_> {
             Stored::Raw { bytes, crcs, .. } => bytes.len() + format::data_record_bytes(algorithm, crcs.len()),
             Stored::Compressed { bytes, .. } => bytes.len() + format::data_record_bytes(algorithm, 0),
         }) as u64
-    }
-}
-
-/// The digest of raw blocks whose CRC32Cs are `crcs`: for a CRC32C array
-/// derived from them without reading the bytes again.
-fn raw_digest(algorithm: Algorithm, bytes: &[u8], crcs: &[u32]) -> Digest {
-    match algorithm {
-        Algorithm::Crc32c => {
-            let crc = crcs
-                .iter()
-                .skip(1)
-                .fold(crcs[0], |crc, &next| tessera_checksum::crc32c_combine(crc, next, BLOCK_BYTES as u64));
-            Digest::from_crc32c(crc)
-        }
-        other => other.digest(bytes),
     }
 }
 
@@ -264,18 +252,11 @@ impl Shared {
                         }
                     }
                     _ => {
-                        let crcs = block_crcs(bytes);
-                        let digest = match algorithm {
-                            Algorithm::Crc32c => raw_digest(algorithm, bytes, &crcs),
-                            _ => {
-                                to_hash.push((pieces.len(), bytes));
-                                Digest::from_bytes(&[])
-                            }
-                        };
+                        to_hash.push((pieces.len(), bytes));
                         Stored::Raw {
                             bytes: Cow::Borrowed(bytes),
-                            crcs,
-                            digest,
+                            crcs: block_crcs(bytes),
+                            digest: Digest::from_bytes(&[]),
                         }
                     }
                 }
@@ -329,7 +310,10 @@ impl Shared {
     /// Zero pieces over blocks never written need no record: they read as
     /// zeros already (relocations of zero records are always kept).
     fn drop_needless_zeros<'a>(&self, pieces: Vec<Piece<'a>>) -> Vec<Piece<'a>> {
-        if !pieces.iter().any(|p| matches!(p.stored, Stored::Zero) && p.relocates.is_none()) {
+        if !pieces
+            .iter()
+            .any(|p| matches!(p.stored, Stored::Zero) && p.relocates.is_none())
+        {
             return pieces;
         }
         let index = self.index();
@@ -338,7 +322,11 @@ impl Shared {
             .filter(|p| {
                 !matches!(p.stored, Stored::Zero)
                     || p.relocates.is_some()
-                    || index.map.overlapping(p.lba, p.lba + u64::from(p.blocks)).next().is_some()
+                    || index
+                        .map
+                        .overlapping(p.lba, p.lba + u64::from(p.blocks))
+                        .next()
+                        .is_some()
             })
             .collect()
     }
@@ -347,8 +335,8 @@ impl Shared {
     /// overwrite as freed; refuses with NoSpace, changing nothing.
     fn admit(&self, pieces: &[Piece<'_>]) -> Result<Admitted<'_>, ArrayError> {
         let algorithm = self.geometry.checksum;
-        let incoming: u128 = pieces.iter().map(|p| u128::from(p.footprint(algorithm))).sum::<u128>()
-            * u128::from(LIVE_SCALE);
+        let incoming: u128 =
+            pieces.iter().map(|p| u128::from(p.footprint(algorithm))).sum::<u128>() * u128::from(LIVE_SCALE);
         let index = self.index();
         let mut overwritten: u128 = 0;
         for p in pieces {
@@ -402,7 +390,10 @@ impl Shared {
                         // What this request filled goes out first: its
                         // drains may be what frees a slot.
                         self.submit(std::mem::take(&mut sealed))?;
-                        self.make_room(claim)?;
+                        let started = std::time::Instant::now();
+                        let made = self.make_room(claim);
+                        Counters::add(&self.counters.waited_for_slot_us, started.elapsed().as_micros() as u64);
+                        made?;
                         continue;
                     }
                 }
@@ -456,7 +447,11 @@ impl Shared {
                 );
                 Placed::All
             }
-            Stored::Compressed { codec, ref bytes, digest } => {
+            Stored::Compressed {
+                codec,
+                ref bytes,
+                digest,
+            } => {
                 if !open.fits(false, bytes.len(), format::data_record_bytes(algorithm, 0)) {
                     return Placed::Nothing(piece);
                 }
@@ -633,7 +628,12 @@ impl Shared {
         let done: Arc<dyn StripeDone> = self.me.upgrade().expect("the engine outlives its writers");
         let bytes = stripe_bytes(&self.geometry);
         for (s, b) in sealed.into_iter().zip(built) {
+            let started = std::time::Instant::now();
             self.tracker.wait_for_room(bytes);
+            Counters::add(
+                &self.counters.waited_for_members_us,
+                started.elapsed().as_micros() as u64,
+            );
             let write = StripeWrite::new(s.info.slot, s.info.sequence, s.area, b, bytes, done.clone());
             self.io.submit(Arc::new(write), |m| self.members.readable(m).is_some());
         }
@@ -769,8 +769,7 @@ fn data_record(lba: u64, extent: Extent) -> Record {
     }
 }
 
-/// Cuts a raw piece after `blocks` blocks; each part gets its own digest
-/// (derived from the block CRCs for a CRC32C array, hashed otherwise).
+/// Cuts a raw piece after `blocks` blocks; each part gets its own digest.
 fn split_raw<'a>(algorithm: Algorithm, piece: Piece<'a>, blocks: usize) -> (Piece<'a>, Piece<'a>) {
     let Stored::Raw { bytes, crcs, .. } = piece.stored else {
         unreachable!("only raw pieces are split")
@@ -785,7 +784,7 @@ fn split_raw<'a>(algorithm: Algorithm, piece: Piece<'a>, blocks: usize) -> (Piec
         lba,
         blocks: crcs.len() as u32,
         stored: Stored::Raw {
-            digest: raw_digest(algorithm, &bytes, &crcs),
+            digest: algorithm.digest(&bytes),
             bytes,
             crcs,
         },
@@ -807,7 +806,8 @@ fn merge_zero_runs(pieces: Vec<Piece<'_>>) -> Vec<Piece<'_>> {
     for piece in pieces {
         if let (Some(last), Stored::Zero) = (out.last_mut(), &piece.stored) {
             let adjacent = last.lba + u64::from(last.blocks) == piece.lba;
-            if matches!(last.stored, Stored::Zero) && adjacent && last.relocates.is_none() && piece.relocates.is_none() {
+            if matches!(last.stored, Stored::Zero) && adjacent && last.relocates.is_none() && piece.relocates.is_none()
+            {
                 last.blocks += piece.blocks;
                 continue;
             }

@@ -141,7 +141,10 @@ fn random_io_matches_the_model_through_gc_and_reopen() {
         drop(array);
         let array = reopen(&devices, &[]).unwrap();
         let recovery = array.status().unwrap().recovery;
-        assert!(recovery.checkpoint_sequence > 0 && recovery.checkpoint_error.is_none(), "{recovery:?}");
+        assert!(
+            recovery.checkpoint_sequence > 0 && recovery.checkpoint_error.is_none(),
+            "{recovery:?}"
+        );
         assert!(
             recovery.slots_scanned < status.stripes_total / 4,
             "seed {seed}: recovery read {} slots' headers of {}",

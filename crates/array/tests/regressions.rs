@@ -296,11 +296,11 @@ fn relocated_copies_never_replace_newer_writes_at_recovery() {
             array = reopen(&devices);
             let mut back = vec![0u8; size as usize];
             array.read(0, &mut back).unwrap();
-            let bad = back
-                .chunks(4096)
-                .zip(model.chunks(4096))
-                .position(|(a, b)| a != b);
-            assert_eq!(bad, None, "seed {seed} cycle {cycle}: first block that reads back wrong");
+            let bad = back.chunks(4096).zip(model.chunks(4096)).position(|(a, b)| a != b);
+            assert_eq!(
+                bad, None,
+                "seed {seed} cycle {cycle}: first block that reads back wrong"
+            );
         }
     }
 }

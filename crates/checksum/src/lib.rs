@@ -23,18 +23,6 @@ pub fn crc32c(data: &[u8]) -> u32 {
     crc32c_parts(&[data])
 }
 
-/// The CRC32C of `a` followed by `b`, from the CRC32C of each and the
-/// length of `b`, without reading the bytes again: how a checksum of a
-/// whole extent is derived from the checksums of its 4 KiB blocks.
-pub fn crc32c_combine(first: u32, second: u32, second_len: u64) -> u32 {
-    crc_fast::checksum_combine(
-        crc_fast::CrcAlgorithm::Crc32Iscsi,
-        u64::from(first),
-        u64::from(second),
-        second_len,
-    ) as u32
-}
-
 fn crc32c_parts(parts: &[&[u8]]) -> u32 {
     if let [data] = parts {
         return crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, data) as u32;
@@ -198,11 +186,6 @@ impl Digest {
         digest
     }
 
-    /// The [`Algorithm::Crc32c`] digest of bytes whose CRC32C is `crc`.
-    pub fn from_crc32c(crc: u32) -> Digest {
-        Digest::from_bytes(&crc.to_be_bytes())
-    }
-
     pub fn as_bytes(&self) -> &[u8] {
         &self.bytes[..self.len as usize]
     }
@@ -257,15 +240,6 @@ mod tests {
             assert_eq!(algorithm.digest_parts(&[b"hello", b", ", b"world"]), whole);
             assert_eq!(whole.as_bytes().len(), algorithm.digest_bytes());
         }
-    }
-
-    #[test]
-    fn crc32c_of_parts_combines_into_the_crc32c_of_the_whole() {
-        let data: Vec<u8> = (0..3 * 4096 + 17).map(|i| (i * 7 % 251) as u8).collect();
-        let (a, b) = data.split_at(4096);
-        let whole = crc32c_combine(crc32c(a), crc32c(b), b.len() as u64);
-        assert_eq!(whole, crc32c(&data));
-        assert_eq!(Digest::from_crc32c(whole), Algorithm::Crc32c.digest(&data));
     }
 
     #[test]
