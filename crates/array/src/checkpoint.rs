@@ -160,7 +160,7 @@ impl Shared {
             let next = start + 1;
             let victims = index
                 .slots
-                .victims(area, next, floor + size - window.len(), false, |slot| {
+                .victims(area, next, floor + size - window.len(), true, |slot| {
                     window.contains(&slot)
                 });
             window.extend(victims);

@@ -21,7 +21,8 @@ use crate::device::AlignedBuf;
 use crate::engine::Shared;
 use crate::format::{ChunkHeader, Extent, Record, Stream, BLOCK_BYTES, SECTOR_BYTES};
 use crate::limits::{
-    GC_FREE_TARGET_DIVISOR, GC_FREE_TARGET_MAX, GC_FREE_TARGET_MIN, GC_RESERVE_SLOTS, GC_VICTIMS_PER_ROUND,
+    GC_FREE_TARGET_DIVISOR, GC_FREE_TARGET_MAX, GC_FREE_TARGET_MIN, GC_RESERVE_SLOTS, GC_ROUND_GARBAGE,
+    GC_VICTIMS_PER_ROUND_MAX, GC_VICTIMS_PER_ROUND_MIN,
 };
 use crate::map::Target;
 use crate::slots::{Pinned, SlotState};
@@ -69,19 +70,34 @@ impl Shared {
             return Ok(0);
         }
         let next = self.tracker.last_sequence() + 1;
-        let victims = {
+        let candidates: Vec<(u64, f64)> = {
             let index = self.index();
-            let area = self.fill_bytes;
-            index.slots.victims(area, next, GC_VICTIMS_PER_ROUND, urgent, |slot| {
-                self.pins.pinned(slot) || index.resident.contains_key(&slot)
-            })
+            let fill = self.fill_bytes;
+            index
+                .slots
+                .victims(fill, next, GC_VICTIMS_PER_ROUND_MAX, urgent, |slot| {
+                    self.pins.pinned(slot) || index.resident.contains_key(&slot)
+                })
+                .into_iter()
+                .map(|slot| (slot, index.slots.utilization(slot, fill)))
+                .collect()
         };
-        if victims.is_empty() {
+        if candidates.is_empty() {
             return Ok(0);
         }
         Counters::add(&self.counters.gc_rounds, 1);
-        for &victim in &victims {
+        // Victims are taken until their garbage adds up to a stripe and a
+        // half: the copies then fill about one stripe fewer than the
+        // victims emptied, so the round frees at least one slot net.
+        let mut victims = Vec::new();
+        let mut garbage = 0.0;
+        for (victim, utilization) in candidates {
             self.relocate(victim)?;
+            victims.push(victim);
+            garbage += 1.0 - utilization;
+            if garbage >= GC_ROUND_GARBAGE && victims.len() >= GC_VICTIMS_PER_ROUND_MIN {
+                break;
+            }
         }
         // The copies are made durable; then the victims drain.
         self.submit(self.seal_stream(Stream::Gc).into_iter().collect())?;

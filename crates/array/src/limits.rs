@@ -34,10 +34,20 @@ pub const GC_FREE_TARGET_MIN: u64 = 4;
 pub const GC_FREE_TARGET_MAX: u64 = 256;
 const _: () = assert!(GC_FREE_TARGET_MIN <= GC_FREE_TARGET_MAX);
 
-/// Victims garbage collection relocates in one round before it syncs and
-/// lets the emptied slots go: bounds the work one round does (and a
-/// foreground writer waits for, when it must) to a few stripes.
-pub const GC_VICTIMS_PER_ROUND: usize = 8;
+/// A round of garbage collection relocates victims (best first) until
+/// their garbage adds up to this many stripes, so that it frees at least
+/// one slot net (its copies fill about a stripe fewer than it empties),
+/// and at least the minimum of them; at most the maximum, which bounds the
+/// work a writer waiting for the round sees.
+pub const GC_ROUND_GARBAGE: f64 = 1.5;
+pub const GC_VICTIMS_PER_ROUND_MIN: usize = 4;
+pub const GC_VICTIMS_PER_ROUND_MAX: usize = 64;
+const _: () = assert!(GC_VICTIMS_PER_ROUND_MIN <= GC_VICTIMS_PER_ROUND_MAX);
+
+/// Live data is admitted up to this fraction of what the slots can hold
+/// (after the reserves): the rest is garbage collection's slack, so that
+/// a full array still has garbage spread thick enough to collect.
+pub const ADMIT_FRACTION: f64 = 0.97;
 
 /// Background collection leaves alone stripes fuller than this (of what a
 /// stripe can hold): relocating them would copy much to free little. A

@@ -57,7 +57,7 @@ impl Shared {
     pub(crate) fn read_blocks_into(&self, lba: u64, out: &mut [u8]) -> Result<(), ArrayError> {
         let end = lba + (out.len() / BLOCK_BYTES) as u64;
         let mut pinned = Pinned::new(&self.pins);
-        let mut plan = Vec::new();
+        let mut plan: Vec<Piece> = Vec::new();
         {
             let index = self.index();
             for (start, mapping) in index.map.overlapping(lba, end) {
@@ -73,17 +73,56 @@ impl Shared {
             }
         }
         let mut filled = lba;
-        for (lo, hi, source) in plan {
+        let mut i = 0;
+        while i < plan.len() {
+            let (lo, hi) = (plan[i].0, plan[i].1);
             out[block_range(lba, filled, lo)].fill(0);
+            // Raw pieces that lie end to end in one stripe on the members
+            // are read together: one read per chunk, not per extent.
+            let run = raw_run(&plan[i..]);
+            if run > 1 {
+                let run_hi = plan[i + run - 1].1;
+                if self.read_run(&plan[i..i + run], &mut out[block_range(lba, lo, run_hi)]) {
+                    filled = run_hi;
+                    i += run;
+                    continue;
+                }
+            }
             filled = hi;
             let target = &mut out[block_range(lba, lo, hi)];
-            match source {
+            match plan[i].2.take() {
                 None => target.fill(0),
                 Some((extent, skip, at)) => self.read_extent(&extent, skip, (hi - lo) as u32, at, target)?,
             }
+            i += 1;
         }
         out[block_range(lba, filled, end)].fill(0);
         Ok(())
+    }
+
+    /// Reads pieces `raw_run` found adjacent with one read per chunk and
+    /// checks each; false (and nothing trusted) if a member is out, the
+    /// stripe has been rebuilt, or a check fails: the caller then reads
+    /// them one by one, rebuilding as needed.
+    fn read_run(&self, run: &[Piece], out: &mut [u8]) -> bool {
+        let Some((first, skip, Where::Members { sequence })) = &run[0].2 else {
+            return false;
+        };
+        if self.cache.peek((first.slot, *sequence)).is_some() {
+            return false;
+        }
+        let start = first.offset as usize + *skip as usize * BLOCK_BYTES;
+        if !self.read_area_into(first.slot, start, out) {
+            return false;
+        }
+        let algorithm = self.geometry.checksum;
+        let mut at = 0;
+        run.iter().all(|(lo, hi, source)| {
+            let (extent, skip, _) = source.as_ref().expect("raw runs hold data");
+            let bytes = &out[at..at + (hi - lo) as usize * BLOCK_BYTES];
+            at += bytes.len();
+            raw_ok(algorithm, extent, *skip, bytes)
+        })
     }
 
     /// Blocks [skip, skip+blocks) of `extent` into `out`, checked; its
@@ -198,6 +237,7 @@ impl Shared {
             self.array_uuid,
             check_all,
             area,
+            |j| self.members.readable(g.place(slot, j).0).is_some(),
             |j, header, payload| {
                 let (member, row) = g.place(slot, j);
                 self.members
@@ -215,6 +255,39 @@ impl Shared {
             RebuildError::Accel(e) => ArrayError::Accel(e),
         })
     }
+}
+
+/// A planned piece of a read: blocks [lo, hi) and where they are (`None`:
+/// zeros).
+type Piece = (u64, u64, Option<(Arc<Extent>, u32, Where)>);
+
+/// How many pieces from the first are raw extents on the members of one
+/// stripe, each starting in the data area where the one before ends.
+fn raw_run(plan: &[Piece]) -> usize {
+    let stored = |piece: &Piece| match &piece.2 {
+        Some((extent, skip, Where::Members { sequence })) if extent.codec.is_none() => {
+            let start = extent.offset as u64 + u64::from(*skip) * BLOCK_BYTES as u64;
+            Some((
+                extent.slot,
+                *sequence,
+                start,
+                start + (piece.1 - piece.0) * BLOCK_BYTES as u64,
+            ))
+        }
+        _ => None,
+    };
+    let Some(mut last) = stored(&plan[0]) else { return 0 };
+    let mut count = 1;
+    for (previous, piece) in plan.iter().zip(&plan[1..]) {
+        match stored(piece) {
+            Some(next) if previous.1 == piece.0 && (next.0, next.1, next.2) == (last.0, last.1, last.3) => {
+                last = next;
+                count += 1;
+            }
+            _ => break,
+        }
+    }
+    count
 }
 
 /// Where slot `slot`'s data area is, as the index says now.

@@ -205,16 +205,6 @@ fn payload<'a>(geometry: &Geometry, area: &'a [u8], parity: &'a [u8], j: usize) 
     }
 }
 
-/// Chunk j's payload buffer, for reading into.
-fn payload_mut<'a>(geometry: &Geometry, area: &'a mut [u8], parity: &'a mut [u8], j: usize) -> &'a mut [u8] {
-    let c = geometry.chunk_bytes;
-    if j < geometry.data {
-        &mut area[j * c..(j + 1) * c]
-    } else {
-        &mut parity[(j - geometry.data) * c..(j - geometry.data + 1) * c]
-    }
-}
-
 /// Seals finished stripes in one batch through the accelerator: parity,
 /// leaves, root and headers into each `Built`.
 pub fn build(
@@ -298,13 +288,13 @@ pub fn reconstruct(
     array_uuid: [u8; 16],
     check_all: bool,
     mut area: AlignedBuf,
+    available: impl Fn(usize) -> bool,
     read_chunk: impl Fn(usize, &mut [u8], &mut [u8]) -> bool,
 ) -> Result<Rebuilt, RebuildError> {
     let (k, width) = (geometry.data, geometry.width());
     let algorithm = geometry.checksum;
     area.resize(geometry.data_area_bytes());
     let mut parity = AlignedBuf::zeroed(geometry.parity * geometry.chunk_bytes);
-    let mut sector = AlignedBuf::zeroed(SECTOR_BYTES);
     // Per chunk: its header once read and plausible; whether it was tried.
     let mut headers: Vec<Option<ChunkHeader>> = vec![None; width];
     let mut tried = vec![false; width];
@@ -313,22 +303,27 @@ pub fn reconstruct(
         h.slot == slot && h.sequence == sequence && h.index == j && h.array_uuid == array_uuid
     };
     // Each round either succeeds, fails, or sets aside at least one chunk.
-    for _ in 0..=width {
-        for j in 0..width {
-            let have = headers.iter().filter(|h| h.is_some()).count();
-            if tried[j] || (!check_all && have >= k) {
-                continue;
-            }
+    for _ in 0..=2 * width {
+        // The chunks still wanted, on available members first.
+        let have = headers.iter().filter(|h| h.is_some()).count();
+        let mut wanted: Vec<usize> = (0..width).filter(|&j| !tried[j]).collect();
+        wanted.sort_by_key(|&j| !available(j));
+        if !check_all {
+            wanted.truncate(k.saturating_sub(have));
+        }
+        for (j, header) in read_chunks(geometry, &mut area, &mut parity, &wanted, &read_chunk) {
             tried[j] = true;
-            let payload = payload_mut(geometry, &mut area, &mut parity, j);
-            let header = read_chunk(j, &mut sector, payload)
-                .then(|| ChunkHeader::decode(&sector, algorithm).ok())
-                .flatten()
-                .filter(|h| plausible(h, j));
-            match header {
+            match header
+                .and_then(|sector| ChunkHeader::decode(&sector, algorithm).ok())
+                .filter(|h| plausible(h, j))
+            {
                 Some(h) => headers[j] = Some(h),
                 None => bad.push(j),
             }
+        }
+        let present_count = headers.iter().filter(|h| h.is_some()).count();
+        if present_count < k && tried.iter().any(|t| !t) {
+            continue;
         }
         let present: Vec<usize> = (0..width).filter(|&j| headers[j].is_some()).collect();
         if present.len() < k {
@@ -365,6 +360,28 @@ pub fn reconstruct(
         return find_outsiders(geometry, accel, area, parity, headers, tried, bad, root, &read_chunk);
     }
     Err(RebuildError::RootMismatch)
+}
+
+/// Reads chunks `wanted` (header sectors and payloads into `area` and
+/// `parity`); returns each chunk's header sector, or `None` where the read
+/// failed.
+fn read_chunks(
+    geometry: &Geometry,
+    area: &mut [u8],
+    parity: &mut [u8],
+    wanted: &[usize],
+    read_chunk: &impl Fn(usize, &mut [u8], &mut [u8]) -> bool,
+) -> Vec<(usize, Option<AlignedBuf>)> {
+    let c = geometry.chunk_bytes;
+    let mut payloads: Vec<Option<&mut [u8]>> = area.chunks_mut(c).chain(parity.chunks_mut(c)).map(Some).collect();
+    wanted
+        .iter()
+        .map(|&j| {
+            let payload = payloads[j].take().expect("each chunk is wanted once");
+            let mut sector = AlignedBuf::zeroed(SECTOR_BYTES);
+            (j, read_chunk(j, &mut sector, payload).then_some(sector))
+        })
+        .collect()
 }
 
 fn majority(roots: impl Iterator<Item = Digest>) -> Digest {
@@ -437,7 +454,6 @@ fn find_outsiders(
     read_chunk: &impl Fn(usize, &mut [u8], &mut [u8]) -> bool,
 ) -> Result<Rebuilt, RebuildError> {
     let (k, width) = (geometry.data, geometry.width());
-    let mut sector = AlignedBuf::zeroed(SECTOR_BYTES);
     let template = headers.iter().flatten().next().expect("K chunks are present").clone();
     let belongs = |h: &ChunkHeader, j: usize| {
         h.index == j
@@ -445,11 +461,10 @@ fn find_outsiders(
                 == (template.slot, template.sequence, template.array_uuid, root)
     };
     // The last rebuild overwrote the chunks not read; read them now.
-    for j in (0..width).filter(|&j| !tried[j]) {
-        let payload = payload_mut(geometry, &mut area, &mut parity, j);
-        let header = read_chunk(j, &mut sector, payload)
-            .then(|| ChunkHeader::decode(&sector, geometry.checksum).ok())
-            .flatten()
+    let untried: Vec<usize> = (0..width).filter(|&j| !tried[j]).collect();
+    for (j, sector) in read_chunks(geometry, &mut area, &mut parity, &untried, read_chunk) {
+        let header = sector
+            .and_then(|sector| ChunkHeader::decode(&sector, geometry.checksum).ok())
             .filter(|h| belongs(h, j));
         match header {
             Some(h) => headers[j] = Some(h),

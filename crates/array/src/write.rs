@@ -25,7 +25,7 @@
 use crate::engine::{stripe_bytes, Resident, Shared};
 use crate::format::{self, Extent, Record, Stream, BLOCK_BYTES};
 use crate::io::{StripeDone, StripeWrite};
-use crate::limits::{EXTENT_BLOCKS_MAX, GC_RESERVE_SLOTS, LIVE_SCALE, OPEN_STREAM_COUNT};
+use crate::limits::{ADMIT_FRACTION, EXTENT_BLOCKS_MAX, GC_RESERVE_SLOTS, LIVE_SCALE, OPEN_STREAM_COUNT};
 use crate::map::{Rule, Target};
 use crate::slots::SlotState;
 use crate::status::Counters;
@@ -346,10 +346,13 @@ impl Shared {
                 overwritten += u128::from(index.slots.footprint(&mapping.target, (hi - lo) as u32));
             }
         }
-        // One slot more than the reserves: the open stripes' tails.
-        let reserved_slots = GC_RESERVE_SLOTS + OPEN_STREAM_COUNT + index.checkpoint_reserve + 1;
+        // Slots that never hold live data: GC's reserve, the open stripes,
+        // the durable checkpoint and room for the next, and one more for
+        // the open stripes' tails.
+        let reserved_slots =
+            GC_RESERVE_SLOTS + OPEN_STREAM_COUNT + index.checkpoint_slots.len() + index.checkpoint_reserve + 1;
         let slots = (index.slots.count() as usize).saturating_sub(reserved_slots) as u128;
-        let capacity = slots * u128::from(self.fill_bytes) * u128::from(LIVE_SCALE);
+        let capacity = (slots as f64 * self.fill_bytes as f64 * ADMIT_FRACTION) as u128 * u128::from(LIVE_SCALE);
         let live = index.slots.live_units();
         drop(index);
         // Summary entries are not held against a write: an overwrite may
@@ -366,7 +369,9 @@ impl Shared {
             * u128::from(LIVE_SCALE);
         let units = incoming.saturating_sub(overwritten + entries);
         let mut admitted = self.admitted.lock().unwrap_or_else(|p| p.into_inner());
-        if live + *admitted + units > capacity {
+        // A write that adds nothing net is always taken, even when the
+        // reserves grew past what is live.
+        if units > 0 && live + *admitted + units > capacity {
             return Err(ArrayError::NoSpace);
         }
         *admitted += units;

@@ -145,8 +145,10 @@ fn random_io_matches_the_model_through_gc_and_reopen() {
             recovery.checkpoint_sequence > 0 && recovery.checkpoint_error.is_none(),
             "{recovery:?}"
         );
+        // A window holds at most half the slots (a quarter kept, a quarter
+        // added) and the open stripes.
         assert!(
-            recovery.slots_scanned < status.stripes_total / 4,
+            recovery.slots_scanned <= status.stripes_total / 2 + 2,
             "seed {seed}: recovery read {} slots' headers of {}",
             recovery.slots_scanned,
             status.stripes_total
