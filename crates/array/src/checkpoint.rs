@@ -156,7 +156,7 @@ impl Shared {
         // On a full array, also the stripes garbage collection empties
         // first: emptied, they serve without waiting for a checkpoint.
         if window.len() < floor + size {
-            let area = self.fill_bytes;
+            let area = self.stripe_live_max;
             let next = start + 1;
             let victims = index
                 .slots
@@ -241,14 +241,14 @@ impl Shared {
             let mut index = self.index_mut();
             // A free slot has held nothing since the checkpoint began (no
             // slot is freed meanwhile), so one in the window may be taken.
-            let mut free: Vec<u64> = index.slots.free_slots().collect();
+            let mut free: Vec<u64> = index.slots.free_slots().filter(|&s| !self.pins.pinned(s)).collect();
             if free.len() < count {
                 return Ok(None);
             }
             free.sort_by_key(|&slot| (window.contains(&slot), !self.all_healthy(slot)));
             free.truncate(count);
             for &slot in &free {
-                index.slots.take(slot, SlotState::Open);
+                index.slots.take(slot, SlotState::Open, &self.pins);
             }
             free
         };

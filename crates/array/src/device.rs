@@ -299,7 +299,8 @@ impl Device for FileDevice {
     }
 }
 
-/// Faults a [`MemoryDevice`] injects.
+/// Faults a [`MemoryDevice`] injects: always (the flags), or at random,
+/// per I/O, from a seed (`random`).
 #[derive(Clone, Debug, Default)]
 pub struct Faults {
     /// Every read fails with EIO.
@@ -308,6 +309,39 @@ pub struct Faults {
     pub fail_writes: bool,
     /// Writes report success but are dropped.
     pub lose_writes: bool,
+    pub random: Option<RandomFaults>,
+}
+
+/// Faults that strike single I/Os at random, each with its probability,
+/// drawn from `seed` so that a failing run can be repeated.
+#[derive(Clone, Debug, Default)]
+pub struct RandomFaults {
+    pub seed: u64,
+    /// A read fails with EIO.
+    pub read_error: f64,
+    /// A read returns one bit flipped (the stored bytes are intact).
+    pub read_bit_flip: f64,
+    /// A write reports success but is dropped.
+    pub lost_write: f64,
+    /// A write reports success but only a prefix of whole 4 KiB sectors
+    /// reaches the device.
+    pub torn_write: f64,
+    /// A write reports success but lands at another 4 KiB-aligned offset
+    /// at or after `misdirect_from` (what it should have replaced is left
+    /// stale, what it lands on is overwritten).
+    pub misdirected_write: f64,
+    pub misdirect_from: u64,
+    /// Each I/O sleeps up to this long, so that threads interleave
+    /// differently from run to run of the same seed.
+    pub latency_max_us: u64,
+}
+
+/// What a write with random faults does.
+enum Fate {
+    Whole,
+    Lost,
+    Torn(usize),
+    Elsewhere(u64),
 }
 
 /// An in-memory device for tests. Writes land in a volatile cache until
@@ -323,6 +357,7 @@ struct MemoryState {
     /// Writes since the last sync, in order.
     pending: Vec<(u64, Vec<u8>)>,
     faults: Faults,
+    rng: rand::rngs::StdRng,
 }
 
 impl MemoryDevice {
@@ -332,6 +367,7 @@ impl MemoryDevice {
                 durable: vec![0; usize::try_from(size).expect("a test device fits in memory")],
                 pending: Vec::new(),
                 faults: Faults::default(),
+                rng: rand::SeedableRng::seed_from_u64(0),
             }),
             size,
         }
@@ -342,7 +378,25 @@ impl MemoryDevice {
     }
 
     pub fn set_faults(&self, faults: Faults) {
-        self.state().faults = faults;
+        let mut state = self.state();
+        if let Some(random) = &faults.random {
+            state.rng = rand::SeedableRng::seed_from_u64(random.seed);
+        }
+        state.faults = faults;
+    }
+
+    /// Sleeps a random while, if the faults ask for latency.
+    fn delay(&self) {
+        let pause = {
+            let mut state = self.state();
+            match state.faults.random.as_ref().map(|r| r.latency_max_us) {
+                Some(max) if max > 0 => rand::Rng::gen_range(&mut state.rng, 0..=max),
+                _ => 0,
+            }
+        };
+        if pause > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(pause));
+        }
     }
 
     /// Flips one bit of what the device holds (durable and cached).
@@ -386,10 +440,45 @@ fn eio() -> io::Error {
     io::Error::from_raw_os_error(5)
 }
 
+fn chance(rng: &mut rand::rngs::StdRng, probability: f64) -> bool {
+    probability > 0.0 && rand::Rng::gen_bool(rng, probability.min(1.0))
+}
+
+impl MemoryState {
+    /// Whether this read fails, at random.
+    fn read_fails(&mut self) -> bool {
+        let p = self.faults.random.as_ref().map_or(0.0, |r| r.read_error);
+        chance(&mut self.rng, p)
+    }
+
+    /// What becomes of a write of `len` bytes on a device of `size`.
+    fn write_fate(&mut self, len: usize, size: u64) -> Fate {
+        let Some(r) = self.faults.random.clone() else {
+            return Fate::Whole;
+        };
+        if chance(&mut self.rng, r.lost_write) {
+            return Fate::Lost;
+        }
+        if chance(&mut self.rng, r.torn_write) && len > SECTOR {
+            return Fate::Torn(rand::Rng::gen_range(&mut self.rng, 0..len / SECTOR) * SECTOR);
+        }
+        let room = size.saturating_sub(len as u64 + SECTOR as u64);
+        if chance(&mut self.rng, r.misdirected_write) && room > r.misdirect_from {
+            let to = rand::Rng::gen_range(&mut self.rng, r.misdirect_from..room);
+            return Fate::Elsewhere(to / SECTOR as u64 * SECTOR as u64);
+        }
+        Fate::Whole
+    }
+}
+
+/// The granularity of torn and misdirected writes.
+const SECTOR: usize = 4096;
+
 impl Device for MemoryDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        let state = self.state();
-        if state.faults.fail_reads {
+        self.delay();
+        let mut state = self.state();
+        if state.faults.fail_reads || state.read_fails() {
             return Err(eio());
         }
         let end = offset.checked_add(buf.len() as u64).filter(|&e| e <= self.size);
@@ -405,9 +494,15 @@ impl Device for MemoryDevice {
                     .copy_from_slice(&bytes[(lo - start) as usize..(hi - start) as usize]);
             }
         }
+        let flip = state.faults.random.as_ref().map_or(0.0, |r| r.read_bit_flip);
+        if !buf.is_empty() && chance(&mut state.rng, flip) {
+            let at = rand::Rng::gen_range(&mut state.rng, 0..buf.len());
+            buf[at] ^= 1 << rand::Rng::gen_range(&mut state.rng, 0..8);
+        }
         Ok(())
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.delay();
         let mut state = self.state();
         if state.faults.fail_writes {
             return Err(eio());
@@ -415,12 +510,19 @@ impl Device for MemoryDevice {
         if offset.checked_add(buf.len() as u64).is_none_or(|e| e > self.size) {
             return Err(io::Error::from_raw_os_error(28));
         }
-        if !state.faults.lose_writes {
-            state.pending.push((offset, buf.to_vec()));
+        if state.faults.lose_writes {
+            return Ok(());
+        }
+        match state.write_fate(buf.len(), self.size) {
+            Fate::Whole => state.pending.push((offset, buf.to_vec())),
+            Fate::Lost => {}
+            Fate::Torn(keep) => state.pending.push((offset, buf[..keep].to_vec())),
+            Fate::Elsewhere(to) => state.pending.push((to, buf.to_vec())),
         }
         Ok(())
     }
     fn sync(&self) -> io::Result<()> {
+        self.delay();
         let mut state = self.state();
         if state.faults.fail_writes {
             return Err(eio());
@@ -457,6 +559,68 @@ mod tests {
         d.read_at(&mut buf, 0).unwrap();
         assert_eq!(&buf[8..], &[3, 3, 3, 3]);
         assert!(d.read_at(&mut buf, 60).is_err());
+    }
+
+    /// Each random fault happens about as often as asked, does what it
+    /// says, and the same seed makes the same faults.
+    #[test]
+    fn random_faults_strike_as_asked_and_repeat_by_seed() {
+        let run = |random: RandomFaults| {
+            let d = MemoryDevice::new(1 << 20);
+            d.set_faults(Faults {
+                random: Some(random),
+                ..Faults::default()
+            });
+            let mut outcomes = Vec::new();
+            for i in 0..400u64 {
+                let offset = (i % 64) * 8192;
+                let data = vec![(i % 251) as u8 + 1; 8192];
+                d.write_at(&data, offset).unwrap();
+                let mut back = vec![0u8; 8192];
+                let read = d.read_at(&mut back, offset);
+                outcomes.push(match read {
+                    Err(_) => 'e',
+                    Ok(()) if back == data => '=',
+                    Ok(()) if back.iter().zip(&data).filter(|(a, b)| a != b).count() == 1 => 'f',
+                    Ok(()) if back[..4096] == data[..4096] && back[4096..] != data[4096..] => 't',
+                    Ok(()) => 'x',
+                });
+            }
+            outcomes.into_iter().collect::<String>()
+        };
+        let count = |s: &str, c: char| s.chars().filter(|&x| x == c).count();
+        let errors = run(RandomFaults {
+            seed: 1,
+            read_error: 0.25,
+            ..RandomFaults::default()
+        });
+        assert!((60..140).contains(&count(&errors, 'e')), "{errors}");
+        let flips = run(RandomFaults {
+            seed: 2,
+            read_bit_flip: 0.25,
+            ..RandomFaults::default()
+        });
+        assert!((60..140).contains(&count(&flips, 'f')), "{flips}");
+        let torn = run(RandomFaults {
+            seed: 3,
+            torn_write: 1.0,
+            ..RandomFaults::default()
+        });
+        assert!(count(&torn, '=') < 400, "torn writes leave old bytes behind: {torn}");
+        let lost = run(RandomFaults {
+            seed: 4,
+            lost_write: 0.5,
+            misdirected_write: 0.2,
+            ..RandomFaults::default()
+        });
+        assert!(count(&lost, 'x') + count(&lost, 't') > 100, "{lost}");
+        let again = run(RandomFaults {
+            seed: 4,
+            lost_write: 0.5,
+            misdirected_write: 0.2,
+            ..RandomFaults::default()
+        });
+        assert_eq!(lost, again, "the same seed, the same faults");
     }
 
     #[test]

@@ -173,6 +173,9 @@ pub(crate) struct Shared {
     pub policy: Option<Policy>,
     /// Live bytes a stripe can be counted on to hold (admission).
     pub fill_bytes: u64,
+    /// Live bytes a stripe could hold at most: its data area less the
+    /// summary's header (what garbage collection measures victims by).
+    pub stripe_live_max: u64,
     pub members: Members,
     pub index: RwLock<Index>,
     pub pins: Pins,
@@ -301,6 +304,7 @@ impl Array {
         let fill_bytes = crate::write::stripe_fill_bytes(&geometry, policy.as_ref());
         let shared = Arc::new_cyclic(|me| Shared {
             fill_bytes,
+            stripe_live_max: (geometry.data_area_bytes() - crate::format::SUMMARY_HEADER_BYTES) as u64,
             me: me.clone(),
             array_uuid,
             accel,

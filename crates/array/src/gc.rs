@@ -56,9 +56,10 @@ impl Shared {
 
     /// One round of collection: relocates the live data of the best
     /// victims, then seals and syncs the copies so the victims are free.
-    /// Returns how many slots it emptied. `urgent`: a writer found no free
-    /// slot and waits for this round.
-    pub(crate) fn collect_garbage(&self, urgent: bool) -> Result<usize, ArrayError> {
+    /// Returns how many slots it emptied, or `None` if a round that ran
+    /// while this one waited to start already made the room. `urgent`: a
+    /// writer found no free slot and waits for this round.
+    pub(crate) fn collect_garbage(&self, urgent: bool) -> Result<Option<usize>, ArrayError> {
         let _round = self.gc_lock.lock().unwrap_or_else(|p| p.into_inner());
         // A round that ran while this one waited may have done the work.
         let done = if urgent {
@@ -67,12 +68,12 @@ impl Shared {
             !self.needs_gc()
         };
         if done {
-            return Ok(0);
+            return Ok(None);
         }
         let next = self.tracker.last_sequence() + 1;
         let candidates: Vec<(u64, f64)> = {
             let index = self.index();
-            let fill = self.fill_bytes;
+            let fill = self.stripe_live_max;
             index
                 .slots
                 .victims(fill, next, GC_VICTIMS_PER_ROUND_MAX, urgent, |slot| {
@@ -83,7 +84,7 @@ impl Shared {
                 .collect()
         };
         if candidates.is_empty() {
-            return Ok(0);
+            return Ok(Some(0));
         }
         Counters::add(&self.counters.gc_rounds, 1);
         // Victims are taken until their garbage adds up to a stripe and a
@@ -110,7 +111,7 @@ impl Shared {
         };
         self.sync_through(self.tracker.last_sequence())?;
         Counters::add(&self.counters.gc_stripes_collected, emptied as u64);
-        Ok(emptied)
+        Ok(Some(emptied))
     }
 
     /// Copies what is still live in `victim` into the GC stream.

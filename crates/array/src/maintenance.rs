@@ -84,8 +84,8 @@ impl Shared {
                     break;
                 }
                 match self.collect_garbage(false) {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {}
+                    Ok(Some(0) | None) | Err(_) => break,
+                    Ok(Some(_)) => {}
                 }
             }
         }

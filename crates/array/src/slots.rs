@@ -362,12 +362,15 @@ impl SlotTable {
             .chain(candidates)
             .find(|&s| preferred(s))
             .unwrap_or(first);
-        self.take(slot, SlotState::Open);
+        self.take(slot, SlotState::Open, pins);
         Some(slot)
     }
 
-    /// Takes free slot `slot` (usable or not) into `state`.
-    pub fn take(&mut self, slot: u64, state: SlotState) {
+    /// Takes free slot `slot` (usable or not) into `state`. A slot a
+    /// reader has pinned is never taken: it may still be reading what the
+    /// slot held before it was freed.
+    pub fn take(&mut self, slot: u64, state: SlotState, pins: &Pins) {
+        assert!(!pins.pinned(slot), "slot {slot} is pinned by a reader");
         assert!(self.free.remove(&slot), "slot {slot} is not free");
         self.usable.remove(&slot);
         self.slots[slot as usize] = Slot::empty(state, 0);
@@ -427,15 +430,15 @@ impl SlotTable {
         self.usable = self.free.iter().copied().filter(|&s| self.may_use(s)).collect();
     }
 
-    /// Fraction of `fill` bytes (what a stripe can hold) a slot's live
-    /// data fills.
+    /// Fraction of `fill` bytes (what a stripe can hold at most) a
+    /// slot's live data fills.
     pub fn utilization(&self, slot: u64, fill: u64) -> f64 {
         self.slots[slot as usize].live as f64 / (fill as f64 * LIVE_SCALE as f64)
     }
 
     /// Up to `count` sealed slots garbage collection should empty first,
     /// best first, with `next_sequence` as now; `fill` is what a stripe
-    /// can hold (a stripe holding that much has nothing to collect). Cost-benefit, as in LFS:
+    /// can hold at most (one holding that much has nothing to collect). Cost-benefit, as in LFS:
     /// what a relocation frees (1 - u) for what it copies (u), times the
     /// age of the data (old data is unlikely to be overwritten soon, so
     /// copying it now is not wasted). Slots in the window score as if twice

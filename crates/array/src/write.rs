@@ -647,8 +647,13 @@ impl Shared {
 
     /// Seals `stream`'s open stripe, however full (FLUSH, checkpoints).
     pub(crate) fn seal_stream(&self, stream: Stream) -> Option<Sealing> {
-        let open = self.open_stripe(stream).take()?;
-        let sealing = self.seal_open(open, SlotState::Sealed)?;
+        // Sealed under the open stripe's lock: a reader that found the
+        // stripe open and waits for the lock then finds it sealed.
+        let mut guard = self.open_stripe(stream);
+        let open = guard.take()?;
+        let sealing = self.seal_open(open, SlotState::Sealed);
+        drop(guard);
+        let sealing = sealing?;
         Counters::add(&self.counters.short_stripes_sealed, 1);
         Some(sealing)
     }
@@ -739,7 +744,7 @@ impl Shared {
                 if room(self) {
                     return Ok(());
                 }
-                if emptied == 0 {
+                if emptied == Some(0) {
                     break;
                 }
             }
