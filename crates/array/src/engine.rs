@@ -73,6 +73,12 @@ pub(crate) struct Index {
     pub checkpoint_reserve: usize,
     /// The durable checkpoint's stripes.
     pub checkpoint_slots: Vec<u64>,
+    /// Stripes of the GC stream sealed empty (their copies overwritten by
+    /// client writes) while a user stripe was open: they drain once that
+    /// user stripe is sealed, since it may hold what superseded them.
+    pub drain_after_user: Vec<u64>,
+    /// The newest sequence sealed so far.
+    pub last_sealed: u64,
 }
 
 /// Sequences and the progress of writes and syncs.
@@ -201,7 +207,7 @@ pub(crate) struct Shared {
 
 /// An open array.
 pub struct Array {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     background: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -317,6 +323,8 @@ impl Array {
                 next_version: 1,
                 checkpoint_reserve: 0,
                 checkpoint_slots: Vec::new(),
+                drain_after_user: Vec::new(),
+                last_sealed: 0,
             }),
             pins: Pins::new(slot_count),
             open: [Mutex::new(None), Mutex::new(None)],

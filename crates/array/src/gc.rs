@@ -259,3 +259,72 @@ impl Shared {
         crate::read::checked_blocks(self.geometry.checksum, extent, skip, area, out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::device::{Device, MemoryDevice};
+    use crate::format::Stream;
+    use crate::map::Target;
+    use crate::slots::SlotState;
+    use crate::{CreateOptions, EngineOptions};
+    use std::sync::Arc;
+
+    /// A GC copy overwritten by a client write that is still in the open
+    /// user stripe: the GC stripe, sealed empty, must not be freed (and
+    /// rewritten) before that user stripe is durable, or a crash would
+    /// lose both the copy and the write it should fall back to. It failed
+    /// before GC stripes sealed empty waited for the user stream.
+    #[test]
+    fn an_emptied_gc_stripe_waits_for_the_writes_that_emptied_it() {
+        let devices: Vec<(String, Arc<dyn Device>)> = (0..6)
+            .map(|i| (format!("m{i}"), Arc::new(MemoryDevice::new(4 << 20)) as Arc<dyn Device>))
+            .collect();
+        let options = CreateOptions {
+            data: 4,
+            parity: 2,
+            chunk_bytes: 16 << 10,
+            checksum: tessera_checksum::Algorithm::Crc32c,
+            compression: None,
+            logical_bytes: None,
+        };
+        let engine = EngineOptions {
+            background: false,
+            ..EngineOptions::default()
+        };
+        let array = crate::create_with(devices, &options, engine).unwrap();
+        let shared = &array.shared;
+        array.write(0, &[1u8; 4096], true).unwrap();
+        let victim = match shared
+            .index()
+            .map
+            .overlapping(0, 1)
+            .next()
+            .map(|(_, m)| m.target.clone())
+        {
+            Some(Target::Data { extent, .. }) => extent.slot,
+            other => panic!("block 0 maps to {other:?}"),
+        };
+        shared.relocate(victim).unwrap();
+        let copy = shared
+            .open_stripe(Stream::Gc)
+            .as_ref()
+            .expect("a GC stripe took the copy")
+            .slot;
+        // The client overwrites the block: the copy is garbage, and what
+        // replaced it is only in the open user stripe.
+        array.write(0, &[2u8; 4096], false).unwrap();
+        shared
+            .submit(shared.seal_stream(Stream::Gc).into_iter().collect())
+            .unwrap();
+        shared.sync_through(shared.tracker.last_sequence()).unwrap();
+        assert_ne!(
+            shared.index().slots.get(copy).state,
+            SlotState::Free,
+            "the emptied GC stripe was freed before the write that emptied it is durable"
+        );
+        array.flush().unwrap();
+        shared.sync_through(shared.tracker.last_sequence()).unwrap();
+        assert_eq!(shared.index().slots.get(copy).state, SlotState::Free, "and freed after");
+        array.check().unwrap();
+    }
+}

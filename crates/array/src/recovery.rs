@@ -88,6 +88,7 @@ impl Shared {
             let mut t = self.tracker.lock();
             t.next_sequence = max_sequence + 1;
         }
+        self.index_mut().last_sealed = max_sequence;
         // Everything replayed, and the erasures, are made durable, so
         // later stripes may say so.
         for (member, error) in self.io.sync(&self.writable_members()) {
@@ -110,6 +111,7 @@ impl Shared {
         index.slots = SlotTable::new(self.geometry.checksum, self.geometry.slot_count());
         index.checkpoint_slots.clear();
         index.checkpoint_reserve = 0;
+        index.drain_after_user.clear();
         index.next_version = 1;
     }
 

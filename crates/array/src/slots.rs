@@ -376,17 +376,19 @@ impl SlotTable {
         self.slots[slot as usize] = Slot::empty(state, 0);
     }
 
-    /// Records the stripe sealed into open slot `slot`; if everything it
-    /// held was overwritten while it was open, it drains at once.
-    pub fn sealed(&mut self, slot: u64, sequence: u64, state: SlotState) {
+    /// Records the stripe sealed into open slot `slot`. Returns true if
+    /// everything it held was overwritten while it was open: it is then
+    /// `Draining`, and the caller says after what it may be freed.
+    pub fn sealed(&mut self, slot: u64, sequence: u64, state: SlotState) -> bool {
         let s = &mut self.slots[slot as usize];
         assert_eq!(s.state, SlotState::Open, "slot {slot} sealed without being open");
         s.sequence = sequence;
         s.state = state;
-        if state == SlotState::Sealed && s.pieces == 0 {
+        let empty = state == SlotState::Sealed && s.pieces == 0;
+        if empty {
             s.state = SlotState::Draining;
-            self.draining.push((slot, sequence));
         }
+        empty
     }
 
     /// Sets a slot's state and sequence as recovery or a checkpoint found them.

@@ -585,6 +585,14 @@ impl Shared {
             let mut index = self.index_mut();
             index.resident.remove(&open.slot);
             index.slots.release_open(open.slot);
+            if open.stream == Stream::User {
+                // No user records were pending: what superseded those
+                // stripes is in stripes sealed already.
+                let sealed = index.last_sealed;
+                for slot in std::mem::take(&mut index.drain_after_user) {
+                    index.slots.drain_after(slot, sealed);
+                }
+            }
             return None;
         }
         let sequence = self.tracker.assign_many(1);
@@ -599,10 +607,30 @@ impl Shared {
         let info = stripe::finish(&self.geometry, &mut open, sequence, synced_through);
         let area = Arc::new(std::mem::take(&mut open.data));
         let mut index = self.index_mut();
-        index.slots.sealed(open.slot, sequence, state);
+        let empty = index.slots.sealed(open.slot, sequence, state);
         index.resident.insert(open.slot, Resident::Sealed(area.clone()));
+        index.last_sealed = index.last_sealed.max(sequence);
         for slot in open.drains {
             index.slots.drain_after(slot, sequence);
+        }
+        if empty {
+            // What overwrote it may be in the open user stripe, not yet
+            // sealed: it drains after that one, not after itself.
+            let user_open = open.stream != Stream::User
+                && index
+                    .resident
+                    .values()
+                    .any(|r| matches!(r, Resident::Open(Stream::User)));
+            if user_open {
+                index.drain_after_user.push(open.slot);
+            } else {
+                index.slots.drain_after(open.slot, sequence);
+            }
+        }
+        if open.stream == Stream::User {
+            for slot in std::mem::take(&mut index.drain_after_user) {
+                index.slots.drain_after(slot, sequence);
+            }
         }
         drop(index);
         Counters::add(&self.counters.stripes_sealed, 1);
