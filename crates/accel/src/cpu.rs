@@ -79,12 +79,15 @@ fn leaves(algorithm: Algorithm, chunks: &[&[u8]], parallel: bool) -> Leaves {
     Leaves { leaves, root }
 }
 
+/// One byte range of a stripe: its data chunks' part in, parity's out.
+type Piece<'a> = (Vec<&'a [u8]>, Vec<&'a mut [u8]>);
+
 /// Parity of one stripe's data; split by byte ranges over the pool when asked.
 fn encode(codec: &Codec, shape: &Shape, data: &[u8], parity: &mut [u8], pieces: usize) -> Result<(), AccelError> {
     let c = shape.chunk_bytes;
     // Whole cache lines per piece, so threads never share one.
     let piece = c.div_ceil(pieces.max(1)).next_multiple_of(64).min(c);
-    let mut work: Vec<(Vec<&[u8]>, Vec<&mut [u8]>)> = (0..c.div_ceil(piece))
+    let mut work: Vec<Piece> = (0..c.div_ceil(piece))
         .map(|_| (Vec::with_capacity(shape.data), Vec::with_capacity(shape.parity)))
         .collect();
     for chunk in data.chunks(c) {
@@ -97,7 +100,7 @@ fn encode(codec: &Codec, shape: &Shape, data: &[u8], parity: &mut [u8], pieces: 
             work[p].1.push(part);
         }
     }
-    let run = |(inputs, outputs): &mut (Vec<&[u8]>, Vec<&mut [u8]>)| codec.encode(inputs, outputs);
+    let run = |(inputs, outputs): &mut Piece| codec.encode(inputs, outputs);
     if work.len() == 1 {
         return Ok(run(&mut work[0])?);
     }

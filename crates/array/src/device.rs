@@ -299,6 +299,53 @@ impl Device for FileDevice {
     }
 }
 
+/// Memory as a member, for benchmarks of the engine itself: a write lands
+/// at once, a sync does nothing, nothing is ever lost. (Tests use
+/// [`MemoryDevice`], which models a volatile cache and faults.)
+pub struct RamDevice {
+    bytes: std::sync::RwLock<Vec<u8>>,
+    size: u64,
+}
+
+impl RamDevice {
+    /// A device of `size` zeros, every page touched now (so a benchmark
+    /// does not time the kernel handing out fresh pages).
+    pub fn new(size: u64) -> RamDevice {
+        let mut bytes = vec![1u8; usize::try_from(size).expect("a RAM device fits in memory")];
+        bytes.fill(0);
+        RamDevice {
+            bytes: std::sync::RwLock::new(bytes),
+            size,
+        }
+    }
+
+    fn range(&self, offset: u64, len: usize) -> io::Result<std::ops::Range<usize>> {
+        match offset.checked_add(len as u64) {
+            Some(end) if end <= self.size => Ok(offset as usize..end as usize),
+            _ => Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
+        }
+    }
+}
+
+impl Device for RamDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let range = self.range(offset, buf.len())?;
+        buf.copy_from_slice(&self.bytes.read().unwrap_or_else(|p| p.into_inner())[range]);
+        Ok(())
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let range = self.range(offset, buf.len())?;
+        self.bytes.write().unwrap_or_else(|p| p.into_inner())[range].copy_from_slice(buf);
+        Ok(())
+    }
+    fn sync(&self) -> io::Result<()> {
+        Ok(())
+    }
+    fn size(&self) -> u64 {
+        self.size
+    }
+}
+
 /// Faults a [`MemoryDevice`] injects: always (the flags), or at random,
 /// per I/O, from a seed (`random`).
 #[derive(Clone, Debug, Default)]

@@ -14,7 +14,7 @@ pub const LIVE_SCALE: u64 = 720_720;
 const _: () = {
     let mut blocks = 1;
     while blocks <= EXTENT_BLOCKS_MAX {
-        assert!(LIVE_SCALE % blocks as u64 == 0);
+        assert!(LIVE_SCALE.is_multiple_of(blocks as u64));
         blocks += 1;
     }
 };

@@ -166,7 +166,7 @@ impl Shared {
     ) -> Result<(), ArrayError> {
         let key = (extent.slot, sequence);
         if let Some(area) = self.cache.peek(key) {
-            return self.from_rebuilt(extent, skip, &area, out);
+            return self.serve_rebuilt(extent, skip, &area, out);
         }
         let direct = match extent.codec {
             None => {
@@ -185,11 +185,11 @@ impl Shared {
         }
         debug_assert_eq!(out.len(), blocks as usize * BLOCK_BYTES);
         let area = self.rebuilt_area(extent.slot, sequence)?;
-        self.from_rebuilt(extent, skip, &area, out)
+        self.serve_rebuilt(extent, skip, &area, out)
     }
 
     /// An extent's blocks from a rebuilt data area, checked again.
-    fn from_rebuilt(&self, extent: &Extent, skip: u32, area: &[u8], out: &mut [u8]) -> Result<(), ArrayError> {
+    fn serve_rebuilt(&self, extent: &Extent, skip: u32, area: &[u8], out: &mut [u8]) -> Result<(), ArrayError> {
         if !checked_blocks(self.geometry.checksum, extent, skip, area, out) {
             Counters::add(&self.counters.unrecoverable_reads, 1);
             return Err(ArrayError::Unreadable { slot: extent.slot });
@@ -230,11 +230,15 @@ impl Shared {
     pub(crate) fn rebuild_stripe(&self, slot: u64, sequence: u64, check_all: bool) -> Result<Rebuilt, ArrayError> {
         let g = &self.geometry;
         let area = self.spares().areas.pop().unwrap_or_default();
+        let which = stripe::Which {
+            slot,
+            sequence,
+            array_uuid: self.array_uuid,
+        };
         stripe::reconstruct(
             g,
             self.accel.as_ref(),
-            (slot, sequence),
-            self.array_uuid,
+            which,
             check_all,
             area,
             |j| self.members.readable(g.place(slot, j).0).is_some(),

@@ -264,6 +264,15 @@ impl Rebuilt {
     }
 }
 
+/// Which stripe a rebuild is of: the one in `slot` with `sequence`, of
+/// the array `array_uuid`; chunks whose headers say otherwise are not it.
+#[derive(Clone, Copy, Debug)]
+pub struct Which {
+    pub slot: u64,
+    pub sequence: u64,
+    pub array_uuid: [u8; 16],
+}
+
 /// Why a stripe could not be rebuilt.
 #[derive(Debug)]
 pub enum RebuildError {
@@ -276,7 +285,7 @@ pub enum RebuildError {
     Accel(tessera_accel::AccelError),
 }
 
-/// Reads stripe (`slot`, `sequence`) of array `array_uuid` back whole from
+/// Reads stripe `which` back whole from
 /// what `read_chunk` returns for each chunk index (header sector and
 /// payload, or false if unavailable), rebuilding what is missing or bad.
 /// With `check_all`, every chunk is read and checked (scrub, recovery of a
@@ -284,8 +293,11 @@ pub enum RebuildError {
 pub fn reconstruct(
     geometry: &Geometry,
     accel: &dyn Accelerator,
-    (slot, sequence): (u64, u64),
-    array_uuid: [u8; 16],
+    Which {
+        slot,
+        sequence,
+        array_uuid,
+    }: Which,
     check_all: bool,
     mut area: AlignedBuf,
     available: impl Fn(usize) -> bool,

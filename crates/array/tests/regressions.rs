@@ -89,7 +89,7 @@ fn churn(compression: Option<tessera_compress::Codec>) {
             model[offset as usize..offset as usize + len].copy_from_slice(&data);
             written += len as u64;
             writes += 1;
-            if writes % 8 == 0 {
+            if writes.is_multiple_of(8) {
                 array.flush().unwrap();
             }
         }

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tessera_array::device::{Device, FileDevice};
-use tessera_array::{Array, ArrayError, CreateOptions};
+use tessera_array::{Array, ArrayError, CreateOptions, EngineOptions};
 
 const MEMBERS_FILE: &str = "members";
 const LOCK_FILE: &str = "serve.lock";
@@ -142,6 +142,11 @@ fn human(bytes: u64) -> String {
 
 /// Opens the array in DIR; members that cannot be opened count as missing.
 fn open(dir: &Path) -> Result<Array> {
+    open_with(dir, EngineOptions::default())
+}
+
+/// [`open`], run with `engine` options.
+fn open_with(dir: &Path, engine: EngineOptions) -> Result<Array> {
     let list = dir.join(MEMBERS_FILE);
     let text = std::fs::read_to_string(&list)
         .with_context(|| format!("{} is not an array directory (no {})", dir.display(), list.display()))?;
@@ -157,7 +162,7 @@ fn open(dir: &Path) -> Result<Array> {
         };
         members.push((path.display().to_string(), device));
     }
-    Ok(tessera_array::open(members)?)
+    Ok(tessera_array::open_with(members, engine)?)
 }
 
 /// The export: the array, with errors logged and mapped to NBD errnos.
@@ -211,9 +216,23 @@ fn lock(dir: &Path) -> Result<std::fs::File> {
     Ok(file)
 }
 
-pub fn serve(dir: &Path, listen: Option<&str>, socket: Option<&Path>) -> Result<()> {
+pub struct Serve {
+    pub dir: PathBuf,
+    pub listen: Option<String>,
+    pub socket: Option<PathBuf>,
+    pub accel: tessera_accel::Kind,
+    pub reconstruct_cache_bytes: usize,
+}
+
+pub fn serve(s: &Serve) -> Result<()> {
+    let (dir, listen, socket) = (s.dir.as_path(), s.listen.as_deref(), s.socket.as_deref());
     let _lock = lock(dir)?;
-    let array = Arc::new(open(dir)?);
+    let engine = EngineOptions {
+        accel: Some(tessera_accel::select(s.accel)?),
+        reconstruct_cache_bytes: s.reconstruct_cache_bytes,
+        ..EngineOptions::default()
+    };
+    let array = Arc::new(open_with(dir, engine)?);
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(signal, stop.clone())?;
@@ -251,13 +270,14 @@ pub fn serve(dir: &Path, listen: Option<&str>, socket: Option<&Path>) -> Result<
         eprintln!("tessera: the checkpoint could not be used ({error}); every slot was scanned instead");
     }
     eprintln!(
-        "tessera: serving {} ({}+{}, {} exported, {} of {} members available) at {url}",
+        "tessera: serving {} ({}+{}, {} exported, {} of {} members available, accelerator {}) at {url}",
         dir.display(),
         status.data,
         status.parity,
         human(status.logical_bytes),
         status.members.len() - status.members_unavailable,
-        status.members.len()
+        status.members.len(),
+        status.accelerator.name
     );
     eprintln!("tessera: connect with e.g. `nbdinfo {url}` or `qemu-img info {url}`; stop with Ctrl-C");
     let server = Arc::new(tessera_nbd::Server {

@@ -3,6 +3,7 @@
 //! progress and diagnostics go to stderr.
 
 mod array_cmd;
+mod bench_array;
 mod bench_data;
 mod bench_ec;
 mod ec_files;
@@ -71,6 +72,12 @@ enum Command {
         /// Unix socket to listen on instead of TCP.
         #[arg(long)]
         socket: Option<PathBuf>,
+        /// Backend for parity, rebuilds and hashes: auto, cpu or cuda.
+        #[arg(long, default_value = "auto")]
+        accel: tessera_accel::Kind,
+        /// Bytes of rebuilt stripes kept for degraded reads (at least 64 stripes).
+        #[arg(long, value_parser = size::parse, default_value = "256M")]
+        reconstruct_cache: u64,
     },
     /// Health, capacity, compression, write amplification and errors of the array in DIR.
     Status {
@@ -180,6 +187,63 @@ enum EcCommand {
 
 #[derive(Subcommand)]
 enum BenchCommand {
+    /// The array engine in process (no NBD): throughput, IOPS, latency and CPU per GB.
+    Array {
+        /// Data chunks per stripe (K).
+        #[arg(long, default_value_t = 8)]
+        data: usize,
+        /// Parity chunks per stripe (M).
+        #[arg(long, default_value_t = 2)]
+        parity: usize,
+        /// Members (N >= K+M).
+        #[arg(long, default_value_t = 10)]
+        devices: usize,
+        /// Size of each member.
+        #[arg(long, value_parser = size::parse, default_value = "1G")]
+        device_size: u64,
+        /// Bytes per chunk.
+        #[arg(long, value_parser = size::parse, default_value = "64K")]
+        chunk_size: u64,
+        #[arg(long, default_value = "crc32c")]
+        checksum: tessera_checksum::Algorithm,
+        /// lz4, zstd[:LEVEL], ... or none.
+        #[arg(long, default_value = "none")]
+        compress: String,
+        /// Member files in a temporary directory under DIR (default: the
+        /// system's temporary directory); `memory` keeps members in memory.
+        #[arg(long)]
+        members: Option<String>,
+        /// Client threads.
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        /// Requests each thread keeps in flight (each a worker of its own).
+        #[arg(long, default_value_t = 1)]
+        queue_depth: usize,
+        /// seq or rand.
+        #[arg(long, default_value = "seq")]
+        pattern: String,
+        /// read or write.
+        #[arg(long, default_value = "write")]
+        rw: String,
+        /// Bytes per request.
+        #[arg(long, value_parser = size::parse, default_value = "1M")]
+        block_size: u64,
+        /// Bytes moved by the timed pass.
+        #[arg(long, value_parser = size::parse, default_value = "1G")]
+        bytes: u64,
+        /// Members to fail before the timed pass (at most M).
+        #[arg(long, default_value_t = 0)]
+        fail: usize,
+        /// random, or compressible (about 2:1).
+        #[arg(long, default_value = "random")]
+        data_kind: String,
+        /// Backend for parity, rebuilds and hashes: auto, cpu or cuda.
+        #[arg(long, default_value = "auto")]
+        accel: tessera_accel::Kind,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Encode and decode speed, Tessera against ISA-L on the same buffers.
     Ec {
         #[command(flatten)]
@@ -257,13 +321,84 @@ fn main() -> Result<()> {
             device_paths: device,
             chunk_bytes: usize::try_from(chunk_size)?,
             checksum,
-            compression: match compress.as_str() {
-                "none" => None,
-                name => Some(name.parse()?),
-            },
+            compression: parse_compression(&compress)?,
             logical_bytes: size,
         }),
-        Command::Serve { dir, listen, socket } => array_cmd::serve(&dir, listen.as_deref(), socket.as_deref()),
+        Command::Serve {
+            dir,
+            listen,
+            socket,
+            accel,
+            reconstruct_cache,
+        } => array_cmd::serve(&array_cmd::Serve {
+            dir,
+            listen,
+            socket,
+            accel,
+            reconstruct_cache_bytes: usize::try_from(reconstruct_cache)?,
+        }),
+        Command::Bench(BenchCommand::Array {
+            data,
+            parity,
+            devices,
+            device_size,
+            chunk_size,
+            checksum,
+            compress,
+            members,
+            threads,
+            queue_depth,
+            pattern,
+            rw,
+            block_size,
+            bytes,
+            fail,
+            data_kind,
+            accel,
+            json,
+        }) => {
+            let report = bench_array::run(&bench_array::Options {
+                data,
+                parity,
+                devices,
+                device_bytes: device_size,
+                chunk_bytes: usize::try_from(chunk_size)?,
+                checksum,
+                compression: parse_compression(&compress)?,
+                dir: match members.as_deref() {
+                    Some("memory") => None,
+                    Some(dir) => Some(PathBuf::from(dir)),
+                    None => Some(std::env::temp_dir()),
+                },
+                threads,
+                queue_depth,
+                random: match pattern.as_str() {
+                    "seq" => false,
+                    "rand" => true,
+                    other => anyhow::bail!("--pattern {other}: use seq or rand"),
+                },
+                write: match rw.as_str() {
+                    "write" => true,
+                    "read" => false,
+                    other => anyhow::bail!("--rw {other}: use read or write"),
+                },
+                block_bytes: usize::try_from(block_size)?,
+                bytes,
+                failed: fail,
+                accel,
+                compressible: match data_kind.as_str() {
+                    "random" => false,
+                    "compressible" => true,
+                    other => anyhow::bail!("--data-kind {other}: use random or compressible"),
+                },
+            })?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                bench_array::print(&report);
+            }
+            Ok(())
+        }
         Command::Status { dir, json } => array_cmd::status(&dir, json),
         Command::Fail { dir, index } => array_cmd::fail(&dir, index),
         Command::Ec(EcCommand::Encode { shape, dir }) => ec_files::encode(&shape.codec()?, &dir),
@@ -364,6 +499,14 @@ fn main() -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// `none`, or a codec name with its level (`zstd:3`).
+fn parse_compression(name: &str) -> Result<Option<tessera_compress::Codec>> {
+    Ok(match name {
+        "none" => None,
+        name => Some(name.parse()?),
+    })
 }
 
 #[allow(clippy::too_many_arguments)]
