@@ -32,8 +32,9 @@ use std::sync::Arc;
 /// What opening the array found and did, for `status`.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Recovery {
-    /// The checkpoint recovery started from (0: none, every slot scanned).
-    pub checkpoint_sequence: u64,
+    /// The checkpoint recovery started from (`None`: none, every slot
+    /// scanned).
+    pub checkpoint_sequence: Option<u64>,
     /// Why a checkpoint the superblock names was not used, if it was not.
     pub checkpoint_error: Option<String>,
     pub slots_scanned: u64,
@@ -129,7 +130,7 @@ impl Shared {
             scan = loaded.iter().copied().collect();
             window = Some(loaded);
         }
-        recovery.checkpoint_sequence = from;
+        recovery.checkpoint_sequence = reference.map(|r| r.sequence);
         recovery.slots_scanned = scan.len() as u64;
         // Pass 1: the headers of every chunk in the scanned slots.
         let mut newest: HashMap<u64, ChunkHeader> = HashMap::new();

@@ -88,8 +88,8 @@ pub struct Status {
     /// many reads it serves from the cache).
     pub stripes_reconstructed: u64,
     pub unrecoverable_reads: u64,
-    /// Sequence of the newest durable map checkpoint (0: none).
-    pub checkpoint_sequence: u64,
+    /// Sequence of the newest durable map checkpoint (`None`: none).
+    pub checkpoint_sequence: Option<u64>,
     pub checkpoints_written: u64,
     /// Milliseconds writers spent waiting for the members to take more
     /// (the write bound), and for a free slot (sync, GC, checkpoint).
@@ -192,7 +192,7 @@ impl Shared {
             reconstructed_reads: load(&c.reconstructed_reads),
             stripes_reconstructed: load(&c.stripes_reconstructed),
             unrecoverable_reads: load(&c.unrecoverable_reads),
-            checkpoint_sequence: members.superblock().checkpoint.as_ref().map_or(0, |c| c.sequence),
+            checkpoint_sequence: members.superblock().checkpoint.as_ref().map(|c| c.sequence),
             checkpoints_written: load(&c.checkpoints_written),
             writers_waited_for_members_ms: load(&c.waited_for_members_us) / 1000,
             writers_waited_for_slot_ms: load(&c.waited_for_slot_us) / 1000,

@@ -263,8 +263,13 @@ pub fn serve(s: &Serve) -> Result<()> {
     let status = array.status()?;
     let r = &status.recovery;
     eprintln!(
-        "tessera: opened in {} ms: checkpoint at sequence {}, {} slots scanned, {} stripes replayed, {} torn stripes dropped",
-        r.milliseconds, r.checkpoint_sequence, r.slots_scanned, r.stripes_replayed, r.torn_stripes_dropped
+        "tessera: opened in {} ms: {}, {} slots scanned, {} stripes replayed, {} torn stripes dropped",
+        r.milliseconds,
+        r.checkpoint_sequence
+            .map_or("no checkpoint".to_string(), |c| format!("checkpoint at sequence {c}")),
+        r.slots_scanned,
+        r.stripes_replayed,
+        r.torn_stripes_dropped
     );
     if let Some(error) = &r.checkpoint_error {
         eprintln!("tessera: the checkpoint could not be used ({error}); every slot was scanned instead");
@@ -376,10 +381,21 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
             m["name"].as_str().unwrap_or("?")
         );
     }
+    if let Some(why) = status["writes_refused"].as_str() {
+        println!("WRITES REFUSED: {why}");
+    }
+    let accel = &status["accelerator"];
     println!(
-        "stripes: {} used of {}, {} degraded",
+        "accelerator {}: {} stripes sealed, {} rebuilt",
+        accel["name"].as_str().unwrap_or("?"),
+        accel["stripes_sealed"].as_u64().unwrap_or(0),
+        accel["stripes_reconstructed"].as_u64().unwrap_or(0)
+    );
+    println!(
+        "stripes: {} used of {} ({} free), {} degraded",
         n("stripes_used"),
         n("stripes_total"),
+        n("stripes_free"),
         n("stripes_degraded")
     );
     println!(
@@ -392,13 +408,22 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
         f("compression_ratio")
     );
     println!(
-        "since start: {} written by clients, {} to members (write amplification {:.2}); {} stripes sealed, {} short (FLUSH), {} collected",
+        "since start: {} written by clients, {} to members (write amplification {:.2}); {} stripes sealed, {} short (FLUSH); {} FLUSHes, {} syncs",
         human(n("user_bytes_written")),
         human(n("member_bytes_written")),
         f("write_amplification"),
         n("stripes_sealed"),
         n("short_stripes_sealed"),
-        n("gc_stripes_collected")
+        n("flushes"),
+        n("syncs")
+    );
+    println!(
+        "garbage collection: {} rounds, {} stripes emptied, {} relocated; writers waited {} ms for members, {} ms for a free slot",
+        n("gc_rounds"),
+        n("gc_stripes_collected"),
+        human(n("gc_bytes_relocated")),
+        n("writers_waited_for_members_ms"),
+        n("writers_waited_for_slot_ms")
     );
     println!(
         "errors: {} bad chunks found, {} repaired; {} reads reconstructed (from {} stripes rebuilt), {} unrecoverable",
@@ -410,15 +435,17 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
     );
     let r = &status["recovery"];
     let r_n = |key: &str| r[key].as_u64().unwrap_or(0);
+    let sequence = |value: &serde_json::Value| value.as_u64().map_or("none".to_string(), |s| s.to_string());
     println!(
-        "metadata: checkpoint at sequence {} ({} written since start); opening took {} ms from checkpoint {}, {} slots scanned, {} stripes replayed, {} torn stripes dropped",
-        n("checkpoint_sequence"),
+        "metadata: checkpoint at sequence {} ({} written since start); opening took {} ms from checkpoint {}, {} slots scanned, {} stripes replayed, {} torn stripes dropped, {} chunks repaired",
+        sequence(&status["checkpoint_sequence"]),
         n("checkpoints_written"),
         r_n("milliseconds"),
-        r_n("checkpoint_sequence"),
+        sequence(&r["checkpoint_sequence"]),
         r_n("slots_scanned"),
         r_n("stripes_replayed"),
-        r_n("torn_stripes_dropped")
+        r_n("torn_stripes_dropped"),
+        r_n("chunks_repaired")
     );
     if let Some(error) = r["checkpoint_error"].as_str() {
         println!("  the checkpoint could not be used ({error}); every slot was scanned instead");
