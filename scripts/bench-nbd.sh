@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Tessera over NBD against `nbdkit file` serving one file on the same disk,
 # measured with fio in the same run: sequential 1 MiB writes and reads at
-# queue depth 16, then reads with M members failed.
+# queue depth 16, 4 KiB random reads and writes at queue depth 32, a
+# whole-export nbdcopy with 4 connections x 64 requests, then reads with M
+# members failed (fio, and nbdcopy against the healthy copy).
 #
 # Reads are measured twice. "cold": the page cache is dropped before each
 # server's read round (needs root), so both read from the disk: like with
@@ -69,6 +71,24 @@ if ! (drop_cache) 2>/dev/null; then
   drop_cache() { return 1; }
 fi
 
+# MB/s of a whole-export copy to nowhere with many requests in flight
+# (nbdcopy --connections=4 --requests=64), as clients that read in
+# parallel do.
+nbdcopy_read() { # uri
+  local bytes start
+  bytes=$(nbdinfo --size "$1")
+  start=$(date +%s.%N)
+  nbdcopy --connections=4 --requests=64 "$1" null:
+  python3 -c "print(round($bytes / ($(date +%s.%N) - $start) / 1e6, 1))"
+}
+# IOPS of 4 KiB random I/O at queue depth 32 over the first 1 GiB, for 5 s.
+iops() { # uri rw
+  sync
+  fio --name=bench --ioengine=nbd --uri="$1" --rw="$2" --bs=4k --iodepth=32 --size=1G \
+      --time_based --runtime=5 --randseed=3 --output-format=json 2>/dev/null >"$work/fio.json"
+  python3 -c 'import json,sys; t=open(sys.argv[1]).read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print(round(j["write"]["iops"]+j["read"]["iops"]))' "$work/fio.json"
+}
+
 declare -A runs
 for round in $(seq "$rounds"); do
   runs[tessera_write]+="$(measure "$tessera_uri" write "$server") "
@@ -80,11 +100,21 @@ for round in $(seq "$rounds"); do
     drop_cache
     runs[nbdkit_cold]+="$(measure "$nbdkit_uri" read) "
   fi
+  # Random reads from the disk for both (nbdkit's cold round above left
+  # its file in the page cache).
+  drop_cache || true
+  runs[tessera_randread]+="$(iops "$tessera_uri" randread) "
+  drop_cache || true
+  runs[nbdkit_randread]+="$(iops "$nbdkit_uri" randread) "
+  runs[tessera_randwrite]+="$(iops "$tessera_uri" randwrite) "
+  runs[nbdkit_randwrite]+="$(iops "$nbdkit_uri" randwrite) "
+  runs[tessera_copy]+="$(nbdcopy_read "$tessera_uri") "
 done
 for i in $(seq 0 $((m - 1))); do "$tessera" fail "$work/array" --device "$i" >/dev/null; done
 for round in $(seq "$rounds"); do
   runs[degraded_read]+="$(measure "$tessera_uri" read "$server") "
   if drop_cache; then runs[degraded_cold]+="$(measure "$tessera_uri" read "$server") "; fi
+  runs[degraded_copy]+="$(nbdcopy_read "$tessera_uri") "
 done
 
 med() { echo ${runs[$1]:-0} | median; }
@@ -99,7 +129,14 @@ printf "%-36s %10s %10s %8s\n" "read MB/s, cold" "$tc" "$nc" "$(ratio "$tc" "$nc
 printf "%-36s %10s %10s %8s\n" "read MB/s, warm" "$tr_" "$nr" "$(ratio "$tr_" "$nr")"
 printf "%-36s %10s %10s %8s\n" "read, $m members failed MB/s, cold" "$dc" "(healthy)" "$(ratio "$dc" "$tc")"
 printf "%-36s %10s %10s %8s\n" "read, $m members failed MB/s, warm" "$dr" "(healthy)" "$(ratio "$dr" "$tr_")"
-for key in tessera_write nbdkit_write tessera_cold nbdkit_cold tessera_read nbdkit_read degraded_cold degraded_read; do
+trr=$(med tessera_randread); nrr=$(med nbdkit_randread); trw=$(med tessera_randwrite); nrw=$(med nbdkit_randwrite)
+tcp=$(med tessera_copy); dcp=$(med degraded_copy)
+printf "%-36s %10s %10s %8s\n" "4K random read IOPS, QD32" "$trr" "$nrr" "$(ratio "$trr" "$nrr")"
+printf "%-36s %10s %10s %8s\n" "4K random write IOPS, QD32" "$trw" "$nrw" "$(ratio "$trw" "$nrw")"
+printf "%-36s %10s %10s %8s\n" "nbdcopy 4x64 read MB/s" "$tcp" "" ""
+printf "%-36s %10s %10s %8s\n" "nbdcopy 4x64, $m failed MB/s" "$dcp" "(healthy)" "$(ratio "$dcp" "$tcp")"
+for key in tessera_write nbdkit_write tessera_cold nbdkit_cold tessera_read nbdkit_read degraded_cold degraded_read \
+    tessera_randread nbdkit_randread tessera_randwrite nbdkit_randwrite tessera_copy degraded_copy; do
   echo "runs $key: ${runs[$key]:-}"
 done
 echo "Tessera server cores busy (of $(nproc)), writes: $(cat "$work/cores.write"); reads (healthy, then degraded): $(cat "$work/cores.read")"

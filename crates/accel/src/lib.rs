@@ -135,6 +135,13 @@ pub trait Accelerator: Send + Sync {
     /// leaves and root of all K+M. Results are in job order.
     fn reconstruct(&self, shape: &Shape, jobs: &mut [ReconstructJob<'_>]) -> Result<Vec<Leaves>, AccelError>;
 
+    /// Rebuilds each job's missing *data* chunks (at most M missing) from
+    /// the others, computing no leaves: for reads of a byte range of a
+    /// stripe, where every chunk holds the same range and the caller checks
+    /// what it gets by its own digests. `shape.chunk_bytes` is the range's
+    /// length.
+    fn decode(&self, shape: &Shape, jobs: &mut [ReconstructJob<'_>]) -> Result<(), AccelError>;
+
     /// The digest of each input, in order.
     fn hash(&self, algorithm: Algorithm, inputs: &[&[u8]]) -> Vec<Digest>;
 

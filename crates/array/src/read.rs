@@ -72,6 +72,17 @@ impl Shared {
                 }
             }
         }
+        // Stripes this read wants most of: rebuilt whole if degraded (and
+        // kept for the next reads); of the others only the ranges wanted
+        // are decoded.
+        let mut wanted: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+        for (lo, hi, source) in &plan {
+            if let Some((extent, _, Where::Members { .. })) = source {
+                *wanted.entry(extent.slot).or_default() += (hi - lo) * BLOCK_BYTES as u64;
+            }
+        }
+        let area = self.geometry.data_area_bytes() as u64;
+        let wide = |slot: u64| wanted.get(&slot).is_some_and(|&bytes| 2 * bytes >= area);
         let mut filled = lba;
         let mut i = 0;
         while i < plan.len() {
@@ -92,7 +103,10 @@ impl Shared {
             let target = &mut out[block_range(lba, lo, hi)];
             match plan[i].2.take() {
                 None => target.fill(0),
-                Some((extent, skip, at)) => self.read_extent(&extent, skip, (hi - lo) as u32, at, target)?,
+                Some((extent, skip, at)) => {
+                    let whole = wide(extent.slot);
+                    self.read_extent(&extent, skip, (hi - lo) as u32, at, whole, target)?
+                }
             }
             i += 1;
         }
@@ -126,13 +140,15 @@ impl Shared {
     }
 
     /// Blocks [skip, skip+blocks) of `extent` into `out`, checked; its
-    /// slot is pinned by the caller.
+    /// slot is pinned by the caller. `whole`: the caller wants most of the
+    /// stripe, so if it must be rebuilt it is rebuilt whole.
     pub(crate) fn read_extent(
         &self,
         extent: &Extent,
         skip: u32,
         blocks: u32,
         mut at: Where,
+        whole: bool,
         out: &mut [u8],
     ) -> Result<(), ArrayError> {
         // A stripe only moves on (open, written, on the members), so the
@@ -148,40 +164,69 @@ impl Shared {
                     drop(open);
                     at = where_is(&self.index(), extent.slot);
                 }
-                Where::Members { sequence } => return self.read_from_members(extent, skip, blocks, sequence, out),
+                Where::Members { sequence } => {
+                    return self.read_from_members(extent, skip, blocks, sequence, whole, out)
+                }
             }
         }
         unreachable!("a stripe is open, then in memory, then on the members")
     }
 
-    /// An extent's blocks read from the members and checked; from the
-    /// rebuilt stripe if a member is out or a check fails.
+    /// An extent's blocks read from the members and checked. Where a
+    /// member holding them is out: the range decoded from the others (a
+    /// small read), or the stripe rebuilt (a read of most of it, or when
+    /// that fails); the stripe rebuilt too when a check fails.
     fn read_from_members(
         &self,
         extent: &Extent,
         skip: u32,
         blocks: u32,
         sequence: u64,
+        whole: bool,
         out: &mut [u8],
     ) -> Result<(), ArrayError> {
         let key = (extent.slot, sequence);
         if let Some(area) = self.cache.peek(key) {
             return self.serve_rebuilt(extent, skip, &area, out);
         }
-        let direct = match extent.codec {
-            None => {
-                let offset = extent.offset as usize + skip as usize * BLOCK_BYTES;
-                self.read_area_into(extent.slot, offset, out) && raw_ok(self.geometry.checksum, extent, skip, out)
-            }
-            Some(_) => {
-                let mut stored = vec![0u8; extent.stored_bytes as usize];
-                self.read_area_into(extent.slot, extent.offset as usize, &mut stored)
-                    && self.geometry.checksum.digest(&stored) == extent.digest
-                    && decompress_blocks(extent, &stored, skip, out).is_ok()
+        let algorithm = self.geometry.checksum;
+        let raw = extent.codec.is_none();
+        let (offset, len) = if raw {
+            (extent.offset as usize + skip as usize * BLOCK_BYTES, out.len())
+        } else {
+            (extent.offset as usize, extent.stored_bytes as usize)
+        };
+        let out_of_reach = stripe::pieces(&self.geometry, offset, len).iter().any(|&(chunk, ..)| {
+            self.members
+                .readable(self.geometry.place(extent.slot, chunk).0)
+                .is_none()
+        });
+        let check = |bytes: &[u8], out: &mut [u8]| {
+            if raw {
+                out.copy_from_slice(bytes);
+                raw_ok(algorithm, extent, skip, out)
+            } else {
+                algorithm.digest(bytes) == extent.digest && decompress_blocks(extent, bytes, skip, out).is_ok()
             }
         };
-        if direct {
-            return Ok(());
+        if !out_of_reach {
+            let mut stored = vec![0u8; if raw { 0 } else { len }];
+            let direct = if raw {
+                self.read_area_into(extent.slot, offset, out) && raw_ok(algorithm, extent, skip, out)
+            } else {
+                self.read_area_into(extent.slot, offset, &mut stored) && check(&stored, out)
+            };
+            if direct {
+                return Ok(());
+            }
+        } else if !whole {
+            if let Some(bytes) = self.decode_range(extent.slot, offset, len) {
+                if check(&bytes, out) {
+                    Counters::add(&self.counters.ranges_decoded, 1);
+                    Counters::add(&self.counters.reconstructed_reads, 1);
+                    return Ok(());
+                }
+            }
         }
         debug_assert_eq!(out.len(), blocks as usize * BLOCK_BYTES);
         let area = self.rebuilt_area(extent.slot, sequence)?;
@@ -196,6 +241,54 @@ impl Shared {
         }
         Counters::add(&self.counters.reconstructed_reads, 1);
         Ok(())
+    }
+
+    /// Data-area bytes [offset, offset+len) of the stripe in `slot`: what
+    /// lies on available members read straight, what lies on unavailable
+    /// ones decoded from the same byte range of K other chunks. No header
+    /// is read, so nothing here is trusted until the caller's digests
+    /// check it; `None` if a read fails.
+    fn decode_range(&self, slot: u64, offset: usize, len: usize) -> Option<Vec<u8>> {
+        let g = &self.geometry;
+        let mut out = vec![0u8; len];
+        for (chunk, within, n, at) in stripe::pieces(g, offset, len) {
+            let read = |j: usize, buf: &mut [u8]| {
+                let (member, row) = g.place(slot, j);
+                let position = g.row_offset(row) + (SECTOR_BYTES + within) as u64;
+                self.members
+                    .readable(member)
+                    .is_some_and(|device| device.read_at(buf, position).is_ok())
+            };
+            if read(chunk, &mut out[at..at + n]) {
+                continue;
+            }
+            // K sources: the other data chunks first, then parity.
+            let sources: Vec<usize> = (0..g.width())
+                .filter(|&j| j != chunk && self.members.readable(g.place(slot, j).0).is_some())
+                .take(g.data)
+                .collect();
+            if sources.len() < g.data {
+                return None;
+            }
+            let mut pieces = vec![vec![0u8; n]; g.width()];
+            for &j in &sources {
+                if !read(j, &mut pieces[j]) {
+                    return None;
+                }
+            }
+            let missing: Vec<usize> = (0..g.width()).filter(|j| !sources.contains(j)).collect();
+            let shape = tessera_accel::Shape {
+                chunk_bytes: n,
+                ..stripe::shape(g)
+            };
+            let mut jobs = [tessera_accel::ReconstructJob {
+                chunks: pieces.iter_mut().map(|p| &mut p[..]).collect(),
+                missing,
+            }];
+            self.accel.decode(&shape, &mut jobs).ok()?;
+            out[at..at + n].copy_from_slice(&pieces[chunk]);
+        }
+        Some(out)
     }
 
     /// Fills `out` with data-area bytes from `offset`, straight from the

@@ -27,6 +27,7 @@ pub struct Counters {
     pub chunks_repaired: AtomicU64,
     pub reconstructed_reads: AtomicU64,
     pub stripes_reconstructed: AtomicU64,
+    pub ranges_decoded: AtomicU64,
     pub unrecoverable_reads: AtomicU64,
     pub gc_rounds: AtomicU64,
     pub gc_stripes_collected: AtomicU64,
@@ -87,6 +88,8 @@ pub struct Status {
     /// Stripes rebuilt from K chunks to serve reads (each once, however
     /// many reads it serves from the cache).
     pub stripes_reconstructed: u64,
+    /// Small degraded reads served by decoding only the byte range wanted.
+    pub ranges_decoded: u64,
     pub unrecoverable_reads: u64,
     /// Sequence of the newest durable map checkpoint (`None`: none).
     pub checkpoint_sequence: Option<u64>,
@@ -191,6 +194,7 @@ impl Shared {
             chunks_repaired: load(&c.chunks_repaired),
             reconstructed_reads: load(&c.reconstructed_reads),
             stripes_reconstructed: load(&c.stripes_reconstructed),
+            ranges_decoded: load(&c.ranges_decoded),
             unrecoverable_reads: load(&c.unrecoverable_reads),
             checkpoint_sequence: members.superblock().checkpoint.as_ref().map(|c| c.sequence),
             checkpoints_written: load(&c.checkpoints_written),
