@@ -18,7 +18,10 @@ use crate::cache::ReconstructCache;
 use crate::device::AlignedBuf;
 use crate::format::{Geometry, Stream, Superblock, BLOCK_BYTES, SECTOR_BYTES};
 use crate::io::MemberIo;
-use crate::limits::{PARTIAL_WRITE_LOCK_COUNT, RECONSTRUCT_CACHE_BYTES_DEFAULT, WRITE_BYTES_IN_FLIGHT_MAX};
+use crate::limits::{
+    IO_POOL_THREADS_MAX, IO_POOL_THREADS_MIN, IO_POOL_THREADS_PER_MEMBER, PARTIAL_WRITE_LOCK_COUNT,
+    RECONSTRUCT_CACHE_BYTES_DEFAULT, WRITE_BYTES_IN_FLIGHT_MAX,
+};
 use crate::map::Map;
 use crate::members::{Member, Members};
 use crate::recovery::Recovery;
@@ -189,6 +192,9 @@ pub(crate) struct Shared {
     pub open: [Mutex<Option<OpenStripe>>; 2],
     pub tracker: Tracker,
     pub io: MemberIo,
+    /// Threads that only wait on members: the chunk reads of one request
+    /// or rebuild go out in parallel on it.
+    pub io_pool: rayon::ThreadPool,
     pub cache: ReconstructCache,
     pub counters: Counters,
     /// Read-modify-writes of partial blocks, by block number.
@@ -305,6 +311,15 @@ impl Array {
                 source: e,
             })?;
         let slot_count = geometry.slot_count();
+        let io_pool = rayon::ThreadPoolBuilder::new()
+            .num_threads((geometry.members * IO_POOL_THREADS_PER_MEMBER).clamp(IO_POOL_THREADS_MIN, IO_POOL_THREADS_MAX))
+            .thread_name(|i| format!("tessera-read-{i}"))
+            .build()
+            .map_err(|e| ArrayError::Io {
+                member: 0,
+                name: "read threads".to_string(),
+                source: std::io::Error::other(e),
+            })?;
         let cache = ReconstructCache::new(options.reconstruct_cache_bytes, geometry.data_area_bytes());
         let array_uuid = superblock.array_uuid;
         let fill_bytes = crate::write::stripe_fill_bytes(&geometry, policy.as_ref());
@@ -336,6 +351,7 @@ impl Array {
                 changed: Condvar::new(),
             },
             io,
+            io_pool,
             cache,
             counters,
             partial: (0..PARTIAL_WRITE_LOCK_COUNT).map(|_| Mutex::new(())).collect(),

@@ -85,6 +85,14 @@ pub const WRITE_RUN_BYTES_MAX: usize = 2 << 20;
 /// member always has a write in flight.
 pub const MEMBER_IO_THREADS: usize = 2;
 
+/// Threads that read chunks in parallel for one request or rebuild: a few
+/// per member, so every member can have reads queued, within bounds. They
+/// only wait on the members.
+pub const IO_POOL_THREADS_PER_MEMBER: usize = 4;
+pub const IO_POOL_THREADS_MIN: usize = 8;
+pub const IO_POOL_THREADS_MAX: usize = 256;
+const _: () = assert!(IO_POOL_THREADS_MIN <= IO_POOL_THREADS_MAX);
+
 /// Bytes of rebuilt stripes the reconstruction cache keeps by default;
 /// `EngineOptions::reconstruct_cache_bytes` changes it.
 pub const RECONSTRUCT_CACHE_BYTES_DEFAULT: usize = 256 << 20;

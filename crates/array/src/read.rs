@@ -196,11 +196,22 @@ impl Shared {
         } else {
             (extent.offset as usize, extent.stored_bytes as usize)
         };
-        let out_of_reach = stripe::pieces(&self.geometry, offset, len).iter().any(|&(chunk, ..)| {
-            self.members
-                .readable(self.geometry.place(extent.slot, chunk).0)
-                .is_none()
-        });
+        // Bytes a ranged decode would read: what lies on members that are
+        // out comes from the same range of K others. When that is half the
+        // stripe or more, the stripe is rebuilt whole instead and kept for
+        // the next reads (a sequential reader's next requests are there).
+        let k = self.geometry.data;
+        let (mut out_of_reach, mut decode_cost) = (false, 0usize);
+        for (chunk, _, n, _) in stripe::pieces(&self.geometry, offset, len) {
+            let member = self.geometry.place(extent.slot, chunk).0;
+            if self.members.readable(member).is_none() {
+                out_of_reach = true;
+                decode_cost += k * n;
+            } else {
+                decode_cost += n;
+            }
+        }
+        let whole = whole || 2 * decode_cost >= self.geometry.data_area_bytes();
         let check = |bytes: &[u8], out: &mut [u8]| {
             if raw {
                 out.copy_from_slice(bytes);
@@ -271,11 +282,17 @@ impl Shared {
                 return None;
             }
             let mut pieces = vec![vec![0u8; n]; g.width()];
-            for &j in &sources {
-                if !read(j, &mut pieces[j]) {
-                    return None;
-                }
+            let mut jobs: Vec<(usize, &mut Vec<u8>, bool)> = pieces
+                .iter_mut()
+                .enumerate()
+                .filter(|(j, _)| sources.contains(j))
+                .map(|(j, piece)| (j, piece, false))
+                .collect();
+            self.in_parallel(&mut jobs, |(j, piece, ok)| *ok = read(*j, piece));
+            if !jobs.iter().all(|job| job.2) {
+                return None;
             }
+            drop(jobs);
             let missing: Vec<usize> = (0..g.width()).filter(|j| !sources.contains(j)).collect();
             let shape = tessera_accel::Shape {
                 chunk_bytes: n,
@@ -292,18 +309,48 @@ impl Shared {
     }
 
     /// Fills `out` with data-area bytes from `offset`, straight from the
-    /// data chunks' members; false if a member is out or a read fails.
+    /// data chunks' members (in parallel); false if a member is out or a
+    /// read fails.
     pub(crate) fn read_area_into(&self, slot: u64, offset: usize, out: &mut [u8]) -> bool {
         let g = &self.geometry;
-        stripe::pieces(g, offset, out.len())
-            .into_iter()
-            .all(|(chunk, within, n, at)| {
-                let (member, row) = g.place(slot, chunk);
-                let position = g.row_offset(row) + (SECTOR_BYTES + within) as u64;
-                self.members
-                    .readable(member)
-                    .is_some_and(|device| device.read_at(&mut out[at..at + n], position).is_ok())
-            })
+        let pieces = stripe::pieces(g, offset, out.len());
+        if pieces
+            .iter()
+            .any(|&(chunk, ..)| self.members.readable(g.place(slot, chunk).0).is_none())
+        {
+            return false;
+        }
+        let mut rest = out;
+        let mut jobs: Vec<(usize, usize, &mut [u8], bool)> = Vec::with_capacity(pieces.len());
+        for (chunk, within, n, _) in pieces {
+            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(n);
+            rest = tail;
+            jobs.push((chunk, within, piece, false));
+        }
+        self.in_parallel(&mut jobs, |(chunk, within, piece, ok)| {
+            let (member, row) = g.place(slot, *chunk);
+            let position = g.row_offset(row) + (SECTOR_BYTES + *within) as u64;
+            *ok = self
+                .members
+                .readable(member)
+                .is_some_and(|device| device.read_at(piece, position).is_ok());
+        });
+        jobs.iter().all(|job| job.3)
+    }
+
+    /// Runs `each` on every job, on the I/O pool when there are several
+    /// (each blocks on a member), returning when all are done.
+    pub(crate) fn in_parallel<T: Send>(&self, jobs: &mut [T], each: impl Fn(&mut T) + Sync) {
+        if jobs.len() < 2 {
+            jobs.iter_mut().for_each(&each);
+            return;
+        }
+        let each = &each;
+        self.io_pool.scope(|scope| {
+            for job in jobs.iter_mut() {
+                scope.spawn(move |_| each(job));
+            }
+        });
     }
 
     /// A stripe's data area rebuilt from any K good chunks, once for all
@@ -335,11 +382,14 @@ impl Shared {
             check_all,
             area,
             |j| self.members.readable(g.place(slot, j).0).is_some(),
-            |j, header, payload| {
-                let (member, row) = g.place(slot, j);
-                self.members
-                    .readable(member)
-                    .is_some_and(|d| d.read_vectored_at(&mut [header, payload], g.row_offset(row)).is_ok())
+            |reads| {
+                self.in_parallel(reads, |r| {
+                    let (member, row) = g.place(slot, r.index);
+                    r.ok = self.members.readable(member).is_some_and(|d| {
+                        d.read_vectored_at(&mut [&mut *r.header, &mut *r.payload], g.row_offset(row))
+                            .is_ok()
+                    });
+                })
             },
         )
         .map_err(|error| match error {

@@ -285,9 +285,9 @@ pub enum RebuildError {
     Accel(tessera_accel::AccelError),
 }
 
-/// Reads stripe `which` back whole from
-/// what `read_chunk` returns for each chunk index (header sector and
-/// payload, or false if unavailable), rebuilding what is missing or bad.
+/// Reads stripe `which` back whole through `read` (which reads a batch of
+/// chunks, header sector and payload each, marking those it could),
+/// rebuilding what is missing or bad.
 /// With `check_all`, every chunk is read and checked (scrub, recovery of a
 /// possibly torn stripe); otherwise reading stops at K.
 pub fn reconstruct(
@@ -301,7 +301,7 @@ pub fn reconstruct(
     check_all: bool,
     mut area: AlignedBuf,
     available: impl Fn(usize) -> bool,
-    read_chunk: impl Fn(usize, &mut [u8], &mut [u8]) -> bool,
+    read: impl Fn(&mut [ChunkRead<'_>]),
 ) -> Result<Rebuilt, RebuildError> {
     let (k, width) = (geometry.data, geometry.width());
     let algorithm = geometry.checksum;
@@ -323,7 +323,7 @@ pub fn reconstruct(
         if !check_all {
             wanted.truncate(k.saturating_sub(have));
         }
-        for (j, header) in read_chunks(geometry, &mut area, &mut parity, &wanted, &read_chunk) {
+        for (j, header) in read_chunks(geometry, &mut area, &mut parity, &wanted, &read) {
             tried[j] = true;
             match header
                 .and_then(|sector| ChunkHeader::decode(&sector, algorithm).ok())
@@ -369,30 +369,51 @@ pub fn reconstruct(
         // Every chunk matches its own header, yet together they do not make
         // the root: one or two of them are copies that do not belong. Read
         // the rest and find which to leave out.
-        return find_outsiders(geometry, accel, area, parity, headers, tried, bad, root, &read_chunk);
+        return find_outsiders(geometry, accel, area, parity, headers, tried, bad, root, &read);
     }
     Err(RebuildError::RootMismatch)
 }
 
+/// One chunk to read: its index in the stripe, and where its header
+/// sector and payload go; `ok` says whether the read succeeded.
+pub struct ChunkRead<'a> {
+    pub index: usize,
+    pub header: &'a mut [u8],
+    pub payload: &'a mut [u8],
+    pub ok: bool,
+}
+
 /// Reads chunks `wanted` (header sectors and payloads into `area` and
-/// `parity`); returns each chunk's header sector, or `None` where the read
-/// failed.
+/// `parity`) with `read`, which may read them in parallel; returns each
+/// chunk's header sector, or `None` where the read failed.
 fn read_chunks(
     geometry: &Geometry,
     area: &mut [u8],
     parity: &mut [u8],
     wanted: &[usize],
-    read_chunk: &impl Fn(usize, &mut [u8], &mut [u8]) -> bool,
+    read: &impl Fn(&mut [ChunkRead<'_>]),
 ) -> Vec<(usize, Option<AlignedBuf>)> {
     let c = geometry.chunk_bytes;
     let mut payloads: Vec<Option<&mut [u8]>> = area.chunks_mut(c).chain(parity.chunks_mut(c)).map(Some).collect();
+    let mut sectors: Vec<AlignedBuf> = wanted.iter().map(|_| AlignedBuf::zeroed(SECTOR_BYTES)).collect();
+    let mut reads: Vec<ChunkRead> = wanted
+        .iter()
+        .zip(sectors.iter_mut())
+        .map(|(&j, sector)| ChunkRead {
+            index: j,
+            header: sector,
+            payload: payloads[j].take().expect("each chunk is wanted once"),
+            ok: false,
+        })
+        .collect();
+    read(&mut reads);
+    let ok: Vec<bool> = reads.iter().map(|r| r.ok).collect();
+    drop(reads);
     wanted
         .iter()
-        .map(|&j| {
-            let payload = payloads[j].take().expect("each chunk is wanted once");
-            let mut sector = AlignedBuf::zeroed(SECTOR_BYTES);
-            (j, read_chunk(j, &mut sector, payload).then_some(sector))
-        })
+        .zip(sectors)
+        .zip(ok)
+        .map(|((&j, sector), ok)| (j, ok.then_some(sector)))
         .collect()
 }
 
@@ -463,7 +484,7 @@ fn find_outsiders(
     tried: Vec<bool>,
     mut bad: Vec<usize>,
     root: Digest,
-    read_chunk: &impl Fn(usize, &mut [u8], &mut [u8]) -> bool,
+    read: &impl Fn(&mut [ChunkRead<'_>]),
 ) -> Result<Rebuilt, RebuildError> {
     let (k, width) = (geometry.data, geometry.width());
     let template = headers.iter().flatten().next().expect("K chunks are present").clone();
@@ -474,7 +495,7 @@ fn find_outsiders(
     };
     // The last rebuild overwrote the chunks not read; read them now.
     let untried: Vec<usize> = (0..width).filter(|&j| !tried[j]).collect();
-    for (j, sector) in read_chunks(geometry, &mut area, &mut parity, &untried, read_chunk) {
+    for (j, sector) in read_chunks(geometry, &mut area, &mut parity, &untried, read) {
         let header = sector
             .and_then(|sector| ChunkHeader::decode(&sector, geometry.checksum).ok())
             .filter(|h| belongs(h, j));
