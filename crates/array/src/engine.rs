@@ -312,7 +312,9 @@ impl Array {
             })?;
         let slot_count = geometry.slot_count();
         let io_pool = rayon::ThreadPoolBuilder::new()
-            .num_threads((geometry.members * IO_POOL_THREADS_PER_MEMBER).clamp(IO_POOL_THREADS_MIN, IO_POOL_THREADS_MAX))
+            .num_threads(
+                (geometry.members * IO_POOL_THREADS_PER_MEMBER).clamp(IO_POOL_THREADS_MIN, IO_POOL_THREADS_MAX),
+            )
             .thread_name(|i| format!("tessera-read-{i}"))
             .build()
             .map_err(|e| ArrayError::Io {

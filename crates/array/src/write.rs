@@ -35,7 +35,7 @@ use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use tessera_checksum::{Algorithm, Digest};
-use tessera_compress::policy::Hint;
+use tessera_compress::policy::{Blob, Hint};
 
 /// Blocks per extent for a geometry: a raw extent of this many blocks,
 /// with its summary entry, always fits an empty stripe.
@@ -232,16 +232,29 @@ impl Shared {
         let per_extent = extent_blocks_max(&self.geometry) * BLOCK_BYTES;
         let mut pieces = Vec::new();
         let mut to_hash: Vec<(usize, &[u8])> = Vec::new();
-        for (i, bytes) in data.chunks(per_extent).enumerate() {
+        // Extents are compressed on all cores at once: a client with one
+        // request in flight is not held to one core's compression speed.
+        let compress = |bytes: &[u8]| -> Result<Option<Blob>, ArrayError> {
+            match &self.policy {
+                Some(policy) if !is_zero(bytes) => policy
+                    .compress_blob(bytes, Hint::None)
+                    .map(Some)
+                    .map_err(ArrayError::Compress),
+                _ => Ok(None),
+            }
+        };
+        let blobs: Vec<Option<Blob>> = if self.policy.is_some() && data.len() > per_extent {
+            use rayon::prelude::*;
+            data.par_chunks(per_extent).map(compress).collect::<Result<_, _>>()?
+        } else {
+            data.chunks(per_extent).map(compress).collect::<Result<_, _>>()?
+        };
+        for ((i, bytes), blob) in data.chunks(per_extent).enumerate().zip(blobs) {
             let piece_lba = lba + (i * per_extent / BLOCK_BYTES) as u64;
             let blocks = (bytes.len() / BLOCK_BYTES) as u32;
-            let stored = if bytes.iter().all(|&b| b == 0) {
+            let stored = if is_zero(bytes) {
                 Stored::Zero
             } else {
-                let blob = match &self.policy {
-                    Some(policy) => Some(policy.compress_blob(bytes, Hint::None).map_err(ArrayError::Compress)?),
-                    None => None,
-                };
                 match blob {
                     Some(blob) if blob.codec.is_some() => {
                         to_hash.push((pieces.len(), &[]));
@@ -881,4 +894,8 @@ impl StripeDone for Shared {
             spares.built.push(built);
         }
     }
+}
+
+fn is_zero(bytes: &[u8]) -> bool {
+    bytes.iter().all(|&b| b == 0)
 }
