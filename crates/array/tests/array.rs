@@ -1,10 +1,12 @@
 //! The real array on in-memory members with injected faults, checked
 //! against a model: a plain byte vector.
 
+mod common;
+use common::headers;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use tessera_array::device::{Device, Faults, MemoryDevice};
-use tessera_array::format::{ChunkHeader, Geometry, Stream, SECTOR_BYTES};
+use tessera_array::format::{Stream, SECTOR_BYTES};
 use tessera_array::{ArrayError, CreateOptions};
 use tessera_checksum::Algorithm;
 
@@ -370,21 +372,6 @@ fn lost_writes_on_a_member_are_caught_and_repaired() {
     // Reopened, the same bytes.
     drop(array);
     check_all(&reopen(&devices, &[]).unwrap(), &model);
-}
-
-/// Every chunk header on `devices` that decodes: (member, offset, header).
-fn headers(devices: &[Arc<MemoryDevice>], g: &Geometry) -> Vec<(usize, u64, ChunkHeader)> {
-    let mut found = Vec::new();
-    for (member, device) in devices.iter().enumerate() {
-        for row in 0..g.rows {
-            let mut sector = vec![0u8; SECTOR_BYTES];
-            device.read_at(&mut sector, g.row_offset(row)).unwrap();
-            if let Ok(header) = ChunkHeader::decode(&sector, g.checksum) {
-                found.push((member, g.row_offset(row), header));
-            }
-        }
-    }
-    found
 }
 
 #[test]

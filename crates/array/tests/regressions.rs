@@ -5,10 +5,12 @@
 //! own checksums but did not belong to their stripe, and a relocated copy
 //! replayed over newer data.
 
+mod common;
+use common::headers;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use tessera_array::device::{Device, Faults, MemoryDevice};
-use tessera_array::format::{ChunkHeader, Geometry, SECTOR_BYTES};
+use tessera_array::format::{Geometry, SECTOR_BYTES};
 use tessera_array::{Array, ArrayError, CreateOptions};
 use tessera_checksum::Algorithm;
 
@@ -208,21 +210,6 @@ fn many_concurrent_degraded_readers_rebuild_each_stripe_once() {
         rebuilt <= stripes + 1,
         "{rebuilt} reconstructions for {stripes} degraded stripes"
     );
-}
-
-/// Every decodable chunk header: (member, offset, header).
-fn headers(devices: &[Arc<MemoryDevice>], g: &Geometry) -> Vec<(usize, u64, ChunkHeader)> {
-    let mut found = Vec::new();
-    for (member, device) in devices.iter().enumerate() {
-        for row in 0..g.rows {
-            let mut sector = vec![0u8; SECTOR_BYTES];
-            device.read_at(&mut sector, g.row_offset(row)).unwrap();
-            if let Ok(header) = ChunkHeader::decode(&sector, g.checksum) {
-                found.push((member, g.row_offset(row), header));
-            }
-        }
-    }
-    found
 }
 
 /// Replaces chunk `index` of every stripe with random bytes under a header

@@ -1,0 +1,20 @@
+//! Helpers shared by the array's integration tests.
+
+use std::sync::Arc;
+use tessera_array::device::{Device, MemoryDevice};
+use tessera_array::format::{ChunkHeader, Geometry, SECTOR_BYTES};
+
+/// Every chunk header on `devices` that decodes: (member, offset, header).
+pub fn headers(devices: &[Arc<MemoryDevice>], g: &Geometry) -> Vec<(usize, u64, ChunkHeader)> {
+    let mut found = Vec::new();
+    for (member, device) in devices.iter().enumerate() {
+        for row in 0..g.rows {
+            let mut sector = vec![0u8; SECTOR_BYTES];
+            device.read_at(&mut sector, g.row_offset(row)).unwrap();
+            if let Ok(header) = ChunkHeader::decode(&sector, g.checksum) {
+                found.push((member, g.row_offset(row), header));
+            }
+        }
+    }
+    found
+}
