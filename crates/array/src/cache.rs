@@ -40,30 +40,42 @@ impl ReconstructCache {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The stripe's data area if it has been rebuilt already.
+    /// The stripe's data area if it has been rebuilt, or once it is, if a
+    /// reader is rebuilding it now: a reader of the stripe's healthy chunks
+    /// then takes them from the rebuild instead of reading them again.
     pub fn peek(&self, key: Key) -> Option<Arc<AlignedBuf>> {
         let cell = self.lock().get(&key).cloned()?;
-        cell.get().cloned().flatten()
+        cell.wait().clone()
     }
 
     /// The stripe's data area, rebuilt by `build` unless another reader
     /// has rebuilt it or is rebuilding it (then this waits for that one).
+    /// An area this pushes out of the cache that no reader still holds is
+    /// handed to `recycle`, so the next rebuild need not allocate (and
+    /// zero) one afresh.
     pub fn get_or_build(
         &self,
         key: Key,
         build: impl FnOnce() -> Result<AlignedBuf, ArrayError>,
+        recycle: impl FnOnce(Arc<AlignedBuf>),
     ) -> Result<Arc<AlignedBuf>, ArrayError> {
-        let cell = {
+        let (cell, evicted) = {
             let mut entries = self.lock();
             match entries.get(&key) {
-                Some(cell) => cell.clone(),
+                Some(cell) => (cell.clone(), None),
                 None => {
                     let cell = Cell::default();
-                    entries.put(key, cell.clone());
-                    cell
+                    let evicted = entries.push(key, cell.clone()).map(|(_, old)| old);
+                    (cell, evicted)
                 }
             }
         };
+        if let Some(area) = evicted
+            .and_then(|old| Arc::try_unwrap(old).ok())
+            .and_then(|old| old.into_inner().flatten())
+        {
+            recycle(area);
+        }
         let mut error = None;
         let area = cell.get_or_init(|| match build() {
             Ok(area) => Some(Arc::new(area)),

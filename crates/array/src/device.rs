@@ -405,6 +405,8 @@ struct MemoryState {
     pending: Vec<(u64, Vec<u8>)>,
     faults: Faults,
     rng: rand::rngs::StdRng,
+    /// Bytes read so far (what a test can hold the read path to).
+    bytes_read: u64,
 }
 
 impl MemoryDevice {
@@ -415,9 +417,15 @@ impl MemoryDevice {
                 pending: Vec::new(),
                 faults: Faults::default(),
                 rng: rand::SeedableRng::seed_from_u64(0),
+                bytes_read: 0,
             }),
             size,
         }
+    }
+
+    /// Bytes read from this device so far, failed reads included.
+    pub fn bytes_read(&self) -> u64 {
+        self.state().bytes_read
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, MemoryState> {
@@ -525,6 +533,7 @@ impl Device for MemoryDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.delay();
         let mut state = self.state();
+        state.bytes_read += buf.len() as u64;
         if state.faults.fail_reads || state.read_fails() {
             return Err(eio());
         }

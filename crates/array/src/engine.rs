@@ -253,6 +253,12 @@ impl Shared {
         }
     }
 
+    /// Whether every data chunk of slot `slot` is on a readable member.
+    pub fn data_readable(&self, slot: u64) -> bool {
+        let g = &self.geometry;
+        (0..g.data).all(|j| self.members.readable(g.place(slot, j).0).is_some())
+    }
+
     /// Whether every chunk of slot `slot` is on a healthy member.
     pub fn all_healthy(&self, slot: u64) -> bool {
         let g = &self.geometry;

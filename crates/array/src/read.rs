@@ -74,15 +74,21 @@ impl Shared {
         }
         // Stripes this read wants most of: rebuilt whole if degraded (and
         // kept for the next reads); of the others only the ranges wanted
-        // are decoded.
-        let mut wanted: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+        // are read or decoded. "Most" is by what reading the ranges would
+        // cost: a range on a member that is out costs K times its length.
+        let mut cost: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
         for (lo, hi, source) in &plan {
-            if let Some((extent, _, Where::Members { .. })) = source {
-                *wanted.entry(extent.slot).or_default() += (hi - lo) * BLOCK_BYTES as u64;
+            if let Some((extent, skip, Where::Members { .. })) = source {
+                let (offset, len) = stored_range(extent, *skip, (hi - lo) as usize * BLOCK_BYTES);
+                *cost.entry(extent.slot).or_default() += self.range_cost(extent.slot, offset, len);
             }
         }
-        let area = self.geometry.data_area_bytes() as u64;
-        let wide = |slot: u64| wanted.get(&slot).is_some_and(|&bytes| 2 * bytes >= area);
+        // A read that large in all (a streaming reader's, most likely)
+        // takes every degraded stripe it touches whole: its next request
+        // will want the rest of the stripe it only begins here.
+        let area = self.geometry.data_area_bytes();
+        let large = 2 * cost.values().sum::<usize>() >= area;
+        let wide = |slot: u64| large || cost.get(&slot).is_some_and(|&bytes| 2 * bytes >= area);
         let mut filled = lba;
         let mut i = 0;
         while i < plan.len() {
@@ -191,27 +197,21 @@ impl Shared {
         }
         let algorithm = self.geometry.checksum;
         let raw = extent.codec.is_none();
-        let (offset, len) = if raw {
-            (extent.offset as usize + skip as usize * BLOCK_BYTES, out.len())
-        } else {
-            (extent.offset as usize, extent.stored_bytes as usize)
-        };
-        // Bytes a ranged decode would read: what lies on members that are
-        // out comes from the same range of K others. When that is half the
-        // stripe or more, the stripe is rebuilt whole instead and kept for
-        // the next reads (a sequential reader's next requests are there).
-        let k = self.geometry.data;
-        let (mut out_of_reach, mut decode_cost) = (false, 0usize);
-        for (chunk, _, n, _) in stripe::pieces(&self.geometry, offset, len) {
-            let member = self.geometry.place(extent.slot, chunk).0;
-            if self.members.readable(member).is_none() {
-                out_of_reach = true;
-                decode_cost += k * n;
-            } else {
-                decode_cost += n;
-            }
+        let (offset, len) = stored_range(extent, skip, out.len());
+        let out_of_reach = stripe::pieces(&self.geometry, offset, len).iter().any(|&(chunk, ..)| {
+            self.members
+                .readable(self.geometry.place(extent.slot, chunk).0)
+                .is_none()
+        });
+        // A reader that wants most of a degraded stripe (by what decoding
+        // its ranges would read) takes all of it from one rebuild, kept for
+        // the next reads, not its healthy chunks read first and then again
+        // by the rebuild.
+        let whole = whole || 2 * self.range_cost(extent.slot, offset, len) >= self.geometry.data_area_bytes();
+        if whole && !self.data_readable(extent.slot) {
+            let area = self.rebuilt_area(extent.slot, sequence)?;
+            return self.serve_rebuilt(extent, skip, &area, out);
         }
-        let whole = whole || 2 * decode_cost >= self.geometry.data_area_bytes();
         let check = |bytes: &[u8], out: &mut [u8]| {
             if raw {
                 out.copy_from_slice(bytes);
@@ -242,6 +242,22 @@ impl Shared {
         debug_assert_eq!(out.len(), blocks as usize * BLOCK_BYTES);
         let area = self.rebuilt_area(extent.slot, sequence)?;
         self.serve_rebuilt(extent, skip, &area, out)
+    }
+
+    /// Bytes reading data-area range [offset, offset+len) of `slot` takes:
+    /// its length where it lies on readable members, K times that where it
+    /// must be decoded from K others.
+    fn range_cost(&self, slot: u64, offset: usize, len: usize) -> usize {
+        let g = &self.geometry;
+        stripe::pieces(g, offset, len)
+            .iter()
+            .map(
+                |&(chunk, _, n, _)| match self.members.readable(g.place(slot, chunk).0) {
+                    Some(_) => n,
+                    None => g.data * n,
+                },
+            )
+            .sum()
     }
 
     /// An extent's blocks from a rebuilt data area, checked again.
@@ -356,12 +372,16 @@ impl Shared {
     /// A stripe's data area rebuilt from any K good chunks, once for all
     /// readers; bad chunks on healthy members are rewritten.
     pub(crate) fn rebuilt_area(&self, slot: u64, sequence: u64) -> Result<Arc<AlignedBuf>, ArrayError> {
-        self.cache.get_or_build((slot, sequence), || {
-            Counters::add(&self.counters.stripes_reconstructed, 1);
-            let rebuilt = self.rebuild_stripe(slot, sequence, false)?;
-            self.repair(slot, &rebuilt);
-            Ok(rebuilt.area)
-        })
+        self.cache.get_or_build(
+            (slot, sequence),
+            || {
+                Counters::add(&self.counters.stripes_reconstructed, 1);
+                let rebuilt = self.rebuild_stripe(slot, sequence, false)?;
+                self.repair(slot, &rebuilt);
+                Ok(rebuilt.area)
+            },
+            |area| self.recycle_area(area),
+        )
     }
 
     /// Reads stripe (`slot`, `sequence`) back whole, rebuilding what is
@@ -401,6 +421,15 @@ impl Shared {
             RebuildError::RootMismatch => ArrayError::Unreadable { slot },
             RebuildError::Accel(e) => ArrayError::Accel(e),
         })
+    }
+}
+
+/// Where in its stripe's data area `blocks_bytes` of an extent from block
+/// `skip` are stored: those blocks of a raw extent, all of a compressed one.
+fn stored_range(extent: &Extent, skip: u32, blocks_bytes: usize) -> (usize, usize) {
+    match extent.codec {
+        None => (extent.offset as usize + skip as usize * BLOCK_BYTES, blocks_bytes),
+        Some(_) => (extent.offset as usize, extent.stored_bytes as usize),
     }
 }
 
