@@ -83,11 +83,15 @@ impl Shared {
                 *cost.entry(extent.slot).or_default() += self.range_cost(extent.slot, offset, len);
             }
         }
-        // A read that large in all (a streaming reader's, most likely)
-        // takes every degraded stripe it touches whole: its next request
-        // will want the rest of the stripe it only begins here.
+        // A read that is large in all and covers a good part of the
+        // stripes it touches (a streaming reader's, most likely) takes each
+        // degraded one whole: its next request will want the rest of the
+        // stripe it only begins here. One whose blocks are scattered over
+        // many stripes (written at random) does not: each would be a
+        // stripe read for a block.
         let area = self.geometry.data_area_bytes();
-        let large = 2 * cost.values().sum::<usize>() >= area;
+        let total: usize = cost.values().sum();
+        let large = 2 * total >= area && 4 * total >= cost.len() * area;
         let wide = |slot: u64| large || cost.get(&slot).is_some_and(|&bytes| 2 * bytes >= area);
         let mut filled = lba;
         let mut i = 0;
