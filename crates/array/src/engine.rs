@@ -405,6 +405,40 @@ impl Array {
         self.shared.read(offset, buf)
     }
 
+    /// Which of bytes [offset, offset+len) are stored: consecutive runs
+    /// from `offset` covering the range, `(bytes, true)` where blocks map
+    /// to data, `(bytes, false)` where they read as zeros and hold no
+    /// space (never written, trimmed, or zeroed). What NBD's
+    /// `base:allocation` reports.
+    pub fn allocation(&self, offset: u64, len: u64) -> Result<Vec<(u64, bool)>, ArrayError> {
+        self.shared.check_range(offset, len)?;
+        let end = offset + len;
+        let block = BLOCK_BYTES as u64;
+        let (first, last) = (offset / block, end.div_ceil(block));
+        let mut runs: Vec<(u64, bool)> = Vec::new();
+        let mut push = |from: u64, to: u64, stored: bool| {
+            let (from, to) = ((from * block).max(offset), (to * block).min(end));
+            if from >= to {
+                return;
+            }
+            match runs.last_mut() {
+                Some(last) if last.1 == stored => last.0 += to - from,
+                _ => runs.push((to - from, stored)),
+            }
+        };
+        let index = self.shared.index();
+        let mut at = first;
+        for (start, mapping) in index.map.overlapping(first, last) {
+            let stop = start + u64::from(mapping.blocks);
+            push(at, start.max(at), false);
+            let stored = matches!(mapping.target, crate::map::Target::Data { .. });
+            push(start.max(at), stop.min(last), stored);
+            at = stop.min(last);
+        }
+        push(at, last, false);
+        Ok(runs)
+    }
+
     /// Writes `data` at byte `offset`; with `fua`, returns once it is durable.
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ArrayError> {
         self.shared.write(offset, data, fua)

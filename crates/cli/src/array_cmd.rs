@@ -6,7 +6,7 @@
 //! and `control.sock`, through which `status` and `fail` reach the server.
 
 use anyhow::{bail, Context, Result};
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -196,6 +196,17 @@ impl tessera_nbd::Export for ArrayExport {
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32> {
         self.map("write zeroes", self.0.write_zeroes(offset, len, fua))
     }
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<(u64, u32)>, u32> {
+        let runs = self.0.allocation(offset, len).map_err(|e| {
+            eprintln!("tessera: block status failed: {e}");
+            e.errno()
+        })?;
+        let hole = tessera_nbd::STATE_HOLE | tessera_nbd::STATE_ZERO;
+        Ok(runs
+            .into_iter()
+            .map(|(bytes, stored)| (bytes, if stored { 0 } else { hole }))
+            .collect())
+    }
 }
 
 fn lock(dir: &Path) -> Result<std::fs::File> {
@@ -302,38 +313,62 @@ pub fn serve(s: &Serve) -> Result<()> {
     Ok(())
 }
 
-/// Answers `status` and `fail I` on the control socket, one line each.
+/// How long a control client has to send its request and take the
+/// answer; a silent one is dropped, and others are served meanwhile.
+const CONTROL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// Control clients served at once; more are told to retry.
+const CONTROL_CLIENTS_MAX: usize = 8;
+
+/// Answers `status` and `fail I` on the control socket, one line each,
+/// each client on its own thread with a timeout.
 fn control_loop(listener: UnixListener, array: Arc<Array>, stop: Arc<AtomicBool>) {
+    let busy = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     for stream in listener.incoming() {
         if stop.load(Ordering::Relaxed) {
             return;
         }
         let Ok(stream) = stream else { continue };
-        let mut line = String::new();
-        let mut reader = BufReader::new(&stream);
-        if reader.read_line(&mut line).is_err() {
+        let _ = stream.set_read_timeout(Some(CONTROL_TIMEOUT));
+        let _ = stream.set_write_timeout(Some(CONTROL_TIMEOUT));
+        if busy.fetch_add(1, Ordering::SeqCst) >= CONTROL_CLIENTS_MAX {
+            busy.fetch_sub(1, Ordering::SeqCst);
+            let _ = (&stream).write_all(b"error: the server is busy with other control clients; try again\n");
             continue;
         }
-        let reply = match line.split_whitespace().collect::<Vec<_>>().as_slice() {
-            ["status"] => array
-                .status()
-                .map_err(|e| e.to_string())
-                .and_then(|s| serde_json::to_string(&s).map_err(|e| e.to_string())),
-            ["fail", index] => match index.parse::<usize>() {
-                Ok(i) => array
-                    .fail_member(i)
-                    .map(|()| "ok".to_string())
-                    .map_err(|e| e.to_string()),
-                Err(_) => Err(format!("'{index}' is not a member index")),
-            },
-            _ => Err("unknown request: use 'status' or 'fail I'".to_string()),
-        };
-        let text = match reply {
-            Ok(text) => text,
-            Err(e) => format!("error: {e}"),
-        };
-        let _ = (&stream).write_all((text + "\n").as_bytes());
+        let (array, busy) = (array.clone(), busy.clone());
+        std::thread::spawn(move || {
+            control_client(&stream, &array);
+            busy.fetch_sub(1, Ordering::SeqCst);
+        });
     }
+}
+
+fn control_client(stream: &UnixStream, array: &Array) {
+    let mut line = String::new();
+    // At most one short line is read: a client that sends more, or
+    // nothing, gets nothing.
+    if BufReader::new(stream).take(256).read_line(&mut line).is_err() || !line.ends_with('\n') {
+        return;
+    }
+    let reply = match line.split_whitespace().collect::<Vec<_>>().as_slice() {
+        ["status"] => array
+            .status()
+            .map_err(|e| e.to_string())
+            .and_then(|s| serde_json::to_string(&s).map_err(|e| e.to_string())),
+        ["fail", index] => match index.parse::<usize>() {
+            Ok(i) => array
+                .fail_member(i)
+                .map(|()| "ok".to_string())
+                .map_err(|e| e.to_string()),
+            Err(_) => Err(format!("'{index}' is not a member index")),
+        },
+        _ => Err("unknown request: use 'status' or 'fail I'".to_string()),
+    };
+    let text = match reply {
+        Ok(text) => text,
+        Err(e) => format!("error: {e}"),
+    };
+    let _ = (&*stream).write_all((text + "\n").as_bytes());
 }
 
 /// Sends one request to a running server; `None` if none is running.
@@ -341,9 +376,14 @@ fn ask_server(dir: &Path, request: &str) -> Result<Option<String>> {
     let Ok(mut stream) = UnixStream::connect(dir.join(CONTROL_SOCKET)) else {
         return Ok(None);
     };
+    // A status of a huge array takes a while; a server that says nothing
+    // for this long is stuck, and saying so beats hanging.
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(60)))?;
     stream.write_all(format!("{request}\n").as_bytes())?;
     let mut line = String::new();
-    BufReader::new(&stream).read_line(&mut line)?;
+    BufReader::new(&stream)
+        .read_line(&mut line)
+        .with_context(|| format!("the server serving {} did not answer '{request}'", dir.display()))?;
     if let Some(error) = line.strip_prefix("error: ") {
         bail!("{}", error.trim());
     }

@@ -300,7 +300,18 @@ enum BenchCommand {
 }
 
 fn main() -> Result<()> {
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve { .. }) {
+        // Commands that print end quietly when what reads them stops
+        // (`tessera status | head`), as command-line tools do; the server
+        // keeps SIGPIPE ignored and sees a closed client as an error.
+        // SAFETY: setting a signal's disposition to the default, before
+        // any other thread exists.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
+    match cli.command {
         Command::Create {
             data,
             parity,

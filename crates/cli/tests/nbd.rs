@@ -156,7 +156,7 @@ fn real_clients_read_back_what_they_wrote() {
     let info: serde_json::Value = serde_json::from_str(&info).unwrap();
     let export = &info["exports"][0];
     assert_eq!(export["export-name"], "tessera");
-    assert_eq!(export["block_size_minimum"], 512);
+    assert_eq!(export["block_size_minimum"], 1);
     assert_eq!(export["block_size_preferred"], 4096);
     assert_eq!(export["can_multi_conn"], true);
     let size = export["export-size"].as_u64().unwrap();
@@ -558,4 +558,139 @@ fn fio_overwrite_churn_runs_across_restarts() {
         assert_eq!(status["unrecoverable_reads"], 0, "{compress}");
         assert!(status["mapped_bytes"].as_u64().unwrap() <= size, "{compress}");
     }
+}
+
+#[test]
+fn holes_show_in_nbdinfo_map_qemu_img_map_and_a_sparse_nbdcopy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("array");
+    create(&dir, &[]);
+    let server = Served::start(&dir, &tmp.path().join("nbd.sock"));
+    let uri = server.uri();
+    // 64 KiB at 1 MiB with 16 KiB of it zeroed again, 4 KiB at 4 MiB, and
+    // 3 bytes in the middle of a block (the advertised minimum is 1 byte).
+    run(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            &uri,
+            "-c",
+            "write -P 0x61 1M 64K",
+            "-c",
+            "write -z 1040K 16K",
+            "-c",
+            "write -P 0x62 4M 4K",
+            "-c",
+            "write -P 0x63 8195 3",
+            "-c",
+            "flush",
+        ],
+        tmp.path(),
+    );
+    let read = run(
+        "qemu-io",
+        &["-f", "raw", &uri, "-c", "read -P 0x63 8195 3", "-c", "read -P 0 8192 3"],
+        tmp.path(),
+    );
+    assert!(!read.contains("Pattern verification failed"), "{read}");
+
+    // nbdinfo --map: (offset, length, type) runs, type 0 data, 3 hole+zero.
+    let map = run("nbdinfo", &["--map", "--json", &uri], tmp.path());
+    let map: serde_json::Value = serde_json::from_str(&map).unwrap();
+    let runs: Vec<(u64, u64, u64)> = map
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["offset"].as_u64().unwrap(),
+                r["length"].as_u64().unwrap(),
+                r["type"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let data: Vec<(u64, u64)> = runs.iter().filter(|r| r.2 == 0).map(|r| (r.0, r.1)).collect();
+    let k = 1024;
+    assert_eq!(
+        data,
+        vec![
+            (8 * k, 4 * k),
+            (1024 * k, 16 * k),
+            (1056 * k, 32 * k),
+            (4096 * k, 4 * k)
+        ],
+        "{runs:?}"
+    );
+    assert!(runs.iter().all(|r| r.2 == 0 || r.2 == 3), "{runs:?}");
+    let size = runs.last().map(|r| r.0 + r.1).unwrap();
+
+    // qemu-img map sees the same data ranges.
+    let qmap = run("qemu-img", &["map", "--output=json", "-f", "raw", &uri], tmp.path());
+    let qmap: serde_json::Value = serde_json::from_str(&qmap).unwrap();
+    let qdata: Vec<(u64, u64)> = qmap
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["data"] == true)
+        .map(|r| (r["start"].as_u64().unwrap(), r["length"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(qdata, data);
+
+    // nbdcopy to a file writes the data and leaves the holes sparse.
+    let out = tmp.path().join("copy.raw");
+    run("nbdcopy", &[&uri, out.to_str().unwrap()], tmp.path());
+    let meta = std::fs::metadata(&out).unwrap();
+    assert_eq!(meta.len(), size);
+    use std::os::unix::fs::MetadataExt;
+    assert!(
+        meta.blocks() * 512 < 1 << 20,
+        "{} bytes allocated for 56 KiB of data",
+        meta.blocks() * 512
+    );
+    let copy = std::fs::read(&out).unwrap();
+    assert!(copy[1 << 20..(1 << 20) + 16 * 1024].iter().all(|&b| b == 0x61));
+    assert!(copy[(1 << 20) + 16 * 1024..(1 << 20) + 32 * 1024]
+        .iter()
+        .all(|&b| b == 0));
+    assert_eq!(&copy[8195..8198], b"ccc");
+    server.stop();
+}
+
+#[test]
+fn a_silent_control_client_blocks_no_one_and_status_survives_a_closed_pipe() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("array");
+    create(&dir, &[]);
+    let server = Served::start(&dir, &tmp.path().join("nbd.sock"));
+    // Two clients that connect and say nothing.
+    let silent: Vec<_> = (0..2)
+        .map(|_| std::os::unix::net::UnixStream::connect(dir.join("control.sock")).unwrap())
+        .collect();
+    let started = std::time::Instant::now();
+    let status = status_json(&dir);
+    assert_eq!(status["data"], 4);
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "status waited {:?} behind silent control clients",
+        started.elapsed()
+    );
+    drop(silent);
+    // `status | true`: the reader is gone before anything is written; no
+    // panic, no error.
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "'{}' status '{}' | true",
+            env!("CARGO_BIN_EXE_tessera"),
+            dir.display()
+        ))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("Broken pipe"),
+        "{stderr}"
+    );
+    server.stop();
 }

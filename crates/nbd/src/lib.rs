@@ -1,7 +1,9 @@
 //! An NBD server for any [`Export`]: fixed newstyle negotiation
-//! (NBD_OPT_GO, INFO, LIST, ABORT, EXPORT_NAME, STRUCTURED_REPLY), block
-//! size information, and READ, WRITE, FLUSH, TRIM, WRITE_ZEROES and DISC
-//! with FUA, over TCP or Unix sockets, several connections at once.
+//! (NBD_OPT_GO, INFO, LIST, ABORT, EXPORT_NAME, STRUCTURED_REPLY,
+//! LIST_META_CONTEXT and SET_META_CONTEXT with `base:allocation`), block
+//! size information, and READ, WRITE, FLUSH, TRIM, WRITE_ZEROES (with
+//! FAST_ZERO), BLOCK_STATUS and DISC with FUA, over TCP or Unix sockets,
+//! several connections at once.
 //!
 //! Protocol: NetworkBlockDevice/nbd `doc/proto.md`. Every integer on the
 //! wire is big-endian. A request that is malformed or out of range gets
@@ -80,6 +82,8 @@ struct Request {
     offset: u64,
     len: u32,
     fua: bool,
+    /// BLOCK_STATUS with NBD_CMD_FLAG_REQ_ONE: one descriptor only.
+    req_one: bool,
     /// Flags or range already found wrong: the reply is this error.
     invalid: Option<u32>,
     payload: Vec<u8>,
@@ -97,6 +101,11 @@ pub mod errno {
     pub const ESHUTDOWN: u32 = 108;
 }
 
+/// `base:allocation` flags: not allocated (a write there may need space).
+pub const STATE_HOLE: u32 = 1;
+/// `base:allocation` flags: reads as zeros.
+pub const STATE_ZERO: u32 = 2;
+
 /// What the server exports: a byte range with these operations. Offsets
 /// and lengths are checked against `size` before any call.
 pub trait Export: Send + Sync {
@@ -106,6 +115,13 @@ pub trait Export: Send + Sync {
     fn flush(&self) -> Result<(), u32>;
     fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32>;
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32>;
+    /// How [offset, offset+len) is stored, as consecutive runs from
+    /// `offset` (bytes, [`STATE_HOLE`] | [`STATE_ZERO`] flags) that cover
+    /// at least its first byte. By default: all allocated, contents
+    /// unknown, which the protocol always allows.
+    fn block_status(&self, _offset: u64, len: u64) -> Result<Vec<(u64, u32)>, u32> {
+        Ok(vec![(len, 0)])
+    }
 }
 
 const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
@@ -132,6 +148,7 @@ const OPT_SET_META_CONTEXT: u32 = 10;
 const REP_ACK: u32 = 1;
 const REP_SERVER: u32 = 2;
 const REP_INFO: u32 = 3;
+const REP_META_CONTEXT: u32 = 4;
 const REP_ERR_UNSUP: u32 = 0x8000_0001;
 const REP_ERR_INVALID: u32 = 0x8000_0003;
 const REP_ERR_UNKNOWN: u32 = 0x8000_0006;
@@ -149,6 +166,7 @@ const TFLAG_SEND_TRIM: u16 = 32;
 const TFLAG_SEND_WRITE_ZEROES: u16 = 64;
 const TFLAG_SEND_DF: u16 = 128;
 const TFLAG_CAN_MULTI_CONN: u16 = 256;
+const TFLAG_SEND_FAST_ZERO: u16 = 2048;
 
 const CMD_READ: u16 = 0;
 const CMD_WRITE: u16 = 1;
@@ -156,18 +174,24 @@ const CMD_DISC: u16 = 2;
 const CMD_FLUSH: u16 = 3;
 const CMD_TRIM: u16 = 4;
 const CMD_WRITE_ZEROES: u16 = 6;
+const CMD_BLOCK_STATUS: u16 = 7;
 const CMD_FLAG_FUA: u16 = 1;
 const CMD_FLAG_NO_HOLE: u16 = 2;
 const CMD_FLAG_DF: u16 = 4;
-const CMD_FLAGS_KNOWN: u16 = CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_DF;
+const CMD_FLAG_REQ_ONE: u16 = 8;
+const CMD_FLAG_FAST_ZERO: u16 = 16;
+const CMD_FLAGS_KNOWN: u16 = CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_DF | CMD_FLAG_REQ_ONE | CMD_FLAG_FAST_ZERO;
 
 const REPLY_FLAG_DONE: u16 = 1;
 const REPLY_TYPE_OFFSET_DATA: u16 = 1;
+const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
 const REPLY_TYPE_ERROR: u16 = 0x8001;
 
-/// Block sizes advertised: any 512-byte-aligned request works (the array
-/// merges partial blocks), 4 KiB is its block, 32 MiB the largest request.
-pub const BLOCK_SIZE_MIN: u32 = 512;
+/// Block sizes advertised: any request down to one byte works (the array
+/// merges partial blocks, as nbdkit's file plugin does; libnbd holds
+/// clients to the minimum, so fuse2fs's few-byte superblock writes through
+/// nbdfuse need it), 4 KiB is its block, 32 MiB the largest request.
+pub const BLOCK_SIZE_MIN: u32 = 1;
 pub const BLOCK_SIZE_PREFERRED: u32 = 4096;
 pub const REQUEST_BYTES_MAX: u32 = 32 << 20;
 /// Option payloads longer than this end the negotiation.
@@ -197,9 +221,21 @@ fn protocol_error(why: &str) -> io::Error {
 
 /// How negotiation ended.
 enum Negotiated {
-    Transmission { structured: bool },
+    Transmission(Session),
     Closed,
 }
+
+/// What a connection negotiated for its transmission phase.
+#[derive(Clone, Copy, Default)]
+struct Session {
+    structured: bool,
+    /// `base:allocation` selected: BLOCK_STATUS is allowed.
+    allocation: bool,
+}
+
+/// The one metadata context offered, and the id it is selected under.
+const BASE_ALLOCATION: &str = "base:allocation";
+const BASE_ALLOCATION_ID: u32 = 1;
 
 impl<E: Export> Server<E> {
     fn transmission_flags(&self, structured: bool) -> u16 {
@@ -208,6 +244,7 @@ impl<E: Export> Server<E> {
             | TFLAG_SEND_FUA
             | TFLAG_SEND_TRIM
             | TFLAG_SEND_WRITE_ZEROES
+            | TFLAG_SEND_FAST_ZERO
             | TFLAG_CAN_MULTI_CONN;
         if structured {
             flags |= TFLAG_SEND_DF;
@@ -222,11 +259,11 @@ impl<E: Export> Server<E> {
     /// Serves one client until it disconnects or `stop` is set.
     pub fn serve<S: Connection>(&self, stream: S, stop: &AtomicBool) -> io::Result<()> {
         let mut stream = io::BufReader::new(stream);
-        let structured = match self.negotiate(&mut stream)? {
-            Negotiated::Transmission { structured } => structured,
+        let session = match self.negotiate(&mut stream)? {
+            Negotiated::Transmission(session) => session,
             Negotiated::Closed => return Ok(()),
         };
-        self.transmit(&mut stream, structured, stop)
+        self.transmit(&mut stream, session, stop)
     }
 
     fn negotiate<S: Read + Write>(&self, stream: &mut io::BufReader<S>) -> io::Result<Negotiated> {
@@ -243,7 +280,7 @@ impl<E: Export> Server<E> {
             return Err(protocol_error("client sent unknown flags"));
         }
         let no_zeroes = client_flags & CLIENT_FLAG_NO_ZEROES != 0;
-        let mut structured = false;
+        let mut session = Session::default();
         // Each option is answered; a client may send many, but not forever.
         for _ in 0..4096 {
             if read_u64(stream)? != IHAVEOPT {
@@ -267,12 +304,12 @@ impl<E: Export> Server<E> {
                     }
                     let mut reply = Vec::with_capacity(10 + 124);
                     reply.extend_from_slice(&self.export.size().to_be_bytes());
-                    reply.extend_from_slice(&self.transmission_flags(structured).to_be_bytes());
+                    reply.extend_from_slice(&self.transmission_flags(session.structured).to_be_bytes());
                     if !no_zeroes {
                         reply.extend_from_slice(&[0u8; 124]);
                     }
                     stream.get_mut().write_all(&reply)?;
-                    return Ok(Negotiated::Transmission { structured });
+                    return Ok(Negotiated::Transmission(session));
                 }
                 OPT_ABORT => {
                     self.option_reply(stream, option, REP_ACK, &[])?;
@@ -289,24 +326,50 @@ impl<E: Export> Server<E> {
                     self.option_reply(stream, option, REP_ACK, &[])?;
                 }
                 OPT_INFO | OPT_GO => {
-                    if self.info(stream, option, &data, structured)? && option == OPT_GO {
-                        return Ok(Negotiated::Transmission { structured });
+                    if self.info(stream, option, &data, session.structured)? && option == OPT_GO {
+                        return Ok(Negotiated::Transmission(session));
                     }
                 }
                 OPT_STRUCTURED_REPLY => {
                     if !data.is_empty() {
                         self.option_reply(stream, option, REP_ERR_INVALID, b"takes no data")?;
                     } else {
-                        structured = true;
+                        session.structured = true;
                         self.option_reply(stream, option, REP_ACK, &[])?;
                     }
                 }
                 OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
-                    if structured {
-                        // No metadata contexts are offered: an empty list.
-                        self.option_reply(stream, option, REP_ACK, &[])?;
-                    } else {
+                    if option == OPT_SET_META_CONTEXT {
+                        // Each SET replaces the selection, failed or not.
+                        session.allocation = false;
+                    }
+                    if !session.structured {
                         self.option_reply(stream, option, REP_ERR_INVALID, b"negotiate structured replies first")?;
+                        continue;
+                    }
+                    match parse_meta_context(&data) {
+                        None => {
+                            self.option_reply(stream, option, REP_ERR_INVALID, b"malformed metadata context request")?
+                        }
+                        Some((name, _)) if !self.name_matches(&name) => {
+                            self.option_reply(stream, option, REP_ERR_UNKNOWN, b"no such export: try 'tessera'")?
+                        }
+                        Some((_, queries)) => {
+                            // LIST with no query lists everything; "base:"
+                            // lists the namespace; SET takes exact names.
+                            let listing = option == OPT_LIST_META_CONTEXT;
+                            let offered = (listing && queries.is_empty())
+                                || queries
+                                    .iter()
+                                    .any(|q| q == BASE_ALLOCATION.as_bytes() || (listing && q == b"base:"));
+                            if offered {
+                                let mut reply = if listing { 0 } else { BASE_ALLOCATION_ID }.to_be_bytes().to_vec();
+                                reply.extend_from_slice(BASE_ALLOCATION.as_bytes());
+                                self.option_reply(stream, option, REP_META_CONTEXT, &reply)?;
+                                session.allocation = !listing;
+                            }
+                            self.option_reply(stream, option, REP_ACK, &[])?;
+                        }
                     }
                 }
                 _ => self.option_reply(stream, option, REP_ERR_UNSUP, b"option not supported")?,
@@ -388,9 +451,10 @@ impl<E: Export> Server<E> {
     fn transmit<S: Connection>(
         &self,
         stream: &mut io::BufReader<S>,
-        structured: bool,
+        session: Session,
         stop: &AtomicBool,
     ) -> io::Result<()> {
+        let structured = session.structured;
         let size = self.export.size();
         let out = Mutex::new(stream.get_ref().try_clone()?);
         let (requests, queue) = sync_channel::<Request>(WORKERS_PER_CONNECTION);
@@ -404,7 +468,7 @@ impl<E: Export> Server<E> {
                     scope.spawn(move || self.work(queue, out, structured, &give_back))
                 })
                 .collect();
-            let read = self.read_requests(stream, size, stop, &requests, &spare);
+            let read = self.read_requests(stream, size, session, stop, &requests, &spare);
             // The workers finish what was queued, then see the queue close.
             drop(requests);
             let worked = workers
@@ -420,6 +484,7 @@ impl<E: Export> Server<E> {
         &self,
         stream: &mut io::BufReader<S>,
         size: u64,
+        session: Session,
         stop: &AtomicBool,
         requests: &std::sync::mpsc::SyncSender<Request>,
         spare: &Receiver<Vec<u8>>,
@@ -458,12 +523,19 @@ impl<E: Export> Server<E> {
                 return Ok(());
             }
             let in_range = offset.checked_add(u64::from(len)).is_some_and(|end| end <= size);
+            // Flags that only one command takes.
+            let misplaced = (flags & CMD_FLAG_REQ_ONE != 0 && kind != CMD_BLOCK_STATUS)
+                || (flags & CMD_FLAG_FAST_ZERO != 0 && kind != CMD_WRITE_ZEROES);
             let invalid = match kind {
+                _ if flags & !CMD_FLAGS_KNOWN != 0 || misplaced => Some(errno::EINVAL),
                 CMD_FLUSH if offset != 0 || len != 0 => Some(errno::EINVAL),
                 CMD_FLUSH => None,
                 CMD_READ if len > REQUEST_BYTES_MAX => Some(errno::EINVAL),
-                CMD_READ | CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES => {
-                    (flags & !CMD_FLAGS_KNOWN != 0 || !in_range).then_some(errno::EINVAL)
+                // Past the end: no space for a write, a bad range otherwise.
+                CMD_WRITE | CMD_WRITE_ZEROES if !in_range => Some(errno::ENOSPC),
+                CMD_BLOCK_STATUS if !session.allocation => Some(errno::EINVAL),
+                CMD_READ | CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES | CMD_BLOCK_STATUS => {
+                    (!in_range).then_some(errno::EINVAL)
                 }
                 _ => Some(errno::EINVAL),
             };
@@ -473,6 +545,7 @@ impl<E: Export> Server<E> {
                 offset,
                 len,
                 fua: flags & CMD_FLAG_FUA != 0,
+                req_one: flags & CMD_FLAG_REQ_ONE != 0,
                 invalid,
                 payload,
             };
@@ -529,12 +602,22 @@ impl<E: Export> Server<E> {
             offset,
             len,
             fua,
+            req_one,
             invalid,
             ref payload,
         } = request;
         let lock = || out.lock().map_err(|_| protocol_error("a worker panicked"));
         if let Some(error) = invalid {
             return self.reply(&mut *lock()?, structured, cookie, Err(error));
+        }
+        if kind == CMD_BLOCK_STATUS {
+            return match self.export.block_status(offset, u64::from(len)) {
+                Ok(runs) => {
+                    let chunk = block_status_chunk(cookie, &runs, len, req_one);
+                    lock()?.write_all(&chunk)
+                }
+                Err(error) => self.reply(&mut *lock()?, structured, cookie, Err(error)),
+            };
         }
         let mut data: &mut [u8] = &mut [];
         let result = match kind {
@@ -583,6 +666,59 @@ impl<E: Export> Server<E> {
             Ok(()) => out.write_all(&simple_reply(cookie, 0)),
         }
     }
+}
+
+/// The reply to BLOCK_STATUS: one chunk for `base:allocation`, its runs
+/// clipped to the request's `len` (the protocol's limits: each nonzero,
+/// at most 2^20 of them, one with REQ_ONE), equal neighbours merged.
+fn block_status_chunk(cookie: u64, runs: &[(u64, u32)], len: u32, req_one: bool) -> Vec<u8> {
+    const DESCRIPTORS_MAX: usize = 1 << 20;
+    let mut descriptors: Vec<(u32, u32)> = Vec::new();
+    let mut covered = 0u64;
+    for &(bytes, flags) in runs {
+        let bytes = bytes.min(u64::from(len) - covered);
+        if bytes == 0 {
+            continue;
+        }
+        covered += bytes;
+        match descriptors.last_mut() {
+            Some(last) if last.1 == flags => last.0 += bytes as u32,
+            _ => descriptors.push((bytes as u32, flags)),
+        }
+        if covered == u64::from(len) {
+            break;
+        }
+    }
+    if descriptors.is_empty() {
+        // An export that reported nothing: allocated, contents unknown.
+        descriptors.push((len.max(1), 0));
+    }
+    descriptors.truncate(if req_one { 1 } else { DESCRIPTORS_MAX });
+    let mut chunk = structured_header(REPLY_TYPE_BLOCK_STATUS, cookie, 4 + 8 * descriptors.len() as u32);
+    chunk.extend_from_slice(&BASE_ALLOCATION_ID.to_be_bytes());
+    for (bytes, flags) in descriptors {
+        chunk.extend_from_slice(&bytes.to_be_bytes());
+        chunk.extend_from_slice(&flags.to_be_bytes());
+    }
+    chunk
+}
+
+/// A LIST or SET_META_CONTEXT request: the export name and the queries;
+/// `None` if the lengths do not add up.
+fn parse_meta_context(data: &[u8]) -> Option<(Vec<u8>, Vec<Vec<u8>>)> {
+    let take_u32 = |at: usize| Some(u32::from_be_bytes(data.get(at..at + 4)?.try_into().ok()?) as usize);
+    let name_len = take_u32(0)?;
+    let name = data.get(4..4usize.checked_add(name_len)?)?.to_vec();
+    let mut at = 4 + name_len;
+    let count = take_u32(at)?;
+    at += 4;
+    let mut queries = Vec::new();
+    for _ in 0..count {
+        let len = take_u32(at)?;
+        queries.push(data.get(at + 4..(at + 4).checked_add(len)?)?.to_vec());
+        at += 4 + len;
+    }
+    (at == data.len()).then_some((name, queries))
 }
 
 /// The header of a structured reply chunk, the last of its reply.
@@ -687,6 +823,25 @@ mod tests {
             self.0.lock().unwrap()[offset as usize..(offset + len) as usize].fill(0);
             Ok(())
         }
+        /// Zero 4 KiB blocks are holes; one run per block, from the block
+        /// that holds `offset` (the server clips and merges).
+        fn block_status(&self, offset: u64, len: u64) -> Result<Vec<(u64, u32)>, u32> {
+            let data = self.0.lock().unwrap();
+            let first = offset / 4096 * 4096;
+            Ok((first..offset + len)
+                .step_by(4096)
+                .map(|at| {
+                    let block = &data[at as usize..(at as usize + 4096).min(data.len())];
+                    let flags = if block.iter().all(|&b| b == 0) {
+                        STATE_HOLE | STATE_ZERO
+                    } else {
+                        0
+                    };
+                    let from = at.max(offset);
+                    (at + 4096 - from, flags)
+                })
+                .collect())
+        }
     }
 
     const SIZE: usize = 1 << 20;
@@ -729,8 +884,25 @@ mod tests {
         data
     }
 
+    /// A LIST or SET_META_CONTEXT request for `export` with `queries`.
+    fn meta_request(export: &[u8], queries: &[&[u8]]) -> Vec<u8> {
+        let mut data = (export.len() as u32).to_be_bytes().to_vec();
+        data.extend_from_slice(export);
+        data.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+        for q in queries {
+            data.extend_from_slice(&(q.len() as u32).to_be_bytes());
+            data.extend_from_slice(q);
+        }
+        data
+    }
+
     /// Handshake, structured replies, then GO; returns the transmission flags.
     fn negotiate(c: &mut UnixStream) -> u16 {
+        negotiate_with(c, |_| {})
+    }
+
+    /// [`negotiate`], with `before_go` run once structured replies are on.
+    fn negotiate_with(c: &mut UnixStream, before_go: impl FnOnce(&mut UnixStream)) -> u16 {
         assert_eq!(read_u64(c).unwrap(), NBDMAGIC);
         assert_eq!(read_u64(c).unwrap(), IHAVEOPT);
         let mut flags = [0; 2];
@@ -750,6 +922,7 @@ mod tests {
         assert_eq!(option_reply(c, OPT_LIST).0, REP_ACK);
         send_option(c, OPT_STRUCTURED_REPLY, b"");
         assert_eq!(option_reply(c, OPT_STRUCTURED_REPLY).0, REP_ACK);
+        before_go(c);
         send_option(c, OPT_GO, &go_request(b"tessera"));
         let mut transmission = 0;
         loop {
@@ -814,12 +987,22 @@ mod tests {
         assert_ne!(flags & TFLAG_CAN_MULTI_CONN, 0);
         assert_ne!(flags & TFLAG_SEND_FUA, 0);
         let size = SIZE as u64;
-        // A write past the end, an overflowing offset, unknown flags, an
-        // unknown command, a flush with a length.
+        // A write past the end (no space there, as the protocol says), an
+        // overflowing offset, unknown flags, an unknown command, a flush
+        // with a length.
         request(&mut c, 0, CMD_WRITE, 1, size - 4, 8, &[1; 8]);
-        assert_eq!(reply_error(&mut c, 1), errno::EINVAL);
+        assert_eq!(reply_error(&mut c, 1), errno::ENOSPC);
         request(&mut c, 0, CMD_WRITE_ZEROES, 2, u64::MAX - 1, 8, &[]);
-        assert_eq!(reply_error(&mut c, 2), errno::EINVAL);
+        assert_eq!(reply_error(&mut c, 2), errno::ENOSPC);
+        request(&mut c, 0, CMD_TRIM, 20, size - 4, 8, &[]);
+        assert_eq!(reply_error(&mut c, 20), errno::EINVAL);
+        // Flags for another command; BLOCK_STATUS without a context.
+        request(&mut c, CMD_FLAG_REQ_ONE, CMD_READ, 21, 0, 8, &[]);
+        assert_eq!(reply_error(&mut c, 21), errno::EINVAL);
+        request(&mut c, CMD_FLAG_FAST_ZERO, CMD_WRITE, 22, 0, 4, &[1; 4]);
+        assert_eq!(reply_error(&mut c, 22), errno::EINVAL);
+        request(&mut c, 0, CMD_BLOCK_STATUS, 23, 0, 4096, &[]);
+        assert_eq!(reply_error(&mut c, 23), errno::EINVAL);
         request(&mut c, 0x80, CMD_WRITE, 3, 0, 4, &[1; 4]);
         assert_eq!(reply_error(&mut c, 3), errno::EINVAL);
         request(&mut c, 0, 42, 4, 0, 0, &[]);
@@ -847,6 +1030,81 @@ mod tests {
         // A bad magic ends the connection.
         c.write_all(&[0u8; 28]).unwrap();
         assert!(handle.join().unwrap().is_err());
+    }
+
+    /// (context id, descriptors) of a BLOCK_STATUS reply.
+    fn block_status_reply(c: &mut UnixStream, cookie: u64) -> (u32, Vec<(u32, u32)>) {
+        assert_eq!(read_u32(c).unwrap(), STRUCTURED_REPLY_MAGIC);
+        let mut head = [0; 4];
+        c.read_exact(&mut head).unwrap();
+        assert_eq!(u16::from_be_bytes([head[0], head[1]]), REPLY_FLAG_DONE);
+        assert_eq!(u16::from_be_bytes([head[2], head[3]]), REPLY_TYPE_BLOCK_STATUS);
+        assert_eq!(read_u64(c).unwrap(), cookie);
+        let len = read_u32(c).unwrap();
+        assert!(len >= 12 && (len - 4).is_multiple_of(8), "length {len}");
+        let id = read_u32(c).unwrap();
+        let descriptors = (0..(len - 4) / 8)
+            .map(|_| (read_u32(c).unwrap(), read_u32(c).unwrap()))
+            .collect();
+        (id, descriptors)
+    }
+
+    #[test]
+    fn base_allocation_is_negotiated_and_reported() {
+        let (mut c, _memory, handle) = start();
+        let flags = negotiate_with(&mut c, |c| {
+            // LIST with no query lists it (id 0); SET for another export
+            // is refused; SET with an unknown namespace selects nothing;
+            // SET with malformed lengths is invalid; then it is selected.
+            send_option(c, OPT_LIST_META_CONTEXT, &meta_request(b"tessera", &[]));
+            let (kind, data) = option_reply(c, OPT_LIST_META_CONTEXT);
+            assert_eq!(
+                (kind, &data[..4], &data[4..]),
+                (REP_META_CONTEXT, &[0u8; 4][..], &b"base:allocation"[..])
+            );
+            assert_eq!(option_reply(c, OPT_LIST_META_CONTEXT).0, REP_ACK);
+            send_option(c, OPT_SET_META_CONTEXT, &meta_request(b"other", &[b"base:allocation"]));
+            assert_eq!(option_reply(c, OPT_SET_META_CONTEXT).0, REP_ERR_UNKNOWN);
+            send_option(
+                c,
+                OPT_SET_META_CONTEXT,
+                &meta_request(b"tessera", &[b"qemu:dirty-bitmap:x"]),
+            );
+            assert_eq!(option_reply(c, OPT_SET_META_CONTEXT).0, REP_ACK);
+            let mut bad = meta_request(b"tessera", &[b"base:allocation"]);
+            bad.pop();
+            send_option(c, OPT_SET_META_CONTEXT, &bad);
+            assert_eq!(option_reply(c, OPT_SET_META_CONTEXT).0, REP_ERR_INVALID);
+            send_option(c, OPT_SET_META_CONTEXT, &meta_request(b"", &[b"base:allocation"]));
+            let (kind, data) = option_reply(c, OPT_SET_META_CONTEXT);
+            assert_eq!(kind, REP_META_CONTEXT);
+            assert_eq!(u32::from_be_bytes(data[..4].try_into().unwrap()), BASE_ALLOCATION_ID);
+            assert_eq!(option_reply(c, OPT_SET_META_CONTEXT).0, REP_ACK);
+        });
+        assert_ne!(flags & TFLAG_SEND_FAST_ZERO, 0);
+        // Block 1 zeroed (FAST_ZERO: zeroing is always fast here), block
+        // 3 too: runs from 100 bytes into block 0 to the middle of block 4.
+        request(&mut c, CMD_FLAG_FAST_ZERO, CMD_WRITE_ZEROES, 1, 4096, 4096, &[]);
+        assert_eq!(reply_error(&mut c, 1), 0);
+        request(&mut c, 0, CMD_WRITE_ZEROES, 2, 3 * 4096, 4096, &[]);
+        assert_eq!(reply_error(&mut c, 2), 0);
+        request(&mut c, 0, CMD_BLOCK_STATUS, 3, 100, 4 * 4096, &[]);
+        let hole = STATE_HOLE | STATE_ZERO;
+        assert_eq!(
+            block_status_reply(&mut c, 3),
+            (
+                BASE_ALLOCATION_ID,
+                vec![(4096 - 100, 0), (4096, hole), (4096, 0), (4096, hole), (100, 0)]
+            )
+        );
+        // REQ_ONE: one descriptor, within the request.
+        request(&mut c, CMD_FLAG_REQ_ONE, CMD_BLOCK_STATUS, 4, 4096, 3 * 4096, &[]);
+        assert_eq!(block_status_reply(&mut c, 4), (BASE_ALLOCATION_ID, vec![(4096, hole)]));
+        // Past the end: invalid.
+        request(&mut c, 0, CMD_BLOCK_STATUS, 5, SIZE as u64 - 4096, 8192, &[]);
+        assert_eq!(reply_error(&mut c, 5), errno::EINVAL);
+        request(&mut c, 0, CMD_DISC, 6, 0, 0, &[]);
+        handle.join().unwrap().unwrap();
     }
 
     #[test]
