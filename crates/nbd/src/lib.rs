@@ -11,7 +11,7 @@
 //! cannot be trusted (bad magic, a write payload over the limit) ends the
 //! connection, as the protocol allows.
 
-use std::io::{self, Read, Write};
+use std::io::{self, BufRead, Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
@@ -20,11 +20,16 @@ use std::sync::{Arc, Mutex};
 /// and a writing half.
 pub trait Connection: Read + Write + Send + Sized {
     fn try_clone(&self) -> io::Result<Self>;
+    /// How long a read may wait (`None`: for ever).
+    fn set_read_timeout(&self, timeout: Option<std::time::Duration>) -> io::Result<()>;
 }
 
 impl Connection for std::os::unix::net::UnixStream {
     fn try_clone(&self) -> io::Result<Self> {
         std::os::unix::net::UnixStream::try_clone(self)
+    }
+    fn set_read_timeout(&self, timeout: Option<std::time::Duration>) -> io::Result<()> {
+        std::os::unix::net::UnixStream::set_read_timeout(self, timeout)
     }
 }
 
@@ -32,7 +37,19 @@ impl Connection for std::net::TcpStream {
     fn try_clone(&self) -> io::Result<Self> {
         std::net::TcpStream::try_clone(self)
     }
+    fn set_read_timeout(&self, timeout: Option<std::time::Duration>) -> io::Result<()> {
+        std::net::TcpStream::set_read_timeout(self, timeout)
+    }
 }
+
+/// How often a connection waiting for its next request looks whether the
+/// server is stopping.
+const STOP_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+/// How long a client may take over each read of the handshake.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a stopping server waits for its connections to answer what
+/// they have in flight.
+const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Requests of one connection served at once: a client's queue depth is
 /// worked on in parallel (reads wait on different members, a write's
@@ -258,6 +275,7 @@ impl<E: Export> Server<E> {
 
     /// Serves one client until it disconnects or `stop` is set.
     pub fn serve<S: Connection>(&self, stream: S, stop: &AtomicBool) -> io::Result<()> {
+        stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
         let mut stream = io::BufReader::new(stream);
         let session = match self.negotiate(&mut stream)? {
             Negotiated::Transmission(session) => session,
@@ -490,9 +508,28 @@ impl<E: Export> Server<E> {
         spare: &Receiver<Vec<u8>>,
     ) -> io::Result<()> {
         loop {
-            if stop.load(Ordering::Relaxed) {
-                return Ok(());
+            // Between requests, wait in short steps, so that a stopping
+            // server notices; once a request has begun, read it whole.
+            if stream.buffer().is_empty() {
+                stream.get_ref().set_read_timeout(Some(STOP_POLL))?;
+                let waited = loop {
+                    if stop.load(Ordering::Relaxed) {
+                        return Ok(());
+                    }
+                    match stream.fill_buf() {
+                        Ok(bytes) => break bytes.is_empty(),
+                        Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {}
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(e),
+                    }
+                };
+                stream.get_ref().set_read_timeout(None)?;
+                if waited {
+                    return Ok(()); // the client closed the connection
+                }
             }
+            // Requests already received are carried out even when
+            // stopping: the client sent them before it could know.
             let mut header = [0u8; 28];
             match stream.read_exact(&mut header) {
                 Ok(()) => {}
@@ -747,13 +784,16 @@ pub enum Listener {
 }
 
 /// Accepts clients until `stop` is set, serving each on its own thread.
-/// Returns after `stop`; connections still open notice it at their next
-/// request.
+/// Then stops accepting and waits (up to 30 s) for every connection to
+/// carry out and answer the requests it has received, so that what the
+/// caller does next (a final FLUSH and checkpoint) comes after them.
 pub fn run<E: Export + 'static>(server: Arc<Server<E>>, listener: Listener, stop: Arc<AtomicBool>) -> io::Result<()> {
     match &listener {
         Listener::Tcp(l) => l.set_nonblocking(true)?,
         Listener::Unix(l) => l.set_nonblocking(true)?,
     }
+    let mut connections: Vec<std::thread::JoinHandle<()>> = Vec::new();
+    let mut result = Ok(());
     while !stop.load(Ordering::Relaxed) {
         let accepted: io::Result<Box<dyn FnOnce() + Send>> = match &listener {
             Listener::Tcp(l) => l.accept().and_then(|(s, peer)| {
@@ -770,15 +810,28 @@ pub fn run<E: Export + 'static>(server: Arc<Server<E>>, listener: Listener, stop
         };
         match accepted {
             Ok(handler) => {
-                std::thread::spawn(handler);
+                connections.retain(|c| !c.is_finished());
+                connections.push(std::thread::spawn(handler));
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => {
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
-            Err(e) => return Err(e),
+            Err(e) => {
+                result = Err(e);
+                stop.store(true, Ordering::Relaxed);
+            }
         }
     }
-    Ok(())
+    drop(listener);
+    let deadline = std::time::Instant::now() + DRAIN_TIMEOUT;
+    while connections.iter().any(|c| !c.is_finished()) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let left = connections.iter().filter(|c| !c.is_finished()).count();
+    if left > 0 {
+        eprintln!("tessera: {left} connection(s) still busy after {DRAIN_TIMEOUT:?}; stopping without them");
+    }
+    result
 }
 
 fn log_end(peer: &str, result: io::Result<()>) {
@@ -1105,6 +1158,86 @@ mod tests {
         assert_eq!(reply_error(&mut c, 5), errno::EINVAL);
         request(&mut c, 0, CMD_DISC, 6, 0, 0, &[]);
         handle.join().unwrap().unwrap();
+    }
+
+    /// An export whose writes take a while, recording when each finished.
+    struct Slow {
+        memory: Memory,
+        done: Mutex<Vec<std::time::Instant>>,
+    }
+
+    impl Export for Slow {
+        fn size(&self) -> u64 {
+            self.memory.size()
+        }
+        fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), u32> {
+            self.memory.read(offset, buf)
+        }
+        fn write(&self, offset: u64, bytes: &[u8], fua: bool) -> Result<(), u32> {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            self.memory.write(offset, bytes, fua)?;
+            self.done.lock().unwrap().push(std::time::Instant::now());
+            Ok(())
+        }
+        fn flush(&self) -> Result<(), u32> {
+            Ok(())
+        }
+        fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32> {
+            self.memory.trim(offset, len, fua)
+        }
+        fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32> {
+            self.memory.write_zeroes(offset, len, fua)
+        }
+    }
+
+    #[test]
+    fn a_stopping_server_answers_what_is_in_flight_before_run_returns() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nbd.sock");
+        let slow = Arc::new(Slow {
+            memory: Memory(Mutex::new(vec![7u8; SIZE])),
+            done: Mutex::new(Vec::new()),
+        });
+        let server = Arc::new(Server {
+            export: slow.clone(),
+            name: "tessera".to_string(),
+            description: "test".to_string(),
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let listener = Listener::Unix(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        let running = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                run(server, listener, stop).unwrap();
+                std::time::Instant::now()
+            })
+        };
+        let mut c = UnixStream::connect(&path).unwrap();
+        negotiate(&mut c);
+        // Two writes in flight, then the server is told to stop.
+        request(&mut c, 0, CMD_WRITE, 1, 0, 4, b"abcd");
+        request(&mut c, 0, CMD_WRITE, 2, 4096, 4, b"efgh");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        stop.store(true, Ordering::Relaxed);
+        // Both are answered, and run returns only after both were stored.
+        c.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+        let mut answered: Vec<u64> = (0..2)
+            .map(|_| {
+                assert_eq!(read_u32(&mut c).unwrap(), SIMPLE_REPLY_MAGIC);
+                assert_eq!(read_u32(&mut c).unwrap(), 0, "the write succeeded");
+                read_u64(&mut c).unwrap()
+            })
+            .collect();
+        answered.sort_unstable();
+        assert_eq!(answered, [1, 2]);
+        let returned = running.join().unwrap();
+        let done = slow.done.lock().unwrap().clone();
+        assert_eq!(done.len(), 2, "both writes were carried out");
+        assert!(
+            done.iter().all(|&d| d <= returned),
+            "run returned before a write in flight was done"
+        );
+        assert_eq!(&slow.memory.0.lock().unwrap()[4096..4100], b"efgh");
     }
 
     #[test]
