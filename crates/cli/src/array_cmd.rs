@@ -251,6 +251,7 @@ pub fn serve(s: &Serve) -> Result<()> {
     let control_path = dir.join(CONTROL_SOCKET);
     let _ = std::fs::remove_file(&control_path);
     let control = UnixListener::bind(&control_path).with_context(|| format!("binding {}", control_path.display()))?;
+    owner_only(&control_path)?;
     {
         let (array, stop) = (array.clone(), stop.clone());
         std::thread::spawn(move || control_loop(control, array, stop));
@@ -259,6 +260,7 @@ pub fn serve(s: &Serve) -> Result<()> {
         (_, Some(path)) => {
             let _ = std::fs::remove_file(path);
             let l = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+            owner_only(path)?;
             (
                 tessera_nbd::Listener::Unix(l),
                 format!("nbd+unix:///tessera?socket={}", path.display()),
@@ -268,6 +270,12 @@ pub fn serve(s: &Serve) -> Result<()> {
             let address = address.unwrap_or("127.0.0.1:10809");
             let l = std::net::TcpListener::bind(address).with_context(|| format!("listening on {address}"))?;
             let local = l.local_addr()?;
+            if !local.ip().is_loopback() {
+                eprintln!(
+                    "tessera: warning: listening on {local} without TLS: anyone who can reach it can read and \
+                     write the whole array; bind to 127.0.0.1 or use a Unix socket unless the network is trusted"
+                );
+            }
             (tessera_nbd::Listener::Tcp(l), format!("nbd://{local}/tessera"))
         }
     };
@@ -318,6 +326,14 @@ pub fn serve(s: &Serve) -> Result<()> {
 const CONTROL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// Control clients served at once; more are told to retry.
 const CONTROL_CLIENTS_MAX: usize = 8;
+
+/// Makes a socket this server created reachable by its owner only
+/// (NBD clients get the whole array, the control socket can fail members).
+fn owner_only(path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("restricting {} to its owner", path.display()))
+}
 
 /// Answers `status` and `fail I` on the control socket, one line each,
 /// each client on its own thread with a timeout.

@@ -663,6 +663,12 @@ fn a_silent_control_client_blocks_no_one_and_status_survives_a_closed_pipe() {
     let dir = tmp.path().join("array");
     create(&dir, &[]);
     let server = Served::start(&dir, &tmp.path().join("nbd.sock"));
+    // Both sockets are the owner's only.
+    use std::os::unix::fs::PermissionsExt;
+    for socket in [dir.join("control.sock"), tmp.path().join("nbd.sock")] {
+        let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}", socket.display());
+    }
     // Two clients that connect and say nothing.
     let silent: Vec<_> = (0..2)
         .map(|_| std::os::unix::net::UnixStream::connect(dir.join("control.sock")).unwrap())
