@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tessera_array::device::{Device, FileDevice};
 use tessera_array::{Array, ArrayError, CreateOptions, EngineOptions};
+use tessera_nbd::Failure;
 
 const MEMBERS_FILE: &str = "members";
 const LOCK_FILE: &str = "serve.lock";
@@ -169,10 +170,13 @@ fn open_with(dir: &Path, engine: EngineOptions) -> Result<Array> {
 struct ArrayExport(Arc<Array>);
 
 impl ArrayExport {
-    fn map(&self, what: &str, result: Result<(), ArrayError>) -> Result<(), u32> {
+    fn map<T>(&self, what: &str, result: Result<T, ArrayError>) -> Result<T, Failure> {
         result.map_err(|e| {
             eprintln!("tessera: {what} failed: {e}");
-            e.errno()
+            Failure {
+                errno: e.errno(),
+                message: Some(e.to_string()),
+            }
         })
     }
 }
@@ -181,26 +185,23 @@ impl tessera_nbd::Export for ArrayExport {
     fn size(&self) -> u64 {
         self.0.logical_bytes()
     }
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), u32> {
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Failure> {
         self.map("read", self.0.read(offset, buf))
     }
-    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), u32> {
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), Failure> {
         self.map("write", self.0.write(offset, data, fua))
     }
-    fn flush(&self) -> Result<(), u32> {
+    fn flush(&self) -> Result<(), Failure> {
         self.map("flush", self.0.flush())
     }
-    fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32> {
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), Failure> {
         self.map("trim", self.0.trim(offset, len, fua))
     }
-    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32> {
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), Failure> {
         self.map("write zeroes", self.0.write_zeroes(offset, len, fua))
     }
-    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<(u64, u32)>, u32> {
-        let runs = self.0.allocation(offset, len).map_err(|e| {
-            eprintln!("tessera: block status failed: {e}");
-            e.errno()
-        })?;
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<(u64, u32)>, Failure> {
+        let runs = self.map("block status", self.0.allocation(offset, len))?;
         let hole = tessera_nbd::STATE_HOLE | tessera_nbd::STATE_ZERO;
         Ok(runs
             .into_iter()
@@ -233,6 +234,7 @@ pub struct Serve {
     pub socket: Option<PathBuf>,
     pub accel: tessera_accel::Kind,
     pub reconstruct_cache_bytes: usize,
+    pub limits: tessera_nbd::Limits,
 }
 
 pub fn serve(s: &Serve) -> Result<()> {
@@ -304,11 +306,12 @@ pub fn serve(s: &Serve) -> Result<()> {
         status.accelerator.name
     );
     eprintln!("tessera: connect with e.g. `nbdinfo {url}` or `qemu-img info {url}`; stop with Ctrl-C");
-    let server = Arc::new(tessera_nbd::Server {
-        export: Arc::new(ArrayExport(array.clone())),
-        name: "tessera".to_string(),
-        description: format!("Tessera array {}", dir.display()),
-    });
+    let server = Arc::new(tessera_nbd::Server::new(
+        Arc::new(ArrayExport(array.clone())),
+        "tessera".to_string(),
+        format!("Tessera array {}", dir.display()),
+        s.limits,
+    ));
     let result = tessera_nbd::run(server, listener, stop);
     eprintln!("tessera: shutting down: flushing and writing a map checkpoint");
     array.checkpoint()?;

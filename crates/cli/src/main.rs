@@ -78,6 +78,13 @@ enum Command {
         /// Bytes of rebuilt stripes kept for degraded reads (at least 64 stripes).
         #[arg(long, value_parser = size::parse, default_value = "256M")]
         reconstruct_cache: u64,
+        /// NBD connections served at once; more are closed at once.
+        #[arg(long, default_value_t = 64)]
+        max_connections: usize,
+        /// Request bytes (read replies, write payloads) all connections
+        /// together may hold; one connection holds at most 64M.
+        #[arg(long, value_parser = size::parse, default_value = "1G")]
+        max_bytes_in_flight: u64,
     },
     /// Health, capacity, compression, write amplification and errors of the array in DIR.
     Status {
@@ -341,12 +348,19 @@ fn main() -> Result<()> {
             socket,
             accel,
             reconstruct_cache,
+            max_connections,
+            max_bytes_in_flight,
         } => array_cmd::serve(&array_cmd::Serve {
             dir,
             listen,
             socket,
             accel,
             reconstruct_cache_bytes: usize::try_from(reconstruct_cache)?,
+            limits: tessera_nbd::Limits {
+                max_connections,
+                total_bytes: usize::try_from(max_bytes_in_flight)?,
+                ..tessera_nbd::Limits::default()
+            },
         }),
         Command::Bench(BenchCommand::Array {
             data,

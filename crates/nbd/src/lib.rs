@@ -22,6 +22,8 @@ pub trait Connection: Read + Write + Send + Sized {
     fn try_clone(&self) -> io::Result<Self>;
     /// How long a read may wait (`None`: for ever).
     fn set_read_timeout(&self, timeout: Option<std::time::Duration>) -> io::Result<()>;
+    /// How long a write may wait for the peer (`None`: for ever).
+    fn set_write_timeout(&self, timeout: Option<std::time::Duration>) -> io::Result<()>;
 }
 
 impl Connection for std::os::unix::net::UnixStream {
@@ -31,6 +33,9 @@ impl Connection for std::os::unix::net::UnixStream {
     fn set_read_timeout(&self, timeout: Option<std::time::Duration>) -> io::Result<()> {
         std::os::unix::net::UnixStream::set_read_timeout(self, timeout)
     }
+    fn set_write_timeout(&self, timeout: Option<std::time::Duration>) -> io::Result<()> {
+        std::os::unix::net::UnixStream::set_write_timeout(self, timeout)
+    }
 }
 
 impl Connection for std::net::TcpStream {
@@ -39,6 +44,9 @@ impl Connection for std::net::TcpStream {
     }
     fn set_read_timeout(&self, timeout: Option<std::time::Duration>) -> io::Result<()> {
         std::net::TcpStream::set_read_timeout(self, timeout)
+    }
+    fn set_write_timeout(&self, timeout: Option<std::time::Duration>) -> io::Result<()> {
+        std::net::TcpStream::set_write_timeout(self, timeout)
     }
 }
 
@@ -104,6 +112,9 @@ struct Request {
     /// Flags or range already found wrong: the reply is this error.
     invalid: Option<u32>,
     payload: Vec<u8>,
+    /// Bytes taken from the connection's and the server's budgets for
+    /// this request, given back once it is answered.
+    held: usize,
 }
 
 /// Errno values the protocol defines.
@@ -123,20 +134,34 @@ pub const STATE_HOLE: u32 = 1;
 /// `base:allocation` flags: reads as zeros.
 pub const STATE_ZERO: u32 = 2;
 
+/// Why an export could not carry out a request: the protocol's errno, and
+/// what went wrong in words for clients that take structured replies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    pub errno: u32,
+    pub message: Option<String>,
+}
+
+impl From<u32> for Failure {
+    fn from(errno: u32) -> Failure {
+        Failure { errno, message: None }
+    }
+}
+
 /// What the server exports: a byte range with these operations. Offsets
 /// and lengths are checked against `size` before any call.
 pub trait Export: Send + Sync {
     fn size(&self) -> u64;
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), u32>;
-    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), u32>;
-    fn flush(&self) -> Result<(), u32>;
-    fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32>;
-    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32>;
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Failure>;
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), Failure>;
+    fn flush(&self) -> Result<(), Failure>;
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), Failure>;
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), Failure>;
     /// How [offset, offset+len) is stored, as consecutive runs from
     /// `offset` (bytes, [`STATE_HOLE`] | [`STATE_ZERO`] flags) that cover
     /// at least its first byte. By default: all allocated, contents
     /// unknown, which the protocol always allows.
-    fn block_status(&self, _offset: u64, len: u64) -> Result<Vec<(u64, u32)>, u32> {
+    fn block_status(&self, _offset: u64, len: u64) -> Result<Vec<(u64, u32)>, Failure> {
         Ok(vec![(len, 0)])
     }
 }
@@ -216,10 +241,81 @@ const OPTION_BYTES_MAX: u32 = 64 << 10;
 
 /// One export under one name.
 pub struct Server<E: Export> {
-    pub export: Arc<E>,
-    pub name: String,
-    pub description: String,
+    export: Arc<E>,
+    name: String,
+    description: String,
+    limits: Limits,
+    /// Request bytes held by all connections (read replies being
+    /// produced or sent, write payloads received and not yet stored).
+    held: Budget,
 }
+
+/// What one server may hold at once, so that clients cannot make it use
+/// memory or threads without bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections served at once; more are closed at accept (each takes
+    /// a reader and 16 worker threads).
+    pub max_connections: usize,
+    /// Request bytes one connection may hold: at least one request of the
+    /// largest size. A client that pipelines large reads and does not
+    /// take the replies stops being read from here.
+    pub connection_bytes: usize,
+    /// Request bytes all connections together may hold.
+    pub total_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_connections: 64,
+            connection_bytes: 2 * REQUEST_BYTES_MAX as usize,
+            total_bytes: 1 << 30,
+        }
+    }
+}
+
+/// Bytes that may be held, and a wait for them.
+struct Budget {
+    left: Mutex<usize>,
+    freed: std::sync::Condvar,
+}
+
+impl Budget {
+    fn new(bytes: usize) -> Budget {
+        Budget {
+            left: Mutex::new(bytes),
+            freed: std::sync::Condvar::new(),
+        }
+    }
+
+    fn take(&self, bytes: usize) {
+        let mut left = self.left.lock().unwrap_or_else(|p| p.into_inner());
+        while *left < bytes {
+            left = self.freed.wait(left).unwrap_or_else(|p| p.into_inner());
+        }
+        *left -= bytes;
+    }
+
+    fn give(&self, bytes: usize) {
+        if bytes > 0 {
+            *self.left.lock().unwrap_or_else(|p| p.into_inner()) += bytes;
+            self.freed.notify_all();
+        }
+    }
+}
+
+/// Where a connection's reading thread puts requests: the workers'
+/// queue, spare write buffers, and the connection's byte budget.
+struct Intake<'a> {
+    requests: &'a std::sync::mpsc::SyncSender<Request>,
+    spare: &'a Receiver<Vec<u8>>,
+    budget: &'a Budget,
+}
+
+/// How long a reply may wait for the client to take any of it before the
+/// connection is dropped (and what it held let go).
+const REPLY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 fn read_u32(r: &mut impl Read) -> io::Result<u32> {
     let mut b = [0; 4];
@@ -255,6 +351,24 @@ const BASE_ALLOCATION: &str = "base:allocation";
 const BASE_ALLOCATION_ID: u32 = 1;
 
 impl<E: Export> Server<E> {
+    /// A server of `export` under `name`. The limits must let one request
+    /// of the largest size through.
+    pub fn new(export: Arc<E>, name: String, description: String, limits: Limits) -> Server<E> {
+        let largest = REQUEST_BYTES_MAX as usize;
+        let limits = Limits {
+            max_connections: limits.max_connections.max(1),
+            connection_bytes: limits.connection_bytes.max(largest),
+            total_bytes: limits.total_bytes.max(largest),
+        };
+        Server {
+            export,
+            name,
+            description,
+            limits,
+            held: Budget::new(limits.total_bytes),
+        }
+    }
+
     fn transmission_flags(&self, structured: bool) -> u16 {
         let mut flags = TFLAG_HAS_FLAGS
             | TFLAG_SEND_FLUSH
@@ -276,6 +390,7 @@ impl<E: Export> Server<E> {
     /// Serves one client until it disconnects or `stop` is set.
     pub fn serve<S: Connection>(&self, stream: S, stop: &AtomicBool) -> io::Result<()> {
         stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+        stream.set_write_timeout(Some(REPLY_TIMEOUT))?;
         let mut stream = io::BufReader::new(stream);
         let session = match self.negotiate(&mut stream)? {
             Negotiated::Transmission(session) => session,
@@ -478,15 +593,21 @@ impl<E: Export> Server<E> {
         let (requests, queue) = sync_channel::<Request>(WORKERS_PER_CONNECTION);
         let queue = Mutex::new(queue);
         let (give_back, spare) = std::sync::mpsc::channel::<Vec<u8>>();
+        let budget = Budget::new(self.limits.connection_bytes);
         std::thread::scope(|scope| {
             let workers: Vec<_> = (0..WORKERS_PER_CONNECTION)
                 .map(|_| {
                     let give_back = give_back.clone();
-                    let (queue, out) = (&queue, &out);
-                    scope.spawn(move || self.work(queue, out, structured, &give_back))
+                    let (queue, out, budget) = (&queue, &out, &budget);
+                    scope.spawn(move || self.work(queue, out, structured, &give_back, budget))
                 })
                 .collect();
-            let read = self.read_requests(stream, size, session, stop, &requests, &spare);
+            let intake = Intake {
+                requests: &requests,
+                spare: &spare,
+                budget: &budget,
+            };
+            let read = self.read_requests(stream, size, session, stop, &intake);
             // The workers finish what was queued, then see the queue close.
             drop(requests);
             let worked = workers
@@ -504,9 +625,13 @@ impl<E: Export> Server<E> {
         size: u64,
         session: Session,
         stop: &AtomicBool,
-        requests: &std::sync::mpsc::SyncSender<Request>,
-        spare: &Receiver<Vec<u8>>,
+        intake: &Intake<'_>,
     ) -> io::Result<()> {
+        let Intake {
+            requests,
+            spare,
+            budget,
+        } = *intake;
         loop {
             // Between requests, wait in short steps, so that a stopping
             // server notices; once a request has begun, read it whole.
@@ -546,6 +671,15 @@ impl<E: Export> Server<E> {
             let offset = u64::from_be_bytes(header[16..24].try_into().expect("8 bytes"));
             let len = u32::from_be_bytes(header[24..28].try_into().expect("4 bytes"));
             let mut payload = Vec::new();
+            // The bytes this request will hold (a read's reply, a write's
+            // payload) are taken before it is read on: a client that does
+            // not take its replies is not read from, not buffered for.
+            let held = match kind {
+                CMD_READ | CMD_WRITE if len <= REQUEST_BYTES_MAX => len as usize,
+                _ => 0,
+            };
+            budget.take(held);
+            self.held.take(held);
             if kind == CMD_WRITE {
                 // A buffer a worker is done with: resizing it to the usual
                 // request size costs nothing.
@@ -554,9 +688,15 @@ impl<E: Export> Server<E> {
                     return Err(protocol_error("write payload over the maximum request size"));
                 }
                 payload.resize(len as usize, 0);
-                stream.read_exact(&mut payload)?;
+                if let Err(e) = stream.read_exact(&mut payload) {
+                    self.held.give(held);
+                    budget.give(held);
+                    return Err(e);
+                }
             }
             if kind == CMD_DISC {
+                self.held.give(held);
+                budget.give(held);
                 return Ok(());
             }
             let in_range = offset.checked_add(u64::from(len)).is_some_and(|end| end <= size);
@@ -585,8 +725,11 @@ impl<E: Export> Server<E> {
                 req_one: flags & CMD_FLAG_REQ_ONE != 0,
                 invalid,
                 payload,
+                held,
             };
-            if requests.send(request).is_err() {
+            if let Err(unsent) = requests.send(request) {
+                self.held.give(unsent.0.held);
+                budget.give(unsent.0.held);
                 // Every worker has stopped: a reply could not be sent.
                 return Ok(());
             }
@@ -603,6 +746,7 @@ impl<E: Export> Server<E> {
         out: &Mutex<S>,
         structured: bool,
         spare: &Sender<Vec<u8>>,
+        budget: &Budget,
     ) -> io::Result<()> {
         let mut buffer = ReadBuffer::default();
         let mut failed = Ok(());
@@ -617,6 +761,8 @@ impl<E: Export> Server<E> {
             if failed.is_ok() {
                 failed = self.carry_out(&request, &mut buffer, out, structured);
             }
+            self.held.give(request.held);
+            budget.give(request.held);
             buffer.trim();
             // The write buffer goes back to the reading thread for reuse.
             if request.payload.capacity() > 0 && request.payload.capacity() <= BUFFER_BYTES_KEPT_MAX {
@@ -642,10 +788,11 @@ impl<E: Export> Server<E> {
             req_one,
             invalid,
             ref payload,
+            held: _,
         } = request;
         let lock = || out.lock().map_err(|_| protocol_error("a worker panicked"));
         if let Some(error) = invalid {
-            return self.reply(&mut *lock()?, structured, cookie, Err(error));
+            return self.reply(&mut *lock()?, structured, cookie, Err(error.into()));
         }
         if kind == CMD_BLOCK_STATUS {
             return match self.export.block_status(offset, u64::from(len)) {
@@ -666,7 +813,7 @@ impl<E: Export> Server<E> {
             CMD_FLUSH => self.export.flush(),
             CMD_TRIM => self.export.trim(offset, u64::from(len), fua),
             CMD_WRITE_ZEROES => self.export.write_zeroes(offset, u64::from(len), fua),
-            _ => Err(errno::EINVAL),
+            _ => Err(errno::EINVAL.into()),
         };
         let mut out = lock()?;
         match result {
@@ -685,24 +832,43 @@ impl<E: Export> Server<E> {
     }
 
     /// A reply without data: simple, or a structured error chunk.
-    fn reply(&self, out: &mut impl Write, structured: bool, cookie: u64, result: Result<(), u32>) -> io::Result<()> {
+    fn reply(
+        &self,
+        out: &mut impl Write,
+        structured: bool,
+        cookie: u64,
+        result: Result<(), Failure>,
+    ) -> io::Result<()> {
         match result {
-            Err(error) if structured => {
-                let message: &[u8] = match error {
-                    errno::ENOSPC => b"the array is full",
-                    errno::EINVAL => b"request out of range or malformed",
-                    _ => b"I/O error in the array",
-                };
+            Err(failure) if structured => {
+                let message = failure.message.as_deref().unwrap_or(match failure.errno {
+                    errno::ENOSPC => "no space: past the end of the export, or the array is full",
+                    errno::EINVAL => "request out of range or malformed",
+                    _ => "I/O error in the array",
+                });
+                let message = truncated(message, ERROR_MESSAGE_BYTES_MAX).as_bytes();
                 let mut chunk = structured_header(REPLY_TYPE_ERROR, cookie, 6 + message.len() as u32);
-                chunk.extend_from_slice(&error.to_be_bytes());
+                chunk.extend_from_slice(&failure.errno.to_be_bytes());
                 chunk.extend_from_slice(&(message.len() as u16).to_be_bytes());
                 chunk.extend_from_slice(message);
                 out.write_all(&chunk)
             }
-            Err(error) => out.write_all(&simple_reply(cookie, error)),
+            Err(failure) => out.write_all(&simple_reply(cookie, failure.errno)),
             Ok(()) => out.write_all(&simple_reply(cookie, 0)),
         }
     }
+}
+
+/// The protocol's limit on a string, error messages included.
+const ERROR_MESSAGE_BYTES_MAX: usize = 4096;
+
+/// `text` cut to at most `max` bytes, at a character boundary.
+fn truncated(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 /// The reply to BLOCK_STATUS: one chunk for `base:allocation`, its runs
@@ -811,6 +977,14 @@ pub fn run<E: Export + 'static>(server: Arc<Server<E>>, listener: Listener, stop
         match accepted {
             Ok(handler) => {
                 connections.retain(|c| !c.is_finished());
+                if connections.len() >= server.limits.max_connections {
+                    // Dropping the handler closes the connection.
+                    eprintln!(
+                        "tessera: refused a connection: {} are open (--max-connections)",
+                        connections.len()
+                    );
+                    continue;
+                }
                 connections.push(std::thread::spawn(handler));
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => {
@@ -857,28 +1031,28 @@ mod tests {
         fn size(&self) -> u64 {
             self.0.lock().unwrap().len() as u64
         }
-        fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), u32> {
+        fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Failure> {
             let data = self.0.lock().unwrap();
             buf.copy_from_slice(&data[offset as usize..offset as usize + buf.len()]);
             Ok(())
         }
-        fn write(&self, offset: u64, bytes: &[u8], _fua: bool) -> Result<(), u32> {
+        fn write(&self, offset: u64, bytes: &[u8], _fua: bool) -> Result<(), Failure> {
             self.0.lock().unwrap()[offset as usize..offset as usize + bytes.len()].copy_from_slice(bytes);
             Ok(())
         }
-        fn flush(&self) -> Result<(), u32> {
+        fn flush(&self) -> Result<(), Failure> {
             Ok(())
         }
-        fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32> {
+        fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), Failure> {
             self.write_zeroes(offset, len, fua)
         }
-        fn write_zeroes(&self, offset: u64, len: u64, _fua: bool) -> Result<(), u32> {
+        fn write_zeroes(&self, offset: u64, len: u64, _fua: bool) -> Result<(), Failure> {
             self.0.lock().unwrap()[offset as usize..(offset + len) as usize].fill(0);
             Ok(())
         }
         /// Zero 4 KiB blocks are holes; one run per block, from the block
         /// that holds `offset` (the server clips and merges).
-        fn block_status(&self, offset: u64, len: u64) -> Result<Vec<(u64, u32)>, u32> {
+        fn block_status(&self, offset: u64, len: u64) -> Result<Vec<(u64, u32)>, Failure> {
             let data = self.0.lock().unwrap();
             let first = offset / 4096 * 4096;
             Ok((first..offset + len)
@@ -900,15 +1074,21 @@ mod tests {
     const SIZE: usize = 1 << 20;
 
     fn start() -> (UnixStream, Arc<Memory>, std::thread::JoinHandle<io::Result<()>>) {
+        start_with(Arc::new(Memory(Mutex::new(vec![7u8; SIZE]))))
+    }
+
+    fn start_with<E: Export + 'static>(
+        export: Arc<E>,
+    ) -> (UnixStream, Arc<E>, std::thread::JoinHandle<io::Result<()>>) {
         let (client, server_end) = UnixStream::pair().unwrap();
-        let memory = Arc::new(Memory(Mutex::new(vec![7u8; SIZE])));
-        let server = Server {
-            export: memory.clone(),
-            name: "tessera".to_string(),
-            description: "test".to_string(),
-        };
+        let server = Server::new(
+            export.clone(),
+            "tessera".to_string(),
+            "test".to_string(),
+            Limits::default(),
+        );
         let handle = std::thread::spawn(move || server.serve(server_end, &AtomicBool::new(false)));
-        (client, memory, handle)
+        (client, export, handle)
     }
 
     fn send_option(c: &mut UnixStream, option: u32, data: &[u8]) {
@@ -986,7 +1166,8 @@ mod tests {
             assert_eq!(kind, REP_INFO);
             match u16::from_be_bytes([data[0], data[1]]) {
                 INFO_EXPORT => {
-                    assert_eq!(u64::from_be_bytes(data[2..10].try_into().unwrap()), SIZE as u64);
+                    let size = u64::from_be_bytes(data[2..10].try_into().unwrap());
+                    assert!(size == SIZE as u64 || size == ZEROS_SIZE, "size {size}");
                     transmission = u16::from_be_bytes([data[10], data[11]]);
                 }
                 INFO_BLOCK_SIZE => {
@@ -1170,22 +1351,22 @@ mod tests {
         fn size(&self) -> u64 {
             self.memory.size()
         }
-        fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), u32> {
+        fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Failure> {
             self.memory.read(offset, buf)
         }
-        fn write(&self, offset: u64, bytes: &[u8], fua: bool) -> Result<(), u32> {
+        fn write(&self, offset: u64, bytes: &[u8], fua: bool) -> Result<(), Failure> {
             std::thread::sleep(std::time::Duration::from_millis(300));
             self.memory.write(offset, bytes, fua)?;
             self.done.lock().unwrap().push(std::time::Instant::now());
             Ok(())
         }
-        fn flush(&self) -> Result<(), u32> {
+        fn flush(&self) -> Result<(), Failure> {
             Ok(())
         }
-        fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32> {
+        fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), Failure> {
             self.memory.trim(offset, len, fua)
         }
-        fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32> {
+        fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), Failure> {
             self.memory.write_zeroes(offset, len, fua)
         }
     }
@@ -1198,11 +1379,12 @@ mod tests {
             memory: Memory(Mutex::new(vec![7u8; SIZE])),
             done: Mutex::new(Vec::new()),
         });
-        let server = Arc::new(Server {
-            export: slow.clone(),
-            name: "tessera".to_string(),
-            description: "test".to_string(),
-        });
+        let server = Arc::new(Server::new(
+            slow.clone(),
+            "tessera".to_string(),
+            "test".to_string(),
+            Limits::default(),
+        ));
         let stop = Arc::new(AtomicBool::new(false));
         let listener = Listener::Unix(std::os::unix::net::UnixListener::bind(&path).unwrap());
         let running = {
@@ -1238,6 +1420,177 @@ mod tests {
             "run returned before a write in flight was done"
         );
         assert_eq!(&slow.memory.0.lock().unwrap()[4096..4100], b"efgh");
+    }
+
+    /// An export whose writes fail, saying why.
+    struct Failing(Memory);
+
+    impl Export for Failing {
+        fn size(&self) -> u64 {
+            self.0.size()
+        }
+        fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Failure> {
+            self.0.read(offset, buf)
+        }
+        fn write(&self, _offset: u64, _bytes: &[u8], _fua: bool) -> Result<(), Failure> {
+            Err(Failure {
+                errno: errno::EIO,
+                message: Some("member 3 (disk-3) failed: more than M members are gone".to_string()),
+            })
+        }
+        fn flush(&self) -> Result<(), Failure> {
+            Err(errno::EIO.into())
+        }
+        fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), Failure> {
+            self.0.trim(offset, len, fua)
+        }
+        fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), Failure> {
+            self.0.write_zeroes(offset, len, fua)
+        }
+    }
+
+    #[test]
+    fn structured_errors_carry_the_exports_message() {
+        let (mut c, _export, handle) = start_with(Arc::new(Failing(Memory(Mutex::new(vec![0u8; SIZE])))));
+        negotiate(&mut c);
+        let message = |c: &mut UnixStream, cookie: u64| -> (u32, String) {
+            assert_eq!(read_u32(c).unwrap(), STRUCTURED_REPLY_MAGIC);
+            let mut head = [0; 4];
+            c.read_exact(&mut head).unwrap();
+            assert_eq!(u16::from_be_bytes([head[2], head[3]]), REPLY_TYPE_ERROR);
+            assert_eq!(read_u64(c).unwrap(), cookie);
+            let mut body = vec![0; read_u32(c).unwrap() as usize];
+            c.read_exact(&mut body).unwrap();
+            let len = u16::from_be_bytes([body[4], body[5]]) as usize;
+            assert_eq!(body.len(), 6 + len);
+            (
+                u32::from_be_bytes(body[..4].try_into().unwrap()),
+                String::from_utf8(body[6..].to_vec()).unwrap(),
+            )
+        };
+        request(&mut c, 0, CMD_WRITE, 1, 0, 4, b"abcd");
+        assert_eq!(
+            message(&mut c, 1),
+            (
+                errno::EIO,
+                "member 3 (disk-3) failed: more than M members are gone".to_string()
+            )
+        );
+        // Without a message of its own: the errno's.
+        request(&mut c, 0, CMD_FLUSH, 2, 0, 0, &[]);
+        assert_eq!(message(&mut c, 2), (errno::EIO, "I/O error in the array".to_string()));
+        request(&mut c, 0, CMD_DISC, 3, 0, 0, &[]);
+        handle.join().unwrap().unwrap();
+    }
+
+    /// A large export of zeros that keeps nothing: reads fill the buffer.
+    struct Zeros;
+
+    const ZEROS_SIZE: u64 = 1 << 30;
+
+    impl Export for Zeros {
+        fn size(&self) -> u64 {
+            ZEROS_SIZE
+        }
+        fn read(&self, _offset: u64, buf: &mut [u8]) -> Result<(), Failure> {
+            buf.fill(0);
+            Ok(())
+        }
+        fn write(&self, _offset: u64, _bytes: &[u8], _fua: bool) -> Result<(), Failure> {
+            Ok(())
+        }
+        fn flush(&self) -> Result<(), Failure> {
+            Ok(())
+        }
+        fn trim(&self, _offset: u64, _len: u64, _fua: bool) -> Result<(), Failure> {
+            Ok(())
+        }
+        fn write_zeroes(&self, _offset: u64, _len: u64, _fua: bool) -> Result<(), Failure> {
+            Ok(())
+        }
+    }
+
+    /// A server on a Unix socket in `dir`, run until the returned flag is set.
+    fn listen<E: Export + 'static>(
+        dir: &std::path::Path,
+        export: Arc<E>,
+        limits: Limits,
+    ) -> (
+        std::path::PathBuf,
+        Arc<AtomicBool>,
+        std::thread::JoinHandle<io::Result<()>>,
+    ) {
+        let path = dir.join("nbd.sock");
+        let server = Arc::new(Server::new(export, "tessera".to_string(), "test".to_string(), limits));
+        let listener = Listener::Unix(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        let stop = Arc::new(AtomicBool::new(false));
+        let handle = {
+            let stop = stop.clone();
+            std::thread::spawn(move || run(server, listener, stop))
+        };
+        (path, stop, handle)
+    }
+
+    fn resident_bytes() -> u64 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+    }
+
+    #[test]
+    fn pipelined_large_reads_never_collected_hold_bounded_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, stop, handle) = listen(dir.path(), Arc::new(Zeros), Limits::default());
+        let before = resident_bytes();
+        // Sixteen 32 MiB reads whose replies are never taken.
+        let mut greedy = UnixStream::connect(&path).unwrap();
+        negotiate_with(&mut greedy, |_| {});
+        for cookie in 0..16 {
+            request(&mut greedy, 0, CMD_READ, cookie, cookie * (32 << 20), 32 << 20, &[]);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let grown = resident_bytes().saturating_sub(before);
+        // Another client is still served.
+        let mut polite = UnixStream::connect(&path).unwrap();
+        negotiate_with(&mut polite, |_| {});
+        request(&mut polite, 0, CMD_WRITE, 1, 0, 4, b"abcd");
+        assert_eq!(reply_error(&mut polite, 1), 0);
+        // One connection holds at most 64 MiB of replies (two of these);
+        // without a bound the server held all sixteen, 512 MiB.
+        assert!(grown < 200 << 20, "the server grew by {} MiB", grown >> 20);
+        drop(greedy);
+        drop(polite);
+        stop.store(true, Ordering::Relaxed);
+        handle.join().unwrap().unwrap();
+    }
+
+    #[test]
+    fn connections_beyond_the_limit_are_closed() {
+        let dir = tempfile::tempdir().unwrap();
+        let limits = Limits {
+            max_connections: 2,
+            ..Limits::default()
+        };
+        let (path, stop, handle) = listen(dir.path(), Arc::new(Zeros), limits);
+        let greeted = |c: &mut UnixStream| {
+            c.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+            read_u64(c).is_ok_and(|magic| magic == NBDMAGIC)
+        };
+        let mut first = UnixStream::connect(&path).unwrap();
+        let mut second = UnixStream::connect(&path).unwrap();
+        assert!(greeted(&mut first) && greeted(&mut second));
+        let mut third = UnixStream::connect(&path).unwrap();
+        assert!(!greeted(&mut third), "a third connection was served");
+        drop(first);
+        // Once one has gone, a new one is served.
+        let served = (0..100).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            greeted(&mut UnixStream::connect(&path).unwrap())
+        });
+        assert!(served);
+        drop(second);
+        stop.store(true, Ordering::Relaxed);
+        handle.join().unwrap().unwrap();
     }
 
     #[test]
