@@ -59,10 +59,7 @@ impl Shared {
         let mut window = self.choose_window(start);
         let (mut checkpoint, referenced) = self.copy_map(start, &window);
         // 3. Everything the copy points at is made durable.
-        let sealed: Vec<_> = [Stream::User, Stream::Gc]
-            .into_iter()
-            .filter_map(|stream| self.seal_stream(stream))
-            .collect();
+        let sealed: Vec<_> = (0..self.open.len()).filter_map(|lane| self.seal_lane(lane)).collect();
         if let Err(error) = self
             .submit(sealed)
             .and_then(|()| self.sync_through(self.tracker.last_sequence()))

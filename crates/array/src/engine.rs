@@ -44,6 +44,9 @@ pub struct EngineOptions {
     /// Whether a background thread collects garbage and writes
     /// checkpoints ahead of need; without it, writers do so when they must.
     pub background: bool,
+    /// User stripes open at once (`None`: by the array's size, see
+    /// `limits::user_lanes`). Each holds a slot.
+    pub user_lanes: Option<usize>,
 }
 
 impl Default for EngineOptions {
@@ -52,14 +55,15 @@ impl Default for EngineOptions {
             accel: None,
             reconstruct_cache_bytes: RECONSTRUCT_CACHE_BYTES_DEFAULT,
             background: true,
+            user_lanes: None,
         }
     }
 }
 
 /// Where a slot's data area is while it is not (only) on the members.
 pub(crate) enum Resident {
-    /// Being filled: in `Shared::open` of this stream, under its lock.
-    Open(Stream),
+    /// Being filled: in `Shared::open[lane]`, under its lock.
+    Open(usize),
     /// Sealed, being written: immutable in memory until the write is done.
     Sealed(Arc<AlignedBuf>),
 }
@@ -77,9 +81,10 @@ pub(crate) struct Index {
     /// The durable checkpoint's stripes.
     pub checkpoint_slots: Vec<u64>,
     /// Stripes of the GC stream sealed empty (their copies overwritten by
-    /// client writes) while a user stripe was open: they drain once that
-    /// user stripe is sealed, since it may hold what superseded them.
-    pub drain_after_user: Vec<u64>,
+    /// client writes) while user stripes were open, with the slots of
+    /// those user stripes: each drains once all of them are sealed, since
+    /// any may hold what superseded it.
+    pub drain_after_user: Vec<(u64, Vec<u64>)>,
     /// The newest sequence sealed so far.
     pub last_sealed: u64,
 }
@@ -188,8 +193,8 @@ pub(crate) struct Shared {
     pub members: Members,
     pub index: RwLock<Index>,
     pub pins: Pins,
-    /// The open stripe of each stream that has one: User, then Gc.
-    pub open: [Mutex<Option<OpenStripe>>; 2],
+    /// The open stripes: the user lanes, then the GC stream's (last).
+    pub open: Vec<Mutex<Option<OpenStripe>>>,
     pub tracker: Tracker,
     pub io: MemberIo,
     /// Threads that only wait on members: the chunk reads of one request
@@ -221,6 +226,16 @@ fn poisoned<T>(guard: std::sync::PoisonError<T>) -> T {
     guard.into_inner()
 }
 
+/// A number of this thread's own, spreading threads over the user lanes.
+fn thread_lane() -> usize {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static LANE: usize = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    LANE.with(|l| *l)
+}
+
 impl Shared {
     pub fn index(&self) -> RwLockReadGuard<'_, Index> {
         self.index.read().unwrap_or_else(poisoned)
@@ -230,13 +245,42 @@ impl Shared {
         self.index.write().unwrap_or_else(poisoned)
     }
 
-    pub fn open_stripe(&self, stream: Stream) -> MutexGuard<'_, Option<OpenStripe>> {
-        let i = match stream {
-            Stream::User => 0,
-            Stream::Gc => 1,
+    /// The open stripe of `lane` (see `open`), locked.
+    pub fn open_lane(&self, lane: usize) -> MutexGuard<'_, Option<OpenStripe>> {
+        self.open[lane].lock().unwrap_or_else(poisoned)
+    }
+
+    /// The GC stream's lane.
+    pub fn gc_lane(&self) -> usize {
+        self.open.len() - 1
+    }
+
+    /// The user lanes.
+    pub fn user_lanes(&self) -> std::ops::Range<usize> {
+        0..self.open.len() - 1
+    }
+
+    /// A lane for a writer of `stream`, locked: for user data the first
+    /// free one from a lane of this thread's own, so concurrent writers
+    /// fill different stripes; the thread's own if all are taken.
+    pub fn lane_for(&self, stream: Stream) -> (usize, MutexGuard<'_, Option<OpenStripe>>) {
+        match stream {
+            Stream::Gc => (self.gc_lane(), self.open_lane(self.gc_lane())),
             Stream::Meta => unreachable!("checkpoint stripes are never left open"),
-        };
-        self.open[i].lock().unwrap_or_else(poisoned)
+            Stream::User => {
+                let lanes = self.user_lanes().len();
+                let home = thread_lane() % lanes;
+                for i in 0..lanes {
+                    let lane = (home + i) % lanes;
+                    match self.open[lane].try_lock() {
+                        Ok(guard) => return (lane, guard),
+                        Err(std::sync::TryLockError::Poisoned(p)) => return (lane, p.into_inner()),
+                        Err(std::sync::TryLockError::WouldBlock) => {}
+                    }
+                }
+                (home, self.open_lane(home))
+            }
+        }
     }
 
     pub fn spares(&self) -> MutexGuard<'_, Spares> {
@@ -350,7 +394,12 @@ impl Array {
                 last_sealed: 0,
             }),
             pins: Pins::new(slot_count),
-            open: [Mutex::new(None), Mutex::new(None)],
+            open: (0..=options
+                .user_lanes
+                .unwrap_or_else(|| crate::limits::user_lanes(slot_count))
+                .clamp(1, crate::limits::USER_LANES_MAX))
+                .map(|_| Mutex::new(None))
+                .collect(),
             tracker: Tracker {
                 state: Mutex::new(TrackerState {
                     next_sequence: 1,

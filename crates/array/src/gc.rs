@@ -101,7 +101,7 @@ impl Shared {
             }
         }
         // The copies are made durable; then the victims drain.
-        self.submit(self.seal_stream(Stream::Gc).into_iter().collect())?;
+        self.submit(self.seal_lane(self.gc_lane()).into_iter().collect())?;
         let emptied = {
             let index = self.index();
             victims
@@ -263,7 +263,6 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use crate::device::{Device, MemoryDevice};
-    use crate::format::Stream;
     use crate::map::Target;
     use crate::slots::SlotState;
     use crate::{CreateOptions, EngineOptions};
@@ -306,7 +305,7 @@ mod tests {
         };
         shared.relocate(victim).unwrap();
         let copy = shared
-            .open_stripe(Stream::Gc)
+            .open_lane(shared.gc_lane())
             .as_ref()
             .expect("a GC stripe took the copy")
             .slot;
@@ -314,7 +313,7 @@ mod tests {
         // replaced it is only in the open user stripe.
         array.write(0, &[2u8; 4096], false).unwrap();
         shared
-            .submit(shared.seal_stream(Stream::Gc).into_iter().collect())
+            .submit(shared.seal_lane(shared.gc_lane()).into_iter().collect())
             .unwrap();
         shared.sync_through(shared.tracker.last_sequence()).unwrap();
         assert_ne!(

@@ -129,8 +129,8 @@ const SLOTS_MIN: u64 = 16;
 /// The exported size by default: a fraction of the usable space after the
 /// slots the engine keeps for itself.
 fn default_logical_bytes(geometry: &Geometry) -> u64 {
-    use limits::{DEFAULT_LOGICAL_FRACTION, GC_RESERVE_SLOTS, OPEN_STREAM_COUNT};
-    let reserved = (GC_RESERVE_SLOTS + OPEN_STREAM_COUNT + 3) as u64;
+    use limits::{DEFAULT_LOGICAL_FRACTION, GC_RESERVE_SLOTS};
+    let reserved = (GC_RESERVE_SLOTS + limits::open_stripe_count(geometry.slot_count()) + 3) as u64;
     let usable = geometry.slot_count().saturating_sub(reserved) * write::stripe_fill_bytes(geometry, None);
     let block = BLOCK_BYTES as u64;
     ((usable as f64 * DEFAULT_LOGICAL_FRACTION) as u64 / block) * block

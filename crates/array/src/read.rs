@@ -19,7 +19,7 @@
 
 use crate::device::AlignedBuf;
 use crate::engine::{block_range, Resident, Shared};
-use crate::format::{Extent, Stream, BLOCK_BYTES, SECTOR_BYTES};
+use crate::format::{Extent, BLOCK_BYTES, SECTOR_BYTES};
 use crate::map::Target;
 use crate::slots::Pinned;
 use crate::status::Counters;
@@ -31,8 +31,11 @@ use tessera_checksum::Algorithm;
 /// Where a stripe's data area is.
 pub(crate) enum Where {
     Memory(Arc<AlignedBuf>),
-    Open(Stream),
-    Members { sequence: u64 },
+    /// In the open stripe of this lane.
+    Open(usize),
+    Members {
+        sequence: u64,
+    },
 }
 
 impl Shared {
@@ -166,8 +169,8 @@ impl Shared {
         for _ in 0..3 {
             match at {
                 Where::Memory(area) => return copy_blocks(extent, skip, &area, out),
-                Where::Open(stream) => {
-                    let open = self.open_stripe(stream);
+                Where::Open(lane) => {
+                    let open = self.open_lane(lane);
                     if let Some(open) = open.as_ref().filter(|o| o.slot == extent.slot) {
                         return copy_blocks(extent, skip, &open.data, out);
                     }
@@ -473,7 +476,7 @@ fn raw_run(plan: &[Piece]) -> usize {
 /// Where slot `slot`'s data area is, as the index says now.
 pub(crate) fn where_is(index: &crate::engine::Index, slot: u64) -> Where {
     match index.resident.get(&slot) {
-        Some(Resident::Open(stream)) => Where::Open(*stream),
+        Some(Resident::Open(lane)) => Where::Open(*lane),
         Some(Resident::Sealed(area)) => Where::Memory(area.clone()),
         None => Where::Members {
             sequence: index.slots.get(slot).sequence,

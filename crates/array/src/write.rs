@@ -25,7 +25,7 @@
 use crate::engine::{stripe_bytes, Resident, Shared};
 use crate::format::{self, Extent, Record, Stream, BLOCK_BYTES};
 use crate::io::{StripeDone, StripeWrite};
-use crate::limits::{ADMIT_FRACTION, EXTENT_BLOCKS_MAX, GC_RESERVE_SLOTS, LIVE_SCALE, OPEN_STREAM_COUNT};
+use crate::limits::{ADMIT_FRACTION, EXTENT_BLOCKS_MAX, GC_RESERVE_SLOTS, LIVE_SCALE};
 use crate::map::{Rule, Target};
 use crate::slots::SlotState;
 use crate::status::Counters;
@@ -363,7 +363,7 @@ impl Shared {
         // the durable checkpoint and room for the next, and one more for
         // the open stripes' tails.
         let reserved_slots =
-            GC_RESERVE_SLOTS + OPEN_STREAM_COUNT + index.checkpoint_slots.len() + index.checkpoint_reserve + 1;
+            GC_RESERVE_SLOTS + self.open.len() + index.checkpoint_slots.len() + index.checkpoint_reserve + 1;
         let slots = (index.slots.count() as usize).saturating_sub(reserved_slots) as u128;
         let capacity = (slots as f64 * self.fill_bytes as f64 * ADMIT_FRACTION) as u128 * u128::from(LIVE_SCALE);
         let live = index.slots.live_units();
@@ -399,9 +399,9 @@ impl Shared {
         // Each round packs at least one piece or finds a slot; a slot that
         // other writers keep taking first ends in NoSpace, not forever.
         for _ in 0..(16 + 4 * queue.len()) * 64 {
-            let mut guard = self.open_stripe(stream);
+            let (lane, mut guard) = self.lane_for(stream);
             if guard.is_none() {
-                match self.open_slot(stream, claim) {
+                match self.open_slot(stream, claim, lane) {
                     Some(open) => *guard = Some(open),
                     None => {
                         drop(guard);
@@ -562,7 +562,7 @@ impl Shared {
 
     /// A new open stripe for `stream` in a usable slot, if the stream's
     /// reserve allows one.
-    fn open_slot(&self, stream: Stream, claim: Claim) -> Option<OpenStripe> {
+    fn open_slot(&self, stream: Stream, claim: Claim, lane: usize) -> Option<OpenStripe> {
         let area = self.spares().areas.pop();
         let mut index = self.index_mut();
         if !self.has_room(&index, claim) {
@@ -573,7 +573,7 @@ impl Shared {
             return None;
         }
         let slot = index.slots.allocate(|s| self.all_healthy(s), &self.pins)?;
-        index.resident.insert(slot, Resident::Open(stream));
+        index.resident.insert(slot, Resident::Open(lane));
         drop(index);
         self.maintenance.wake();
         Some(OpenStripe::new(slot, stream, area, &self.geometry))
@@ -599,12 +599,10 @@ impl Shared {
             index.resident.remove(&open.slot);
             index.slots.release_open(open.slot);
             if open.stream == Stream::User {
-                // No user records were pending: what superseded those
-                // stripes is in stripes sealed already.
+                // It held no user records: what superseded the stripes
+                // waiting on it is in stripes sealed already.
                 let sealed = index.last_sealed;
-                for slot in std::mem::take(&mut index.drain_after_user) {
-                    index.slots.drain_after(slot, sealed);
-                }
+                user_stripe_done(&mut index, open.slot, sealed);
             }
             return None;
         }
@@ -627,23 +625,27 @@ impl Shared {
             index.slots.drain_after(slot, sequence);
         }
         if empty {
-            // What overwrote it may be in the open user stripe, not yet
-            // sealed: it drains after that one, not after itself.
-            let user_open = open.stream != Stream::User
-                && index
-                    .resident
-                    .values()
-                    .any(|r| matches!(r, Resident::Open(Stream::User)));
-            if user_open {
-                index.drain_after_user.push(open.slot);
+            // What overwrote it may be in an open user stripe, not yet
+            // sealed: it drains after those, not after itself.
+            let user_open: Vec<u64> = if open.stream == Stream::User {
+                Vec::new()
             } else {
+                let user_lanes = self.user_lanes();
+                index
+                    .resident
+                    .iter()
+                    .filter(|(_, r)| matches!(r, Resident::Open(lane) if user_lanes.contains(lane)))
+                    .map(|(&slot, _)| slot)
+                    .collect()
+            };
+            if user_open.is_empty() {
                 index.slots.drain_after(open.slot, sequence);
+            } else {
+                index.drain_after_user.push((open.slot, user_open));
             }
         }
         if open.stream == Stream::User {
-            for slot in std::mem::take(&mut index.drain_after_user) {
-                index.slots.drain_after(slot, sequence);
-            }
+            user_stripe_done(&mut index, open.slot, sequence);
         }
         drop(index);
         Counters::add(&self.counters.stripes_sealed, 1);
@@ -686,11 +688,11 @@ impl Shared {
         Ok(())
     }
 
-    /// Seals `stream`'s open stripe, however full (FLUSH, checkpoints).
-    pub(crate) fn seal_stream(&self, stream: Stream) -> Option<Sealing> {
+    /// Seals the open stripe of `lane`, however full (FLUSH, checkpoints).
+    pub(crate) fn seal_lane(&self, lane: usize) -> Option<Sealing> {
         // Sealed under the open stripe's lock: a reader that found the
         // stripe open and waits for the lock then finds it sealed.
-        let mut guard = self.open_stripe(stream);
+        let mut guard = self.open_lane(lane);
         let open = guard.take()?;
         let sealing = self.seal_open(open, SlotState::Sealed);
         drop(guard);
@@ -699,12 +701,12 @@ impl Shared {
         Some(sealing)
     }
 
-    /// FLUSH: seals the open user stripe and returns once every stripe
+    /// FLUSH: seals the open user stripes and returns once every stripe
     /// sealed so far is on the members and synced. Garbage collection's
     /// copies need not be durable (what they copied stays until they are).
     pub fn flush(&self) -> Result<(), ArrayError> {
         self.members.check_writable()?;
-        self.submit(self.seal_stream(Stream::User).into_iter().collect())?;
+        self.submit(self.user_lanes().filter_map(|lane| self.seal_lane(lane)).collect())?;
         let target = self.tracker.last_sequence();
         self.sync_through(target)?;
         Counters::add(&self.counters.flushes, 1);
@@ -898,4 +900,21 @@ impl StripeDone for Shared {
 
 fn is_zero(bytes: &[u8]) -> bool {
     bytes.iter().all(|&b| b == 0)
+}
+
+/// The user stripe in `slot` is sealed as `sequence` (or gave its slot
+/// back, nothing in it): GC stripes that waited on it, and on no other
+/// user stripe still open, drain after it.
+fn user_stripe_done(index: &mut crate::engine::Index, slot: u64, sequence: u64) {
+    let mut waiting = std::mem::take(&mut index.drain_after_user);
+    waiting.retain_mut(|(gc_slot, user_slots)| {
+        user_slots.retain(|&s| s != slot);
+        if user_slots.is_empty() {
+            index.slots.drain_after(*gc_slot, sequence);
+            false
+        } else {
+            true
+        }
+    });
+    index.drain_after_user = waiting;
 }

@@ -146,7 +146,14 @@ fn run(seed: u64, met: &mut Met) {
         compression,
         logical_bytes: None,
     };
-    let array = tessera_array::create(named, &options).unwrap_or_else(|e| panic!("seed {seed}: create: {e}"));
+    // One to four user stripes open at once (small arrays get one by
+    // default): writers of the four threads fill different ones.
+    let engine = EngineOptions {
+        user_lanes: Some(rng.gen_range(1..=4)),
+        ..EngineOptions::default()
+    };
+    let array =
+        tessera_array::create_with(named, &options, engine).unwrap_or_else(|e| panic!("seed {seed}: create: {e}"));
     // Members 0 and 1 turn faulty; all of them are slow at random.
     for (i, device) in devices.iter().enumerate() {
         let faulty = i < m;
