@@ -226,16 +226,6 @@ fn poisoned<T>(guard: std::sync::PoisonError<T>) -> T {
     guard.into_inner()
 }
 
-/// A number of this thread's own, spreading threads over the user lanes.
-fn thread_lane() -> usize {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static LANE: usize = NEXT.fetch_add(1, Ordering::Relaxed);
-    }
-    LANE.with(|l| *l)
-}
-
 impl Shared {
     pub fn index(&self) -> RwLockReadGuard<'_, Index> {
         self.index.read().unwrap_or_else(poisoned)
@@ -260,27 +250,19 @@ impl Shared {
         0..self.open.len() - 1
     }
 
-    /// A lane for a writer of `stream`, locked: for user data the first
-    /// free one from a lane of this thread's own, so concurrent writers
-    /// fill different stripes; the thread's own if all are taken.
-    pub fn lane_for(&self, stream: Stream) -> (usize, MutexGuard<'_, Option<OpenStripe>>) {
-        match stream {
-            Stream::Gc => (self.gc_lane(), self.open_lane(self.gc_lane())),
+    /// The lane a writer of `stream` at block `lba` fills, locked. User
+    /// data goes by region of the volume (`LANE_REGION_BLOCKS`), so that
+    /// writers of different regions fill different stripes at once, while
+    /// a region written in order lies in order in its lane's stripes (a
+    /// later sequential read reads whole chunks, not pieces of four
+    /// interleaved stripes).
+    pub fn lane_for(&self, stream: Stream, lba: u64) -> (usize, MutexGuard<'_, Option<OpenStripe>>) {
+        let lane = match stream {
+            Stream::Gc => self.gc_lane(),
             Stream::Meta => unreachable!("checkpoint stripes are never left open"),
-            Stream::User => {
-                let lanes = self.user_lanes().len();
-                let home = thread_lane() % lanes;
-                for i in 0..lanes {
-                    let lane = (home + i) % lanes;
-                    match self.open[lane].try_lock() {
-                        Ok(guard) => return (lane, guard),
-                        Err(std::sync::TryLockError::Poisoned(p)) => return (lane, p.into_inner()),
-                        Err(std::sync::TryLockError::WouldBlock) => {}
-                    }
-                }
-                (home, self.open_lane(home))
-            }
-        }
+            Stream::User => (lba / crate::limits::LANE_REGION_BLOCKS % self.user_lanes().len() as u64) as usize,
+        };
+        (lane, self.open_lane(lane))
     }
 
     pub fn spares(&self) -> MutexGuard<'_, Spares> {

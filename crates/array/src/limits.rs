@@ -30,6 +30,10 @@ pub const GC_RESERVE_SLOTS: usize = 2;
 /// busy). One per 256 slots, at most 4, so small arrays keep their slots.
 pub const USER_LANES_MAX: usize = 4;
 pub const SLOTS_PER_USER_LANE: u64 = 256;
+/// Blocks of the volume (4 MiB) that go to one user lane in turn: large
+/// enough that a region written in order fills stripes in order, small
+/// enough that one client's queue of sequential writes spans all lanes.
+pub const LANE_REGION_BLOCKS: u64 = 1024;
 
 /// User stripes open at once in an array of `slots` slots.
 pub fn user_lanes(slots: u64) -> usize {

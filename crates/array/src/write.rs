@@ -399,7 +399,8 @@ impl Shared {
         // Each round packs at least one piece or finds a slot; a slot that
         // other writers keep taking first ends in NoSpace, not forever.
         for _ in 0..(16 + 4 * queue.len()) * 64 {
-            let (lane, mut guard) = self.lane_for(stream);
+            let lba = queue.front().map_or(0, |p| p.lba);
+            let (lane, mut guard) = self.lane_for(stream, lba);
             if guard.is_none() {
                 match self.open_slot(stream, claim, lane) {
                     Some(open) => *guard = Some(open),
