@@ -1193,6 +1193,22 @@ mod tests {
         c.write_all(&r).unwrap();
     }
 
+    /// (errno, message) of a structured error chunk, after its magic.
+    fn error_chunk(c: &mut UnixStream, cookie: u64) -> (u32, String) {
+        let mut head = [0; 4];
+        c.read_exact(&mut head).unwrap();
+        assert_eq!(u16::from_be_bytes([head[2], head[3]]), REPLY_TYPE_ERROR);
+        assert_eq!(read_u64(c).unwrap(), cookie);
+        let mut body = vec![0; read_u32(c).unwrap() as usize];
+        c.read_exact(&mut body).unwrap();
+        let len = u16::from_be_bytes([body[4], body[5]]) as usize;
+        assert_eq!(body.len(), 6 + len);
+        (
+            u32::from_be_bytes(body[..4].try_into().unwrap()),
+            String::from_utf8(body[6..].to_vec()).unwrap(),
+        )
+    }
+
     /// Error of a reply without data: 0, or the errno (simple or structured).
     fn reply_error(c: &mut UnixStream, cookie: u64) -> u32 {
         match read_u32(c).unwrap() {
@@ -1201,15 +1217,7 @@ mod tests {
                 assert_eq!(read_u64(c).unwrap(), cookie);
                 error
             }
-            STRUCTURED_REPLY_MAGIC => {
-                let mut head = [0; 4];
-                c.read_exact(&mut head).unwrap();
-                assert_eq!(u16::from_be_bytes([head[2], head[3]]), REPLY_TYPE_ERROR);
-                assert_eq!(read_u64(c).unwrap(), cookie);
-                let mut body = vec![0; read_u32(c).unwrap() as usize];
-                c.read_exact(&mut body).unwrap();
-                u32::from_be_bytes(body[0..4].try_into().unwrap())
-            }
+            STRUCTURED_REPLY_MAGIC => error_chunk(c, cookie).0,
             magic => panic!("bad reply magic {magic:#x}"),
         }
     }
@@ -1455,18 +1463,7 @@ mod tests {
         negotiate(&mut c);
         let message = |c: &mut UnixStream, cookie: u64| -> (u32, String) {
             assert_eq!(read_u32(c).unwrap(), STRUCTURED_REPLY_MAGIC);
-            let mut head = [0; 4];
-            c.read_exact(&mut head).unwrap();
-            assert_eq!(u16::from_be_bytes([head[2], head[3]]), REPLY_TYPE_ERROR);
-            assert_eq!(read_u64(c).unwrap(), cookie);
-            let mut body = vec![0; read_u32(c).unwrap() as usize];
-            c.read_exact(&mut body).unwrap();
-            let len = u16::from_be_bytes([body[4], body[5]]) as usize;
-            assert_eq!(body.len(), 6 + len);
-            (
-                u32::from_be_bytes(body[..4].try_into().unwrap()),
-                String::from_utf8(body[6..].to_vec()).unwrap(),
-            )
+            error_chunk(c, cookie)
         };
         request(&mut c, 0, CMD_WRITE, 1, 0, 4, b"abcd");
         assert_eq!(
