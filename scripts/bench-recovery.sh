@@ -35,8 +35,11 @@ label, cache, start, end, path = sys.argv[1:]
 r = json.load(open(path)).get("recovery")
 line = f"{label:<34} {cache:<5} {float(end) - float(start):7.2f} s"
 if r:
-    line += (f"   checkpoint {r['checkpoint_sequence']:>6}, {r['slots_scanned']:>6} slots scanned, "
+    checkpoint = r.get('checkpoint_sequence')
+    line += (f"   checkpoint {'none' if checkpoint is None else checkpoint:>6}, {r['slots_scanned']:>6} slots scanned, "
              f"{r['stripes_replayed']:>5} stripes replayed, recovery {r['milliseconds']} ms")
+    if r.get('checkpoint_error'):
+        line += f" ({r['checkpoint_error']})"
 print(line)
 PY
 }

@@ -237,7 +237,8 @@ impl Shared {
         let mut meta: Vec<u64> = {
             let mut index = self.index_mut();
             // A free slot has held nothing since the checkpoint began (no
-            // slot is freed meanwhile), so one in the window may be taken.
+            // slot drains free while allocation is restricted), so one in
+            // the window may be taken (it then leaves the window).
             let mut free: Vec<u64> = index.slots.free_slots().filter(|&s| !self.pins.pinned(s)).collect();
             if free.len() < count {
                 return Ok(None);
@@ -251,7 +252,9 @@ impl Shared {
         };
         // Slots taken from the window leave it, and the copy says so (it
         // only shrinks, so it needs no more stripes).
-        if meta.iter().any(|slot| window.remove(slot)) {
+        // (Every one is removed: `any` would stop at the first.)
+        let taken_from_window = meta.iter().filter(|slot| window.remove(slot)).count();
+        if taken_from_window > 0 {
             checkpoint.window = window.iter().copied().collect();
             bytes = checkpoint.encode(algorithm);
             let spare = meta.split_off(bytes.len().div_ceil(per_stripe));

@@ -79,11 +79,14 @@ impl Shared {
         // kept for the next reads); of the others only the ranges wanted
         // are read or decoded. "Most" is by what reading the ranges would
         // cost: a range on a member that is out costs K times its length.
+        // With every member in, nothing is rebuilt for want of one.
         let mut cost: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
-        for (lo, hi, source) in &plan {
-            if let Some((extent, skip, Where::Members { .. })) = source {
-                let (offset, len) = stored_range(extent, *skip, (hi - lo) as usize * BLOCK_BYTES);
-                *cost.entry(extent.slot).or_default() += self.range_cost(extent.slot, offset, len);
+        if self.members.unavailable() > 0 {
+            for (lo, hi, source) in &plan {
+                if let Some((extent, skip, Where::Members { .. })) = source {
+                    let (offset, len) = stored_range(extent, *skip, (hi - lo) as usize * BLOCK_BYTES);
+                    *cost.entry(extent.slot).or_default() += self.range_cost(extent.slot, offset, len).0;
+                }
             }
         }
         // A read that is large in all and covers a good part of the
@@ -154,7 +157,9 @@ impl Shared {
 
     /// Blocks [skip, skip+blocks) of `extent` into `out`, checked; its
     /// slot is pinned by the caller. `whole`: the caller wants most of the
-    /// stripe, so if it must be rebuilt it is rebuilt whole.
+    /// stripe (by what decoding its ranges would cost), so a degraded
+    /// stripe is rebuilt whole, once for every reader, instead of its
+    /// healthy chunks read now and again by a rebuild.
     pub(crate) fn read_extent(
         &self,
         extent: &Extent,
@@ -205,16 +210,7 @@ impl Shared {
         let algorithm = self.geometry.checksum;
         let raw = extent.codec.is_none();
         let (offset, len) = stored_range(extent, skip, out.len());
-        let out_of_reach = stripe::pieces(&self.geometry, offset, len).iter().any(|&(chunk, ..)| {
-            self.members
-                .readable(self.geometry.place(extent.slot, chunk).0)
-                .is_none()
-        });
-        // A reader that wants most of a degraded stripe (by what decoding
-        // its ranges would read) takes all of it from one rebuild, kept for
-        // the next reads, not its healthy chunks read first and then again
-        // by the rebuild.
-        let whole = whole || 2 * self.range_cost(extent.slot, offset, len) >= self.geometry.data_area_bytes();
+        let (_, out_of_reach) = self.range_cost(extent.slot, offset, len);
         if whole && !self.data_readable(extent.slot) {
             let area = self.rebuilt_area(extent.slot, sequence)?;
             return self.serve_rebuilt(extent, skip, &area, out);
@@ -251,20 +247,21 @@ impl Shared {
         self.serve_rebuilt(extent, skip, &area, out)
     }
 
-    /// Bytes reading data-area range [offset, offset+len) of `slot` takes:
-    /// its length where it lies on readable members, K times that where it
-    /// must be decoded from K others.
-    fn range_cost(&self, slot: u64, offset: usize, len: usize) -> usize {
+    /// Bytes reading data-area range [offset, offset+len) of `slot` takes
+    /// (its length where it lies on readable members, K times that where
+    /// it must be decoded from K others), and whether any of it must be.
+    fn range_cost(&self, slot: u64, offset: usize, len: usize) -> (usize, bool) {
         let g = &self.geometry;
-        stripe::pieces(g, offset, len)
-            .iter()
-            .map(
-                |&(chunk, _, n, _)| match self.members.readable(g.place(slot, chunk).0) {
-                    Some(_) => n,
-                    None => g.data * n,
-                },
-            )
-            .sum()
+        let (mut cost, mut out_of_reach) = (0, false);
+        for (chunk, _, n, _) in stripe::pieces(g, offset, len) {
+            if self.members.readable(g.place(slot, chunk).0).is_some() {
+                cost += n;
+            } else {
+                cost += g.data * n;
+                out_of_reach = true;
+            }
+        }
+        (cost, out_of_reach)
     }
 
     /// An extent's blocks from a rebuilt data area, checked again.

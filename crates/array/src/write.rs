@@ -232,45 +232,53 @@ impl Shared {
         let per_extent = extent_blocks_max(&self.geometry) * BLOCK_BYTES;
         let mut pieces = Vec::new();
         let mut to_hash: Vec<(usize, &[u8])> = Vec::new();
-        // Extents are compressed on all cores at once: a client with one
-        // request in flight is not held to one core's compression speed.
-        let compress = |bytes: &[u8]| -> Result<Option<Blob>, ArrayError> {
-            match &self.policy {
-                Some(policy) if !is_zero(bytes) => policy
-                    .compress_blob(bytes, Hint::None)
-                    .map(Some)
-                    .map_err(ArrayError::Compress),
-                _ => Ok(None),
+        // What each extent's bytes become. Extents are compressed on all
+        // cores at once: a client with one request in flight is not held to
+        // one core's speed.
+        enum Kind {
+            Zero,
+            Raw,
+            Compressed(Blob),
+        }
+        let classify = |bytes: &[u8]| -> Result<Kind, ArrayError> {
+            if bytes.iter().all(|&b| b == 0) {
+                return Ok(Kind::Zero);
             }
+            let Some(policy) = &self.policy else {
+                return Ok(Kind::Raw);
+            };
+            let blob = policy.compress_blob(bytes, Hint::None).map_err(ArrayError::Compress)?;
+            Ok(if blob.codec.is_some() {
+                Kind::Compressed(blob)
+            } else {
+                Kind::Raw
+            })
         };
-        let blobs: Vec<Option<Blob>> = if self.policy.is_some() && data.len() > per_extent {
+        let classes: Vec<Kind> = if self.policy.is_some() && data.len() > per_extent {
             use rayon::prelude::*;
-            data.par_chunks(per_extent).map(compress).collect::<Result<_, _>>()?
+            data.par_chunks(per_extent).map(classify).collect::<Result<_, _>>()?
         } else {
-            data.chunks(per_extent).map(compress).collect::<Result<_, _>>()?
+            data.chunks(per_extent).map(classify).collect::<Result<_, _>>()?
         };
-        for ((i, bytes), blob) in data.chunks(per_extent).enumerate().zip(blobs) {
+        for ((i, bytes), class) in data.chunks(per_extent).enumerate().zip(classes) {
             let piece_lba = lba + (i * per_extent / BLOCK_BYTES) as u64;
             let blocks = (bytes.len() / BLOCK_BYTES) as u32;
-            let stored = if is_zero(bytes) {
-                Stored::Zero
-            } else {
-                match blob {
-                    Some(blob) if blob.codec.is_some() => {
-                        to_hash.push((pieces.len(), &[]));
-                        Stored::Compressed {
-                            codec: blob.codec.expect("checked"),
-                            bytes: blob.bytes,
-                            digest: Digest::from_bytes(&[]),
-                        }
+            let stored = match class {
+                Kind::Zero => Stored::Zero,
+                Kind::Compressed(blob) => {
+                    to_hash.push((pieces.len(), &[]));
+                    Stored::Compressed {
+                        codec: blob.codec.expect("classified compressed"),
+                        bytes: blob.bytes,
+                        digest: Digest::from_bytes(&[]),
                     }
-                    _ => {
-                        to_hash.push((pieces.len(), bytes));
-                        Stored::Raw {
-                            bytes: Cow::Borrowed(bytes),
-                            crcs: block_crcs(bytes),
-                            digest: Digest::from_bytes(&[]),
-                        }
+                }
+                Kind::Raw => {
+                    to_hash.push((pieces.len(), bytes));
+                    Stored::Raw {
+                        bytes: Cow::Borrowed(bytes),
+                        crcs: block_crcs(bytes),
+                        digest: Digest::from_bytes(&[]),
                     }
                 }
             };
@@ -897,10 +905,6 @@ impl StripeDone for Shared {
             spares.built.push(built);
         }
     }
-}
-
-fn is_zero(bytes: &[u8]) -> bool {
-    bytes.iter().all(|&b| b == 0)
 }
 
 /// The user stripe in `slot` is sealed as `sequence` (or gave its slot

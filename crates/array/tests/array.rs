@@ -2,7 +2,7 @@
 //! against a model: a plain byte vector.
 
 mod common;
-use common::headers;
+use common::{headers, named};
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use tessera_array::device::{Device, Faults, MemoryDevice};
@@ -15,14 +15,6 @@ const CHUNK: usize = 16 << 10;
 
 fn members(n: usize) -> Vec<Arc<MemoryDevice>> {
     (0..n).map(|_| Arc::new(MemoryDevice::new(MEMBER_BYTES))).collect()
-}
-
-fn named(devices: &[Arc<MemoryDevice>]) -> Vec<(String, Arc<dyn Device>)> {
-    devices
-        .iter()
-        .enumerate()
-        .map(|(i, d)| (format!("m{i}"), d.clone() as Arc<dyn Device>))
-        .collect()
 }
 
 fn reopen(devices: &[Arc<MemoryDevice>], skip: &[usize]) -> Result<tessera_array::Array, ArrayError> {

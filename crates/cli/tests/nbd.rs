@@ -126,6 +126,16 @@ fn create(dir: &Path, extra: &[&str]) {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// A new array (as `create`) in a temporary directory, served on a Unix
+/// socket there: (the directory, the array's, the server).
+fn create_and_serve(extra: &[&str]) -> (tempfile::TempDir, PathBuf, Served) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("array");
+    create(&dir, extra);
+    let server = Served::start(&dir, &tmp.path().join("nbd.sock"));
+    (tmp, dir, server)
+}
+
 fn fio(uri: &str, cwd: &Path, extra: &[&str]) -> String {
     let mut args = vec![
         "--name=job",
@@ -146,10 +156,7 @@ fn fio(uri: &str, cwd: &Path, extra: &[&str]) -> String {
 
 #[test]
 fn real_clients_read_back_what_they_wrote() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("array");
-    create(&dir, &["--compress", "lz4"]);
-    let server = Served::start(&dir, &tmp.path().join("nbd.sock"));
+    let (tmp, dir, server) = create_and_serve(&["--compress", "lz4"]);
     let uri = server.uri();
 
     let info = run("nbdinfo", &["--json", &uri], tmp.path());
@@ -562,10 +569,7 @@ fn fio_overwrite_churn_runs_across_restarts() {
 
 #[test]
 fn holes_show_in_nbdinfo_map_qemu_img_map_and_a_sparse_nbdcopy() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("array");
-    create(&dir, &[]);
-    let server = Served::start(&dir, &tmp.path().join("nbd.sock"));
+    let (tmp, _dir, server) = create_and_serve(&[]);
     let uri = server.uri();
     // 64 KiB at 1 MiB with 16 KiB of it zeroed again, 4 KiB at 4 MiB, and
     // 3 bytes in the middle of a block (the advertised minimum is 1 byte).
@@ -659,10 +663,7 @@ fn holes_show_in_nbdinfo_map_qemu_img_map_and_a_sparse_nbdcopy() {
 
 #[test]
 fn a_silent_control_client_blocks_no_one_and_status_survives_a_closed_pipe() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("array");
-    create(&dir, &[]);
-    let server = Served::start(&dir, &tmp.path().join("nbd.sock"));
+    let (tmp, dir, server) = create_and_serve(&[]);
     // Both sockets are the owner's only.
     use std::os::unix::fs::PermissionsExt;
     for socket in [dir.join("control.sock"), tmp.path().join("nbd.sock")] {

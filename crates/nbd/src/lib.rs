@@ -369,6 +369,13 @@ impl<E: Export> Server<E> {
         }
     }
 
+    /// Gives a request's bytes back to the server's and its connection's
+    /// budgets.
+    fn release(&self, connection: &Budget, held: usize) {
+        self.held.give(held);
+        connection.give(held);
+    }
+
     fn transmission_flags(&self, structured: bool) -> u16 {
         let mut flags = TFLAG_HAS_FLAGS
             | TFLAG_SEND_FLUSH
@@ -680,6 +687,8 @@ impl<E: Export> Server<E> {
             };
             budget.take(held);
             self.held.take(held);
+            // Given back here when the request never reaches a worker.
+            let release = |held| self.release(budget, held);
             if kind == CMD_WRITE {
                 // A buffer a worker is done with: resizing it to the usual
                 // request size costs nothing.
@@ -689,14 +698,12 @@ impl<E: Export> Server<E> {
                 }
                 payload.resize(len as usize, 0);
                 if let Err(e) = stream.read_exact(&mut payload) {
-                    self.held.give(held);
-                    budget.give(held);
+                    release(held);
                     return Err(e);
                 }
             }
             if kind == CMD_DISC {
-                self.held.give(held);
-                budget.give(held);
+                release(held);
                 return Ok(());
             }
             let in_range = offset.checked_add(u64::from(len)).is_some_and(|end| end <= size);
@@ -728,8 +735,7 @@ impl<E: Export> Server<E> {
                 held,
             };
             if let Err(unsent) = requests.send(request) {
-                self.held.give(unsent.0.held);
-                budget.give(unsent.0.held);
+                release(unsent.0.held);
                 // Every worker has stopped: a reply could not be sent.
                 return Ok(());
             }
@@ -761,8 +767,7 @@ impl<E: Export> Server<E> {
             if failed.is_ok() {
                 failed = self.carry_out(&request, &mut buffer, out, structured);
             }
-            self.held.give(request.held);
-            budget.give(request.held);
+            self.release(budget, request.held);
             buffer.trim();
             // The write buffer goes back to the reading thread for reuse.
             if request.payload.capacity() > 0 && request.payload.capacity() <= BUFFER_BYTES_KEPT_MAX {

@@ -4,6 +4,15 @@ use std::sync::Arc;
 use tessera_array::device::{Device, MemoryDevice};
 use tessera_array::format::{ChunkHeader, Geometry, SECTOR_BYTES};
 
+/// The members as the array names them: m0, m1, ...
+pub fn named(devices: &[Arc<MemoryDevice>]) -> Vec<(String, Arc<dyn Device>)> {
+    devices
+        .iter()
+        .enumerate()
+        .map(|(i, d)| (format!("m{i}"), d.clone() as Arc<dyn Device>))
+        .collect()
+}
+
 /// Every chunk header on `devices` that decodes: (member, offset, header).
 pub fn headers(devices: &[Arc<MemoryDevice>], g: &Geometry) -> Vec<(usize, u64, ChunkHeader)> {
     let mut found = Vec::new();
