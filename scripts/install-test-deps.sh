@@ -4,11 +4,13 @@
 # test with. Safe to run again; does nothing when all are present.
 set -euo pipefail
 
-# fonts-dejavu-core: labels on PNG charts. libnbd-bin (nbdinfo, nbdcopy),
-# nbdkit, qemu-utils (qemu-img, qemu-io) and fio: the NBD clients and the
-# reference server the array is tested against.
+# fonts-dejavu-core: labels on PNG charts. libnbd-bin (nbdinfo, nbdcopy,
+# nbdfuse), nbdkit, qemu-utils (qemu-img, qemu-io) and fio: the NBD clients
+# and the reference server the array is tested against; fuse2fs and
+# e2fsprogs (mkfs.ext4, e2fsck, debugfs): ext4 through nbdfuse; openssl:
+# the TLS tests' certificates; python3: socket activation as systemd does it.
 packages=(libisal-dev libisal2 libssl-dev pkg-config zstd lz4 b3sum openssl gzip python3
-  fonts-dejavu-core libnbd-bin nbdkit qemu-utils fio)
+  fonts-dejavu-core libnbd-bin nbdkit qemu-utils fio fuse2fs e2fsprogs)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -40,6 +40,11 @@ impl ReconstructCache {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Stripes it holds at most.
+    pub fn capacity(&self) -> usize {
+        self.lock().cap().get()
+    }
+
     /// The stripe's data area if it has been rebuilt, or once it is, if a
     /// reader is rebuilding it now: a reader of the stripe's healthy chunks
     /// then takes them from the rebuild instead of reading them again.

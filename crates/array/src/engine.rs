@@ -436,6 +436,12 @@ impl Array {
         self.shared.read(offset, buf)
     }
 
+    /// Makes the next reads of [offset, offset+len) cheap: degraded
+    /// stripes there are rebuilt into the reconstruction cache now.
+    pub fn prefetch(&self, offset: u64, len: u64) -> Result<(), ArrayError> {
+        self.shared.prefetch(offset, len)
+    }
+
     /// Which of bytes [offset, offset+len) are stored: consecutive runs
     /// from `offset` covering the range, `(bytes, true)` where blocks map
     /// to data, `(bytes, false)` where they read as zeros and hold no

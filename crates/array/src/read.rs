@@ -55,6 +55,41 @@ impl Shared {
         Ok(())
     }
 
+    /// Rebuilds now, into the reconstruction cache, every stripe holding
+    /// data of [offset, offset+len) that a read would have to rebuild (a
+    /// data chunk on a member that is out), as many as the cache holds:
+    /// NBD_CMD_CACHE, so that the reads that follow cost no decoding.
+    /// With every member in, nothing needs doing.
+    pub fn prefetch(&self, offset: u64, len: u64) -> Result<(), ArrayError> {
+        self.check_range(offset, len)?;
+        if self.members.unavailable() == 0 {
+            return Ok(());
+        }
+        let block = BLOCK_BYTES as u64;
+        let (first, end) = (offset / block, (offset + len).div_ceil(block));
+        let mut pinned = Pinned::new(&self.pins);
+        let mut stripes: Vec<(u64, u64)> = Vec::new();
+        {
+            let index = self.index();
+            for (_, mapping) in index.map.overlapping(first, end) {
+                if let Target::Data { extent, .. } = &mapping.target {
+                    let fresh = !stripes.iter().any(|&(slot, _)| slot == extent.slot);
+                    if let Where::Members { sequence } = where_is(&index, extent.slot) {
+                        if fresh && !self.data_readable(extent.slot) {
+                            pinned.add(extent.slot);
+                            stripes.push((extent.slot, sequence));
+                        }
+                    }
+                }
+            }
+        }
+        // More than the cache holds would push out the first ones rebuilt.
+        for &(slot, sequence) in stripes.iter().take(self.cache.capacity()) {
+            self.rebuilt_area(slot, sequence)?;
+        }
+        Ok(())
+    }
+
     /// Fills `out` with whole blocks from `lba`; holes and zero ranges are
     /// zeros.
     pub(crate) fn read_blocks_into(&self, lba: u64, out: &mut [u8]) -> Result<(), ArrayError> {

@@ -446,3 +446,39 @@ fn a_checkpoint_after_crash_recovery_is_usable() {
         assert!(back == data, "seed {seed}: the volume changed");
     }
 }
+
+#[test]
+fn prefetch_rebuilds_degraded_stripes_so_reads_decode_nothing() {
+    // NBD_CMD_CACHE: after a prefetch of a degraded range, reading it
+    // rebuilds nothing more and reads nothing more from the members.
+    let chunk = 64 << 10;
+    let devices = members(6, 64 << 20);
+    let array = tessera_array::create(named(&devices), &options(4, 2, chunk, None)).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+    let total = 4 << 20;
+    let data = payload(&mut rng, total, false);
+    array.write(0, &data, true).unwrap();
+    // With every member in there is nothing to warm.
+    array.prefetch(0, total as u64).unwrap();
+    assert_eq!(array.status().unwrap().stripes_reconstructed, 0);
+    array.fail_member(2).unwrap();
+    array.prefetch(0, total as u64).unwrap();
+    let rebuilt = array.status().unwrap().stripes_reconstructed;
+    // 4 MiB over stripes of 4 x 64 KiB: every one has a chunk on member 2.
+    assert!(rebuilt >= 16, "{rebuilt} stripes rebuilt by the prefetch");
+    let read_so_far = || devices.iter().map(|d| d.bytes_read()).sum::<u64>();
+    let before = read_so_far();
+    // Small reads, each of which would otherwise decode a range.
+    let mut piece = vec![0u8; 8192];
+    for at in (0..total).step_by(64 << 10) {
+        array.read(at as u64, &mut piece).unwrap();
+        assert!(piece == data[at..at + piece.len()], "read at {at}");
+    }
+    assert_eq!(read_so_far(), before, "the reads went to the members");
+    assert_eq!(array.status().unwrap().stripes_reconstructed, rebuilt);
+    // Out of range: a typed error.
+    assert!(matches!(
+        array.prefetch(array.logical_bytes(), 1),
+        Err(ArrayError::OutOfRange { .. })
+    ));
+}

@@ -200,6 +200,9 @@ impl tessera_nbd::Export for ArrayExport {
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), Failure> {
         self.map("write zeroes", self.0.write_zeroes(offset, len, fua))
     }
+    fn cache(&self, offset: u64, len: u64) -> Result<(), Failure> {
+        self.map("cache", self.0.prefetch(offset, len))
+    }
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<(u64, u32)>, Failure> {
         let runs = self.map("block status", self.0.allocation(offset, len))?;
         let hole = tessera_nbd::STATE_HOLE | tessera_nbd::STATE_ZERO;
@@ -235,9 +238,45 @@ pub struct Serve {
     pub accel: tessera_accel::Kind,
     pub reconstruct_cache_bytes: usize,
     pub limits: tessera_nbd::Limits,
+    pub tls: Option<tessera_nbd::Tls>,
 }
 
-pub fn serve(s: &Serve) -> Result<()> {
+/// Where to listen: a socket systemd passed (socket activation), else
+/// `--socket`, else `--listen` (default 127.0.0.1:10809).
+fn listener(
+    passed: Option<tessera_nbd::Listener>,
+    listen: Option<&str>,
+    socket: Option<&Path>,
+    tls: bool,
+) -> Result<tessera_nbd::Listener> {
+    if let Some(passed) = passed {
+        if listen.is_some() || socket.is_some() {
+            bail!("systemd passed a listening socket (LISTEN_FDS): drop --listen and --socket");
+        }
+        return Ok(passed);
+    }
+    if let Some(path) = socket {
+        let _ = std::fs::remove_file(path);
+        let l = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+        owner_only(path)?;
+        return Ok(tessera_nbd::Listener::Unix(l));
+    }
+    let address = listen.unwrap_or("127.0.0.1:10809");
+    let l = std::net::TcpListener::bind(address).with_context(|| format!("listening on {address}"))?;
+    let local = l.local_addr()?;
+    if !local.ip().is_loopback() && !tls {
+        eprintln!(
+            "tessera: warning: listening on {local} without TLS: anyone who can reach it can read and \
+             write the whole array; bind to 127.0.0.1, use a Unix socket or --tls-certificates/--tls-psk \
+             unless the network is trusted"
+        );
+    }
+    Ok(tessera_nbd::Listener::Tcp(l))
+}
+
+pub fn serve(mut s: Serve) -> Result<()> {
+    // Taken first, before anything opened could be given its descriptor.
+    let passed = tessera_nbd::Listener::from_systemd().context("taking the socket systemd passed")?;
     let (dir, listen, socket) = (s.dir.as_path(), s.listen.as_deref(), s.socket.as_deref());
     let _lock = lock(dir)?;
     let engine = EngineOptions {
@@ -258,29 +297,8 @@ pub fn serve(s: &Serve) -> Result<()> {
         let (array, stop) = (array.clone(), stop.clone());
         std::thread::spawn(move || control_loop(control, array, stop));
     }
-    let (listener, url) = match (listen, socket) {
-        (_, Some(path)) => {
-            let _ = std::fs::remove_file(path);
-            let l = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
-            owner_only(path)?;
-            (
-                tessera_nbd::Listener::Unix(l),
-                format!("nbd+unix:///tessera?socket={}", path.display()),
-            )
-        }
-        (address, None) => {
-            let address = address.unwrap_or("127.0.0.1:10809");
-            let l = std::net::TcpListener::bind(address).with_context(|| format!("listening on {address}"))?;
-            let local = l.local_addr()?;
-            if !local.ip().is_loopback() {
-                eprintln!(
-                    "tessera: warning: listening on {local} without TLS: anyone who can reach it can read and \
-                     write the whole array; bind to 127.0.0.1 or use a Unix socket unless the network is trusted"
-                );
-            }
-            (tessera_nbd::Listener::Tcp(l), format!("nbd://{local}/tessera"))
-        }
-    };
+    let listener = listener(passed, listen, socket, s.tls.is_some())?;
+    let url = listener.uri("tessera", s.tls.is_some())?;
     let status = array.status()?;
     let r = &status.recovery;
     eprintln!(
@@ -306,12 +324,16 @@ pub fn serve(s: &Serve) -> Result<()> {
         status.accelerator.name
     );
     eprintln!("tessera: connect with e.g. `nbdinfo {url}` or `qemu-img info {url}`; stop with Ctrl-C");
-    let server = Arc::new(tessera_nbd::Server::new(
+    let mut server = tessera_nbd::Server::new(
         Arc::new(ArrayExport(array.clone())),
         "tessera".to_string(),
         format!("Tessera array {}", dir.display()),
         s.limits,
-    ));
+    );
+    if let Some(tls) = s.tls.take() {
+        server = server.with_tls(tls);
+    }
+    let server = Arc::new(server);
     let result = tessera_nbd::run(server, listener, stop);
     eprintln!("tessera: shutting down: flushing and writing a map checkpoint");
     array.checkpoint()?;

@@ -85,6 +85,29 @@ enum Command {
         /// together may hold; one connection holds at most 64M.
         #[arg(long, value_parser = size::parse, default_value = "1G")]
         max_bytes_in_flight: u64,
+        /// Threads carrying out requests, shared by all connections
+        /// (default: 4 per core, at least 16).
+        #[arg(long)]
+        workers: Option<usize>,
+        /// Close a connection that has sent nothing for this many seconds
+        /// with nothing in flight (0: never; guests and the kernel client
+        /// may stay idle for hours).
+        #[arg(long, default_value_t = 0)]
+        idle_timeout: u64,
+        /// TLS: off, on (clients choose) or require. Default: require
+        /// when --tls-certificates or --tls-psk is given, else off.
+        #[arg(long)]
+        tls: Option<TlsMode>,
+        /// Directory with server-cert.pem, server-key.pem (and ca-cert.pem
+        /// for --tls-verify-peer), as qemu-nbd and nbdkit lay it out.
+        #[arg(long, conflicts_with = "tls_psk")]
+        tls_certificates: Option<PathBuf>,
+        /// Pre-shared keys file in psktool's format (`identity:hexkey` lines).
+        #[arg(long)]
+        tls_psk: Option<PathBuf>,
+        /// Require a client certificate signed by ca-cert.pem.
+        #[arg(long, requires = "tls_certificates")]
+        tls_verify_peer: bool,
     },
     /// Health, capacity, compression, write amplification and errors of the array in DIR.
     Status {
@@ -350,18 +373,30 @@ fn main() -> Result<()> {
             reconstruct_cache,
             max_connections,
             max_bytes_in_flight,
-        } => array_cmd::serve(&array_cmd::Serve {
-            dir,
-            listen,
-            socket,
-            accel,
-            reconstruct_cache_bytes: usize::try_from(reconstruct_cache)?,
-            limits: tessera_nbd::Limits {
-                max_connections,
-                total_bytes: usize::try_from(max_bytes_in_flight)?,
-                ..tessera_nbd::Limits::default()
-            },
-        }),
+            workers,
+            idle_timeout,
+            tls,
+            tls_certificates,
+            tls_psk,
+            tls_verify_peer,
+        } => {
+            let defaults = tessera_nbd::Limits::default();
+            array_cmd::serve(array_cmd::Serve {
+                dir,
+                listen,
+                socket,
+                accel,
+                reconstruct_cache_bytes: usize::try_from(reconstruct_cache)?,
+                limits: tessera_nbd::Limits {
+                    max_connections,
+                    total_bytes: usize::try_from(max_bytes_in_flight)?,
+                    workers: workers.unwrap_or(defaults.workers),
+                    idle_timeout: (idle_timeout > 0).then(|| std::time::Duration::from_secs(idle_timeout)),
+                    ..defaults
+                },
+                tls: tls_settings(tls, tls_certificates, tls_psk, tls_verify_peer)?,
+            })
+        }
         Command::Bench(BenchCommand::Array {
             data,
             parity,
@@ -527,6 +562,39 @@ fn main() -> Result<()> {
 }
 
 /// `none`, or a codec name with its level (`zstd:3`).
+/// `--tls`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum TlsMode {
+    Off,
+    On,
+    Require,
+}
+
+/// The TLS a server offers, from `serve`'s flags; `None` for plaintext.
+fn tls_settings(
+    mode: Option<TlsMode>,
+    certificates: Option<PathBuf>,
+    psk: Option<PathBuf>,
+    verify_peer: bool,
+) -> Result<Option<tessera_nbd::Tls>> {
+    let credentials = certificates.is_some() || psk.is_some();
+    let mode = mode.unwrap_or(if credentials { TlsMode::Require } else { TlsMode::Off });
+    let required = match mode {
+        TlsMode::Off if credentials => {
+            anyhow::bail!("--tls off with --tls-certificates or --tls-psk: drop one or the other")
+        }
+        TlsMode::Off => return Ok(None),
+        _ if !credentials => anyhow::bail!("--tls on or require needs --tls-certificates DIR or --tls-psk FILE"),
+        TlsMode::On => false,
+        TlsMode::Require => true,
+    };
+    Ok(Some(match (certificates, psk) {
+        (Some(dir), _) => tessera_nbd::Tls::x509(&dir, verify_peer, required)?,
+        (None, Some(file)) => tessera_nbd::Tls::psk(&file, required)?,
+        (None, None) => unreachable!("credentials were checked above"),
+    }))
+}
+
 fn parse_compression(name: &str) -> Result<Option<tessera_compress::Codec>> {
     Ok(match name {
         "none" => None,

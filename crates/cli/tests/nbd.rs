@@ -47,12 +47,23 @@ struct Served {
 
 impl Served {
     fn start(dir: &Path, socket: &Path) -> Served {
+        Served::start_with(dir, socket, &[])
+    }
+
+    /// `tessera serve DIR --socket SOCKET` with `extra` flags.
+    fn start_with(dir: &Path, socket: &Path, extra: &[&str]) -> Served {
         let _ = std::fs::remove_file(socket);
         let child = Command::new(env!("CARGO_BIN_EXE_tessera"))
             .args(["serve", dir.to_str().unwrap(), "--socket", socket.to_str().unwrap()])
+            .args(extra)
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
+        Served::started(child, dir, socket)
+    }
+
+    /// A server process just spawned, once it listens.
+    fn started(child: Child, dir: &Path, socket: &Path) -> Served {
         wait_for(socket);
         wait_for(&dir.join("control.sock"));
         Served {
@@ -699,5 +710,429 @@ fn a_silent_control_client_blocks_no_one_and_status_survives_a_closed_pipe() {
         !stderr.contains("panicked") && !stderr.contains("Broken pipe"),
         "{stderr}"
     );
+    server.stop();
+}
+
+/// Whether `program args` succeeds (its output is dropped).
+fn succeeds(program: &str, args: &[&str]) -> bool {
+    Command::new(program)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap_or_else(|e| panic!("{program} must be installed (scripts/install-test-deps.sh): {e}"))
+        .success()
+}
+
+/// Certificates laid out as qemu-nbd, nbdkit and libnbd expect: in
+/// `dir/pki` the server's (for localhost) and the CA's; in `dir/client`
+/// the CA's, and a client certificate signed by it.
+fn make_certificates(dir: &Path) -> (PathBuf, PathBuf) {
+    let (pki, client) = (dir.join("pki"), dir.join("client"));
+    std::fs::create_dir_all(&pki).unwrap();
+    std::fs::create_dir_all(&client).unwrap();
+    let p = |name: &str| pki.join(name).to_str().unwrap().to_string();
+    let c = |name: &str| client.join(name).to_str().unwrap().to_string();
+    let key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
+    let mut ca = vec!["req", "-x509", "-days", "2", "-subj", "/CN=Tessera test CA"];
+    ca.extend_from_slice(&key);
+    let (ca_key, ca_cert) = (p("ca-key.pem"), p("ca-cert.pem"));
+    ca.extend_from_slice(&["-keyout", &ca_key, "-out", &ca_cert]);
+    run("openssl", &ca, dir);
+    for (who, key_out, cert_out, usage) in [
+        ("localhost", p("server-key.pem"), p("server-cert.pem"), "serverAuth"),
+        (
+            "tessera-client",
+            c("client-key.pem"),
+            c("client-cert.pem"),
+            "clientAuth",
+        ),
+    ] {
+        let csr = dir.join("request.csr").to_str().unwrap().to_string();
+        let subject = format!("/CN={who}");
+        let mut request = vec!["req", "-subj", &subject, "-keyout", &key_out, "-out", &csr];
+        request.extend_from_slice(&key);
+        run("openssl", &request, dir);
+        let extensions = dir.join("extensions.cnf");
+        std::fs::write(
+            &extensions,
+            format!("subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage={usage}\n"),
+        )
+        .unwrap();
+        run(
+            "openssl",
+            &[
+                "x509",
+                "-req",
+                "-days",
+                "2",
+                "-in",
+                &csr,
+                "-CA",
+                &ca_cert,
+                "-CAkey",
+                &ca_key,
+                "-CAcreateserial",
+                "-out",
+                &cert_out,
+                "-extfile",
+                extensions.to_str().unwrap(),
+            ],
+            dir,
+        );
+    }
+    std::fs::copy(&ca_cert, client.join("ca-cert.pem")).unwrap();
+    (pki, client)
+}
+
+/// Writes `len` random bytes through `uri` with nbdcopy, reads them back
+/// with nbdcopy, and compares.
+fn copy_in_and_out(uri: &str, cwd: &Path, len: usize, seed: u64) {
+    let mut data = vec![0u8; len];
+    rand::rngs::StdRng::seed_from_u64(seed).fill(&mut data[..]);
+    let (input, output) = (cwd.join("in.bin"), cwd.join("out.bin"));
+    std::fs::write(&input, &data).unwrap();
+    run("nbdcopy", &[input.to_str().unwrap(), uri], cwd);
+    let _ = std::fs::remove_file(&output);
+    run("nbdcopy", &[uri, output.to_str().unwrap()], cwd);
+    let back = std::fs::read(&output).unwrap();
+    assert!(back[..len] == data[..], "nbdcopy through {uri} read back other bytes");
+}
+
+#[test]
+fn tls_with_certificates_serves_nbdinfo_nbdcopy_and_qemu_img_and_refuses_plaintext() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pki, client) = make_certificates(tmp.path());
+    let dir = tmp.path().join("array");
+    create(&dir, &[]);
+    let socket = tmp.path().join("nbd.sock");
+    let server = Served::start_with(&dir, &socket, &["--tls-certificates", pki.to_str().unwrap()]);
+    let uri = format!(
+        "nbds+unix:///tessera?socket={}&tls-certificates={}",
+        socket.display(),
+        client.display()
+    );
+    let info = run("nbdinfo", &[&uri], tmp.path());
+    assert!(info.contains("with TLS"), "{info}");
+    copy_in_and_out(&uri, tmp.path(), 4 << 20, 1);
+    let object = format!("tls-creds-x509,id=tls0,endpoint=client,dir={}", client.display());
+    let image = format!(
+        "driver=nbd,server.type=unix,server.path={},export=tessera,tls-creds=tls0,tls-hostname=localhost",
+        socket.display()
+    );
+    let qemu = run(
+        "qemu-img",
+        &["info", "--object", &object, "--image-opts", &image],
+        tmp.path(),
+    );
+    assert!(qemu.contains("virtual size"), "{qemu}");
+    // TLS is required: a plaintext client is refused.
+    assert!(!succeeds("nbdinfo", &[&server.uri()]), "a plaintext client was served");
+    server.stop();
+
+    // With --tls-verify-peer, only a client with a certificate the CA
+    // signed is served.
+    let server = Served::start_with(
+        &dir,
+        &socket,
+        &["--tls-certificates", pki.to_str().unwrap(), "--tls-verify-peer"],
+    );
+    let anonymous = tmp.path().join("anonymous");
+    std::fs::create_dir_all(&anonymous).unwrap();
+    std::fs::copy(client.join("ca-cert.pem"), anonymous.join("ca-cert.pem")).unwrap();
+    let without = format!(
+        "nbds+unix:///tessera?socket={}&tls-certificates={}",
+        socket.display(),
+        anonymous.display()
+    );
+    assert!(
+        !succeeds("nbdinfo", &["--size", &without]),
+        "a client without a certificate was served"
+    );
+    let size = run("nbdinfo", &["--size", &uri], tmp.path());
+    assert!(size.trim().parse::<u64>().unwrap() > 0);
+    server.stop();
+}
+
+#[test]
+fn tls_with_pre_shared_keys_serves_nbdinfo_nbdcopy_and_qemu_img_and_refuses_wrong_keys() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("array");
+    create(&dir, &[]);
+    let keys = tmp.path().join("psk");
+    std::fs::create_dir_all(&keys).unwrap();
+    // qemu's tls-creds-psk reads DIR/keys.psk; psktool writes this format.
+    let file = keys.join("keys.psk");
+    std::fs::write(
+        &file,
+        "alice:8c0ad51b2e1f4d9a6b7c3e5f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3\n",
+    )
+    .unwrap();
+    let wrong = tmp.path().join("wrong.psk");
+    std::fs::write(
+        &wrong,
+        "alice:0000000000000000000000000000000000000000000000000000000000000001\n",
+    )
+    .unwrap();
+    let stranger = tmp.path().join("stranger.psk");
+    std::fs::write(
+        &stranger,
+        "bob:8c0ad51b2e1f4d9a6b7c3e5f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3\n",
+    )
+    .unwrap();
+    let socket = tmp.path().join("nbd.sock");
+    let server = Served::start_with(&dir, &socket, &["--tls-psk", file.to_str().unwrap()]);
+    let uri_for = |user: &str, keys: &Path| {
+        format!(
+            "nbds+unix://{user}@/tessera?socket={}&tls-psk-file={}",
+            socket.display(),
+            keys.display()
+        )
+    };
+    let uri = uri_for("alice", &file);
+    let info = run("nbdinfo", &[&uri], tmp.path());
+    assert!(info.contains("with TLS"), "{info}");
+    copy_in_and_out(&uri, tmp.path(), 4 << 20, 2);
+    let object = format!(
+        "tls-creds-psk,id=tls0,endpoint=client,dir={},username=alice",
+        keys.display()
+    );
+    let image = format!(
+        "driver=nbd,server.type=unix,server.path={},export=tessera,tls-creds=tls0",
+        socket.display()
+    );
+    let qemu = run(
+        "qemu-img",
+        &["info", "--object", &object, "--image-opts", &image],
+        tmp.path(),
+    );
+    assert!(qemu.contains("virtual size"), "{qemu}");
+    assert!(
+        !succeeds("nbdinfo", &["--size", &uri_for("alice", &wrong)]),
+        "a wrong key was let in"
+    );
+    assert!(
+        !succeeds("nbdinfo", &["--size", &uri_for("bob", &stranger)]),
+        "an unknown identity was let in"
+    );
+    assert!(
+        !succeeds("nbdinfo", &["--size", &server.uri()]),
+        "a plaintext client was served"
+    );
+    server.stop();
+    // --tls on: TLS offered, plaintext allowed.
+    let server = Served::start_with(&dir, &socket, &["--tls-psk", file.to_str().unwrap(), "--tls", "on"]);
+    assert!(succeeds("nbdinfo", &["--size", &server.uri()]));
+    assert!(succeeds("nbdinfo", &["--size", &uri]));
+    server.stop();
+    // Bad flags are refused before anything is served.
+    let refused = tessera(&["serve", dir.to_str().unwrap(), "--tls", "require"]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--tls-certificates DIR or --tls-psk FILE"));
+}
+
+#[test]
+fn socket_activation_serves_on_the_socket_systemd_passes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("array");
+    create(&dir, &[]);
+    let socket = tmp.path().join("activated.sock");
+    // What systemd does: bind and listen, pass the socket as fd 3 with
+    // LISTEN_PID naming the server and LISTEN_FDS=1, then exec it.
+    let script = r#"
+import os, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.bind(sys.argv[1])
+s.listen(16)
+if s.fileno() != 3:
+    os.dup2(s.fileno(), 3)
+os.set_inheritable(3, True)
+os.environ["LISTEN_PID"] = str(os.getpid())
+os.environ["LISTEN_FDS"] = "1"
+os.execv(sys.argv[2], [sys.argv[2], "serve", sys.argv[3]])
+"#;
+    let child = Command::new("python3")
+        .args([
+            "-c",
+            script,
+            socket.to_str().unwrap(),
+            env!("CARGO_BIN_EXE_tessera"),
+            dir.to_str().unwrap(),
+        ])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let server = Served::started(child, &dir, &socket);
+    copy_in_and_out(&server.uri(), tmp.path(), 1 << 20, 3);
+    server.stop();
+}
+
+/// Opens a connection to `socket` and negotiates with NBD_OPT_GO, as a
+/// client about to send requests does.
+fn connect_and_go(socket: &Path) -> std::os::unix::net::UnixStream {
+    use std::io::{Read, Write};
+    use tessera_nbd::wire::{self, ClientOption};
+    let mut c = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut greeting = [0u8; 18];
+    c.read_exact(&mut greeting).unwrap();
+    let go = ClientOption::Info {
+        go: true,
+        name: b"tessera".to_vec(),
+        items: Vec::new(),
+    };
+    c.write_all(&wire::CLIENT_FLAG_FIXED_NEWSTYLE.to_be_bytes()).unwrap();
+    c.write_all(&go.encode()).unwrap();
+    for _ in 0..8 {
+        let mut header = [0u8; 20];
+        c.read_exact(&mut header).unwrap();
+        let kind = u32::from_be_bytes(header[12..16].try_into().unwrap());
+        let mut data = vec![0u8; u32::from_be_bytes(header[16..20].try_into().unwrap()) as usize];
+        c.read_exact(&mut data).unwrap();
+        if kind == wire::REP_ACK {
+            return c;
+        }
+        assert_eq!(kind, wire::REP_INFO);
+    }
+    panic!("NBD_OPT_GO was not acknowledged");
+}
+
+/// The server process's thread count.
+fn threads_of(pid: u32) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("Threads:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn many_idle_connections_hold_bounded_threads_and_are_closed_when_idle() {
+    use std::io::Read;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("array");
+    create(&dir, &[]);
+    let socket = tmp.path().join("nbd.sock");
+    let server = Served::start_with(
+        &dir,
+        &socket,
+        &["--max-connections", "300", "--workers", "16", "--idle-timeout", "3"],
+    );
+    let pid = server.child.id();
+    let before = threads_of(pid);
+    let idle: Vec<_> = (0..200).map(|_| connect_and_go(&socket)).collect();
+    let with_idle = threads_of(pid);
+    // Two threads a connection (its reader and its writer); the 16
+    // workers are shared. Threads per connection as before (a reader and
+    // 16 workers each) would be 3,400.
+    assert!(
+        with_idle <= before + 2 * idle.len() + 4,
+        "{before} threads before, {with_idle} with {} idle connections",
+        idle.len()
+    );
+    // A well-behaved client is served meanwhile.
+    copy_in_and_out(&server.uri(), tmp.path(), 1 << 20, 4);
+    // After the idle timeout every idle connection has been closed.
+    for mut c in idle {
+        let mut rest = Vec::new();
+        c.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty());
+    }
+    let settled = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        threads_of(pid) <= before
+    });
+    assert!(
+        settled,
+        "{} threads left after the idle connections closed",
+        threads_of(pid)
+    );
+    server.stop();
+}
+
+/// Unmounts a FUSE mount point, waiting (bounded) while its file system
+/// is still busy being let go of.
+fn unmount(path: &Path) {
+    let unmounted = (0..100).any(|_| {
+        succeeds("umount", &[path.to_str().unwrap()]) || {
+            std::thread::sleep(Duration::from_millis(100));
+            false
+        }
+    });
+    assert!(unmounted, "{} stayed mounted", path.display());
+}
+
+/// Copies the whole export out and checks the ext4 file system on it with
+/// `e2fsck -fn`; returns what `debugfs` reads of `file` in it.
+fn check_ext4(uri: &str, cwd: &Path, file: &str) -> String {
+    let image = cwd.join("copy.img");
+    let _ = std::fs::remove_file(&image);
+    run("nbdcopy", &[uri, image.to_str().unwrap()], cwd);
+    run("e2fsck", &["-fn", image.to_str().unwrap()], cwd);
+    let request = format!("cat {file}");
+    run("debugfs", &["-R", &request, image.to_str().unwrap()], cwd)
+}
+
+#[test]
+fn ext4_through_nbdfuse_survives_a_restart_with_m_members_gone() {
+    if !Path::new("/dev/fuse").exists() {
+        // FUSE is part of the test machines' setup; say so loudly where it is not.
+        eprintln!("SKIPPED: no /dev/fuse on this machine, so nbdfuse cannot mount");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (cwd, dir) = (tmp.path(), tmp.path().join("array"));
+    create(&dir, &[]);
+    let socket = cwd.join("nbd.sock");
+    let server = Served::start(&dir, &socket);
+    let (disk_dir, fs) = (cwd.join("disk"), cwd.join("fs"));
+    std::fs::create_dir_all(&disk_dir).unwrap();
+    std::fs::create_dir_all(&fs).unwrap();
+    let disk = disk_dir.join("nbd");
+    let mut nbdfuse = Command::new("nbdfuse")
+        .args([disk.to_str().unwrap(), &server.uri()])
+        .spawn()
+        .expect("nbdfuse must be installed (scripts/install-test-deps.sh)");
+    wait_for(&disk);
+    run("mkfs.ext4", &["-F", "-q", disk.to_str().unwrap()], cwd);
+    // A read-write session through fuse2fs, whose superblock updates are
+    // the few-byte writes that needed a minimum block size of 1.
+    run(
+        "fuse2fs",
+        &[disk.to_str().unwrap(), fs.to_str().unwrap(), "-o", "fakeroot"],
+        cwd,
+    );
+    let numbers: String = (0..20_000).map(|i| format!("{i}\n")).collect();
+    std::fs::write(fs.join("a"), "hello\n").unwrap();
+    std::fs::write(fs.join("b"), &numbers).unwrap();
+    std::fs::rename(fs.join("a"), fs.join("c")).unwrap();
+    let mut append = std::fs::OpenOptions::new().append(true).open(fs.join("c")).unwrap();
+    std::io::Write::write_all(&mut append, b"more\n").unwrap();
+    drop(append);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(fs.join("b"))
+        .unwrap()
+        .set_len(1000)
+        .unwrap();
+    std::fs::create_dir(fs.join("d")).unwrap();
+    std::fs::copy(fs.join("c"), fs.join("d/e")).unwrap();
+    std::fs::remove_file(fs.join("c")).unwrap();
+    unmount(&fs);
+    unmount(&disk_dir);
+    let exited = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        matches!(nbdfuse.try_wait(), Ok(Some(_)))
+    });
+    if !exited {
+        let _ = nbdfuse.kill();
+    }
+    let _ = nbdfuse.wait();
+    assert_eq!(check_ext4(&server.uri(), cwd, "/d/e"), "hello\nmore\n");
+    server.stop();
+    // M = 2 members gone: the file system is whole and clean.
+    for member in ["member-001", "member-004"] {
+        std::fs::remove_file(dir.join(member)).unwrap();
+    }
+    let server = Served::start(&dir, &socket);
+    assert_eq!(check_ext4(&server.uri(), cwd, "/d/e"), "hello\nmore\n");
     server.stop();
 }
