@@ -12,7 +12,7 @@
 # like. "warm": as the write round left the cache; nbdkit then serves much
 # of it from the page cache, which Tessera (direct I/O) never uses.
 #
-#   scripts/bench-nbd.sh [K M N] [SIZE] [ROUNDS] [direct|cached]
+#   [TESSERA=path/to/tessera] scripts/bench-nbd.sh [K M N] [SIZE] [ROUNDS] [direct|cached]
 #
 # Defaults: 8+2 on 10 members, 512M of I/O, 3 alternating rounds (median),
 # direct. The two modes compare like with like:
@@ -29,8 +29,9 @@ case "$mode" in
   cached) nbdkit_cache=default; export TESSERA_NO_DIRECT_IO=1 ;;
   *) echo "mode: direct or cached" >&2; exit 2 ;;
 esac
-cargo build --release -q -p tessera
-tessera=$PWD/target/release/tessera
+# TESSERA=path runs another build (an older commit's, to compare).
+if [ -z "${TESSERA:-}" ]; then cargo build --release -q -p tessera; fi
+tessera=${TESSERA:-$PWD/target/release/tessera}
 work=$(mktemp -d "${TMPDIR:-/var/tmp}/tessera-bench.XXXXXX")
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }

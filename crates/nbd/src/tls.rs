@@ -116,8 +116,12 @@ impl Tls {
             .set_cipher_list("kECDHEPSK:kDHEPSK:!SHA1:!CAMELLIA:!ARIA:!CCM8")
             .map_err(openssl("choosing PSK cipher suites"))?;
         builder.set_psk_server_callback(move |_ssl, identity, out| {
-            // An unknown identity gives no key, and the handshake fails.
-            let key = identity.and_then(|id| keys.get(id));
+            // An unknown identity gives no key, and the handshake fails
+            // (as does a key longer than OpenSSL takes, 512 bytes since
+            // 1.1.1, which the file's own limit already keeps out).
+            let key = identity
+                .and_then(|id| keys.get(id))
+                .filter(|key| key.len() <= out.len());
             Ok(key.map_or(0, |key| {
                 out[..key.len()].copy_from_slice(key);
                 key.len()

@@ -36,7 +36,6 @@ pub const REP_SERVER: u32 = 2;
 pub const REP_INFO: u32 = 3;
 pub const REP_META_CONTEXT: u32 = 4;
 pub const REP_ERR_UNSUP: u32 = 0x8000_0001;
-pub const REP_ERR_POLICY: u32 = 0x8000_0002;
 pub const REP_ERR_INVALID: u32 = 0x8000_0003;
 pub const REP_ERR_TLS_REQD: u32 = 0x8000_0005;
 pub const REP_ERR_UNKNOWN: u32 = 0x8000_0006;
