@@ -175,10 +175,24 @@ pub struct FileDevice {
     size: u64,
 }
 
+/// Takes the member for this process alone (an exclusive `flock`, held
+/// while the device is open): a second array, a second server, or the
+/// same member listed twice is refused, not served alongside.
+fn lock_exclusively(file: &File) -> io::Result<()> {
+    file.try_lock().map_err(|e| match e {
+        std::fs::TryLockError::WouldBlock => io::Error::new(
+            io::ErrorKind::ResourceBusy,
+            "in use: another process or array holds it (an exclusive lock)",
+        ),
+        std::fs::TryLockError::Error(e) => e,
+    })
+}
+
 impl FileDevice {
     /// Creates a sparse file of `size` bytes; refuses to overwrite one.
     pub fn create(path: &Path, size: u64) -> io::Result<FileDevice> {
         let file = OpenOptions::new().read(true).write(true).create_new(true).open(path)?;
+        lock_exclusively(&file)?;
         file.set_len(size)?;
         Ok(FileDevice {
             file,
@@ -191,6 +205,7 @@ impl FileDevice {
     pub fn open(path: &Path) -> io::Result<FileDevice> {
         use std::io::{Seek, SeekFrom};
         let mut file = OpenOptions::new().read(true).write(true).open(path)?;
+        lock_exclusively(&file)?;
         // Seeking to the end sizes block devices too, where metadata says 0.
         let size = file.seek(SeekFrom::End(0))?;
         Ok(FileDevice {
@@ -690,6 +705,10 @@ mod tests {
             FileDevice::create(&path, 1).is_err(),
             "an existing member is not overwritten"
         );
+        // Held by one opener at a time.
+        let busy = FileDevice::open(&path).map(|_| ()).unwrap_err();
+        assert_eq!(busy.kind(), io::ErrorKind::ResourceBusy);
+        drop(d);
         let d = FileDevice::open(&path).unwrap();
         assert_eq!(d.size(), 1 << 20);
         let mut buf = [0; 5];

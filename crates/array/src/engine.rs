@@ -504,6 +504,12 @@ impl Array {
 
     /// Marks member `index` failed (as if pulled) and records it in the
     /// other members' superblocks. Refused if more than M would be gone.
+    /// Records members absent at open as failed (see
+    /// `Members::record_missing`); `open` does it before returning.
+    pub(crate) fn record_missing(&self) -> Result<(), ArrayError> {
+        self.shared.members.record_missing()
+    }
+
     pub fn fail_member(&self, index: usize) -> Result<(), ArrayError> {
         self.shared.members.fail(index)?;
         self.shared.maintenance.wake();
@@ -551,7 +557,8 @@ pub(crate) fn block_range(lba: u64, from: u64, end: u64) -> std::ops::Range<usiz
     (from - lba) as usize * BLOCK_BYTES..(end - lba) as usize * BLOCK_BYTES
 }
 
-pub(crate) fn hex(bytes: &[u8]) -> String {
+/// Bytes as lowercase hexadecimal (UUIDs in messages).
+pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 

@@ -39,7 +39,7 @@ use device::Device;
 use format::{FormatError, Geometry, Superblock, BLOCK_BYTES, MEMBER_COUNT_MAX, SECTOR_BYTES};
 use std::sync::Arc;
 
-pub use engine::{Array, EngineOptions};
+pub use engine::{hex, Array, EngineOptions};
 pub use members::{Member, MemberState};
 pub use recovery::Recovery;
 pub use repair::ScrubReport;
@@ -238,7 +238,9 @@ pub fn create_with(
 }
 
 /// Reads a member's superblock: the primary, or the backup at the end.
-fn read_superblock(device: &dyn Device) -> Result<Superblock, FormatError> {
+/// The superblock of a member (the primary, or the backup at its end if
+/// the primary does not decode).
+pub fn read_superblock(device: &dyn Device) -> Result<Superblock, FormatError> {
     let mut sector = vec![0u8; SECTOR_BYTES];
     let primary = device
         .read_at(&mut sector, 0)
@@ -341,5 +343,7 @@ pub fn open_with(devices: Vec<(String, Option<Arc<dyn Device>>)>, engine: Engine
             parity: geometry.parity,
         });
     }
-    Array::assemble(newest, members, engine)
+    let array = Array::assemble(newest, members, engine)?;
+    array.record_missing()?;
+    Ok(array)
 }

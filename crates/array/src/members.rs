@@ -199,6 +199,25 @@ impl Members {
         self.publish_locked(&mut sb, template)
     }
 
+    /// Records every member absent at open in the superblocks of the
+    /// others, before anything is written: whatever is written from now
+    /// on it will not hold, so if it comes back it is failed (stale), not
+    /// taken for healthy. Nothing to do when none is missing.
+    pub fn record_missing(&self) -> Result<(), ArrayError> {
+        let mut sb = self.superblock();
+        let missing: Vec<usize> = (0..self.count())
+            .filter(|&i| self.state(i) == MemberState::Missing && !sb.is_failed(i))
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let mut template = sb.clone();
+        for &index in &missing {
+            template.set_failed(index);
+        }
+        self.publish_locked(&mut sb, template)
+    }
+
     /// A member's write or sync failed: it is failed and recorded if the
     /// parity covers it; otherwise the array stops taking writes, for good.
     /// Returns whether writes are still taken.

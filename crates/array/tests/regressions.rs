@@ -482,3 +482,45 @@ fn prefetch_rebuilds_degraded_stripes_so_reads_decode_nothing() {
         Err(ArrayError::OutOfRange { .. })
     ));
 }
+
+#[test]
+fn a_member_that_was_missing_is_not_trusted_when_it_returns() {
+    // Reported: a member absent while data was written came back as
+    // healthy; failing two more was then allowed, and that data read back
+    // as EIO.
+    let devices = members(6, 64 << 20);
+    let array = tessera_array::create(named(&devices), &options(4, 2, 64 << 10, None)).unwrap();
+    array.write(0, &vec![1u8; 1 << 20], true).unwrap();
+    drop(array);
+    let with = |absent: Option<usize>| {
+        devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let device = (Some(i) != absent).then(|| d.clone() as Arc<dyn Device>);
+                (format!("m{i}"), device)
+            })
+            .collect::<Vec<_>>()
+    };
+    let array = tessera_array::open(with(Some(2))).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(14);
+    let data = payload(&mut rng, 8 << 20, false);
+    array.write(0, &data, true).unwrap();
+    array.checkpoint().unwrap();
+    drop(array);
+    // Member 2 is back, holding none of what was written meanwhile.
+    let array = tessera_array::open(with(None)).unwrap();
+    let states: Vec<_> = array.status().unwrap().members.iter().map(|m| m.state).collect();
+    assert_ne!(states[2], tessera_array::MemberState::Healthy, "states {states:?}");
+    array.fail_member(0).unwrap();
+    assert!(
+        matches!(array.fail_member(1), Err(ArrayError::TooManyFailed { .. })),
+        "a third member out of a 4+2 array was allowed"
+    );
+    let mut back = vec![0u8; data.len()];
+    array.read(0, &mut back).unwrap();
+    assert!(
+        back == data,
+        "what was written while member 2 was away reads back wrong"
+    );
+}

@@ -30,6 +30,8 @@ pub struct Create {
     pub checksum: tessera_checksum::Algorithm,
     pub compression: Option<tessera_compress::Codec>,
     pub logical_bytes: Option<u64>,
+    /// Overwrite existing devices whatever they hold.
+    pub force: bool,
 }
 
 pub fn create(c: &Create) -> Result<()> {
@@ -117,7 +119,12 @@ fn create_members(
                         made.push(path.clone());
                         FileDevice::create(path, size)
                     }
-                    _ => FileDevice::open(path),
+                    _ => FileDevice::open(path).and_then(|device| {
+                        if !c.force {
+                            refuse_if_in_use(path, &device)?;
+                        }
+                        Ok(device)
+                    }),
                 }
                 .with_context(|| format!("opening member {}", path.display()))?;
                 let absolute = std::fs::canonicalize(path)?;
@@ -126,6 +133,40 @@ fn create_members(
             }
         }
         _ => bail!("give either --devices N --device-size SIZE, or --device PATH for each member"),
+    }
+    Ok(())
+}
+
+/// Bytes at the start of a device that must be zeros for `create` to
+/// take it without `--force`: where file systems, partition tables and
+/// Tessera's own superblock live.
+const CREATE_CHECKED_BYTES: u64 = 1 << 20;
+
+/// Refuses a device that is another array's member or holds data at its
+/// start, so that `create` never formats what someone is using.
+fn refuse_if_in_use(path: &Path, device: &FileDevice) -> std::io::Result<()> {
+    let refuse = |what: String| {
+        std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            format!(
+                "{} {what}: refusing to overwrite it (--force to use it anyway)",
+                path.display()
+            ),
+        )
+    };
+    if let Ok(sb) = tessera_array::read_superblock(device) {
+        return Err(refuse(format!(
+            "is member {} of Tessera array {}",
+            sb.member_index,
+            tessera_array::hex(&sb.array_uuid)
+        )));
+    }
+    let mut start = vec![0u8; device.size().min(CREATE_CHECKED_BYTES) as usize];
+    device.read_at(&mut start, 0)?;
+    if start.iter().any(|&b| b != 0) {
+        return Err(refuse(
+            "holds data in its first MiB (a file system, a partition table, another array?)".to_string(),
+        ));
     }
     Ok(())
 }
@@ -141,7 +182,8 @@ fn human(bytes: u64) -> String {
     format!("{value:.1} {}", UNITS[unit])
 }
 
-/// Opens the array in DIR; members that cannot be opened count as missing.
+/// Opens the array in DIR; members that cannot be opened count as
+/// missing, but one another process holds is an error.
 fn open(dir: &Path) -> Result<Array> {
     open_with(dir, EngineOptions::default())
 }
@@ -156,6 +198,11 @@ fn open_with(dir: &Path, engine: EngineOptions) -> Result<Array> {
         let path = dir.join(line.trim());
         let device = match FileDevice::open(&path) {
             Ok(d) => Some(Arc::new(d) as Arc<dyn Device>),
+            // Not missing: someone else has it. Opening degraded would
+            // record it as failed.
+            Err(e) if e.kind() == std::io::ErrorKind::ResourceBusy => {
+                bail!("member {} is {e}; stop the other user first", path.display())
+            }
             Err(e) => {
                 eprintln!("tessera: member {} is missing: {e}", path.display());
                 None

@@ -62,6 +62,9 @@ enum Command {
         /// Exported size (may exceed the raw space: thin provisioning); default 80% of usable.
         #[arg(long, value_parser = size::parse)]
         size: Option<u64>,
+        /// Overwrite --device members that hold data or another array's superblock.
+        #[arg(long)]
+        force: bool,
     },
     /// Serve the array in DIR over NBD (export name "tessera") until SIGINT or SIGTERM.
     Serve {
@@ -353,6 +356,7 @@ fn main() -> Result<()> {
             checksum,
             compress,
             size,
+            force,
         } => array_cmd::create(&array_cmd::Create {
             data,
             parity,
@@ -364,6 +368,7 @@ fn main() -> Result<()> {
             checksum,
             compression: parse_compression(&compress)?,
             logical_bytes: size,
+            force,
         }),
         Command::Serve {
             dir,

@@ -1136,3 +1136,88 @@ fn ext4_through_nbdfuse_survives_a_restart_with_m_members_gone() {
     assert_eq!(check_ext4(&server.uri(), cwd, "/d/e"), "hello\nmore\n");
     server.stop();
 }
+
+#[test]
+fn a_member_cannot_be_shared_or_reformatted_by_another_array() {
+    // Reported: a second directory listing the first array's members
+    // served alongside it (and its flushed writes became EIO); `create
+    // --device` reformatted another array's member, or any file.
+    let tmp = tempfile::tempdir().unwrap();
+    let (cwd, dir) = (tmp.path(), tmp.path().join("first"));
+    create(&dir, &[]);
+    let server = Served::start(&dir, &cwd.join("first.sock"));
+    let twin = cwd.join("twin");
+    std::fs::create_dir_all(&twin).unwrap();
+    let members: String = (0..6)
+        .map(|i| format!("{}\n", dir.join(format!("member-{i:03}")).display()))
+        .collect();
+    std::fs::write(twin.join("members"), members).unwrap();
+    // Bounded: before the fix the second server ran on.
+    let mut twin_server = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "serve",
+            twin.to_str().unwrap(),
+            "--socket",
+            cwd.join("twin.sock").to_str().unwrap(),
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let exited = (0..200).find_map(|_| {
+        std::thread::sleep(Duration::from_millis(25));
+        twin_server.try_wait().unwrap()
+    });
+    if exited.is_none() {
+        let _ = twin_server.kill();
+        let _ = twin_server.wait();
+    }
+    assert!(
+        exited.is_some_and(|status| !status.success()),
+        "a second array served the first one's members"
+    );
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut twin_server.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(stderr.contains("member-000 is in use"), "{stderr}");
+    // The first is untouched and still served.
+    copy_in_and_out(&server.uri(), cwd, 1 << 20, 5);
+    server.stop();
+
+    // `create --device` over a member of that array, or over data.
+    let member = dir.join("member-003");
+    let before = std::fs::read(&member).unwrap();
+    let with_devices = |paths: &[PathBuf], force: bool| {
+        let target = cwd.join(format!("new-{}", paths.len() + force as usize));
+        let mut args = vec![
+            "create",
+            "--data",
+            "1",
+            "--parity",
+            "1",
+            "--dir",
+            target.to_str().unwrap(),
+        ];
+        for path in paths {
+            args.extend_from_slice(&["--device", path.to_str().unwrap()]);
+        }
+        if force {
+            args.push("--force");
+        }
+        tessera(&args)
+    };
+    let blank = cwd.join("blank.img");
+    std::fs::write(&blank, vec![0u8; 40 << 20]).unwrap();
+    let out = with_devices(&[member.clone(), blank.clone()], false);
+    assert!(!out.status.success(), "create reformatted another array's member");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is member 3 of Tessera array"));
+    assert!(std::fs::read(&member).unwrap() == before, "the member was changed");
+    let data = cwd.join("data.img");
+    let mut bytes = vec![0u8; 40 << 20];
+    bytes[1024..1030].copy_from_slice(b"ext4!!");
+    std::fs::write(&data, &bytes).unwrap();
+    let out = with_devices(&[data.clone(), blank.clone()], false);
+    assert!(!out.status.success(), "create formatted a file holding data");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("holds data in its first MiB"));
+    // Told to, it does.
+    let out = with_devices(&[data, blank], true);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
