@@ -321,6 +321,7 @@ impl Array {
         superblock: Superblock,
         members: Vec<Member>,
         options: EngineOptions,
+        rejected: Vec<crate::Rejected>,
     ) -> Result<Array, ArrayError> {
         let geometry = superblock.geometry.clone();
         let accel = match &options.accel {
@@ -364,7 +365,7 @@ impl Array {
             array_uuid,
             accel,
             policy,
-            members: Members::new(members, superblock),
+            members: Members::new(members, superblock, rejected),
             index: RwLock::new(Index {
                 map: Map::default(),
                 slots: SlotTable::new(geometry.checksum, slot_count),

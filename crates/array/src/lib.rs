@@ -78,8 +78,21 @@ pub enum ArrayError {
     },
     #[error("{name} disagrees with the other members about the array's geometry")]
     WrongMember { name: String },
-    #[error("{unavailable} members are missing or failed, more than the {parity} parity can cover: the array cannot be opened")]
-    TooManyUnavailable { unavailable: usize, parity: usize },
+    #[error("{unavailable} members are missing or failed, more than the {parity} parity can cover: the array cannot be opened{why}")]
+    TooManyUnavailable {
+        unavailable: usize,
+        parity: usize,
+        /// The devices left out, and why ("; ..." each).
+        why: String,
+    },
+    #[error(
+        "the devices are split evenly between arrays {first} and {second} ({count} each): list one array's members"
+    )]
+    SplitMembers {
+        first: String,
+        second: String,
+        count: usize,
+    },
     #[error("failing another member would leave {failed} failed with only {parity} parity: refused")]
     TooManyFailed { failed: usize, parity: usize },
     #[error("writes are refused: {why}; reads go on where they can. Restart the array once the members are back")]
@@ -234,7 +247,7 @@ pub fn create_with(
             source,
         });
     }
-    Array::assemble(superblock, members, engine)
+    Array::assemble(superblock, members, engine, Vec::new())
 }
 
 /// Reads a member's superblock: the primary, or the backup at the end.
@@ -262,43 +275,90 @@ pub fn read_superblock(device: &dyn Device) -> Result<Superblock, FormatError> {
 type Found = (String, Arc<dyn Device>, Superblock);
 
 /// Opens an array from its members, in any order; `None` is a member that
-/// could not be found. Refuses foreign, duplicated or inconsistent members
-/// and more than M unavailable ones; opens degraded with up to M.
+/// could not be found. The array is the one most of the devices belong
+/// to; a device that is not one of its members (no superblock, another
+/// array's, another geometry, too short) is left out and reported
+/// ([`Array::rejected`]), counted with the missing. Opens degraded with up
+/// to M unavailable, refuses more, and refuses two devices that claim the
+/// same member.
 pub fn open(devices: Vec<(String, Option<Arc<dyn Device>>)>) -> Result<Array, ArrayError> {
     open_with(devices, EngineOptions::default())
 }
 
 /// [`open`], run with `engine` options.
 pub fn open_with(devices: Vec<(String, Option<Arc<dyn Device>>)>, engine: EngineOptions) -> Result<Array, ArrayError> {
+    let mut rejected: Vec<Rejected> = Vec::new();
     let mut found: Vec<Found> = Vec::new();
     for (name, device) in devices {
         let Some(device) = device else { continue };
-        let sb = read_superblock(device.as_ref()).map_err(|source| ArrayError::NotAMember {
-            name: name.clone(),
-            source,
-        })?;
-        found.push((name, device, sb));
+        match read_superblock(device.as_ref()) {
+            Ok(sb) => found.push((name, device, sb)),
+            Err(source) => {
+                let why = ArrayError::NotAMember {
+                    name: name.clone(),
+                    source,
+                }
+                .to_string();
+                rejected.push(Rejected { name, why });
+            }
+        }
+    }
+    // Which array: the one most devices belong to, so that one foreign
+    // device (however new its superblock) cannot pass for the array and
+    // make the real members look foreign.
+    let mut votes: Vec<([u8; 16], usize)> = Vec::new();
+    for (_, _, sb) in &found {
+        match votes.iter_mut().find(|(uuid, _)| *uuid == sb.array_uuid) {
+            Some((_, count)) => *count += 1,
+            None => votes.push((sb.array_uuid, 1)),
+        }
+    }
+    votes.sort_by(|a, b| b.1.cmp(&a.1));
+    if let [(first, count), (second, tied), ..] = votes[..] {
+        if count == tied {
+            return Err(ArrayError::SplitMembers {
+                first: engine::hex(&first),
+                second: engine::hex(&second),
+                count,
+            });
+        }
     }
     let newest = found
         .iter()
+        .filter(|(_, _, sb)| votes.first().is_some_and(|(uuid, _)| sb.array_uuid == *uuid))
         .max_by_key(|(_, _, sb)| sb.generation)
         .map(|(_, _, sb)| sb.clone())
-        .ok_or(ArrayError::TooManyUnavailable {
+        .ok_or_else(|| ArrayError::TooManyUnavailable {
             unavailable: usize::MAX,
             parity: 0,
+            why: rejections(&rejected),
         })?;
     let geometry = &newest.geometry;
     let mut members: Vec<Option<Found>> = (0..geometry.members).map(|_| None).collect();
     for (name, device, sb) in found {
-        if sb.array_uuid != newest.array_uuid {
-            return Err(ArrayError::ForeignMember {
-                name,
-                found: engine::hex(&sb.array_uuid),
-                expected: engine::hex(&newest.array_uuid),
-            });
-        }
-        if sb.geometry != *geometry || device.size() < geometry.member_bytes {
-            return Err(ArrayError::WrongMember { name });
+        let why = if sb.array_uuid != newest.array_uuid {
+            Some(
+                ArrayError::ForeignMember {
+                    name: name.clone(),
+                    found: engine::hex(&sb.array_uuid),
+                    expected: engine::hex(&newest.array_uuid),
+                }
+                .to_string(),
+            )
+        } else if sb.geometry != *geometry {
+            Some(ArrayError::WrongMember { name: name.clone() }.to_string())
+        } else if device.size() < geometry.member_bytes {
+            Some(format!(
+                "{name} is {} bytes, shorter than the array's members ({} bytes): truncated?",
+                device.size(),
+                geometry.member_bytes
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            rejected.push(Rejected { name, why });
+            continue;
         }
         let index = sb.member_index;
         if let Some((first, _, _)) = &members[index] {
@@ -341,9 +401,22 @@ pub fn open_with(devices: Vec<(String, Option<Arc<dyn Device>>)>, engine: Engine
         return Err(ArrayError::TooManyUnavailable {
             unavailable,
             parity: geometry.parity,
+            why: rejections(&rejected),
         });
     }
-    let array = Array::assemble(newest, members, engine)?;
+    let array = Array::assemble(newest, members, engine, rejected)?;
     array.record_missing()?;
     Ok(array)
+}
+
+/// A device given to `open` that is not used: which, and why.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Rejected {
+    pub name: String,
+    pub why: String,
+}
+
+/// The rejections, for an error message.
+fn rejections(rejected: &[Rejected]) -> String {
+    rejected.iter().map(|r| format!("; {}", r.why)).collect()
 }

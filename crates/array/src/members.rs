@@ -73,6 +73,8 @@ pub struct Members {
     superblock: Mutex<Superblock>,
     /// Why the array refuses writes, once more than M members are gone.
     lost: OnceLock<String>,
+    /// Devices given at open that are not members of this array.
+    rejected: Vec<crate::Rejected>,
 }
 
 fn io_error(member: usize, name: &str, source: std::io::Error) -> ArrayError {
@@ -118,8 +120,9 @@ pub(crate) fn write_superblocks(
 }
 
 impl Members {
-    pub fn new(members: Vec<Member>, superblock: Superblock) -> Members {
+    pub fn new(members: Vec<Member>, superblock: Superblock, rejected: Vec<crate::Rejected>) -> Members {
         Members {
+            rejected,
             parity: superblock.geometry.parity,
             entries: members
                 .into_iter()
@@ -133,6 +136,11 @@ impl Members {
             superblock: Mutex::new(superblock),
             lost: OnceLock::new(),
         }
+    }
+
+    /// Devices `open` was given but left out, and why.
+    pub fn rejected(&self) -> &[crate::Rejected] {
+        &self.rejected
     }
 
     pub fn count(&self) -> usize {

@@ -58,6 +58,9 @@ pub struct Status {
     pub accelerator: AcceleratorStatus,
     pub members: Vec<MemberStatus>,
     pub members_unavailable: usize,
+    /// Devices given at open that were left out (not this array's
+    /// members, or damaged), and why.
+    pub devices_rejected: Vec<crate::Rejected>,
     /// Why writes and FLUSH are refused (more than M members failed), if
     /// they are; `null` otherwise.
     pub writes_refused: Option<String>,
@@ -165,6 +168,7 @@ impl Shared {
                 })
                 .collect(),
             members_unavailable: members.unavailable(),
+            devices_rejected: members.rejected().to_vec(),
             writes_refused: members.lost().map(str::to_string),
             stripes_total: g.slot_count(),
             stripes_used: used,

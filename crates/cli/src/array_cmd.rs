@@ -347,6 +347,9 @@ pub fn serve(mut s: Serve) -> Result<()> {
     let listener = listener(passed, listen, socket, s.tls.is_some())?;
     let url = listener.uri("tessera", s.tls.is_some())?;
     let status = array.status()?;
+    for rejected in &status.devices_rejected {
+        eprintln!("tessera: warning: left out of the array: {}", rejected.why);
+    }
     let r = &status.recovery;
     eprintln!(
         "tessera: opened in {} ms: {}, {} slots scanned, {} stripes replayed, {} torn stripes dropped",
@@ -508,6 +511,9 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
             m["state"].as_str().unwrap_or("?"),
             m["name"].as_str().unwrap_or("?")
         );
+    }
+    for rejected in status["devices_rejected"].as_array().into_iter().flatten() {
+        println!("  left out: {}", rejected["why"].as_str().unwrap_or("?"));
     }
     if let Some(why) = status["writes_refused"].as_str() {
         println!("WRITES REFUSED: {why}");

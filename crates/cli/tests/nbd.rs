@@ -357,7 +357,7 @@ fn the_same_operations_read_back_the_same_as_nbdkit_memory() {
 }
 
 #[test]
-fn create_refuses_bad_shapes_and_open_refuses_foreign_members() {
+fn create_refuses_bad_shapes_and_open_leaves_out_foreign_members() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("a");
     let out = try_create(&dir, "5", &[]);
@@ -374,13 +374,19 @@ fn create_refuses_bad_shapes_and_open_refuses_foreign_members() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("already holds an array"));
     assert!(std::fs::read(dir.join("member-000")).unwrap() == before);
-    // A member of another array in this one's list.
+    // A member of another array in this one's list: left out (and said
+    // so); the array opens degraded.
     let other = tmp.path().join("b");
     create(&other, &[]);
     std::fs::copy(other.join("member-002"), dir.join("member-002")).unwrap();
     let out = tessera(&["status", dir.to_str().unwrap()]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("belongs to another array"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("left out: ") && text.contains("member-002 belongs to another array"),
+        "{text}"
+    );
+    assert_eq!(status_json(&dir)["members"][2]["state"], "failed");
 }
 
 /// Runs qemu-io's `commands` against `server` and kills the server with
