@@ -313,7 +313,7 @@ pub fn open_with(devices: Vec<(String, Option<Arc<dyn Device>>)>, engine: Engine
             None => votes.push((sb.array_uuid, 1)),
         }
     }
-    votes.sort_by(|a, b| b.1.cmp(&a.1));
+    votes.sort_by_key(|&(_, count)| std::cmp::Reverse(count));
     if let [(first, count), (second, tied), ..] = votes[..] {
         if count == tied {
             return Err(ArrayError::SplitMembers {
