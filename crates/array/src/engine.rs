@@ -201,6 +201,8 @@ pub(crate) struct Shared {
     /// or rebuild go out in parallel on it.
     pub io_pool: rayon::ThreadPool,
     pub cache: ReconstructCache,
+    /// A scrub is running (one at a time).
+    pub scrubbing: std::sync::atomic::AtomicBool,
     pub counters: Counters,
     /// Read-modify-writes of partial blocks, by block number.
     pub partial: Vec<Mutex<()>>,
@@ -393,6 +395,7 @@ impl Array {
             io,
             io_pool,
             cache,
+            scrubbing: std::sync::atomic::AtomicBool::new(false),
             counters,
             partial: (0..PARTIAL_WRITE_LOCK_COUNT).map(|_| Mutex::new(())).collect(),
             spares: Mutex::new(Spares::default()),
@@ -521,6 +524,16 @@ impl Array {
     /// the stripe's Merkle root, and rewrites the bad ones from the others.
     pub fn scrub(&self) -> Result<crate::repair::ScrubReport, ArrayError> {
         self.shared.scrub()
+    }
+
+    /// [`Array::scrub`] at most `rate` bytes a second from the members,
+    /// calling `progress` after each stripe (false stops it).
+    pub fn scrub_with(
+        &self,
+        rate: Option<u64>,
+        progress: impl FnMut(&crate::repair::ScrubReport) -> bool,
+    ) -> Result<crate::repair::ScrubReport, ArrayError> {
+        self.shared.scrub_with(rate, progress)
     }
 
     pub fn status(&self) -> Result<Status, ArrayError> {

@@ -85,6 +85,8 @@ pub enum ArrayError {
         /// The devices left out, and why ("; ..." each).
         why: String,
     },
+    #[error("a scrub is already running on this array")]
+    ScrubRunning,
     #[error(
         "the devices are split evenly between arrays {first} and {second} ({count} each): list one array's members"
     )]

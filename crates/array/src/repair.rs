@@ -9,7 +9,11 @@
 //! - Scrub takes one stripe at a time: it pins that slot and holds no lock
 //!   while it reads, so clients go on meanwhile. A chunk is checked against
 //!   its own leaf, and all K+M against the root, which covers parity: a
-//!   parity chunk that does not match the data changes the root.
+//!   parity chunk that does not match the data changes the root. Parity
+//!   is also encoded afresh from the data and compared, which catches
+//!   parity that was wrong when the stripe was sealed (its leaf and the
+//!   root were computed over it). One scrub runs at a time, at a rate a
+//!   caller chooses.
 
 use crate::device::AlignedBuf;
 use crate::engine::Shared;
@@ -21,7 +25,7 @@ use crate::ArrayError;
 use serde::Serialize;
 
 /// What a scrub found.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct ScrubReport {
     pub stripes_checked: u64,
     /// Chunks that were unreadable, stale, corrupt or not the stripe's.
@@ -29,7 +33,18 @@ pub struct ScrubReport {
     pub chunks_repaired: u64,
     /// Stripes with fewer than K good chunks: their data is lost.
     pub stripes_unrecoverable: u64,
+    /// Stripes whose stored parity is not what their data encodes to.
+    pub parity_mismatches: u64,
+    /// Bytes read from the members.
+    pub bytes_read: u64,
+    /// Stripes on the members when the scrub began (its 100%).
+    pub stripes_total: u64,
+    /// Stopped before the end (the caller asked to).
+    pub stopped: bool,
 }
+
+/// The longest a rate-limited scrub sleeps at once.
+const SCRUB_SLEEP_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Shared {
     /// Rewrites the chunks of `rebuilt` found bad that are on healthy
@@ -65,9 +80,54 @@ impl Shared {
 
     /// Checks every stripe, one at a time, repairing what it can.
     pub fn scrub(&self) -> Result<ScrubReport, ArrayError> {
-        let mut report = ScrubReport::default();
+        self.scrub_with(None, |_| true)
+    }
+
+    /// [`Shared::scrub`], reading at most `rate` bytes a second from the
+    /// members (`None`: as fast as they go), and calling `progress` with
+    /// the report so far after each stripe; it stops early when that
+    /// returns false. Refused while another scrub runs.
+    pub fn scrub_with(
+        &self,
+        rate: Option<u64>,
+        mut progress: impl FnMut(&ScrubReport) -> bool,
+    ) -> Result<ScrubReport, ArrayError> {
+        if self.scrubbing.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            return Err(ArrayError::ScrubRunning);
+        }
+        struct Done<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, std::sync::atomic::Ordering::Release);
+            }
+        }
+        let _done = Done(&self.scrubbing);
+        let mut report = ScrubReport {
+            stripes_total: {
+                let index = self.index();
+                (0..self.geometry.slot_count())
+                    .filter(|&slot| {
+                        matches!(index.slots.get(slot).state, SlotState::Sealed | SlotState::Checkpoint)
+                            && !index.resident.contains_key(&slot)
+                    })
+                    .count() as u64
+            },
+            ..ScrubReport::default()
+        };
+        let started = std::time::Instant::now();
         for slot in 0..self.geometry.slot_count() {
             self.scrub_slot(slot, &mut report);
+            if let Some(rate) = rate.filter(|&r| r > 0) {
+                // Ahead of the rate: wait until the bytes read are due.
+                let due = std::time::Duration::from_secs_f64(report.bytes_read as f64 / rate as f64);
+                if let Some(ahead) = due.checked_sub(started.elapsed()) {
+                    std::thread::sleep(ahead.min(SCRUB_SLEEP_MAX));
+                }
+            }
+            if !progress(&report) {
+                report.stopped = true;
+                break;
+            }
         }
         Ok(report)
     }
@@ -87,13 +147,31 @@ impl Shared {
             s.sequence
         };
         report.stripes_checked += 1;
+        let g = &self.geometry;
+        report.bytes_read += (g.width() * (g.chunk_bytes + SECTOR_BYTES)) as u64;
         match self.rebuild_stripe(slot, sequence, true) {
             Ok(rebuilt) => {
                 report.chunks_bad += rebuilt.bad.len() as u64;
                 report.chunks_repaired += self.repair(slot, &rebuilt).1;
+                if !self.parity_matches(&rebuilt) {
+                    report.parity_mismatches += 1;
+                }
                 self.recycle_area(std::sync::Arc::new(rebuilt.area));
             }
             Err(_) => report.stripes_unrecoverable += 1,
         }
+    }
+
+    /// Whether the stripe's parity is what its data encodes to now.
+    fn parity_matches(&self, rebuilt: &Rebuilt) -> bool {
+        let g = &self.geometry;
+        let data_bytes = g.data * g.chunk_bytes;
+        let mut parity = AlignedBuf::zeroed(rebuilt.parity.len());
+        let mut jobs = [tessera_accel::SealJob {
+            data: &rebuilt.area[..data_bytes],
+            parity: &mut parity,
+        }];
+        // An accelerator that fails is no evidence against the stripe.
+        self.accel.seal(&crate::stripe::shape(g), &mut jobs).is_err() || parity[..] == rebuilt.parity[..]
     }
 }

@@ -524,3 +524,46 @@ fn a_member_that_was_missing_is_not_trusted_when_it_returns() {
         "what was written while member 2 was away reads back wrong"
     );
 }
+
+#[test]
+fn a_scrub_keeps_to_its_rate_stops_when_told_and_runs_alone() {
+    let devices = members(6, 64 << 20);
+    let array = tessera_array::create(named(&devices), &options(4, 2, 64 << 10, None)).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(15);
+    array.write(0, &payload(&mut rng, 4 << 20, false), true).unwrap();
+    // Stopped by its caller after two stripes.
+    let mut seen = 0;
+    let report = array
+        .scrub_with(None, |_| {
+            seen += 1;
+            seen < 2
+        })
+        .unwrap();
+    assert!(report.stopped && report.stripes_checked == 2, "{report:?}");
+    // 16 stripes of 6 x 68 KiB at 8 MiB/s: about 0.8 s, not faster.
+    let rate = 8 << 20;
+    let started = std::time::Instant::now();
+    let report = array.scrub_with(Some(rate), |_| true).unwrap();
+    let least = report.bytes_read as f64 / rate as f64;
+    assert!(report.stripes_checked >= 16 && !report.stopped, "{report:?}");
+    assert!(
+        started.elapsed().as_secs_f64() >= 0.9 * least,
+        "read {} bytes in {:?} at a rate of {rate}",
+        report.bytes_read,
+        started.elapsed()
+    );
+    // One at a time.
+    std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let array = &array;
+        let first = scope.spawn(move || {
+            array.scrub_with(Some(rate), |_| {
+                let _ = tx.send(());
+                true
+            })
+        });
+        rx.recv().unwrap();
+        assert!(matches!(array.scrub(), Err(ArrayError::ScrubRunning)));
+        first.join().unwrap().unwrap();
+    });
+}

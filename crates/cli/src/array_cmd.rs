@@ -453,7 +453,11 @@ fn control_client(stream: &UnixStream, array: &Array) {
                 .map_err(|e| e.to_string()),
             Err(_) => Err(format!("'{index}' is not a member index")),
         },
-        _ => Err("unknown request: use 'status' or 'fail I'".to_string()),
+        ["scrub", rate] => match rate.parse::<u64>() {
+            Ok(rate) => scrub_for(stream, array, rate),
+            Err(_) => Err(format!("'{rate}' is not a rate in bytes a second")),
+        },
+        _ => Err("unknown request: use 'status', 'fail I' or 'scrub RATE'".to_string()),
     };
     let text = match reply {
         Ok(text) => text,
@@ -462,8 +466,35 @@ fn control_client(stream: &UnixStream, array: &Array) {
     let _ = (&*stream).write_all((text + "\n").as_bytes());
 }
 
+/// Runs a scrub for a control client, sending it a `progress` line (the
+/// report so far, JSON) every second; stops if the client goes away.
+/// Returns the final report as JSON.
+fn scrub_for(stream: &UnixStream, array: &Array, rate: u64) -> Result<String, String> {
+    let mut last = std::time::Instant::now();
+    let report = array
+        .scrub_with((rate > 0).then_some(rate), |report| {
+            if last.elapsed() < PROGRESS_INTERVAL {
+                return true;
+            }
+            last = std::time::Instant::now();
+            let line = format!("progress {}\n", serde_json::to_string(report).unwrap_or_default());
+            (&*stream).write_all(line.as_bytes()).is_ok()
+        })
+        .map_err(|e| e.to_string())?;
+    serde_json::to_string(&report).map_err(|e| e.to_string())
+}
+
+/// How often long work reports its progress.
+const PROGRESS_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Sends one request to a running server; `None` if none is running.
 fn ask_server(dir: &Path, request: &str) -> Result<Option<String>> {
+    ask_server_with(dir, request, |_| {})
+}
+
+/// [`ask_server`], handing each progress line the server sends first to
+/// `on_progress`.
+fn ask_server_with(dir: &Path, request: &str, mut on_progress: impl FnMut(&str)) -> Result<Option<String>> {
     let Ok(mut stream) = UnixStream::connect(dir.join(CONTROL_SOCKET)) else {
         return Ok(None);
     };
@@ -471,10 +502,19 @@ fn ask_server(dir: &Path, request: &str) -> Result<Option<String>> {
     // for this long is stuck, and saying so beats hanging.
     stream.set_read_timeout(Some(std::time::Duration::from_secs(60)))?;
     stream.write_all(format!("{request}\n").as_bytes())?;
+    let mut reader = BufReader::new(&stream);
     let mut line = String::new();
-    BufReader::new(&stream)
-        .read_line(&mut line)
-        .with_context(|| format!("the server serving {} did not answer '{request}'", dir.display()))?;
+    // Long work sends progress lines before its answer.
+    loop {
+        line.clear();
+        reader
+            .read_line(&mut line)
+            .with_context(|| format!("the server serving {} did not answer '{request}'", dir.display()))?;
+        match line.strip_prefix("progress ") {
+            Some(progress) => on_progress(progress.trim()),
+            None => break,
+        }
+    }
     if let Some(error) = line.strip_prefix("error: ") {
         bail!("{}", error.trim());
     }
@@ -583,6 +623,60 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
     );
     if let Some(error) = r["checkpoint_error"].as_str() {
         println!("  the checkpoint could not be used ({error}); every slot was scanned instead");
+    }
+    Ok(())
+}
+
+/// `tessera scrub`: through the server if one runs, else on the array
+/// opened here; progress on stderr every second, the summary at the end.
+pub fn scrub(dir: &Path, rate: u64, json: bool) -> Result<()> {
+    let show = |report: &tessera_array::ScrubReport| {
+        let done = report.stripes_checked as f64 / report.stripes_total.max(1) as f64;
+        eprintln!(
+            "scrub: {}/{} stripes ({:.0}%), {} read, {} bad chunks, {} repaired",
+            report.stripes_checked,
+            report.stripes_total,
+            100.0 * done,
+            human(report.bytes_read),
+            report.chunks_bad,
+            report.chunks_repaired
+        );
+    };
+    let answer = ask_server_with(dir, &format!("scrub {rate}"), |line| {
+        if let Ok(report) = serde_json::from_str::<tessera_array::ScrubReport>(line) {
+            show(&report);
+        }
+    })?;
+    let report: tessera_array::ScrubReport = match answer {
+        Some(text) => serde_json::from_str(&text)?,
+        None => {
+            let _lock = lock(dir)?;
+            let array = open(dir)?;
+            let mut last = std::time::Instant::now();
+            array.scrub_with((rate > 0).then_some(rate), |report| {
+                if last.elapsed() >= PROGRESS_INTERVAL {
+                    last = std::time::Instant::now();
+                    show(report);
+                }
+                true
+            })?
+        }
+    };
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!(
+            "scrub done: {} stripes checked, {} read; {} bad chunks found, {} repaired; {} stripes with wrong parity; {} unrecoverable",
+            report.stripes_checked,
+            human(report.bytes_read),
+            report.chunks_bad,
+            report.chunks_repaired,
+            report.parity_mismatches,
+            report.stripes_unrecoverable
+        );
+    }
+    if report.stripes_unrecoverable > 0 || report.parity_mismatches > 0 {
+        bail!("the scrub found damage it could not repair");
     }
     Ok(())
 }

@@ -125,6 +125,17 @@ enum Command {
         #[arg(long = "device")]
         index: usize,
     },
+    /// Check every chunk of every stripe of the array in DIR (checksums,
+    /// Merkle roots, parity) and repair what is bad, served or not.
+    Scrub {
+        dir: PathBuf,
+        /// Bytes a second to read from the members at most (0: no limit).
+        #[arg(long, value_parser = size::parse, default_value = "256M")]
+        rate: u64,
+        /// Print the summary as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Erasure-code shard files in a directory.
     #[command(subcommand)]
     Ec(EcCommand),
@@ -466,6 +477,7 @@ fn main() -> Result<()> {
         }
         Command::Status { dir, json } => array_cmd::status(&dir, json),
         Command::Fail { dir, index } => array_cmd::fail(&dir, index),
+        Command::Scrub { dir, rate, json } => array_cmd::scrub(&dir, rate, json),
         Command::Ec(EcCommand::Encode { shape, dir }) => ec_files::encode(&shape.codec()?, &dir),
         Command::Ec(EcCommand::Decode { shape, dir }) => ec_files::decode(&shape.codec()?, &dir),
         Command::Bench(BenchCommand::Ec {

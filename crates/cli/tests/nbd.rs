@@ -1227,3 +1227,80 @@ fn a_member_cannot_be_shared_or_reformatted_by_another_array() {
     let out = with_devices(&[data, blank], true);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// Flips bytes at `count` random offsets past the superblock of each of
+/// `members`' files in `dir` (chunks of data and parity alike).
+fn corrupt_members(dir: &Path, members: &[usize], count: usize, seed: u64) {
+    use std::os::unix::fs::FileExt;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    for &member in members {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(dir.join(format!("member-{member:03}")))
+            .unwrap();
+        let len = file.metadata().unwrap().len();
+        for _ in 0..count {
+            let at = rng.gen_range(1 << 20..len - (1 << 20));
+            let mut byte = [0u8; 1];
+            file.read_exact_at(&mut byte, at).unwrap();
+            byte[0] ^= 0x5a;
+            file.write_all_at(&byte, at).unwrap();
+        }
+        file.sync_all().unwrap();
+    }
+}
+
+/// `tessera scrub DIR --json --rate 0`, parsed.
+fn scrub_json(dir: &Path) -> serde_json::Value {
+    let out = tessera(&["scrub", dir.to_str().unwrap(), "--json", "--rate", "0"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn scrub_repairs_corruption_on_m_members_offline_and_while_served() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (cwd, dir) = (tmp.path(), tmp.path().join("array"));
+    create(&dir, &[]);
+    let socket = cwd.join("nbd.sock");
+    let server = Served::start(&dir, &socket);
+    let size: usize = run("nbdinfo", &["--size", &server.uri()], cwd).trim().parse().unwrap();
+    let mut data = vec![0u8; size];
+    rand::rngs::StdRng::seed_from_u64(6).fill(&mut data[..]);
+    std::fs::write(cwd.join("in.bin"), &data).unwrap();
+    run("nbdcopy", &[cwd.join("in.bin").to_str().unwrap(), &server.uri()], cwd);
+    let read_back = |server: &Served| {
+        let out = cwd.join("out.bin");
+        let _ = std::fs::remove_file(&out);
+        run("nbdcopy", &[&server.uri(), out.to_str().unwrap()], cwd);
+        assert!(
+            std::fs::read(&out).unwrap() == data,
+            "the export reads back other bytes"
+        );
+    };
+    server.stop();
+    // Stopped: M = 2 members corrupted, found and repaired; a second scrub
+    // finds nothing.
+    corrupt_members(&dir, &[0, 3], 20, 7);
+    let first = scrub_json(&dir);
+    assert!(first["chunks_bad"].as_u64().unwrap() > 0, "{first}");
+    assert_eq!(first["chunks_repaired"], first["chunks_bad"], "{first}");
+    assert_eq!(first["stripes_unrecoverable"], 0, "{first}");
+    assert_eq!(first["parity_mismatches"], 0, "{first}");
+    assert_eq!(first["stripes_checked"], first["stripes_total"], "{first}");
+    assert_eq!(scrub_json(&dir)["chunks_bad"], 0);
+    // Served: the same through the control socket, with clients on.
+    let server = Served::start(&dir, &socket);
+    read_back(&server);
+    corrupt_members(&dir, &[1, 5], 20, 8);
+    let served = scrub_json(&dir);
+    assert!(served["chunks_bad"].as_u64().unwrap() > 0, "{served}");
+    assert_eq!(served["chunks_repaired"], served["chunks_bad"], "{served}");
+    assert_eq!(scrub_json(&dir)["chunks_bad"], 0);
+    read_back(&server);
+    // The repairs are counted in status.
+    let status = status_json(&dir);
+    assert!(status["chunks_repaired"].as_u64().unwrap() >= served["chunks_repaired"].as_u64().unwrap());
+    server.stop();
+}
