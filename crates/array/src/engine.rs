@@ -47,6 +47,9 @@ pub struct EngineOptions {
     /// User stripes open at once (`None`: by the array's size, see
     /// `limits::user_lanes`). Each holds a slot.
     pub user_lanes: Option<usize>,
+    /// Read and checksum errors after which a member is failed
+    /// automatically (0: never).
+    pub member_errors_max: u64,
 }
 
 impl Default for EngineOptions {
@@ -56,6 +59,7 @@ impl Default for EngineOptions {
             reconstruct_cache_bytes: RECONSTRUCT_CACHE_BYTES_DEFAULT,
             background: true,
             user_lanes: None,
+            member_errors_max: crate::limits::MEMBER_ERRORS_MAX_DEFAULT,
         }
     }
 }
@@ -367,7 +371,7 @@ impl Array {
             array_uuid,
             accel,
             policy,
-            members: Members::new(members, superblock, rejected),
+            members: Members::new(members, superblock, rejected, options.member_errors_max),
             index: RwLock::new(Index {
                 map: Map::default(),
                 slots: SlotTable::new(geometry.checksum, slot_count),

@@ -132,3 +132,10 @@ pub const DEFAULT_LOGICAL_FRACTION: f64 = 0.8;
 /// Locks serializing read-modify-writes of partial blocks, chosen by block
 /// number: partial writes to different blocks rarely share one.
 pub const PARTIAL_WRITE_LOCK_COUNT: usize = 64;
+
+/// Read and checksum errors after which a member is failed automatically
+/// (if the parity still covers one more): a drive that keeps returning
+/// errors or bad data costs a reconstruction on every read of it, and
+/// will likely fail outright. ZFS faults a device after ten errors in ten
+/// minutes; this counts from open, so it is higher. 0 turns it off.
+pub const MEMBER_ERRORS_MAX_DEFAULT: u64 = 32;

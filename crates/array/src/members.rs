@@ -19,7 +19,7 @@ use crate::device::Device;
 use crate::format::{Superblock, SECTOR_BYTES};
 use crate::ArrayError;
 use serde::Serialize;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -63,6 +63,29 @@ struct Entry {
     uuid: [u8; 16],
     device: Option<Arc<dyn Device>>,
     state: AtomicU8,
+    errors: ErrorCounts,
+}
+
+/// What went wrong on one member since the array was opened.
+#[derive(Default)]
+struct ErrorCounts {
+    read: AtomicU64,
+    write: AtomicU64,
+    checksum: AtomicU64,
+    repaired: AtomicU64,
+}
+
+/// One member's error counters, for `status`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct MemberErrors {
+    /// Reads that failed (EIO, or the device gone).
+    pub read_errors: u64,
+    /// Writes or syncs that failed (the first fails the member).
+    pub write_errors: u64,
+    /// Chunks read back that did not match their checksum or their stripe.
+    pub checksum_errors: u64,
+    /// Chunks rewritten on it from their stripe.
+    pub chunks_repaired: u64,
 }
 
 pub struct Members {
@@ -75,6 +98,8 @@ pub struct Members {
     lost: OnceLock<String>,
     /// Devices given at open that are not members of this array.
     rejected: Vec<crate::Rejected>,
+    /// Read and checksum errors after which a member is failed (0: never).
+    errors_max: u64,
 }
 
 fn io_error(member: usize, name: &str, source: std::io::Error) -> ArrayError {
@@ -120,9 +145,15 @@ pub(crate) fn write_superblocks(
 }
 
 impl Members {
-    pub fn new(members: Vec<Member>, superblock: Superblock, rejected: Vec<crate::Rejected>) -> Members {
+    pub fn new(
+        members: Vec<Member>,
+        superblock: Superblock,
+        rejected: Vec<crate::Rejected>,
+        errors_max: u64,
+    ) -> Members {
         Members {
             rejected,
+            errors_max,
             parity: superblock.geometry.parity,
             entries: members
                 .into_iter()
@@ -131,10 +162,57 @@ impl Members {
                     uuid: m.uuid,
                     device: m.device,
                     state: AtomicU8::new(m.state.code()),
+                    errors: ErrorCounts::default(),
                 })
                 .collect(),
             superblock: Mutex::new(superblock),
             lost: OnceLock::new(),
+        }
+    }
+
+    /// Reads from member `index` with `read`; false if it is not readable
+    /// or the read fails, which is counted against it.
+    pub fn read(&self, index: usize, read: impl FnOnce(&dyn Device) -> std::io::Result<()>) -> bool {
+        let Some(device) = self.readable(index) else {
+            return false;
+        };
+        let ok = read(device.as_ref()).is_ok();
+        if !ok {
+            self.count_error(index, &self.entries[index].errors.read);
+        }
+        ok
+    }
+
+    /// A chunk read from member `index` was bad.
+    pub fn checksum_error(&self, index: usize) {
+        self.count_error(index, &self.entries[index].errors.checksum);
+    }
+
+    /// A chunk was rewritten on member `index`.
+    pub fn repaired(&self, index: usize) {
+        self.entries[index].errors.repaired.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one error; the one that reaches the limit (read and
+    /// checksum errors together) fails the member, if the parity still
+    /// covers one more. A member the parity cannot spare stays in.
+    fn count_error(&self, index: usize, counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+        let errors = &self.entries[index].errors;
+        let total = errors.read.load(Ordering::Relaxed) + errors.checksum.load(Ordering::Relaxed);
+        if self.errors_max > 0 && total == self.errors_max {
+            let _ = self.fail(index);
+        }
+    }
+
+    /// Member `index`'s error counters.
+    pub fn errors(&self, index: usize) -> MemberErrors {
+        let e = &self.entries[index].errors;
+        MemberErrors {
+            read_errors: e.read.load(Ordering::Relaxed),
+            write_errors: e.write.load(Ordering::Relaxed),
+            checksum_errors: e.checksum.load(Ordering::Relaxed),
+            chunks_repaired: e.repaired.load(Ordering::Relaxed),
         }
     }
 
@@ -230,6 +308,7 @@ impl Members {
     /// parity covers it; otherwise the array stops taking writes, for good.
     /// Returns whether writes are still taken.
     pub fn failed_io(&self, index: usize, error: &std::io::Error) -> Result<(), ArrayError> {
+        self.entries[index].errors.write.fetch_add(1, Ordering::Relaxed);
         let result = self.fail(index);
         if let Err(ArrayError::TooManyFailed { failed, parity }) = &result {
             let _ = self.lost.set(format!(

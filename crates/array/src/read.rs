@@ -321,9 +321,7 @@ impl Shared {
             let read = |j: usize, buf: &mut [u8]| {
                 let (member, row) = g.place(slot, j);
                 let position = g.row_offset(row) + (SECTOR_BYTES + within) as u64;
-                self.members
-                    .readable(member)
-                    .is_some_and(|device| device.read_at(buf, position).is_ok())
+                self.members.read(member, |device| device.read_at(buf, position))
             };
             if read(chunk, &mut out[at..at + n]) {
                 continue;
@@ -385,10 +383,7 @@ impl Shared {
         self.in_parallel(&mut jobs, |(chunk, within, piece, ok)| {
             let (member, row) = g.place(slot, *chunk);
             let position = g.row_offset(row) + (SECTOR_BYTES + *within) as u64;
-            *ok = self
-                .members
-                .readable(member)
-                .is_some_and(|device| device.read_at(piece, position).is_ok());
+            *ok = self.members.read(member, |device| device.read_at(piece, position));
         });
         jobs.iter().all(|job| job.3)
     }
@@ -444,9 +439,8 @@ impl Shared {
             |reads| {
                 self.in_parallel(reads, |r| {
                     let (member, row) = g.place(slot, r.index);
-                    r.ok = self.members.readable(member).is_some_and(|d| {
+                    r.ok = self.members.read(member, |d| {
                         d.read_vectored_at(&mut [&mut *r.header, &mut *r.payload], g.row_offset(row))
-                            .is_ok()
                     });
                 })
             },

@@ -72,7 +72,11 @@ impl Shared {
                 .is_some_and(|device| device.write_vectored_at(&[&header, payload], g.row_offset(row)).is_ok());
             if written {
                 repaired += 1;
+                self.members.repaired(member);
             }
+            // Counted after the rewrite: an error that fails the member
+            // must not stop the repair of the chunk that showed it.
+            self.members.checksum_error(member);
         }
         Counters::add(&self.counters.chunks_repaired, repaired);
         (bad.len() as u64, repaired)

@@ -109,6 +109,8 @@ pub struct MemberStatus {
     pub index: usize,
     pub name: String,
     pub state: MemberState,
+    #[serde(flatten)]
+    pub errors: crate::members::MemberErrors,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -165,6 +167,7 @@ impl Shared {
                     index,
                     name: members.name(index).to_string(),
                     state: members.state(index),
+                    errors: members.errors(index),
                 })
                 .collect(),
             members_unavailable: members.unavailable(),

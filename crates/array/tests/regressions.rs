@@ -567,3 +567,41 @@ fn a_scrub_keeps_to_its_rate_stops_when_told_and_runs_alone() {
         first.join().unwrap().unwrap();
     });
 }
+
+#[test]
+fn a_member_that_keeps_failing_reads_is_failed_and_the_array_goes_on() {
+    let devices = members(6, 64 << 20);
+    let array = tessera_array::create(named(&devices), &options(4, 2, 64 << 10, None)).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(16);
+    let data = payload(&mut rng, 8 << 20, false);
+    array.write(0, &data, true).unwrap();
+    devices[2].set_faults(Faults {
+        fail_reads: true,
+        ..Faults::default()
+    });
+    // Small reads, each of which reads member 2 (or decodes around it).
+    let mut piece = vec![0u8; 4096];
+    for at in (0..data.len()).step_by(64 << 10) {
+        array.read(at as u64, &mut piece).unwrap();
+        assert!(piece == data[at..at + piece.len()], "read at {at}");
+    }
+    let status = array.status().unwrap();
+    let member = &status.members[2];
+    assert_eq!(member.state, tessera_array::MemberState::Failed, "{member:?}");
+    assert!(member.errors.read_errors > 0, "{member:?}");
+    assert_eq!(
+        member.errors.read_errors + member.errors.checksum_errors,
+        32,
+        "failed at the limit: {member:?}"
+    );
+    assert!(status
+        .members
+        .iter()
+        .enumerate()
+        .all(|(i, m)| i == 2 || m.errors.read_errors == 0));
+    // The array goes on: writes and reads.
+    array.write(0, &data[..1 << 20], true).unwrap();
+    let mut back = vec![0u8; data.len()];
+    array.read(0, &mut back).unwrap();
+    assert!(back == data);
+}

@@ -284,6 +284,7 @@ pub struct Serve {
     pub socket: Option<PathBuf>,
     pub accel: tessera_accel::Kind,
     pub reconstruct_cache_bytes: usize,
+    pub member_errors_max: u64,
     pub limits: tessera_nbd::Limits,
     pub tls: Option<tessera_nbd::Tls>,
 }
@@ -329,6 +330,7 @@ pub fn serve(mut s: Serve) -> Result<()> {
     let engine = EngineOptions {
         accel: Some(tessera_accel::select(s.accel)?),
         reconstruct_cache_bytes: s.reconstruct_cache_bytes,
+        member_errors_max: s.member_errors_max,
         ..EngineOptions::default()
     };
     let array = Arc::new(open_with(dir, engine)?);
@@ -545,11 +547,22 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
         status["compression"].as_str().unwrap_or("?")
     );
     for m in status["members"].as_array().into_iter().flatten() {
+        let count = |key: &str| m[key].as_u64().unwrap_or(0);
+        let errors = ["read_errors", "write_errors", "checksum_errors", "chunks_repaired"]
+            .iter()
+            .filter(|key| count(key) > 0)
+            .map(|key| format!("{} {}", key.replace('_', " "), count(key)))
+            .collect::<Vec<_>>();
         println!(
-            "  member {:>3}  {:<8} {}",
+            "  member {:>3}  {:<8} {}{}",
             m["index"],
             m["state"].as_str().unwrap_or("?"),
-            m["name"].as_str().unwrap_or("?")
+            m["name"].as_str().unwrap_or("?"),
+            if errors.is_empty() {
+                String::new()
+            } else {
+                format!("  ({})", errors.join(", "))
+            }
         );
     }
     for rejected in status["devices_rejected"].as_array().into_iter().flatten() {

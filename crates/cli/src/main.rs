@@ -111,6 +111,10 @@ enum Command {
         /// Require a client certificate signed by ca-cert.pem.
         #[arg(long, requires = "tls_certificates")]
         tls_verify_peer: bool,
+        /// Fail a member once it has shown this many read and checksum
+        /// errors since the server started, if the parity covers it (0: never).
+        #[arg(long, default_value_t = tessera_array::limits::MEMBER_ERRORS_MAX_DEFAULT)]
+        member_errors_max: u64,
     },
     /// Health, capacity, compression, write amplification and errors of the array in DIR.
     Status {
@@ -395,6 +399,7 @@ fn main() -> Result<()> {
             tls_certificates,
             tls_psk,
             tls_verify_peer,
+            member_errors_max,
         } => {
             let defaults = tessera_nbd::Limits::default();
             array_cmd::serve(array_cmd::Serve {
@@ -403,6 +408,7 @@ fn main() -> Result<()> {
                 socket,
                 accel,
                 reconstruct_cache_bytes: usize::try_from(reconstruct_cache)?,
+                member_errors_max,
                 limits: tessera_nbd::Limits {
                     max_connections,
                     total_bytes: usize::try_from(max_bytes_in_flight)?,

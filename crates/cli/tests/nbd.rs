@@ -1299,8 +1299,13 @@ fn scrub_repairs_corruption_on_m_members_offline_and_while_served() {
     assert_eq!(served["chunks_repaired"], served["chunks_bad"], "{served}");
     assert_eq!(scrub_json(&dir)["chunks_bad"], 0);
     read_back(&server);
-    // The repairs are counted in status.
+    // The repairs are counted in status, per member where they were.
     let status = status_json(&dir);
     assert!(status["chunks_repaired"].as_u64().unwrap() >= served["chunks_repaired"].as_u64().unwrap());
+    let repaired_on = |i: usize| status["members"][i]["chunks_repaired"].as_u64().unwrap();
+    assert!(
+        repaired_on(1) + repaired_on(5) > 0 && repaired_on(0) + repaired_on(2) == 0,
+        "{status}"
+    );
     server.stop();
 }
