@@ -207,6 +207,8 @@ pub(crate) struct Shared {
     pub cache: ReconstructCache,
     /// A scrub is running (one at a time).
     pub scrubbing: std::sync::atomic::AtomicBool,
+    /// The running scrub's report so far, for `status`.
+    pub scrub_progress: Mutex<Option<crate::repair::ScrubReport>>,
     pub counters: Counters,
     /// Read-modify-writes of partial blocks, by block number.
     pub partial: Vec<Mutex<()>>,
@@ -400,6 +402,7 @@ impl Array {
             io_pool,
             cache,
             scrubbing: std::sync::atomic::AtomicBool::new(false),
+            scrub_progress: Mutex::new(None),
             counters,
             partial: (0..PARTIAL_WRITE_LOCK_COUNT).map(|_| Mutex::new(())).collect(),
             spares: Mutex::new(Spares::default()),

@@ -99,13 +99,14 @@ impl Shared {
         if self.scrubbing.swap(true, std::sync::atomic::Ordering::AcqRel) {
             return Err(ArrayError::ScrubRunning);
         }
-        struct Done<'a>(&'a std::sync::atomic::AtomicBool);
+        struct Done<'a>(&'a Shared);
         impl Drop for Done<'_> {
             fn drop(&mut self) {
-                self.0.store(false, std::sync::atomic::Ordering::Release);
+                *self.0.scrub_progress.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                self.0.scrubbing.store(false, std::sync::atomic::Ordering::Release);
             }
         }
-        let _done = Done(&self.scrubbing);
+        let _done = Done(self);
         let mut report = ScrubReport {
             stripes_total: {
                 let index = self.index();
@@ -121,6 +122,7 @@ impl Shared {
         let started = std::time::Instant::now();
         for slot in 0..self.geometry.slot_count() {
             self.scrub_slot(slot, &mut report);
+            *self.scrub_progress.lock().unwrap_or_else(|p| p.into_inner()) = Some(report);
             if let Some(rate) = rate.filter(|&r| r > 0) {
                 // Ahead of the rate: wait until the bytes read are due.
                 let due = std::time::Duration::from_secs_f64(report.bytes_read as f64 / rate as f64);

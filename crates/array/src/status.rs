@@ -61,6 +61,8 @@ pub struct Status {
     /// Devices given at open that were left out (not this array's
     /// members, or damaged), and why.
     pub devices_rejected: Vec<crate::Rejected>,
+    /// The scrub running now, its report so far (`null`: none runs).
+    pub scrub: Option<crate::repair::ScrubReport>,
     /// Why writes and FLUSH are refused (more than M members failed), if
     /// they are; `null` otherwise.
     pub writes_refused: Option<String>,
@@ -172,6 +174,7 @@ impl Shared {
                 .collect(),
             members_unavailable: members.unavailable(),
             devices_rejected: members.rejected().to_vec(),
+            scrub: *self.scrub_progress.lock().unwrap_or_else(|p| p.into_inner()),
             writes_refused: members.lost().map(str::to_string),
             stripes_total: g.slot_count(),
             stripes_used: used,

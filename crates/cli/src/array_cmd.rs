@@ -11,9 +11,12 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 use tessera_array::device::{Device, FileDevice};
 use tessera_array::{Array, ArrayError, CreateOptions, EngineOptions};
 use tessera_nbd::Failure;
+
+use crate::metrics::{Metrics, Op};
 
 const MEMBERS_FILE: &str = "members";
 const LOCK_FILE: &str = "serve.lock";
@@ -213,13 +216,22 @@ fn open_with(dir: &Path, engine: EngineOptions) -> Result<Array> {
     Ok(tessera_array::open_with(members, engine)?)
 }
 
-/// The export: the array, with errors logged and mapped to NBD errnos.
-struct ArrayExport(Arc<Array>);
+/// The export: the array, with errors logged and mapped to NBD errnos,
+/// and each request counted and timed when metrics are on.
+struct ArrayExport {
+    array: Arc<Array>,
+    metrics: Option<Arc<Metrics>>,
+}
 
 impl ArrayExport {
-    fn map<T>(&self, what: &str, result: Result<T, ArrayError>) -> Result<T, Failure> {
+    /// `result` of a request of `bytes` begun at `started`: recorded, and
+    /// its error logged and mapped.
+    fn done<T>(&self, op: Op, bytes: u64, started: Instant, result: Result<T, ArrayError>) -> Result<T, Failure> {
+        if let Some(metrics) = &self.metrics {
+            metrics.record(op, bytes, started, result.is_ok());
+        }
         result.map_err(|e| {
-            eprintln!("tessera: {what} failed: {e}");
+            eprintln!("tessera: {} failed: {e}", op.name().replace('_', " "));
             Failure {
                 errno: e.errno(),
                 message: Some(e.to_string()),
@@ -230,28 +242,40 @@ impl ArrayExport {
 
 impl tessera_nbd::Export for ArrayExport {
     fn size(&self) -> u64 {
-        self.0.logical_bytes()
+        self.array.logical_bytes()
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Failure> {
-        self.map("read", self.0.read(offset, buf))
+        let started = Instant::now();
+        self.done(Op::Read, buf.len() as u64, started, self.array.read(offset, buf))
     }
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), Failure> {
-        self.map("write", self.0.write(offset, data, fua))
+        let started = Instant::now();
+        self.done(
+            Op::Write,
+            data.len() as u64,
+            started,
+            self.array.write(offset, data, fua),
+        )
     }
     fn flush(&self) -> Result<(), Failure> {
-        self.map("flush", self.0.flush())
+        let started = Instant::now();
+        self.done(Op::Flush, 0, started, self.array.flush())
     }
     fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), Failure> {
-        self.map("trim", self.0.trim(offset, len, fua))
+        let started = Instant::now();
+        self.done(Op::Trim, len, started, self.array.trim(offset, len, fua))
     }
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), Failure> {
-        self.map("write zeroes", self.0.write_zeroes(offset, len, fua))
+        let started = Instant::now();
+        self.done(Op::WriteZeroes, len, started, self.array.write_zeroes(offset, len, fua))
     }
     fn cache(&self, offset: u64, len: u64) -> Result<(), Failure> {
-        self.map("cache", self.0.prefetch(offset, len))
+        let started = Instant::now();
+        self.done(Op::Cache, len, started, self.array.prefetch(offset, len))
     }
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<(u64, u32)>, Failure> {
-        let runs = self.map("block status", self.0.allocation(offset, len))?;
+        let started = Instant::now();
+        let runs = self.done(Op::BlockStatus, len, started, self.array.allocation(offset, len))?;
         let hole = tessera_nbd::STATE_HOLE | tessera_nbd::STATE_ZERO;
         Ok(runs
             .into_iter()
@@ -285,6 +309,8 @@ pub struct Serve {
     pub accel: tessera_accel::Kind,
     pub reconstruct_cache_bytes: usize,
     pub member_errors_max: u64,
+    /// Where to serve Prometheus metrics (`serve --metrics`).
+    pub metrics: Option<String>,
     pub limits: tessera_nbd::Limits,
     pub tls: Option<tessera_nbd::Tls>,
 }
@@ -376,8 +402,21 @@ pub fn serve(mut s: Serve) -> Result<()> {
         status.accelerator.name
     );
     eprintln!("tessera: connect with e.g. `nbdinfo {url}` or `qemu-img info {url}`; stop with Ctrl-C");
+    let metrics = match &s.metrics {
+        Some(address) => {
+            let metrics = Arc::new(Metrics::new());
+            let bound = crate::metrics::serve(address, metrics.clone(), array.clone())?;
+            eprintln!("tessera: metrics at http://{bound}/metrics");
+            Some(metrics)
+        }
+        None => None,
+    };
+    let export = ArrayExport {
+        array: array.clone(),
+        metrics,
+    };
     let mut server = tessera_nbd::Server::new(
-        Arc::new(ArrayExport(array.clone())),
+        Arc::new(export),
         "tessera".to_string(),
         format!("Tessera array {}", dir.display()),
         s.limits,
@@ -570,6 +609,17 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
     }
     if let Some(why) = status["writes_refused"].as_str() {
         println!("WRITES REFUSED: {why}");
+    }
+    let scrub = &status["scrub"];
+    if !scrub.is_null() {
+        let count = |key: &str| scrub[key].as_u64().unwrap_or(0);
+        println!(
+            "scrub running: {} of {} stripes checked, {} bad chunks found, {} repaired",
+            count("stripes_checked"),
+            count("stripes_total"),
+            count("chunks_bad"),
+            count("chunks_repaired")
+        );
     }
     let accel = &status["accelerator"];
     println!(

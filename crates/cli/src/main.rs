@@ -7,6 +7,7 @@ mod bench_array;
 mod bench_data;
 mod bench_ec;
 mod ec_files;
+mod metrics;
 mod size;
 mod tco;
 
@@ -115,6 +116,9 @@ enum Command {
         /// errors since the server started, if the parity covers it (0: never).
         #[arg(long, default_value_t = tessera_array::limits::MEMBER_ERRORS_MAX_DEFAULT)]
         member_errors_max: u64,
+        /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9810).
+        #[arg(long)]
+        metrics: Option<String>,
     },
     /// Health, capacity, compression, write amplification and errors of the array in DIR.
     Status {
@@ -400,6 +404,7 @@ fn main() -> Result<()> {
             tls_psk,
             tls_verify_peer,
             member_errors_max,
+            metrics,
         } => {
             let defaults = tessera_nbd::Limits::default();
             array_cmd::serve(array_cmd::Serve {
@@ -409,6 +414,7 @@ fn main() -> Result<()> {
                 accel,
                 reconstruct_cache_bytes: usize::try_from(reconstruct_cache)?,
                 member_errors_max,
+                metrics,
                 limits: tessera_nbd::Limits {
                     max_connections,
                     total_bytes: usize::try_from(max_bytes_in_flight)?,

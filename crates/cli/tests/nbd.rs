@@ -1309,3 +1309,66 @@ fn scrub_repairs_corruption_on_m_members_offline_and_while_served() {
     );
     server.stop();
 }
+
+/// The body of `GET /metrics` from `address`.
+fn scrape(address: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(stream, "GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(
+        response.starts_with("HTTP/1.") && response.contains(" 200 "),
+        "{response}"
+    );
+    response.split_once("\r\n\r\n").unwrap().1.to_string()
+}
+
+/// The value of the metric line that starts with `series`.
+fn metric(text: &str, series: &str) -> f64 {
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(series))
+        .unwrap_or_else(|| panic!("no {series} in\n{text}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn prometheus_metrics_count_requests_and_show_member_states() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (cwd, dir) = (tmp.path(), tmp.path().join("array"));
+    create(&dir, &[]);
+    // A port that was free a moment ago.
+    let address = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let server = Served::start_with(&dir, &cwd.join("nbd.sock"), &["--metrics", &address]);
+    copy_in_and_out(&server.uri(), cwd, 1 << 20, 9);
+    let out = tessera(&["fail", dir.to_str().unwrap(), "--device", "2"]);
+    assert!(out.status.success());
+    let text = scrape(&address);
+    assert!(text.ends_with("# EOF\n"), "not OpenMetrics text:\n{text}");
+    assert_eq!(
+        metric(&text, "tessera_client_bytes_total{op=\"write\"}"),
+        (1 << 20) as f64
+    );
+    assert!(metric(&text, "tessera_client_bytes_total{op=\"read\"}") >= (1 << 20) as f64);
+    assert!(metric(&text, "tessera_client_latency_seconds_count{op=\"write\"}") >= 1.0);
+    let state = |member: usize, state: &str| {
+        text.lines().any(|l| {
+            l.starts_with(&format!("tessera_member_state{{member=\"{member}\","))
+                && l.contains(&format!("state=\"{state}\""))
+                && l.ends_with(" 1")
+        })
+    };
+    assert!(state(2, "failed") && state(0, "healthy"), "{text}");
+    assert!(metric(&text, "tessera_write_amplification") > 1.0);
+    assert_eq!(
+        metric(&text, "tessera_stripes{kind=\"degraded\"}") as u64,
+        metric(&text, "tessera_stripes{kind=\"used\"}") as u64
+    );
+    server.stop();
+}

@@ -1,0 +1,287 @@
+//! `serve --metrics ADDR`: the served array's metrics over HTTP, in the
+//! Prometheus/OpenMetrics text format (`GET /metrics`), with the
+//! `prometheus-client` crate for the format and `tiny_http` for HTTP.
+//!
+//! Client requests are counted and timed as they are answered (requests,
+//! bytes, errors, latency histograms by operation); everything else
+//! (members, capacity, write amplification, repairs, a scrub's progress)
+//! is read from the array's status at each scrape, so a scrape costs one
+//! `status` and nothing is kept twice.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Instant;
+
+use std::fmt::Write;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use tessera_array::{Array, Status};
+
+/// A client operation, as a label.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Op {
+    Read,
+    Write,
+    Flush,
+    Trim,
+    WriteZeroes,
+    Cache,
+    BlockStatus,
+}
+
+impl Op {
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Read => "read",
+            Op::Write => "write",
+            Op::Flush => "flush",
+            Op::Trim => "trim",
+            Op::WriteZeroes => "write_zeroes",
+            Op::Cache => "cache",
+            Op::BlockStatus => "block_status",
+        }
+    }
+}
+
+impl EncodeLabelValue for Op {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.name())
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabels {
+    op: Op,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MemberStateLabels {
+    member: u64,
+    name: String,
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: &'static str,
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+fn latency_histogram() -> Histogram {
+    // 10 us to about 10 s.
+    Histogram::new(exponential_buckets(10e-6, 2.0, 21))
+}
+
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<OpLabels, Counter>,
+    errors: Family<OpLabels, Counter>,
+    bytes: Family<OpLabels, Counter>,
+    latency: Family<OpLabels, Histogram, fn() -> Histogram>,
+    member_state: Family<MemberStateLabels, Gauge>,
+    member_errors: Family<KindMemberLabels, Gauge>,
+    stripes: Family<KindLabels, Gauge>,
+    capacity: Family<KindLabels, Gauge>,
+    write_amplification: FloatGauge,
+    compression_ratio: FloatGauge,
+    repairs: Family<KindLabels, Gauge>,
+    scrub: Family<KindLabels, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindMemberLabels {
+    member: u64,
+    kind: &'static str,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("tessera");
+        let requests = Family::<OpLabels, Counter>::default();
+        registry.register("client_requests", "Client requests answered", requests.clone());
+        let errors = Family::<OpLabels, Counter>::default();
+        registry.register(
+            "client_errors",
+            "Client requests answered with an error",
+            errors.clone(),
+        );
+        let bytes = Family::<OpLabels, Counter>::default();
+        registry.register("client_bytes", "Bytes client requests covered", bytes.clone());
+        let latency = Family::<OpLabels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram);
+        registry.register(
+            "client_latency_seconds",
+            "Time the array took to carry out a request",
+            latency.clone(),
+        );
+        let member_state = Family::<MemberStateLabels, Gauge>::default();
+        registry.register(
+            "member_state",
+            "1 for each member's state (healthy, failed, missing)",
+            member_state.clone(),
+        );
+        let member_errors = Family::<KindMemberLabels, Gauge>::default();
+        registry.register(
+            "member_errors",
+            "Errors on each member since the server started, by kind (read, write, checksum) and chunks repaired",
+            member_errors.clone(),
+        );
+        let stripes = Family::<KindLabels, Gauge>::default();
+        registry.register("stripes", "Stripe slots: total, used, free, degraded", stripes.clone());
+        let capacity = Family::<KindLabels, Gauge>::default();
+        registry.register(
+            "capacity_bytes",
+            "Bytes: raw, usable, logical (exported), mapped, stored",
+            capacity.clone(),
+        );
+        let write_amplification = FloatGauge::default();
+        registry.register(
+            "write_amplification",
+            "Bytes written to members per byte written by clients, since start",
+            write_amplification.clone(),
+        );
+        let compression_ratio = FloatGauge::default();
+        registry.register(
+            "compression_ratio",
+            "Stored bytes per mapped byte",
+            compression_ratio.clone(),
+        );
+        let repairs = Family::<KindLabels, Gauge>::default();
+        registry.register(
+            "repair_events",
+            "Since start: checksum errors, chunks repaired, reads reconstructed, stripes reconstructed, unrecoverable reads",
+            repairs.clone(),
+        );
+        let scrub = Family::<KindLabels, Gauge>::default();
+        registry.register(
+            "scrub_stripes",
+            "The running scrub: stripes total and checked, chunks bad and repaired (absent when none runs)",
+            scrub.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            errors,
+            bytes,
+            latency,
+            member_state,
+            member_errors,
+            stripes,
+            capacity,
+            write_amplification,
+            compression_ratio,
+            repairs,
+            scrub,
+        }
+    }
+
+    /// Counts a request of `bytes` that started at `started` and ended
+    /// now, `ok` or not.
+    pub fn record(&self, op: Op, bytes: u64, started: Instant, ok: bool) {
+        let labels = OpLabels { op };
+        self.requests.get_or_create(&labels).inc();
+        self.bytes.get_or_create(&labels).inc_by(bytes);
+        if !ok {
+            self.errors.get_or_create(&labels).inc();
+        }
+        self.latency
+            .get_or_create(&labels)
+            .observe(started.elapsed().as_secs_f64());
+    }
+
+    /// The text to answer a scrape with, the array's state read now.
+    pub fn scrape(&self, array: &Array) -> Result<String, String> {
+        let status = array.status().map_err(|e| e.to_string())?;
+        self.update(&status);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry).map_err(|e| e.to_string())?;
+        Ok(text)
+    }
+
+    fn update(&self, s: &Status) {
+        let gauge = |family: &Family<KindLabels, Gauge>, kind: &'static str, value: u64| {
+            family
+                .get_or_create(&KindLabels { kind })
+                .set(i64::try_from(value).unwrap_or(i64::MAX));
+        };
+        self.member_state.clear();
+        for m in &s.members {
+            let state = serde_json::to_value(m.state)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default();
+            let member = m.index as u64;
+            let name = m.name.clone();
+            self.member_state
+                .get_or_create(&MemberStateLabels { member, name, state })
+                .set(1);
+            for (kind, value) in [
+                ("read", m.errors.read_errors),
+                ("write", m.errors.write_errors),
+                ("checksum", m.errors.checksum_errors),
+                ("repaired", m.errors.chunks_repaired),
+            ] {
+                self.member_errors
+                    .get_or_create(&KindMemberLabels { member, kind })
+                    .set(i64::try_from(value).unwrap_or(i64::MAX));
+            }
+        }
+        gauge(&self.stripes, "total", s.stripes_total);
+        gauge(&self.stripes, "used", s.stripes_used);
+        gauge(&self.stripes, "free", s.stripes_free);
+        gauge(&self.stripes, "degraded", s.stripes_degraded);
+        gauge(&self.capacity, "raw", s.raw_bytes);
+        gauge(&self.capacity, "usable", s.usable_bytes);
+        gauge(&self.capacity, "logical", s.logical_bytes);
+        gauge(&self.capacity, "mapped", s.mapped_bytes);
+        gauge(&self.capacity, "stored", s.stored_bytes);
+        self.write_amplification.set(s.write_amplification);
+        self.compression_ratio.set(s.compression_ratio);
+        gauge(&self.repairs, "checksum_errors", s.checksum_errors);
+        gauge(&self.repairs, "chunks_repaired", s.chunks_repaired);
+        gauge(&self.repairs, "reads_reconstructed", s.reconstructed_reads);
+        gauge(&self.repairs, "stripes_reconstructed", s.stripes_reconstructed);
+        gauge(&self.repairs, "unrecoverable_reads", s.unrecoverable_reads);
+        self.scrub.clear();
+        if let Some(scrub) = &s.scrub {
+            gauge(&self.scrub, "total", scrub.stripes_total);
+            gauge(&self.scrub, "checked", scrub.stripes_checked);
+            gauge(&self.scrub, "chunks_bad", scrub.chunks_bad);
+            gauge(&self.scrub, "chunks_repaired", scrub.chunks_repaired);
+        }
+    }
+}
+
+/// Serves `GET /metrics` on `address` from a thread of its own, for as
+/// long as the process runs. Other paths get 404.
+pub fn serve(address: &str, metrics: Arc<Metrics>, array: Arc<Array>) -> anyhow::Result<String> {
+    let server =
+        tiny_http::Server::http(address).map_err(|e| anyhow::anyhow!("listening for metrics on {address}: {e}"))?;
+    let bound = server
+        .server_addr()
+        .to_ip()
+        .map_or_else(|| address.to_string(), |a| a.to_string());
+    std::thread::Builder::new().name("metrics".to_string()).spawn(move || {
+        for request in server.incoming_requests() {
+            let response = if request.url() == "/metrics" {
+                match metrics.scrape(&array) {
+                    Ok(text) => tiny_http::Response::from_string(text).with_header(
+                        "Content-Type: application/openmetrics-text; version=1.0.0; charset=utf-8"
+                            .parse::<tiny_http::Header>()
+                            .expect("a valid header"),
+                    ),
+                    Err(e) => tiny_http::Response::from_string(format!("error: {e}\n")).with_status_code(500),
+                }
+            } else {
+                tiny_http::Response::from_string("try /metrics\n").with_status_code(404)
+            };
+            let _ = request.respond(response);
+        }
+    })?;
+    Ok(bound)
+}
