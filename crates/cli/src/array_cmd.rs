@@ -690,24 +690,71 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// `tessera scrub`: through the server if one runs, else on the array
-/// opened here; progress on stderr every second, the summary at the end.
-pub fn scrub(dir: &Path, rate: u64, json: bool) -> Result<()> {
-    let show = |report: &tessera_array::ScrubReport| {
+/// How `scrub` shows its progress: a bar (rate, percent, ETA) on a
+/// terminal, a plain line a second otherwise (logs, CI).
+struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+    last: std::time::Instant,
+}
+
+impl Progress {
+    fn new() -> Progress {
+        use std::io::IsTerminal;
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = indicatif::ProgressBar::new(0);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "scrub {bar:40} {percent:>3}% {binary_bytes}/{binary_total_bytes}, {binary_bytes_per_sec}, ETA {eta}; {msg}",
+                )
+                .expect("a valid template"),
+            );
+            bar
+        });
+        Progress {
+            bar,
+            last: std::time::Instant::now(),
+        }
+    }
+
+    fn show(&mut self, report: &tessera_array::ScrubReport) {
+        let found = format!("{} bad, {} repaired", report.chunks_bad, report.chunks_repaired);
+        if let Some(bar) = &self.bar {
+            // In bytes read from the members, so the rate is one a
+            // person knows; every stripe reads as many.
+            let per_stripe = report.bytes_read / report.stripes_checked.max(1);
+            bar.set_length(report.stripes_total * per_stripe);
+            bar.set_position(report.bytes_read);
+            bar.set_message(found);
+            return;
+        }
+        if self.last.elapsed() < PROGRESS_INTERVAL {
+            return;
+        }
+        self.last = std::time::Instant::now();
         let done = report.stripes_checked as f64 / report.stripes_total.max(1) as f64;
         eprintln!(
-            "scrub: {}/{} stripes ({:.0}%), {} read, {} bad chunks, {} repaired",
+            "scrub: {}/{} stripes ({:.0}%), {} read, {found}",
             report.stripes_checked,
             report.stripes_total,
             100.0 * done,
             human(report.bytes_read),
-            report.chunks_bad,
-            report.chunks_repaired
         );
-    };
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// `tessera scrub`: through the server if one runs, else on the array
+/// opened here; progress on stderr, the summary at the end.
+pub fn scrub(dir: &Path, rate: u64, json: bool) -> Result<()> {
+    let mut progress = Progress::new();
     let answer = ask_server_with(dir, &format!("scrub {rate}"), |line| {
         if let Ok(report) = serde_json::from_str::<tessera_array::ScrubReport>(line) {
-            show(&report);
+            progress.show(&report);
         }
     })?;
     let report: tessera_array::ScrubReport = match answer {
@@ -715,16 +762,13 @@ pub fn scrub(dir: &Path, rate: u64, json: bool) -> Result<()> {
         None => {
             let _lock = lock(dir)?;
             let array = open(dir)?;
-            let mut last = std::time::Instant::now();
             array.scrub_with((rate > 0).then_some(rate), |report| {
-                if last.elapsed() >= PROGRESS_INTERVAL {
-                    last = std::time::Instant::now();
-                    show(report);
-                }
+                progress.show(report);
                 true
             })?
         }
     };
+    progress.finish();
     if json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
