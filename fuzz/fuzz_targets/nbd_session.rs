@@ -5,51 +5,45 @@
 
 use std::io::Write;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
 use tessera_nbd::{Export, Failure, Limits, Server};
 
-struct Memory(Mutex<Vec<u8>>);
+/// An export that keeps nothing: the server's handling of what clients
+/// send is under test, not storage.
+struct Null;
 
-impl Export for Memory {
+impl Export for Null {
     fn size(&self) -> u64 {
         1 << 20
     }
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Failure> {
-        let data = self.0.lock().unwrap();
-        buf.copy_from_slice(&data[offset as usize..offset as usize + buf.len()]);
+    fn read(&self, _offset: u64, buf: &mut [u8]) -> Result<(), Failure> {
+        buf.fill(0);
         Ok(())
     }
-    fn write(&self, offset: u64, bytes: &[u8], _fua: bool) -> Result<(), Failure> {
-        self.0.lock().unwrap()[offset as usize..offset as usize + bytes.len()].copy_from_slice(bytes);
+    fn write(&self, _offset: u64, _bytes: &[u8], _fua: bool) -> Result<(), Failure> {
         Ok(())
     }
     fn flush(&self) -> Result<(), Failure> {
         Ok(())
     }
-    fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), Failure> {
-        self.write_zeroes(offset, len, fua)
+    fn trim(&self, _offset: u64, _len: u64, _fua: bool) -> Result<(), Failure> {
+        Ok(())
     }
-    fn write_zeroes(&self, offset: u64, len: u64, _fua: bool) -> Result<(), Failure> {
-        self.0.lock().unwrap()[offset as usize..(offset + len) as usize].fill(0);
+    fn write_zeroes(&self, _offset: u64, _len: u64, _fua: bool) -> Result<(), Failure> {
         Ok(())
     }
 }
 
-fn server() -> &'static Server<Memory> {
-    static SERVER: OnceLock<Server<Memory>> = OnceLock::new();
+fn server() -> &'static Server<Null> {
+    static SERVER: OnceLock<Server<Null>> = OnceLock::new();
     SERVER.get_or_init(|| {
         let limits = Limits {
             workers: 4,
             ..Limits::default()
         };
-        Server::new(
-            Arc::new(Memory(Mutex::new(vec![0; 1 << 20]))),
-            "tessera".into(),
-            String::new(),
-            limits,
-        )
+        Server::new(Arc::new(Null), "tessera".into(), String::new(), limits)
     })
 }
 

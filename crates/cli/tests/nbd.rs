@@ -805,6 +805,21 @@ fn copy_in_and_out(uri: &str, cwd: &Path, len: usize, seed: u64) {
     assert!(back[..len] == data[..], "nbdcopy through {uri} read back other bytes");
 }
 
+/// nbdinfo says TLS, nbdcopy copies in and out, and qemu-img (with TLS
+/// credentials `object`, id tls0, and `image_options` more) opens the
+/// export, all through `uri` on `socket`.
+fn tls_clients_are_served(uri: &str, socket: &Path, object: &str, image_options: &str, cwd: &Path, seed: u64) {
+    let info = run("nbdinfo", &[uri], cwd);
+    assert!(info.contains("with TLS"), "{info}");
+    copy_in_and_out(uri, cwd, 4 << 20, seed);
+    let image = format!(
+        "driver=nbd,server.type=unix,server.path={},export=tessera,tls-creds=tls0{image_options}",
+        socket.display()
+    );
+    let qemu = run("qemu-img", &["info", "--object", object, "--image-opts", &image], cwd);
+    assert!(qemu.contains("virtual size"), "{qemu}");
+}
+
 #[test]
 fn tls_with_certificates_serves_nbdinfo_nbdcopy_and_qemu_img_and_refuses_plaintext() {
     let tmp = tempfile::tempdir().unwrap();
@@ -818,20 +833,8 @@ fn tls_with_certificates_serves_nbdinfo_nbdcopy_and_qemu_img_and_refuses_plainte
         socket.display(),
         client.display()
     );
-    let info = run("nbdinfo", &[&uri], tmp.path());
-    assert!(info.contains("with TLS"), "{info}");
-    copy_in_and_out(&uri, tmp.path(), 4 << 20, 1);
     let object = format!("tls-creds-x509,id=tls0,endpoint=client,dir={}", client.display());
-    let image = format!(
-        "driver=nbd,server.type=unix,server.path={},export=tessera,tls-creds=tls0,tls-hostname=localhost",
-        socket.display()
-    );
-    let qemu = run(
-        "qemu-img",
-        &["info", "--object", &object, "--image-opts", &image],
-        tmp.path(),
-    );
-    assert!(qemu.contains("virtual size"), "{qemu}");
+    tls_clients_are_served(&uri, &socket, &object, ",tls-hostname=localhost", tmp.path(), 1);
     // TLS is required: a plaintext client is refused.
     assert!(!succeeds("nbdinfo", &[&server.uri()]), "a plaintext client was served");
     server.stop();
@@ -896,23 +899,11 @@ fn tls_with_pre_shared_keys_serves_nbdinfo_nbdcopy_and_qemu_img_and_refuses_wron
         )
     };
     let uri = uri_for("alice", &file);
-    let info = run("nbdinfo", &[&uri], tmp.path());
-    assert!(info.contains("with TLS"), "{info}");
-    copy_in_and_out(&uri, tmp.path(), 4 << 20, 2);
     let object = format!(
         "tls-creds-psk,id=tls0,endpoint=client,dir={},username=alice",
         keys.display()
     );
-    let image = format!(
-        "driver=nbd,server.type=unix,server.path={},export=tessera,tls-creds=tls0",
-        socket.display()
-    );
-    let qemu = run(
-        "qemu-img",
-        &["info", "--object", &object, "--image-opts", &image],
-        tmp.path(),
-    );
-    assert!(qemu.contains("virtual size"), "{qemu}");
+    tls_clients_are_served(&uri, &socket, &object, "", tmp.path(), 2);
     assert!(
         !succeeds("nbdinfo", &["--size", &uri_for("alice", &wrong)]),
         "a wrong key was let in"
