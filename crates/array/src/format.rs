@@ -262,6 +262,9 @@ impl Superblock {
     pub fn set_failed(&mut self, member: usize) {
         self.failed[member / 8] |= 1 << (member % 8);
     }
+    pub fn clear_failed(&mut self, member: usize) {
+        self.failed[member / 8] &= !(1 << (member % 8));
+    }
 
     pub fn encode(&self) -> Vec<u8> {
         let g = &self.geometry;

@@ -28,6 +28,7 @@ mod maintenance;
 pub mod map;
 mod members;
 mod read;
+mod rebuild;
 mod recovery;
 mod repair;
 pub mod slots;
@@ -41,6 +42,7 @@ use std::sync::Arc;
 
 pub use engine::{hex, Array, EngineOptions};
 pub use members::{Member, MemberState};
+pub use rebuild::RebuildReport;
 pub use recovery::Recovery;
 pub use repair::ScrubReport;
 pub use status::{AcceleratorStatus, MemberStatus, Status};
@@ -87,6 +89,12 @@ pub enum ArrayError {
     },
     #[error("a scrub is already running on this array")]
     ScrubRunning,
+    #[error("member {index} is healthy: there is nothing to rebuild (fail it first to replace its device)")]
+    MemberHealthy { index: usize },
+    #[error("the device for member {index} holds {size} bytes; members need {need}")]
+    DeviceTooSmall { index: usize, size: u64, need: u64 },
+    #[error("the array was written while member {index} was rebuilt: it stays failed; rebuild it again with nothing else using the array")]
+    WrittenDuringRebuild { index: usize },
     #[error(
         "the devices are split evenly between arrays {first} and {second} ({count} each): list one array's members"
     )]

@@ -216,6 +216,34 @@ impl Members {
         }
     }
 
+    /// The device member `index` was opened with, whatever its state.
+    pub fn device(&self, index: usize) -> Option<Arc<dyn Device>> {
+        self.entries[index].device.clone()
+    }
+
+    /// Records member `index` healthy again on `device` (under a new
+    /// `uuid`), its chunks rebuilt there: the next generation of
+    /// superblocks, without it in the failed set, goes to the healthy
+    /// members and to the device. The members in memory are unchanged
+    /// (the array is reopened to use it); a superblock that cannot be
+    /// written is an error, and the member stays failed where it was not
+    /// written.
+    pub fn readmit(&self, index: usize, uuid: [u8; 16], device: Arc<dyn Device>) -> Result<(), ArrayError> {
+        let mut sb = self.superblock();
+        let mut template = sb.clone();
+        template.clear_failed(index);
+        template.generation = sb.generation + 1;
+        let mut targets: Vec<(usize, [u8; 16], Arc<dyn Device>)> = (0..self.count())
+            .filter_map(|i| self.readable(i).map(|d| (i, self.entries[i].uuid, d.clone())))
+            .collect();
+        targets.push((index, uuid, device));
+        if let Some((member, error)) = write_superblocks(&template, &targets).into_iter().next() {
+            return Err(io_error(member, &self.entries[member].name, error));
+        }
+        *sb = template;
+        Ok(())
+    }
+
     /// Devices `open` was given but left out, and why.
     pub fn rejected(&self) -> &[crate::Rejected] {
         &self.rejected

@@ -43,8 +43,48 @@ pub struct ScrubReport {
     pub stopped: bool,
 }
 
-/// The longest a rate-limited scrub sleeps at once.
-const SCRUB_SLEEP_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+/// The longest rate-limited work sleeps at once.
+const PACE_SLEEP_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Keeps background work (scrub, rebuild) to a rate of bytes a second.
+pub(crate) struct Pace {
+    rate: Option<u64>,
+    started: std::time::Instant,
+}
+
+impl Pace {
+    /// `rate` bytes a second at most (`None` or 0: no limit).
+    pub fn new(rate: Option<u64>) -> Pace {
+        Pace {
+            rate: rate.filter(|&r| r > 0),
+            started: std::time::Instant::now(),
+        }
+    }
+
+    /// Sleeps while `done` bytes are ahead of the rate.
+    pub fn wait(&self, done: u64) {
+        if let Some(rate) = self.rate {
+            let due = std::time::Duration::from_secs_f64(done as f64 / rate as f64);
+            if let Some(ahead) = due.checked_sub(self.started.elapsed()) {
+                std::thread::sleep(ahead.min(PACE_SLEEP_MAX));
+            }
+        }
+    }
+}
+
+/// Slots whose stripes are on the members (sealed data or a checkpoint),
+/// with their sequences: what a scrub checks and a rebuild rewrites.
+pub(crate) fn stripes_on_members(shared: &Shared) -> Vec<(u64, u64)> {
+    let index = shared.index();
+    (0..shared.geometry.slot_count())
+        .filter_map(|slot| {
+            let s = index.slots.get(slot);
+            let on_members =
+                matches!(s.state, SlotState::Sealed | SlotState::Checkpoint) && !index.resident.contains_key(&slot);
+            on_members.then_some((slot, s.sequence))
+        })
+        .collect()
+}
 
 impl Shared {
     /// Rewrites the chunks of `rebuilt` found bad that are on healthy
@@ -108,28 +148,14 @@ impl Shared {
         }
         let _done = Done(self);
         let mut report = ScrubReport {
-            stripes_total: {
-                let index = self.index();
-                (0..self.geometry.slot_count())
-                    .filter(|&slot| {
-                        matches!(index.slots.get(slot).state, SlotState::Sealed | SlotState::Checkpoint)
-                            && !index.resident.contains_key(&slot)
-                    })
-                    .count() as u64
-            },
+            stripes_total: stripes_on_members(self).len() as u64,
             ..ScrubReport::default()
         };
-        let started = std::time::Instant::now();
+        let pace = Pace::new(rate);
         for slot in 0..self.geometry.slot_count() {
             self.scrub_slot(slot, &mut report);
             *self.scrub_progress.lock().unwrap_or_else(|p| p.into_inner()) = Some(report);
-            if let Some(rate) = rate.filter(|&r| r > 0) {
-                // Ahead of the rate: wait until the bytes read are due.
-                let due = std::time::Duration::from_secs_f64(report.bytes_read as f64 / rate as f64);
-                if let Some(ahead) = due.checked_sub(started.elapsed()) {
-                    std::thread::sleep(ahead.min(SCRUB_SLEEP_MAX));
-                }
-            }
+            pace.wait(report.bytes_read);
             if !progress(&report) {
                 report.stopped = true;
                 break;

@@ -690,55 +690,63 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// How `scrub` shows its progress: a bar (rate, percent, ETA) on a
-/// terminal, a plain line a second otherwise (logs, CI).
+/// How long work (`scrub`, `replace`) shows its progress: a bar (bytes,
+/// rate, percent, ETA) on a terminal, a plain line a second otherwise
+/// (logs, CI).
 struct Progress {
+    label: &'static str,
     bar: Option<indicatif::ProgressBar>,
     last: std::time::Instant,
 }
 
 impl Progress {
-    fn new() -> Progress {
+    fn new(label: &'static str) -> Progress {
         use std::io::IsTerminal;
         let bar = std::io::stderr().is_terminal().then(|| {
             let bar = indicatif::ProgressBar::new(0);
-            bar.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "scrub {bar:40} {percent:>3}% {binary_bytes}/{binary_total_bytes}, {binary_bytes_per_sec}, ETA {eta}; {msg}",
-                )
-                .expect("a valid template"),
+            let template = format!(
+                "{label} {{bar:40}} {{percent:>3}}% {{binary_bytes}}/{{binary_total_bytes}}, {{binary_bytes_per_sec}}, ETA {{eta}}; {{msg}}"
             );
+            bar.set_style(indicatif::ProgressStyle::with_template(&template).expect("a valid template"));
             bar
         });
         Progress {
+            label,
             bar,
             last: std::time::Instant::now(),
         }
     }
 
-    fn show(&mut self, report: &tessera_array::ScrubReport) {
-        let found = format!("{} bad, {} repaired", report.chunks_bad, report.chunks_repaired);
+    /// `done` of `total` bytes, and what else to say.
+    fn update(&mut self, done: u64, total: u64, message: String) {
         if let Some(bar) = &self.bar {
-            // In bytes read from the members, so the rate is one a
-            // person knows; every stripe reads as many.
-            let per_stripe = report.bytes_read / report.stripes_checked.max(1);
-            bar.set_length(report.stripes_total * per_stripe);
-            bar.set_position(report.bytes_read);
-            bar.set_message(found);
+            bar.set_length(total);
+            bar.set_position(done);
+            bar.set_message(message);
             return;
         }
         if self.last.elapsed() < PROGRESS_INTERVAL {
             return;
         }
         self.last = std::time::Instant::now();
-        let done = report.stripes_checked as f64 / report.stripes_total.max(1) as f64;
         eprintln!(
-            "scrub: {}/{} stripes ({:.0}%), {} read, {found}",
-            report.stripes_checked,
-            report.stripes_total,
-            100.0 * done,
-            human(report.bytes_read),
+            "{}: {} of {} ({:.0}%), {message}",
+            self.label,
+            human(done),
+            human(total),
+            100.0 * done as f64 / total.max(1) as f64
         );
+    }
+
+    /// A scrub's report so far.
+    fn scrub(&mut self, report: &tessera_array::ScrubReport) {
+        // In bytes read from the members: every stripe reads as many.
+        let per_stripe = report.bytes_read / report.stripes_checked.max(1);
+        let message = format!(
+            "{}/{} stripes, {} bad chunks, {} repaired",
+            report.stripes_checked, report.stripes_total, report.chunks_bad, report.chunks_repaired
+        );
+        self.update(report.bytes_read, report.stripes_total * per_stripe, message);
     }
 
     fn finish(&self) {
@@ -751,10 +759,10 @@ impl Progress {
 /// `tessera scrub`: through the server if one runs, else on the array
 /// opened here; progress on stderr, the summary at the end.
 pub fn scrub(dir: &Path, rate: u64, json: bool) -> Result<()> {
-    let mut progress = Progress::new();
+    let mut progress = Progress::new("scrub");
     let answer = ask_server_with(dir, &format!("scrub {rate}"), |line| {
         if let Ok(report) = serde_json::from_str::<tessera_array::ScrubReport>(line) {
-            progress.show(&report);
+            progress.scrub(&report);
         }
     })?;
     let report: tessera_array::ScrubReport = match answer {
@@ -763,7 +771,7 @@ pub fn scrub(dir: &Path, rate: u64, json: bool) -> Result<()> {
             let _lock = lock(dir)?;
             let array = open(dir)?;
             array.scrub_with((rate > 0).then_some(rate), |report| {
-                progress.show(report);
+                progress.scrub(report);
                 true
             })?
         }
@@ -785,6 +793,72 @@ pub fn scrub(dir: &Path, rate: u64, json: bool) -> Result<()> {
     if report.stripes_unrecoverable > 0 || report.parity_mismatches > 0 {
         bail!("the scrub found damage it could not repair");
     }
+    Ok(())
+}
+
+/// `tessera replace`: rebuilds member `index` of an array that is not
+/// served onto its own device or `with`, then records it healthy (and,
+/// with `with`, lists the new device in place of the old).
+pub fn replace(dir: &Path, index: usize, with: Option<&Path>, rate: u64, force: bool) -> Result<()> {
+    if ask_server(dir, "status")?.is_some() {
+        bail!(
+            "{} is being served: stop the server, then replace (rebuilding a member of a served array is not built yet)",
+            dir.display()
+        );
+    }
+    let _lock = lock(dir)?;
+    // No background work: nothing may be written while the member is rebuilt.
+    let engine = EngineOptions {
+        background: false,
+        ..EngineOptions::default()
+    };
+    let array = open_with(dir, engine)?;
+    let member_bytes = array.geometry().member_bytes;
+    let device: Arc<dyn Device> = match with {
+        Some(path) if path.exists() => {
+            let device = FileDevice::open(path).with_context(|| format!("opening {}", path.display()))?;
+            if !force {
+                refuse_if_in_use(path, &device)?;
+            }
+            Arc::new(device)
+        }
+        Some(path) => {
+            Arc::new(FileDevice::create(path, member_bytes).with_context(|| format!("creating {}", path.display()))?)
+        }
+        None => array.member_device(index).with_context(|| {
+            format!("member {index}'s device is missing: give the one to rebuild it onto with --with PATH")
+        })?,
+    };
+    let mut progress = Progress::new("replace");
+    let started = std::time::Instant::now();
+    let report = array.rebuild_member(index, device, (rate > 0).then_some(rate), |report| {
+        let per_stripe = report.bytes_written / report.stripes_done.max(1);
+        let message = format!("{}/{} stripes", report.stripes_done, report.stripes_total);
+        progress.update(report.bytes_written, report.stripes_total * per_stripe, message);
+        true
+    })?;
+    progress.finish();
+    drop(array);
+    if let Some(path) = with {
+        let list = dir.join(MEMBERS_FILE);
+        let text = std::fs::read_to_string(&list)?;
+        let mut lines: Vec<String> = text
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(String::from)
+            .collect();
+        lines[index] = std::fs::canonicalize(path)?.display().to_string();
+        let temporary = dir.join(format!("{MEMBERS_FILE}.new"));
+        std::fs::write(&temporary, lines.join("\n") + "\n")?;
+        std::fs::rename(&temporary, &list)?;
+    }
+    println!(
+        "member {index} rebuilt: {} chunks ({}) of {} stripes written in {:.1} s; it is healthy again",
+        report.chunks_written,
+        human(report.bytes_written),
+        report.stripes_total,
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 

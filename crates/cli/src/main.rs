@@ -144,6 +144,23 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Rebuild failed or missing member I of the array in DIR (not served)
+    /// onto its own device or a new one, and make it healthy again.
+    Replace {
+        dir: PathBuf,
+        #[arg(long = "device")]
+        index: usize,
+        /// The new device or file (created at the members' size if it does
+        /// not exist); default: the member's own, if it is there.
+        #[arg(long)]
+        with: Option<PathBuf>,
+        /// Bytes a second to write at most (0: no limit).
+        #[arg(long, value_parser = size::parse, default_value = "0")]
+        rate: u64,
+        /// Use a --with device even if it holds data or another array's superblock.
+        #[arg(long)]
+        force: bool,
+    },
     /// Erasure-code shard files in a directory.
     #[command(subcommand)]
     Ec(EcCommand),
@@ -490,6 +507,13 @@ fn main() -> Result<()> {
         Command::Status { dir, json } => array_cmd::status(&dir, json),
         Command::Fail { dir, index } => array_cmd::fail(&dir, index),
         Command::Scrub { dir, rate, json } => array_cmd::scrub(&dir, rate, json),
+        Command::Replace {
+            dir,
+            index,
+            with,
+            rate,
+            force,
+        } => array_cmd::replace(&dir, index, with.as_deref(), rate, force),
         Command::Ec(EcCommand::Encode { shape, dir }) => ec_files::encode(&shape.codec()?, &dir),
         Command::Ec(EcCommand::Decode { shape, dir }) => ec_files::decode(&shape.codec()?, &dir),
         Command::Bench(BenchCommand::Ec {

@@ -1363,3 +1363,67 @@ fn prometheus_metrics_count_requests_and_show_member_states() {
     );
     server.stop();
 }
+
+#[test]
+fn replace_rebuilds_a_member_that_came_back_or_onto_a_new_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (cwd, dir) = (tmp.path(), tmp.path().join("array"));
+    create(&dir, &[]);
+    let socket = cwd.join("nbd.sock");
+    let server = Served::start(&dir, &socket);
+    let size: usize = run("nbdinfo", &["--size", &server.uri()], cwd).trim().parse().unwrap();
+    let mut data = vec![0u8; size];
+    rand::rngs::StdRng::seed_from_u64(10).fill(&mut data[..]);
+    let input = cwd.join("in.bin");
+    std::fs::write(&input, &data[..size / 2]).unwrap();
+    run("nbdcopy", &[input.to_str().unwrap(), &server.uri()], cwd);
+    // Member 2 fails while served; half the export is written after.
+    assert!(tessera(&["fail", dir.to_str().unwrap(), "--device", "2"])
+        .status
+        .success());
+    std::fs::write(&input, &data).unwrap();
+    run("nbdcopy", &[input.to_str().unwrap(), &server.uri()], cwd);
+    // Replacing a served array's member is refused, changing nothing.
+    let out = tessera(&["replace", dir.to_str().unwrap(), "--device", "2"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("is being served"));
+    server.stop();
+    // Member 4's file is lost as well.
+    std::fs::remove_file(dir.join("member-004")).unwrap();
+    let replace = |args: &[&str]| {
+        let mut all = vec!["replace", dir.to_str().unwrap()];
+        all.extend_from_slice(args);
+        let out = tessera(&all);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    // Its own device for member 2; a new file for member 4.
+    replace(&["--device", "2"]);
+    let new = cwd.join("new-member-4.img");
+    replace(&["--device", "4", "--with", new.to_str().unwrap()]);
+    let status = status_json(&dir);
+    let states: Vec<&str> = (0..6)
+        .map(|i| status["members"][i]["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["healthy"; 6], "{status}");
+    assert!(status["members"][4]["name"]
+        .as_str()
+        .unwrap()
+        .ends_with("new-member-4.img"));
+    // The rebuilt members carry the data: with two others failed, every
+    // byte still reads back.
+    let server = Served::start(&dir, &socket);
+    for member in ["0", "1"] {
+        assert!(tessera(&["fail", dir.to_str().unwrap(), "--device", member])
+            .status
+            .success());
+    }
+    let output = cwd.join("out.bin");
+    run("nbdcopy", &[&server.uri(), output.to_str().unwrap()], cwd);
+    assert!(
+        std::fs::read(&output).unwrap() == data,
+        "rebuilt members hold other bytes"
+    );
+    server.stop();
+    // A healthy member has nothing to rebuild.
+    let out = tessera(&["replace", dir.to_str().unwrap(), "--device", "3"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("is healthy"));
+}

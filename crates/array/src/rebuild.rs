@@ -1,0 +1,120 @@
+//! Rebuilding a member that is out (failed or missing) onto a device: the
+//! same one come back, or a new one in its place. Every stripe on the
+//! members is rebuilt from K good chunks and checked against its Merkle
+//! root, and the chunk the member holds is written to the device; then
+//! the superblocks (the device's first) say the member is healthy again.
+//!
+//! # Guarantees
+//!
+//! - Offline only: the array must not be written meanwhile (no clients,
+//!   no background work, `EngineOptions::background` off). A write during
+//!   the rebuild is found (the log's sequence moved) and the member is
+//!   left failed: a stripe it missed would make it look whole when it is
+//!   not.
+//! - Until the last step nothing says the member is back: a rebuild
+//!   stopped or killed half-way leaves it failed, and is run again from
+//!   the start (not resumed).
+//! - The `Array` it ran on still holds the member as failed; reopen it.
+
+use std::sync::Arc;
+
+use crate::device::{AlignedBuf, Device};
+use crate::engine::Array;
+use crate::format::SECTOR_BYTES;
+use crate::members::MemberState;
+use crate::repair::{stripes_on_members, Pace};
+use crate::slots::Pinned;
+use crate::ArrayError;
+
+/// What a rebuild did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RebuildReport {
+    /// Stripes on the members when it began (its 100%).
+    pub stripes_total: u64,
+    pub stripes_done: u64,
+    /// Chunks written to the device (stripes with no chunk on this member
+    /// have none).
+    pub chunks_written: u64,
+    pub bytes_written: u64,
+}
+
+impl Array {
+    /// The device member `index` was opened with, healthy or not (`None`
+    /// if it was missing).
+    pub fn member_device(&self, index: usize) -> Option<Arc<dyn Device>> {
+        self.shared.members.device(index)
+    }
+
+    /// Rebuilds member `index` (failed or missing) onto `device`, at most
+    /// `rate` bytes a second written, calling `progress` after each stripe
+    /// (false stops it, leaving the member failed); then records it
+    /// healthy. See the module's guarantees: offline only, reopen after.
+    pub fn rebuild_member(
+        &self,
+        index: usize,
+        device: Arc<dyn Device>,
+        rate: Option<u64>,
+        mut progress: impl FnMut(&RebuildReport) -> bool,
+    ) -> Result<RebuildReport, ArrayError> {
+        let shared = &self.shared;
+        let g = &shared.geometry;
+        let members = &shared.members;
+        if index >= members.count() {
+            return Err(ArrayError::NoSuchMember {
+                index,
+                members: members.count(),
+            });
+        }
+        if members.state(index) == MemberState::Healthy {
+            return Err(ArrayError::MemberHealthy { index });
+        }
+        if device.size() < g.member_bytes {
+            return Err(ArrayError::DeviceTooSmall {
+                index,
+                size: device.size(),
+                need: g.member_bytes,
+            });
+        }
+        let written_before = shared.tracker.last_sequence();
+        let stripes = stripes_on_members(shared);
+        let mut report = RebuildReport {
+            stripes_total: stripes.len() as u64,
+            ..RebuildReport::default()
+        };
+        let io_error = |source| ArrayError::Io {
+            member: index,
+            name: format!("the device rebuilding member {index}"),
+            source,
+        };
+        let pace = Pace::new(rate);
+        let mut header = AlignedBuf::zeroed(SECTOR_BYTES);
+        for (slot, sequence) in stripes {
+            let mut pinned = Pinned::new(&shared.pins);
+            pinned.add(slot);
+            let rebuilt = shared.rebuild_stripe(slot, sequence, false)?;
+            for j in (0..g.width()).filter(|&j| g.place(slot, j).0 == index) {
+                let (bytes, payload) = rebuilt.chunk(g, j);
+                header.copy_from_slice(&bytes);
+                device
+                    .write_vectored_at(&[&header, payload], g.row_offset(g.place(slot, j).1))
+                    .map_err(io_error)?;
+                report.chunks_written += 1;
+                report.bytes_written += (SECTOR_BYTES + payload.len()) as u64;
+            }
+            // Bad chunks found on other members on the way are fixed too.
+            shared.repair(slot, &rebuilt);
+            shared.recycle_area(Arc::new(rebuilt.area));
+            report.stripes_done += 1;
+            pace.wait(report.bytes_written);
+            if !progress(&report) {
+                return Ok(report);
+            }
+        }
+        device.sync().map_err(io_error)?;
+        if shared.tracker.last_sequence() != written_before {
+            return Err(ArrayError::WrittenDuringRebuild { index });
+        }
+        members.readmit(index, rand::random(), device)?;
+        Ok(report)
+    }
+}
