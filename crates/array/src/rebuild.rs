@@ -4,6 +4,15 @@
 //! root, and the chunk the member holds is written to the device; then
 //! the superblocks (the device's first) say the member is healthy again.
 //!
+//! A device that comes back holds most of its chunks already: with
+//! `keep_current`, a chunk on it whose header names this stripe (array,
+//! slot, sequence, index) and whose payload matches the leaf in that
+//! header is kept, and only the others are rebuilt (a resync). The log
+//! writes every stripe afresh under a new sequence, so what was written
+//! while the member was away is exactly what fails this check; a torn or
+//! rotten chunk fails it too. Reading one member's chunks costs about 1/K
+//! of a rebuild's reads and writes nothing.
+//!
 //! # Guarantees
 //!
 //! - Offline only: the array must not be written meanwhile (no clients,
@@ -20,10 +29,13 @@ use std::sync::Arc;
 
 use crate::device::{AlignedBuf, Device};
 use crate::engine::Array;
+use crate::engine::Shared;
+use crate::format::ChunkHeader;
 use crate::format::SECTOR_BYTES;
 use crate::members::MemberState;
 use crate::repair::{stripes_on_members, Pace};
 use crate::slots::Pinned;
+use crate::stripe::Which;
 use crate::ArrayError;
 
 /// What a rebuild did.
@@ -36,6 +48,8 @@ pub struct RebuildReport {
     /// have none).
     pub chunks_written: u64,
     pub bytes_written: u64,
+    /// Chunks already current on the device, kept (resync).
+    pub chunks_current: u64,
 }
 
 impl Array {
@@ -48,11 +62,14 @@ impl Array {
     /// Rebuilds member `index` (failed or missing) onto `device`, at most
     /// `rate` bytes a second written, calling `progress` after each stripe
     /// (false stops it, leaving the member failed); then records it
-    /// healthy. See the module's guarantees: offline only, reopen after.
+    /// healthy. With `keep_current`, chunks the device already holds for
+    /// the current stripes are kept (a resync). See the module's
+    /// guarantees: offline only, reopen after.
     pub fn rebuild_member(
         &self,
         index: usize,
         device: Arc<dyn Device>,
+        keep_current: bool,
         rate: Option<u64>,
         mut progress: impl FnMut(&RebuildReport) -> bool,
     ) -> Result<RebuildReport, ArrayError> {
@@ -88,11 +105,33 @@ impl Array {
         };
         let pace = Pace::new(rate);
         let mut header = AlignedBuf::zeroed(SECTOR_BYTES);
+        let mut chunk = AlignedBuf::zeroed(g.chunk_bytes);
         for (slot, sequence) in stripes {
             let mut pinned = Pinned::new(&shared.pins);
             pinned.add(slot);
+            let stale: Vec<usize> = (0..g.width())
+                .filter(|&j| g.place(slot, j).0 == index)
+                .filter(|&j| {
+                    let which = Which {
+                        slot,
+                        sequence,
+                        array_uuid: shared.array_uuid,
+                    };
+                    let current =
+                        keep_current && current_chunk(shared, device.as_ref(), which, j, &mut header, &mut chunk);
+                    report.chunks_current += u64::from(current);
+                    !current
+                })
+                .collect();
+            if stale.is_empty() {
+                report.stripes_done += 1;
+                if !progress(&report) {
+                    return Ok(report);
+                }
+                continue;
+            }
             let rebuilt = shared.rebuild_stripe(slot, sequence, false)?;
-            for j in (0..g.width()).filter(|&j| g.place(slot, j).0 == index) {
+            for j in stale {
                 let (bytes, payload) = rebuilt.chunk(g, j);
                 header.copy_from_slice(&bytes);
                 device
@@ -117,4 +156,32 @@ impl Array {
         members.readmit(index, rand::random(), device)?;
         Ok(report)
     }
+}
+
+/// Whether `device` holds chunk `j` of stripe `which` as sealed: its
+/// header decodes and names that stripe and index, and its payload
+/// matches the header's leaf. `header` and `chunk` are scratch space.
+fn current_chunk(
+    shared: &Shared,
+    device: &dyn Device,
+    which: Which,
+    j: usize,
+    header: &mut AlignedBuf,
+    chunk: &mut AlignedBuf,
+) -> bool {
+    let g = &shared.geometry;
+    let offset = g.row_offset(g.place(which.slot, j).1);
+    if device
+        .read_vectored_at(&mut [&mut **header, &mut **chunk], offset)
+        .is_err()
+    {
+        return false;
+    }
+    ChunkHeader::decode(header, g.checksum).is_ok_and(|h| {
+        h.slot == which.slot
+            && h.sequence == which.sequence
+            && h.index == j
+            && h.array_uuid == which.array_uuid
+            && h.leaf == tessera_checksum::merkle::leaf(g.checksum, j, chunk)
+    })
 }

@@ -831,7 +831,10 @@ pub fn replace(dir: &Path, index: usize, with: Option<&Path>, rate: u64, force: 
     };
     let mut progress = Progress::new("replace");
     let started = std::time::Instant::now();
-    let report = array.rebuild_member(index, device, (rate > 0).then_some(rate), |report| {
+    // Its own device came back holding most of its chunks: only those
+    // written while it was away are rebuilt. A new one is written whole.
+    let keep_current = with.is_none();
+    let report = array.rebuild_member(index, device, keep_current, (rate > 0).then_some(rate), |report| {
         let per_stripe = report.bytes_written / report.stripes_done.max(1);
         let message = format!("{}/{} stripes", report.stripes_done, report.stripes_total);
         progress.update(report.bytes_written, report.stripes_total * per_stripe, message);
@@ -853,10 +856,11 @@ pub fn replace(dir: &Path, index: usize, with: Option<&Path>, rate: u64, force: 
         std::fs::rename(&temporary, &list)?;
     }
     println!(
-        "member {index} rebuilt: {} chunks ({}) of {} stripes written in {:.1} s; it is healthy again",
+        "member {index} rebuilt: {} chunks ({}) of {} stripes written, {} already current kept, in {:.2} s; it is healthy again",
         report.chunks_written,
         human(report.bytes_written),
         report.stripes_total,
+        report.chunks_current,
         started.elapsed().as_secs_f64()
     );
     Ok(())

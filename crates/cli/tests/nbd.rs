@@ -1427,3 +1427,59 @@ fn replace_rebuilds_a_member_that_came_back_or_onto_a_new_device() {
     let out = tessera(&["replace", dir.to_str().unwrap(), "--device", "3"]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("is healthy"));
 }
+
+#[test]
+fn a_member_that_was_away_is_resynced_rewriting_only_what_it_missed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (cwd, dir) = (tmp.path(), tmp.path().join("array"));
+    create(&dir, &[]);
+    let socket = cwd.join("nbd.sock");
+    let uri = format!("nbd+unix:///tessera?socket={}", socket.display());
+    let server = Served::start(&dir, &socket);
+    let size: usize = run("nbdinfo", &["--size", &uri], cwd).trim().parse().unwrap();
+    let mut data = vec![0u8; size];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    rng.fill(&mut data[..]);
+    let input = cwd.join("in.bin");
+    std::fs::write(&input, &data).unwrap();
+    run("nbdcopy", &[input.to_str().unwrap(), &uri], cwd);
+    server.stop();
+    // Member 2 is away while 1 MiB is rewritten, then comes back.
+    let (member, away) = (dir.join("member-002"), cwd.join("member-002.away"));
+    std::fs::rename(&member, &away).unwrap();
+    let server = Served::start(&dir, &socket);
+    rng.fill(&mut data[..1 << 20]);
+    std::fs::write(&input, &data[..1 << 20]).unwrap();
+    run("nbdcopy", &[input.to_str().unwrap(), &uri], cwd);
+    server.stop();
+    std::fs::rename(&away, &member).unwrap();
+    assert_eq!(
+        status_json(&dir)["members"][2]["state"],
+        "failed",
+        "a member that was away is not trusted"
+    );
+    let out = tessera(&["replace", dir.to_str().unwrap(), "--device", "2"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // "member 2 rebuilt: W chunks (...) of S stripes written, C already current kept, ..."
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let number_before = |word: &str| -> u64 {
+        let at = text.find(word).unwrap_or_else(|| panic!("no '{word}' in {text}"));
+        text[..at].split_whitespace().last().unwrap().parse().unwrap()
+    };
+    let (written, kept) = (number_before("chunks ("), number_before("already current"));
+    assert!(written > 0 && written * 10 < kept, "{text}");
+    // Two others failed: every byte, old and new, reads back.
+    let server = Served::start(&dir, &socket);
+    for other in ["0", "1"] {
+        assert!(tessera(&["fail", dir.to_str().unwrap(), "--device", other])
+            .status
+            .success());
+    }
+    let output = cwd.join("out.bin");
+    run("nbdcopy", &[&uri, output.to_str().unwrap()], cwd);
+    assert!(
+        std::fs::read(&output).unwrap() == data,
+        "the resynced member holds other bytes"
+    );
+    server.stop();
+}
