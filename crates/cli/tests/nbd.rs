@@ -1219,6 +1219,32 @@ fn a_member_cannot_be_shared_or_reformatted_by_another_array() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// Random bytes, as many as the export at `uri` holds, from `seed`.
+fn export_sized_data(uri: &str, cwd: &Path, seed: u64) -> Vec<u8> {
+    let size: usize = run("nbdinfo", &["--size", uri], cwd).trim().parse().unwrap();
+    let mut data = vec![0u8; size];
+    rand::rngs::StdRng::seed_from_u64(seed).fill(&mut data[..]);
+    data
+}
+
+/// Writes `data` at the start of the export at `uri` with nbdcopy.
+fn write_export(uri: &str, cwd: &Path, data: &[u8]) {
+    let input = cwd.join("in.bin");
+    std::fs::write(&input, data).unwrap();
+    run("nbdcopy", &[input.to_str().unwrap(), uri], cwd);
+}
+
+/// The whole export at `uri` read with nbdcopy equals `data`.
+fn reads_back(uri: &str, cwd: &Path, data: &[u8]) {
+    let output = cwd.join("out.bin");
+    let _ = std::fs::remove_file(&output);
+    run("nbdcopy", &[uri, output.to_str().unwrap()], cwd);
+    assert!(
+        std::fs::read(&output).unwrap() == data,
+        "the export reads back other bytes"
+    );
+}
+
 /// Flips bytes at `count` random offsets past the superblock of each of
 /// `members`' files in `dir` (chunks of data and parity alike).
 fn corrupt_members(dir: &Path, members: &[usize], count: usize, seed: u64) {
@@ -1256,20 +1282,9 @@ fn scrub_repairs_corruption_on_m_members_offline_and_while_served() {
     create(&dir, &[]);
     let socket = cwd.join("nbd.sock");
     let server = Served::start(&dir, &socket);
-    let size: usize = run("nbdinfo", &["--size", &server.uri()], cwd).trim().parse().unwrap();
-    let mut data = vec![0u8; size];
-    rand::rngs::StdRng::seed_from_u64(6).fill(&mut data[..]);
-    std::fs::write(cwd.join("in.bin"), &data).unwrap();
-    run("nbdcopy", &[cwd.join("in.bin").to_str().unwrap(), &server.uri()], cwd);
-    let read_back = |server: &Served| {
-        let out = cwd.join("out.bin");
-        let _ = std::fs::remove_file(&out);
-        run("nbdcopy", &[&server.uri(), out.to_str().unwrap()], cwd);
-        assert!(
-            std::fs::read(&out).unwrap() == data,
-            "the export reads back other bytes"
-        );
-    };
+    let data = export_sized_data(&server.uri(), cwd, 6);
+    write_export(&server.uri(), cwd, &data);
+    let read_back = |server: &Served| reads_back(&server.uri(), cwd, &data);
     server.stop();
     // Stopped: M = 2 members corrupted, found and repaired; a second scrub
     // finds nothing.
@@ -1371,18 +1386,13 @@ fn replace_rebuilds_a_member_that_came_back_or_onto_a_new_device() {
     create(&dir, &[]);
     let socket = cwd.join("nbd.sock");
     let server = Served::start(&dir, &socket);
-    let size: usize = run("nbdinfo", &["--size", &server.uri()], cwd).trim().parse().unwrap();
-    let mut data = vec![0u8; size];
-    rand::rngs::StdRng::seed_from_u64(10).fill(&mut data[..]);
-    let input = cwd.join("in.bin");
-    std::fs::write(&input, &data[..size / 2]).unwrap();
-    run("nbdcopy", &[input.to_str().unwrap(), &server.uri()], cwd);
+    let data = export_sized_data(&server.uri(), cwd, 10);
+    write_export(&server.uri(), cwd, &data[..data.len() / 2]);
     // Member 2 fails while served; half the export is written after.
     assert!(tessera(&["fail", dir.to_str().unwrap(), "--device", "2"])
         .status
         .success());
-    std::fs::write(&input, &data).unwrap();
-    run("nbdcopy", &[input.to_str().unwrap(), &server.uri()], cwd);
+    write_export(&server.uri(), cwd, &data);
     // Replacing a served array's member is refused, changing nothing.
     let out = tessera(&["replace", dir.to_str().unwrap(), "--device", "2"]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("is being served"));
@@ -1416,12 +1426,7 @@ fn replace_rebuilds_a_member_that_came_back_or_onto_a_new_device() {
             .status
             .success());
     }
-    let output = cwd.join("out.bin");
-    run("nbdcopy", &[&server.uri(), output.to_str().unwrap()], cwd);
-    assert!(
-        std::fs::read(&output).unwrap() == data,
-        "rebuilt members hold other bytes"
-    );
+    reads_back(&server.uri(), cwd, &data);
     server.stop();
     // A healthy member has nothing to rebuild.
     let out = tessera(&["replace", dir.to_str().unwrap(), "--device", "3"]);
@@ -1436,21 +1441,15 @@ fn a_member_that_was_away_is_resynced_rewriting_only_what_it_missed() {
     let socket = cwd.join("nbd.sock");
     let uri = format!("nbd+unix:///tessera?socket={}", socket.display());
     let server = Served::start(&dir, &socket);
-    let size: usize = run("nbdinfo", &["--size", &uri], cwd).trim().parse().unwrap();
-    let mut data = vec![0u8; size];
-    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-    rng.fill(&mut data[..]);
-    let input = cwd.join("in.bin");
-    std::fs::write(&input, &data).unwrap();
-    run("nbdcopy", &[input.to_str().unwrap(), &uri], cwd);
+    let mut data = export_sized_data(&uri, cwd, 11);
+    write_export(&uri, cwd, &data);
     server.stop();
     // Member 2 is away while 1 MiB is rewritten, then comes back.
     let (member, away) = (dir.join("member-002"), cwd.join("member-002.away"));
     std::fs::rename(&member, &away).unwrap();
     let server = Served::start(&dir, &socket);
-    rng.fill(&mut data[..1 << 20]);
-    std::fs::write(&input, &data[..1 << 20]).unwrap();
-    run("nbdcopy", &[input.to_str().unwrap(), &uri], cwd);
+    rand::rngs::StdRng::seed_from_u64(12).fill(&mut data[..1 << 20]);
+    write_export(&uri, cwd, &data[..1 << 20]);
     server.stop();
     std::fs::rename(&away, &member).unwrap();
     assert_eq!(
@@ -1475,11 +1474,6 @@ fn a_member_that_was_away_is_resynced_rewriting_only_what_it_missed() {
             .status
             .success());
     }
-    let output = cwd.join("out.bin");
-    run("nbdcopy", &[&uri, output.to_str().unwrap()], cwd);
-    assert!(
-        std::fs::read(&output).unwrap() == data,
-        "the resynced member holds other bytes"
-    );
+    reads_back(&uri, cwd, &data);
     server.stop();
 }
