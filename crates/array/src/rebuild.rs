@@ -21,8 +21,9 @@
 //!   left failed: a stripe it missed would make it look whole when it is
 //!   not.
 //! - Until the last step nothing says the member is back: a rebuild
-//!   stopped or killed half-way leaves it failed, and is run again from
-//!   the start (not resumed).
+//!   stopped or killed half-way leaves it failed. Run again with
+//!   `keep_current` on the same device, it keeps the chunks already
+//!   written (they pass the check above) and goes on with the rest.
 //! - The `Array` it ran on still holds the member as failed; reopen it.
 
 use std::sync::Arc;

@@ -831,10 +831,11 @@ pub fn replace(dir: &Path, index: usize, with: Option<&Path>, rate: u64, force: 
     };
     let mut progress = Progress::new("replace");
     let started = std::time::Instant::now();
-    // Its own device came back holding most of its chunks: only those
-    // written while it was away are rebuilt. A new one is written whole.
-    let keep_current = with.is_none();
-    let report = array.rebuild_member(index, device, keep_current, (rate > 0).then_some(rate), |report| {
+    // Chunks the device already holds for the current stripes are kept:
+    // on a member that came back, all but what it missed; on a device a
+    // replace was interrupted on, what it wrote (so running it again goes
+    // on where it stopped). A blank device costs one read of each chunk.
+    let report = array.rebuild_member(index, device, true, (rate > 0).then_some(rate), |report| {
         let per_stripe = report.bytes_written / report.stripes_done.max(1);
         let message = format!("{}/{} stripes", report.stripes_done, report.stripes_total);
         progress.update(report.bytes_written, report.stripes_total * per_stripe, message);

@@ -1477,3 +1477,63 @@ fn a_member_that_was_away_is_resynced_rewriting_only_what_it_missed() {
     reads_back(&uri, cwd, &data);
     server.stop();
 }
+
+#[test]
+fn a_replace_killed_half_way_goes_on_where_it_stopped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (cwd, dir) = (tmp.path(), tmp.path().join("array"));
+    create(&dir, &[]);
+    let socket = cwd.join("nbd.sock");
+    let server = Served::start(&dir, &socket);
+    let data = export_sized_data(&server.uri(), cwd, 13);
+    write_export(&server.uri(), cwd, &data);
+    server.stop();
+    std::fs::remove_file(dir.join("member-001")).unwrap();
+    let new = cwd.join("new-member-1.img");
+    let args = [
+        "replace",
+        dir.to_str().unwrap(),
+        "--device",
+        "1",
+        "--with",
+        new.to_str().unwrap(),
+    ];
+    // Slowed to about 2 s, killed after 1 s.
+    let mut slow = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .args(["--rate", "16M"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(
+        matches!(slow.try_wait(), Ok(None)),
+        "the replace ended before it was killed"
+    );
+    slow.kill().unwrap();
+    slow.wait().unwrap();
+    assert_eq!(
+        status_json(&dir)["members"][1]["state"],
+        "failed",
+        "a half-done replace is not trusted"
+    );
+    let out = tessera(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let kept: u64 = text
+        .split(", ")
+        .find_map(|part| part.strip_suffix(" already current kept"))
+        .unwrap_or_else(|| panic!("{text}"))
+        .parse()
+        .unwrap();
+    assert!(kept > 0, "the second run started over: {text}");
+    let server = Served::start(&dir, &socket);
+    for other in ["0", "2"] {
+        assert!(tessera(&["fail", dir.to_str().unwrap(), "--device", other])
+            .status
+            .success());
+    }
+    reads_back(&server.uri(), cwd, &data);
+    server.stop();
+}
