@@ -306,6 +306,9 @@ pub struct Serve {
     pub dir: PathBuf,
     pub listen: Option<String>,
     pub socket: Option<PathBuf>,
+    /// Mode of the `--socket` file (0600 by default: clients get the
+    /// whole array).
+    pub socket_mode: u32,
     pub accel: tessera_accel::Kind,
     pub reconstruct_cache_bytes: usize,
     pub member_errors_max: u64,
@@ -320,7 +323,7 @@ pub struct Serve {
 fn listener(
     passed: Option<tessera_nbd::Listener>,
     listen: Option<&str>,
-    socket: Option<&Path>,
+    socket: Option<(&Path, u32)>,
     tls: bool,
 ) -> Result<tessera_nbd::Listener> {
     if let Some(passed) = passed {
@@ -329,10 +332,10 @@ fn listener(
         }
         return Ok(passed);
     }
-    if let Some(path) = socket {
+    if let Some((path, mode)) = socket {
         let _ = std::fs::remove_file(path);
         let l = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
-        owner_only(path)?;
+        set_mode(path, mode)?;
         return Ok(tessera_nbd::Listener::Unix(l));
     }
     let address = listen.unwrap_or("127.0.0.1:10809");
@@ -367,12 +370,12 @@ pub fn serve(mut s: Serve) -> Result<()> {
     let control_path = dir.join(CONTROL_SOCKET);
     let _ = std::fs::remove_file(&control_path);
     let control = UnixListener::bind(&control_path).with_context(|| format!("binding {}", control_path.display()))?;
-    owner_only(&control_path)?;
+    set_mode(&control_path, 0o600)?;
     {
         let (array, stop) = (array.clone(), stop.clone());
         std::thread::spawn(move || control_loop(control, array, stop));
     }
-    let listener = listener(passed, listen, socket, s.tls.is_some())?;
+    let listener = listener(passed, listen, socket.map(|p| (p, s.socket_mode)), s.tls.is_some())?;
     let url = listener.uri("tessera", s.tls.is_some())?;
     let status = array.status()?;
     for rejected in &status.devices_rejected {
@@ -443,12 +446,13 @@ const CONTROL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// Control clients served at once; more are told to retry.
 const CONTROL_CLIENTS_MAX: usize = 8;
 
-/// Makes a socket this server created reachable by its owner only
-/// (NBD clients get the whole array, the control socket can fail members).
-fn owner_only(path: &Path) -> Result<()> {
+/// Sets the mode of a socket this server created: its owner only unless
+/// told otherwise (NBD clients get the whole array, the control socket
+/// can fail members).
+fn set_mode(path: &Path, mode: u32) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("restricting {} to its owner", path.display()))
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("setting the mode of {} to {mode:o}", path.display()))
 }
 
 /// Answers `status` and `fail I` on the control socket, one line each,

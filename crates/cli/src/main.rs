@@ -76,6 +76,9 @@ enum Command {
         /// Unix socket to listen on instead of TCP.
         #[arg(long)]
         socket: Option<PathBuf>,
+        /// Mode of the --socket file, in octal (0660 lets its group in).
+        #[arg(long, default_value = "600", value_parser = parse_mode, requires = "socket")]
+        socket_mode: u32,
         /// Backend for parity, rebuilds and hashes: auto, cpu or cuda.
         #[arg(long, default_value = "auto")]
         accel: tessera_accel::Kind,
@@ -410,6 +413,7 @@ fn main() -> Result<()> {
             dir,
             listen,
             socket,
+            socket_mode,
             accel,
             reconstruct_cache,
             max_connections,
@@ -428,6 +432,7 @@ fn main() -> Result<()> {
                 dir,
                 listen,
                 socket,
+                socket_mode,
                 accel,
                 reconstruct_cache_bytes: usize::try_from(reconstruct_cache)?,
                 member_errors_max,
@@ -615,6 +620,14 @@ fn main() -> Result<()> {
 }
 
 /// `none`, or a codec name with its level (`zstd:3`).
+/// A file mode in octal, at most 0777.
+fn parse_mode(text: &str) -> Result<u32, String> {
+    u32::from_str_radix(text, 8)
+        .ok()
+        .filter(|&mode| mode <= 0o777)
+        .ok_or_else(|| format!("'{text}' is not a file mode in octal (like 600 or 0660)"))
+}
+
 /// `--tls`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum TlsMode {

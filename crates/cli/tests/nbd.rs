@@ -918,7 +918,19 @@ fn tls_with_pre_shared_keys_serves_nbdinfo_nbdcopy_and_qemu_img_and_refuses_wron
     );
     server.stop();
     // --tls on: TLS offered, plaintext allowed.
-    let server = Served::start_with(&dir, &socket, &["--tls-psk", file.to_str().unwrap(), "--tls", "on"]);
+    // Its socket opened to the group, as told (the control socket is not).
+    let tls_on = [
+        "--tls-psk",
+        file.to_str().unwrap(),
+        "--tls",
+        "on",
+        "--socket-mode",
+        "660",
+    ];
+    let server = Served::start_with(&dir, &socket, &tls_on);
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    assert_eq!((mode(&socket), mode(&dir.join("control.sock"))), (0o660, 0o600));
     assert!(succeeds("nbdinfo", &["--size", &server.uri()]));
     assert!(succeeds("nbdinfo", &["--size", &uri]));
     server.stop();
