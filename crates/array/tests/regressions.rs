@@ -605,3 +605,57 @@ fn a_member_that_keeps_failing_reads_is_failed_and_the_array_goes_on() {
     array.read(0, &mut back).unwrap();
     assert!(back == data);
 }
+
+#[test]
+fn a_rebuild_goes_on_when_another_member_fails_during_it() {
+    // 4+2: member 3 is rebuilt onto a new device while member 1 starts
+    // failing every read; the rebuild completes from the other four, and
+    // the array reopened has member 3 back and every byte right.
+    let devices = members(6, 64 << 20);
+    let array = tessera_array::create(named(&devices), &options(4, 2, 64 << 10, None)).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(17);
+    let data = payload(&mut rng, 16 << 20, false);
+    array.write(0, &data, true).unwrap();
+    array.fail_member(3).unwrap();
+    array.checkpoint().unwrap();
+    drop(array);
+    let offline = tessera_array::EngineOptions {
+        background: false,
+        ..Default::default()
+    };
+    let listed = |devices: &[Arc<MemoryDevice>]| {
+        devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| (format!("m{i}"), Some(d.clone() as Arc<dyn Device>)))
+            .collect::<Vec<_>>()
+    };
+    let array = tessera_array::open_with(listed(&devices), offline.clone()).unwrap();
+    let new = Arc::new(MemoryDevice::new(64 << 20));
+    let report = array
+        .rebuild_member(3, new.clone(), true, None, |report| {
+            if report.stripes_done == 5 {
+                devices[1].set_faults(Faults {
+                    fail_reads: true,
+                    ..Faults::default()
+                });
+            }
+            true
+        })
+        .unwrap();
+    assert_eq!(report.stripes_done, report.stripes_total);
+    assert!(report.chunks_written > 5, "{report:?}");
+    drop(array);
+    devices[1].set_faults(Faults::default());
+    let mut with_new = devices.clone();
+    with_new[3] = new;
+    let array = tessera_array::open_with(listed(&with_new), offline).unwrap();
+    let states: Vec<_> = array.status().unwrap().members.iter().map(|m| m.state).collect();
+    assert_eq!(states[3], tessera_array::MemberState::Healthy, "{states:?}");
+    // Member 1 and another out: member 3's rebuilt chunks are needed.
+    array.fail_member(0).unwrap();
+    array.fail_member(1).unwrap();
+    let mut back = vec![0u8; data.len()];
+    array.read(0, &mut back).unwrap();
+    assert!(back == data, "the rebuilt member holds other bytes");
+}
