@@ -817,6 +817,15 @@ pub fn replace(dir: &Path, index: usize, with: Option<&Path>, rate: u64, force: 
         ..EngineOptions::default()
     };
     let array = open_with(dir, engine)?;
+    // Checked before a device is made for it.
+    let status = array.status()?;
+    match status.members.get(index) {
+        None => bail!("there is no member {index}: the array has {}", status.members.len()),
+        Some(member) if member.state == tessera_array::MemberState::Healthy => {
+            bail!("member {index} is healthy: there is nothing to rebuild (fail it first to replace its device)")
+        }
+        Some(_) => {}
+    }
     let member_bytes = array.geometry().member_bytes;
     let device: Arc<dyn Device> = match with {
         Some(path) if path.exists() => {

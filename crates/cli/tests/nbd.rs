@@ -1440,9 +1440,18 @@ fn replace_rebuilds_a_member_that_came_back_or_onto_a_new_device() {
     }
     reads_back(&server.uri(), cwd, &data);
     server.stop();
-    // A healthy member has nothing to rebuild.
-    let out = tessera(&["replace", dir.to_str().unwrap(), "--device", "3"]);
+    // A healthy member has nothing to rebuild, and no device is made for it.
+    let unused = cwd.join("unused.img");
+    let out = tessera(&[
+        "replace",
+        dir.to_str().unwrap(),
+        "--device",
+        "3",
+        "--with",
+        unused.to_str().unwrap(),
+    ]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("is healthy"));
+    assert!(!unused.exists(), "a refused replace left a device file behind");
 }
 
 #[test]
