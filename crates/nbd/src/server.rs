@@ -118,6 +118,9 @@ pub struct Server<E: Export> {
     /// Request bytes held by all connections (read replies being
     /// produced or sent, write payloads received and not yet stored).
     pub(crate) held: Arc<Budget>,
+    /// Bytes of spare buffers kept by all connections (at most
+    /// `transmit::SPARE_BYTES_MAX`).
+    pub(crate) spare_bytes: Arc<std::sync::atomic::AtomicUsize>,
     pub(crate) pool: Pool,
     pub(crate) tls: Option<Tls>,
 }
@@ -141,6 +144,7 @@ impl<E: Export> Server<E> {
             description,
             limits,
             held: Arc::new(Budget::new(limits.total_bytes)),
+            spare_bytes: Arc::default(),
             pool: Pool::new(limits.workers),
             tls: None,
         }

@@ -778,3 +778,45 @@ fn a_connection_idle_past_the_timeout_is_closed_and_a_busy_one_is_not() {
     request(&mut busy, 0, CMD_DISC, 99, 0, 0, &[]);
     busy_handle.join().unwrap().unwrap();
 }
+
+#[test]
+fn spare_buffers_kept_by_many_connections_stay_within_the_servers_cap() {
+    // Each connection keeps up to sixteen read buffers of up to 4 MiB for
+    // its next requests; twelve connections that read 2 MiB at a time
+    // would keep 384 MiB between them, idle, without a cap for the whole
+    // server.
+    let server = Arc::new(server(Arc::new(Zeros), Limits::default()));
+    let mut clients = Vec::new();
+    for _ in 0..12 {
+        let (mut client, server_end) = UnixStream::pair().unwrap();
+        let serving = {
+            let server = server.clone();
+            std::thread::spawn(move || server.serve(server_end, &AtomicBool::new(false)))
+        };
+        negotiate(&mut client);
+        // Sixteen 2 MiB reads in flight at once, all collected.
+        for cookie in 0..16 {
+            request(&mut client, 0, CMD_READ, cookie, cookie * (2 << 20), 2 << 20, &[]);
+        }
+        for _ in 0..16 {
+            let mut head = [0u8; 20 + 8];
+            client.read_exact(&mut head).unwrap();
+            let mut data = vec![0u8; 2 << 20];
+            client.read_exact(&mut data).unwrap();
+        }
+        clients.push((client, serving));
+    }
+    // The cap is 256 MiB (`SPARE_BYTES_MAX`); checked against the number,
+    // so that raising the constant is a decision this test sees.
+    let kept = server.spare_bytes.load(Ordering::Acquire);
+    assert!(kept <= 256 << 20, "{} MiB of spare buffers kept", kept >> 20);
+    for (mut client, serving) in clients {
+        request(&mut client, 0, CMD_DISC, 99, 0, 0, &[]);
+        serving.join().unwrap().unwrap();
+    }
+    assert_eq!(
+        server.spare_bytes.load(Ordering::Acquire),
+        0,
+        "spares outlived their connections"
+    );
+}

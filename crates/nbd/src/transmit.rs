@@ -15,7 +15,7 @@
 //! `REPLY_TIMEOUT` without taking any byte it is dropped.
 
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -34,6 +34,9 @@ const STOP_POLL: Duration = Duration::from_millis(100);
 const BUFFER_BYTES_KEPT_MAX: usize = 4 << 20;
 /// Spare buffers a connection keeps, of each kind.
 const BUFFERS_KEPT_COUNT: usize = 16;
+/// Bytes of spare buffers all connections together keep: with many
+/// connections each keeping its own, idle memory would grow with them.
+pub(crate) const SPARE_BYTES_MAX: usize = 256 << 20;
 
 /// Read replies are read into a page-aligned buffer, so an export that
 /// uses direct I/O reads straight into it.
@@ -113,8 +116,65 @@ struct Link {
     slots: Budget,
     /// The server's budget, shared by all connections.
     server: Arc<Budget>,
-    spare_payloads: Mutex<Vec<Vec<u8>>>,
-    spare_reads: Mutex<Vec<ReadBuffer>>,
+    spare_payloads: Spares<Vec<u8>>,
+    spare_reads: Spares<ReadBuffer>,
+}
+
+/// Buffers a connection keeps for its next requests, so that they need
+/// not be allocated (and zeroed) afresh; counted against the server's
+/// [`SPARE_BYTES_MAX`] while kept.
+struct Spares<T> {
+    kept: Mutex<Vec<(T, usize)>>,
+    /// Bytes kept by all connections.
+    server: Arc<AtomicUsize>,
+}
+
+impl<T: Default> Spares<T> {
+    fn new(server: Arc<AtomicUsize>) -> Spares<T> {
+        Spares {
+            kept: Mutex::new(Vec::new()),
+            server,
+        }
+    }
+
+    /// Keeps `buffer` of `capacity` bytes, if it is not too large and
+    /// neither this connection nor the server keeps enough already.
+    fn keep(&self, buffer: T, capacity: usize) {
+        if capacity == 0 || capacity > BUFFER_BYTES_KEPT_MAX {
+            return;
+        }
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let room = kept.len() < BUFFERS_KEPT_COUNT
+            && self
+                .server
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |bytes| {
+                    (bytes + capacity <= SPARE_BYTES_MAX).then_some(bytes + capacity)
+                })
+                .is_ok();
+        if room {
+            kept.push((buffer, capacity));
+        }
+    }
+
+    /// A kept buffer, or a new empty one.
+    fn take(&self) -> T {
+        let popped = self.kept.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        match popped {
+            Some((buffer, capacity)) => {
+                self.server.fetch_sub(capacity, Ordering::AcqRel);
+                buffer
+            }
+            None => T::default(),
+        }
+    }
+}
+
+impl<T> Drop for Spares<T> {
+    fn drop(&mut self) {
+        let kept = self.kept.get_mut().unwrap_or_else(|p| p.into_inner());
+        let bytes: usize = kept.iter().map(|(_, capacity)| capacity).sum();
+        self.server.fetch_sub(bytes, Ordering::AcqRel);
+    }
 }
 
 impl Link {
@@ -123,23 +183,6 @@ impl Link {
         self.server.give(held);
         self.bytes.give(held);
         self.slots.give(1);
-    }
-
-    fn keep<T>(spares: &Mutex<Vec<T>>, buffer: T, capacity: usize) {
-        if capacity > 0 && capacity <= BUFFER_BYTES_KEPT_MAX {
-            let mut spares = spares.lock().unwrap_or_else(|p| p.into_inner());
-            if spares.len() < BUFFERS_KEPT_COUNT {
-                spares.push(buffer);
-            }
-        }
-    }
-
-    fn spare<T: Default>(spares: &Mutex<Vec<T>>) -> T {
-        spares
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop()
-            .unwrap_or_default()
     }
 }
 
@@ -165,8 +208,8 @@ impl<E: Export> Server<E> {
             bytes: Budget::new(self.limits.connection_bytes),
             slots: Budget::new(REQUESTS_IN_FLIGHT_MAX),
             server: self.held.clone(),
-            spare_payloads: Mutex::new(Vec::new()),
-            spare_reads: Mutex::new(Vec::new()),
+            spare_payloads: Spares::new(self.spare_bytes.clone()),
+            spare_reads: Spares::new(self.spare_bytes.clone()),
         });
         let out = stream.get_ref().try_clone()?;
         let (replies, outbox) = channel::<Outgoing>();
@@ -249,7 +292,7 @@ impl<E: Export> Server<E> {
             if header.payload_bytes() > 0 {
                 // A buffer a job is done with: resizing it to the usual
                 // request size costs nothing.
-                payload = Link::spare(&link.spare_payloads);
+                payload = link.spare_payloads.take();
                 payload.resize(header.payload_bytes(), 0);
                 if let Err(e) = stream.read_exact(&mut payload) {
                     link.release(held);
@@ -313,7 +356,7 @@ impl<E: Export> Job<E> {
             self.link.release(unsent.0.held);
         }
         let capacity = self.payload.capacity();
-        Link::keep(&self.link.spare_payloads, self.payload, capacity);
+        self.link.spare_payloads.keep(self.payload, capacity);
     }
 
     /// Does what the request asks; returns the reply's header (its whole
@@ -326,7 +369,7 @@ impl<E: Export> Job<E> {
         };
         let result = match command {
             Command::Read { offset, len } => {
-                let mut read = Link::spare(&self.link.spare_reads);
+                let mut read = self.link.spare_reads.take();
                 match export.read(offset, read.get(len as usize)) {
                     Ok(()) => {
                         *buffer = Some(read);
@@ -376,7 +419,7 @@ fn write_replies<S: Connection>(stream: S, outbox: Receiver<Outgoing>, link: &Li
             link.release(reply.held);
             if let Some(buffer) = reply.data {
                 let capacity = buffer.bytes.len();
-                Link::keep(&link.spare_reads, buffer, capacity);
+                link.spare_reads.keep(buffer, capacity);
             }
             next = outbox.try_recv().ok();
         }
