@@ -205,9 +205,8 @@ pub(crate) struct Shared {
     /// or rebuild go out in parallel on it.
     pub io_pool: rayon::ThreadPool,
     pub cache: ReconstructCache,
-    /// A scrub is running (one at a time).
-    pub scrubbing: std::sync::atomic::AtomicBool,
-    /// The running scrub's report so far, for `status`.
+    /// The running scrub's report so far, for `status`; `None` when none
+    /// runs (one runs at a time).
     pub scrub_progress: Mutex<Option<crate::repair::ScrubReport>>,
     pub counters: Counters,
     /// Read-modify-writes of partial blocks, by block number.
@@ -401,7 +400,6 @@ impl Array {
             io,
             io_pool,
             cache,
-            scrubbing: std::sync::atomic::AtomicBool::new(false),
             scrub_progress: Mutex::new(None),
             counters,
             partial: (0..PARTIAL_WRITE_LOCK_COUNT).map(|_| Mutex::new(())).collect(),
@@ -515,12 +513,6 @@ impl Array {
 
     /// Marks member `index` failed (as if pulled) and records it in the
     /// other members' superblocks. Refused if more than M would be gone.
-    /// Records members absent at open as failed (see
-    /// `Members::record_missing`); `open` does it before returning.
-    pub(crate) fn record_missing(&self) -> Result<(), ArrayError> {
-        self.shared.members.record_missing()
-    }
-
     pub fn fail_member(&self, index: usize) -> Result<(), ArrayError> {
         self.shared.members.fail(index)?;
         self.shared.maintenance.wake();

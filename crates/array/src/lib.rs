@@ -415,7 +415,7 @@ pub fn open_with(devices: Vec<(String, Option<Arc<dyn Device>>)>, engine: Engine
         });
     }
     let array = Array::assemble(newest, members, engine, rejected)?;
-    array.record_missing()?;
+    array.shared.members.record_missing()?;
     Ok(array)
 }
 

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "lowercase")] // as `name` spells it
 pub enum MemberState {
     Healthy,
     /// Marked failed (by `tessera fail` or after an I/O error).
@@ -33,6 +33,15 @@ pub enum MemberState {
 }
 
 impl MemberState {
+    /// The state as `status` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            MemberState::Healthy => "healthy",
+            MemberState::Failed => "failed",
+            MemberState::Missing => "missing",
+        }
+    }
+
     fn code(self) -> u8 {
         match self {
             MemberState::Healthy => 0,

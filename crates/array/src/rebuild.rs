@@ -60,6 +60,22 @@ impl Array {
         self.shared.members.device(index)
     }
 
+    /// Whether member `index` can be rebuilt: it exists and is out (a
+    /// healthy member has nothing to rebuild).
+    pub fn check_rebuildable(&self, index: usize) -> Result<(), ArrayError> {
+        let members = &self.shared.members;
+        if index >= members.count() {
+            return Err(ArrayError::NoSuchMember {
+                index,
+                members: members.count(),
+            });
+        }
+        if members.state(index) == MemberState::Healthy {
+            return Err(ArrayError::MemberHealthy { index });
+        }
+        Ok(())
+    }
+
     /// Rebuilds member `index` (failed or missing) onto `device`, at most
     /// `rate` bytes a second written, calling `progress` after each stripe
     /// (false stops it, leaving the member failed); then records it
@@ -76,16 +92,7 @@ impl Array {
     ) -> Result<RebuildReport, ArrayError> {
         let shared = &self.shared;
         let g = &shared.geometry;
-        let members = &shared.members;
-        if index >= members.count() {
-            return Err(ArrayError::NoSuchMember {
-                index,
-                members: members.count(),
-            });
-        }
-        if members.state(index) == MemberState::Healthy {
-            return Err(ArrayError::MemberHealthy { index });
-        }
+        self.check_rebuildable(index)?;
         if device.size() < g.member_bytes {
             return Err(ArrayError::DeviceTooSmall {
                 index,
@@ -124,26 +131,21 @@ impl Array {
                     !current
                 })
                 .collect();
-            if stale.is_empty() {
-                report.stripes_done += 1;
-                if !progress(&report) {
-                    return Ok(report);
+            if !stale.is_empty() {
+                let rebuilt = shared.rebuild_stripe(slot, sequence, false)?;
+                for j in stale {
+                    let (bytes, payload) = rebuilt.chunk(g, j);
+                    header.copy_from_slice(&bytes);
+                    device
+                        .write_vectored_at(&[&header, payload], g.row_offset(g.place(slot, j).1))
+                        .map_err(io_error)?;
+                    report.chunks_written += 1;
+                    report.bytes_written += (SECTOR_BYTES + payload.len()) as u64;
                 }
-                continue;
+                // Bad chunks found on other members on the way are fixed too.
+                shared.repair(slot, &rebuilt);
+                shared.recycle_area(Arc::new(rebuilt.area));
             }
-            let rebuilt = shared.rebuild_stripe(slot, sequence, false)?;
-            for j in stale {
-                let (bytes, payload) = rebuilt.chunk(g, j);
-                header.copy_from_slice(&bytes);
-                device
-                    .write_vectored_at(&[&header, payload], g.row_offset(g.place(slot, j).1))
-                    .map_err(io_error)?;
-                report.chunks_written += 1;
-                report.bytes_written += (SECTOR_BYTES + payload.len()) as u64;
-            }
-            // Bad chunks found on other members on the way are fixed too.
-            shared.repair(slot, &rebuilt);
-            shared.recycle_area(Arc::new(rebuilt.area));
             report.stripes_done += 1;
             pace.wait(report.bytes_written);
             if !progress(&report) {
@@ -154,7 +156,7 @@ impl Array {
         if shared.tracker.last_sequence() != written_before {
             return Err(ArrayError::WrittenDuringRebuild { index });
         }
-        members.readmit(index, rand::random(), device)?;
+        shared.members.readmit(index, rand::random(), device)?;
         Ok(report)
     }
 }

@@ -136,23 +136,28 @@ impl Shared {
         rate: Option<u64>,
         mut progress: impl FnMut(&ScrubReport) -> bool,
     ) -> Result<ScrubReport, ArrayError> {
-        if self.scrubbing.swap(true, std::sync::atomic::Ordering::AcqRel) {
-            return Err(ArrayError::ScrubRunning);
+        let stripes = stripes_on_members(self);
+        let mut report = ScrubReport {
+            stripes_total: stripes.len() as u64,
+            ..ScrubReport::default()
+        };
+        {
+            // The running scrub's report is also what says one runs.
+            let mut running = self.scrub_progress.lock().unwrap_or_else(|p| p.into_inner());
+            if running.is_some() {
+                return Err(ArrayError::ScrubRunning);
+            }
+            *running = Some(report);
         }
         struct Done<'a>(&'a Shared);
         impl Drop for Done<'_> {
             fn drop(&mut self) {
                 *self.0.scrub_progress.lock().unwrap_or_else(|p| p.into_inner()) = None;
-                self.0.scrubbing.store(false, std::sync::atomic::Ordering::Release);
             }
         }
         let _done = Done(self);
-        let mut report = ScrubReport {
-            stripes_total: stripes_on_members(self).len() as u64,
-            ..ScrubReport::default()
-        };
         let pace = Pace::new(rate);
-        for slot in 0..self.geometry.slot_count() {
+        for (slot, _) in stripes {
             self.scrub_slot(slot, &mut report);
             *self.scrub_progress.lock().unwrap_or_else(|p| p.into_inner()) = Some(report);
             pace.wait(report.bytes_read);

@@ -54,6 +54,17 @@ fn payload(rng: &mut impl Rng, len: usize, compressible: bool) -> Vec<u8> {
     data
 }
 
+/// A 4+2 array of 64 KiB chunks on six 64 MiB members in memory, with
+/// `bytes` of incompressible data from `seed` written (FUA) at its start:
+/// (members, array, data).
+fn written_4_plus_2(seed: u64, bytes: usize) -> (Vec<Arc<MemoryDevice>>, Array, Vec<u8>) {
+    let devices = members(6, 64 << 20);
+    let array = tessera_array::create(named(&devices), &options(4, 2, 64 << 10, None)).unwrap();
+    let data = payload(&mut rand::rngs::StdRng::seed_from_u64(seed), bytes, false);
+    array.write(0, &data, true).unwrap();
+    (devices, array, data)
+}
+
 /// The fio churn of the report, in process: random overwrites of 4-64 KiB
 /// over the whole exported size, a FLUSH every 8 writes, the array closed
 /// (with a checkpoint, as `serve` does on SIGTERM) and reopened between
@@ -451,13 +462,8 @@ fn a_checkpoint_after_crash_recovery_is_usable() {
 fn prefetch_rebuilds_degraded_stripes_so_reads_decode_nothing() {
     // NBD_CMD_CACHE: after a prefetch of a degraded range, reading it
     // rebuilds nothing more and reads nothing more from the members.
-    let chunk = 64 << 10;
-    let devices = members(6, 64 << 20);
-    let array = tessera_array::create(named(&devices), &options(4, 2, chunk, None)).unwrap();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(13);
     let total = 4 << 20;
-    let data = payload(&mut rng, total, false);
-    array.write(0, &data, true).unwrap();
+    let (devices, array, data) = written_4_plus_2(13, total);
     // With every member in there is nothing to warm.
     array.prefetch(0, total as u64).unwrap();
     assert_eq!(array.status().unwrap().stripes_reconstructed, 0);
@@ -527,10 +533,7 @@ fn a_member_that_was_missing_is_not_trusted_when_it_returns() {
 
 #[test]
 fn a_scrub_keeps_to_its_rate_stops_when_told_and_runs_alone() {
-    let devices = members(6, 64 << 20);
-    let array = tessera_array::create(named(&devices), &options(4, 2, 64 << 10, None)).unwrap();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(15);
-    array.write(0, &payload(&mut rng, 4 << 20, false), true).unwrap();
+    let (_devices, array, _) = written_4_plus_2(15, 4 << 20);
     // Stopped by its caller after two stripes.
     let mut seen = 0;
     let report = array
@@ -570,11 +573,7 @@ fn a_scrub_keeps_to_its_rate_stops_when_told_and_runs_alone() {
 
 #[test]
 fn a_member_that_keeps_failing_reads_is_failed_and_the_array_goes_on() {
-    let devices = members(6, 64 << 20);
-    let array = tessera_array::create(named(&devices), &options(4, 2, 64 << 10, None)).unwrap();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(16);
-    let data = payload(&mut rng, 8 << 20, false);
-    array.write(0, &data, true).unwrap();
+    let (devices, array, data) = written_4_plus_2(16, 8 << 20);
     devices[2].set_faults(Faults {
         fail_reads: true,
         ..Faults::default()
@@ -611,11 +610,7 @@ fn a_rebuild_goes_on_when_another_member_fails_during_it() {
     // 4+2: member 3 is rebuilt onto a new device while member 1 starts
     // failing every read; the rebuild completes from the other four, and
     // the array reopened has member 3 back and every byte right.
-    let devices = members(6, 64 << 20);
-    let array = tessera_array::create(named(&devices), &options(4, 2, 64 << 10, None)).unwrap();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(17);
-    let data = payload(&mut rng, 16 << 20, false);
-    array.write(0, &data, true).unwrap();
+    let (devices, array, data) = written_4_plus_2(17, 16 << 20);
     array.fail_member(3).unwrap();
     array.checkpoint().unwrap();
     drop(array);
@@ -645,6 +640,8 @@ fn a_rebuild_goes_on_when_another_member_fails_during_it() {
         .unwrap();
     assert_eq!(report.stripes_done, report.stripes_total);
     assert!(report.chunks_written > 5, "{report:?}");
+    let member_1 = array.status().unwrap().members[1].errors;
+    assert!(member_1.read_errors > 0, "member 1 never failed a read: {member_1:?}");
     drop(array);
     devices[1].set_faults(Faults::default());
     let mut with_new = devices.clone();

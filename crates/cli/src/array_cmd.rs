@@ -224,12 +224,18 @@ struct ArrayExport {
 }
 
 impl ArrayExport {
-    /// `result` of a request of `bytes` begun at `started`: recorded, and
-    /// its error logged and mapped.
-    fn done<T>(&self, op: Op, bytes: u64, started: Instant, result: Result<T, ArrayError>) -> Result<T, Failure> {
-        if let Some(metrics) = &self.metrics {
-            metrics.record(op, bytes, started, result.is_ok());
-        }
+    /// Runs a request of `bytes` (`op`): timed and counted when metrics
+    /// are on, its error logged and mapped to the NBD errno.
+    fn run<T>(&self, op: Op, bytes: u64, request: impl FnOnce() -> Result<T, ArrayError>) -> Result<T, Failure> {
+        let result = match &self.metrics {
+            Some(metrics) => {
+                let started = Instant::now();
+                let result = request();
+                metrics.record(op, bytes, started, result.is_ok());
+                result
+            }
+            None => request(),
+        };
         result.map_err(|e| {
             eprintln!("tessera: {} failed: {e}", op.name().replace('_', " "));
             Failure {
@@ -245,37 +251,25 @@ impl tessera_nbd::Export for ArrayExport {
         self.array.logical_bytes()
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Failure> {
-        let started = Instant::now();
-        self.done(Op::Read, buf.len() as u64, started, self.array.read(offset, buf))
+        self.run(Op::Read, buf.len() as u64, || self.array.read(offset, buf))
     }
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), Failure> {
-        let started = Instant::now();
-        self.done(
-            Op::Write,
-            data.len() as u64,
-            started,
-            self.array.write(offset, data, fua),
-        )
+        self.run(Op::Write, data.len() as u64, || self.array.write(offset, data, fua))
     }
     fn flush(&self) -> Result<(), Failure> {
-        let started = Instant::now();
-        self.done(Op::Flush, 0, started, self.array.flush())
+        self.run(Op::Flush, 0, || self.array.flush())
     }
     fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), Failure> {
-        let started = Instant::now();
-        self.done(Op::Trim, len, started, self.array.trim(offset, len, fua))
+        self.run(Op::Trim, len, || self.array.trim(offset, len, fua))
     }
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), Failure> {
-        let started = Instant::now();
-        self.done(Op::WriteZeroes, len, started, self.array.write_zeroes(offset, len, fua))
+        self.run(Op::WriteZeroes, len, || self.array.write_zeroes(offset, len, fua))
     }
     fn cache(&self, offset: u64, len: u64) -> Result<(), Failure> {
-        let started = Instant::now();
-        self.done(Op::Cache, len, started, self.array.prefetch(offset, len))
+        self.run(Op::Cache, len, || self.array.prefetch(offset, len))
     }
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<(u64, u32)>, Failure> {
-        let started = Instant::now();
-        let runs = self.done(Op::BlockStatus, len, started, self.array.allocation(offset, len))?;
+        let runs = self.run(Op::BlockStatus, len, || self.array.allocation(offset, len))?;
         let hole = tessera_nbd::STATE_HOLE | tessera_nbd::STATE_ZERO;
         Ok(runs
             .into_iter()
@@ -694,9 +688,9 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// How long work (`scrub`, `replace`) shows its progress: a bar (bytes,
-/// rate, percent, ETA) on a terminal, a plain line a second otherwise
-/// (logs, CI).
+/// How long work over every stripe (`scrub`, `replace`) shows its
+/// progress: a bar (stripes, rate, percent, ETA) on a terminal, a plain
+/// line a second otherwise (logs, CI).
 struct Progress {
     label: &'static str,
     bar: Option<indicatif::ProgressBar>,
@@ -709,7 +703,7 @@ impl Progress {
         let bar = std::io::stderr().is_terminal().then(|| {
             let bar = indicatif::ProgressBar::new(0);
             let template = format!(
-                "{label} {{bar:40}} {{percent:>3}}% {{binary_bytes}}/{{binary_total_bytes}}, {{binary_bytes_per_sec}}, ETA {{eta}}; {{msg}}"
+                "{label} {{bar:40}} {{percent:>3}}% {{pos}}/{{len}} stripes, {{per_sec}}, ETA {{eta}}; {{msg}}"
             );
             bar.set_style(indicatif::ProgressStyle::with_template(&template).expect("a valid template"));
             bar
@@ -721,7 +715,7 @@ impl Progress {
         }
     }
 
-    /// `done` of `total` bytes, and what else to say.
+    /// `done` of `total` stripes, and what else to say.
     fn update(&mut self, done: u64, total: u64, message: String) {
         if let Some(bar) = &self.bar {
             bar.set_length(total);
@@ -734,23 +728,21 @@ impl Progress {
         }
         self.last = std::time::Instant::now();
         eprintln!(
-            "{}: {} of {} ({:.0}%), {message}",
+            "{}: {done}/{total} stripes ({:.0}%), {message}",
             self.label,
-            human(done),
-            human(total),
             100.0 * done as f64 / total.max(1) as f64
         );
     }
 
     /// A scrub's report so far.
     fn scrub(&mut self, report: &tessera_array::ScrubReport) {
-        // In bytes read from the members: every stripe reads as many.
-        let per_stripe = report.bytes_read / report.stripes_checked.max(1);
         let message = format!(
-            "{}/{} stripes, {} bad chunks, {} repaired",
-            report.stripes_checked, report.stripes_total, report.chunks_bad, report.chunks_repaired
+            "{} read, {} bad chunks, {} repaired",
+            human(report.bytes_read),
+            report.chunks_bad,
+            report.chunks_repaired
         );
-        self.update(report.bytes_read, report.stripes_total * per_stripe, message);
+        self.update(report.stripes_checked, report.stripes_total, message);
     }
 
     fn finish(&self) {
@@ -818,14 +810,7 @@ pub fn replace(dir: &Path, index: usize, with: Option<&Path>, rate: u64, force: 
     };
     let array = open_with(dir, engine)?;
     // Checked before a device is made for it.
-    let status = array.status()?;
-    match status.members.get(index) {
-        None => bail!("there is no member {index}: the array has {}", status.members.len()),
-        Some(member) if member.state == tessera_array::MemberState::Healthy => {
-            bail!("member {index} is healthy: there is nothing to rebuild (fail it first to replace its device)")
-        }
-        Some(_) => {}
-    }
+    array.check_rebuildable(index)?;
     let member_bytes = array.geometry().member_bytes;
     let device: Arc<dyn Device> = match with {
         Some(path) if path.exists() => {
@@ -849,9 +834,13 @@ pub fn replace(dir: &Path, index: usize, with: Option<&Path>, rate: u64, force: 
     // replace was interrupted on, what it wrote (so running it again goes
     // on where it stopped). A blank device costs one read of each chunk.
     let report = array.rebuild_member(index, device, true, (rate > 0).then_some(rate), |report| {
-        let per_stripe = report.bytes_written / report.stripes_done.max(1);
-        let message = format!("{}/{} stripes", report.stripes_done, report.stripes_total);
-        progress.update(report.bytes_written, report.stripes_total * per_stripe, message);
+        let message = format!(
+            "{} chunks written ({}), {} kept",
+            report.chunks_written,
+            human(report.bytes_written),
+            report.chunks_current
+        );
+        progress.update(report.stripes_done, report.stripes_total, message);
         true
     })?;
     progress.finish();

@@ -211,10 +211,7 @@ impl Metrics {
         };
         self.member_state.clear();
         for m in &s.members {
-            let state = serde_json::to_value(m.state)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default();
+            let state = m.state.name().to_string();
             let member = m.index as u64;
             let name = m.name.clone();
             self.member_state

@@ -796,13 +796,31 @@ fn make_certificates(dir: &Path) -> (PathBuf, PathBuf) {
 fn copy_in_and_out(uri: &str, cwd: &Path, len: usize, seed: u64) {
     let mut data = vec![0u8; len];
     rand::rngs::StdRng::seed_from_u64(seed).fill(&mut data[..]);
-    let (input, output) = (cwd.join("in.bin"), cwd.join("out.bin"));
-    std::fs::write(&input, &data).unwrap();
+    write_export(uri, cwd, &data);
+    assert!(
+        read_export(uri, cwd)[..len] == data[..],
+        "nbdcopy through {uri} read back other bytes"
+    );
+}
+
+/// Writes `data` at the start of the export at `uri` with nbdcopy.
+fn write_export(uri: &str, cwd: &Path, data: &[u8]) {
+    let input = cwd.join("in.bin");
+    std::fs::write(&input, data).unwrap();
     run("nbdcopy", &[input.to_str().unwrap(), uri], cwd);
+}
+
+/// The whole export at `uri`, read with nbdcopy.
+fn read_export(uri: &str, cwd: &Path) -> Vec<u8> {
+    let output = cwd.join("out.bin");
     let _ = std::fs::remove_file(&output);
     run("nbdcopy", &[uri, output.to_str().unwrap()], cwd);
-    let back = std::fs::read(&output).unwrap();
-    assert!(back[..len] == data[..], "nbdcopy through {uri} read back other bytes");
+    std::fs::read(&output).unwrap()
+}
+
+/// The whole export at `uri` reads back as `data`.
+fn reads_back(uri: &str, cwd: &Path, data: &[u8]) {
+    assert!(read_export(uri, cwd) == data, "the export reads back other bytes");
 }
 
 /// nbdinfo says TLS, nbdcopy copies in and out, and qemu-img (with TLS
@@ -1087,11 +1105,8 @@ fn ext4_through_nbdfuse_survives_a_restart_with_m_members_gone() {
         eprintln!("SKIPPED: no /dev/fuse on this machine, so nbdfuse cannot mount");
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let (cwd, dir) = (tmp.path(), tmp.path().join("array"));
-    create(&dir, &[]);
-    let socket = cwd.join("nbd.sock");
-    let server = Served::start(&dir, &socket);
+    let (tmp, dir, server) = create_and_serve(&[]);
+    let (cwd, socket) = (tmp.path(), tmp.path().join("nbd.sock"));
     let (disk_dir, fs) = (cwd.join("disk"), cwd.join("fs"));
     std::fs::create_dir_all(&disk_dir).unwrap();
     std::fs::create_dir_all(&fs).unwrap();
@@ -1239,24 +1254,6 @@ fn export_sized_data(uri: &str, cwd: &Path, seed: u64) -> Vec<u8> {
     data
 }
 
-/// Writes `data` at the start of the export at `uri` with nbdcopy.
-fn write_export(uri: &str, cwd: &Path, data: &[u8]) {
-    let input = cwd.join("in.bin");
-    std::fs::write(&input, data).unwrap();
-    run("nbdcopy", &[input.to_str().unwrap(), uri], cwd);
-}
-
-/// The whole export at `uri` read with nbdcopy equals `data`.
-fn reads_back(uri: &str, cwd: &Path, data: &[u8]) {
-    let output = cwd.join("out.bin");
-    let _ = std::fs::remove_file(&output);
-    run("nbdcopy", &[uri, output.to_str().unwrap()], cwd);
-    assert!(
-        std::fs::read(&output).unwrap() == data,
-        "the export reads back other bytes"
-    );
-}
-
 /// Flips bytes at `count` random offsets past the superblock of each of
 /// `members`' files in `dir` (chunks of data and parity alike).
 fn corrupt_members(dir: &Path, members: &[usize], count: usize, seed: u64) {
@@ -1289,11 +1286,8 @@ fn scrub_json(dir: &Path) -> serde_json::Value {
 
 #[test]
 fn scrub_repairs_corruption_on_m_members_offline_and_while_served() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (cwd, dir) = (tmp.path(), tmp.path().join("array"));
-    create(&dir, &[]);
-    let socket = cwd.join("nbd.sock");
-    let server = Served::start(&dir, &socket);
+    let (tmp, dir, server) = create_and_serve(&[]);
+    let (cwd, socket) = (tmp.path(), tmp.path().join("nbd.sock"));
     let data = export_sized_data(&server.uri(), cwd, 6);
     write_export(&server.uri(), cwd, &data);
     let read_back = |server: &Served| reads_back(&server.uri(), cwd, &data);
@@ -1393,11 +1387,8 @@ fn prometheus_metrics_count_requests_and_show_member_states() {
 
 #[test]
 fn replace_rebuilds_a_member_that_came_back_or_onto_a_new_device() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (cwd, dir) = (tmp.path(), tmp.path().join("array"));
-    create(&dir, &[]);
-    let socket = cwd.join("nbd.sock");
-    let server = Served::start(&dir, &socket);
+    let (tmp, dir, server) = create_and_serve(&[]);
+    let (cwd, socket) = (tmp.path(), tmp.path().join("nbd.sock"));
     let data = export_sized_data(&server.uri(), cwd, 10);
     write_export(&server.uri(), cwd, &data[..data.len() / 2]);
     // Member 2 fails while served; half the export is written after.
@@ -1456,12 +1447,9 @@ fn replace_rebuilds_a_member_that_came_back_or_onto_a_new_device() {
 
 #[test]
 fn a_member_that_was_away_is_resynced_rewriting_only_what_it_missed() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (cwd, dir) = (tmp.path(), tmp.path().join("array"));
-    create(&dir, &[]);
-    let socket = cwd.join("nbd.sock");
-    let uri = format!("nbd+unix:///tessera?socket={}", socket.display());
-    let server = Served::start(&dir, &socket);
+    let (tmp, dir, server) = create_and_serve(&[]);
+    let (cwd, socket) = (tmp.path(), tmp.path().join("nbd.sock"));
+    let uri = server.uri();
     let mut data = export_sized_data(&uri, cwd, 11);
     write_export(&uri, cwd, &data);
     server.stop();
@@ -1501,11 +1489,8 @@ fn a_member_that_was_away_is_resynced_rewriting_only_what_it_missed() {
 
 #[test]
 fn a_replace_killed_half_way_goes_on_where_it_stopped() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (cwd, dir) = (tmp.path(), tmp.path().join("array"));
-    create(&dir, &[]);
-    let socket = cwd.join("nbd.sock");
-    let server = Served::start(&dir, &socket);
+    let (tmp, dir, server) = create_and_serve(&[]);
+    let (cwd, socket) = (tmp.path(), tmp.path().join("nbd.sock"));
     let data = export_sized_data(&server.uri(), cwd, 13);
     write_export(&server.uri(), cwd, &data);
     server.stop();

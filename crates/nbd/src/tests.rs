@@ -820,3 +820,30 @@ fn spare_buffers_kept_by_many_connections_stay_within_the_servers_cap() {
         "spares outlived their connections"
     );
 }
+
+#[test]
+fn a_request_sent_in_pieces_slower_than_the_stop_poll_is_read_whole() {
+    // The connection waits for requests in 100 ms steps; a request whose
+    // header and payload arrive in pieces further apart must still be
+    // read whole, not cut at the first step.
+    let (mut c, memory, handle) = start();
+    negotiate(&mut c);
+    let mut bytes = RequestHeader {
+        flags: 0,
+        command: CMD_WRITE,
+        cookie: 1,
+        offset: 8192,
+        len: 4,
+    }
+    .encode()
+    .to_vec();
+    bytes.extend_from_slice(b"wxyz");
+    for piece in [&bytes[..10], &bytes[10..28], &bytes[28..30], &bytes[30..]] {
+        c.write_all(piece).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    assert_eq!(reply_error(&mut c, 1), 0);
+    assert_eq!(&memory.0.lock().unwrap()[8192..8196], b"wxyz");
+    request(&mut c, 0, CMD_DISC, 2, 0, 0, &[]);
+    handle.join().unwrap().unwrap();
+}

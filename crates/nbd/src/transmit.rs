@@ -238,11 +238,12 @@ impl<E: Export> Server<E> {
     ) -> io::Result<()> {
         let size = self.export.size();
         let mut idle_since = Instant::now();
+        // Reads wait in short steps, so that a stopping server notices
+        // between requests; once a request has begun it is read whole
+        // (`read_whole` waits on). Set once: not two system calls a request.
+        stream.get_ref().set_read_timeout(Some(STOP_POLL))?;
         loop {
-            // Between requests, wait in short steps, so that a stopping
-            // server notices; once a request has begun, read it whole.
             if stream.buffer().is_empty() {
-                stream.get_ref().set_read_timeout(Some(STOP_POLL))?;
                 let ended = loop {
                     if stop.load(Ordering::Relaxed) {
                         return Ok(());
@@ -262,7 +263,6 @@ impl<E: Export> Server<E> {
                         Err(e) => return Err(e),
                     }
                 };
-                stream.get_ref().set_read_timeout(None)?;
                 if ended {
                     return Ok(()); // the client closed the connection
                 }
@@ -270,7 +270,7 @@ impl<E: Export> Server<E> {
             // Requests already received are carried out even when
             // stopping: the client sent them before it could know.
             let mut header = [0u8; RequestHeader::BYTES];
-            match stream.read_exact(&mut header) {
+            match read_whole(stream, &mut header) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
                 Err(e) => return Err(e),
@@ -294,7 +294,7 @@ impl<E: Export> Server<E> {
                 // request size costs nothing.
                 payload = link.spare_payloads.take();
                 payload.resize(header.payload_bytes(), 0);
-                if let Err(e) = stream.read_exact(&mut payload) {
+                if let Err(e) = read_whole(stream, &mut payload) {
                     link.release(held);
                     return Err(e);
                 }
@@ -316,6 +316,25 @@ impl<E: Export> Server<E> {
             self.pool.submit(move || job.run());
         }
     }
+}
+
+/// Fills `buf` from `stream`, waiting through the read timeout's steps
+/// (`read_exact` would give up at the first, with part of the request
+/// consumed); the end of the stream is `UnexpectedEof`.
+fn read_whole(stream: &mut impl Read, mut buf: &mut [u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        match stream.read(buf) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => buf = &mut buf[n..],
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// One request, carried out by a pool worker.

@@ -644,7 +644,7 @@ mod tests {
         }
 
         #[test]
-        fn option_data_never_panics_and_truncation_is_refused(option in 0u32..16, data in bytes(256)) {
+        fn option_data_never_panics_and_what_parses_encodes_back(option in 0u32..16, data in bytes(256)) {
             if let Ok(parsed) = ClientOption::parse(option, &data) {
                 // What parsed is exactly what was sent (for known options).
                 if !matches!(parsed, ClientOption::Unknown(_) | ClientOption::Abort) {
