@@ -8,19 +8,33 @@ set -euo pipefail
 # nbdfuse), nbdkit, qemu-utils (qemu-img, qemu-io) and fio: the NBD clients
 # and the reference server the array is tested against; fuse2fs and
 # e2fsprogs (mkfs.ext4, e2fsck, debugfs): ext4 through nbdfuse; openssl:
-# the TLS tests' certificates; python3: socket activation as systemd does it.
+# the TLS tests' certificates; python3: socket activation as systemd does it;
+# python3-pip: fetches NVRTC (below).
 packages=(libisal-dev libisal2 libssl-dev pkg-config zstd lz4 b3sum openssl gzip python3
-  fonts-dejavu-core libnbd-bin nbdkit qemu-utils fio fuse2fs e2fsprogs)
+  python3-pip fonts-dejavu-core libnbd-bin nbdkit qemu-utils fio fuse2fs e2fsprogs)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
+if [ ${#missing[@]} -ne 0 ]; then
+  echo "installing test dependencies: ${missing[*]}" >&2
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-echo "installing test dependencies: ${missing[*]}" >&2
-sudo=""
-[ "$(id -u)" -eq 0 ] || sudo="sudo"
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+
+# NVRTC, NVIDIA's run-time CUDA compiler, from its PyPI wheel (no GPU or
+# CUDA toolkit needed): the tests compile the GPU backend's kernels with it.
+# Unpacked into target/test-deps/nvrtc; scripts/test.sh puts its lib folder
+# on LD_LIBRARY_PATH.
+nvrtc=target/test-deps/nvrtc
+if [ ! -e "$nvrtc/nvidia/cuda_nvrtc/lib/libnvrtc.so.12" ]; then
+  echo "fetching NVRTC (nvidia-cuda-nvrtc-cu12 wheel)" >&2
+  rm -rf "$nvrtc"
+  python3 -m pip download -q --no-deps --only-binary=:all: --dest "$nvrtc/wheel" \
+    nvidia-cuda-nvrtc-cu12==12.9.86
+  python3 -m zipfile -e "$nvrtc"/wheel/*.whl "$nvrtc"
+  rm -rf "$nvrtc/wheel"
+fi

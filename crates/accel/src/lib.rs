@@ -21,6 +21,8 @@
 //! [`select`] picks a backend by name (`auto`, `cpu`, `cuda`).
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -86,6 +88,8 @@ pub struct Work {
     pub bytes_coded: u64,
     pub buffers_hashed: u64,
     pub bytes_hashed: u64,
+    /// Bytes of chunks coded or hashed on a GPU (the rest were on the CPU).
+    pub bytes_on_device: u64,
 }
 
 /// Counters a backend bumps as it works.
@@ -118,6 +122,7 @@ impl WorkCounters {
             bytes_coded: self.bytes_coded.load(Ordering::Relaxed),
             buffers_hashed: self.buffers_hashed.load(Ordering::Relaxed),
             bytes_hashed: self.bytes_hashed.load(Ordering::Relaxed),
+            bytes_on_device: 0,
         }
     }
 }
@@ -126,6 +131,12 @@ impl WorkCounters {
 pub trait Accelerator: Send + Sync {
     /// The backend's name, as `status` and `bench` print it.
     fn name(&self) -> &str;
+
+    /// What the backend runs on, for `status` and `bench` (the GPU's name,
+    /// a fallback and why); empty for the CPU.
+    fn detail(&self) -> String {
+        String::new()
+    }
 
     /// Computes each job's parity, then the leaves and root of its K+M
     /// chunks. Results are in job order.
@@ -152,7 +163,7 @@ pub trait Accelerator: Send + Sync {
 /// Which backend to use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Kind {
-    /// The fastest backend this machine has (today: the CPU).
+    /// A GPU for the work where it is faster, the CPU otherwise.
     #[default]
     Auto,
     Cpu,
@@ -171,6 +182,18 @@ impl std::str::FromStr for Kind {
     }
 }
 
+impl Kind {
+    /// The kind `TESSERA_ACCEL` names (auto when it is unset): what an
+    /// array opened without an explicit backend uses, so that a test suite
+    /// can be run on a GPU with `TESSERA_ACCEL=cuda`.
+    pub fn from_env() -> Result<Kind, AccelError> {
+        match std::env::var("TESSERA_ACCEL") {
+            Ok(name) if !name.is_empty() => name.parse(),
+            _ => Ok(Kind::Auto),
+        }
+    }
+}
+
 impl std::fmt::Display for Kind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
@@ -181,15 +204,29 @@ impl std::fmt::Display for Kind {
     }
 }
 
-/// The backend `kind` names. `Auto` falls back to the CPU; `Cuda` is
-/// refused with the reason until a CUDA backend is built in.
+/// The backend `kind` names. `Cpu` is the host's SIMD units and threads;
+/// `Cuda` is GPU 0 for all the work it has kernels for, refused with the
+/// reason when there is no GPU, driver or NVRTC; `Auto` is the GPU for
+/// the batches where it wins (SHA-256 and SHA3-512 checksums, see
+/// [`cuda::Policy::Auto`]) when one opens, and the CPU otherwise.
 pub fn select(kind: Kind) -> Result<Arc<dyn Accelerator>, AccelError> {
+    let threads = cpu::default_threads();
     match kind {
-        Kind::Auto | Kind::Cpu => Ok(Arc::new(cpu::Cpu::new(cpu::default_threads()))),
+        Kind::Cpu => Ok(Arc::new(cpu::Cpu::new(threads))),
+        #[cfg(feature = "cuda")]
+        Kind::Cuda => Ok(Arc::new(cuda::Cuda::open(cuda::Policy::Always, threads)?)),
+        #[cfg(feature = "cuda")]
+        Kind::Auto => match cuda::Cuda::open(cuda::Policy::Auto, threads) {
+            Ok(gpu) => Ok(Arc::new(gpu)),
+            Err(_) => Ok(Arc::new(cpu::Cpu::new(threads))),
+        },
+        #[cfg(not(feature = "cuda"))]
         Kind::Cuda => Err(AccelError::Unavailable {
             name: "cuda".to_string(),
-            why: "this build has no CUDA backend; use --accel cpu".to_string(),
+            why: "this build has no CUDA backend (the 'cuda' feature is off); use --accel cpu".to_string(),
         }),
+        #[cfg(not(feature = "cuda"))]
+        Kind::Auto => Ok(Arc::new(cpu::Cpu::new(threads))),
     }
 }
 

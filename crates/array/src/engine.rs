@@ -333,7 +333,9 @@ impl Array {
         let geometry = superblock.geometry.clone();
         let accel = match &options.accel {
             Some(accel) => accel.clone(),
-            None => tessera_accel::select(tessera_accel::Kind::Auto).map_err(ArrayError::Accel)?,
+            None => tessera_accel::Kind::from_env()
+                .and_then(tessera_accel::select)
+                .map_err(ArrayError::Accel)?,
         };
         let policy = geometry.compression.map(|codec| Policy {
             mode: tessera_compress::policy::Mode::Aggressive,

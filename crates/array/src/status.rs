@@ -118,10 +118,14 @@ pub struct MemberStatus {
 #[derive(Clone, Debug, Serialize)]
 pub struct AcceleratorStatus {
     pub name: String,
+    /// What the backend runs on (a GPU's name; a fallback and its reason).
+    pub detail: String,
     pub stripes_sealed: u64,
     pub stripes_reconstructed: u64,
     pub bytes_coded: u64,
     pub bytes_hashed: u64,
+    /// Bytes of chunks coded or hashed on a GPU.
+    pub bytes_on_device: u64,
 }
 
 impl Shared {
@@ -159,10 +163,12 @@ impl Shared {
             compression: g.compression.map_or("none".to_string(), |c| c.to_string()),
             accelerator: AcceleratorStatus {
                 name: self.accel.name().to_string(),
+                detail: self.accel.detail(),
                 stripes_sealed: work.stripes_sealed,
                 stripes_reconstructed: work.stripes_reconstructed,
                 bytes_coded: work.bytes_coded,
                 bytes_hashed: work.bytes_hashed,
+                bytes_on_device: work.bytes_on_device,
             },
             members: (0..members.count())
                 .map(|index| MemberStatus {

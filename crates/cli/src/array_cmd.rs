@@ -396,7 +396,10 @@ pub fn serve(mut s: Serve) -> Result<()> {
         human(status.logical_bytes),
         status.members.len() - status.members_unavailable,
         status.members.len(),
-        status.accelerator.name
+        match status.accelerator.detail.as_str() {
+            "" => status.accelerator.name.clone(),
+            detail => format!("{}: {detail}", status.accelerator.name),
+        }
     );
     eprintln!("tessera: connect with e.g. `nbdinfo {url}` or `qemu-img info {url}`; stop with Ctrl-C");
     let metrics = match &s.metrics {
@@ -620,11 +623,14 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
         );
     }
     let accel = &status["accelerator"];
+    let detail = accel["detail"].as_str().filter(|d| !d.is_empty());
     println!(
-        "accelerator {}: {} stripes sealed, {} rebuilt",
+        "accelerator {}{}: {} stripes sealed, {} rebuilt, {} on the device",
         accel["name"].as_str().unwrap_or("?"),
+        detail.map_or(String::new(), |d| format!(" ({d})")),
         accel["stripes_sealed"].as_u64().unwrap_or(0),
-        accel["stripes_reconstructed"].as_u64().unwrap_or(0)
+        accel["stripes_reconstructed"].as_u64().unwrap_or(0),
+        human(accel["bytes_on_device"].as_u64().unwrap_or(0))
     );
     println!(
         "stripes: {} used of {} ({} free), {} degraded",

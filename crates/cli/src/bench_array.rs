@@ -246,7 +246,14 @@ pub fn run(o: &Options) -> Result<Report> {
     let user = after.user_bytes_written - before.user_bytes_written;
     let member = after.member_bytes_written - before.member_bytes_written;
     Ok(Report {
-        accelerator: accel.name().to_string(),
+        accelerator: match accel.detail() {
+            detail if detail.is_empty() => accel.name().to_string(),
+            detail => format!(
+                "{} ({detail}; {} MB on the device)",
+                accel.name(),
+                accel.work().bytes_on_device / 1_000_000
+            ),
+        },
         layout: format!(
             "{}+{} on {} members, {} KiB chunks",
             o.data,

@@ -335,6 +335,13 @@ enum BenchCommand {
         /// Minimum seconds per measurement.
         #[arg(long, default_value_t = 0.3)]
         seconds: f64,
+        /// cpu, or cuda to add the GPU's figures: PCIe both ways, the
+        /// kernel on device-resident data, and the backend end to end.
+        #[arg(long, default_value = "cpu")]
+        accel: tessera_accel::Kind,
+        /// Bytes of data per GPU batch.
+        #[arg(long, value_parser = size::parse, default_value = "1G")]
+        gpu_batch: u64,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -350,6 +357,14 @@ enum BenchCommand {
         /// Bytes per digest (a block).
         #[arg(long, value_parser = size::parse, default_value = "64K")]
         block_bytes: u64,
+        /// cpu, or cuda to add the GPU's figures for SHA-256 and SHA3-512:
+        /// Merkle leaves and roots of stripes of 16 blocks, device-resident
+        /// and end to end, beside the PCIe bandwidth.
+        #[arg(long, default_value = "cpu")]
+        accel: tessera_accel::Kind,
+        /// Bytes of blocks per GPU batch.
+        #[arg(long, value_parser = size::parse, default_value = "1G")]
+        gpu_batch: u64,
         /// Print JSON: one object for one algorithm, {"algorithms": [...]} for all.
         #[arg(long)]
         json: bool,
@@ -528,8 +543,11 @@ fn main() -> Result<()> {
             threads,
             rounds,
             seconds,
+            accel,
+            gpu_batch,
             json,
         }) => {
+            let gpu = gpu_bench(accel)?;
             let report = bench_ec::run(&bench_ec::Options {
                 data: shape.data,
                 parity: shape.parity,
@@ -541,10 +559,34 @@ fn main() -> Result<()> {
                 rounds,
                 seconds,
             })?;
+            let gpu = match gpu {
+                Some(gpu) => {
+                    let shape = tessera_accel::Shape {
+                        data: shape.data,
+                        parity: shape.parity,
+                        chunk_bytes: usize::try_from(shard_bytes)?,
+                        checksum: tessera_checksum::Algorithm::Crc32c,
+                    };
+                    let work = tessera_accel::cuda::bench::Work::Encode;
+                    Some(tessera_accel::cuda::bench::run(
+                        &gpu,
+                        &shape,
+                        work,
+                        usize::try_from(gpu_batch)?,
+                        seconds.max(1.0),
+                    )?)
+                }
+                None => None,
+            };
             if json {
-                println!("{}", serde_json::to_string(&report)?);
+                let mut value = serde_json::to_value(&report)?;
+                value["gpu"] = serde_json::to_value(&gpu)?;
+                println!("{value}");
             } else {
                 print_ec_report(&report);
+                if let Some(gpu) = &gpu {
+                    print_gpu_figures("encode", gpu);
+                }
             }
             Ok(())
         }
@@ -584,8 +626,10 @@ fn main() -> Result<()> {
             algorithm,
             bytes,
             block_bytes,
+            accel,
+            gpu_batch,
             json,
-        }) => bench_hash(algorithm, bytes, block_bytes, json),
+        }) => bench_hash(algorithm, bytes, block_bytes, accel, gpu_batch, json),
         Command::Bench(BenchCommand::Compress {
             codec,
             input,
@@ -745,21 +789,88 @@ fn resilience(
     Ok(())
 }
 
-fn bench_hash(algorithm: Option<tessera_checksum::Algorithm>, bytes: u64, block_bytes: u64, json: bool) -> Result<()> {
+/// The GPU backend for a benchmark's `--accel`: None for the CPU alone.
+fn gpu_bench(accel: tessera_accel::Kind) -> Result<Option<tessera_accel::cuda::Cuda>> {
+    match accel {
+        tessera_accel::Kind::Cpu => Ok(None),
+        tessera_accel::Kind::Cuda => Ok(Some(tessera_accel::cuda::Cuda::open(
+            tessera_accel::cuda::Policy::Always,
+            tessera_accel::cpu::default_threads(),
+        )?)),
+        tessera_accel::Kind::Auto => Ok(tessera_accel::cuda::Cuda::open(
+            tessera_accel::cuda::Policy::Always,
+            tessera_accel::cpu::default_threads(),
+        )
+        .ok()),
+    }
+}
+
+fn print_gpu_figures(what: &str, f: &tessera_accel::cuda::bench::Figures) {
+    println!(
+        "GPU {} ({what}, batches of {} MiB): PCIe host->device {:.1} GB/s, device->host {:.1} GB/s",
+        f.device,
+        f.batch_bytes >> 20,
+        f.host_to_device_gbps,
+        f.device_to_host_gbps
+    );
+    println!(
+        "    device-resident {:9.1} GB/s   end to end {:7.1} GB/s = {:.2}x host->device",
+        f.resident_gbps,
+        f.end_to_end_gbps,
+        f.end_to_end_gbps / f.host_to_device_gbps
+    );
+}
+
+fn bench_hash(
+    algorithm: Option<tessera_checksum::Algorithm>,
+    bytes: u64,
+    block_bytes: u64,
+    accel: tessera_accel::Kind,
+    gpu_batch: u64,
+    json: bool,
+) -> Result<()> {
     let algorithms = match algorithm {
         Some(a) => vec![a],
         None => tessera_checksum::Algorithm::ALL.to_vec(),
     };
     anyhow::ensure!(block_bytes > 0, "--block-bytes must be at least 1");
+    let gpu = gpu_bench(accel)?;
     let mut reports = Vec::new();
+    let mut gpu_figures = Vec::new();
     for a in algorithms {
         reports.push(bench_data::hash(
             a,
             usize::try_from(bytes)?,
             usize::try_from(block_bytes)?,
         )?);
+        if let Some(gpu) = &gpu {
+            if matches!(
+                a,
+                tessera_checksum::Algorithm::Sha256 | tessera_checksum::Algorithm::Sha3_512
+            ) {
+                let shape = tessera_accel::Shape {
+                    data: 14,
+                    parity: 2,
+                    chunk_bytes: usize::try_from(block_bytes)?,
+                    checksum: a,
+                };
+                let work = tessera_accel::cuda::bench::Work::Merkle(a);
+                gpu_figures.push((
+                    a,
+                    tessera_accel::cuda::bench::run(gpu, &shape, work, usize::try_from(gpu_batch)?, 1.0)?,
+                ));
+            }
+        }
     }
     if json {
+        if !gpu_figures.is_empty() {
+            let gpu: Vec<_> = gpu_figures
+                .iter()
+                .map(|(a, f)| serde_json::json!({ "algorithm": a.name(), "figures": f }))
+                .collect();
+            println!("{}", serde_json::json!({ "algorithms": reports, "gpu": gpu }));
+            return Ok(());
+        }
         match &reports[..] {
             [one] => println!("{}", serde_json::to_string(one)?),
             all => println!("{}", serde_json::json!({ "algorithms": all })),
@@ -775,6 +886,9 @@ fn bench_hash(algorithm: Option<tessera_checksum::Algorithm>, bytes: u64, block_
         };
         let ratio = r.ratio.map_or("-".to_string(), |x| format!("{x:.2}x"));
         println!("{:<10} {:>10.3} {:>12}  {reference}", r.algorithm, r.gbps, ratio);
+    }
+    for (algorithm, figures) in &gpu_figures {
+        print_gpu_figures(&format!("{algorithm} Merkle leaves and roots"), figures);
     }
     Ok(())
 }

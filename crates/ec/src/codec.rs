@@ -209,7 +209,8 @@ impl Codec {
     }
 
     /// The survivors a rebuild of `missing` reads, and the row-major
-    /// (missing x K) matrix that computes the missing shards from them: what
+    /// (missing x K) matrix that computes the missing shards from them, one
+    /// row per missing shard in ascending order of index: what
     /// an ISA-L application hands `ec_init_tables` to decode.
     pub fn decode_matrix(&self, missing: &[usize]) -> Result<(Vec<usize>, Vec<u8>), EcError> {
         let plan = self.plan(self.plan_key(missing, Targets::All)?);

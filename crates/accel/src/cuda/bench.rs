@@ -1,0 +1,197 @@
+//! Measurements of the GPU for `tessera bench ec|hash --accel cuda`: the
+//! PCIe link (pinned buffers, both ways), the kernels on data already in
+//! device memory (timed with CUDA events), and the backend end to end
+//! (host memory in, host memory out, through `encode` or `reconstruct`,
+//! timed by the wall clock), all in one run.
+
+use super::*;
+use std::time::{Duration, Instant};
+
+/// What one measurement found, in GB/s (10^9 bytes per second).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Figures {
+    pub device: String,
+    /// Host to device, pinned memory.
+    pub host_to_device_gbps: f64,
+    /// Device to host, pinned memory.
+    pub device_to_host_gbps: f64,
+    /// The kernels alone, on data in device memory (bytes of input: data
+    /// chunks for encoding, all chunks for hashing).
+    pub resident_gbps: f64,
+    /// The backend's call, from the caller's memory back to it.
+    pub end_to_end_gbps: f64,
+    /// Bytes of input per timed batch.
+    pub batch_bytes: usize,
+}
+
+/// What to measure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Work {
+    /// Parity of K data chunks per stripe.
+    Encode,
+    /// Merkle leaves and root of all K+M chunks per stripe.
+    Merkle(Algorithm),
+}
+
+struct Events {
+    start: cudarc::driver::CudaEvent,
+    end: cudarc::driver::CudaEvent,
+}
+
+impl Events {
+    fn new(ctx: &Arc<CudaContext>) -> Result<Events, AccelError> {
+        Ok(Events {
+            start: ctx
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(driver)?,
+            end: ctx
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(driver)?,
+        })
+    }
+
+    /// Median seconds of `rounds` runs of `work` on `stream`, each timed by events.
+    fn time(
+        &self,
+        stream: &CudaStream,
+        rounds: usize,
+        mut work: impl FnMut() -> Result<(), AccelError>,
+    ) -> Result<f64, AccelError> {
+        work()?; // warm up
+        let mut seconds = Vec::with_capacity(rounds);
+        for _ in 0..rounds {
+            self.start.record(stream).map_err(driver)?;
+            work()?;
+            self.end.record(stream).map_err(driver)?;
+            self.end.synchronize().map_err(driver)?;
+            seconds.push(f64::from(self.start.elapsed_ms(&self.end).map_err(driver)?) / 1e3);
+        }
+        seconds.sort_by(f64::total_cmp);
+        Ok(seconds[seconds.len() / 2])
+    }
+}
+
+/// Measures `work` on stripes of `shape` (`shape.checksum` is ignored for
+/// [`Work::Encode`]), with batches of about `batch_bytes` of input, for at
+/// least `seconds` end to end.
+pub fn run(gpu: &Cuda, shape: &Shape, work: Work, batch_bytes: usize, seconds: f64) -> Result<Figures, AccelError> {
+    let (k, c) = (shape.data, shape.chunk_bytes);
+    let width = shape.width();
+    if width > 256 {
+        return Err(AccelError::WrongSize {
+            index: 0,
+            got: width,
+            want: 256,
+        });
+    }
+    let input_per_stripe = match work {
+        Work::Encode => k * c,
+        Work::Merkle(_) => width * c,
+    };
+    let stripes = (batch_bytes / input_per_stripe).max(1);
+    let batch = stripes * input_per_stripe;
+    let mut rng_state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut random = |bytes: &mut [u8]| {
+        for word in bytes.chunks_mut(8) {
+            rng_state ^= rng_state << 13;
+            rng_state ^= rng_state >> 7;
+            rng_state ^= rng_state << 17;
+            word.copy_from_slice(&rng_state.to_le_bytes()[..word.len()]);
+        }
+    };
+
+    // The link and the kernels, on one slot's buffers.
+    gpu.ctx.bind_to_thread().map_err(driver)?;
+    let mut slot = gpu.take_slot();
+    let measured = (|| -> Result<(f64, f64, f64), AccelError> {
+        let algorithm = match work {
+            Work::Encode => None,
+            Work::Merkle(a) => Some(
+                kernel_algorithm(a)
+                    .ok_or_else(|| unavailable(&format!("the GPU has no kernel for {a}; use sha256 or sha3-512")))?,
+            ),
+        };
+        let codec = gpu.codec(shape)?;
+        let params = gf_params(
+            &(0..k).collect::<Vec<_>>(),
+            &(k..width).collect::<Vec<_>>(),
+            &codec.encoding_matrix()[k * k..],
+        );
+        let layout = Layout::new(stripes, width, c, params.len());
+        let stream = slot.stream.clone();
+        let buffers = slot.reserve(layout.end).map_err(driver)?;
+        let device = buffers.device;
+        let host = buffers.host();
+        random(&mut host[..layout.params]);
+        for (w, word) in params.iter().enumerate() {
+            host[layout.params + 4 * w..][..4].copy_from_slice(&word.to_le_bytes());
+        }
+        let events = Events::new(&gpu.ctx)?;
+        let cs = stream.cu_stream();
+        let link = layout.params;
+        let up = events.time(&stream, 5, || unsafe {
+            cu::memcpy_htod_async(device, &host[..link], cs).map_err(driver)
+        })?;
+        let host = slot.buffers.as_mut().expect("reserved").host();
+        let down = events.time(&stream, 5, || unsafe {
+            cu::memcpy_dtoh_async(&mut host[..link], device, cs).map_err(driver)
+        })?;
+        unsafe { cu::memcpy_htod_async(device, &host[..layout.leaves], cs) }.map_err(driver)?;
+        let resident = events.time(&stream, 9, || match algorithm {
+            None => gpu.launch_encode(&stream, device, &layout, shape, &codec),
+            Some(algorithm) => gpu.launch_hash(&stream, device, &layout, algorithm, c),
+        })?;
+        Ok((
+            link as f64 / up / 1e9,
+            link as f64 / down / 1e9,
+            batch as f64 / resident / 1e9,
+        ))
+    })();
+    slot.stream.synchronize().ok();
+    gpu.put_slot(slot);
+    let (host_to_device_gbps, device_to_host_gbps, resident_gbps) = measured?;
+
+    // End to end: the backend's own calls on pageable host memory.
+    let mut data = vec![0u8; stripes * width * c];
+    random(&mut data);
+    let start = Instant::now();
+    let mut rounds = 0u32;
+    while rounds < 3 || start.elapsed() < Duration::from_secs_f64(seconds) {
+        match work {
+            Work::Encode => {
+                let mut jobs: Vec<SealJob> = data
+                    .chunks_mut(width * c)
+                    .map(|stripe| {
+                        let (data, parity) = stripe.split_at_mut(k * c);
+                        SealJob { data, parity }
+                    })
+                    .collect();
+                gpu.encode(shape, &mut jobs)?;
+            }
+            Work::Merkle(algorithm) => {
+                let shape = Shape {
+                    checksum: algorithm,
+                    ..*shape
+                };
+                let mut jobs: Vec<ReconstructJob> = data
+                    .chunks_mut(width * c)
+                    .map(|stripe| ReconstructJob {
+                        chunks: stripe.chunks_mut(c).collect(),
+                        missing: Vec::new(),
+                    })
+                    .collect();
+                gpu.reconstruct_gpu(&shape, &mut jobs)?;
+            }
+        }
+        rounds += 1;
+    }
+    let end_to_end_gbps = batch as f64 * f64::from(rounds) / start.elapsed().as_secs_f64() / 1e9;
+    Ok(Figures {
+        device: gpu.device().to_string(),
+        host_to_device_gbps,
+        device_to_host_gbps,
+        resident_gbps,
+        end_to_end_gbps,
+        batch_bytes: batch,
+    })
+}

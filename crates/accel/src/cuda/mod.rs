@@ -1,0 +1,1083 @@
+//! The CUDA backend: parity, rebuilt chunks, Merkle leaves and roots on an
+//! NVIDIA GPU, through the driver API loaded at run time.
+//!
+//! Nothing here links against CUDA: `cudarc` opens `libcuda` and `libnvrtc`
+//! when [`Cuda::open`] is called, after checking that both are there (the
+//! driver's absence would otherwise be a panic), and the kernels in
+//! `kernels.cu` are compiled by NVRTC for the GPU found. A machine without
+//! a GPU, a driver or NVRTC gets [`AccelError::Unavailable`] with the
+//! reason, and `--accel auto` the CPU.
+//!
+//! # How a batch flows
+//!
+//! A batch is cut into pieces of at most [`PIECE_BYTES`]; each piece is
+//! packed into a pinned host buffer (stripe s, chunk j in slot
+//! `s * width + j`, slots rounded up to 16 bytes), copied to the device,
+//! coded, hashed (leaves, then one block per stripe for the root) and its
+//! outputs copied back, all on one stream. A call holds two staging slots
+//! with a stream each and alternates pieces between them, so the next
+//! piece is packed and copied while the last one computes. Calls from
+//! several threads take different slots (there are [`SLOTS`]).
+//!
+//! # What stays on the CPU
+//!
+//! [`Accelerator::decode`] (a read's byte range of a few chunks: a PCIe
+//! round trip costs more than the arithmetic), leaves for checksums the
+//! GPU has no kernel for (CRC-32C, XXH3, BLAKE3: parity is still computed
+//! here), and under [`Policy::Auto`] every batch whose checksum is cheap on
+//! a CPU or which is too small to pay for the copies.
+//!
+//! # Failure
+//!
+//! Any error from the driver (a kernel fault, a GPU that fell off the bus)
+//! gives the GPU up for the life of the backend: the batch is redone on
+//! the CPU, which is safe because nothing is written into the caller's
+//! buffers before a piece's stream has finished, and later batches go
+//! straight to the CPU. `status` shows the reason.
+
+pub mod bench;
+mod encoder;
+
+use crate::cpu::Cpu;
+use crate::{AccelError, Accelerator, Leaves, ReconstructJob, SealJob, Shape, Work, WorkCounters};
+use cudarc::driver::{result as cu, sys, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use rayon::prelude::*;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use tessera_checksum::{merkle, Algorithm, Digest};
+use tessera_ec::{Codec, MatrixKind};
+
+/// The kernels' source, compiled at run time.
+pub const KERNELS: &str = include_str!("kernels.cu");
+
+/// The most bytes of chunk slots one piece of a batch stages (a single
+/// stripe larger than this is a piece of its own).
+pub const PIECE_BYTES: usize = 256 << 20;
+
+/// Staging slots (a stream and its pinned and device buffers each).
+pub const SLOTS: usize = 4;
+
+/// Under [`Policy::Auto`], batches with fewer data bytes than this run on
+/// the CPU: below it, the copies and launches cost more than they save.
+pub const AUTO_BATCH_BYTES_MIN: usize = 1 << 20;
+
+/// Rows of a coefficient matrix one `gf_dot` pass computes (ROWS in the kernel).
+const KERNEL_ROWS: usize = 8;
+
+/// Slack after every buffer: the kernels' word loads may read up to 15
+/// bytes past a chunk, never using them.
+const SLACK: usize = 64;
+
+/// Bytes a digest takes in the kernels' output (the widest digest).
+const DIGEST_SLOT: usize = 64;
+
+/// Which work goes to the GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// Everything the GPU has kernels for (`--accel cuda`).
+    Always,
+    /// Only where it wins (`--accel auto`): batches of at least
+    /// [`AUTO_BATCH_BYTES_MIN`] whose checksum is SHA-256 or SHA3-512, which
+    /// a CPU core hashes at 0.2-1.2 GB/s. Parity alone, or with a checksum a
+    /// core computes at several GB/s, is cheaper on the host's SIMD units
+    /// than the PCIe round trip plus the packing copy.
+    Auto,
+}
+
+/// The algorithm number the kernels use, if they have one.
+fn kernel_algorithm(algorithm: Algorithm) -> Option<i32> {
+    match algorithm {
+        Algorithm::Sha256 => Some(0),
+        Algorithm::Sha3_512 => Some(1),
+        _ => None,
+    }
+}
+
+/// Whether the shared libraries a CUDA backend needs can be loaded, and if
+/// not, why. Loading them is all this does: no context is created.
+pub fn probe() -> Result<(), String> {
+    // SAFETY: these only try to dlopen the libraries by name.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err("no NVIDIA driver library (libcuda.so) was found".to_string());
+    }
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(
+            "the NVRTC library (libnvrtc.so) was not found; install the CUDA toolkit or the \
+                    nvidia-cuda-nvrtc wheel and put its lib folder on LD_LIBRARY_PATH"
+                .to_string(),
+        );
+    }
+    Ok(())
+}
+
+/// Compiles the kernels for compute capability `major.minor` and returns
+/// the PTX. Needs only NVRTC, not a GPU (CI checks that they compile).
+pub fn compile(major: i32, minor: i32) -> Result<String, AccelError> {
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(unavailable("the NVRTC library (libnvrtc.so) was not found"));
+    }
+    let options = cudarc::nvrtc::CompileOptions {
+        options: vec![
+            format!("--gpu-architecture=compute_{major}{minor}"),
+            "--std=c++17".to_string(),
+            "-default-device".to_string(),
+        ],
+        name: Some("tessera_kernels.cu".to_string()),
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(KERNELS, options)
+        .map_err(|e| unavailable(&format!("NVRTC could not compile the kernels: {e:?}")))?;
+    Ok(ptx.to_src())
+}
+
+/// The kernels for `major.minor`, compiled once per process (NVRTC takes
+/// about a second; every array opened compiles nothing after the first).
+fn compiled(major: i32, minor: i32) -> Result<String, AccelError> {
+    static PTX: Mutex<Vec<((i32, i32), String)>> = Mutex::new(Vec::new());
+    let mut cache = PTX.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, ptx)) = cache.iter().find(|(arch, _)| *arch == (major, minor)) {
+        return Ok(ptx.clone());
+    }
+    let ptx = compile(major, minor)?;
+    cache.push(((major, minor), ptx.clone()));
+    Ok(ptx)
+}
+
+fn unavailable(why: &str) -> AccelError {
+    AccelError::Unavailable {
+        name: "cuda".to_string(),
+        why: why.to_string(),
+    }
+}
+
+fn driver(e: cu::DriverError) -> AccelError {
+    unavailable(&format!("the CUDA driver failed: {e}"))
+}
+
+/// Memory the driver gave: device memory or pinned host memory.
+struct Buffers {
+    host: *mut u8,
+    device: sys::CUdeviceptr,
+    bytes: usize,
+}
+
+// SAFETY: the pointers are owned by the slot that holds them, and a slot is
+// used by one thread at a time (it is taken out of the pool to be used).
+unsafe impl Send for Buffers {}
+
+impl Buffers {
+    fn new(bytes: usize) -> Result<Buffers, cu::DriverError> {
+        let host = unsafe { cu::malloc_host(bytes + SLACK, 0)? } as *mut u8;
+        let device = match unsafe { cu::malloc_sync(bytes + SLACK) } {
+            Ok(device) => device,
+            Err(e) => {
+                unsafe { cu::free_host(host as _).ok() };
+                return Err(e);
+            }
+        };
+        Ok(Buffers { host, device, bytes })
+    }
+
+    fn host(&mut self) -> &mut [u8] {
+        // SAFETY: `bytes` were allocated at `host`, and `&mut self` is the only way in.
+        unsafe { std::slice::from_raw_parts_mut(self.host, self.bytes) }
+    }
+}
+
+impl Drop for Buffers {
+    fn drop(&mut self) {
+        unsafe {
+            cu::free_sync(self.device).ok();
+            cu::free_host(self.host as _).ok();
+        }
+    }
+}
+
+/// A stream with its staging buffers, grown on demand.
+struct Slot {
+    stream: Arc<CudaStream>,
+    buffers: Option<Buffers>,
+}
+
+impl Slot {
+    /// Buffers of at least `bytes`.
+    fn reserve(&mut self, bytes: usize) -> Result<&mut Buffers, cu::DriverError> {
+        if self.buffers.as_ref().is_none_or(|b| b.bytes < bytes) {
+            self.buffers = None;
+            self.buffers = Some(Buffers::new(bytes.next_power_of_two())?);
+        }
+        Ok(self.buffers.as_mut().expect("just made"))
+    }
+}
+
+struct Kernels {
+    gf_dot: CudaFunction,
+    leaves: CudaFunction,
+    roots: CudaFunction,
+    digests: CudaFunction,
+}
+
+/// Where a piece's regions lie in its slot's buffers (byte offsets).
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    stripes: usize,
+    width: usize,
+    slot: usize,
+    chunks: usize,
+    params: usize,
+    leaves: usize,
+    roots: usize,
+    end: usize,
+}
+
+impl Layout {
+    fn new(stripes: usize, width: usize, chunk_bytes: usize, param_words: usize) -> Layout {
+        let slot = chunk_bytes.next_multiple_of(16).max(16);
+        let chunks = 0;
+        let params = chunks + stripes * width * slot;
+        let leaves = params + (param_words * 4).next_multiple_of(64);
+        let roots = leaves + stripes * width * DIGEST_SLOT;
+        let end = roots + stripes * DIGEST_SLOT;
+        Layout {
+            stripes,
+            width,
+            slot,
+            chunks,
+            params,
+            leaves,
+            roots,
+            end,
+        }
+    }
+
+    fn chunk(&self, stripe: usize, index: usize) -> usize {
+        self.chunks + (stripe * self.width + index) * self.slot
+    }
+}
+
+/// The words `gf_dot` takes: source slots, destination slots, then 8
+/// masks per coefficient (all ones where the coefficient's bit is set),
+/// the masks starting on a 16-byte boundary.
+fn gf_params(sources: &[usize], targets: &[usize], rows: &[u8]) -> Vec<u32> {
+    let k = sources.len();
+    debug_assert_eq!(rows.len(), k * targets.len());
+    let mut words: Vec<u32> = sources.iter().chain(targets).map(|&i| i as u32).collect();
+    words.resize((k + targets.len()).next_multiple_of(4), 0);
+    for &c in rows {
+        words.extend((0..8).map(|b| if c >> b & 1 == 1 { u32::MAX } else { 0 }));
+    }
+    words
+}
+
+/// Splits `count` stripes of `stripe_bytes` into pieces of at most
+/// [`PIECE_BYTES`] (at least one stripe each): (first stripe, stripes).
+pub(crate) fn pieces(count: usize, stripe_bytes: usize) -> Vec<(usize, usize)> {
+    let per = (PIECE_BYTES / stripe_bytes.max(1)).max(1);
+    (0..count)
+        .step_by(per)
+        .map(|first| (first, per.min(count - first)))
+        .collect()
+}
+
+/// The CUDA backend.
+pub struct Cuda {
+    device: String,
+    ctx: Arc<CudaContext>,
+    kernels: Kernels,
+    policy: Policy,
+    slots: Mutex<Vec<Slot>>,
+    slot_free: Condvar,
+    codecs: Mutex<std::collections::HashMap<(usize, usize), Arc<Codec>>>,
+    /// Encoding kernels compiled for a shape (None: NVRTC failed, use gf_dot).
+    encoders: Mutex<std::collections::HashMap<(usize, usize), Option<Encoder>>>,
+    cpu: Cpu,
+    /// Why the GPU was given up, once it was.
+    failed: OnceLock<String>,
+    counters: WorkCounters,
+    bytes_on_device: AtomicU64,
+    /// Tests: fail the next batch as a lost GPU would.
+    inject_failure: std::sync::atomic::AtomicBool,
+}
+
+/// A shape's own encoding kernels, one per group of parity rows.
+type Encoder = Arc<Vec<CudaFunction>>;
+
+/// What a staged piece will write back into the caller's jobs.
+struct Pending {
+    slot: Slot,
+    layout: Layout,
+    first: usize,
+    /// Chunk indexes copied back per stripe (parity, or the rebuilt ones).
+    outputs: Vec<usize>,
+    hashed: bool,
+}
+
+impl Cuda {
+    /// Opens GPU 0: loads the driver, creates a context, compiles the kernels.
+    pub fn open(policy: Policy, cpu_threads: usize) -> Result<Cuda, AccelError> {
+        probe().map_err(|why| unavailable(&why))?;
+        let ctx = CudaContext::new(0).map_err(|e| unavailable(&format!("no usable GPU: {e}")))?;
+        let (major, minor) = ctx.compute_capability().map_err(driver)?;
+        let ptx = compiled(major, minor)?;
+        let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(driver)?;
+        let load = |name: &str| module.load_function(name).map_err(driver);
+        let kernels = Kernels {
+            gf_dot: load("gf_dot")?,
+            leaves: load("leaves")?,
+            roots: load("roots")?,
+            digests: load("digests")?,
+        };
+        let name = ctx.name().map_err(driver)?;
+        let mut slots = Vec::with_capacity(SLOTS);
+        for _ in 0..SLOTS {
+            slots.push(Slot {
+                stream: ctx.new_stream().map_err(driver)?,
+                buffers: None,
+            });
+        }
+        Ok(Cuda {
+            device: format!("{name}, sm_{major}{minor}"),
+            ctx,
+            kernels,
+            policy,
+            slots: Mutex::new(slots),
+            slot_free: Condvar::new(),
+            codecs: Mutex::new(Default::default()),
+            encoders: Mutex::new(Default::default()),
+            cpu: Cpu::new(cpu_threads),
+            failed: OnceLock::new(),
+            counters: WorkCounters::default(),
+            bytes_on_device: AtomicU64::new(0),
+            inject_failure: Default::default(),
+        })
+    }
+
+    /// The GPU's name and compute capability.
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// Why the GPU was given up, if it was.
+    pub fn failure(&self) -> Option<&str> {
+        self.failed.get().map(|s| s.as_str())
+    }
+
+    /// Makes the next batch fail as a GPU that fell off the bus would (for
+    /// tests of the fallback).
+    pub fn inject_failure(&self) {
+        self.inject_failure.store(true, Ordering::SeqCst);
+    }
+
+    /// Bytes of chunks the GPU has coded or hashed.
+    pub fn bytes_on_device(&self) -> u64 {
+        self.bytes_on_device.load(Ordering::Relaxed)
+    }
+
+    fn codec(&self, shape: &Shape) -> Result<Arc<Codec>, AccelError> {
+        let mut codecs = self.codecs.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(codec) = codecs.get(&(shape.data, shape.parity)) {
+            return Ok(codec.clone());
+        }
+        let codec = Arc::new(Codec::new(shape.data, shape.parity, MatrixKind::Cauchy)?);
+        codecs.insert((shape.data, shape.parity), codec.clone());
+        Ok(codec)
+    }
+
+    /// Whether a batch of `bytes` data bytes hashed with `algorithm` goes to the GPU.
+    fn wants(&self, algorithm: Algorithm, bytes: usize) -> bool {
+        if self.failed.get().is_some() {
+            return false;
+        }
+        match self.policy {
+            Policy::Always => true,
+            Policy::Auto => kernel_algorithm(algorithm).is_some() && bytes >= AUTO_BATCH_BYTES_MIN,
+        }
+    }
+
+    /// Gives the GPU up after `error`; later work goes to the CPU.
+    fn give_up(&self, error: &AccelError) {
+        let why = error.to_string();
+        if self.failed.set(why.clone()).is_ok() {
+            eprintln!("tessera: the GPU failed ({why}); its work goes to the CPU from now on");
+        }
+    }
+
+    fn take_slot(&self) -> Slot {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(slot) = slots.pop() {
+                return slot;
+            }
+            slots = self.slot_free.wait(slots).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn put_slot(&self, slot: Slot) {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner()).push(slot);
+        self.slot_free.notify_one();
+    }
+
+    /// Gives a call's slots back, draining the streams of pieces an error
+    /// left in flight first.
+    fn release(&self, in_flight: std::collections::VecDeque<Pending>, spare: Vec<Slot>) {
+        for pending in in_flight {
+            pending.slot.stream.synchronize().ok();
+            self.put_slot(pending.slot);
+        }
+        for slot in spare {
+            self.put_slot(slot);
+        }
+    }
+
+    fn check_injected(&self) -> Result<(), AccelError> {
+        if self.inject_failure.swap(false, Ordering::SeqCst) {
+            return Err(unavailable("injected failure (test)"));
+        }
+        Ok(())
+    }
+
+    fn launch_gf(
+        &self,
+        stream: &CudaStream,
+        device: u64,
+        layout: &Layout,
+        k: usize,
+        rows: usize,
+    ) -> Result<(), AccelError> {
+        if rows == 0 {
+            return Ok(());
+        }
+        let units = layout.stripes * layout.slot / 16;
+        let blocks = units.div_ceil(256).min(65_535) as u32;
+        let config = LaunchConfig {
+            grid_dim: (blocks, rows.div_ceil(KERNEL_ROWS) as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (buffer, params) = (device + layout.chunks as u64, device + layout.params as u64);
+        let (width, slot, stripes) = (layout.width as u32, layout.slot as u64, layout.stripes as u64);
+        let (k, rows) = (k as u32, rows as u32);
+        let mut launch = stream.launch_builder(&self.kernels.gf_dot);
+        launch
+            .arg(&buffer)
+            .arg(&width)
+            .arg(&slot)
+            .arg(&stripes)
+            .arg(&params)
+            .arg(&k)
+            .arg(&rows);
+        // SAFETY: the arguments match the kernel's signature, and every slot
+        // it touches lies inside the piece's buffer (Layout).
+        unsafe { launch.launch(config) }.map_err(driver)?;
+        Ok(())
+    }
+
+    /// The shape's own encoding kernels, compiled on first use (about a
+    /// second with NVRTC; the array's shape is one, so once per process).
+    fn encoder(&self, shape: &Shape, codec: &Codec) -> Option<Encoder> {
+        let key = (shape.data, shape.parity);
+        let mut encoders = self.encoders.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(found) = encoders.get(&key) {
+            return found.clone();
+        }
+        let (k, m) = key;
+        if k > encoder::DATA_MAX {
+            return None;
+        }
+        let made = (|| -> Result<Vec<CudaFunction>, String> {
+            let source = encoder::source(k, &codec.encoding_matrix()[k * k..], m);
+            let (major, minor) = self.ctx.compute_capability().map_err(|e| e.to_string())?;
+            let options = cudarc::nvrtc::CompileOptions {
+                options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
+                name: Some(format!("tessera_encode_{k}_{m}.cu")),
+                ..Default::default()
+            };
+            let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, options).map_err(|e| format!("{e:?}"))?;
+            let module = self.ctx.load_module(ptx).map_err(|e| e.to_string())?;
+            (0..encoder::kernels(m))
+                .map(|g| module.load_function(&format!("encode_{g}")).map_err(|e| e.to_string()))
+                .collect()
+        })();
+        let made = match made {
+            Ok(kernels) => Some(Arc::new(kernels)),
+            Err(why) => {
+                eprintln!("tessera: the {k}+{m} encoding kernels did not compile ({why}); the generic one is used");
+                None
+            }
+        };
+        encoders.insert(key, made.clone());
+        made
+    }
+
+    /// Parity of every stripe of the piece: the shape's own kernels, or
+    /// the generic product kernel when they are not there.
+    fn launch_encode(
+        &self,
+        stream: &CudaStream,
+        device: u64,
+        layout: &Layout,
+        shape: &Shape,
+        codec: &Codec,
+    ) -> Result<(), AccelError> {
+        let Some(kernels) = self.encoder(shape, codec) else {
+            return self.launch_gf(stream, device, layout, shape.data, shape.parity);
+        };
+        let units = layout.stripes * layout.slot / 8;
+        let config = LaunchConfig {
+            grid_dim: (units.div_ceil(256).min(1 << 20) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (buffer, width, slot, stripes) = (
+            device + layout.chunks as u64,
+            layout.width as u32,
+            layout.slot as u64,
+            layout.stripes as u64,
+        );
+        for kernel in kernels.iter() {
+            let mut launch = stream.launch_builder(kernel);
+            launch.arg(&buffer).arg(&width).arg(&slot).arg(&stripes);
+            // SAFETY: the generated kernels take these four arguments and
+            // touch slots 0..K+M of each stripe of the piece.
+            unsafe { launch.launch(config) }.map_err(driver)?;
+        }
+        Ok(())
+    }
+
+    fn launch_hash(
+        &self,
+        stream: &CudaStream,
+        device: u64,
+        layout: &Layout,
+        algorithm: i32,
+        chunk_bytes: usize,
+    ) -> Result<(), AccelError> {
+        let count = (layout.stripes * layout.width) as u64;
+        let config = LaunchConfig {
+            grid_dim: (count.div_ceil(128).min(65_535) as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (buffer, leaves, roots) = (
+            device + layout.chunks as u64,
+            device + layout.leaves as u64,
+            device + layout.roots as u64,
+        );
+        let (width, slot, bytes) = (layout.width as u32, layout.slot as u64, chunk_bytes as u64);
+        let mut launch = stream.launch_builder(&self.kernels.leaves);
+        launch
+            .arg(&algorithm)
+            .arg(&buffer)
+            .arg(&width)
+            .arg(&slot)
+            .arg(&bytes)
+            .arg(&count)
+            .arg(&leaves);
+        // SAFETY: as in launch_gf; leaves has a 64-byte slot per chunk.
+        unsafe { launch.launch(config) }.map_err(driver)?;
+        let config = LaunchConfig {
+            grid_dim: (layout.stripes as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut launch = stream.launch_builder(&self.kernels.roots);
+        launch.arg(&algorithm).arg(&leaves).arg(&width).arg(&roots);
+        // SAFETY: one block per stripe, width <= 256 (the kernel's level array).
+        unsafe { launch.launch(config) }.map_err(driver)?;
+        Ok(())
+    }
+
+    /// Waits for a piece staged in `slot` and reads its leaves (if hashed on the GPU).
+    fn finish(
+        &self,
+        slot: &mut Slot,
+        layout: Layout,
+        hashed: bool,
+        algorithm: Algorithm,
+    ) -> Result<Vec<Option<Leaves>>, AccelError> {
+        slot.stream.synchronize().map_err(driver)?;
+        let digest_bytes = algorithm.digest_bytes();
+        let host = slot.buffers.as_mut().expect("staged").host();
+        Ok((0..layout.stripes)
+            .map(|s| {
+                hashed.then(|| {
+                    let leaf = |i: usize| {
+                        let at = layout.leaves + (s * layout.width + i) * DIGEST_SLOT;
+                        Digest::from_bytes(&host[at..at + digest_bytes])
+                    };
+                    let at = layout.roots + s * DIGEST_SLOT;
+                    Leaves {
+                        leaves: (0..layout.width).map(leaf).collect(),
+                        root: Digest::from_bytes(&host[at..at + digest_bytes]),
+                    }
+                })
+            })
+            .collect())
+    }
+
+    /// Computes the parity of each job on the GPU, and no leaves (for
+    /// `bench ec`: the erasure code alone, host memory in and out).
+    pub fn encode(&self, shape: &Shape, jobs: &mut [SealJob<'_>]) -> Result<(), AccelError> {
+        crate::check_seal_jobs(shape, jobs)?;
+        self.seal_gpu(shape, jobs, false).map(|_| ())
+    }
+
+    /// Seals on the GPU (leaves too when `hash`: on the GPU for SHA-256 and
+    /// SHA3-512, on the CPU otherwise); any error leaves the jobs' parity
+    /// unspecified.
+    fn seal_gpu(&self, shape: &Shape, jobs: &mut [SealJob<'_>], hash: bool) -> Result<Vec<Leaves>, AccelError> {
+        self.check_injected()?;
+        let codec = self.codec(shape)?;
+        let (k, m, c) = (shape.data, shape.parity, shape.chunk_bytes);
+        let matrix = &codec.encoding_matrix()[k * k..];
+        let params = gf_params(&(0..k).collect::<Vec<_>>(), &(k..k + m).collect::<Vec<_>>(), matrix);
+        let algorithm = kernel_algorithm(shape.checksum).filter(|_| hash);
+        let width = shape.width();
+        let slot_bytes = c.next_multiple_of(16);
+        let plan = pieces(jobs.len(), width * slot_bytes);
+        let mut results: Vec<Leaves> = Vec::with_capacity(jobs.len());
+        let mut in_flight: std::collections::VecDeque<Pending> = Default::default();
+        let mut spare: Vec<Slot> = Vec::new();
+        let outcome = (|| -> Result<(), AccelError> {
+            for &(first, stripes) in &plan {
+                if in_flight.len() == 2 {
+                    let mut done = in_flight.pop_front().expect("two in flight");
+                    self.complete_seal(&mut done, jobs, shape, hash, &mut results)?;
+                    spare.push(done.slot);
+                }
+                let mut slot = spare.pop().unwrap_or_else(|| self.take_slot());
+                let layout = Layout::new(stripes, width, c, params.len());
+                self.ctx.bind_to_thread().map_err(driver)?;
+                let stream = slot.stream.clone();
+                if let Err(e) = slot.reserve(layout.end) {
+                    spare.push(slot);
+                    return Err(driver(e));
+                }
+                let buffers = slot.buffers.as_mut().expect("reserved");
+                let device = buffers.device;
+                let host = buffers.host();
+                let mut staged = || -> Result<(), AccelError> {
+                    for (w, word) in params.iter().enumerate() {
+                        host[layout.params + 4 * w..][..4].copy_from_slice(&word.to_le_bytes());
+                    }
+                    let stripe_bytes = width * layout.slot;
+                    let packing = &jobs[first..first + stripes];
+                    self.cpu.install(|| {
+                        host[..stripes * stripe_bytes]
+                            .par_chunks_mut(stripe_bytes)
+                            .zip(packing.par_iter())
+                            .for_each(|(slots, job)| {
+                                for (j, chunk) in job.data.chunks(c).enumerate() {
+                                    slots[j * layout.slot..][..c].copy_from_slice(chunk);
+                                }
+                            })
+                    });
+                    let cs = stream.cu_stream();
+                    unsafe {
+                        cu::memcpy_htod_async(device + layout.params as u64, &host[layout.params..layout.leaves], cs)
+                            .map_err(driver)?;
+                        for s in 0..stripes {
+                            let at = layout.chunk(s, 0);
+                            cu::memcpy_htod_async(device + at as u64, &host[at..at + k * layout.slot], cs)
+                                .map_err(driver)?;
+                        }
+                    }
+                    self.launch_encode(&stream, device, &layout, shape, &codec)?;
+                    if let Some(algorithm) = algorithm {
+                        self.launch_hash(&stream, device, &layout, algorithm, c)?;
+                    }
+                    unsafe {
+                        for s in 0..stripes {
+                            let at = layout.chunk(s, k);
+                            cu::memcpy_dtoh_async(&mut host[at..at + m * layout.slot], device + at as u64, cs)
+                                .map_err(driver)?;
+                        }
+                        if algorithm.is_some() {
+                            cu::memcpy_dtoh_async(
+                                &mut host[layout.leaves..layout.end],
+                                device + layout.leaves as u64,
+                                cs,
+                            )
+                            .map_err(driver)?;
+                        }
+                    }
+                    Ok(())
+                };
+                let staged = staged();
+                let pending = Pending {
+                    slot,
+                    layout,
+                    first,
+                    outputs: (k..k + m).collect(),
+                    hashed: algorithm.is_some(),
+                };
+                in_flight.push_back(pending);
+                staged?;
+            }
+            while let Some(mut done) = in_flight.pop_front() {
+                self.complete_seal(&mut done, jobs, shape, hash, &mut results)?;
+                spare.push(done.slot);
+            }
+            Ok(())
+        })();
+        self.release(in_flight, spare);
+        outcome?;
+        self.bytes_on_device
+            .fetch_add((jobs.len() * width * c) as u64, Ordering::Relaxed);
+        Ok(results)
+    }
+
+    fn complete_seal(
+        &self,
+        done: &mut Pending,
+        jobs: &mut [SealJob<'_>],
+        shape: &Shape,
+        hash: bool,
+        results: &mut Vec<Leaves>,
+    ) -> Result<(), AccelError> {
+        let leaves = self.finish(&mut done.slot, done.layout, done.hashed, shape.checksum)?;
+        let layout = done.layout;
+        let c = shape.chunk_bytes;
+        let host = done.slot.buffers.as_mut().expect("staged").host();
+        let stripe_bytes = layout.width * layout.slot;
+        let outputs = &done.outputs;
+        let unpacking = &mut jobs[done.first..done.first + layout.stripes];
+        let mut unpacked = Vec::with_capacity(layout.stripes);
+        self.cpu.install(|| {
+            unpacking
+                .par_iter_mut()
+                .zip(host[..layout.stripes * stripe_bytes].par_chunks(stripe_bytes))
+                .zip(leaves)
+                .map(|((job, slots), leaves)| {
+                    for (p, chunk) in job.parity.chunks_mut(c).enumerate() {
+                        chunk.copy_from_slice(&slots[outputs[p] * layout.slot..][..c]);
+                    }
+                    match leaves {
+                        Some(leaves) => leaves,
+                        None if hash => {
+                            let chunks: Vec<&[u8]> = job.data.chunks(c).chain(job.parity.chunks(c)).collect();
+                            cpu_leaves(shape.checksum, &chunks)
+                        }
+                        None => Leaves {
+                            leaves: Vec::new(),
+                            root: Digest::from_bytes(&[]),
+                        },
+                    }
+                })
+                .collect_into_vec(&mut unpacked)
+        });
+        results.extend(unpacked);
+        Ok(())
+    }
+
+    /// Rebuilds on the GPU; jobs are taken in runs with the same missing chunks.
+    fn reconstruct_gpu(&self, shape: &Shape, jobs: &mut [ReconstructJob<'_>]) -> Result<Vec<Leaves>, AccelError> {
+        self.check_injected()?;
+        let codec = self.codec(shape)?;
+        let mut results = Vec::with_capacity(jobs.len());
+        let mut start = 0;
+        while start < jobs.len() {
+            let missing = jobs[start].missing.clone();
+            let end = start + jobs[start..].iter().take_while(|j| j.missing == missing).count();
+            results.extend(self.reconstruct_run(&codec, shape, &mut jobs[start..end], &missing)?);
+            start = end;
+        }
+        Ok(results)
+    }
+
+    fn reconstruct_run(
+        &self,
+        codec: &Codec,
+        shape: &Shape,
+        jobs: &mut [ReconstructJob<'_>],
+        missing: &[usize],
+    ) -> Result<Vec<Leaves>, AccelError> {
+        let (sources, rows) = if missing.is_empty() {
+            (Vec::new(), Vec::new())
+        } else {
+            codec.decode_matrix(missing)?
+        };
+        // The decode matrix's rows are for the missing chunks in ascending order.
+        let mut targets = missing.to_vec();
+        targets.sort_unstable();
+        let params = gf_params(&sources, &targets, &rows);
+        let algorithm = kernel_algorithm(shape.checksum);
+        let (width, c) = (shape.width(), shape.chunk_bytes);
+        let hashed = algorithm.is_some();
+        let mut results = Vec::with_capacity(jobs.len());
+        let mut in_flight: std::collections::VecDeque<Pending> = Default::default();
+        let mut spare: Vec<Slot> = Vec::new();
+        // Copies a finished piece's rebuilt chunks out and takes its leaves.
+        let complete = |done: &mut Pending, jobs: &mut [ReconstructJob<'_>], results: &mut Vec<Leaves>| {
+            let leaves = self.finish(&mut done.slot, done.layout, hashed, shape.checksum)?;
+            let layout = done.layout;
+            let host = done.slot.buffers.as_mut().expect("staged").host();
+            for (s, leaves) in leaves.into_iter().enumerate() {
+                let job = &mut jobs[done.first + s];
+                for &j in missing {
+                    job.chunks[j].copy_from_slice(&host[layout.chunk(s, j)..][..c]);
+                }
+                results.push(match leaves {
+                    Some(leaves) => leaves,
+                    None => {
+                        let chunks: Vec<&[u8]> = job.chunks.iter().map(|c| &**c).collect();
+                        cpu_leaves(shape.checksum, &chunks)
+                    }
+                });
+            }
+            Ok::<(), AccelError>(())
+        };
+        let outcome = (|| -> Result<(), AccelError> {
+            for (first, stripes) in pieces(jobs.len(), width * c.next_multiple_of(16)) {
+                if in_flight.len() == 2 {
+                    let mut done = in_flight.pop_front().expect("two in flight");
+                    complete(&mut done, jobs, &mut results)?;
+                    spare.push(done.slot);
+                }
+                let mut slot = spare.pop().unwrap_or_else(|| self.take_slot());
+                let layout = Layout::new(stripes, width, c, params.len());
+                self.ctx.bind_to_thread().map_err(driver)?;
+                let stream = slot.stream.clone();
+                if let Err(e) = slot.reserve(layout.end) {
+                    spare.push(slot);
+                    return Err(driver(e));
+                }
+                let buffers = slot.buffers.as_mut().expect("reserved");
+                let device = buffers.device;
+                let host = buffers.host();
+                for (w, word) in params.iter().enumerate() {
+                    host[layout.params + 4 * w..][..4].copy_from_slice(&word.to_le_bytes());
+                }
+                let stripe_bytes = width * layout.slot;
+                let packing = &jobs[first..first + stripes];
+                self.cpu.install(|| {
+                    host[..stripes * stripe_bytes]
+                        .par_chunks_mut(stripe_bytes)
+                        .zip(packing.par_iter())
+                        .for_each(|(slots, job)| {
+                            for (j, chunk) in job.chunks.iter().enumerate() {
+                                if !missing.contains(&j) {
+                                    slots[j * layout.slot..][..c].copy_from_slice(chunk);
+                                }
+                            }
+                        })
+                });
+                let cs = stream.cu_stream();
+                let mut staged = || -> Result<(), AccelError> {
+                    unsafe {
+                        cu::memcpy_htod_async(device + layout.params as u64, &host[layout.params..layout.leaves], cs)
+                            .map_err(driver)?;
+                        cu::memcpy_htod_async(device, &host[..layout.params], cs).map_err(driver)?;
+                    }
+                    self.launch_gf(&stream, device, &layout, sources.len(), missing.len())?;
+                    if let Some(algorithm) = algorithm {
+                        self.launch_hash(&stream, device, &layout, algorithm, c)?;
+                    }
+                    unsafe {
+                        for s in 0..stripes {
+                            for &j in missing {
+                                let at = layout.chunk(s, j);
+                                cu::memcpy_dtoh_async(&mut host[at..at + layout.slot], device + at as u64, cs)
+                                    .map_err(driver)?;
+                            }
+                        }
+                        if hashed {
+                            cu::memcpy_dtoh_async(
+                                &mut host[layout.leaves..layout.end],
+                                device + layout.leaves as u64,
+                                cs,
+                            )
+                            .map_err(driver)?;
+                        }
+                    }
+                    Ok(())
+                };
+                let staged = staged();
+                in_flight.push_back(Pending {
+                    slot,
+                    layout,
+                    first,
+                    outputs: missing.to_vec(),
+                    hashed,
+                });
+                staged?;
+            }
+            while let Some(mut done) = in_flight.pop_front() {
+                complete(&mut done, jobs, &mut results)?;
+                spare.push(done.slot);
+            }
+            Ok(())
+        })();
+        self.release(in_flight, spare);
+        outcome?;
+        self.bytes_on_device
+            .fetch_add((jobs.len() * width * c) as u64, Ordering::Relaxed);
+        Ok(results)
+    }
+
+    /// Hashes on the GPU.
+    fn hash_gpu(&self, algorithm: i32, digest_bytes: usize, inputs: &[&[u8]]) -> Result<Vec<Digest>, AccelError> {
+        self.check_injected()?;
+        let mut digests = Vec::with_capacity(inputs.len());
+        let mut slot = self.take_slot();
+        let outcome = (|| -> Result<(), AccelError> {
+            let mut start = 0;
+            while start < inputs.len() {
+                // A piece: inputs up to PIECE_BYTES (at least one).
+                let mut bytes = 0;
+                let mut end = start;
+                while end < inputs.len() && (end == start || bytes + inputs[end].len() + 16 <= PIECE_BYTES) {
+                    bytes += inputs[end].len().next_multiple_of(16);
+                    end += 1;
+                }
+                let count = end - start;
+                let tables = bytes.next_multiple_of(64);
+                let out = tables + count * 16;
+                let total = out + count * DIGEST_SLOT;
+                self.ctx.bind_to_thread().map_err(driver)?;
+                let stream = slot.stream.clone();
+                let buffers = slot.reserve(total).map_err(driver)?;
+                let device = buffers.device;
+                let host = buffers.host();
+                let mut at = 0;
+                for (i, input) in inputs[start..end].iter().enumerate() {
+                    host[at..at + input.len()].copy_from_slice(input);
+                    host[tables + 8 * i..][..8].copy_from_slice(&(at as u64).to_le_bytes());
+                    host[tables + 8 * (count + i)..][..8].copy_from_slice(&(input.len() as u64).to_le_bytes());
+                    at += input.len().next_multiple_of(16);
+                }
+                let cs = stream.cu_stream();
+                unsafe { cu::memcpy_htod_async(device, &host[..out], cs) }.map_err(driver)?;
+                let config = LaunchConfig {
+                    grid_dim: ((count as u64).div_ceil(128).min(65_535) as u32, 1, 1),
+                    block_dim: (128, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let (offsets, lengths, output, n) = (
+                    device + tables as u64,
+                    device + (tables + 8 * count) as u64,
+                    device + out as u64,
+                    count as u64,
+                );
+                let mut launch = stream.launch_builder(&self.kernels.digests);
+                launch
+                    .arg(&algorithm)
+                    .arg(&device)
+                    .arg(&offsets)
+                    .arg(&lengths)
+                    .arg(&n)
+                    .arg(&output);
+                // SAFETY: the tables name ranges inside the staged buffer.
+                unsafe { launch.launch(config) }.map_err(driver)?;
+                unsafe { cu::memcpy_dtoh_async(&mut host[out..total], output, cs) }.map_err(driver)?;
+                stream.synchronize().map_err(driver)?;
+                let host = slot.buffers.as_mut().expect("staged").host();
+                digests.extend((0..count).map(|i| Digest::from_bytes(&host[out + i * DIGEST_SLOT..][..digest_bytes])));
+                start = end;
+            }
+            Ok(())
+        })();
+        slot.stream.synchronize().ok();
+        self.put_slot(slot);
+        outcome?;
+        let bytes: usize = inputs.iter().map(|i| i.len()).sum();
+        self.bytes_on_device.fetch_add(bytes as u64, Ordering::Relaxed);
+        Ok(digests)
+    }
+}
+
+/// Leaves and root on the calling thread.
+fn cpu_leaves(algorithm: Algorithm, chunks: &[&[u8]]) -> Leaves {
+    let leaves: Vec<Digest> = chunks
+        .iter()
+        .enumerate()
+        .map(|(j, chunk)| merkle::leaf(algorithm, j, chunk))
+        .collect();
+    let root = merkle::Tree::from_leaves(algorithm, leaves.clone())
+        .expect("a stripe has chunks")
+        .root();
+    Leaves { leaves, root }
+}
+
+impl Accelerator for Cuda {
+    fn name(&self) -> &str {
+        "cuda"
+    }
+
+    fn detail(&self) -> String {
+        match self.failure() {
+            Some(why) => format!("{}; failed, CPU in use: {why}", self.device),
+            None => match self.policy {
+                Policy::Always => self.device.clone(),
+                Policy::Auto => format!("{}; SHA-256/SHA3-512 batches only", self.device),
+            },
+        }
+    }
+
+    fn seal(&self, shape: &Shape, jobs: &mut [SealJob<'_>]) -> Result<Vec<Leaves>, AccelError> {
+        crate::check_seal_jobs(shape, jobs)?;
+        let bytes = jobs.len() * shape.data * shape.chunk_bytes;
+        if shape.width() <= 256 && self.wants(shape.checksum, bytes) {
+            match self.seal_gpu(shape, jobs, true) {
+                Ok(leaves) => {
+                    self.counters.sealed(jobs.len(), bytes);
+                    return Ok(leaves);
+                }
+                Err(AccelError::Codec(e)) => return Err(e.into()),
+                Err(e) => self.give_up(&e),
+            }
+        }
+        let result = self.cpu.seal(shape, jobs);
+        self.counters.sealed(jobs.len(), bytes);
+        result
+    }
+
+    fn reconstruct(&self, shape: &Shape, jobs: &mut [ReconstructJob<'_>]) -> Result<Vec<Leaves>, AccelError> {
+        crate::check_reconstruct_jobs(shape, jobs)?;
+        let bytes = jobs.len() * shape.width() * shape.chunk_bytes;
+        if shape.width() <= 256 && self.wants(shape.checksum, bytes) {
+            match self.reconstruct_gpu(shape, jobs) {
+                Ok(leaves) => {
+                    self.counters.reconstructed(jobs.len(), bytes);
+                    return Ok(leaves);
+                }
+                Err(AccelError::Codec(e)) => return Err(e.into()),
+                Err(e) => self.give_up(&e),
+            }
+        }
+        let result = self.cpu.reconstruct(shape, jobs);
+        self.counters.reconstructed(jobs.len(), bytes);
+        result
+    }
+
+    fn decode(&self, shape: &Shape, jobs: &mut [ReconstructJob<'_>]) -> Result<(), AccelError> {
+        self.cpu.decode(shape, jobs)
+    }
+
+    fn hash(&self, algorithm: Algorithm, inputs: &[&[u8]]) -> Vec<Digest> {
+        let bytes: usize = inputs.iter().map(|i| i.len()).sum();
+        if let Some(number) = kernel_algorithm(algorithm) {
+            if self.wants(algorithm, bytes) {
+                match self.hash_gpu(number, algorithm.digest_bytes(), inputs) {
+                    Ok(digests) => {
+                        self.counters.hashed(inputs.len(), bytes);
+                        return digests;
+                    }
+                    Err(e) => self.give_up(&e),
+                }
+            }
+        }
+        let digests = self.cpu.hash(algorithm, inputs);
+        self.counters.hashed(inputs.len(), bytes);
+        digests
+    }
+
+    fn work(&self) -> Work {
+        let mut work = self.counters.snapshot();
+        work.bytes_on_device = self.bytes_on_device();
+        work
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,376 @@
+//! Host-side tests run everywhere; the GPU tests run where a GPU opens
+//! (`TESSERA_REQUIRE_GPU=1` makes its absence a failure, as on the GPU
+//! machine), and the kernels are compiled wherever NVRTC is found
+//! (`TESSERA_REQUIRE_NVRTC=1`, as in CI, makes its absence a failure).
+
+use super::*;
+use crate::cpu::Cpu;
+use rand::{Rng, SeedableRng};
+
+fn required(variable: &str) -> bool {
+    std::env::var(variable).is_ok_and(|v| v == "1")
+}
+
+/// The GPU backend, or None (with a note) where none opens.
+fn gpu(policy: Policy) -> Option<Cuda> {
+    match Cuda::open(policy, 2) {
+        Ok(gpu) => Some(gpu),
+        Err(e) => {
+            assert!(!required("TESSERA_REQUIRE_GPU"), "TESSERA_REQUIRE_GPU=1 but: {e}");
+            eprintln!("NOTE: no GPU test ran: {e}");
+            None
+        }
+    }
+}
+
+#[test]
+fn pieces_cover_every_stripe_once_within_the_piece_size() {
+    for (count, stripe_bytes) in [
+        (0, 1 << 20),
+        (1, 1 << 30),
+        (7, 1 << 20),
+        (1000, 640 << 10),
+        (65, PIECE_BYTES),
+    ] {
+        let plan = pieces(count, stripe_bytes);
+        let mut next = 0;
+        for &(first, stripes) in &plan {
+            assert_eq!(first, next, "pieces are in order without gaps");
+            assert!(stripes >= 1);
+            assert!(
+                stripes == 1 || stripes * stripe_bytes <= PIECE_BYTES,
+                "{stripes} x {stripe_bytes}"
+            );
+            next += stripes;
+        }
+        assert_eq!(next, count);
+    }
+}
+
+#[test]
+fn gf_params_hold_slots_then_a_mask_per_coefficient_bit() {
+    let words = gf_params(&[0, 2, 3], &[1, 4], &[0x01, 0x80, 0x00, 0xff, 0x03, 0x10]);
+    assert_eq!(&words[..5], &[0, 2, 3, 1, 4]);
+    assert_eq!(words.len(), 8 + 6 * 8, "masks start on a 16-byte boundary");
+    let mask = |coefficient: usize, bit: usize| words[8 + coefficient * 8 + bit];
+    assert_eq!(mask(0, 0), u32::MAX);
+    assert!((1..8).all(|b| mask(0, b) == 0));
+    assert_eq!(mask(1, 7), u32::MAX);
+    assert!((0..8).all(|b| mask(2, b) == 0 && mask(3, b) == u32::MAX));
+    assert_eq!((mask(4, 0), mask(4, 1), mask(4, 2)), (u32::MAX, u32::MAX, 0));
+}
+
+#[test]
+fn the_kernels_compile_with_nvrtc() {
+    if let Err(why) = probe_nvrtc() {
+        assert!(!required("TESSERA_REQUIRE_NVRTC"), "TESSERA_REQUIRE_NVRTC=1 but: {why}");
+        eprintln!("NOTE: the kernels were not compiled: {why}");
+        return;
+    }
+    for (major, minor) in [(7, 5), (8, 0), (9, 0)] {
+        let ptx = compile(major, minor).unwrap_or_else(|e| panic!("sm_{major}{minor}: {e}"));
+        for entry in ["gf_dot", "leaves", "roots", "digests"] {
+            assert!(
+                ptx.contains(&format!(".entry {entry}(")),
+                "sm_{major}{minor} lacks {entry}"
+            );
+        }
+    }
+    // The kernels generated for a shape, narrow and wide.
+    for (k, m) in [(10, 4), (200, 16)] {
+        let codec = Codec::new(k, m, MatrixKind::Cauchy).expect("shape");
+        let source = encoder::source(k, &codec.encoding_matrix()[k * k..], m);
+        let options = cudarc::nvrtc::CompileOptions {
+            options: vec!["--gpu-architecture=compute_90".to_string()],
+            ..Default::default()
+        };
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, options)
+            .unwrap_or_else(|e| panic!("{k}+{m}: {e:?}"))
+            .to_src();
+        for g in 0..encoder::kernels(m) {
+            assert!(ptx.contains(&format!(".entry encode_{g}(")), "{k}+{m} lacks encode_{g}");
+        }
+    }
+}
+
+fn probe_nvrtc() -> Result<(), String> {
+    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        Ok(())
+    } else {
+        Err("libnvrtc.so was not found".to_string())
+    }
+}
+
+#[test]
+fn without_a_driver_cuda_is_refused_with_the_reason_and_auto_is_the_cpu() {
+    if probe().is_ok() {
+        eprintln!("NOTE: a CUDA driver is here; the no-driver path was not tested");
+        return;
+    }
+    let error = Cuda::open(Policy::Always, 1).err().expect("no driver, no backend");
+    assert!(matches!(&error, AccelError::Unavailable { .. }), "{error}");
+    assert!(error.to_string().contains("not available"), "{error}");
+    assert!(crate::select(crate::Kind::Cuda).is_err());
+    assert_eq!(crate::select(crate::Kind::Auto).expect("the CPU").name(), "cpu");
+}
+
+fn random_bytes(rng: &mut impl Rng, len: usize) -> Vec<u8> {
+    let mut bytes = vec![0u8; len];
+    rng.fill(&mut bytes[..]);
+    bytes
+}
+
+/// Seals `stripes` random stripes on both backends and compares everything.
+fn seal_both(gpu: &Cuda, cpu: &Cpu, shape: &Shape, stripes: usize, rng: &mut impl Rng) {
+    let (k, m, c) = (shape.data, shape.parity, shape.chunk_bytes);
+    let data: Vec<Vec<u8>> = (0..stripes).map(|_| random_bytes(rng, k * c)).collect();
+    let mut parity_gpu: Vec<Vec<u8>> = (0..stripes).map(|_| random_bytes(rng, m * c)).collect();
+    let mut parity_cpu: Vec<Vec<u8>> = vec![vec![0u8; m * c]; stripes];
+    let mut jobs: Vec<SealJob> = data
+        .iter()
+        .zip(&mut parity_gpu)
+        .map(|(d, p)| SealJob { data: d, parity: p })
+        .collect();
+    let leaves_gpu = gpu.seal(shape, &mut jobs).expect("GPU seal");
+    let mut jobs: Vec<SealJob> = data
+        .iter()
+        .zip(&mut parity_cpu)
+        .map(|(d, p)| SealJob { data: d, parity: p })
+        .collect();
+    let leaves_cpu = cpu.seal(shape, &mut jobs).expect("CPU seal");
+    assert!(parity_gpu == parity_cpu, "parity differs for {shape:?} x {stripes}");
+    assert!(leaves_gpu == leaves_cpu, "leaves differ for {shape:?} x {stripes}");
+}
+
+#[test]
+fn gpu_sealing_equals_the_cpu_for_every_kind_of_shape() {
+    let Some(gpu) = gpu(Policy::Always) else { return };
+    let cpu = Cpu::new(2);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x6b75);
+    let mut shapes = vec![
+        (1, 0, 16),
+        (1, 1, 1),
+        (2, 1, 5),
+        (4, 2, 4096),
+        (10, 4, 65536),
+        (92, 8, 4096),
+        (200, 16, 1024),
+        (240, 16, 4096),
+        (128, 128, 256),
+        (255, 1, 64),
+        (17, 9, 1000),
+    ];
+    for _ in 0..8 {
+        let k = rng.gen_range(1..=250);
+        let m = rng.gen_range(0..=(256 - k).min(40));
+        shapes.push((k, m, rng.gen_range(1..=9000)));
+    }
+    for (k, m, c) in shapes {
+        for checksum in Algorithm::ALL {
+            let shape = Shape {
+                data: k,
+                parity: m,
+                chunk_bytes: c,
+                checksum,
+            };
+            let stripes = rng.gen_range(1..=3);
+            seal_both(&gpu, &cpu, &shape, stripes, &mut rng);
+        }
+    }
+    // Several pieces in one batch, and a partial last one (4 MiB stripes).
+    let shape = Shape {
+        data: 60,
+        parity: 4,
+        chunk_bytes: 65536,
+        checksum: Algorithm::Sha3_512,
+    };
+    let stripes = PIECE_BYTES / (4 << 20) * 2 + 3;
+    seal_both(&gpu, &cpu, &shape, stripes, &mut rng);
+    assert!(gpu.failure().is_none(), "{:?}", gpu.failure());
+    assert!(gpu.bytes_on_device() > 0);
+}
+
+#[test]
+fn gpu_rebuilds_equal_the_cpu_for_random_patterns() {
+    let Some(gpu) = gpu(Policy::Always) else { return };
+    let cpu = Cpu::new(2);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x7265);
+    for (k, m, c) in [(4, 2, 4096), (10, 4, 8192), (92, 8, 4096), (200, 16, 1000), (3, 3, 7)] {
+        for checksum in [Algorithm::Sha256, Algorithm::Sha3_512, Algorithm::Crc32c] {
+            let shape = Shape {
+                data: k,
+                parity: m,
+                chunk_bytes: c,
+                checksum,
+            };
+            let stripes = 5;
+            let data: Vec<Vec<u8>> = (0..stripes).map(|_| random_bytes(&mut rng, k * c)).collect();
+            let mut parity = vec![vec![0u8; m * c]; stripes];
+            let mut jobs: Vec<SealJob> = data
+                .iter()
+                .zip(&mut parity)
+                .map(|(d, p)| SealJob { data: d, parity: p })
+                .collect();
+            let sealed = cpu.seal(&shape, &mut jobs).expect("seal");
+            // Stripes with the same pattern come in runs; mix run lengths.
+            let mut patterns = Vec::new();
+            for s in 0..stripes {
+                let lost = if s % 2 == 0 { m } else { rng.gen_range(0..=m) };
+                let mut missing: Vec<usize> = (0..k + m).collect();
+                for i in (1..missing.len()).rev() {
+                    missing.swap(i, rng.gen_range(0..=i));
+                }
+                missing.truncate(lost);
+                patterns.push(missing);
+            }
+            let mut stripes_bytes: Vec<Vec<u8>> = (0..stripes)
+                .map(|s| {
+                    let mut all = [data[s].clone(), parity[s].clone()].concat();
+                    for &j in &patterns[s] {
+                        all[j * c..(j + 1) * c].fill(0xa5);
+                    }
+                    all
+                })
+                .collect();
+            let mut jobs: Vec<ReconstructJob> = stripes_bytes
+                .iter_mut()
+                .zip(&patterns)
+                .map(|(bytes, missing)| ReconstructJob {
+                    chunks: bytes.chunks_mut(c).collect(),
+                    missing: missing.clone(),
+                })
+                .collect();
+            let leaves = gpu.reconstruct(&shape, &mut jobs).expect("GPU rebuild");
+            drop(jobs);
+            for s in 0..stripes {
+                assert!(
+                    stripes_bytes[s] == [data[s].clone(), parity[s].clone()].concat(),
+                    "{shape:?} stripe {s} {:?}",
+                    patterns[s]
+                );
+                assert_eq!(leaves[s], sealed[s], "{shape:?} stripe {s}");
+            }
+        }
+    }
+    assert!(gpu.failure().is_none(), "{:?}", gpu.failure());
+}
+
+#[test]
+fn gpu_hashes_equal_the_cpu_for_odd_lengths() {
+    let Some(gpu) = gpu(Policy::Always) else { return };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x6861);
+    let inputs: Vec<Vec<u8>> = [
+        0usize, 1, 5, 7, 8, 55, 56, 63, 64, 71, 72, 73, 135, 136, 4095, 4096, 65536, 100_003,
+    ]
+    .iter()
+    .map(|&n| random_bytes(&mut rng, n))
+    .collect();
+    let refs: Vec<&[u8]> = inputs.iter().map(|i| &i[..]).collect();
+    for algorithm in Algorithm::ALL {
+        let want: Vec<Digest> = refs.iter().map(|i| algorithm.digest(i)).collect();
+        assert_eq!(gpu.hash(algorithm, &refs), want, "{algorithm}");
+    }
+    assert!(gpu.failure().is_none(), "{:?}", gpu.failure());
+}
+
+#[test]
+fn a_gpu_that_fails_hands_the_batch_and_what_follows_to_the_cpu() {
+    let Some(gpu) = gpu(Policy::Always) else { return };
+    let cpu = Cpu::new(2);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x6661);
+    let shape = Shape {
+        data: 8,
+        parity: 3,
+        chunk_bytes: 4096,
+        checksum: Algorithm::Sha3_512,
+    };
+    gpu.inject_failure();
+    seal_both(&gpu, &cpu, &shape, 4, &mut rng);
+    assert!(
+        gpu.failure().is_some_and(|why| why.contains("injected")),
+        "{:?}",
+        gpu.failure()
+    );
+    assert!(gpu.detail().contains("CPU in use"), "{}", gpu.detail());
+    let before = gpu.bytes_on_device();
+    seal_both(&gpu, &cpu, &shape, 4, &mut rng);
+    assert_eq!(gpu.bytes_on_device(), before, "nothing more goes to a failed GPU");
+    assert_eq!(gpu.work().stripes_sealed, 8);
+}
+
+#[test]
+fn auto_sends_only_big_sha_batches_to_the_gpu() {
+    let Some(gpu) = gpu(Policy::Auto) else { return };
+    let cpu = Cpu::new(2);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x6175);
+    let small = Shape {
+        data: 4,
+        parity: 2,
+        chunk_bytes: 4096,
+        checksum: Algorithm::Sha256,
+    };
+    seal_both(&gpu, &cpu, &small, 2, &mut rng);
+    let cheap = Shape {
+        data: 10,
+        parity: 4,
+        chunk_bytes: 65536,
+        checksum: Algorithm::Crc32c,
+    };
+    seal_both(&gpu, &cpu, &cheap, 8, &mut rng);
+    assert_eq!(gpu.bytes_on_device(), 0);
+    let big = Shape {
+        data: 10,
+        parity: 4,
+        chunk_bytes: 65536,
+        checksum: Algorithm::Sha3_512,
+    };
+    seal_both(&gpu, &cpu, &big, 8, &mut rng);
+    assert_eq!(gpu.bytes_on_device(), 8 * 14 * 65536);
+}
+
+#[test]
+fn gpu_rebuilds_batches_of_several_pieces() {
+    let Some(gpu) = gpu(Policy::Always) else { return };
+    let cpu = Cpu::new(2);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x7069);
+    let shape = Shape {
+        data: 60,
+        parity: 4,
+        chunk_bytes: 65536,
+        checksum: Algorithm::Sha256,
+    };
+    let (k, m, c) = (shape.data, shape.parity, shape.chunk_bytes);
+    let stripes = PIECE_BYTES / (4 << 20) * 2 + 3;
+    let data: Vec<Vec<u8>> = (0..stripes).map(|_| random_bytes(&mut rng, k * c)).collect();
+    let mut parity = vec![vec![0u8; m * c]; stripes];
+    let mut jobs: Vec<SealJob> = data
+        .iter()
+        .zip(&mut parity)
+        .map(|(d, p)| SealJob { data: d, parity: p })
+        .collect();
+    let sealed = cpu.seal(&shape, &mut jobs).expect("seal");
+    let missing = vec![k + 1, 3, 0];
+    let mut all: Vec<Vec<u8>> = (0..stripes)
+        .map(|s| {
+            let mut bytes = [data[s].clone(), parity[s].clone()].concat();
+            for &j in &missing {
+                bytes[j * c..(j + 1) * c].fill(0);
+            }
+            bytes
+        })
+        .collect();
+    let mut jobs: Vec<ReconstructJob> = all
+        .iter_mut()
+        .map(|bytes| ReconstructJob {
+            chunks: bytes.chunks_mut(c).collect(),
+            missing: missing.clone(),
+        })
+        .collect();
+    let leaves = gpu.reconstruct(&shape, &mut jobs).expect("GPU rebuild");
+    drop(jobs);
+    for s in 0..stripes {
+        assert!(all[s] == [data[s].clone(), parity[s].clone()].concat(), "stripe {s}");
+    }
+    assert_eq!(leaves, sealed);
+    assert!(gpu.failure().is_none(), "{:?}", gpu.failure());
+}
