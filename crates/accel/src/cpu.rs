@@ -48,8 +48,9 @@ impl Cpu {
         }
     }
 
-    /// The Cauchy codec for a shape, built once.
-    fn codec(&self, shape: &Shape) -> Result<Arc<Codec>, AccelError> {
+    /// The Cauchy codec for a shape, built once (the GPU backend uses
+    /// its CPU backend's).
+    pub(crate) fn codec(&self, shape: &Shape) -> Result<Arc<Codec>, AccelError> {
         let mut codecs = self.codecs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(codec) = codecs.get(&(shape.data, shape.parity)) {
             return Ok(codec.clone());
@@ -72,7 +73,7 @@ impl Cpu {
 }
 
 /// The leaves of `chunks` (in order) and their root; on the pool when asked.
-fn leaves(algorithm: Algorithm, chunks: &[&[u8]], parallel: bool) -> Leaves {
+pub(crate) fn leaves(algorithm: Algorithm, chunks: &[&[u8]], parallel: bool) -> Leaves {
     let leaf = |(j, chunk): (usize, &&[u8])| merkle::leaf(algorithm, j, chunk);
     let leaves: Vec<Digest> = if parallel {
         chunks.par_iter().enumerate().map(leaf).collect()

@@ -100,6 +100,7 @@ pub struct WorkCounters {
     bytes_coded: AtomicU64,
     buffers_hashed: AtomicU64,
     bytes_hashed: AtomicU64,
+    bytes_on_device: AtomicU64,
 }
 
 impl WorkCounters {
@@ -115,6 +116,10 @@ impl WorkCounters {
         self.buffers_hashed.fetch_add(buffers as u64, Ordering::Relaxed);
         self.bytes_hashed.fetch_add(bytes as u64, Ordering::Relaxed);
     }
+    /// Bytes a GPU coded or hashed (counted besides sealed/hashed).
+    pub fn on_device(&self, bytes: usize) {
+        self.bytes_on_device.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
     pub fn snapshot(&self) -> Work {
         Work {
             stripes_sealed: self.stripes_sealed.load(Ordering::Relaxed),
@@ -122,7 +127,7 @@ impl WorkCounters {
             bytes_coded: self.bytes_coded.load(Ordering::Relaxed),
             buffers_hashed: self.buffers_hashed.load(Ordering::Relaxed),
             bytes_hashed: self.bytes_hashed.load(Ordering::Relaxed),
-            bytes_on_device: 0,
+            bytes_on_device: self.bytes_on_device.load(Ordering::Relaxed),
         }
     }
 }

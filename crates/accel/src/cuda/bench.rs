@@ -111,7 +111,8 @@ pub fn run(gpu: &Cuda, shape: &Shape, work: Work, batch_bytes: usize, seconds: f
                     .ok_or_else(|| unavailable(&format!("the GPU has no kernel for {a}; use sha256 or sha3-512")))?,
             ),
         };
-        let codec = gpu.codec(shape)?;
+        let codec = gpu.cpu.codec(shape)?;
+        let encoder = gpu.encoder(shape, &codec);
         let params = gf_params(
             &(0..k).collect::<Vec<_>>(),
             &(k..width).collect::<Vec<_>>(),
@@ -138,7 +139,7 @@ pub fn run(gpu: &Cuda, shape: &Shape, work: Work, batch_bytes: usize, seconds: f
         })?;
         unsafe { cu::memcpy_htod_async(device, &host[..layout.leaves], cs) }.map_err(driver)?;
         let resident = events.time(&stream, 9, || match algorithm {
-            None => gpu.launch_encode(&stream, device, &layout, shape, &codec),
+            None => gpu.launch_encode(encoder.as_ref(), &stream, device, &layout, shape),
             Some(algorithm) => gpu.launch_hash(&stream, device, &layout, algorithm, c),
         })?;
         Ok((

@@ -42,10 +42,11 @@ use crate::cpu::Cpu;
 use crate::{AccelError, Accelerator, Leaves, ReconstructJob, SealJob, Shape, Work, WorkCounters};
 use cudarc::driver::{result as cu, sys, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use rayon::prelude::*;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
-use tessera_checksum::{merkle, Algorithm, Digest};
-use tessera_ec::{Codec, MatrixKind};
+use tessera_checksum::{Algorithm, Digest};
+use tessera_ec::Codec;
 
 /// The kernels' source, compiled at run time.
 pub const KERNELS: &str = include_str!("kernels.cu");
@@ -269,6 +270,18 @@ fn gf_params(sources: &[usize], targets: &[usize], rows: &[u8]) -> Vec<u32> {
     words
 }
 
+/// `slots` as runs of adjacent indexes, (first, count), in the order given.
+pub(crate) fn runs(slots: &[usize]) -> Vec<(usize, usize)> {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for &slot in slots {
+        match runs.last_mut() {
+            Some((first, count)) if *first + *count == slot => *count += 1,
+            _ => runs.push((slot, 1)),
+        }
+    }
+    runs
+}
+
 /// Splits `count` stripes of `stripe_bytes` into pieces of at most
 /// [`PIECE_BYTES`] (at least one stripe each): (first stripe, stripes).
 pub(crate) fn pieces(count: usize, stripe_bytes: usize) -> Vec<(usize, usize)> {
@@ -287,14 +300,12 @@ pub struct Cuda {
     policy: Policy,
     slots: Mutex<Vec<Slot>>,
     slot_free: Condvar,
-    codecs: Mutex<std::collections::HashMap<(usize, usize), Arc<Codec>>>,
     /// Encoding kernels compiled for a shape (None: NVRTC failed, use gf_dot).
     encoders: Mutex<std::collections::HashMap<(usize, usize), Option<Encoder>>>,
     cpu: Cpu,
     /// Why the GPU was given up, once it was.
     failed: OnceLock<String>,
     counters: WorkCounters,
-    bytes_on_device: AtomicU64,
     /// Tests: fail the next batch as a lost GPU would.
     inject_failure: std::sync::atomic::AtomicBool,
 }
@@ -302,14 +313,24 @@ pub struct Cuda {
 /// A shape's own encoding kernels, one per group of parity rows.
 type Encoder = Arc<Vec<CudaFunction>>;
 
-/// What a staged piece will write back into the caller's jobs.
+/// What a batch stages and brings back, per stripe (see [`Cuda::pipeline`]).
+struct Plan<'p> {
+    shape: &'p Shape,
+    /// The generic kernel's words (none with a shape's own kernels).
+    params: &'p [u32],
+    /// Slots 0..copy_in of each stripe are copied in.
+    copy_in: usize,
+    /// Slots copied back.
+    outputs: &'p [usize],
+    /// The hash kernels' algorithm, when leaves are computed on the GPU.
+    algorithm: Option<i32>,
+}
+
+/// A piece in flight: its slot and which stripes it holds.
 struct Pending {
     slot: Slot,
     layout: Layout,
     first: usize,
-    /// Chunk indexes copied back per stripe (parity, or the rebuilt ones).
-    outputs: Vec<usize>,
-    hashed: bool,
 }
 
 impl Cuda {
@@ -342,12 +363,10 @@ impl Cuda {
             policy,
             slots: Mutex::new(slots),
             slot_free: Condvar::new(),
-            codecs: Mutex::new(Default::default()),
             encoders: Mutex::new(Default::default()),
             cpu: Cpu::new(cpu_threads),
             failed: OnceLock::new(),
             counters: WorkCounters::default(),
-            bytes_on_device: AtomicU64::new(0),
             inject_failure: Default::default(),
         })
     }
@@ -370,17 +389,7 @@ impl Cuda {
 
     /// Bytes of chunks the GPU has coded or hashed.
     pub fn bytes_on_device(&self) -> u64 {
-        self.bytes_on_device.load(Ordering::Relaxed)
-    }
-
-    fn codec(&self, shape: &Shape) -> Result<Arc<Codec>, AccelError> {
-        let mut codecs = self.codecs.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(codec) = codecs.get(&(shape.data, shape.parity)) {
-            return Ok(codec.clone());
-        }
-        let codec = Arc::new(Codec::new(shape.data, shape.parity, MatrixKind::Cauchy)?);
-        codecs.insert((shape.data, shape.parity), codec.clone());
-        Ok(codec)
+        self.counters.snapshot().bytes_on_device
     }
 
     /// Whether a batch of `bytes` data bytes hashed with `algorithm` goes to the GPU.
@@ -419,7 +428,7 @@ impl Cuda {
 
     /// Gives a call's slots back, draining the streams of pieces an error
     /// left in flight first.
-    fn release(&self, in_flight: std::collections::VecDeque<Pending>, spare: Vec<Slot>) {
+    fn release(&self, in_flight: VecDeque<Pending>, spare: Vec<Slot>) {
         for pending in in_flight {
             pending.slot.stream.synchronize().ok();
             self.put_slot(pending.slot);
@@ -511,15 +520,17 @@ impl Cuda {
 
     /// Parity of every stripe of the piece: the shape's own kernels, or
     /// the generic product kernel when they are not there.
+    /// (`encoder` from [`Cuda::encoder`]; the generic kernel reads the
+    /// staged coefficient words.)
     fn launch_encode(
         &self,
+        encoder: Option<&Encoder>,
         stream: &CudaStream,
         device: u64,
         layout: &Layout,
         shape: &Shape,
-        codec: &Codec,
     ) -> Result<(), AccelError> {
-        let Some(kernels) = self.encoder(shape, codec) else {
+        let Some(kernels) = encoder else {
             return self.launch_gf(stream, device, layout, shape.data, shape.parity);
         };
         let units = layout.stripes * layout.slot / 8;
@@ -615,38 +626,57 @@ impl Cuda {
             .collect())
     }
 
-    /// Computes the parity of each job on the GPU, and no leaves (for
-    /// `bench ec`: the erasure code alone, host memory in and out).
-    pub fn encode(&self, shape: &Shape, jobs: &mut [SealJob<'_>]) -> Result<(), AccelError> {
-        crate::check_seal_jobs(shape, jobs)?;
-        self.seal_gpu(shape, jobs, false).map(|_| ())
-    }
-
-    /// Seals on the GPU (leaves too when `hash`: on the GPU for SHA-256 and
-    /// SHA3-512, on the CPU otherwise); any error leaves the jobs' parity
-    /// unspecified.
-    fn seal_gpu(&self, shape: &Shape, jobs: &mut [SealJob<'_>], hash: bool) -> Result<Vec<Leaves>, AccelError> {
+    /// Carries a batch of stripes through the GPU in pieces, two in flight:
+    /// `pack` fills a stripe's slots from its job, slots `0..copy_in` of
+    /// each stripe are copied in, `code` launches the arithmetic, the
+    /// leaves and roots are computed when `plan.algorithm` says so, slots
+    /// `plan.outputs` come back, and `unpack` hands them (and the leaves,
+    /// if any) to the job. Nothing reaches a job before its piece's stream
+    /// has finished, so on an error the jobs' outputs are unspecified and
+    /// the batch can be redone elsewhere.
+    fn pipeline<J: Send + Sync, T: Send>(
+        &self,
+        plan: &Plan<'_>,
+        jobs: &mut [J],
+        pack: impl Fn(&J, &mut [u8]) + Sync,
+        code: impl Fn(&CudaStream, u64, &Layout) -> Result<(), AccelError>,
+        unpack: impl Fn(&mut J, &[u8], Option<Leaves>) -> T + Sync,
+    ) -> Result<Vec<T>, AccelError> {
         self.check_injected()?;
-        let codec = self.codec(shape)?;
-        let (k, m, c) = (shape.data, shape.parity, shape.chunk_bytes);
-        let matrix = &codec.encoding_matrix()[k * k..];
-        let params = gf_params(&(0..k).collect::<Vec<_>>(), &(k..k + m).collect::<Vec<_>>(), matrix);
-        let algorithm = kernel_algorithm(shape.checksum).filter(|_| hash);
-        let width = shape.width();
-        let slot_bytes = c.next_multiple_of(16);
-        let plan = pieces(jobs.len(), width * slot_bytes);
-        let mut results: Vec<Leaves> = Vec::with_capacity(jobs.len());
-        let mut in_flight: std::collections::VecDeque<Pending> = Default::default();
+        let (width, c) = (plan.shape.width(), plan.shape.chunk_bytes);
+        let hashed = plan.algorithm.is_some();
+        // One copy per run of adjacent output slots (a stripe's parity is
+        // one run): a copy costs microseconds to issue whatever its size.
+        let outputs = runs(plan.outputs);
+        let mut results = Vec::with_capacity(jobs.len());
+        let mut in_flight: VecDeque<Pending> = VecDeque::new();
         let mut spare: Vec<Slot> = Vec::new();
+        let complete = |done: &mut Pending, jobs: &mut [J], results: &mut Vec<T>| -> Result<(), AccelError> {
+            let leaves = self.finish(&mut done.slot, done.layout, hashed, plan.shape.checksum)?;
+            let layout = done.layout;
+            let stripe_bytes = width * layout.slot;
+            let host = done.slot.buffers.as_mut().expect("staged").host();
+            let mut unpacked = Vec::with_capacity(layout.stripes);
+            self.cpu.install(|| {
+                jobs[done.first..done.first + layout.stripes]
+                    .par_iter_mut()
+                    .zip(host[..layout.stripes * stripe_bytes].par_chunks(stripe_bytes))
+                    .zip(leaves)
+                    .map(|((job, slots), leaves)| unpack(job, slots, leaves))
+                    .collect_into_vec(&mut unpacked)
+            });
+            results.extend(unpacked);
+            Ok(())
+        };
         let outcome = (|| -> Result<(), AccelError> {
-            for &(first, stripes) in &plan {
+            for (first, stripes) in pieces(jobs.len(), width * c.next_multiple_of(16)) {
                 if in_flight.len() == 2 {
                     let mut done = in_flight.pop_front().expect("two in flight");
-                    self.complete_seal(&mut done, jobs, shape, hash, &mut results)?;
+                    complete(&mut done, jobs, &mut results)?;
                     spare.push(done.slot);
                 }
                 let mut slot = spare.pop().unwrap_or_else(|| self.take_slot());
-                let layout = Layout::new(stripes, width, c, params.len());
+                let layout = Layout::new(stripes, width, c, plan.params.len());
                 self.ctx.bind_to_thread().map_err(driver)?;
                 let stream = slot.stream.clone();
                 if let Err(e) = slot.reserve(layout.end) {
@@ -656,124 +686,130 @@ impl Cuda {
                 let buffers = slot.buffers.as_mut().expect("reserved");
                 let device = buffers.device;
                 let host = buffers.host();
+                let stripe_bytes = width * layout.slot;
+                let packing = &jobs[first..first + stripes];
+                self.cpu.install(|| {
+                    host[..stripes * stripe_bytes]
+                        .par_chunks_mut(stripe_bytes)
+                        .zip(packing.par_iter())
+                        .for_each(|(slots, job)| pack(job, slots))
+                });
+                for (w, word) in plan.params.iter().enumerate() {
+                    host[layout.params + 4 * w..][..4].copy_from_slice(&word.to_le_bytes());
+                }
+                let cs = stream.cu_stream();
                 let mut staged = || -> Result<(), AccelError> {
-                    for (w, word) in params.iter().enumerate() {
-                        host[layout.params + 4 * w..][..4].copy_from_slice(&word.to_le_bytes());
-                    }
-                    let stripe_bytes = width * layout.slot;
-                    let packing = &jobs[first..first + stripes];
-                    self.cpu.install(|| {
-                        host[..stripes * stripe_bytes]
-                            .par_chunks_mut(stripe_bytes)
-                            .zip(packing.par_iter())
-                            .for_each(|(slots, job)| {
-                                for (j, chunk) in job.data.chunks(c).enumerate() {
-                                    slots[j * layout.slot..][..c].copy_from_slice(chunk);
-                                }
-                            })
-                    });
-                    let cs = stream.cu_stream();
+                    // SAFETY (copies): every range lies inside the slot's
+                    // buffers, which outlive the stream's use of them (a
+                    // slot goes back only after its stream is synchronized).
                     unsafe {
-                        cu::memcpy_htod_async(device + layout.params as u64, &host[layout.params..layout.leaves], cs)
-                            .map_err(driver)?;
-                        for s in 0..stripes {
-                            let at = layout.chunk(s, 0);
-                            cu::memcpy_htod_async(device + at as u64, &host[at..at + k * layout.slot], cs)
-                                .map_err(driver)?;
+                        if !plan.params.is_empty() {
+                            let words = &host[layout.params..layout.leaves];
+                            cu::memcpy_htod_async(device + layout.params as u64, words, cs).map_err(driver)?;
+                        }
+                        if plan.copy_in == width {
+                            cu::memcpy_htod_async(device, &host[..layout.params], cs).map_err(driver)?;
+                        } else {
+                            for s in 0..stripes {
+                                let at = layout.chunk(s, 0);
+                                let range = at..at + plan.copy_in * layout.slot;
+                                cu::memcpy_htod_async(device + at as u64, &host[range], cs).map_err(driver)?;
+                            }
                         }
                     }
-                    self.launch_encode(&stream, device, &layout, shape, &codec)?;
-                    if let Some(algorithm) = algorithm {
+                    code(&stream, device, &layout)?;
+                    if let Some(algorithm) = plan.algorithm {
                         self.launch_hash(&stream, device, &layout, algorithm, c)?;
                     }
                     unsafe {
                         for s in 0..stripes {
-                            let at = layout.chunk(s, k);
-                            cu::memcpy_dtoh_async(&mut host[at..at + m * layout.slot], device + at as u64, cs)
-                                .map_err(driver)?;
+                            for &(j, count) in &outputs {
+                                let at = layout.chunk(s, j);
+                                let range = at..at + count * layout.slot;
+                                cu::memcpy_dtoh_async(&mut host[range], device + at as u64, cs).map_err(driver)?;
+                            }
                         }
-                        if algorithm.is_some() {
-                            cu::memcpy_dtoh_async(
-                                &mut host[layout.leaves..layout.end],
-                                device + layout.leaves as u64,
-                                cs,
-                            )
-                            .map_err(driver)?;
+                        if hashed {
+                            let digests = &mut host[layout.leaves..layout.end];
+                            cu::memcpy_dtoh_async(digests, device + layout.leaves as u64, cs).map_err(driver)?;
                         }
                     }
                     Ok(())
                 };
                 let staged = staged();
-                let pending = Pending {
-                    slot,
-                    layout,
-                    first,
-                    outputs: (k..k + m).collect(),
-                    hashed: algorithm.is_some(),
-                };
-                in_flight.push_back(pending);
+                in_flight.push_back(Pending { slot, layout, first });
                 staged?;
             }
             while let Some(mut done) = in_flight.pop_front() {
-                self.complete_seal(&mut done, jobs, shape, hash, &mut results)?;
+                complete(&mut done, jobs, &mut results)?;
                 spare.push(done.slot);
             }
             Ok(())
         })();
         self.release(in_flight, spare);
         outcome?;
-        self.bytes_on_device
-            .fetch_add((jobs.len() * width * c) as u64, Ordering::Relaxed);
+        self.counters.on_device(jobs.len() * width * c);
         Ok(results)
     }
 
-    fn complete_seal(
-        &self,
-        done: &mut Pending,
-        jobs: &mut [SealJob<'_>],
-        shape: &Shape,
-        hash: bool,
-        results: &mut Vec<Leaves>,
-    ) -> Result<(), AccelError> {
-        let leaves = self.finish(&mut done.slot, done.layout, done.hashed, shape.checksum)?;
-        let layout = done.layout;
-        let c = shape.chunk_bytes;
-        let host = done.slot.buffers.as_mut().expect("staged").host();
-        let stripe_bytes = layout.width * layout.slot;
-        let outputs = &done.outputs;
-        let unpacking = &mut jobs[done.first..done.first + layout.stripes];
-        let mut unpacked = Vec::with_capacity(layout.stripes);
-        self.cpu.install(|| {
-            unpacking
-                .par_iter_mut()
-                .zip(host[..layout.stripes * stripe_bytes].par_chunks(stripe_bytes))
-                .zip(leaves)
-                .map(|((job, slots), leaves)| {
-                    for (p, chunk) in job.parity.chunks_mut(c).enumerate() {
-                        chunk.copy_from_slice(&slots[outputs[p] * layout.slot..][..c]);
-                    }
-                    match leaves {
-                        Some(leaves) => leaves,
-                        None if hash => {
-                            let chunks: Vec<&[u8]> = job.data.chunks(c).chain(job.parity.chunks(c)).collect();
-                            cpu_leaves(shape.checksum, &chunks)
-                        }
-                        None => Leaves {
-                            leaves: Vec::new(),
-                            root: Digest::from_bytes(&[]),
-                        },
-                    }
+    /// Computes the parity of each job on the GPU, and no leaves (for
+    /// `bench ec`: the erasure code alone, host memory in and out).
+    pub fn encode(&self, shape: &Shape, jobs: &mut [SealJob<'_>]) -> Result<(), AccelError> {
+        crate::check_seal_jobs(shape, jobs)?;
+        self.seal_gpu(shape, jobs, false).map(|_| ())
+    }
+
+    /// Seals on the GPU, with leaves when `hash` (computed on the GPU for
+    /// SHA-256 and SHA3-512, on the CPU otherwise).
+    fn seal_gpu(&self, shape: &Shape, jobs: &mut [SealJob<'_>], hash: bool) -> Result<Vec<Leaves>, AccelError> {
+        let codec = self.cpu.codec(shape)?;
+        let (k, m, c) = (shape.data, shape.parity, shape.chunk_bytes);
+        let encoder = self.encoder(shape, &codec);
+        // The generic kernel's coefficients, needed only without the shape's own kernels.
+        let params = match encoder {
+            Some(_) => Vec::new(),
+            None => gf_params(
+                &(0..k).collect::<Vec<_>>(),
+                &(k..k + m).collect::<Vec<_>>(),
+                &codec.encoding_matrix()[k * k..],
+            ),
+        };
+        let outputs: Vec<usize> = (k..k + m).collect();
+        let plan = Plan {
+            shape,
+            params: &params,
+            copy_in: k,
+            outputs: &outputs,
+            algorithm: kernel_algorithm(shape.checksum).filter(|_| hash),
+        };
+        let pack = |job: &SealJob<'_>, slots: &mut [u8]| {
+            let slot = slots.len() / shape.width();
+            for (j, chunk) in job.data.chunks(c).enumerate() {
+                slots[j * slot..][..c].copy_from_slice(chunk);
+            }
+        };
+        let code = |stream: &CudaStream, device: u64, layout: &Layout| {
+            self.launch_encode(encoder.as_ref(), stream, device, layout, shape)
+        };
+        let unpack = |job: &mut SealJob<'_>, slots: &[u8], leaves: Option<Leaves>| {
+            let slot = slots.len() / shape.width();
+            for (p, chunk) in job.parity.chunks_mut(c).enumerate() {
+                chunk.copy_from_slice(&slots[(k + p) * slot..][..c]);
+            }
+            hash.then(|| {
+                leaves.unwrap_or_else(|| {
+                    let chunks: Vec<&[u8]> = job.data.chunks(c).chain(job.parity.chunks(c)).collect();
+                    crate::cpu::leaves(shape.checksum, &chunks, false)
                 })
-                .collect_into_vec(&mut unpacked)
-        });
-        results.extend(unpacked);
-        Ok(())
+            })
+        };
+        let sealed = self.pipeline(&plan, jobs, pack, code, unpack)?;
+        Ok(sealed.into_iter().flatten().collect())
     }
 
     /// Rebuilds on the GPU; jobs are taken in runs with the same missing chunks.
     fn reconstruct_gpu(&self, shape: &Shape, jobs: &mut [ReconstructJob<'_>]) -> Result<Vec<Leaves>, AccelError> {
-        self.check_injected()?;
-        let codec = self.codec(shape)?;
+        let codec = self.cpu.codec(shape)?;
         let mut results = Vec::with_capacity(jobs.len());
         let mut start = 0;
         while start < jobs.len() {
@@ -785,6 +821,7 @@ impl Cuda {
         Ok(results)
     }
 
+    /// Rebuilds `missing` in every job (all of them lack the same chunks).
     fn reconstruct_run(
         &self,
         codec: &Codec,
@@ -801,118 +838,36 @@ impl Cuda {
         let mut targets = missing.to_vec();
         targets.sort_unstable();
         let params = gf_params(&sources, &targets, &rows);
-        let algorithm = kernel_algorithm(shape.checksum);
-        let (width, c) = (shape.width(), shape.chunk_bytes);
-        let hashed = algorithm.is_some();
-        let mut results = Vec::with_capacity(jobs.len());
-        let mut in_flight: std::collections::VecDeque<Pending> = Default::default();
-        let mut spare: Vec<Slot> = Vec::new();
-        // Copies a finished piece's rebuilt chunks out and takes its leaves.
-        let complete = |done: &mut Pending, jobs: &mut [ReconstructJob<'_>], results: &mut Vec<Leaves>| {
-            let leaves = self.finish(&mut done.slot, done.layout, hashed, shape.checksum)?;
-            let layout = done.layout;
-            let host = done.slot.buffers.as_mut().expect("staged").host();
-            for (s, leaves) in leaves.into_iter().enumerate() {
-                let job = &mut jobs[done.first + s];
-                for &j in missing {
-                    job.chunks[j].copy_from_slice(&host[layout.chunk(s, j)..][..c]);
-                }
-                results.push(match leaves {
-                    Some(leaves) => leaves,
-                    None => {
-                        let chunks: Vec<&[u8]> = job.chunks.iter().map(|c| &**c).collect();
-                        cpu_leaves(shape.checksum, &chunks)
-                    }
-                });
-            }
-            Ok::<(), AccelError>(())
+        let c = shape.chunk_bytes;
+        let plan = Plan {
+            shape,
+            params: &params,
+            copy_in: shape.width(),
+            outputs: missing,
+            algorithm: kernel_algorithm(shape.checksum),
         };
-        let outcome = (|| -> Result<(), AccelError> {
-            for (first, stripes) in pieces(jobs.len(), width * c.next_multiple_of(16)) {
-                if in_flight.len() == 2 {
-                    let mut done = in_flight.pop_front().expect("two in flight");
-                    complete(&mut done, jobs, &mut results)?;
-                    spare.push(done.slot);
+        let pack = |job: &ReconstructJob<'_>, slots: &mut [u8]| {
+            let slot = slots.len() / shape.width();
+            for (j, chunk) in job.chunks.iter().enumerate() {
+                if !missing.contains(&j) {
+                    slots[j * slot..][..c].copy_from_slice(chunk);
                 }
-                let mut slot = spare.pop().unwrap_or_else(|| self.take_slot());
-                let layout = Layout::new(stripes, width, c, params.len());
-                self.ctx.bind_to_thread().map_err(driver)?;
-                let stream = slot.stream.clone();
-                if let Err(e) = slot.reserve(layout.end) {
-                    spare.push(slot);
-                    return Err(driver(e));
-                }
-                let buffers = slot.buffers.as_mut().expect("reserved");
-                let device = buffers.device;
-                let host = buffers.host();
-                for (w, word) in params.iter().enumerate() {
-                    host[layout.params + 4 * w..][..4].copy_from_slice(&word.to_le_bytes());
-                }
-                let stripe_bytes = width * layout.slot;
-                let packing = &jobs[first..first + stripes];
-                self.cpu.install(|| {
-                    host[..stripes * stripe_bytes]
-                        .par_chunks_mut(stripe_bytes)
-                        .zip(packing.par_iter())
-                        .for_each(|(slots, job)| {
-                            for (j, chunk) in job.chunks.iter().enumerate() {
-                                if !missing.contains(&j) {
-                                    slots[j * layout.slot..][..c].copy_from_slice(chunk);
-                                }
-                            }
-                        })
-                });
-                let cs = stream.cu_stream();
-                let mut staged = || -> Result<(), AccelError> {
-                    unsafe {
-                        cu::memcpy_htod_async(device + layout.params as u64, &host[layout.params..layout.leaves], cs)
-                            .map_err(driver)?;
-                        cu::memcpy_htod_async(device, &host[..layout.params], cs).map_err(driver)?;
-                    }
-                    self.launch_gf(&stream, device, &layout, sources.len(), missing.len())?;
-                    if let Some(algorithm) = algorithm {
-                        self.launch_hash(&stream, device, &layout, algorithm, c)?;
-                    }
-                    unsafe {
-                        for s in 0..stripes {
-                            for &j in missing {
-                                let at = layout.chunk(s, j);
-                                cu::memcpy_dtoh_async(&mut host[at..at + layout.slot], device + at as u64, cs)
-                                    .map_err(driver)?;
-                            }
-                        }
-                        if hashed {
-                            cu::memcpy_dtoh_async(
-                                &mut host[layout.leaves..layout.end],
-                                device + layout.leaves as u64,
-                                cs,
-                            )
-                            .map_err(driver)?;
-                        }
-                    }
-                    Ok(())
-                };
-                let staged = staged();
-                in_flight.push_back(Pending {
-                    slot,
-                    layout,
-                    first,
-                    outputs: missing.to_vec(),
-                    hashed,
-                });
-                staged?;
             }
-            while let Some(mut done) = in_flight.pop_front() {
-                complete(&mut done, jobs, &mut results)?;
-                spare.push(done.slot);
+        };
+        let code = |stream: &CudaStream, device: u64, layout: &Layout| {
+            self.launch_gf(stream, device, layout, sources.len(), targets.len())
+        };
+        let unpack = |job: &mut ReconstructJob<'_>, slots: &[u8], leaves: Option<Leaves>| {
+            let slot = slots.len() / shape.width();
+            for &j in missing {
+                job.chunks[j].copy_from_slice(&slots[j * slot..][..c]);
             }
-            Ok(())
-        })();
-        self.release(in_flight, spare);
-        outcome?;
-        self.bytes_on_device
-            .fetch_add((jobs.len() * width * c) as u64, Ordering::Relaxed);
-        Ok(results)
+            leaves.unwrap_or_else(|| {
+                let chunks: Vec<&[u8]> = job.chunks.iter().map(|c| &**c).collect();
+                crate::cpu::leaves(shape.checksum, &chunks, false)
+            })
+        };
+        self.pipeline(&plan, jobs, pack, code, unpack)
     }
 
     /// Hashes on the GPU.
@@ -980,23 +935,9 @@ impl Cuda {
         slot.stream.synchronize().ok();
         self.put_slot(slot);
         outcome?;
-        let bytes: usize = inputs.iter().map(|i| i.len()).sum();
-        self.bytes_on_device.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.counters.on_device(inputs.iter().map(|i| i.len()).sum());
         Ok(digests)
     }
-}
-
-/// Leaves and root on the calling thread.
-fn cpu_leaves(algorithm: Algorithm, chunks: &[&[u8]]) -> Leaves {
-    let leaves: Vec<Digest> = chunks
-        .iter()
-        .enumerate()
-        .map(|(j, chunk)| merkle::leaf(algorithm, j, chunk))
-        .collect();
-    let root = merkle::Tree::from_leaves(algorithm, leaves.clone())
-        .expect("a stripe has chunks")
-        .root();
-    Leaves { leaves, root }
 }
 
 impl Accelerator for Cuda {
@@ -1073,9 +1014,7 @@ impl Accelerator for Cuda {
     }
 
     fn work(&self) -> Work {
-        let mut work = self.counters.snapshot();
-        work.bytes_on_device = self.bytes_on_device();
-        work
+        self.counters.snapshot()
     }
 }
 

@@ -48,6 +48,14 @@ fn pieces_cover_every_stripe_once_within_the_piece_size() {
 }
 
 #[test]
+fn output_slots_are_copied_in_runs_of_adjacent_slots() {
+    assert_eq!(runs(&[]), vec![]);
+    assert_eq!(runs(&[10, 11, 12, 13]), vec![(10, 4)]);
+    assert_eq!(runs(&[0, 3, 4, 9]), vec![(0, 1), (3, 2), (9, 1)]);
+    assert_eq!(runs(&[4, 3]), vec![(4, 1), (3, 1)]);
+}
+
+#[test]
 fn gf_params_hold_slots_then_a_mask_per_coefficient_bit() {
     let words = gf_params(&[0, 2, 3], &[1, 4], &[0x01, 0x80, 0x00, 0xff, 0x03, 0x10]);
     assert_eq!(&words[..5], &[0, 2, 3, 1, 4]);
@@ -78,7 +86,7 @@ fn the_kernels_compile_with_nvrtc() {
     }
     // The kernels generated for a shape, narrow and wide.
     for (k, m) in [(10, 4), (200, 16)] {
-        let codec = Codec::new(k, m, MatrixKind::Cauchy).expect("shape");
+        let codec = Codec::new(k, m, tessera_ec::MatrixKind::Cauchy).expect("shape");
         let source = encoder::source(k, &codec.encoding_matrix()[k * k..], m);
         let options = cudarc::nvrtc::CompileOptions {
             options: vec!["--gpu-architecture=compute_90".to_string()],
