@@ -13,8 +13,13 @@ use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::Mutex;
 
-/// Alignment of memory, offsets and lengths for direct I/O.
+/// Alignment of the memory this crate hands to direct I/O.
 pub const IO_ALIGN: usize = 4096;
+/// Offsets and lengths of direct I/O are multiples of this: the logical
+/// sector of most devices, which intent log blocks are cut to. A device
+/// of 4 KiB logical sectors refuses such I/O (EINVAL), and it goes
+/// through the page cache instead.
+pub const DIRECT_LENGTH_ALIGN: usize = 512;
 
 /// A zeroed byte buffer aligned to [`IO_ALIGN`], so its aligned slices can
 /// go to a member with direct I/O, without a bounce copy. Stripe data
@@ -236,19 +241,21 @@ impl FileDevice {
 
     /// One `call` (`preadv` or `pwritev`) of all of `iov` on the direct
     /// descriptor, where `iov` and `offset` meet its alignment (address,
-    /// length and offset multiples of [`IO_ALIGN`]); returns
+    /// address a multiple of [`IO_ALIGN`], length and offset of
+    /// [`DIRECT_LENGTH_ALIGN`]); returns
     /// the bytes it moved: 0 where it was not tried, or the filesystem
     /// refused direct I/O there (EINVAL), so the caller does the rest
     /// through the page cache.
     fn direct_vectored(&self, iov: &[libc::iovec], offset: u64, call: VectoredCall) -> io::Result<usize> {
         use std::os::fd::AsRawFd;
-        let aligned = |address: usize, len: usize| address.is_multiple_of(IO_ALIGN) && len.is_multiple_of(IO_ALIGN);
+        let aligned =
+            |address: usize, len: usize| address.is_multiple_of(IO_ALIGN) && len.is_multiple_of(DIRECT_LENGTH_ALIGN);
         let Some(direct) = &self.direct else { return Ok(0) };
         let Ok(offset) = libc::off_t::try_from(offset) else {
             return Ok(0);
         };
         if iov.len() > IOVECS_MAX
-            || !aligned(offset as usize, 0)
+            || !(offset as u64).is_multiple_of(DIRECT_LENGTH_ALIGN as u64)
             || !iov.iter().all(|v| aligned(v.iov_base as usize, v.iov_len))
         {
             return Ok(0);

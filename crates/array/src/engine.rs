@@ -220,6 +220,8 @@ pub(crate) struct Shared {
     pub checkpoint_lock: Mutex<()>,
     pub maintenance: crate::maintenance::Signal,
     pub recovery: Mutex<Recovery>,
+    /// The intent log, if the array has an area for one.
+    pub intent: Option<crate::intent::IntentLog>,
     pub options: EngineOptions,
 }
 
@@ -411,6 +413,7 @@ impl Array {
             checkpoint_lock: Mutex::new(()),
             maintenance: crate::maintenance::Signal::default(),
             recovery: Mutex::new(Recovery::default()),
+            intent: (geometry.log_bytes > 0).then(|| crate::intent::IntentLog::new(geometry.members)),
             options,
             geometry,
         });

@@ -7,6 +7,7 @@
 //! offset 1 MiB      row 0: chunk header (4 KiB) | chunk payload (C bytes)
 //!                   row 1: chunk header         | chunk payload
 //!                   ...
+//! size - 4 KiB - L  intent log area (L bytes; 0 on arrays without one)
 //! size - 4 KiB      backup superblock (4 KiB)
 //! ```
 //!
@@ -168,6 +169,9 @@ pub struct Geometry {
     pub checksum: Algorithm,
     /// `None`: compression off.
     pub compression: Option<Codec>,
+    /// Bytes of the intent log's area on each member, just before the
+    /// backup superblock (0: no log; FLUSH seals short stripes instead).
+    pub log_bytes: u64,
 }
 
 impl Geometry {
@@ -196,19 +200,23 @@ impl Geometry {
         DATA_START + row * (SECTOR_BYTES + self.chunk_bytes) as u64
     }
     /// Rows that fit on a member of `member_bytes`, after the superblock and
-    /// before the backup superblock.
-    pub fn rows_for(member_bytes: u64, chunk_bytes: usize) -> u64 {
-        member_bytes.saturating_sub(DATA_START + SECTOR_BYTES as u64) / (SECTOR_BYTES + chunk_bytes) as u64
+    /// before a log area of `log_bytes` and the backup superblock.
+    pub fn rows_for(member_bytes: u64, chunk_bytes: usize, log_bytes: u64) -> u64 {
+        member_bytes.saturating_sub(DATA_START + SECTOR_BYTES as u64 + log_bytes) / (SECTOR_BYTES + chunk_bytes) as u64
     }
     pub fn backup_superblock_offset(&self) -> u64 {
         self.member_bytes - SECTOR_BYTES as u64
+    }
+    /// Where the intent log's area starts on every member.
+    pub fn log_offset(&self) -> u64 {
+        self.backup_superblock_offset() - self.log_bytes
     }
 }
 
 /// One member's superblock.
 ///
 /// ```text
-///   0  magic "TSRSUPER"        8  version u32        12 reserved u32
+///   0  magic "TSRSUPER"        8  version u32        12 log area in 4 KiB sectors u32
 ///  16  array uuid [16]        32  member uuid [16]
 ///  48  member index u32       52  members N u32      56 K u32   60 M u32
 ///  64  chunk bytes u32        68  checksum u8        69 codec u8   70 reserved u16
@@ -271,6 +279,7 @@ impl Superblock {
         let mut s = vec![0u8; SECTOR_BYTES];
         put(&mut s, 0, &SUPERBLOCK_MAGIC);
         put(&mut s, 8, &FORMAT_VERSION.to_le_bytes());
+        put(&mut s, 12, &((g.log_bytes / SECTOR_BYTES as u64) as u32).to_le_bytes());
         put(&mut s, 16, &self.array_uuid);
         put(&mut s, 32, &self.member_uuid);
         put(&mut s, 48, &(self.member_index as u32).to_le_bytes());
@@ -332,8 +341,13 @@ impl Superblock {
         let compression = codec_from_code(s[69], i32::from_le_bytes(s[72..76].try_into().expect("four bytes")))
             .ok_or(field("codec", u64::from(s[69])))?;
         let member_bytes = get_u64(s, 96);
+        // Arrays made before the log wrote zero here: they have none.
+        let log_bytes = u64::from(get_u32(s, 12)) * SECTOR_BYTES as u64;
+        if log_bytes + DATA_START + SECTOR_BYTES as u64 > member_bytes {
+            return Err(field("log_sectors", log_bytes / SECTOR_BYTES as u64));
+        }
         let rows = get_u64(s, 80);
-        if rows == 0 || rows > Geometry::rows_for(member_bytes, chunk_bytes) {
+        if rows == 0 || rows > Geometry::rows_for(member_bytes, chunk_bytes, log_bytes) {
             return Err(field("rows", rows));
         }
         let logical_bytes = get_u64(s, 88);
@@ -350,6 +364,7 @@ impl Superblock {
             logical_bytes,
             checksum,
             compression,
+            log_bytes,
         };
         let checkpoint = match get_u32(s, 176) as usize {
             0 => None,
@@ -961,6 +976,210 @@ impl Checkpoint {
     }
 }
 
+/// An intent log block: what FLUSH made durable without sealing a stripe.
+///
+/// A FLUSH that finds an open stripe partly filled writes the records
+/// it took since the last FLUSH, with their stored bytes, as one block to
+/// M+1 members' log areas (so the block survives any M failures, as the
+/// stripes do), instead of sealing the stripe short. The records stay in
+/// the open stripe, which is sealed when full; a block is dead once every
+/// stripe its records went to is sealed and synced, and its space is
+/// reused. Each member's area is a ring: blocks are appended after the
+/// last one written there and wrap to the area's start.
+///
+/// ```text
+///   0  magic "TSRLOGBK"   8 version u32        12 record count u32
+///  16  array uuid [16]
+///  32  sequence u64       40 tail sequence u64 (the oldest block still needed)
+///  48  block bytes u32    52 reserved u32
+///  56  CRC32C u32 of the whole block, this field taken as zero   60 reserved u32
+///  64  records, 96 bytes each:
+///       0 lba u64   8 version u64   16 blocks u32   20 stored bytes u32
+///      24 kind u8 (1 data, 2 zero) | codec u8 | reserved u16 | reserved u32
+///      32 digest [64] of the stored bytes (the array's algorithm; data only)
+///   then the stored bytes of the data records, in order, back to back;
+///   zeros up to a multiple of LOG_ALIGN
+/// ```
+///
+/// Recovery reads every healthy member's area, keeps the blocks whose CRC
+/// and digests hold (a torn block fails them and is ignored), and replays,
+/// in sequence order, the blocks from the newest block's tail on; records
+/// carry their write's version, so a record older than what the stripes
+/// hold changes nothing.
+pub const LOG_MAGIC: [u8; 8] = *b"TSRLOGBK";
+/// Log blocks are written in multiples of this: the smallest direct write
+/// most devices take (512-byte logical sectors), so a FLUSH after one
+/// 4 KiB write writes 4.5 KiB to each log copy, not 8.
+pub const LOG_ALIGN: usize = 512;
+pub const LOG_HEADER_BYTES: usize = 64;
+pub const LOG_RECORD_BYTES: usize = 32 + DIGEST_FIELD_BYTES;
+const LOG_CRC_OFFSET: usize = 56;
+const _: () = assert!(SECTOR_BYTES.is_multiple_of(LOG_ALIGN) && LOG_HEADER_BYTES + LOG_RECORD_BYTES <= LOG_ALIGN);
+
+/// One record of a log block; a data record's stored bytes are beside it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogRecord {
+    pub lba: u64,
+    pub version: u64,
+    pub blocks: u32,
+    /// `None`: zeros (no bytes stored). `Some(codec)`: data, compressed
+    /// with `codec` or raw (`None`), with the digest of its stored bytes.
+    pub data: Option<(Option<Codec>, Digest)>,
+}
+
+/// A log block's header fields.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogBlockHeader {
+    pub array_uuid: [u8; 16],
+    pub sequence: u64,
+    pub tail: u64,
+    /// Bytes of the whole block, a multiple of LOG_ALIGN.
+    pub bytes: usize,
+}
+
+/// Bytes of a log block holding records with `stored` bytes of data in all.
+pub fn log_block_bytes(records: usize, stored: usize) -> usize {
+    (LOG_HEADER_BYTES + records * LOG_RECORD_BYTES + stored).next_multiple_of(LOG_ALIGN)
+}
+
+/// Encodes a log block into `out` (resized to its length): records with
+/// their stored bytes (empty for zeros).
+pub fn encode_log_block(
+    array_uuid: [u8; 16],
+    sequence: u64,
+    tail: u64,
+    records: &[(LogRecord, &[u8])],
+    out: &mut crate::device::AlignedBuf,
+) {
+    let stored: usize = records.iter().map(|(_, b)| b.len()).sum();
+    let bytes = log_block_bytes(records.len(), stored);
+    assert!(u32::try_from(bytes).is_ok(), "a log block fits 32-bit lengths");
+    out.resize(bytes);
+    let b = &mut out[..];
+    b.fill(0);
+    put(b, 0, &LOG_MAGIC);
+    put(b, 8, &FORMAT_VERSION.to_le_bytes());
+    put(b, 12, &(records.len() as u32).to_le_bytes());
+    put(b, 16, &array_uuid);
+    put(b, 32, &sequence.to_le_bytes());
+    put(b, 40, &tail.to_le_bytes());
+    put(b, 48, &(bytes as u32).to_le_bytes());
+    let mut data_at = LOG_HEADER_BYTES + records.len() * LOG_RECORD_BYTES;
+    for (i, (record, data)) in records.iter().enumerate() {
+        let at = LOG_HEADER_BYTES + i * LOG_RECORD_BYTES;
+        put(b, at, &record.lba.to_le_bytes());
+        put(b, at + 8, &record.version.to_le_bytes());
+        put(b, at + 16, &record.blocks.to_le_bytes());
+        put(b, at + 20, &(data.len() as u32).to_le_bytes());
+        match &record.data {
+            None => {
+                assert!(data.is_empty(), "zero records store no bytes");
+                b[at + 24] = 2;
+            }
+            Some((codec, digest)) => {
+                b[at + 24] = 1;
+                b[at + 25] = codec_code(*codec).0;
+                put_digest(b, at + 32, digest);
+            }
+        }
+        put(b, data_at, data);
+        data_at += data.len();
+    }
+    let crc = tessera_checksum::crc32c(b);
+    put(b, LOG_CRC_OFFSET, &crc.to_le_bytes());
+}
+
+/// A decoded log record and where its stored bytes are in the block.
+pub type LogRecordAt = (LogRecord, std::ops::Range<usize>);
+
+/// Decodes the log block at the start of `bytes` (which may run on past
+/// it): its header, and each record with the range of `bytes` holding its
+/// stored bytes. Checks the CRC, that every field lies inside `geometry`,
+/// and every data record's digest.
+pub fn decode_log_block(bytes: &[u8], geometry: &Geometry) -> Result<(LogBlockHeader, Vec<LogRecordAt>), FormatError> {
+    const WHAT: &str = "log block";
+    let field = |field, value: u64| FormatError::Field {
+        what: WHAT,
+        field,
+        value,
+    };
+    if bytes.len() < LOG_ALIGN || bytes[..8] != LOG_MAGIC {
+        return Err(FormatError::Magic { what: WHAT });
+    }
+    let len = get_u32(bytes, 48) as usize;
+    if len < LOG_ALIGN || !len.is_multiple_of(LOG_ALIGN) || len > bytes.len() {
+        return Err(field("bytes", len as u64));
+    }
+    let block = &bytes[..len];
+    let crc = tessera_checksum::crc32c_parts(&[&block[..LOG_CRC_OFFSET], &[0; 4], &block[LOG_CRC_OFFSET + 4..]]);
+    if crc != get_u32(block, LOG_CRC_OFFSET) {
+        return Err(FormatError::Crc { what: WHAT });
+    }
+    let version = get_u32(block, 8);
+    if version != FORMAT_VERSION {
+        return Err(FormatError::Version { what: WHAT, version });
+    }
+    let count = get_u32(block, 12) as usize;
+    if count > (len - LOG_HEADER_BYTES) / LOG_RECORD_BYTES {
+        return Err(field("count", count as u64));
+    }
+    let algorithm = geometry.checksum;
+    let blocks_total = geometry.logical_bytes / BLOCK_BYTES as u64;
+    let mut records = Vec::with_capacity(count);
+    let mut data_at = LOG_HEADER_BYTES + count * LOG_RECORD_BYTES;
+    for i in 0..count {
+        let e = &block[LOG_HEADER_BYTES + i * LOG_RECORD_BYTES..][..LOG_RECORD_BYTES];
+        let (lba, version, blocks, stored) = (get_u64(e, 0), get_u64(e, 8), get_u32(e, 16), get_u32(e, 20) as usize);
+        if blocks == 0 || lba.checked_add(u64::from(blocks)).is_none_or(|end| end > blocks_total) {
+            return Err(field("lba", lba));
+        }
+        if data_at + stored > len {
+            return Err(field("stored_bytes", stored as u64));
+        }
+        let range = data_at..data_at + stored;
+        data_at += stored;
+        let data = match e[24] {
+            2 if stored == 0 => None,
+            1 => {
+                let codec = codec_from_code(e[25], 0).ok_or(field("codec", u64::from(e[25])))?;
+                let wrong_size = match codec {
+                    None => stored != blocks as usize * BLOCK_BYTES,
+                    Some(_) => stored == 0 || stored > blocks as usize * BLOCK_BYTES,
+                };
+                if wrong_size {
+                    return Err(field("stored_bytes", stored as u64));
+                }
+                let digest = Digest::from_bytes(&e[32..32 + algorithm.digest_bytes()]);
+                if algorithm.digest(&block[range.clone()]) != digest {
+                    return Err(FormatError::Crc { what: "log record" });
+                }
+                Some((codec, digest))
+            }
+            kind => return Err(field("kind", u64::from(kind))),
+        };
+        records.push((
+            LogRecord {
+                lba,
+                version,
+                blocks,
+                data,
+            },
+            range,
+        ));
+    }
+    let mut array_uuid = [0u8; 16];
+    array_uuid.copy_from_slice(&block[16..32]);
+    Ok((
+        LogBlockHeader {
+            array_uuid,
+            sequence: get_u64(block, 32),
+            tail: get_u64(block, 40),
+            bytes: len,
+        },
+        records,
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -976,6 +1195,7 @@ mod tests {
             logical_bytes: 16 << 20,
             checksum: Algorithm::Blake3,
             compression: Some(Codec::Zstd { level: 3 }),
+            log_bytes: 1 << 20,
         }
     }
 
@@ -1030,6 +1250,75 @@ mod tests {
             let mut bad = bytes.clone();
             bad[bit / 8] ^= 1 << (bit % 8);
             assert!(Superblock::decode(&bad).is_err(), "bit {bit}");
+        }
+    }
+
+    #[test]
+    fn log_block_round_trips_and_catches_any_flipped_bit() {
+        let g = geometry();
+        let a = g.checksum;
+        let raw = vec![0x5a; BLOCK_BYTES];
+        let packed = vec![7u8; 900];
+        let records = [
+            (
+                LogRecord {
+                    lba: 12,
+                    version: 40,
+                    blocks: 1,
+                    data: Some((None, a.digest(&raw))),
+                },
+                &raw[..],
+            ),
+            (
+                LogRecord {
+                    lba: 100,
+                    version: 41,
+                    blocks: 3,
+                    data: None,
+                },
+                &[][..],
+            ),
+            (
+                LogRecord {
+                    lba: 200,
+                    version: 42,
+                    blocks: 2,
+                    data: Some((Some(Codec::Lz4), a.digest(&packed))),
+                },
+                &packed[..],
+            ),
+        ];
+        let mut block = crate::device::AlignedBuf::default();
+        encode_log_block([9; 16], 5, 3, &records, &mut block);
+        // 64 + 3 x 96 + 4096 + 900 bytes, in 512-byte sectors.
+        assert_eq!(block.len(), 5632);
+        assert_eq!(&block[..12], b"TSRLOGBK\x02\x00\x00\x00");
+        let mut longer = block.to_vec();
+        longer.extend_from_slice(&[0xff; 1024]);
+        let (header, decoded) = decode_log_block(&longer, &g).unwrap();
+        assert_eq!(
+            header,
+            LogBlockHeader {
+                array_uuid: [9; 16],
+                sequence: 5,
+                tail: 3,
+                bytes: 5632
+            }
+        );
+        for ((record, bytes), (got, range)) in records.iter().zip(&decoded) {
+            assert_eq!(record, got);
+            assert_eq!(*bytes, &block[range.clone()]);
+        }
+        for bit in [0usize, 8 * 60, 8 * 200, 8 * 5000, 8 * 5631 + 7] {
+            let mut bad = block.to_vec();
+            bad[bit / 8] ^= 1 << (bit % 8);
+            assert!(decode_log_block(&bad, &g).is_err(), "bit {bit}");
+        }
+        // Torn: any prefix of whole sectors short of the block.
+        for sectors in 1..block.len() / LOG_ALIGN {
+            let mut torn = block[..sectors * LOG_ALIGN].to_vec();
+            torn.resize(block.len(), 0);
+            assert!(decode_log_block(&torn, &g).is_err(), "{sectors} sectors");
         }
     }
 
@@ -1253,7 +1542,7 @@ mod tests {
                 let sg = &sb.geometry;
                 assert!(sb.member_index < sg.members && sg.data >= 1 && sg.data + sg.parity <= sg.members);
                 assert!(
-                    sg.rows <= Geometry::rows_for(sg.member_bytes, sg.chunk_bytes),
+                    sg.rows <= Geometry::rows_for(sg.member_bytes, sg.chunk_bytes, sg.log_bytes),
                     "seed {seed}"
                 );
             }

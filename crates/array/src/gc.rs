@@ -27,7 +27,7 @@ use crate::limits::{
 use crate::map::Target;
 use crate::slots::{Pinned, SlotState};
 use crate::status::Counters;
-use crate::write::{Piece, Stored};
+use crate::write::{Origin, Piece, Stored};
 use crate::ArrayError;
 use std::sync::Arc;
 
@@ -142,19 +142,23 @@ impl Shared {
                         }
                     }
                     Counters::add(&self.counters.gc_bytes_relocated, bytes.len() as u64);
-                    let pieces = self.prepare(piece.lba, &bytes, Some((piece.target.clone(), piece.version)))?;
+                    let pieces = self.prepare(
+                        piece.lba,
+                        &bytes,
+                        Origin::Relocates(piece.target.clone(), piece.version),
+                    )?;
                     self.store(Stream::Gc, pieces)?;
                     continue;
                 }
             };
-            let relocates = Some((piece.target, piece.version));
+            let origin = Origin::Relocates(piece.target, piece.version);
             self.store(
                 Stream::Gc,
                 vec![Piece {
                     lba: piece.lba,
                     blocks: piece.blocks,
                     stored,
-                    relocates,
+                    origin,
                 }],
             )?;
         }
@@ -285,6 +289,8 @@ mod tests {
             checksum: tessera_checksum::Algorithm::Crc32c,
             compression: None,
             logical_bytes: None,
+            // FLUSH seals the user stripe (with a log it would stay open).
+            log_bytes: Some(0),
         };
         let engine = EngineOptions {
             background: false,

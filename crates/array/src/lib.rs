@@ -22,6 +22,7 @@ pub mod device;
 mod engine;
 pub mod format;
 mod gc;
+mod intent;
 mod io;
 pub mod limits;
 mod maintenance;
@@ -41,6 +42,7 @@ use format::{FormatError, Geometry, Superblock, BLOCK_BYTES, MEMBER_COUNT_MAX, S
 use std::sync::Arc;
 
 pub use engine::{hex, Array, EngineOptions};
+pub use intent::{LogRecovery, LogStatus};
 pub use members::{Member, MemberState};
 pub use rebuild::RebuildReport;
 pub use recovery::Recovery;
@@ -143,6 +145,10 @@ pub struct CreateOptions {
     /// Exported size; default: 80% of the usable capacity less the
     /// engine's reserves, which leaves garbage collection room to work.
     pub logical_bytes: Option<u64>,
+    /// Bytes of each member kept for the intent log (rounded up to 4 KiB;
+    /// 0: none, FLUSH seals short stripes); default:
+    /// `limits::log_bytes_default`.
+    pub log_bytes: Option<u64>,
 }
 
 /// Stripe slots an array needs at least: the reserves (GC, open stripes,
@@ -190,18 +196,31 @@ pub fn create_with(
         ));
     }
     let member_bytes = devices.iter().map(|(_, d)| d.size()).min().unwrap_or(0);
-    let rows = Geometry::rows_for(member_bytes, c);
     let mut geometry = Geometry {
         data: k,
         parity: m,
         members: n,
         chunk_bytes: c,
-        rows,
+        rows: 0,
         member_bytes,
         logical_bytes: 0,
         checksum: options.checksum,
         compression: options.compression,
+        log_bytes: 0,
     };
+    geometry.log_bytes = match options.log_bytes {
+        Some(bytes) => bytes.next_multiple_of(SECTOR_BYTES as u64),
+        None => limits::log_bytes_default(&geometry),
+    };
+    if geometry.log_bytes / SECTOR_BYTES as u64 > u64::from(u32::MAX)
+        || geometry.log_bytes + format::DATA_START + SECTOR_BYTES as u64 > member_bytes
+    {
+        return bad(format!(
+            "a log of {} bytes does not fit members of {member_bytes} bytes",
+            geometry.log_bytes
+        ));
+    }
+    geometry.rows = Geometry::rows_for(member_bytes, c, geometry.log_bytes);
     if geometry.slot_count() < SLOTS_MIN {
         return bad(format!(
             "members of {member_bytes} bytes hold {} stripes of {c}-byte chunks; need at least {SLOTS_MIN}: use larger members or smaller chunks",

@@ -43,6 +43,8 @@ pub struct Recovery {
     pub torn_stripes_dropped: u64,
     /// Chunks of kept stripes that were missing or bad, and rewritten.
     pub chunks_repaired: u64,
+    /// What the intent log held (`None`: the array has no log).
+    pub log: Option<crate::intent::LogRecovery>,
     pub milliseconds: u64,
 }
 
@@ -98,11 +100,14 @@ impl Shared {
         self.tracker.lock().synced_through = max_sequence;
         let has_window = window.is_some();
         self.index_mut().slots.set_window(window);
-        recovery.milliseconds = started.elapsed().as_millis() as u64;
-        *self.recovery.lock().unwrap_or_else(|p| p.into_inner()) = recovery;
         if !has_window {
             self.checkpoint()?;
         }
+        if self.intent.is_some() {
+            recovery.log = Some(self.replay_log()?);
+        }
+        recovery.milliseconds = started.elapsed().as_millis() as u64;
+        *self.recovery.lock().unwrap_or_else(|p| p.into_inner()) = recovery;
         Ok(())
     }
 

@@ -33,6 +33,11 @@ pub struct Counters {
     pub gc_stripes_collected: AtomicU64,
     pub gc_bytes_relocated: AtomicU64,
     pub checkpoints_written: AtomicU64,
+    pub log_blocks_written: AtomicU64,
+    pub log_bytes_written: AtomicU64,
+    pub flushes_logged: AtomicU64,
+    pub log_stripes_sealed_instead: AtomicU64,
+    pub log_write_failures: AtomicU64,
     /// Microseconds writers waited for the members (writes in flight at
     /// the bound), and for a free slot.
     pub waited_for_members_us: AtomicU64,
@@ -80,6 +85,11 @@ pub struct Status {
     pub user_bytes_written: u64,
     pub member_bytes_written: u64,
     pub write_amplification: f64,
+    /// The part of it written as stripes, and as intent log blocks.
+    pub write_amplification_stripes: f64,
+    pub write_amplification_log: f64,
+    /// The intent log (`null`: the array has none).
+    pub log: Option<crate::intent::LogStatus>,
     pub stripes_sealed: u64,
     pub short_stripes_sealed: u64,
     pub flushes: u64,
@@ -152,6 +162,8 @@ impl Shared {
         };
         let user = load(&c.user_bytes_written);
         let member = load(&c.member_bytes_written);
+        let log_bytes = load(&c.log_bytes_written).min(member);
+        let ratio = |bytes: u64| if user == 0 { 0.0 } else { bytes as f64 / user as f64 };
         let work = self.accel.work();
         let members = &self.members;
         Status {
@@ -198,7 +210,10 @@ impl Shared {
             },
             user_bytes_written: user,
             member_bytes_written: member,
-            write_amplification: if user == 0 { 0.0 } else { member as f64 / user as f64 },
+            write_amplification: ratio(member),
+            write_amplification_stripes: ratio(member - log_bytes),
+            write_amplification_log: ratio(log_bytes),
+            log: self.log_status(),
             stripes_sealed: load(&c.stripes_sealed),
             short_stripes_sealed: load(&c.short_stripes_sealed),
             flushes: load(&c.flushes),

@@ -45,6 +45,11 @@ pub struct OpenStripe {
     pub mapped: usize,
     /// Sealed slots emptied by this stripe's records: free once it is synced.
     pub drains: Vec<u64>,
+    /// Records before this index are in the intent log.
+    pub logged: usize,
+    /// The sequence this stripe is sealed as (0 until it is): log blocks
+    /// holding its records are dead once that sequence is synced.
+    pub sealed_as: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// What a raw extent's start is rounded up to in the data area, so that a
@@ -66,6 +71,8 @@ impl OpenStripe {
             summary_bytes: format::SUMMARY_HEADER_BYTES,
             mapped: 0,
             drains: Vec::new(),
+            logged: 0,
+            sealed_as: Default::default(),
         }
     }
 
@@ -107,6 +114,12 @@ impl OpenStripe {
             "push checks the room first"
         );
         self.records.push(record);
+    }
+
+    /// Bytes of the data area neither data nor summary takes yet: what
+    /// sealing it now would leave unused.
+    pub fn unused_bytes(&self) -> usize {
+        self.data.len() - self.used - self.summary_bytes
     }
 
     /// Whether the stripe holds anything to write.

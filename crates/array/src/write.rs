@@ -92,8 +92,30 @@ pub(crate) struct Piece<'a> {
     pub lba: u64,
     pub blocks: u32,
     pub stored: Stored<'a>,
-    /// For a relocation: what it copies and that write's version.
-    pub relocates: Option<(Target, u64)>,
+    pub origin: Origin,
+}
+
+/// Where a piece comes from, which sets the version it is mapped with.
+#[derive(Clone)]
+pub(crate) enum Origin {
+    /// A client's write: the next version, over whatever is there.
+    Write,
+    /// Garbage collection's copy of a target at that write's version:
+    /// mapped only where the map still points at what was copied.
+    Relocates(Target, u64),
+    /// An intent log record replayed at open, with its write's version:
+    /// mapped where nothing newer is.
+    Replays(u64),
+}
+
+impl Origin {
+    /// The origin of the part `blocks` blocks into a piece of this one.
+    fn advanced_by(&self, blocks: u64) -> Origin {
+        match self {
+            Origin::Relocates(target, version) => Origin::Relocates(target.advanced_by(blocks), *version),
+            other => other.clone(),
+        }
+    }
 }
 
 impl Piece<'_> {
@@ -201,7 +223,7 @@ impl Shared {
                 lba,
                 blocks,
                 stored: Stored::Zero,
-                relocates: None,
+                origin: Origin::Write,
             });
             lba += u64::from(blocks);
         }
@@ -214,19 +236,14 @@ impl Shared {
 
     /// Writes whole blocks from `lba`.
     fn write_blocks(&self, lba: u64, data: &[u8]) -> Result<(), ArrayError> {
-        let pieces = self.prepare(lba, data, None)?;
+        let pieces = self.prepare(lba, data, Origin::Write)?;
         self.store(Stream::User, pieces)
     }
 
     /// Cuts whole blocks from `lba` into extents, each compressed (per the
     /// policy), hashed, or found to be zeros; no lock is held. With
-    /// `relocates`, the pieces are copies of that target at that version.
-    pub(crate) fn prepare<'a>(
-        &self,
-        lba: u64,
-        data: &'a [u8],
-        relocates: Option<(Target, u64)>,
-    ) -> Result<Vec<Piece<'a>>, ArrayError> {
+    /// `Origin::Relocates`, the pieces are copies of that target at that version.
+    pub(crate) fn prepare<'a>(&self, lba: u64, data: &'a [u8], origin: Origin) -> Result<Vec<Piece<'a>>, ArrayError> {
         debug_assert_eq!(data.len() % BLOCK_BYTES, 0);
         let algorithm = self.geometry.checksum;
         let per_extent = extent_blocks_max(&self.geometry) * BLOCK_BYTES;
@@ -286,7 +303,7 @@ impl Shared {
                 lba: piece_lba,
                 blocks,
                 stored,
-                relocates: relocates.as_ref().map(|(t, v)| (t.advanced_by(piece_lba - lba), *v)),
+                origin: origin.advanced_by(piece_lba - lba),
             });
         }
         // Digests the accelerator computes, as one batch.
@@ -333,7 +350,7 @@ impl Shared {
     fn drop_needless_zeros<'a>(&self, pieces: Vec<Piece<'a>>) -> Vec<Piece<'a>> {
         if !pieces
             .iter()
-            .any(|p| matches!(p.stored, Stored::Zero) && p.relocates.is_none())
+            .any(|p| matches!((&p.stored, &p.origin), (Stored::Zero, Origin::Write)))
         {
             return pieces;
         }
@@ -342,7 +359,7 @@ impl Shared {
             .into_iter()
             .filter(|p| {
                 !matches!(p.stored, Stored::Zero)
-                    || p.relocates.is_some()
+                    || !matches!(p.origin, Origin::Write)
                     || index
                         .map
                         .overlapping(p.lba, p.lba + u64::from(p.blocks))
@@ -401,7 +418,12 @@ impl Shared {
 
     /// Packs pieces into `stream`'s open stripe, opening and sealing
     /// stripes as they fill; returns the stripes sealed.
-    fn pack(&self, stream: Stream, claim: Claim, pieces: Vec<Piece<'_>>) -> Result<Vec<Sealing>, ArrayError> {
+    pub(crate) fn pack(
+        &self,
+        stream: Stream,
+        claim: Claim,
+        pieces: Vec<Piece<'_>>,
+    ) -> Result<Vec<Sealing>, ArrayError> {
         let mut queue: VecDeque<Piece> = pieces.into();
         let mut sealed = Vec::new();
         // Each round packs at least one piece or finds a slot; a slot that
@@ -426,13 +448,13 @@ impl Shared {
                 }
             }
             let open = guard.as_mut().expect("opened above");
-            let mut relocations = Vec::new();
+            let mut origins = Vec::new();
             while let Some(piece) = queue.pop_front() {
-                let relocates = piece.relocates.clone();
+                let origin = piece.origin.clone();
                 match self.place(open, piece) {
-                    Placed::All => relocations.push(relocates),
+                    Placed::All => origins.push(origin),
                     Placed::Part(rest) => {
-                        relocations.push(relocates);
+                        origins.push(origin);
                         queue.push_front(rest);
                         break;
                     }
@@ -443,7 +465,7 @@ impl Shared {
                     }
                 }
             }
-            self.map_records(open, relocations);
+            self.map_records(open, origins);
             if queue.is_empty() {
                 return Ok(sealed);
             }
@@ -532,10 +554,10 @@ impl Shared {
     /// each new write takes the next version; each relocation keeps its
     /// version and maps only where the map still points at what it copied.
     /// Slots this empties drain once `open` is synced.
-    fn map_records(&self, open: &mut OpenStripe, relocations: Vec<Option<(Target, u64)>>) {
-        debug_assert_eq!(open.mapped + relocations.len(), open.records.len());
+    fn map_records(&self, open: &mut OpenStripe, origins: Vec<Origin>) {
+        debug_assert_eq!(open.mapped + origins.len(), open.records.len());
         let mut index = self.index_mut();
-        for (record, relocates) in open.records[open.mapped..].iter_mut().zip(relocations) {
+        for (record, origin) in open.records[open.mapped..].iter_mut().zip(origins) {
             let (lba, blocks, target) = match &*record {
                 Record::Data { lba, extent, .. } => (
                     *lba,
@@ -547,20 +569,25 @@ impl Shared {
                 ),
                 Record::Zero { lba, blocks, .. } => (*lba, *blocks, Target::Zero { slot: open.slot }),
             };
-            let deltas = match relocates {
-                None => {
+            let deltas = match origin {
+                Origin::Write => {
                     let version = index.next_version;
                     index.next_version += 1;
                     record.set_version(version);
                     index.map.insert(lba, blocks, version, &target, Rule::Always)
                 }
-                Some((copied, version)) => {
+                Origin::Relocates(copied, version) => {
                     record.set_version(version);
                     let rule = Rule::IfStill {
                         target: &copied,
                         version,
                     };
                     index.map.insert(lba, blocks, version, &target, rule)
+                }
+                Origin::Replays(version) => {
+                    record.set_version(version);
+                    index.next_version = index.next_version.max(version + 1);
+                    index.map.insert(lba, blocks, version, &target, Rule::IfNotNewer)
                 }
             };
             let emptied = index.slots.account(&deltas);
@@ -625,6 +652,7 @@ impl Shared {
     pub(crate) fn seal_as(&self, mut open: OpenStripe, state: SlotState, sequence: u64) -> Sealing {
         let synced_through = self.tracker.lock().synced_through;
         let info = stripe::finish(&self.geometry, &mut open, sequence, synced_through);
+        open.sealed_as.store(sequence, std::sync::atomic::Ordering::Release);
         let area = Arc::new(std::mem::take(&mut open.data));
         let mut index = self.index_mut();
         let empty = index.slots.sealed(open.slot, sequence, state);
@@ -710,12 +738,15 @@ impl Shared {
         Some(sealing)
     }
 
-    /// FLUSH: seals the open user stripes and returns once every stripe
-    /// sealed so far is on the members and synced. Garbage collection's
-    /// copies need not be durable (what they copied stays until they are).
+    /// FLUSH: logs what the open user stripes hold (or, without a log,
+    /// seals them short) and returns once every stripe sealed so far is on
+    /// the members and synced. Garbage collection's copies need not be
+    /// durable (what they copied stays until they are).
     pub fn flush(&self) -> Result<(), ArrayError> {
         self.members.check_writable()?;
-        self.submit(self.user_lanes().filter_map(|lane| self.seal_lane(lane)).collect())?;
+        if !self.commit_to_log()? {
+            self.submit(self.user_lanes().filter_map(|lane| self.seal_lane(lane)).collect())?;
+        }
         let target = self.tracker.last_sequence();
         self.sync_through(target)?;
         Counters::add(&self.counters.flushes, 1);
@@ -842,7 +873,7 @@ fn split_raw<'a>(algorithm: Algorithm, piece: Piece<'a>, blocks: usize) -> (Piec
         Cow::Owned(b) => (Cow::Owned(b[..at].to_vec()), Cow::Owned(b[at..].to_vec())),
     };
     let (head_crcs, rest_crcs) = (crcs[..blocks].to_vec(), crcs[blocks..].to_vec());
-    let part = |lba: u64, bytes: Cow<'a, [u8]>, crcs: Vec<u32>, relocates: Option<(Target, u64)>| Piece {
+    let part = |lba: u64, bytes: Cow<'a, [u8]>, crcs: Vec<u32>, origin: Origin| Piece {
         lba,
         blocks: crcs.len() as u32,
         stored: Stored::Raw {
@@ -850,15 +881,12 @@ fn split_raw<'a>(algorithm: Algorithm, piece: Piece<'a>, blocks: usize) -> (Piec
             bytes,
             crcs,
         },
-        relocates,
+        origin,
     };
-    let rest_relocates = piece
-        .relocates
-        .as_ref()
-        .map(|(t, v)| (t.advanced_by(blocks as u64), *v));
+    let rest_origin = piece.origin.advanced_by(blocks as u64);
     (
-        part(piece.lba, head_bytes, head_crcs, piece.relocates),
-        part(piece.lba + blocks as u64, rest_bytes, rest_crcs, rest_relocates),
+        part(piece.lba, head_bytes, head_crcs, piece.origin),
+        part(piece.lba + blocks as u64, rest_bytes, rest_crcs, rest_origin),
     )
 }
 
@@ -868,8 +896,8 @@ fn merge_zero_runs(pieces: Vec<Piece<'_>>) -> Vec<Piece<'_>> {
     for piece in pieces {
         if let (Some(last), Stored::Zero) = (out.last_mut(), &piece.stored) {
             let adjacent = last.lba + u64::from(last.blocks) == piece.lba;
-            if matches!(last.stored, Stored::Zero) && adjacent && last.relocates.is_none() && piece.relocates.is_none()
-            {
+            let both_written = matches!((&last.origin, &piece.origin), (Origin::Write, Origin::Write));
+            if matches!(last.stored, Stored::Zero) && adjacent && both_written {
                 last.blocks += piece.blocks;
                 continue;
             }

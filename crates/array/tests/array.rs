@@ -38,6 +38,7 @@ fn options(k: usize, m: usize, compression: Option<tessera_compress::Codec>) -> 
         checksum: Algorithm::Crc32c,
         compression,
         logical_bytes: None,
+        log_bytes: None,
     }
 }
 

@@ -37,6 +37,7 @@ fn options(k: usize, m: usize, chunk_bytes: usize, compression: Option<tessera_c
         checksum: Algorithm::Crc32c,
         compression,
         logical_bytes: None,
+        log_bytes: None,
     }
 }
 

@@ -145,6 +145,7 @@ fn run(seed: u64, met: &mut Met) {
         checksum,
         compression,
         logical_bytes: None,
+        log_bytes: None,
     };
     // One to four user stripes open at once (small arrays get one by
     // default): writers of the four threads fill different ones.

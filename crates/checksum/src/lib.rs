@@ -23,7 +23,8 @@ pub fn crc32c(data: &[u8]) -> u32 {
     crc32c_parts(&[data])
 }
 
-fn crc32c_parts(parts: &[&[u8]]) -> u32 {
+/// CRC32C of `parts` one after another, as if they were one slice.
+pub fn crc32c_parts(parts: &[&[u8]]) -> u32 {
     if let [data] = parts {
         return crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, data) as u32;
     }

@@ -33,6 +33,7 @@ pub struct Create {
     pub checksum: tessera_checksum::Algorithm,
     pub compression: Option<tessera_compress::Codec>,
     pub logical_bytes: Option<u64>,
+    pub log_bytes: Option<u64>,
     /// Overwrite existing devices whatever they hold.
     pub force: bool,
 }
@@ -66,6 +67,7 @@ pub fn create(c: &Create) -> Result<()> {
             checksum: c.checksum,
             compression: c.compression,
             logical_bytes: c.logical_bytes,
+            log_bytes: c.log_bytes,
         };
         Ok(tessera_array::create(std::mem::take(&mut members), &options)?)
     });
@@ -658,6 +660,24 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
         n("flushes"),
         n("syncs")
     );
+    let log = &status["log"];
+    if log.is_object() {
+        let l = |key: &str| log[key].as_u64().unwrap_or(0);
+        println!(
+            "intent log: {} per member, {} live; {} FLUSHes logged in {} blocks ({} written, write amplification {:.2} of the {:.2}); {} stripes sealed instead, {} failed log writes",
+            human(l("area_bytes")),
+            human(l("live_bytes")),
+            l("flushes_logged"),
+            l("blocks_written"),
+            human(l("bytes_written")),
+            f("write_amplification_log"),
+            f("write_amplification"),
+            l("stripes_sealed_instead"),
+            l("write_failures")
+        );
+    } else {
+        println!("intent log: none (FLUSH seals short stripes)");
+    }
     println!(
         "garbage collection: {} rounds, {} stripes emptied, {} relocated; writers waited {} ms for members, {} ms for a free slot",
         n("gc_rounds"),

@@ -208,6 +208,7 @@ pub fn run(o: &Options) -> Result<Report> {
         checksum: o.checksum,
         compression: o.compression,
         logical_bytes: None,
+        log_bytes: None,
     };
     let engine = EngineOptions {
         accel: Some(accel.clone()),

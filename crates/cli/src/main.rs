@@ -63,6 +63,11 @@ enum Command {
         /// Exported size (may exceed the raw space: thin provisioning); default 80% of usable.
         #[arg(long, value_parser = size::parse)]
         size: Option<u64>,
+        /// Space on each member for the intent log, which makes FLUSH after a
+        /// small write cheap (0: none; FLUSH then seals a short stripe).
+        /// Default: room for the open stripes, 1 MiB to 1/16 of a member.
+        #[arg(long, value_parser = size::parse)]
+        log_size: Option<u64>,
         /// Overwrite --device members that hold data or another array's superblock.
         #[arg(long)]
         force: bool,
@@ -410,6 +415,7 @@ fn main() -> Result<()> {
             checksum,
             compress,
             size,
+            log_size,
             force,
         } => array_cmd::create(&array_cmd::Create {
             data,
@@ -422,6 +428,7 @@ fn main() -> Result<()> {
             checksum,
             compression: parse_compression(&compress)?,
             logical_bytes: size,
+            log_bytes: log_size,
             force,
         }),
         Command::Serve {

@@ -1,0 +1,566 @@
+//! The intent log: FLUSH after a small write, without sealing a short
+//! stripe (the format and its theory: `format::encode_log_block`).
+//!
+//! # Guarantees
+//!
+//! - A FLUSH returns only once every record written before it is durable:
+//!   in a sealed and synced stripe, or in a log block written and synced
+//!   on M+1 members, so it survives any M failures as a stripe does.
+//! - For each open user stripe, a FLUSH logs what it took since the last
+//!   one, or seals it short where that writes fewer bytes (a stripe
+//!   nearly full wastes little) or the log has no room: whichever costs
+//!   less, never a lost write.
+//! - One log write at a time; FLUSHes that arrive during one wait and are
+//!   covered by the next, one block for all of them (group commit).
+//! - A log block's space is reused only once every stripe its records
+//!   went to is sealed and synced.
+//! - A failed log write (a member's write or sync) fails that member, as
+//!   a failed chunk write does, and the FLUSH falls back to sealing the
+//!   open stripes short: the log never loses or refuses a write.
+//! - At open, the blocks from the newest block's tail on are replayed
+//!   into stripes, in order, each record with its write's version, so a
+//!   record older than what the stripes hold changes nothing, and a
+//!   replay that a crash interrupts can run again. Torn blocks fail their
+//!   CRC or digests and are ignored: they were never acknowledged.
+//!
+//! The writer's state (rings, live blocks) is owned by whoever holds the
+//! commit role, one thread at a time; no lock is held across its I/O.
+
+use crate::device::AlignedBuf;
+use crate::engine::Shared;
+use crate::format::{self, LogRecord, Record, Stream};
+use crate::slots::SlotState;
+use crate::status::Counters;
+use crate::write::{Claim, Origin, Piece, Stored};
+use crate::ArrayError;
+use serde::Serialize;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+/// The log of an array that has one (`Geometry::log_bytes` > 0).
+pub(crate) struct IntentLog {
+    commits: Mutex<Commits>,
+    changed: Condvar,
+    /// Taken only by the thread in the commit role (and at open).
+    writer: Mutex<Writer>,
+    /// Bytes of live blocks, all copies, for `status`.
+    live_bytes: AtomicU64,
+}
+
+/// Group commit: commits are numbered as they start.
+#[derive(Default)]
+struct Commits {
+    started: u64,
+    done: u64,
+    writing: bool,
+}
+
+struct Writer {
+    next_sequence: u64,
+    /// Each member's area, as a ring of the blocks written there.
+    rings: Vec<Ring>,
+    /// Blocks not yet dead, oldest first.
+    live: VecDeque<LiveBlock>,
+    /// Where the search for the next block's members starts (rotates).
+    next_member: usize,
+    buffer: AlignedBuf,
+}
+
+#[derive(Default)]
+struct Ring {
+    /// Where the next block goes, if it fits before the area's end.
+    head: u64,
+    /// (sequence, offset, bytes) of the live blocks here, oldest first.
+    blocks: VecDeque<(u64, u64, u64)>,
+}
+
+impl Ring {
+    /// Where a block of `len` bytes fits in an area of `area` bytes.
+    fn place(&self, len: u64, area: u64) -> Option<u64> {
+        let Some(&(_, tail, _)) = self.blocks.front() else {
+            return if self.head + len <= area {
+                Some(self.head)
+            } else {
+                (len <= area).then_some(0)
+            };
+        };
+        if tail < self.head {
+            // Live from tail to head: free after head, and before tail.
+            if self.head + len <= area {
+                Some(self.head)
+            } else {
+                (len <= tail).then_some(0)
+            }
+        } else {
+            // Wrapped: free from head up to tail.
+            (self.head + len <= tail).then_some(self.head)
+        }
+    }
+}
+
+struct LiveBlock {
+    sequence: u64,
+    bytes: u64,
+    copies: u64,
+    /// The stripes its records went to (their sequence once sealed).
+    stripes: Vec<Arc<AtomicU64>>,
+}
+
+impl LiveBlock {
+    /// Sealed stripes' newest sequence, once all are sealed.
+    fn sealed_through(&self) -> Option<u64> {
+        self.stripes
+            .iter()
+            .try_fold(0, |max, s| match s.load(Ordering::Acquire) {
+                0 => None,
+                sequence => Some(max.max(sequence)),
+            })
+    }
+}
+
+/// What the log holds and has done, for `status`.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct LogStatus {
+    /// Bytes of each member's log area.
+    pub area_bytes: u64,
+    /// Bytes of live blocks, all copies.
+    pub live_bytes: u64,
+    pub blocks_written: u64,
+    /// Bytes written to the members' log areas (all copies); also counted
+    /// in `member_bytes_written`.
+    pub bytes_written: u64,
+    /// FLUSHes that logged records (the rest sealed stripes or found
+    /// nothing to do).
+    pub flushes_logged: u64,
+    /// Open stripes sealed short by FLUSH: logging them would have
+    /// written more, or the log had no room.
+    pub stripes_sealed_instead: u64,
+    /// Log writes that failed (a member's write or sync): those FLUSHes
+    /// sealed short stripes instead.
+    pub write_failures: u64,
+}
+
+/// What opening found in the log.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct LogRecovery {
+    /// Valid blocks found, all copies.
+    pub blocks_found: u64,
+    /// Blocks from the newest one's tail on, replayed.
+    pub blocks_replayed: u64,
+    pub records_replayed: u64,
+}
+
+impl IntentLog {
+    pub fn new(members: usize) -> IntentLog {
+        IntentLog {
+            commits: Mutex::new(Commits::default()),
+            changed: Condvar::new(),
+            writer: Mutex::new(Writer {
+                next_sequence: 1,
+                rings: (0..members).map(|_| Ring::default()).collect(),
+                live: VecDeque::new(),
+                next_member: 0,
+                buffer: AlignedBuf::default(),
+            }),
+            live_bytes: AtomicU64::new(0),
+        }
+    }
+
+    fn writer(&self) -> std::sync::MutexGuard<'_, Writer> {
+        self.writer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn live_bytes(&self) -> u64 {
+        self.live_bytes.load(Ordering::Relaxed)
+    }
+}
+
+/// A record taken from an open stripe, with a copy of its stored bytes.
+type Taken = (LogRecord, Vec<u8>);
+
+impl Shared {
+    /// FLUSH's first step on an array with a log: once this returns, every
+    /// record written before it is in the log or in a sealed stripe (the
+    /// caller then syncs the sealed ones). False if the array has no log.
+    pub(crate) fn commit_to_log(&self) -> Result<bool, ArrayError> {
+        let Some(log) = &self.intent else {
+            return Ok(false);
+        };
+        let mut c = log.commits.lock().unwrap_or_else(|p| p.into_inner());
+        // The first commit to start after now covers this FLUSH.
+        let mine = c.started + 1;
+        // Each pass returns, or waits for a commit, or runs one; commits
+        // end, so this does.
+        loop {
+            if c.done >= mine {
+                return Ok(true);
+            }
+            if c.writing {
+                c = log.changed.wait(c).unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
+            c.writing = true;
+            c.started += 1;
+            let number = c.started;
+            drop(c);
+            let result = self.log_commit(log);
+            c = log.commits.lock().unwrap_or_else(|p| p.into_inner());
+            c.writing = false;
+            c.done = number;
+            log.changed.notify_all();
+            result?;
+        }
+    }
+
+    /// One commit: takes what the open user stripes hold beyond what is
+    /// logged, seals the stripes where that is cheaper, writes the rest as
+    /// one block to M+1 members and syncs them. On a failed write, seals
+    /// every open user stripe instead.
+    fn log_commit(&self, log: &IntentLog) -> Result<(), ArrayError> {
+        let mut w = log.writer();
+        self.reclaim(log, &mut w);
+        // What waits, to make room first if it does not fit: syncing
+        // stripes sealed since kills the blocks they hold.
+        let (count, stored) = self.unlogged();
+        if count == 0 {
+            return Ok(());
+        }
+        if self
+            .placement(&w, format::log_block_bytes(count, stored) as u64)
+            .is_none()
+        {
+            let sealed = w.live.iter().filter_map(LiveBlock::sealed_through).max();
+            if let Some(sequence) = sealed {
+                self.sync_through(sequence)?;
+                self.reclaim(log, &mut w);
+            }
+        }
+        let (taken, stripes) = self.take_unlogged(&w)?;
+        if taken.is_empty() {
+            return Ok(());
+        }
+        let sequence = w.next_sequence;
+        w.next_sequence += 1;
+        let tail = w.live.front().map_or(sequence, |b| b.sequence);
+        let records: Vec<(LogRecord, &[u8])> = taken.iter().map(|(r, b)| (r.clone(), &b[..])).collect();
+        let mut buffer = std::mem::take(&mut w.buffer);
+        format::encode_log_block(self.array_uuid, sequence, tail, &records, &mut buffer);
+        let len = buffer.len() as u64;
+        let targets = self.placement(&w, len).expect("take_unlogged logs only what fits");
+        let failures = self.write_copies(&buffer, &targets);
+        w.buffer = buffer;
+        let written = len * (targets.len() - failures.len()) as u64;
+        Counters::add(&self.counters.member_bytes_written, written);
+        Counters::add(&self.counters.log_bytes_written, written);
+        if !failures.is_empty() {
+            Counters::add(&self.counters.log_write_failures, 1);
+            for (member, error) in &failures {
+                // More failures than the parity covers stop writes; the
+                // caller's check reports it.
+                let _ = self.members.failed_io(*member, error);
+            }
+            drop(w);
+            let sealed: Vec<_> = self.user_lanes().filter_map(|lane| self.seal_lane(lane)).collect();
+            Counters::add(&self.counters.log_stripes_sealed_instead, sealed.len() as u64);
+            return self.submit(sealed);
+        }
+        for &(member, offset) in &targets {
+            let ring = &mut w.rings[member];
+            ring.blocks.push_back((sequence, offset, len));
+            ring.head = offset + len;
+        }
+        w.next_member = (w.next_member + 1) % self.members.count();
+        w.live.push_back(LiveBlock {
+            sequence,
+            bytes: len,
+            copies: targets.len() as u64,
+            stripes,
+        });
+        log.live_bytes.fetch_add(len * targets.len() as u64, Ordering::Relaxed);
+        Counters::add(&self.counters.log_blocks_written, 1);
+        Counters::add(&self.counters.flushes_logged, 1);
+        Ok(())
+    }
+
+    /// Drops the blocks at the front whose stripes are all sealed and
+    /// synced: nothing needs them any more.
+    fn reclaim(&self, log: &IntentLog, w: &mut Writer) {
+        let synced = self.tracker.lock().synced_through;
+        while let Some(front) = w.live.front() {
+            if front.sealed_through().is_none_or(|sequence| sequence > synced) {
+                break;
+            }
+            let dead = w.live.pop_front().expect("front exists");
+            log.live_bytes.fetch_sub(dead.bytes * dead.copies, Ordering::Relaxed);
+            for ring in &mut w.rings {
+                while ring.blocks.front().is_some_and(|&(s, _, _)| s <= dead.sequence) {
+                    ring.blocks.pop_front();
+                }
+            }
+        }
+    }
+
+    /// Records and stored bytes the open user stripes hold unlogged.
+    fn unlogged(&self) -> (usize, usize) {
+        let (mut count, mut stored) = (0, 0);
+        for lane in self.user_lanes() {
+            if let Some(open) = self.open_lane(lane).as_ref() {
+                count += open.records.len() - open.logged;
+                stored += open.records[open.logged..].iter().map(stored_bytes).sum::<usize>();
+            }
+        }
+        (count, stored)
+    }
+
+    /// Takes each open user stripe's unlogged records (copying their
+    /// bytes), or seals the stripe short where that writes fewer bytes
+    /// than logging them or they do not fit; returns what was taken and
+    /// the stripes it belongs to.
+    fn take_unlogged(&self, w: &Writer) -> Result<(Vec<Taken>, Vec<Arc<AtomicU64>>), ArrayError> {
+        let g = &self.geometry;
+        let copies = g.parity + 1;
+        let (mut taken, mut stripes, mut sealed) = (Vec::new(), Vec::new(), Vec::new());
+        let mut stored_total = 0;
+        for lane in self.user_lanes() {
+            let mut guard = self.open_lane(lane);
+            let Some(open) = guard.as_mut() else { continue };
+            let new = &open.records[open.logged..];
+            if new.is_empty() {
+                continue;
+            }
+            let stored: usize = new.iter().map(stored_bytes).sum();
+            let log_cost = copies * (new.len() * format::LOG_RECORD_BYTES + stored);
+            // Sealing now writes the unused rest of the data area, and
+            // its parity, for nothing.
+            let seal_waste = open.unused_bytes() * g.width() / g.data;
+            let len = format::log_block_bytes(taken.len() + new.len(), stored_total + stored);
+            if seal_waste <= log_cost || self.placement(w, len as u64).is_none() {
+                let open = guard.take().expect("checked above");
+                sealed.extend(self.seal_open(open, SlotState::Sealed));
+                drop(guard);
+                continue;
+            }
+            debug_assert_eq!(open.mapped, open.records.len(), "records are mapped under this lock");
+            for record in new {
+                taken.push(match record {
+                    Record::Data { lba, version, extent } => {
+                        let at = extent.offset as usize;
+                        let bytes = open.data[at..at + extent.stored_bytes as usize].to_vec();
+                        let record = LogRecord {
+                            lba: *lba,
+                            version: *version,
+                            blocks: extent.blocks,
+                            data: Some((extent.codec, extent.digest)),
+                        };
+                        (record, bytes)
+                    }
+                    Record::Zero { lba, blocks, version } => {
+                        let record = LogRecord {
+                            lba: *lba,
+                            version: *version,
+                            blocks: *blocks,
+                            data: None,
+                        };
+                        (record, Vec::new())
+                    }
+                });
+            }
+            stored_total += stored;
+            open.logged = open.records.len();
+            stripes.push(open.sealed_as.clone());
+        }
+        Counters::add(&self.counters.short_stripes_sealed, sealed.len() as u64);
+        Counters::add(&self.counters.log_stripes_sealed_instead, sealed.len() as u64);
+        self.submit(sealed)?;
+        Ok((taken, stripes))
+    }
+
+    /// M+1 writable members with room for a block of `len` bytes, from
+    /// the rotating start, and where it goes on each.
+    fn placement(&self, w: &Writer, len: u64) -> Option<Vec<(usize, u64)>> {
+        let n = self.members.count();
+        let area = self.geometry.log_bytes;
+        let targets: Vec<(usize, u64)> = (0..n)
+            .map(|i| (w.next_member + i) % n)
+            .filter(|&m| self.members.readable(m).is_some())
+            .filter_map(|m| w.rings[m].place(len, area).map(|offset| (m, offset)))
+            .take(self.geometry.parity + 1)
+            .collect();
+        (targets.len() == self.geometry.parity + 1).then_some(targets)
+    }
+
+    /// Writes and syncs `block` on each target member at once; returns
+    /// the members that failed.
+    fn write_copies(&self, block: &[u8], targets: &[(usize, u64)]) -> Vec<(usize, std::io::Error)> {
+        let start = self.geometry.log_offset();
+        let failures = Mutex::new(Vec::new());
+        self.io_pool.scope(|scope| {
+            for &(member, offset) in targets {
+                let failures = &failures;
+                scope.spawn(move |_| {
+                    let result = match self.members.readable(member) {
+                        Some(device) => device.write_at(block, start + offset).and_then(|()| device.sync()),
+                        None => Err(std::io::Error::other("the member failed")),
+                    };
+                    if let Err(error) = result {
+                        failures.lock().unwrap_or_else(|p| p.into_inner()).push((member, error));
+                    }
+                });
+            }
+        });
+        failures.into_inner().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// At open, after the stripes are recovered: reads every healthy
+    /// member's log area and replays the blocks from the newest one's
+    /// tail on into stripes, sealed and synced; the log then starts
+    /// after the newest block.
+    pub(crate) fn replay_log(&self) -> Result<LogRecovery, ArrayError> {
+        let Some(log) = &self.intent else {
+            return Ok(LogRecovery::default());
+        };
+        let g = &self.geometry;
+        let area = g.log_bytes as usize;
+        let mut found = LogRecovery::default();
+        let mut blocks: BTreeMap<u64, (u64, Vec<Taken>)> = BTreeMap::new();
+        let mut w = log.writer();
+        let mut buffer = AlignedBuf::zeroed(area);
+        for member in 0..self.members.count() {
+            if !self.members.read(member, |d| d.read_at(&mut buffer, g.log_offset())) {
+                continue;
+            }
+            let mut at = 0;
+            let mut newest = None;
+            // Each pass moves on by at least LOG_ALIGN.
+            while at + format::LOG_ALIGN <= area {
+                let decoded = format::decode_log_block(&buffer[at..], g)
+                    .ok()
+                    .filter(|(header, _)| header.array_uuid == self.array_uuid);
+                let Some((header, records)) = decoded else {
+                    at += format::LOG_ALIGN;
+                    continue;
+                };
+                found.blocks_found += 1;
+                if newest.is_none_or(|(sequence, _)| header.sequence > sequence) {
+                    newest = Some((header.sequence, (at + header.bytes) as u64));
+                }
+                blocks.entry(header.sequence).or_insert_with(|| {
+                    let records = records
+                        .into_iter()
+                        .map(|(record, range)| (record, buffer[at..][range].to_vec()))
+                        .collect();
+                    (header.tail, records)
+                });
+                at += header.bytes;
+            }
+            // New blocks go after the newest here, so none of what a
+            // replay interrupted by a crash needs is overwritten first.
+            if let Some((_, end)) = newest {
+                w.rings[member].head = end;
+            }
+        }
+        let Some((&newest, &(tail, _))) = blocks.iter().next_back() else {
+            return Ok(found);
+        };
+        w.next_sequence = newest + 1;
+        drop(w);
+        let mut pieces = Vec::new();
+        for (_, (_, records)) in blocks.range(tail..) {
+            found.blocks_replayed += 1;
+            for (record, bytes) in records {
+                found.records_replayed += 1;
+                pieces.push(replayed_piece(record, bytes));
+            }
+        }
+        // No admission: this was admitted before the crash.
+        let sealed = self.pack(Stream::User, Claim::Collect, pieces)?;
+        self.submit(sealed)?;
+        self.submit(self.user_lanes().filter_map(|lane| self.seal_lane(lane)).collect())?;
+        self.sync_through(self.tracker.last_sequence())?;
+        Ok(found)
+    }
+
+    /// The log's part of `status`.
+    pub(crate) fn log_status(&self) -> Option<LogStatus> {
+        let log = self.intent.as_ref()?;
+        let c = &self.counters;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Some(LogStatus {
+            area_bytes: self.geometry.log_bytes,
+            live_bytes: log.live_bytes(),
+            blocks_written: load(&c.log_blocks_written),
+            bytes_written: load(&c.log_bytes_written),
+            flushes_logged: load(&c.flushes_logged),
+            stripes_sealed_instead: load(&c.log_stripes_sealed_instead),
+            write_failures: load(&c.log_write_failures),
+        })
+    }
+}
+
+/// Stored bytes a record's data takes.
+fn stored_bytes(record: &Record) -> usize {
+    match record {
+        Record::Data { extent, .. } => extent.stored_bytes as usize,
+        Record::Zero { .. } => 0,
+    }
+}
+
+/// A log record as a piece to pack again, with its version.
+fn replayed_piece<'a>(record: &LogRecord, bytes: &'a [u8]) -> Piece<'a> {
+    let stored = match &record.data {
+        None => Stored::Zero,
+        Some((None, digest)) => Stored::Raw {
+            bytes: Cow::Borrowed(bytes),
+            crcs: bytes
+                .chunks(format::BLOCK_BYTES)
+                .map(tessera_checksum::crc32c)
+                .collect(),
+            digest: *digest,
+        },
+        Some((Some(codec), digest)) => Stored::Compressed {
+            codec: *codec,
+            bytes: bytes.to_vec(),
+            digest: *digest,
+        },
+    };
+    Piece {
+        lba: record.lba,
+        blocks: record.blocks,
+        stored,
+        origin: Origin::Replays(record.version),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ring(head: u64, blocks: &[(u64, u64)]) -> Ring {
+        Ring {
+            head,
+            blocks: blocks.iter().enumerate().map(|(i, &(o, l))| (i as u64, o, l)).collect(),
+        }
+    }
+
+    #[test]
+    fn a_ring_places_blocks_only_in_free_space() {
+        // Empty: at the head, or from the start when the end is too near.
+        assert_eq!(ring(0, &[]).place(100, 1000), Some(0));
+        assert_eq!(ring(950, &[]).place(100, 1000), Some(0));
+        assert_eq!(ring(0, &[]).place(1001, 1000), None);
+        // Live 200..600: after it, or before it once the end is too near.
+        let r = ring(600, &[(200, 400)]);
+        assert_eq!(r.place(400, 1000), Some(600));
+        assert_eq!(r.place(401, 1000), None);
+        assert_eq!(r.place(200, 1000), Some(600));
+        let near_end = ring(900, &[(200, 700)]);
+        assert_eq!(near_end.place(200, 1000), Some(0));
+        assert_eq!(near_end.place(201, 1000), None);
+        // Wrapped: live 700..1000 and 0..300; free only 300..700.
+        let wrapped = ring(300, &[(700, 300), (0, 300)]);
+        assert_eq!(wrapped.place(400, 1000), Some(300));
+        assert_eq!(wrapped.place(401, 1000), None);
+    }
+}

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Small synchronous writes: fio 4 KiB random writes at queue depth 1 with
+# a FLUSH after each (--fsync=1), as a database or a VM's journal does,
+# against `nbdkit file cache=none` serving one file on the same disk, in
+# one run: Tessera with its intent log (the default) and without one
+# (--log-size 0: each FLUSH seals a short stripe). Rounds alternate the
+# servers; the median IOPS of each is printed with the ratio to nbdkit.
+#
+#   [TESSERA=path/to/tessera] scripts/bench-fsync.sh [K M N] [SECONDS] [ROUNDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+k=${1:-8}; m=${2:-2}; n=${3:-10}; seconds=${4:-10}; rounds=${5:-3}
+if [ -z "${TESSERA:-}" ]; then
+  cargo build --release -q -p tessera
+  TESSERA=$PWD/target/release/tessera
+fi
+work=$(mktemp -d "${TMPDIR:-/var/tmp}/tessera-fsync.XXXXXX")
+pid=""
+cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+size=256M
+
+# IOPS of one fio run against the NBD server on $work/s.sock.
+fio_iops() {
+  fio --name=fsync --ioengine=nbd --uri="nbd+unix:///$1?socket=$work/s.sock" --rw=randwrite --bs=4k \
+      --iodepth=1 --fsync=1 --size=128M --time_based --runtime="$seconds" --randseed=7 \
+      --output-format=json 2>/dev/null |
+    python3 -c "import json,sys; t=sys.stdin.read(); print(round(json.loads(t[t.index(chr(123)):])['jobs'][0]['write']['iops']))"
+}
+wait_socket() { for _ in $(seq 200); do [ -S "$work/s.sock" ] && return; sleep 0.05; done; echo "no socket" >&2; exit 1; }
+
+run_nbdkit() {
+  rm -f "$work/s.sock" "$work/file"
+  truncate -s "$size" "$work/file"
+  nbdkit --foreground --unix "$work/s.sock" file "$work/file" cache=none 2>/dev/null & pid=$!
+  wait_socket
+  fio_iops ""
+  kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""
+}
+
+run_tessera() {
+  rm -rf "$work/array" "$work/s.sock"
+  "$TESSERA" create --data "$k" --parity "$m" --dir "$work/array" --devices "$n" --device-size "$size" "$@" >/dev/null
+  "$TESSERA" serve "$work/array" --socket "$work/s.sock" 2>/dev/null & pid=$!
+  wait_socket
+  fio_iops tessera
+  kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""
+}
+
+echo "fio randwrite 4k QD1 --fsync=1, ${seconds}s a run, $rounds rounds; Tessera $k+$m on $n files; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+declare -a nbdkit log nolog
+for r in $(seq "$rounds"); do
+  nbdkit+=("$(run_nbdkit)")
+  log+=("$(run_tessera)")
+  nolog+=("$(run_tessera --log-size 0)")
+  echo "round $r: nbdkit file cache=none ${nbdkit[-1]}, tessera (log) ${log[-1]}, tessera (no log) ${nolog[-1]} IOPS"
+done
+median() { printf "%s\n" "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+a=$(median "${nbdkit[@]}"); b=$(median "${log[@]}"); c=$(median "${nolog[@]}")
+python3 -c "print(f'median IOPS: nbdkit {$a}, tessera with log {$b} ({$b/$a:.2f}x), without log {$c} ({$c/$a:.2f}x)')"
