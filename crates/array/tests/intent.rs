@@ -6,6 +6,7 @@
 mod common;
 use common::{headers, named};
 use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use tessera_array::device::{Device, Faults, MemoryDevice, RandomFaults};
 use tessera_array::format::{self, Geometry, BLOCK_BYTES};
@@ -77,6 +78,21 @@ fn blocks(rng: &mut impl Rng, count: usize, compressible: bool) -> Vec<u8> {
     data
 }
 
+/// Power loss, then open: every block of `model` (by LBA) reads back, and
+/// the map and slots agree.
+fn crash_and_check(array: Array, devices: &[Arc<MemoryDevice>], model: &BTreeMap<u64, Vec<u8>>) -> Array {
+    crash(array, devices);
+    let array = reopen_without(devices, &[]);
+    for (lba, data) in model {
+        assert!(
+            &read(&array, lba * BLOCK_BYTES as u64, BLOCK_BYTES) == data,
+            "block {lba}"
+        );
+    }
+    array.check().unwrap();
+    array
+}
+
 fn read(array: &Array, offset: u64, len: usize) -> Vec<u8> {
     let mut out = vec![0u8; len];
     array.read(offset, &mut out).unwrap();
@@ -108,7 +124,7 @@ fn small_writes_flushed_go_to_the_log_and_survive_power_loss() {
         let devices = members(6);
         let array = create(&devices, &options(compression, None));
         let mut rng = rand::rngs::StdRng::seed_from_u64(1);
-        let mut model = std::collections::BTreeMap::new();
+        let mut model = BTreeMap::new();
         for i in 0..40u64 {
             let lba = rng.gen_range(0..2000u64);
             let data = blocks(&mut rng, 1, compression.is_some());
@@ -145,26 +161,11 @@ fn small_writes_flushed_go_to_the_log_and_survive_power_loss() {
             .filter(|(_, _, h)| h.stream == format::Stream::User)
             .count();
         assert_eq!(user_chunks, 0, "{compression:?}");
-        crash(array, &devices);
-        let array = reopen_without(&devices, &[]);
+        let array = crash_and_check(array, &devices, &model);
         let recovery = array.status().unwrap().recovery.log.expect("the log was read");
         assert!(recovery.records_replayed >= 41, "{recovery:?}");
-        for (lba, data) in &model {
-            assert!(
-                &read(&array, lba * BLOCK_BYTES as u64, BLOCK_BYTES) == data,
-                "block {lba}"
-            );
-        }
         // Replayed into stripes: a second crash and open finds it all again.
-        crash(array, &devices);
-        let array = reopen_without(&devices, &[]);
-        for (lba, data) in &model {
-            assert!(
-                &read(&array, lba * BLOCK_BYTES as u64, BLOCK_BYTES) == data,
-                "block {lba}"
-            );
-        }
-        array.check().unwrap();
+        crash_and_check(array, &devices, &model);
     }
 }
 
@@ -323,7 +324,7 @@ fn concurrent_writers_and_flushes_survive_power_loss() {
             })
         })
         .collect();
-    let mut model = std::collections::BTreeMap::new();
+    let mut model = BTreeMap::new();
     for thread in threads {
         for (lba, data) in thread.join().unwrap() {
             for (i, block) in data.chunks(BLOCK_BYTES).enumerate() {
@@ -333,14 +334,5 @@ fn concurrent_writers_and_flushes_survive_power_loss() {
     }
     let log = array.status().unwrap().log.unwrap();
     assert!(log.flushes_logged > 10, "{log:?}");
-    let array = Arc::into_inner(array).unwrap();
-    crash(array, &devices);
-    let array = reopen_without(&devices, &[]);
-    for (lba, data) in &model {
-        assert!(
-            &read(&array, lba * BLOCK_BYTES as u64, BLOCK_BYTES) == data,
-            "block {lba}"
-        );
-    }
-    array.check().unwrap();
+    crash_and_check(Arc::into_inner(array).unwrap(), &devices, &model);
 }
