@@ -208,7 +208,11 @@ impl Shared {
             let result = self.log_commit(log);
             c = log.commits.lock().unwrap_or_else(|p| p.into_inner());
             c.writing = false;
-            c.done = number;
+            // A failed commit covers no one: the FLUSHes waiting for it
+            // run the next one themselves.
+            if result.is_ok() {
+                c.done = number;
+            }
             log.changed.notify_all();
             result?;
         }
