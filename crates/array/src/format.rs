@@ -1048,10 +1048,10 @@ pub fn encode_log_block(
     array_uuid: [u8; 16],
     sequence: u64,
     tail: u64,
-    records: &[(LogRecord, &[u8])],
+    records: &[(LogRecord, impl AsRef<[u8]>)],
     out: &mut crate::device::AlignedBuf,
 ) {
-    let stored: usize = records.iter().map(|(_, b)| b.len()).sum();
+    let stored: usize = records.iter().map(|(_, b)| b.as_ref().len()).sum();
     let bytes = log_block_bytes(records.len(), stored);
     assert!(u32::try_from(bytes).is_ok(), "a log block fits 32-bit lengths");
     out.resize(bytes);
@@ -1066,6 +1066,7 @@ pub fn encode_log_block(
     put(b, 48, &(bytes as u32).to_le_bytes());
     let mut data_at = LOG_HEADER_BYTES + records.len() * LOG_RECORD_BYTES;
     for (i, (record, data)) in records.iter().enumerate() {
+        let data = data.as_ref();
         let at = LOG_HEADER_BYTES + i * LOG_RECORD_BYTES;
         put(b, at, &record.lba.to_le_bytes());
         put(b, at + 8, &record.version.to_le_bytes());

@@ -100,10 +100,10 @@ impl Ring {
     }
 }
 
+/// A block written to M+1 members and still needed.
 struct LiveBlock {
     sequence: u64,
     bytes: u64,
-    copies: u64,
     /// The stripes its records went to (their sequence once sealed).
     stripes: Vec<Arc<AtomicU64>>,
 }
@@ -248,9 +248,8 @@ impl Shared {
         let sequence = w.next_sequence;
         w.next_sequence += 1;
         let tail = w.live.front().map_or(sequence, |b| b.sequence);
-        let records: Vec<(LogRecord, &[u8])> = taken.iter().map(|(r, b)| (r.clone(), &b[..])).collect();
         let mut buffer = std::mem::take(&mut w.buffer);
-        format::encode_log_block(self.array_uuid, sequence, tail, &records, &mut buffer);
+        format::encode_log_block(self.array_uuid, sequence, tail, &taken, &mut buffer);
         let len = buffer.len() as u64;
         let targets = self.placement(&w, len).expect("take_unlogged logs only what fits");
         let failures = self.write_copies(&buffer, &targets);
@@ -266,9 +265,9 @@ impl Shared {
                 let _ = self.members.failed_io(*member, error);
             }
             drop(w);
-            let sealed: Vec<_> = self.user_lanes().filter_map(|lane| self.seal_lane(lane)).collect();
-            Counters::add(&self.counters.log_stripes_sealed_instead, sealed.len() as u64);
-            return self.submit(sealed);
+            let sealed = self.seal_user_lanes()?;
+            Counters::add(&self.counters.log_stripes_sealed_instead, sealed as u64);
+            return Ok(());
         }
         for &(member, offset) in &targets {
             let ring = &mut w.rings[member];
@@ -279,7 +278,6 @@ impl Shared {
         w.live.push_back(LiveBlock {
             sequence,
             bytes: len,
-            copies: targets.len() as u64,
             stripes,
         });
         log.live_bytes.fetch_add(len * targets.len() as u64, Ordering::Relaxed);
@@ -297,7 +295,8 @@ impl Shared {
                 break;
             }
             let dead = w.live.pop_front().expect("front exists");
-            log.live_bytes.fetch_sub(dead.bytes * dead.copies, Ordering::Relaxed);
+            log.live_bytes
+                .fetch_sub(dead.bytes * (self.geometry.parity + 1) as u64, Ordering::Relaxed);
             for ring in &mut w.rings {
                 while ring.blocks.front().is_some_and(|&(s, _, _)| s <= dead.sequence) {
                     ring.blocks.pop_front();
@@ -481,7 +480,7 @@ impl Shared {
         // No admission: this was admitted before the crash.
         let sealed = self.pack(Stream::User, Claim::Collect, pieces)?;
         self.submit(sealed)?;
-        self.submit(self.user_lanes().filter_map(|lane| self.seal_lane(lane)).collect())?;
+        self.seal_user_lanes()?;
         self.sync_through(self.tracker.last_sequence())?;
         Ok(found)
     }
@@ -517,10 +516,7 @@ fn replayed_piece<'a>(record: &LogRecord, bytes: &'a [u8]) -> Piece<'a> {
         None => Stored::Zero,
         Some((None, digest)) => Stored::Raw {
             bytes: Cow::Borrowed(bytes),
-            crcs: bytes
-                .chunks(format::BLOCK_BYTES)
-                .map(tessera_checksum::crc32c)
-                .collect(),
+            crcs: crate::write::block_crcs(bytes),
             digest: *digest,
         },
         Some((Some(codec), digest)) => Stored::Compressed {

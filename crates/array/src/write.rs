@@ -129,7 +129,7 @@ impl Piece<'_> {
     }
 }
 
-fn block_crcs(bytes: &[u8]) -> Vec<u32> {
+pub(crate) fn block_crcs(bytes: &[u8]) -> Vec<u32> {
     bytes.chunks(BLOCK_BYTES).map(tessera_checksum::crc32c).collect()
 }
 
@@ -738,6 +738,15 @@ impl Shared {
         Some(sealing)
     }
 
+    /// Seals every open user stripe, however full, and submits them;
+    /// returns how many there were.
+    pub(crate) fn seal_user_lanes(&self) -> Result<usize, ArrayError> {
+        let sealed: Vec<Sealing> = self.user_lanes().filter_map(|lane| self.seal_lane(lane)).collect();
+        let count = sealed.len();
+        self.submit(sealed)?;
+        Ok(count)
+    }
+
     /// FLUSH: logs what the open user stripes hold (or, without a log,
     /// seals them short) and returns once every stripe sealed so far is on
     /// the members and synced. Garbage collection's copies need not be
@@ -745,7 +754,7 @@ impl Shared {
     pub fn flush(&self) -> Result<(), ArrayError> {
         self.members.check_writable()?;
         if !self.commit_to_log()? {
-            self.submit(self.user_lanes().filter_map(|lane| self.seal_lane(lane)).collect())?;
+            self.seal_user_lanes()?;
         }
         let target = self.tracker.last_sequence();
         self.sync_through(target)?;
