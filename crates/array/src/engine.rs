@@ -50,6 +50,18 @@ pub struct EngineOptions {
     /// Read and checksum errors after which a member is failed
     /// automatically (0: never).
     pub member_errors_max: u64,
+    /// Dedicated log devices, named for messages: `create` formats them
+    /// (each holds a copy of the intent log, instead of the members);
+    /// `open` takes them by their headers, in any order.
+    pub log_devices: Vec<(String, Arc<dyn crate::device::Device>)>,
+    /// Opens even when every log device that may hold log blocks is
+    /// missing, the FLUSHed writes only they held given up (without it,
+    /// such an open is refused).
+    pub discard_missing_log: bool,
+    /// Garbage collection writes its copies to stripes of its own (the
+    /// default), apart from client writes; off, into the clients'
+    /// stripes (to measure what the separation saves).
+    pub gc_stream: bool,
 }
 
 impl Default for EngineOptions {
@@ -60,6 +72,9 @@ impl Default for EngineOptions {
             background: true,
             user_lanes: None,
             member_errors_max: crate::limits::MEMBER_ERRORS_MAX_DEFAULT,
+            log_devices: Vec::new(),
+            discard_missing_log: false,
+            gc_stream: true,
         }
     }
 }
@@ -331,6 +346,7 @@ impl Array {
         members: Vec<Member>,
         options: EngineOptions,
         rejected: Vec<crate::Rejected>,
+        log_devices: Vec<crate::intent::LogDevice>,
     ) -> Result<Array, ArrayError> {
         let geometry = superblock.geometry.clone();
         let accel = match &options.accel {
@@ -413,7 +429,9 @@ impl Array {
             checkpoint_lock: Mutex::new(()),
             maintenance: crate::maintenance::Signal::default(),
             recovery: Mutex::new(Recovery::default()),
-            intent: (geometry.log_bytes > 0).then(|| crate::intent::IntentLog::new(geometry.members)),
+            intent: geometry
+                .has_log()
+                .then(|| crate::intent::IntentLog::new(geometry.members, log_devices)),
             options,
             geometry,
         });

@@ -170,8 +170,13 @@ pub struct Geometry {
     /// `None`: compression off.
     pub compression: Option<Codec>,
     /// Bytes of the intent log's area on each member, just before the
-    /// backup superblock (0: no log; FLUSH seals short stripes instead).
+    /// backup superblock (0: none there).
     pub log_bytes: u64,
+    /// Dedicated log devices, each a copy of the log (0: the log, if any,
+    /// is on the members; at most LOG_DEVICES_MAX).
+    pub log_devices: usize,
+    /// Bytes of the log area on each log device, after its header.
+    pub log_device_bytes: u64,
 }
 
 impl Geometry {
@@ -211,6 +216,11 @@ impl Geometry {
     pub fn log_offset(&self) -> u64 {
         self.backup_superblock_offset() - self.log_bytes
     }
+    /// Whether the array has an intent log, on its members or on log
+    /// devices.
+    pub fn has_log(&self) -> bool {
+        self.log_bytes > 0 || self.log_devices > 0
+    }
 }
 
 /// One member's superblock.
@@ -219,8 +229,9 @@ impl Geometry {
 ///   0  magic "TSRSUPER"        8  version u32        12 log area in 4 KiB sectors u32
 ///  16  array uuid [16]        32  member uuid [16]
 ///  48  member index u32       52  members N u32      56 K u32   60 M u32
-///  64  chunk bytes u32        68  checksum u8        69 codec u8   70 reserved u16
-///  72  codec level i32        76  reserved u32
+///  64  chunk bytes u32        68  checksum u8        69 codec u8
+///  70  log devices u8         71  failed log devices bitmap u8
+///  72  codec level i32        76  log device area in 4 KiB sectors u32
 ///  80  rows u64               88  logical bytes u64  96 member bytes u64
 /// 104  generation u64        112  failed members bitmap [32]
 /// 144  created (Unix seconds) u64
@@ -242,6 +253,8 @@ pub struct Superblock {
     pub generation: u64,
     /// Members marked failed (pulled) as of this generation.
     pub failed: [u8; MEMBER_COUNT_MAX / 8],
+    /// Log devices marked failed: bit i is log device i.
+    pub log_failed: u8,
     pub created_unix_seconds: u64,
     /// Where the newest map checkpoint is, if there is one.
     pub checkpoint: Option<CheckpointRef>,
@@ -290,7 +303,14 @@ impl Superblock {
         s[68] = algorithm_code(g.checksum);
         let (codec, level) = codec_code(g.compression);
         s[69] = codec;
+        s[70] = g.log_devices as u8;
+        s[71] = self.log_failed;
         put(&mut s, 72, &level.to_le_bytes());
+        put(
+            &mut s,
+            76,
+            &((g.log_device_bytes / SECTOR_BYTES as u64) as u32).to_le_bytes(),
+        );
         put(&mut s, 80, &g.rows.to_le_bytes());
         put(&mut s, 88, &g.logical_bytes.to_le_bytes());
         put(&mut s, 96, &g.member_bytes.to_le_bytes());
@@ -346,6 +366,18 @@ impl Superblock {
         if log_bytes + DATA_START + SECTOR_BYTES as u64 > member_bytes {
             return Err(field("log_sectors", log_bytes / SECTOR_BYTES as u64));
         }
+        // Arrays made before log devices wrote zeros here: they have none.
+        let log_devices = usize::from(s[70]);
+        let log_device_bytes = u64::from(get_u32(s, 76)) * SECTOR_BYTES as u64;
+        if log_devices > LOG_DEVICES_MAX
+            || (log_devices > 0) != (log_device_bytes > 0)
+            || (log_devices > 0 && log_bytes > 0)
+        {
+            return Err(field("log_devices", log_devices as u64));
+        }
+        if s[71] >> log_devices != 0 {
+            return Err(field("failed_log_devices", u64::from(s[71])));
+        }
         let rows = get_u64(s, 80);
         if rows == 0 || rows > Geometry::rows_for(member_bytes, chunk_bytes, log_bytes) {
             return Err(field("rows", rows));
@@ -365,6 +397,8 @@ impl Superblock {
             checksum,
             compression,
             log_bytes,
+            log_devices,
+            log_device_bytes,
         };
         let checkpoint = match get_u32(s, 176) as usize {
             0 => None,
@@ -396,6 +430,7 @@ impl Superblock {
             geometry,
             generation: get_u64(s, 104),
             failed: s[112..144].try_into().expect("32 bytes"),
+            log_failed: s[71],
             created_unix_seconds: get_u64(s, 144),
             checkpoint,
         })
@@ -1016,6 +1051,74 @@ pub const LOG_RECORD_BYTES: usize = 32 + DIGEST_FIELD_BYTES;
 const LOG_CRC_OFFSET: usize = 56;
 const _: () = assert!(SECTOR_BYTES.is_multiple_of(LOG_ALIGN) && LOG_HEADER_BYTES + LOG_RECORD_BYTES <= LOG_ALIGN);
 
+/// Dedicated log devices an array may have, each a full copy of the log.
+pub const LOG_DEVICES_MAX: usize = 4;
+pub const LOG_DEVICE_MAGIC: [u8; 8] = *b"TSRLOGDV";
+/// A log device's area starts after its header sector.
+pub const LOG_DEVICE_AREA_START: u64 = SECTOR_BYTES as u64;
+
+/// The header of a dedicated log device, its first 4 KiB; its area of
+/// log blocks follows.
+///
+/// ```text
+///   0  magic "TSRLOGDV"   8  version u32
+///  16  array uuid [16]   32  this log device's uuid [16]
+///  48  index u32         52  log devices u32   56  area bytes u64
+/// 4092 CRC32C of bytes 0..4092
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogDeviceHeader {
+    pub array_uuid: [u8; 16],
+    pub uuid: [u8; 16],
+    pub index: usize,
+    pub count: usize,
+    pub area_bytes: u64,
+}
+
+impl LogDeviceHeader {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut s = vec![0u8; SECTOR_BYTES];
+        put(&mut s, 0, &LOG_DEVICE_MAGIC);
+        put(&mut s, 8, &FORMAT_VERSION.to_le_bytes());
+        put(&mut s, 16, &self.array_uuid);
+        put(&mut s, 32, &self.uuid);
+        put(&mut s, 48, &(self.index as u32).to_le_bytes());
+        put(&mut s, 52, &(self.count as u32).to_le_bytes());
+        put(&mut s, 56, &self.area_bytes.to_le_bytes());
+        seal_sector(&mut s);
+        s
+    }
+
+    pub fn decode(s: &[u8]) -> Result<LogDeviceHeader, FormatError> {
+        const WHAT: &str = "log device header";
+        check_sector(s, &LOG_DEVICE_MAGIC, WHAT)?;
+        let field = |field, value: u64| FormatError::Field {
+            what: WHAT,
+            field,
+            value,
+        };
+        let count = get_u32(s, 52) as usize;
+        if count == 0 || count > LOG_DEVICES_MAX {
+            return Err(field("count", count as u64));
+        }
+        let index = get_u32(s, 48) as usize;
+        if index >= count {
+            return Err(field("index", index as u64));
+        }
+        let area_bytes = get_u64(s, 56);
+        if area_bytes == 0 || !area_bytes.is_multiple_of(SECTOR_BYTES as u64) {
+            return Err(field("area_bytes", area_bytes));
+        }
+        Ok(LogDeviceHeader {
+            array_uuid: s[16..32].try_into().expect("16 bytes"),
+            uuid: s[32..48].try_into().expect("16 bytes"),
+            index,
+            count,
+            area_bytes,
+        })
+    }
+}
+
 /// One record of a log block; a data record's stored bytes are beside it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LogRecord {
@@ -1197,6 +1300,69 @@ mod tests {
             checksum: Algorithm::Blake3,
             compression: Some(Codec::Zstd { level: 3 }),
             log_bytes: 1 << 20,
+            log_devices: 0,
+            log_device_bytes: 0,
+        }
+    }
+
+    /// Log devices in the superblock: their count, area and failed bits
+    /// round-trip at their offsets; impossible combinations are refused.
+    #[test]
+    fn superblock_log_device_fields_round_trip_and_are_checked() {
+        let mut g = geometry();
+        (g.log_bytes, g.log_devices, g.log_device_bytes) = (0, 2, 4 << 20);
+        let sb = Superblock {
+            array_uuid: [0xA1; 16],
+            member_uuid: [0xB2; 16],
+            member_index: 3,
+            geometry: g,
+            generation: 9,
+            failed: [0; 32],
+            log_failed: 0b10,
+            created_unix_seconds: 1_700_000_000,
+            checkpoint: None,
+        };
+        let bytes = sb.encode();
+        assert_eq!(Superblock::decode(&bytes).unwrap(), sb);
+        assert_eq!((bytes[70], bytes[71]), (2, 0b10));
+        assert_eq!(&bytes[76..80], &1024u32.to_le_bytes());
+        let refused = |offset: usize, value: &[u8]| {
+            let mut bad = bytes.clone();
+            bad[offset..offset + value.len()].copy_from_slice(value);
+            seal_sector(&mut bad);
+            assert!(
+                matches!(Superblock::decode(&bad), Err(FormatError::Field { .. })),
+                "{offset} = {value:?}"
+            );
+        };
+        refused(70, &[LOG_DEVICES_MAX as u8 + 1]);
+        refused(71, &[0b100]);
+        refused(76, &0u32.to_le_bytes());
+        refused(12, &1u32.to_le_bytes());
+    }
+
+    #[test]
+    fn log_device_header_round_trips_and_refuses_damage() {
+        let header = LogDeviceHeader {
+            array_uuid: [7; 16],
+            uuid: [8; 16],
+            index: 1,
+            count: 2,
+            area_bytes: 64 << 20,
+        };
+        let bytes = header.encode();
+        assert_eq!(&bytes[..8], b"TSRLOGDV");
+        assert_eq!(LogDeviceHeader::decode(&bytes).unwrap(), header);
+        for bit in (0..CRC_OFFSET * 8).step_by(97) {
+            let mut bad = bytes.clone();
+            bad[bit / 8] ^= 1 << (bit % 8);
+            assert!(LogDeviceHeader::decode(&bad).is_err(), "bit {bit}");
+        }
+        for (offset, value) in [(48, 2u32), (52, 0), (52, LOG_DEVICES_MAX as u32 + 1)] {
+            let mut bad = bytes.clone();
+            bad[offset..offset + 4].copy_from_slice(&value.to_le_bytes());
+            seal_sector(&mut bad);
+            assert!(LogDeviceHeader::decode(&bad).is_err(), "{offset} = {value}");
         }
     }
 
@@ -1209,6 +1375,7 @@ mod tests {
             geometry: geometry(),
             generation: 9,
             failed: [0; 32],
+            log_failed: 0,
             created_unix_seconds: 1_700_000_000,
             checkpoint: None,
         };
@@ -1514,6 +1681,7 @@ mod tests {
             geometry: g.clone(),
             generation: 9,
             failed: [0; 32],
+            log_failed: 0,
             created_unix_seconds: 1_700_000_000,
             checkpoint: Some(CheckpointRef {
                 sequence: 77,

@@ -27,7 +27,7 @@ use crate::limits::{
 use crate::map::Target;
 use crate::slots::{Pinned, SlotState};
 use crate::status::Counters;
-use crate::write::{Origin, Piece, Stored};
+use crate::write::{Claim, Origin, Piece, Stored};
 use crate::ArrayError;
 use std::sync::Arc;
 
@@ -147,22 +147,33 @@ impl Shared {
                         &bytes,
                         Origin::Relocates(piece.target.clone(), piece.version),
                     )?;
-                    self.store(Stream::Gc, pieces)?;
+                    self.store_copies(pieces)?;
                     continue;
                 }
             };
             let origin = Origin::Relocates(piece.target, piece.version);
-            self.store(
-                Stream::Gc,
-                vec![Piece {
-                    lba: piece.lba,
-                    blocks: piece.blocks,
-                    stored,
-                    origin,
-                }],
-            )?;
+            self.store_copies(vec![Piece {
+                lba: piece.lba,
+                blocks: piece.blocks,
+                stored,
+                origin,
+            }])?;
         }
         Ok(())
+    }
+
+    /// Writes relocated copies: into the GC stream's own stripes (cold
+    /// data apart from what clients overwrite), or, with
+    /// `EngineOptions::gc_stream` off, into the client stripes open at
+    /// the time (GC's own only where none is), for measuring what the
+    /// separation saves.
+    fn store_copies(&self, pieces: Vec<Piece<'_>>) -> Result<(), ArrayError> {
+        let sealed = if self.options.gc_stream {
+            self.pack(Stream::Gc, Claim::Collect, pieces)?
+        } else {
+            self.pack(Stream::User, Claim::CollectMixed, pieces)?
+        };
+        self.submit(sealed)
     }
 
     /// The pieces of the map that still point into `victim`, as its

@@ -26,9 +26,11 @@
 //! The writer's state (rings, live blocks) is owned by whoever holds the
 //! commit role, one thread at a time; no lock is held across its I/O.
 
-use crate::device::AlignedBuf;
+use crate::device::{AlignedBuf, Device};
 use crate::engine::Shared;
-use crate::format::{self, LogRecord, Record, Stream};
+use crate::format::{
+    self, LogDeviceHeader, LogRecord, Record, Stream, Superblock, LOG_DEVICE_AREA_START, SECTOR_BYTES,
+};
 use crate::slots::SlotState;
 use crate::status::Counters;
 use crate::write::{Claim, Origin, Piece, Stored};
@@ -36,10 +38,10 @@ use crate::ArrayError;
 use serde::Serialize;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
-/// The log of an array that has one (`Geometry::log_bytes` > 0).
+/// The log of an array that has one (`Geometry::has_log`).
 pub(crate) struct IntentLog {
     commits: Mutex<Commits>,
     changed: Condvar,
@@ -47,6 +49,24 @@ pub(crate) struct IntentLog {
     writer: Mutex<Writer>,
     /// Bytes of live blocks, all copies, for `status`.
     live_bytes: AtomicU64,
+    /// Dedicated log devices, by index; empty: the log is on the members.
+    devices: Vec<LogDevice>,
+}
+
+/// A dedicated log device of the array.
+pub(crate) struct LogDevice {
+    pub name: String,
+    /// `None`: missing at open.
+    pub device: Option<Arc<dyn Device>>,
+    /// Failed (a write or sync failed, or marked so in the superblocks):
+    /// never written or read again.
+    pub failed: AtomicBool,
+}
+
+impl LogDevice {
+    fn usable(&self) -> Option<&Arc<dyn Device>> {
+        self.device.as_ref().filter(|_| !self.failed.load(Ordering::Acquire))
+    }
 }
 
 /// Group commit: commits are numbered as they start.
@@ -59,7 +79,8 @@ struct Commits {
 
 struct Writer {
     next_sequence: u64,
-    /// Each member's area, as a ring of the blocks written there.
+    /// Each member's area, or each log device's, as a ring of the blocks
+    /// written there.
     rings: Vec<Ring>,
     /// Blocks not yet dead, oldest first.
     live: VecDeque<LiveBlock>,
@@ -100,10 +121,11 @@ impl Ring {
     }
 }
 
-/// A block written to M+1 members and still needed.
+/// A block written to M+1 members (or every log device) and still needed.
 struct LiveBlock {
     sequence: u64,
     bytes: u64,
+    copies: u64,
     /// The stripes its records went to (their sequence once sealed).
     stripes: Vec<Arc<AtomicU64>>,
 }
@@ -123,13 +145,18 @@ impl LiveBlock {
 /// What the log holds and has done, for `status`.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct LogStatus {
-    /// Bytes of each member's log area.
+    /// Where the log is: "members" (M+1 copies of each block) or
+    /// "devices" (a copy on each log device).
+    pub on: &'static str,
+    /// The log devices, if any, with their state.
+    pub devices: Vec<LogDeviceStatus>,
+    /// Bytes of each member's or log device's log area.
     pub area_bytes: u64,
     /// Bytes of live blocks, all copies.
     pub live_bytes: u64,
     pub blocks_written: u64,
-    /// Bytes written to the members' log areas (all copies); also counted
-    /// in `member_bytes_written`.
+    /// Bytes written to the log (all copies); on the members, also
+    /// counted in `member_bytes_written`.
     pub bytes_written: u64,
     /// FLUSHes that logged records (the rest sealed stripes or found
     /// nothing to do).
@@ -137,9 +164,17 @@ pub struct LogStatus {
     /// Open stripes sealed short by FLUSH: logging them would have
     /// written more, or the log had no room.
     pub stripes_sealed_instead: u64,
-    /// Log writes that failed (a member's write or sync): those FLUSHes
-    /// sealed short stripes instead.
+    /// Log writes that failed (a member's or log device's write or sync):
+    /// those FLUSHes sealed short stripes instead.
     pub write_failures: u64,
+}
+
+/// A log device in `status`.
+#[derive(Clone, Debug, Serialize)]
+pub struct LogDeviceStatus {
+    pub name: String,
+    /// "healthy", "failed" or "missing".
+    pub state: &'static str,
 }
 
 /// What opening found in the log.
@@ -153,23 +188,31 @@ pub struct LogRecovery {
 }
 
 impl IntentLog {
-    pub fn new(members: usize) -> IntentLog {
+    /// The log of an array of `members`, on `devices` if there are any.
+    pub fn new(members: usize, devices: Vec<LogDevice>) -> IntentLog {
+        let rings = if devices.is_empty() { members } else { devices.len() };
         IntentLog {
             commits: Mutex::new(Commits::default()),
             changed: Condvar::new(),
             writer: Mutex::new(Writer {
                 next_sequence: 1,
-                rings: (0..members).map(|_| Ring::default()).collect(),
+                rings: (0..rings).map(|_| Ring::default()).collect(),
                 live: VecDeque::new(),
                 next_member: 0,
                 buffer: AlignedBuf::default(),
             }),
             live_bytes: AtomicU64::new(0),
+            devices,
         }
     }
 
     fn writer(&self) -> std::sync::MutexGuard<'_, Writer> {
         self.writer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the log is on dedicated log devices.
+    pub fn on_devices(&self) -> bool {
+        !self.devices.is_empty()
     }
 
     pub fn live_bytes(&self) -> u64 {
@@ -232,7 +275,7 @@ impl Shared {
             return Ok(());
         }
         if self
-            .placement(&w, format::log_block_bytes(count, stored) as u64)
+            .placement(log, &w, format::log_block_bytes(count, stored) as u64)
             .is_none()
         {
             let sealed = w.live.iter().filter_map(LiveBlock::sealed_through).max();
@@ -241,7 +284,7 @@ impl Shared {
                 self.reclaim(log, &mut w);
             }
         }
-        let (taken, stripes) = self.take_unlogged(&w)?;
+        let (taken, stripes) = self.take_unlogged(log, &w)?;
         if taken.is_empty() {
             return Ok(());
         }
@@ -251,18 +294,24 @@ impl Shared {
         let mut buffer = std::mem::take(&mut w.buffer);
         format::encode_log_block(self.array_uuid, sequence, tail, &taken, &mut buffer);
         let len = buffer.len() as u64;
-        let targets = self.placement(&w, len).expect("take_unlogged logs only what fits");
-        let failures = self.write_copies(&buffer, &targets);
+        let targets = self.placement(log, &w, len).expect("take_unlogged logs only what fits");
+        let failures = self.write_copies(log, &buffer, &targets);
         w.buffer = buffer;
         let written = len * (targets.len() - failures.len()) as u64;
-        Counters::add(&self.counters.member_bytes_written, written);
+        if log.devices.is_empty() {
+            Counters::add(&self.counters.member_bytes_written, written);
+        }
         Counters::add(&self.counters.log_bytes_written, written);
         if !failures.is_empty() {
             Counters::add(&self.counters.log_write_failures, 1);
-            for (member, error) in &failures {
-                // More failures than the parity covers stop writes; the
-                // caller's check reports it.
-                let _ = self.members.failed_io(*member, error);
+            for (target, error) in &failures {
+                if log.devices.is_empty() {
+                    // More failures than the parity covers stop writes;
+                    // the caller's check reports it.
+                    let _ = self.members.failed_io(*target, error);
+                } else {
+                    self.fail_log_device(log, *target);
+                }
             }
             drop(w);
             let sealed = self.seal_user_lanes()?;
@@ -274,10 +323,11 @@ impl Shared {
             ring.blocks.push_back((sequence, offset, len));
             ring.head = offset + len;
         }
-        w.next_member = (w.next_member + 1) % self.members.count();
+        w.next_member = (w.next_member + 1) % w.rings.len();
         w.live.push_back(LiveBlock {
             sequence,
             bytes: len,
+            copies: targets.len() as u64,
             stripes,
         });
         log.live_bytes.fetch_add(len * targets.len() as u64, Ordering::Relaxed);
@@ -295,8 +345,7 @@ impl Shared {
                 break;
             }
             let dead = w.live.pop_front().expect("front exists");
-            log.live_bytes
-                .fetch_sub(dead.bytes * (self.geometry.parity + 1) as u64, Ordering::Relaxed);
+            log.live_bytes.fetch_sub(dead.bytes * dead.copies, Ordering::Relaxed);
             for ring in &mut w.rings {
                 while ring.blocks.front().is_some_and(|&(s, _, _)| s <= dead.sequence) {
                     ring.blocks.pop_front();
@@ -321,9 +370,9 @@ impl Shared {
     /// bytes), or seals the stripe short where that writes fewer bytes
     /// than logging them or they do not fit; returns what was taken and
     /// the stripes it belongs to.
-    fn take_unlogged(&self, w: &Writer) -> Result<(Vec<Taken>, Vec<Arc<AtomicU64>>), ArrayError> {
+    fn take_unlogged(&self, log: &IntentLog, w: &Writer) -> Result<(Vec<Taken>, Vec<Arc<AtomicU64>>), ArrayError> {
         let g = &self.geometry;
-        let copies = g.parity + 1;
+        let copies = self.log_copies(log);
         let (mut taken, mut stripes, mut sealed) = (Vec::new(), Vec::new(), Vec::new());
         let mut stored_total = 0;
         for lane in self.user_lanes() {
@@ -339,7 +388,7 @@ impl Shared {
             // its parity, for nothing.
             let seal_waste = open.unused_bytes() * g.width() / g.data;
             let len = format::log_block_bytes(taken.len() + new.len(), stored_total + stored);
-            if seal_waste <= log_cost || self.placement(w, len as u64).is_none() {
+            if seal_waste <= log_cost || self.placement(log, w, len as u64).is_none() {
                 let open = guard.take().expect("checked above");
                 sealed.extend(self.seal_open(open, SlotState::Sealed));
                 drop(guard);
@@ -380,35 +429,67 @@ impl Shared {
         Ok((taken, stripes))
     }
 
-    /// M+1 writable members with room for a block of `len` bytes, from
-    /// the rotating start, and where it goes on each.
-    fn placement(&self, w: &Writer, len: u64) -> Option<Vec<(usize, u64)>> {
-        let n = self.members.count();
-        let area = self.geometry.log_bytes;
-        let targets: Vec<(usize, u64)> = (0..n)
-            .map(|i| (w.next_member + i) % n)
-            .filter(|&m| self.members.readable(m).is_some())
-            .filter_map(|m| w.rings[m].place(len, area).map(|offset| (m, offset)))
-            .take(self.geometry.parity + 1)
-            .collect();
-        (targets.len() == self.geometry.parity + 1).then_some(targets)
+    /// Copies of each block: M+1 on the members, one on each usable log
+    /// device (0 if none is left).
+    fn log_copies(&self, log: &IntentLog) -> usize {
+        if log.devices.is_empty() {
+            self.geometry.parity + 1
+        } else {
+            log.devices.iter().filter(|d| d.usable().is_some()).count()
+        }
     }
 
-    /// Writes and syncs `block` on each target member at once; returns
-    /// the members that failed.
-    fn write_copies(&self, block: &[u8], targets: &[(usize, u64)]) -> Vec<(usize, std::io::Error)> {
-        let start = self.geometry.log_offset();
+    /// Where block copies go: member or log device `target`, if it can be
+    /// written.
+    fn log_target<'a>(&'a self, log: &'a IntentLog, target: usize) -> Option<&'a Arc<dyn Device>> {
+        if log.devices.is_empty() {
+            self.members.readable(target)
+        } else {
+            log.devices[target].usable()
+        }
+    }
+
+    /// (start, bytes) of the log area on each target.
+    fn log_area(&self, log: &IntentLog) -> (u64, u64) {
+        let g = &self.geometry;
+        if log.devices.is_empty() {
+            (g.log_offset(), g.log_bytes)
+        } else {
+            (LOG_DEVICE_AREA_START, g.log_device_bytes)
+        }
+    }
+
+    /// The targets for a block of `len` bytes (M+1 writable members, from
+    /// the rotating start, or every usable log device) and where it goes
+    /// on each; `None` if there are not enough with room.
+    fn placement(&self, log: &IntentLog, w: &Writer, len: u64) -> Option<Vec<(usize, u64)>> {
+        let n = w.rings.len();
+        let copies = self.log_copies(log);
+        let (_, area) = self.log_area(log);
+        let targets: Vec<(usize, u64)> = (0..n)
+            .map(|i| (w.next_member + i) % n)
+            .filter(|&t| self.log_target(log, t).is_some())
+            .filter_map(|t| w.rings[t].place(len, area).map(|offset| (t, offset)))
+            .take(copies)
+            .collect();
+        (copies > 0 && targets.len() == copies).then_some(targets)
+    }
+
+    /// Writes and syncs `block` on each target at once; returns the
+    /// targets that failed.
+    fn write_copies(&self, log: &IntentLog, block: &[u8], targets: &[(usize, u64)]) -> Vec<(usize, std::io::Error)> {
+        let (start, _) = self.log_area(log);
         let failures = Mutex::new(Vec::new());
         self.io_pool.scope(|scope| {
-            for &(member, offset) in targets {
+            for &(target, offset) in targets {
                 let failures = &failures;
                 scope.spawn(move |_| {
-                    let result = match self.members.readable(member) {
+                    let result = match self.log_target(log, target) {
                         Some(device) => device.write_at(block, start + offset).and_then(|()| device.sync()),
-                        None => Err(std::io::Error::other("the member failed")),
+                        None => Err(std::io::Error::other("it failed")),
                     };
                     if let Err(error) = result {
-                        failures.lock().unwrap_or_else(|p| p.into_inner()).push((member, error));
+                        failures.lock().unwrap_or_else(|p| p.into_inner()).push((target, error));
                     }
                 });
             }
@@ -416,22 +497,48 @@ impl Shared {
         failures.into_inner().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// At open, after the stripes are recovered: reads every healthy
-    /// member's log area and replays the blocks from the newest one's
-    /// tail on into stripes, sealed and synced; the log then starts
-    /// after the newest block.
+    /// A log device's write, sync or read failed: it is never used again,
+    /// and the superblocks say so (best effort: if they cannot be written,
+    /// the members that failed say why).
+    fn fail_log_device(&self, log: &IntentLog, index: usize) {
+        if !log.devices[index].failed.swap(true, Ordering::AcqRel) {
+            let _ = self.members.record_log_failed(index);
+        }
+    }
+
+    /// At open, after the stripes are recovered: reads the log area of
+    /// every healthy member (or usable log device) and replays the blocks
+    /// from the newest one's tail on into stripes, sealed and synced; the
+    /// log then starts after the newest block.
     pub(crate) fn replay_log(&self) -> Result<LogRecovery, ArrayError> {
         let Some(log) = &self.intent else {
             return Ok(LogRecovery::default());
         };
         let g = &self.geometry;
-        let area = g.log_bytes as usize;
+        let (start, area) = self.log_area(log);
+        let area = area as usize;
         let mut found = LogRecovery::default();
         let mut blocks: BTreeMap<u64, (u64, Vec<Taken>)> = BTreeMap::new();
         let mut w = log.writer();
         let mut buffer = AlignedBuf::zeroed(area);
-        for member in 0..self.members.count() {
-            if !self.members.read(member, |d| d.read_at(&mut buffer, g.log_offset())) {
+        // Log devices that cannot be read are failed only if another was:
+        // with none read, the open is refused and nothing recorded.
+        let usable = log.devices.iter().filter(|d| d.usable().is_some()).count();
+        let mut unreadable = Vec::new();
+        for target in 0..w.rings.len() {
+            let read = if log.devices.is_empty() {
+                self.members.read(target, |d| d.read_at(&mut buffer, start))
+            } else {
+                let Some(device) = log.devices[target].usable() else {
+                    continue;
+                };
+                let read = device.read_at(&mut buffer, start).is_ok();
+                if !read {
+                    unreadable.push(target);
+                }
+                read
+            };
+            if !read {
                 continue;
             }
             let mut at = 0;
@@ -461,8 +568,16 @@ impl Shared {
             // New blocks go after the newest here, so none of what a
             // replay interrupted by a crash needs is overwritten first.
             if let Some((_, end)) = newest {
-                w.rings[member].head = end;
+                w.rings[target].head = end;
             }
+        }
+        if usable > 0 && unreadable.len() == usable && !self.options.discard_missing_log {
+            return Err(ArrayError::LogDevicesMissing {
+                why: "every one failed to read".to_string(),
+            });
+        }
+        for target in unreadable {
+            self.fail_log_device(log, target);
         }
         let Some((&newest, &(tail, _))) = blocks.iter().next_back() else {
             return Ok(found);
@@ -490,8 +605,22 @@ impl Shared {
         let log = self.intent.as_ref()?;
         let c = &self.counters;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let state = |d: &LogDevice| match (&d.device, d.failed.load(Ordering::Relaxed)) {
+            (None, _) => "missing",
+            (Some(_), true) => "failed",
+            (Some(_), false) => "healthy",
+        };
         Some(LogStatus {
-            area_bytes: self.geometry.log_bytes,
+            on: if log.devices.is_empty() { "members" } else { "devices" },
+            devices: log
+                .devices
+                .iter()
+                .map(|d| LogDeviceStatus {
+                    name: d.name.clone(),
+                    state: state(d),
+                })
+                .collect(),
+            area_bytes: self.log_area(log).1,
             live_bytes: log.live_bytes(),
             blocks_written: load(&c.log_blocks_written),
             bytes_written: load(&c.log_bytes_written),
@@ -500,6 +629,125 @@ impl Shared {
             write_failures: load(&c.log_write_failures),
         })
     }
+}
+
+/// Writes zeros over a member's log area: at create, so log writes
+/// overwrite allocated blocks (a sparse file's first write to a block
+/// makes its sync commit the file system's journal too) and a reused
+/// device's old blocks are gone; and on a rebuilt device, whose blocks
+/// from before it left must never be read as current.
+pub(crate) fn clear_log_area(device: &dyn crate::device::Device, g: &crate::format::Geometry) -> std::io::Result<()> {
+    const PIECE: u64 = 1 << 20;
+    let zeros = AlignedBuf::zeroed(g.log_bytes.min(PIECE) as usize);
+    let mut at = 0;
+    while at < g.log_bytes {
+        let len = (g.log_bytes - at).min(PIECE) as usize;
+        device.write_at(&zeros[..len], g.log_offset() + at)?;
+        at += len as u64;
+    }
+    Ok(())
+}
+
+/// At create: writes the header of each log device, in order, for an
+/// area of `area_bytes`; returns them as the array's.
+pub(crate) fn format_log_devices(
+    given: &[(String, Arc<dyn Device>)],
+    array_uuid: [u8; 16],
+    area_bytes: u64,
+) -> Result<Vec<LogDevice>, ArrayError> {
+    let mut devices = Vec::new();
+    for (index, (name, device)) in given.iter().enumerate() {
+        let header = LogDeviceHeader {
+            array_uuid,
+            uuid: rand::random(),
+            index,
+            count: given.len(),
+            area_bytes,
+        };
+        device
+            .write_at(&header.encode(), 0)
+            .and_then(|()| device.sync())
+            .map_err(|e| ArrayError::LogDevice {
+                name: name.clone(),
+                why: e.to_string(),
+            })?;
+        devices.push(LogDevice {
+            name: name.clone(),
+            device: Some(device.clone()),
+            failed: AtomicBool::new(false),
+        });
+    }
+    Ok(devices)
+}
+
+/// At open: the array's log devices, by index, from `given` (any order);
+/// a device whose header is not one of the array's is left out and
+/// reported. Those marked failed are never used; one missing is failed
+/// too (the caller records it) if another can be used. With none usable
+/// where some may hold blocks, the open is refused unless `discard`.
+pub(crate) fn find_log_devices(
+    superblock: &Superblock,
+    given: &[(String, Arc<dyn Device>)],
+    discard: bool,
+    rejected: &mut Vec<crate::Rejected>,
+) -> Result<Vec<LogDevice>, ArrayError> {
+    let g = &superblock.geometry;
+    let mut devices: Vec<LogDevice> = (0..g.log_devices)
+        .map(|i| LogDevice {
+            name: format!("log device {i}"),
+            device: None,
+            failed: AtomicBool::new(superblock.log_failed & (1 << i) != 0),
+        })
+        .collect();
+    for (name, device) in given {
+        let mut sector = AlignedBuf::zeroed(SECTOR_BYTES);
+        let header = device
+            .read_at(&mut sector, 0)
+            .map_err(|e| e.to_string())
+            .and_then(|()| LogDeviceHeader::decode(&sector).map_err(|e| e.to_string()))
+            .and_then(|h| {
+                if h.array_uuid != superblock.array_uuid {
+                    Err(format!("belongs to array {}", crate::engine::hex(&h.array_uuid)))
+                } else if h.count != g.log_devices || h.area_bytes != g.log_device_bytes {
+                    Err("disagrees with the members about the log devices".to_string())
+                } else if device.size() < LOG_DEVICE_AREA_START + h.area_bytes {
+                    Err(format!(
+                        "is {} bytes, shorter than its log area: truncated?",
+                        device.size()
+                    ))
+                } else if devices[h.index].device.is_some() {
+                    Err(format!(
+                        "claims to be log device {} as {} does",
+                        h.index, devices[h.index].name
+                    ))
+                } else {
+                    Ok(h)
+                }
+            });
+        match header {
+            Ok(h) => {
+                devices[h.index].name = name.clone();
+                devices[h.index].device = Some(device.clone());
+            }
+            Err(why) => rejected.push(crate::Rejected {
+                name: name.clone(),
+                why: format!("{name} is not one of the array's log devices: {why}"),
+            }),
+        }
+    }
+    let expected: Vec<&LogDevice> = devices.iter().filter(|d| !d.failed.load(Ordering::Relaxed)).collect();
+    if !expected.is_empty() && expected.iter().all(|d| d.device.is_none()) && !discard {
+        let names: Vec<&str> = expected.iter().map(|d| d.name.as_str()).collect();
+        return Err(ArrayError::LogDevicesMissing {
+            why: format!("{} missing{}", names.join(", "), crate::rejections(rejected)),
+        });
+    }
+    for d in &devices {
+        if d.device.is_none() {
+            d.failed.store(true, Ordering::Release);
+        }
+    }
+    Ok(devices)
 }
 
 /// Stored bytes a record's data takes.

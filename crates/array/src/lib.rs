@@ -66,6 +66,10 @@ pub enum ArrayError {
     },
     #[error("bad geometry: {0}")]
     Geometry(String),
+    #[error("log device {name}: {why}")]
+    LogDevice { name: String, why: String },
+    #[error("no log device of the array can be read ({why}): the last FLUSHed writes may be only there. Bring one back, or open with the missing log discarded (serve --discard-missing-log) to go on without them")]
+    LogDevicesMissing { why: String },
     #[error("{name} is not a member of a Tessera array: {source}")]
     NotAMember { name: String, source: FormatError },
     #[error("{name} belongs to another array ({found}), not {expected}")]
@@ -207,11 +211,40 @@ pub fn create_with(
         checksum: options.checksum,
         compression: options.compression,
         log_bytes: 0,
+        log_devices: 0,
+        log_device_bytes: 0,
     };
-    geometry.log_bytes = match options.log_bytes {
-        Some(bytes) => bytes.next_multiple_of(SECTOR_BYTES as u64),
-        None => limits::log_bytes_default(&geometry),
-    };
+    let asked = options
+        .log_bytes
+        .map(|bytes| bytes.next_multiple_of(SECTOR_BYTES as u64));
+    let log_devices = &engine.log_devices;
+    if log_devices.is_empty() {
+        geometry.log_bytes = asked.unwrap_or_else(|| limits::log_bytes_default(&geometry));
+    } else {
+        // The log is on the log devices, all of it: none on the members.
+        let (name, smallest) = log_devices.iter().min_by_key(|(_, d)| d.size()).expect("not empty");
+        let name = name.clone();
+        let room =
+            smallest.size().saturating_sub(format::LOG_DEVICE_AREA_START) / SECTOR_BYTES as u64 * SECTOR_BYTES as u64;
+        let area = asked.unwrap_or(room.min(limits::LOG_DEVICE_BYTES_DEFAULT_MAX));
+        if log_devices.len() > format::LOG_DEVICES_MAX {
+            return Err(ArrayError::LogDevice {
+                name,
+                why: format!("{} log devices: at most {}", log_devices.len(), format::LOG_DEVICES_MAX),
+            });
+        }
+        if area < limits::LOG_BYTES_MIN || area > room || area / SECTOR_BYTES as u64 > u64::from(u32::MAX) {
+            return Err(ArrayError::LogDevice {
+                name,
+                why: format!(
+                    "a log area of {area} bytes does not fit it ({room} bytes after its header), or is under {} bytes",
+                    limits::LOG_BYTES_MIN
+                ),
+            });
+        }
+        geometry.log_devices = log_devices.len();
+        geometry.log_device_bytes = area;
+    }
     if geometry.log_bytes / SECTOR_BYTES as u64 > u64::from(u32::MAX)
         || geometry.log_bytes + format::DATA_START + SECTOR_BYTES as u64 > member_bytes
     {
@@ -247,6 +280,7 @@ pub fn create_with(
         geometry,
         generation: 1,
         failed: [0; MEMBER_COUNT_MAX / 8],
+        log_failed: 0,
         checkpoint: None,
         created_unix_seconds: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -262,13 +296,27 @@ pub fn create_with(
         })
         .collect();
     // A stale chunk header of a reused device names another array's uuid
-    // and is ignored; only the superblocks are written.
+    // and is ignored; only the log areas and the superblocks are written.
+    for (i, member) in members.iter().enumerate() {
+        if let Some(device) = &member.device {
+            intent::clear_log_area(&**device, &superblock.geometry).map_err(|source| ArrayError::Io {
+                member: i,
+                name: member.name.clone(),
+                source,
+            })?;
+        }
+    }
     let template = superblock.clone();
     let targets: Vec<(usize, [u8; 16], Arc<dyn Device>)> = members
         .iter()
         .enumerate()
         .filter_map(|(i, m)| m.device.clone().map(|d| (i, m.uuid, d)))
         .collect();
+    let log_devices = intent::format_log_devices(
+        &engine.log_devices,
+        superblock.array_uuid,
+        superblock.geometry.log_device_bytes,
+    )?;
     if let Some((member, source)) = members::write_superblocks(&template, &targets).into_iter().next() {
         return Err(ArrayError::Io {
             member,
@@ -276,7 +324,7 @@ pub fn create_with(
             source,
         });
     }
-    Array::assemble(superblock, members, engine, Vec::new())
+    Array::assemble(superblock, members, engine, Vec::new(), log_devices)
 }
 
 /// Reads a member's superblock: the primary, or the backup at the end.
@@ -433,8 +481,16 @@ pub fn open_with(devices: Vec<(String, Option<Arc<dyn Device>>)>, engine: Engine
             why: rejections(&rejected),
         });
     }
-    let array = Array::assemble(newest, members, engine, rejected)?;
+    let log_devices =
+        intent::find_log_devices(&newest, &engine.log_devices, engine.discard_missing_log, &mut rejected)?;
+    let missing_logs: Vec<usize> = (0..log_devices.len())
+        .filter(|&i| log_devices[i].device.is_none() && newest.log_failed & (1 << i) == 0)
+        .collect();
+    let array = Array::assemble(newest, members, engine, rejected, log_devices)?;
     array.shared.members.record_missing()?;
+    for index in missing_logs {
+        array.shared.members.record_log_failed(index)?;
+    }
     Ok(array)
 }
 

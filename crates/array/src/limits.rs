@@ -158,3 +158,7 @@ pub fn log_bytes_default(geometry: &crate::format::Geometry) -> u64 {
         .next_multiple_of(sector)
 }
 pub const LOG_BYTES_MIN: u64 = 1 << 20;
+/// A log device's area by default: all of it, up to this. The live part
+/// of the log is bounded by the open stripes (a few times their data
+/// areas), and opening reads the whole area.
+pub const LOG_DEVICE_BYTES_DEFAULT_MAX: u64 = 256 << 20;

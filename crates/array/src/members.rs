@@ -341,6 +341,17 @@ impl Members {
         self.publish_locked(&mut sb, template)
     }
 
+    /// Records log device `index` as failed in the superblocks, once.
+    pub fn record_log_failed(&self, index: usize) -> Result<(), ArrayError> {
+        let mut sb = self.superblock();
+        if sb.log_failed & (1 << index) != 0 {
+            return Ok(());
+        }
+        let mut template = sb.clone();
+        template.log_failed |= 1 << index;
+        self.publish_locked(&mut sb, template)
+    }
+
     /// A member's write or sync failed: it is failed and recorded if the
     /// parity covers it; otherwise the array stops taking writes, for good.
     /// Returns whether writes are still taken.

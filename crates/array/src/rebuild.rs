@@ -155,10 +155,7 @@ impl Array {
         // Log blocks a returning device holds from before it left are
         // stale (what the log held was replayed into stripes at open):
         // none may be read as this member's when it counts again.
-        if g.log_bytes > 0 {
-            let zeros = AlignedBuf::zeroed(g.log_bytes as usize);
-            device.write_at(&zeros, g.log_offset()).map_err(io_error)?;
-        }
+        crate::intent::clear_log_area(&*device, g).map_err(io_error)?;
         device.sync().map_err(io_error)?;
         if shared.tracker.last_sequence() != written_before {
             return Err(ArrayError::WrittenDuringRebuild { index });

@@ -84,8 +84,10 @@ pub struct Status {
     pub compression_ratio: f64,
     pub user_bytes_written: u64,
     pub member_bytes_written: u64,
+    /// Bytes written to the members and log devices per user byte.
     pub write_amplification: f64,
-    /// The part of it written as stripes, and as intent log blocks.
+    /// The part of it written as stripes, and as intent log blocks (on
+    /// the members or the log devices).
     pub write_amplification_stripes: f64,
     pub write_amplification_log: f64,
     /// The intent log (`null`: the array has none).
@@ -162,7 +164,12 @@ impl Shared {
         };
         let user = load(&c.user_bytes_written);
         let member = load(&c.member_bytes_written);
-        let log_bytes = load(&c.log_bytes_written).min(member);
+        let log_bytes = load(&c.log_bytes_written);
+        // Log blocks on the members are counted in theirs.
+        let stripes = match &self.intent {
+            Some(log) if !log.on_devices() => member.saturating_sub(log_bytes),
+            _ => member,
+        };
         let ratio = |bytes: u64| if user == 0 { 0.0 } else { bytes as f64 / user as f64 };
         let work = self.accel.work();
         let members = &self.members;
@@ -210,8 +217,8 @@ impl Shared {
             },
             user_bytes_written: user,
             member_bytes_written: member,
-            write_amplification: ratio(member),
-            write_amplification_stripes: ratio(member - log_bytes),
+            write_amplification: ratio(stripes + log_bytes),
+            write_amplification_stripes: ratio(stripes),
             write_amplification_log: ratio(log_bytes),
             log: self.log_status(),
             stripes_sealed: load(&c.stripes_sealed),

@@ -430,7 +430,15 @@ impl Shared {
         // other writers keep taking first ends in NoSpace, not forever.
         for _ in 0..(16 + 4 * queue.len()) * 64 {
             let lba = queue.front().map_or(0, |p| p.lba);
-            let (lane, mut guard) = self.lane_for(stream, lba);
+            let (mut lane, mut guard) = self.lane_for(stream, lba);
+            let mut stream = stream;
+            if guard.is_none() && claim == Claim::CollectMixed {
+                // A client stripe opened for GC's copies would take GC's
+                // reserve, and clients would fill it: GC's own lane.
+                drop(guard);
+                stream = Stream::Gc;
+                (lane, guard) = self.lane_for(stream, lba);
+            }
             if guard.is_none() {
                 match self.open_slot(stream, claim, lane) {
                     Some(open) => *guard = Some(open),
@@ -623,7 +631,7 @@ impl Shared {
         match claim {
             Claim::Write => usable > GC_RESERVE_SLOTS && free > GC_RESERVE_SLOTS + index.checkpoint_reserve,
             Claim::Freeing => usable > 1 && free > 1,
-            Claim::Collect => usable > 0,
+            Claim::Collect | Claim::CollectMixed => usable > 0,
         }
     }
 
@@ -827,7 +835,7 @@ impl Shared {
                 return Ok(());
             }
         }
-        if claim != Claim::Collect {
+        if !matches!(claim, Claim::Collect | Claim::CollectMixed) {
             // Rounds go on while they empty stripes; admission keeps live
             // data below what the array holds, so some stripe holds garbage.
             for _ in 0..self.geometry.slot_count() {
@@ -854,6 +862,10 @@ pub(crate) enum Claim {
     Freeing,
     /// Garbage collection's copies.
     Collect,
+    /// Garbage collection's copies, into the client stripe open where
+    /// each goes, or GC's own where none is (`EngineOptions::gc_stream`
+    /// off).
+    CollectMixed,
 }
 
 enum Placed<'a> {

@@ -165,6 +165,34 @@ fn random_io_matches_the_model_through_gc_and_reopen() {
     assert!(gc_runs > 0, "GC never moved live data");
 }
 
+/// With the GC stream off (GC's copies go into the clients' stripes, the
+/// mode `scripts/bench-waf.sh` compares against), the data is as right
+/// through GC and reopen as with it.
+#[test]
+fn gc_copies_in_the_user_stripes_keep_the_data_right() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+    let devices = members(6);
+    let engine = tessera_array::EngineOptions {
+        gc_stream: false,
+        ..tessera_array::EngineOptions::default()
+    };
+    let array = tessera_array::create_with(named(&devices), &options(4, 2, None), engine).unwrap();
+    let mut model = vec![0u8; array.logical_bytes() as usize];
+    exercise(&array, &mut model, &mut rng, 3000);
+    check_all(&array, &model);
+    let status = array.status().unwrap();
+    assert!(
+        status.gc_stripes_collected > 0 && status.gc_bytes_relocated > 0,
+        "{status:?}"
+    );
+    array.check().unwrap();
+    array.flush().unwrap();
+    drop(array);
+    let array = reopen(&devices, &[]).unwrap();
+    check_all(&array, &model);
+    array.check().unwrap();
+}
+
 #[test]
 fn reads_survive_m_failed_members_and_corruption() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(3);

@@ -281,13 +281,18 @@ fn a_failed_log_write_fails_the_member_and_falls_back() {
 fn an_array_without_a_log_seals_short_stripes() {
     let devices = members(6);
     let array = create(&devices, &options(None, Some(0)));
-    array.write(0, &[7u8; BLOCK_BYTES], true).unwrap();
-    let status = array.status().unwrap();
-    assert!(status.log.is_none());
-    assert_eq!(status.short_stripes_sealed, 1);
-    crash(array, &devices);
-    let array = reopen_without(&devices, &[]);
-    assert_eq!(read(&array, 0, BLOCK_BYTES), vec![7u8; BLOCK_BYTES]);
+    assert!(array.status().unwrap().log.is_none());
+    fua_write_seals_a_short_stripe_and_survives(array, &devices, 7);
+}
+
+/// A FUA write of one block of `byte`s seals one short stripe (no log to
+/// take it), and reads back after power loss.
+fn fua_write_seals_a_short_stripe_and_survives(array: Array, devices: &[Arc<MemoryDevice>], byte: u8) {
+    array.write(0, &[byte; BLOCK_BYTES], true).unwrap();
+    assert_eq!(array.status().unwrap().short_stripes_sealed, 1);
+    crash(array, devices);
+    let array = reopen_without(devices, &[]);
+    assert_eq!(read(&array, 0, BLOCK_BYTES), vec![byte; BLOCK_BYTES]);
 }
 
 /// Many writers and FLUSHes at once (group commit), random sizes, power
@@ -333,4 +338,186 @@ fn concurrent_writers_and_flushes_survive_power_loss() {
     let log = array.status().unwrap().log.unwrap();
     assert!(log.flushes_logged > 10, "{log:?}");
     crash_and_check(Arc::into_inner(array).unwrap(), &devices, &model);
+}
+
+const LOG_DEVICE_BYTES: u64 = 8 << 20;
+
+/// `quiet()` with the log devices of `logs` in `keep`, in that order.
+fn with_logs(logs: &[Arc<MemoryDevice>], keep: &[usize]) -> EngineOptions {
+    EngineOptions {
+        log_devices: keep
+            .iter()
+            .map(|&i| (format!("log{i}"), logs[i].clone() as Arc<dyn Device>))
+            .collect(),
+        ..quiet()
+    }
+}
+
+fn log_devices(count: usize) -> Vec<Arc<MemoryDevice>> {
+    (0..count)
+        .map(|_| Arc::new(MemoryDevice::new(LOG_DEVICE_BYTES)))
+        .collect()
+}
+
+/// Opens the array from every member and the log devices in `keep`.
+fn open_with_logs(
+    devices: &[Arc<MemoryDevice>],
+    logs: &[Arc<MemoryDevice>],
+    keep: &[usize],
+) -> Result<Array, tessera_array::ArrayError> {
+    let list = devices
+        .iter()
+        .enumerate()
+        .map(|(i, d)| (format!("m{i}"), Some(d.clone() as Arc<dyn Device>)))
+        .collect();
+    tessera_array::open_with(list, with_logs(logs, keep))
+}
+
+/// Small FLUSHed writes, each block of them in `model`.
+fn write_flushed(array: &Array, seed: u64, count: u64) -> BTreeMap<u64, Vec<u8>> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut model = BTreeMap::new();
+    for _ in 0..count {
+        let lba = rng.gen_range(0..2000u64);
+        let data = blocks(&mut rng, 1, false);
+        array.write(lba * BLOCK_BYTES as u64, &data, false).unwrap();
+        array.flush().unwrap();
+        model.insert(lba, data);
+    }
+    model
+}
+
+fn check_model(array: &Array, model: &BTreeMap<u64, Vec<u8>>) {
+    for (lba, data) in model {
+        assert!(
+            &read(array, lba * BLOCK_BYTES as u64, BLOCK_BYTES) == data,
+            "block {lba}"
+        );
+    }
+    array.check().unwrap();
+}
+
+/// With a log device, FLUSHed small writes go to it alone (one copy
+/// there; nothing on the members, which have no log area), and come back
+/// from it after power loss on every device.
+#[test]
+fn a_log_device_takes_the_log_and_brings_it_back_after_power_loss() {
+    let devices = members(6);
+    let logs = log_devices(1);
+    let array = tessera_array::create_with(named(&devices), &options(None, None), with_logs(&logs, &[0])).unwrap();
+    let g = array.geometry().clone();
+    assert_eq!((g.log_bytes, g.log_devices), (0, 1));
+    let model = write_flushed(&array, 10, 30);
+    let status = array.status().unwrap();
+    let log = status.log.clone().unwrap();
+    assert_eq!(log.on, "devices");
+    assert_eq!(log.devices[0].state, "healthy");
+    assert_eq!(log.flushes_logged, 30);
+    assert_eq!(status.short_stripes_sealed, 0);
+    // No user stripe on the members (and they have no log area).
+    let user_chunks = headers(&devices, &g)
+        .into_iter()
+        .filter(|(_, _, h)| h.stream == format::Stream::User)
+        .count();
+    assert_eq!(user_chunks, 0);
+    assert!(
+        status.write_amplification_log > 1.0 && status.write_amplification_log < 1.3,
+        "{status:?}"
+    );
+    crash(array, &[&devices[..], &logs[..]].concat());
+    let array = open_with_logs(&devices, &logs, &[0]).unwrap();
+    let recovery = array.status().unwrap().recovery.log.unwrap();
+    assert_eq!(recovery.records_replayed, 30, "{recovery:?}");
+    check_model(&array, &model);
+}
+
+/// Two log devices mirror the log: with one gone at open, the other
+/// brings the writes back; the one gone is recorded failed and, when it
+/// returns, is not trusted again.
+#[test]
+fn a_mirrored_log_device_survives_the_loss_of_one() {
+    let devices = members(6);
+    let logs = log_devices(2);
+    let array = tessera_array::create_with(named(&devices), &options(None, None), with_logs(&logs, &[0, 1])).unwrap();
+    let model = write_flushed(&array, 11, 20);
+    crash(array, &[&devices[..], &logs[..]].concat());
+    // Given in the other order: log devices are found by their headers.
+    let array = open_with_logs(&devices, &logs, &[1]).unwrap();
+    check_model(&array, &model);
+    let log = array.status().unwrap().log.unwrap();
+    assert_eq!(log.devices[0].state, "missing", "{log:?}");
+    assert_eq!(log.devices[1].state, "healthy", "{log:?}");
+    let more = write_flushed(&array, 12, 10);
+    crash(array, &[&devices[..], &logs[..]].concat());
+    // Log device 0 is back with stale blocks: failed, not read.
+    let array = open_with_logs(&devices, &logs, &[1, 0]).unwrap();
+    let log = array.status().unwrap().log.unwrap();
+    assert_eq!(log.devices[0].state, "failed", "{log:?}");
+    check_model(&array, &model.into_iter().chain(more).collect());
+}
+
+/// The only log device missing after a crash: its blocks may be the only
+/// copy of acknowledged writes, so the open is refused, unless asked to
+/// discard them; then the array goes on with short stripes.
+#[test]
+fn a_missing_sole_log_device_refuses_the_open_unless_discarded() {
+    let devices = members(6);
+    let logs = log_devices(1);
+    let array = tessera_array::create_with(named(&devices), &options(None, None), with_logs(&logs, &[0])).unwrap();
+    write_flushed(&array, 13, 5);
+    crash(array, &[&devices[..], &logs[..]].concat());
+    let error = open_with_logs(&devices, &logs, &[]).err().expect("refused");
+    assert!(
+        matches!(error, tessera_array::ArrayError::LogDevicesMissing { .. }),
+        "{error}"
+    );
+    // A foreign device given as the log device is no better, and named.
+    let other = log_devices(1);
+    let other_array =
+        tessera_array::create_with(named(&members(6)), &options(None, None), with_logs(&other, &[0])).unwrap();
+    drop(other_array);
+    let error = open_with_logs(&devices, &other, &[0]).err().expect("refused");
+    assert!(error.to_string().contains("belongs to array"), "{error}");
+    let list = devices
+        .iter()
+        .enumerate()
+        .map(|(i, d)| (format!("m{i}"), Some(d.clone() as Arc<dyn Device>)))
+        .collect();
+    let array = tessera_array::open_with(
+        list,
+        EngineOptions {
+            discard_missing_log: true,
+            ..quiet()
+        },
+    )
+    .unwrap();
+    let status = array.status().unwrap();
+    assert_eq!(status.log.as_ref().unwrap().devices[0].state, "missing");
+    fua_write_seals_a_short_stripe_and_survives(array, &devices, 5);
+}
+
+/// A log device whose writes fail: it is failed, that FLUSH and the
+/// later ones seal short stripes, and nothing acknowledged is lost.
+#[test]
+fn a_failing_log_device_falls_back_to_short_stripes() {
+    let devices = members(6);
+    let logs = log_devices(1);
+    let array = tessera_array::create_with(named(&devices), &options(None, None), with_logs(&logs, &[0])).unwrap();
+    let first = write_flushed(&array, 14, 3);
+    logs[0].set_faults(Faults {
+        fail_writes: true,
+        ..Faults::default()
+    });
+    let second = write_flushed(&array, 15, 3);
+    let status = array.status().unwrap();
+    let log = status.log.unwrap();
+    assert_eq!(log.devices[0].state, "failed", "{log:?}");
+    assert_eq!(log.write_failures, 1, "{log:?}");
+    assert_eq!(status.short_stripes_sealed, 3);
+    assert_eq!(status.members_unavailable, 0);
+    crash(array, &[&devices[..], &logs[..]].concat());
+    logs[0].set_faults(Faults::default());
+    // Recorded failed: opens without it, and never reads it.
+    let array = open_with_logs(&devices, &logs, &[]).unwrap();
+    check_model(&array, &first.into_iter().chain(second).collect());
 }

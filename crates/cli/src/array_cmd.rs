@@ -19,6 +19,8 @@ use tessera_nbd::Failure;
 use crate::metrics::{Metrics, Op};
 
 const MEMBERS_FILE: &str = "members";
+/// The array's log devices, one path a line, if it has any.
+const LOG_DEVICES_FILE: &str = "log-devices";
 const LOCK_FILE: &str = "serve.lock";
 const CONTROL_SOCKET: &str = "control.sock";
 
@@ -34,6 +36,7 @@ pub struct Create {
     pub compression: Option<tessera_compress::Codec>,
     pub logical_bytes: Option<u64>,
     pub log_bytes: Option<u64>,
+    pub log_device_paths: Vec<PathBuf>,
     /// Overwrite existing devices whatever they hold.
     pub force: bool,
 }
@@ -59,7 +62,32 @@ pub fn create(c: &Create) -> Result<()> {
     let mut members: Vec<(String, Arc<dyn Device>)> = Vec::new();
     let mut lines = Vec::new();
     let mut made: Vec<PathBuf> = Vec::new();
+    let mut log_devices = Vec::new();
     let result = create_members(c, &mut members, &mut lines, &mut made).and_then(|()| {
+        for path in &c.log_device_paths {
+            let device = match (path.exists(), c.log_bytes) {
+                (false, Some(bytes)) => {
+                    made.push(path.clone());
+                    FileDevice::create(
+                        path,
+                        bytes.next_multiple_of(4096) + tessera_array::format::LOG_DEVICE_AREA_START,
+                    )
+                }
+                (false, None) => bail!(
+                    "log device {} does not exist (give --log-size to create it as a file)",
+                    path.display()
+                ),
+                (true, _) => FileDevice::open(path).and_then(|device| {
+                    if !c.force {
+                        refuse_if_in_use(path, &device)?;
+                    }
+                    Ok(device)
+                }),
+            }
+            .with_context(|| format!("opening log device {}", path.display()))?;
+            let absolute = std::fs::canonicalize(path)?;
+            log_devices.push((absolute.display().to_string(), Arc::new(device) as Arc<dyn Device>));
+        }
         let options = CreateOptions {
             data: c.data,
             parity: c.parity,
@@ -69,7 +97,15 @@ pub fn create(c: &Create) -> Result<()> {
             logical_bytes: c.logical_bytes,
             log_bytes: c.log_bytes,
         };
-        Ok(tessera_array::create(std::mem::take(&mut members), &options)?)
+        let engine = EngineOptions {
+            log_devices: log_devices.clone(),
+            ..EngineOptions::default()
+        };
+        Ok(tessera_array::create_with(
+            std::mem::take(&mut members),
+            &options,
+            engine,
+        )?)
     });
     let array = match result {
         Ok(array) => array,
@@ -81,6 +117,10 @@ pub fn create(c: &Create) -> Result<()> {
             return Err(error);
         }
     };
+    if !log_devices.is_empty() {
+        let names: Vec<&str> = log_devices.iter().map(|(name, _)| name.as_str()).collect();
+        std::fs::write(c.dir.join(LOG_DEVICES_FILE), names.join("\n") + "\n")?;
+    }
     std::fs::write(&list, lines.join("\n") + "\n")?;
     let s = array.status()?;
     println!(
@@ -215,6 +255,20 @@ fn open_with(dir: &Path, engine: EngineOptions) -> Result<Array> {
         };
         members.push((path.display().to_string(), device));
     }
+    let mut engine = engine;
+    let logs = dir.join(LOG_DEVICES_FILE);
+    if let Ok(text) = std::fs::read_to_string(&logs) {
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let path = dir.join(line.trim());
+            match FileDevice::open(&path) {
+                Ok(d) => engine.log_devices.push((path.display().to_string(), Arc::new(d))),
+                Err(e) if e.kind() == std::io::ErrorKind::ResourceBusy => {
+                    bail!("log device {} is {e}; stop the other user first", path.display())
+                }
+                Err(e) => eprintln!("tessera: log device {} is missing: {e}", path.display()),
+            }
+        }
+    }
     Ok(tessera_array::open_with(members, engine)?)
 }
 
@@ -310,6 +364,10 @@ pub struct Serve {
     pub member_errors_max: u64,
     /// Where to serve Prometheus metrics (`serve --metrics`).
     pub metrics: Option<String>,
+    /// Open even if no log device can be read (`serve --discard-missing-log`).
+    pub discard_missing_log: bool,
+    /// GC copies in stripes of their own (off: `serve --no-gc-stream`).
+    pub gc_stream: bool,
     pub limits: tessera_nbd::Limits,
     pub tls: Option<tessera_nbd::Tls>,
 }
@@ -356,6 +414,8 @@ pub fn serve(mut s: Serve) -> Result<()> {
         accel: Some(tessera_accel::select(s.accel)?),
         reconstruct_cache_bytes: s.reconstruct_cache_bytes,
         member_errors_max: s.member_errors_max,
+        discard_missing_log: s.discard_missing_log,
+        gc_stream: s.gc_stream,
         ..EngineOptions::default()
     };
     let array = Arc::new(open_with(dir, engine)?);
@@ -663,9 +723,27 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
     let log = &status["log"];
     if log.is_object() {
         let l = |key: &str| log[key].as_u64().unwrap_or(0);
+        let devices: Vec<String> = log["devices"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|d| {
+                format!(
+                    "{} ({})",
+                    d["name"].as_str().unwrap_or("?"),
+                    d["state"].as_str().unwrap_or("?")
+                )
+            })
+            .collect();
+        let where_log = if devices.is_empty() {
+            "on each member".to_string()
+        } else {
+            format!("on each log device: {}", devices.join(", "))
+        };
         println!(
-            "intent log: {} per member, {} live; {} FLUSHes logged in {} blocks ({} written, write amplification {:.2} of the {:.2}); {} stripes sealed instead, {} failed log writes",
+            "intent log: {} {}, {} live; {} FLUSHes logged in {} blocks ({} written, write amplification {:.2} of the {:.2}); {} stripes sealed instead, {} failed log writes",
             human(l("area_bytes")),
+            where_log,
             human(l("live_bytes")),
             l("flushes_logged"),
             l("blocks_written"),

@@ -63,11 +63,20 @@ enum Command {
         /// Exported size (may exceed the raw space: thin provisioning); default 80% of usable.
         #[arg(long, value_parser = size::parse)]
         size: Option<u64>,
-        /// Space on each member for the intent log, which makes FLUSH after a
-        /// small write cheap (0: none; FLUSH then seals a short stripe).
-        /// Default: room for the open stripes, 1 MiB to 1/16 of a member.
+        /// Space for the intent log, which makes FLUSH after a small write
+        /// cheap: on each member (0: none; FLUSH then seals a short
+        /// stripe), or on each --log-device. Default: on the members, room
+        /// for the open stripes, 1 MiB to 1/16 of a member; on log
+        /// devices, all of the smallest, up to 256 MiB.
         #[arg(long, value_parser = size::parse)]
         log_size: Option<u64>,
+        /// A dedicated log device (file or block device, e.g. a fast SSD
+        /// in front of slow members) holding the whole intent log instead
+        /// of the members; give it twice (up to 4) for a mirror. One alone
+        /// is a single point of failure for the last FLUSHed writes if it
+        /// dies together with a crash.
+        #[arg(long = "log-device")]
+        log_device: Vec<PathBuf>,
         /// Overwrite --device members that hold data or another array's superblock.
         #[arg(long)]
         force: bool,
@@ -127,6 +136,16 @@ enum Command {
         /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9810).
         #[arg(long)]
         metrics: Option<String>,
+        /// Open even if no log device of the array can be read, giving up
+        /// the FLUSHed writes that only they held (without it, refused).
+        #[arg(long)]
+        discard_missing_log: bool,
+        /// Put garbage collection's copies into the client stripes open at
+        /// the time (GC's own stripes only where none is) instead of
+        /// stripes of their own: for measuring what the separation saves
+        /// (scripts/bench-waf.sh).
+        #[arg(long)]
+        no_gc_stream: bool,
     },
     /// Health, capacity, compression, write amplification and errors of the array in DIR.
     Status {
@@ -416,6 +435,7 @@ fn main() -> Result<()> {
             compress,
             size,
             log_size,
+            log_device,
             force,
         } => array_cmd::create(&array_cmd::Create {
             data,
@@ -429,6 +449,7 @@ fn main() -> Result<()> {
             compression: parse_compression(&compress)?,
             logical_bytes: size,
             log_bytes: log_size,
+            log_device_paths: log_device,
             force,
         }),
         Command::Serve {
@@ -448,6 +469,8 @@ fn main() -> Result<()> {
             tls_verify_peer,
             member_errors_max,
             metrics,
+            discard_missing_log,
+            no_gc_stream,
         } => {
             let defaults = tessera_nbd::Limits::default();
             array_cmd::serve(array_cmd::Serve {
@@ -459,6 +482,8 @@ fn main() -> Result<()> {
                 reconstruct_cache_bytes: usize::try_from(reconstruct_cache)?,
                 member_errors_max,
                 metrics,
+                discard_missing_log,
+                gc_stream: !no_gc_stream,
                 limits: tessera_nbd::Limits {
                     max_connections,
                     total_bytes: usize::try_from(max_bytes_in_flight)?,

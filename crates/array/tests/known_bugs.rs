@@ -1,0 +1,73 @@
+//! A known bug, kept as its reproducer (run with `--ignored`): an array
+//! at its default exported size (80% of usable), written full in order,
+//! reopened, then overwritten at random by 8 threads, sometimes refuses
+//! writes with NoSpace although a quarter of its stripes is garbage.
+//! What the engine shows then: every slot of the checkpoint window
+//! sealed (no usable slot), 2-4 free slots outside it, the checkpoint
+//! that would move the window needing 7, and GC needing a window slot
+//! for its copies: no way forward. Seen in about one round in three,
+//! with and without the separate GC stream, on the code before the
+//! intent log's log devices too. Tried and not enough: GC choosing only
+//! window victims (worse: thrash, a hang); GC leaving the checkpoint its
+//! slots. Remove the `ignore` once fixed.
+
+use rand::{Rng, SeedableRng};
+use std::sync::Arc;
+use tessera_array::device::{Device, MemoryDevice};
+use tessera_array::{CreateOptions, EngineOptions};
+
+#[test]
+#[ignore = "known bug: NoSpace on random overwrites of a full array after a restart"]
+fn random_overwrites_of_a_full_array_after_a_restart_never_run_out_of_space() {
+    for round in 0..6u64 {
+        let devices: Vec<Arc<MemoryDevice>> = (0..10).map(|_| Arc::new(MemoryDevice::new(64 << 20))).collect();
+        let o = CreateOptions {
+            data: 8,
+            parity: 2,
+            chunk_bytes: 64 << 10,
+            checksum: tessera_checksum::Algorithm::Crc32c,
+            compression: None,
+            logical_bytes: None,
+            log_bytes: None,
+        };
+        let list = devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| (format!("m{i}"), d.clone() as Arc<dyn Device>))
+            .collect();
+        let array = tessera_array::create_with(list, &o, EngineOptions::default()).unwrap();
+        let size = array.logical_bytes();
+        let chunk = vec![7u8; 1 << 20];
+        let mut at = 0;
+        while at < size {
+            let len = (size - at).min(1 << 20) as usize;
+            array.write(at, &chunk[..len], false).unwrap();
+            at += len as u64;
+        }
+        drop(array);
+        let list = devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| (format!("m{i}"), Some(d.clone() as Arc<dyn Device>)))
+            .collect();
+        let array = Arc::new(tessera_array::open_with(list, EngineOptions::default()).unwrap());
+        let blocks = size / 4096;
+        let threads: Vec<_> = (0..8u64)
+            .map(|t| {
+                let array = array.clone();
+                std::thread::spawn(move || {
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(round * 100 + t);
+                    let data = vec![t as u8; 4096];
+                    for i in 0..blocks / 8 {
+                        if let Err(e) = array.write(rng.gen_range(0..blocks) * 4096, &data, false) {
+                            return Some((i, e.to_string()));
+                        }
+                    }
+                    None
+                })
+            })
+            .collect();
+        let errors: Vec<_> = threads.into_iter().filter_map(|t| t.join().unwrap()).collect();
+        assert!(errors.is_empty(), "round {round}: {errors:?}");
+    }
+}

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Write amplification of random overwrites on a full array: the volume is
+# written once sequentially, then overwritten at random with 4 KiB writes
+# (QD16, no FLUSH) for TIMES its size, uniform and skewed (fio zipf:1.2),
+# with garbage collection's copies in stripes of their own (the default)
+# and mixed into the clients' open stripes (serve --no-gc-stream), in one
+# run; GC/user is bytes GC copied per client byte. WAF is
+# member bytes per client byte over the overwrite phase alone (the server
+# restarts after the fill, which resets its counters); the full-stripe
+# floor is (K+M)/K * (chunk + 4 KiB header)/chunk.
+#
+#   [TESSERA=path/to/tessera] [PATTERNS="random zipf:1.2"] [GC_MODES="own none"] \
+#     scripts/bench-waf.sh [K M N] [MEMBER_SIZE] [TIMES]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+k=${1:-8}; m=${2:-2}; n=${3:-10}; member=${4:-64M}; times=${5:-2}
+if [ -z "${TESSERA:-}" ]; then
+  cargo build --release -q -p tessera
+  TESSERA=$PWD/target/release/tessera
+fi
+work=$(mktemp -d "${TMPDIR:-/var/tmp}/tessera-waf.XXXXXX")
+pid=""
+cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+uri="nbd+unix:///tessera?socket=$work/s.sock"
+
+serve() {
+  rm -f "$work/s.sock"
+  "$TESSERA" serve "$work/array" --socket "$work/s.sock" "$@" 2>>"${SERVE_LOG:-/dev/null}" & pid=$!
+  for _ in $(seq 200); do [ -S "$work/s.sock" ] && return; sleep 0.05; done
+  echo "no socket" >&2; exit 1
+}
+stop() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""; }
+json_after_brace() { python3 -c "import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index(chr(123)):]); print($1)"; }
+
+echo "Tessera $k+$m on $n members of $member, 64 KiB chunks, default exported size; random 4 KiB overwrites of ${times}x the volume at QD16; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+echo "full-stripe floor: $(python3 -c "print(round(($k+$m)/$k*68/64,3))")"
+printf "%-10s %-10s %6s %8s %8s %12s %6s %9s\n" "pattern" "GC stream" "WAF" "GC/user" "victims" "checkpoints" "short" "IOPS"
+for dist in ${PATTERNS:-random zipf:1.2}; do
+  for gc in ${GC_MODES:-own none}; do
+    rm -rf "$work/array"
+    "$TESSERA" create --data "$k" --parity "$m" --dir "$work/array" --devices "$n" --device-size "$member" >/dev/null
+    size=$("$TESSERA" status "$work/array" --json | json_after_brace "j['logical_bytes']")
+    serve
+    fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=4 --size="$size" --output-format=json >/dev/null 2>&1
+    stop
+    gc_opt=()
+    [ "$gc" = none ] && gc_opt=(--no-gc-stream)
+    serve "${gc_opt[@]}"
+    dist_opt=()
+    [ "$dist" != random ] && dist_opt=(--random_distribution="$dist")
+    # A failed write (the array full) fails the run: shown, not hidden.
+    fio --name=overwrite --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=16 --size="$size" \
+        --io_size=$((size * times)) --norandommap --randseed=3 "${dist_opt[@]}" --output-format=json \
+        >"$work/fio.json" 2>/dev/null || true
+    iops=$(json_after_brace "round(j['jobs'][0]['write']['iops']) if j['jobs'][0]['error'] == 0 else 'error ' + str(j['jobs'][0]['error'])" <"$work/fio.json")
+    "$TESSERA" status "$work/array" --json | python3 -c "
+import json,sys
+s=json.load(sys.stdin); u=max(s['user_bytes_written'],1)
+print(f'{\"$dist\":<10} {\"$gc\":<10} {s[\"write_amplification\"]:6.2f} {s[\"gc_bytes_relocated\"]/u:8.2f} {s[\"gc_stripes_collected\"]:8} {s[\"checkpoints_written\"]:12} {s[\"short_stripes_sealed\"]:6} {\"$iops\":>9}')"
+    stop
+  done
+done
