@@ -4,16 +4,11 @@
 # writes, from `tessera status`, with the intent log (the default) and
 # without one (--log-size 0: FLUSH seals a short stripe), in one run.
 #
-#   scripts/bench-flush-waf.sh [K M N] [SIZE]
+#   [TESSERA=path/to/tessera] scripts/bench-flush-waf.sh [K M N] [SIZE]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 k=${1:-8}; m=${2:-2}; n=${3:-10}; size=${4:-32M}
-cargo build --release -q -p tessera
-tessera=$PWD/target/release/tessera
-work=$(mktemp -d "${TMPDIR:-/var/tmp}/tessera-waf.XXXXXX")
-pid=""
-cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$work"; }
-trap cleanup EXIT
+source scripts/bench-lib.sh
 
 echo "4 KiB random writes, $size per run, Tessera $k+$m on $n members, 64 KiB chunks"
 echo "(full-stripe floor: (K+M)/K * (64K+4K)/64K = $(python3 -c "print(round(($k+$m)/$k*68/64,3))"); target with a FLUSH after every write: M+3 = $((m + 3)))"
@@ -23,19 +18,18 @@ for every in 1 8 64 512 never; do
     rm -rf "$work/array"
     log_opt=()
     [ "$log" = 0 ] && log_opt=(--log-size 0)
-    "$tessera" create --data "$k" --parity "$m" --dir "$work/array" --devices "$n" --device-size 256M "${log_opt[@]}" >/dev/null
-    "$tessera" serve "$work/array" --socket "$work/s.sock" 2>/dev/null & pid=$!
-    for _ in $(seq 100); do [ -S "$work/s.sock" ] && break; sleep 0.05; done
+    "$TESSERA" create --data "$k" --parity "$m" --dir "$work/array" --devices "$n" --device-size 256M "${log_opt[@]}" >/dev/null
+    serve
     sync_opt=()
     [ "$every" != never ] && sync_opt=(--fsync="$every")
     iops=$(fio --name=waf --ioengine=nbd --uri="nbd+unix:///tessera?socket=$work/s.sock" --rw=randwrite --bs=4k \
         --iodepth=1 --size="$size" --randseed=1 "${sync_opt[@]}" --output-format=json 2>/dev/null |
-      python3 -c "import json,sys; t=sys.stdin.read(); print(round(json.loads(t[t.index(chr(123)):])['jobs'][0]['write']['iops']))")
-    "$tessera" status "$work/array" --json |
+      json_expr "round(j['jobs'][0]['write']['iops'])")
+    "$TESSERA" status "$work/array" --json |
       python3 -c "
 import json,sys
 s=json.load(sys.stdin); l=s['log'] or {}
 print(f'{\"$every\":<12} {\"$log\":<8} {s[\"write_amplification\"]:8.2f} {s[\"write_amplification_stripes\"]:8.2f} {s[\"write_amplification_log\"]:8.2f} {s[\"short_stripes_sealed\"]:14} {l.get(\"flushes_logged\",0):14} {$iops:8}')"
-    kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""
+    stop_server
   done
 done

@@ -12,25 +12,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 k=${1:-8}; m=${2:-2}; n=${3:-10}; seconds=${4:-10}; rounds=${5:-3}
-if [ -z "${TESSERA:-}" ]; then
-  cargo build --release -q -p tessera
-  TESSERA=$PWD/target/release/tessera
-fi
-work=$(mktemp -d "${TMPDIR:-/var/tmp}/tessera-fsync.XXXXXX")
+source scripts/bench-lib.sh
 fast=$(mktemp -d /dev/shm/tessera-fsync.XXXXXX)
-pid=""
-cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$work" "$fast"; }
-trap cleanup EXIT
+scratch+=("$fast")
 size=256M
 
 # IOPS of one fio run against the NBD server on $work/s.sock.
 fio_iops() {
   fio --name=fsync --ioengine=nbd --uri="nbd+unix:///$1?socket=$work/s.sock" --rw=randwrite --bs=4k \
       --iodepth=1 --fsync=1 --size=128M --time_based --runtime="$seconds" --randseed=7 \
-      --output-format=json 2>/dev/null |
-    python3 -c "import json,sys; t=sys.stdin.read(); print(round(json.loads(t[t.index(chr(123)):])['jobs'][0]['write']['iops']))"
+      --output-format=json 2>/dev/null | json_expr "round(j['jobs'][0]['write']['iops'])"
 }
-wait_socket() { for _ in $(seq 200); do [ -S "$work/s.sock" ] && return; sleep 0.05; done; echo "no socket" >&2; exit 1; }
 
 run_nbdkit() {
   rm -f "$work/s.sock" "$work/file"
@@ -38,16 +30,15 @@ run_nbdkit() {
   nbdkit --foreground --unix "$work/s.sock" file "$work/file" cache=none 2>/dev/null & pid=$!
   wait_socket
   fio_iops ""
-  kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""
+  stop_server
 }
 
 run_tessera() {
   rm -rf "$work/array" "$work/s.sock" "$fast/log"
   "$TESSERA" create --data "$k" --parity "$m" --dir "$work/array" --devices "$n" --device-size "$size" "$@" >/dev/null
-  "$TESSERA" serve "$work/array" --socket "$work/s.sock" 2>/dev/null & pid=$!
-  wait_socket
+  serve
   fio_iops tessera
-  kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""
+  stop_server
 }
 
 echo "fio randwrite 4k QD1 --fsync=1, ${seconds}s a run, $rounds rounds; Tessera $k+$m on $n files; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"

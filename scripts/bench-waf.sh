@@ -14,24 +14,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 k=${1:-8}; m=${2:-2}; n=${3:-10}; member=${4:-64M}; times=${5:-2}
-if [ -z "${TESSERA:-}" ]; then
-  cargo build --release -q -p tessera
-  TESSERA=$PWD/target/release/tessera
-fi
-work=$(mktemp -d "${TMPDIR:-/var/tmp}/tessera-waf.XXXXXX")
-pid=""
-cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$work"; }
-trap cleanup EXIT
+source scripts/bench-lib.sh
 uri="nbd+unix:///tessera?socket=$work/s.sock"
-
-serve() {
-  rm -f "$work/s.sock"
-  "$TESSERA" serve "$work/array" --socket "$work/s.sock" "$@" 2>>"${SERVE_LOG:-/dev/null}" & pid=$!
-  for _ in $(seq 200); do [ -S "$work/s.sock" ] && return; sleep 0.05; done
-  echo "no socket" >&2; exit 1
-}
-stop() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""; }
-json_after_brace() { python3 -c "import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index(chr(123)):]); print($1)"; }
 
 echo "Tessera $k+$m on $n members of $member, 64 KiB chunks, default exported size; random 4 KiB overwrites of ${times}x the volume at QD16; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo "full-stripe floor: $(python3 -c "print(round(($k+$m)/$k*68/64,3))")"
@@ -40,10 +24,10 @@ for dist in ${PATTERNS:-random zipf:1.2}; do
   for gc in ${GC_MODES:-own none}; do
     rm -rf "$work/array"
     "$TESSERA" create --data "$k" --parity "$m" --dir "$work/array" --devices "$n" --device-size "$member" >/dev/null
-    size=$("$TESSERA" status "$work/array" --json | json_after_brace "j['logical_bytes']")
+    size=$("$TESSERA" status "$work/array" --json | json_expr "j['logical_bytes']")
     serve
     fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=4 --size="$size" --output-format=json >/dev/null 2>&1
-    stop
+    stop_server
     gc_opt=()
     [ "$gc" = none ] && gc_opt=(--no-gc-stream)
     serve "${gc_opt[@]}"
@@ -53,11 +37,11 @@ for dist in ${PATTERNS:-random zipf:1.2}; do
     fio --name=overwrite --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=16 --size="$size" \
         --io_size=$((size * times)) --norandommap --randseed=3 "${dist_opt[@]}" --output-format=json \
         >"$work/fio.json" 2>/dev/null || true
-    iops=$(json_after_brace "round(j['jobs'][0]['write']['iops']) if j['jobs'][0]['error'] == 0 else 'error ' + str(j['jobs'][0]['error'])" <"$work/fio.json")
+    iops=$(json_expr "round(j['jobs'][0]['write']['iops']) if j['jobs'][0]['error'] == 0 else 'error ' + str(j['jobs'][0]['error'])" <"$work/fio.json")
     "$TESSERA" status "$work/array" --json | python3 -c "
 import json,sys
 s=json.load(sys.stdin); u=max(s['user_bytes_written'],1)
 print(f'{\"$dist\":<10} {\"$gc\":<10} {s[\"write_amplification\"]:6.2f} {s[\"gc_bytes_relocated\"]/u:8.2f} {s[\"gc_stripes_collected\"]:8} {s[\"checkpoints_written\"]:12} {s[\"short_stripes_sealed\"]:6} {\"$iops\":>9}')"
-    stop
+    stop_server
   done
 done

@@ -93,14 +93,14 @@ struct Writer {
 struct Ring {
     /// Where the next block goes, if it fits before the area's end.
     head: u64,
-    /// (sequence, offset, bytes) of the live blocks here, oldest first.
-    blocks: VecDeque<(u64, u64, u64)>,
+    /// (sequence, offset) of the live blocks here, oldest first.
+    blocks: VecDeque<(u64, u64)>,
 }
 
 impl Ring {
     /// Where a block of `len` bytes fits in an area of `area` bytes.
     fn place(&self, len: u64, area: u64) -> Option<u64> {
-        let Some(&(_, tail, _)) = self.blocks.front() else {
+        let Some(&(_, tail)) = self.blocks.front() else {
             return if self.head + len <= area {
                 Some(self.head)
             } else {
@@ -305,13 +305,7 @@ impl Shared {
         if !failures.is_empty() {
             Counters::add(&self.counters.log_write_failures, 1);
             for (target, error) in &failures {
-                if log.devices.is_empty() {
-                    // More failures than the parity covers stop writes;
-                    // the caller's check reports it.
-                    let _ = self.members.failed_io(*target, error);
-                } else {
-                    self.fail_log_device(log, *target);
-                }
+                self.fail_log_target(log, *target, error);
             }
             drop(w);
             let sealed = self.seal_user_lanes()?;
@@ -320,7 +314,7 @@ impl Shared {
         }
         for &(member, offset) in &targets {
             let ring = &mut w.rings[member];
-            ring.blocks.push_back((sequence, offset, len));
+            ring.blocks.push_back((sequence, offset));
             ring.head = offset + len;
         }
         w.next_member = (w.next_member + 1) % w.rings.len();
@@ -347,7 +341,7 @@ impl Shared {
             let dead = w.live.pop_front().expect("front exists");
             log.live_bytes.fetch_sub(dead.bytes * dead.copies, Ordering::Relaxed);
             for ring in &mut w.rings {
-                while ring.blocks.front().is_some_and(|&(s, _, _)| s <= dead.sequence) {
+                while ring.blocks.front().is_some_and(|&(s, _)| s <= dead.sequence) {
                     ring.blocks.pop_front();
                 }
             }
@@ -497,12 +491,16 @@ impl Shared {
         failures.into_inner().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A log device's write, sync or read failed: it is never used again,
-    /// and the superblocks say so (best effort: if they cannot be written,
-    /// the members that failed say why).
-    fn fail_log_device(&self, log: &IntentLog, index: usize) {
-        if !log.devices[index].failed.swap(true, Ordering::AcqRel) {
-            let _ = self.members.record_log_failed(index);
+    /// A write, sync or read of the log on `target` failed. A member is
+    /// failed as for a chunk write (more failures than the parity covers
+    /// stop writes; the caller's check reports it); a log device is never
+    /// used again, and the superblocks say so (best effort: if they cannot
+    /// be written, the members that failed say why).
+    fn fail_log_target(&self, log: &IntentLog, target: usize, error: &std::io::Error) {
+        if log.devices.is_empty() {
+            let _ = self.members.failed_io(target, error);
+        } else if !log.devices[target].failed.swap(true, Ordering::AcqRel) {
+            let _ = self.members.record_log_failed(target);
         }
     }
 
@@ -532,11 +530,13 @@ impl Shared {
                 let Some(device) = log.devices[target].usable() else {
                     continue;
                 };
-                let read = device.read_at(&mut buffer, start).is_ok();
-                if !read {
-                    unreadable.push(target);
+                match device.read_at(&mut buffer, start) {
+                    Ok(()) => true,
+                    Err(error) => {
+                        unreadable.push((target, error));
+                        false
+                    }
                 }
-                read
             };
             if !read {
                 continue;
@@ -576,8 +576,8 @@ impl Shared {
                 why: "every one failed to read".to_string(),
             });
         }
-        for target in unreadable {
-            self.fail_log_device(log, target);
+        for (target, error) in unreadable {
+            self.fail_log_target(log, target, &error);
         }
         let Some((&newest, &(tail, _))) = blocks.iter().next_back() else {
             return Ok(found);
@@ -636,7 +636,7 @@ impl Shared {
 /// makes its sync commit the file system's journal too) and a reused
 /// device's old blocks are gone; and on a rebuilt device, whose blocks
 /// from before it left must never be read as current.
-pub(crate) fn clear_log_area(device: &dyn crate::device::Device, g: &crate::format::Geometry) -> std::io::Result<()> {
+pub(crate) fn clear_log_area(device: &dyn Device, g: &format::Geometry) -> std::io::Result<()> {
     const PIECE: u64 = 1 << 20;
     let zeros = AlignedBuf::zeroed(g.log_bytes.min(PIECE) as usize);
     let mut at = 0;
@@ -785,10 +785,11 @@ fn replayed_piece<'a>(record: &LogRecord, bytes: &'a [u8]) -> Piece<'a> {
 mod tests {
     use super::*;
 
-    fn ring(head: u64, blocks: &[(u64, u64)]) -> Ring {
+    /// A ring whose live blocks start at `offsets`, oldest first.
+    fn ring(head: u64, offsets: &[u64]) -> Ring {
         Ring {
             head,
-            blocks: blocks.iter().enumerate().map(|(i, &(o, l))| (i as u64, o, l)).collect(),
+            blocks: offsets.iter().enumerate().map(|(i, &o)| (i as u64, o)).collect(),
         }
     }
 
@@ -799,15 +800,15 @@ mod tests {
         assert_eq!(ring(950, &[]).place(100, 1000), Some(0));
         assert_eq!(ring(0, &[]).place(1001, 1000), None);
         // Live 200..600: after it, or before it once the end is too near.
-        let r = ring(600, &[(200, 400)]);
+        let r = ring(600, &[200]);
         assert_eq!(r.place(400, 1000), Some(600));
         assert_eq!(r.place(401, 1000), None);
         assert_eq!(r.place(200, 1000), Some(600));
-        let near_end = ring(900, &[(200, 700)]);
+        let near_end = ring(900, &[200]);
         assert_eq!(near_end.place(200, 1000), Some(0));
         assert_eq!(near_end.place(201, 1000), None);
         // Wrapped: live 700..1000 and 0..300; free only 300..700.
-        let wrapped = ring(300, &[(700, 300), (0, 300)]);
+        let wrapped = ring(300, &[700, 0]);
         assert_eq!(wrapped.place(400, 1000), Some(300));
         assert_eq!(wrapped.place(401, 1000), None);
     }

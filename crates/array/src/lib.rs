@@ -483,8 +483,9 @@ pub fn open_with(devices: Vec<(String, Option<Arc<dyn Device>>)>, engine: Engine
     }
     let log_devices =
         intent::find_log_devices(&newest, &engine.log_devices, engine.discard_missing_log, &mut rejected)?;
+    // Recorded failed once the array is up (a no-op for those already).
     let missing_logs: Vec<usize> = (0..log_devices.len())
-        .filter(|&i| log_devices[i].device.is_none() && newest.log_failed & (1 << i) == 0)
+        .filter(|&i| log_devices[i].device.is_none())
         .collect();
     let array = Array::assemble(newest, members, engine, rejected, log_devices)?;
     array.shared.members.record_missing()?;

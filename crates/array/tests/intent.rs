@@ -4,7 +4,7 @@
 //! members lost, with a log too small or failing (short stripes then).
 
 mod common;
-use common::{headers, named};
+use common::{headers, named, open_list};
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -45,15 +45,7 @@ fn create(devices: &[Arc<MemoryDevice>], options: &CreateOptions) -> Array {
 
 /// Opens the array from the devices not in `missing`.
 fn reopen_without(devices: &[Arc<MemoryDevice>], missing: &[usize]) -> Array {
-    let list = devices
-        .iter()
-        .enumerate()
-        .map(|(i, d)| {
-            let device = (!missing.contains(&i)).then(|| d.clone() as Arc<dyn Device>);
-            (format!("m{i}"), device)
-        })
-        .collect();
-    tessera_array::open_with(list, quiet()).unwrap()
+    tessera_array::open_with(open_list(devices, missing), quiet()).unwrap()
 }
 
 /// Power loss on every member: what was not synced is gone.
@@ -365,12 +357,7 @@ fn open_with_logs(
     logs: &[Arc<MemoryDevice>],
     keep: &[usize],
 ) -> Result<Array, tessera_array::ArrayError> {
-    let list = devices
-        .iter()
-        .enumerate()
-        .map(|(i, d)| (format!("m{i}"), Some(d.clone() as Arc<dyn Device>)))
-        .collect();
-    tessera_array::open_with(list, with_logs(logs, keep))
+    tessera_array::open_with(open_list(devices, &[]), with_logs(logs, keep))
 }
 
 /// Small FLUSHed writes, each block of them in `model`.
@@ -478,13 +465,8 @@ fn a_missing_sole_log_device_refuses_the_open_unless_discarded() {
     drop(other_array);
     let error = open_with_logs(&devices, &other, &[0]).err().expect("refused");
     assert!(error.to_string().contains("belongs to array"), "{error}");
-    let list = devices
-        .iter()
-        .enumerate()
-        .map(|(i, d)| (format!("m{i}"), Some(d.clone() as Arc<dyn Device>)))
-        .collect();
     let array = tessera_array::open_with(
-        list,
+        open_list(&devices, &[]),
         EngineOptions {
             discard_missing_log: true,
             ..quiet()

@@ -16,9 +16,11 @@
 //! Sizing the reserve from the current map is the next thing to try.
 //! Remove the `ignore` once fixed.
 
+mod common;
+use common::{named, open_list};
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
-use tessera_array::device::{Device, MemoryDevice};
+use tessera_array::device::MemoryDevice;
 use tessera_array::{CreateOptions, EngineOptions};
 
 #[test]
@@ -35,12 +37,7 @@ fn random_overwrites_of_a_full_array_after_a_restart_never_run_out_of_space() {
             logical_bytes: None,
             log_bytes: None,
         };
-        let list = devices
-            .iter()
-            .enumerate()
-            .map(|(i, d)| (format!("m{i}"), d.clone() as Arc<dyn Device>))
-            .collect();
-        let array = tessera_array::create_with(list, &o, EngineOptions::default()).unwrap();
+        let array = tessera_array::create_with(named(&devices), &o, EngineOptions::default()).unwrap();
         let size = array.logical_bytes();
         let chunk = vec![7u8; 1 << 20];
         let mut at = 0;
@@ -50,12 +47,7 @@ fn random_overwrites_of_a_full_array_after_a_restart_never_run_out_of_space() {
             at += len as u64;
         }
         drop(array);
-        let list = devices
-            .iter()
-            .enumerate()
-            .map(|(i, d)| (format!("m{i}"), Some(d.clone() as Arc<dyn Device>)))
-            .collect();
-        let array = Arc::new(tessera_array::open_with(list, EngineOptions::default()).unwrap());
+        let array = Arc::new(tessera_array::open_with(open_list(&devices, &[]), EngineOptions::default()).unwrap());
         let blocks = size / 4096;
         let threads: Vec<_> = (0..8u64)
             .map(|t| {

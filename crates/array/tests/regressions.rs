@@ -6,7 +6,7 @@
 //! replayed over newer data.
 
 mod common;
-use common::{headers, named};
+use common::{headers, named, open_list};
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use tessera_array::device::{Device, Faults, MemoryDevice};
@@ -19,14 +19,7 @@ fn members(n: usize, bytes: u64) -> Vec<Arc<MemoryDevice>> {
 }
 
 fn reopen(devices: &[Arc<MemoryDevice>]) -> Array {
-    tessera_array::open(
-        devices
-            .iter()
-            .enumerate()
-            .map(|(i, d)| (format!("m{i}"), Some(d.clone() as Arc<dyn Device>)))
-            .collect(),
-    )
-    .unwrap()
+    tessera_array::open(open_list(devices, &[])).unwrap()
 }
 
 fn options(k: usize, m: usize, chunk_bytes: usize, compression: Option<tessera_compress::Codec>) -> CreateOptions {
@@ -619,14 +612,14 @@ fn a_rebuild_goes_on_when_another_member_fails_during_it() {
         background: false,
         ..Default::default()
     };
-    let listed = |devices: &[Arc<MemoryDevice>]| {
+    let open_list = |devices: &[Arc<MemoryDevice>]| {
         devices
             .iter()
             .enumerate()
             .map(|(i, d)| (format!("m{i}"), Some(d.clone() as Arc<dyn Device>)))
             .collect::<Vec<_>>()
     };
-    let array = tessera_array::open_with(listed(&devices), offline.clone()).unwrap();
+    let array = tessera_array::open_with(open_list(&devices), offline.clone()).unwrap();
     let new = Arc::new(MemoryDevice::new(64 << 20));
     let report = array
         .rebuild_member(3, new.clone(), true, None, |report| {
@@ -647,7 +640,7 @@ fn a_rebuild_goes_on_when_another_member_fails_during_it() {
     devices[1].set_faults(Faults::default());
     let mut with_new = devices.clone();
     with_new[3] = new;
-    let array = tessera_array::open_with(listed(&with_new), offline).unwrap();
+    let array = tessera_array::open_with(open_list(&with_new), offline).unwrap();
     let states: Vec<_> = array.status().unwrap().members.iter().map(|m| m.state).collect();
     assert_eq!(states[3], tessera_array::MemberState::Healthy, "{states:?}");
     // Member 1 and another out: member 3's rebuilt chunks are needed.

@@ -8,9 +8,11 @@
 //! A fixed set of seeds runs in CI; `TESSERA_SIM_SEEDS=FIRST..END` runs
 //! others. Every failure names its seed.
 
+mod common;
+use common::{named, open_list};
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
-use tessera_array::device::{Device, Faults, MemoryDevice, RandomFaults};
+use tessera_array::device::{Faults, MemoryDevice, RandomFaults};
 use tessera_array::format::DATA_START;
 use tessera_array::{Array, ArrayError, CreateOptions, EngineOptions};
 use tessera_checksum::Algorithm;
@@ -36,15 +38,7 @@ fn seeds() -> std::ops::Range<u64> {
 fn open(devices: &[Arc<MemoryDevice>], seed: u64) -> Array {
     let mut skip: Vec<usize> = Vec::new();
     for _ in 0..=devices.len() {
-        let members = devices
-            .iter()
-            .enumerate()
-            .map(|(i, d)| {
-                let device = (!skip.contains(&i)).then(|| d.clone() as Arc<dyn Device>);
-                (format!("m{i}"), device)
-            })
-            .collect();
-        match tessera_array::open_with(members, EngineOptions::default()) {
+        match tessera_array::open_with(open_list(devices, &skip), EngineOptions::default()) {
             Ok(array) => return array,
             Err(ArrayError::NotAMember { name, .. }) => skip.push(name[1..].parse().expect("m<index>")),
             Err(error) => panic!("seed {seed}: reopening: {error}"),
@@ -133,11 +127,6 @@ fn run(seed: u64, met: &mut Met) {
     let compression = [None, Some(tessera_compress::Codec::Lz4)][rng.gen_range(0..2)];
     let checksum = [Algorithm::Crc32c, Algorithm::Blake3][rng.gen_range(0..2)];
     let devices: Vec<Arc<MemoryDevice>> = (0..n).map(|_| Arc::new(MemoryDevice::new(MEMBER_BYTES))).collect();
-    let named = devices
-        .iter()
-        .enumerate()
-        .map(|(i, d)| (format!("m{i}"), d.clone() as Arc<dyn Device>))
-        .collect();
     let options = CreateOptions {
         data: k,
         parity: m,
@@ -153,8 +142,8 @@ fn run(seed: u64, met: &mut Met) {
         user_lanes: Some(rng.gen_range(1..=4)),
         ..EngineOptions::default()
     };
-    let array =
-        tessera_array::create_with(named, &options, engine).unwrap_or_else(|e| panic!("seed {seed}: create: {e}"));
+    let array = tessera_array::create_with(named(&devices), &options, engine)
+        .unwrap_or_else(|e| panic!("seed {seed}: create: {e}"));
     // Members 0 and 1 turn faulty; all of them are slow at random.
     for (i, device) in devices.iter().enumerate() {
         let faulty = i < m;

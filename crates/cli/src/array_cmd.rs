@@ -65,28 +65,17 @@ pub fn create(c: &Create) -> Result<()> {
     let mut log_devices = Vec::new();
     let result = create_members(c, &mut members, &mut lines, &mut made).and_then(|()| {
         for path in &c.log_device_paths {
-            let device = match (path.exists(), c.log_bytes) {
-                (false, Some(bytes)) => {
-                    made.push(path.clone());
-                    FileDevice::create(
-                        path,
-                        bytes.next_multiple_of(4096) + tessera_array::format::LOG_DEVICE_AREA_START,
-                    )
-                }
-                (false, None) => bail!(
+            // A missing file is made at the log area's size plus its header.
+            let size = c
+                .log_bytes
+                .map(|b| b.next_multiple_of(4096) + tessera_array::format::LOG_DEVICE_AREA_START);
+            if !path.exists() && size.is_none() {
+                bail!(
                     "log device {} does not exist (give --log-size to create it as a file)",
                     path.display()
-                ),
-                (true, _) => FileDevice::open(path).and_then(|device| {
-                    if !c.force {
-                        refuse_if_in_use(path, &device)?;
-                    }
-                    Ok(device)
-                }),
+                );
             }
-            .with_context(|| format!("opening log device {}", path.display()))?;
-            let absolute = std::fs::canonicalize(path)?;
-            log_devices.push((absolute.display().to_string(), Arc::new(device) as Arc<dyn Device>));
+            log_devices.push(take_device(path, size, c.force, &mut made, "log device")?);
         }
         let options = CreateOptions {
             data: c.data,
@@ -159,27 +148,41 @@ fn create_members(
         }
         (None, false) => {
             for path in &c.device_paths {
-                let device = match (path.exists(), c.device_size) {
-                    (false, Some(size)) => {
-                        made.push(path.clone());
-                        FileDevice::create(path, size)
-                    }
-                    _ => FileDevice::open(path).and_then(|device| {
-                        if !c.force {
-                            refuse_if_in_use(path, &device)?;
-                        }
-                        Ok(device)
-                    }),
-                }
-                .with_context(|| format!("opening member {}", path.display()))?;
-                let absolute = std::fs::canonicalize(path)?;
-                members.push((absolute.display().to_string(), Arc::new(device)));
-                lines.push(absolute.display().to_string());
+                let (name, device) = take_device(path, c.device_size, c.force, made, "member")?;
+                lines.push(name.clone());
+                members.push((name, device));
             }
         }
         _ => bail!("give either --devices N --device-size SIZE, or --device PATH for each member"),
     }
     Ok(())
+}
+
+/// A `--device` or `--log-device` for `create`: a file made at `size` if
+/// it does not exist (and noted in `made`), or an existing file or block
+/// device that holds nothing (unless `force`); named by its absolute path.
+fn take_device(
+    path: &Path,
+    size: Option<u64>,
+    force: bool,
+    made: &mut Vec<PathBuf>,
+    what: &str,
+) -> Result<(String, Arc<dyn Device>)> {
+    let device = match (path.exists(), size) {
+        (false, Some(size)) => {
+            made.push(path.to_path_buf());
+            FileDevice::create(path, size)
+        }
+        _ => FileDevice::open(path).and_then(|device| {
+            if !force {
+                refuse_if_in_use(path, &device)?;
+            }
+            Ok(device)
+        }),
+    }
+    .with_context(|| format!("opening {what} {}", path.display()))?;
+    let absolute = std::fs::canonicalize(path)?;
+    Ok((absolute.display().to_string(), Arc::new(device)))
 }
 
 /// Bytes at the start of a device that must be zeros for `create` to
@@ -238,38 +241,41 @@ fn open_with(dir: &Path, engine: EngineOptions) -> Result<Array> {
     let list = dir.join(MEMBERS_FILE);
     let text = std::fs::read_to_string(&list)
         .with_context(|| format!("{} is not an array directory (no {})", dir.display(), list.display()))?;
-    let mut members: Vec<(String, Option<Arc<dyn Device>>)> = Vec::new();
+    let members = open_listed(dir, &text, "member")?;
+    let mut engine = engine;
+    // A log device missing here is the array's to judge (refused if
+    // none is left that may hold blocks).
+    if let Ok(text) = std::fs::read_to_string(dir.join(LOG_DEVICES_FILE)) {
+        let found = open_listed(dir, &text, "log device")?;
+        engine.log_devices = found.into_iter().filter_map(|(name, d)| Some((name, d?))).collect();
+    }
+    Ok(tessera_array::open_with(members, engine)?)
+}
+
+/// A device listed in the array's directory, `None` if it could not be
+/// opened.
+type Listed = (String, Option<Arc<dyn Device>>);
+
+/// The devices `text` lists, one path a line (relative to `dir`); one
+/// that cannot be opened is `None`, and said so, but one another process
+/// holds is an error: opening without it would record it as failed.
+fn open_listed(dir: &Path, text: &str, what: &str) -> Result<Vec<Listed>> {
+    let mut found = Vec::new();
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         let path = dir.join(line.trim());
         let device = match FileDevice::open(&path) {
             Ok(d) => Some(Arc::new(d) as Arc<dyn Device>),
-            // Not missing: someone else has it. Opening degraded would
-            // record it as failed.
             Err(e) if e.kind() == std::io::ErrorKind::ResourceBusy => {
-                bail!("member {} is {e}; stop the other user first", path.display())
+                bail!("{what} {} is {e}; stop the other user first", path.display())
             }
             Err(e) => {
-                eprintln!("tessera: member {} is missing: {e}", path.display());
+                eprintln!("tessera: {what} {} is missing: {e}", path.display());
                 None
             }
         };
-        members.push((path.display().to_string(), device));
+        found.push((path.display().to_string(), device));
     }
-    let mut engine = engine;
-    let logs = dir.join(LOG_DEVICES_FILE);
-    if let Ok(text) = std::fs::read_to_string(&logs) {
-        for line in text.lines().filter(|l| !l.trim().is_empty()) {
-            let path = dir.join(line.trim());
-            match FileDevice::open(&path) {
-                Ok(d) => engine.log_devices.push((path.display().to_string(), Arc::new(d))),
-                Err(e) if e.kind() == std::io::ErrorKind::ResourceBusy => {
-                    bail!("log device {} is {e}; stop the other user first", path.display())
-                }
-                Err(e) => eprintln!("tessera: log device {} is missing: {e}", path.display()),
-            }
-        }
-    }
-    Ok(tessera_array::open_with(members, engine)?)
+    Ok(found)
 }
 
 /// The export: the array, with errors logged and mapped to NBD errnos,

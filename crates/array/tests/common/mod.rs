@@ -1,4 +1,5 @@
-//! Helpers shared by the array's integration tests.
+//! Helpers shared by the array's integration tests (each uses some).
+#![allow(dead_code)]
 
 use std::sync::Arc;
 use tessera_array::device::{Device, MemoryDevice};
@@ -10,6 +11,16 @@ pub fn named(devices: &[Arc<MemoryDevice>]) -> Vec<(String, Arc<dyn Device>)> {
         .iter()
         .enumerate()
         .map(|(i, d)| (format!("m{i}"), d.clone() as Arc<dyn Device>))
+        .collect()
+}
+
+/// The members as `open` takes them: m0, m1, ..., those in `missing`
+/// absent.
+pub fn open_list(devices: &[Arc<MemoryDevice>], missing: &[usize]) -> Vec<(String, Option<Arc<dyn Device>>)> {
+    named(devices)
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, device))| (name, (!missing.contains(&i)).then_some(device)))
         .collect()
 }
 
