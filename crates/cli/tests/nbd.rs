@@ -1078,6 +1078,20 @@ fn connect_and_go(socket: &Path) -> std::os::unix::net::UnixStream {
 }
 
 /// The server process's thread count.
+/// The names of a process's threads, counted by name.
+fn thread_names(pid: u32) -> std::collections::BTreeMap<String, usize> {
+    let mut names = std::collections::BTreeMap::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        *names.entry(name.trim().to_string()).or_insert(0) += 1;
+    }
+    names
+}
+
 fn threads_of(pid: u32) -> usize {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let line = status.lines().find(|l| l.starts_with("Threads:")).unwrap();
@@ -1097,7 +1111,23 @@ fn many_idle_connections_hold_bounded_threads_and_are_closed_when_idle() {
         &["--max-connections", "300", "--workers", "16", "--idle-timeout", "3"],
     );
     let pid = server.child.id();
+    // The socket appears before the server starts its workers: count
+    // once all 16 are up (a count taken earlier made the check below
+    // fail on a loaded machine, 57 threads "left" of a smaller "before").
+    let started = (0..200).any(|_| {
+        let workers = thread_names(pid)
+            .iter()
+            .filter(|(name, _)| name.starts_with("nbd-worker"))
+            .map(|(_, count)| count)
+            .sum::<usize>();
+        workers == 16 || {
+            std::thread::sleep(Duration::from_millis(25));
+            false
+        }
+    });
+    assert!(started, "the 16 workers never started: {:?}", thread_names(pid));
     let before = threads_of(pid);
+    let names_before = thread_names(pid);
     let idle: Vec<_> = (0..200).map(|_| connect_and_go(&socket)).collect();
     let with_idle = threads_of(pid);
     // Two threads a connection (its reader and its writer); the 16
@@ -1122,8 +1152,9 @@ fn many_idle_connections_hold_bounded_threads_and_are_closed_when_idle() {
     });
     assert!(
         settled,
-        "{} threads left after the idle connections closed",
-        threads_of(pid)
+        "{} threads left after the idle connections closed, {before} before: {:?} now, {names_before:?} before",
+        threads_of(pid),
+        thread_names(pid)
     );
     server.stop();
 }
