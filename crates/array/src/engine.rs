@@ -223,6 +223,8 @@ pub(crate) struct Shared {
     /// The running scrub's report so far, for `status`; `None` when none
     /// runs (one runs at a time).
     pub scrub_progress: Mutex<Option<crate::repair::ScrubReport>>,
+    /// The running rebuild's report so far (`None` when none runs).
+    pub rebuild_progress: Mutex<Option<crate::rebuild::RebuildReport>>,
     pub counters: Counters,
     /// Read-modify-writes of partial blocks, by block number.
     pub partial: Vec<Mutex<()>>,
@@ -330,10 +332,12 @@ impl Shared {
         self.tracker.wait_written(sequence);
     }
 
-    /// Members a sync or a stripe is written to.
+    /// Members a sync or a stripe is written to (a member being rebuilt
+    /// is synced too: once it is readmitted, what a FLUSH covered before
+    /// must be durable on it as well).
     pub fn writable_members(&self) -> Vec<usize> {
         (0..self.members.count())
-            .filter(|&m| self.members.readable(m).is_some())
+            .filter(|&m| self.members.writable(m))
             .collect()
     }
 }
@@ -421,6 +425,7 @@ impl Array {
             io_pool,
             cache,
             scrub_progress: Mutex::new(None),
+            rebuild_progress: Mutex::new(None),
             counters,
             partial: (0..PARTIAL_WRITE_LOCK_COUNT).map(|_| Mutex::new(())).collect(),
             spares: Mutex::new(Spares::default()),
@@ -455,6 +460,11 @@ impl Array {
         Ok(array)
     }
 
+    /// Counts a client request (background work yields to them).
+    fn client_request(&self) {
+        crate::status::Counters::add(&self.shared.counters.client_requests, 1);
+    }
+
     pub fn geometry(&self) -> &Geometry {
         &self.shared.geometry
     }
@@ -465,6 +475,7 @@ impl Array {
 
     /// Reads `buf.len()` bytes at byte `offset` of the volume.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ArrayError> {
+        self.client_request();
         self.shared.read(offset, buf)
     }
 
@@ -510,21 +521,25 @@ impl Array {
 
     /// Writes `data` at byte `offset`; with `fua`, returns once it is durable.
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ArrayError> {
+        self.client_request();
         self.shared.write(offset, data, fua)
     }
 
     /// Makes `len` bytes at `offset` read as zeros and frees their space.
     pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), ArrayError> {
+        self.client_request();
         self.shared.write_zeroes(offset, len, fua)
     }
 
     /// TRIM: the same as WRITE_ZEROES here (discarded blocks read as zeros).
     pub fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), ArrayError> {
+        self.client_request();
         self.shared.write_zeroes(offset, len, fua)
     }
 
     /// FLUSH: returns once every write that returned before it is durable.
     pub fn flush(&self) -> Result<(), ArrayError> {
+        self.client_request();
         self.shared.flush()
     }
 

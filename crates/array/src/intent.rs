@@ -435,11 +435,11 @@ impl Shared {
 
     /// Where block copies go: member or log device `target`, if it can be
     /// written.
-    fn log_target<'a>(&'a self, log: &'a IntentLog, target: usize) -> Option<&'a Arc<dyn Device>> {
+    fn log_target(&self, log: &IntentLog, target: usize) -> Option<Arc<dyn Device>> {
         if log.devices.is_empty() {
             self.members.readable(target)
         } else {
-            log.devices[target].usable()
+            log.devices[target].usable().cloned()
         }
     }
 

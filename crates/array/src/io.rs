@@ -123,7 +123,9 @@ struct Queue {
 
 struct MemberQueue {
     member: usize,
-    device: Arc<dyn Device>,
+    /// `None` for a member missing at open, until one is rebuilt onto a
+    /// device ([`MemberIo::attach`]).
+    device: std::sync::RwLock<Option<Arc<dyn Device>>>,
     queue: Mutex<Queue>,
     ready: Condvar,
 }
@@ -131,6 +133,14 @@ struct MemberQueue {
 impl MemberQueue {
     fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn device(&self) -> std::io::Result<Arc<dyn Device>> {
+        self.device
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "the member has no device"))
     }
 }
 
@@ -141,12 +151,13 @@ enum Work {
 
 pub struct MemberIo {
     geometry: Geometry,
-    queues: Vec<Option<Arc<MemberQueue>>>,
+    queues: Vec<Arc<MemberQueue>>,
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
 impl MemberIo {
-    /// Starts the I/O threads of every member that has a device.
+    /// Starts the I/O threads of every member (those without a device
+    /// wait for one).
     pub fn start(
         geometry: &Geometry,
         devices: Vec<Option<Arc<dyn Device>>>,
@@ -155,13 +166,9 @@ impl MemberIo {
         let mut threads = Vec::new();
         let mut queues = Vec::new();
         for (member, device) in devices.into_iter().enumerate() {
-            let Some(device) = device else {
-                queues.push(None);
-                continue;
-            };
             let queue = Arc::new(MemberQueue {
                 member,
-                device,
+                device: std::sync::RwLock::new(device),
                 queue: Mutex::new(Queue::default()),
                 ready: Condvar::new(),
             });
@@ -173,13 +180,18 @@ impl MemberIo {
                         .spawn(move || serve(&queue, &geometry, &bytes))?,
                 );
             }
-            queues.push(Some(queue));
+            queues.push(queue);
         }
         Ok(MemberIo {
             geometry: geometry.clone(),
             queues,
             threads: Mutex::new(threads),
         })
+    }
+
+    /// Member `member`'s chunks go to `device` from now on (a rebuild).
+    pub fn attach(&self, member: usize, device: Arc<dyn Device>) {
+        *self.queues[member].device.write().unwrap_or_else(|p| p.into_inner()) = Some(device);
     }
 
     /// Queues the chunks of `stripe` for the members `writable` says are
@@ -191,13 +203,13 @@ impl MemberIo {
                 let (member, row) = g.place(stripe.slot, j);
                 (member, row, j)
             })
-            .filter(|&(member, _, _)| writable(member) && self.queues[member].is_some())
+            .filter(|&(member, _, _)| writable(member))
             .collect();
         // One count for this call, let go at the end, so the stripe cannot
         // be reported done while its chunks are still being queued.
         stripe.pending.store(chunks.len() + 1, Ordering::Release);
         for (member, row, index) in chunks {
-            let queue = self.queues[member].as_ref().expect("filtered above");
+            let queue = &self.queues[member];
             let mut q = queue.lock();
             let previous = q.writes.insert(
                 row,
@@ -216,7 +228,7 @@ impl MemberIo {
 
     /// Syncs `members` in parallel; returns those whose sync failed.
     pub fn sync(&self, members: &[usize]) -> Vec<(usize, std::io::Error)> {
-        let queues: Vec<&Arc<MemberQueue>> = members.iter().filter_map(|&m| self.queues[m].as_ref()).collect();
+        let queues: Vec<&Arc<MemberQueue>> = members.iter().map(|&m| &self.queues[m]).collect();
         let wait = Arc::new(SyncWait {
             state: Mutex::new((queues.len(), Vec::new())),
             done: Condvar::new(),
@@ -234,7 +246,7 @@ impl MemberIo {
 
     /// Lets the threads finish what is queued, then stops them.
     pub fn stop(&self) {
-        for queue in self.queues.iter().flatten() {
+        for queue in &self.queues {
             queue.lock().closed = true;
             queue.ready.notify_all();
         }
@@ -297,7 +309,7 @@ fn serve(queue: &MemberQueue, geometry: &Geometry, bytes_written: &AtomicU64) {
         };
         match work {
             Work::Sync(wait) => {
-                let result = queue.device.sync();
+                let result = queue.device().and_then(|d| d.sync());
                 let mut state = wait.state.lock().unwrap_or_else(|p| p.into_inner());
                 if let Err(error) = result {
                     state.1.push((queue.member, error));
@@ -316,7 +328,9 @@ fn serve(queue: &MemberQueue, geometry: &Geometry, bytes_written: &AtomicU64) {
                         [header, payload]
                     })
                     .collect();
-                let result = queue.device.write_vectored_at(&pieces, geometry.row_offset(run[0].row));
+                let result = queue
+                    .device()
+                    .and_then(|d| d.write_vectored_at(&pieces, geometry.row_offset(run[0].row)));
                 if result.is_ok() {
                     let bytes: usize = pieces.iter().map(|p| p.len()).sum();
                     bytes_written.fetch_add(bytes as u64, Ordering::Relaxed);

@@ -44,7 +44,7 @@ use std::sync::Arc;
 pub use engine::{hex, Array, EngineOptions};
 pub use intent::{LogRecovery, LogStatus};
 pub use members::{Member, MemberState};
-pub use rebuild::RebuildReport;
+pub use rebuild::{RebuildOptions, RebuildReport, RebuildResume};
 pub use recovery::Recovery;
 pub use repair::ScrubReport;
 pub use status::{AcceleratorStatus, MemberStatus, Status};
@@ -99,8 +99,10 @@ pub enum ArrayError {
     MemberHealthy { index: usize },
     #[error("the device for member {index} holds {size} bytes; members need {need}")]
     DeviceTooSmall { index: usize, size: u64, need: u64 },
-    #[error("the array was written while member {index} was rebuilt: it stays failed; rebuild it again with nothing else using the array")]
-    WrittenDuringRebuild { index: usize },
+    #[error("member {index} is being rebuilt already")]
+    RebuildRunning { index: usize },
+    #[error("the rebuild of member {index} stopped: its device failed, or it was failed by hand; it stays failed")]
+    RebuildStopped { index: usize },
     #[error(
         "the devices are split evenly between arrays {first} and {second} ({count} each): list one array's members"
     )]

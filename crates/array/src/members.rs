@@ -20,7 +20,7 @@ use crate::format::{Superblock, SECTOR_BYTES};
 use crate::ArrayError;
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")] // as `name` spells it
@@ -30,6 +30,11 @@ pub enum MemberState {
     Failed,
     /// Absent when the array was opened.
     Missing,
+    /// Out, being rebuilt onto a device: every stripe sealed from now on
+    /// is written to it, and the stripes sealed before are rebuilt onto
+    /// it; it is read only once all are (the superblocks record it failed
+    /// until then).
+    Rebuilding,
 }
 
 impl MemberState {
@@ -39,6 +44,7 @@ impl MemberState {
             MemberState::Healthy => "healthy",
             MemberState::Failed => "failed",
             MemberState::Missing => "missing",
+            MemberState::Rebuilding => "rebuilding",
         }
     }
 
@@ -47,6 +53,7 @@ impl MemberState {
             MemberState::Healthy => 0,
             MemberState::Failed => 1,
             MemberState::Missing => 2,
+            MemberState::Rebuilding => 3,
         }
     }
 
@@ -54,6 +61,7 @@ impl MemberState {
         match code {
             0 => MemberState::Healthy,
             1 => MemberState::Failed,
+            3 => MemberState::Rebuilding,
             _ => MemberState::Missing,
         }
     }
@@ -68,9 +76,11 @@ pub struct Member {
 }
 
 struct Entry {
-    name: String,
-    uuid: [u8; 16],
-    device: Option<Arc<dyn Device>>,
+    name: Mutex<String>,
+    /// Its identity and device: both change when it is rebuilt onto a
+    /// new device.
+    uuid: Mutex<[u8; 16]>,
+    device: RwLock<Option<Arc<dyn Device>>>,
     state: AtomicU8,
     errors: ErrorCounts,
 }
@@ -167,9 +177,9 @@ impl Members {
             entries: members
                 .into_iter()
                 .map(|m| Entry {
-                    name: m.name,
-                    uuid: m.uuid,
-                    device: m.device,
+                    name: Mutex::new(m.name),
+                    uuid: Mutex::new(m.uuid),
+                    device: RwLock::new(m.device),
                     state: AtomicU8::new(m.state.code()),
                     errors: ErrorCounts::default(),
                 })
@@ -227,28 +237,71 @@ impl Members {
 
     /// The device member `index` was opened with, whatever its state.
     pub fn device(&self, index: usize) -> Option<Arc<dyn Device>> {
-        self.entries[index].device.clone()
+        self.entries[index]
+            .device
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
-    /// Records member `index` healthy again on `device` (under a new
-    /// `uuid`), its chunks rebuilt there: the next generation of
-    /// superblocks, without it in the failed set, goes to the healthy
-    /// members and to the device. The members in memory are unchanged
-    /// (the array is reopened to use it); a superblock that cannot be
-    /// written is an error, and the member stays failed where it was not
-    /// written.
-    pub fn readmit(&self, index: usize, uuid: [u8; 16], device: Arc<dyn Device>) -> Result<(), ArrayError> {
+    fn uuid(&self, index: usize) -> [u8; 16] {
+        *self.entries[index].uuid.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Healthy members' identities and devices: where superblocks go.
+    fn superblock_targets(&self) -> Vec<(usize, [u8; 16], Arc<dyn Device>)> {
+        (0..self.count())
+            .filter_map(|i| self.readable(i).map(|d| (i, self.uuid(i), d)))
+            .collect()
+    }
+
+    /// Starts rebuilding member `index` (failed or missing) onto
+    /// `device`, named `name` from now on: it is written (see
+    /// [`Members::writable`]), not read. The superblocks still record it
+    /// failed.
+    pub fn begin_rebuild(&self, index: usize, name: Option<String>, device: Arc<dyn Device>) -> Result<(), ArrayError> {
+        let _sb = self.superblock();
+        match self.state(index) {
+            MemberState::Healthy => return Err(ArrayError::MemberHealthy { index }),
+            MemberState::Rebuilding => return Err(ArrayError::RebuildRunning { index }),
+            MemberState::Failed | MemberState::Missing => {}
+        }
+        *self.entries[index].device.write().unwrap_or_else(|p| p.into_inner()) = Some(device);
+        if let Some(name) = name {
+            *self.entries[index].name.lock().unwrap_or_else(|p| p.into_inner()) = name;
+        }
+        self.entries[index]
+            .state
+            .store(MemberState::Rebuilding.code(), Ordering::Release);
+        Ok(())
+    }
+
+    /// Records member `index`, rebuilt, healthy under a new `uuid`: the
+    /// next generation of superblocks, without it in the failed set, goes
+    /// to the healthy members and to it, then it is read like any other.
+    /// Refused if the rebuild was stopped (its device failed, or it was
+    /// failed by hand); a superblock that cannot be written fails it.
+    pub fn end_rebuild(&self, index: usize, uuid: [u8; 16]) -> Result<(), ArrayError> {
         let mut sb = self.superblock();
+        let device = match (self.state(index), self.device(index)) {
+            (MemberState::Rebuilding, Some(device)) => device,
+            _ => return Err(ArrayError::RebuildStopped { index }),
+        };
         let mut template = sb.clone();
         template.clear_failed(index);
         template.generation = sb.generation + 1;
-        let mut targets: Vec<(usize, [u8; 16], Arc<dyn Device>)> = (0..self.count())
-            .filter_map(|i| self.readable(i).map(|d| (i, self.entries[i].uuid, d.clone())))
-            .collect();
+        let mut targets = self.superblock_targets();
         targets.push((index, uuid, device));
         if let Some((member, error)) = write_superblocks(&template, &targets).into_iter().next() {
-            return Err(io_error(member, &self.entries[member].name, error));
+            self.entries[index]
+                .state
+                .store(MemberState::Failed.code(), Ordering::Release);
+            return Err(io_error(member, &self.name(member), error));
         }
+        *self.entries[index].uuid.lock().unwrap_or_else(|p| p.into_inner()) = uuid;
+        self.entries[index]
+            .state
+            .store(MemberState::Healthy.code(), Ordering::Release);
         *sb = template;
         Ok(())
     }
@@ -262,8 +315,12 @@ impl Members {
         self.entries.len()
     }
 
-    pub fn name(&self, index: usize) -> &str {
-        &self.entries[index].name
+    pub fn name(&self, index: usize) -> String {
+        self.entries[index]
+            .name
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     pub fn state(&self, index: usize) -> MemberState {
@@ -271,12 +328,17 @@ impl Members {
     }
 
     /// The device of a healthy member.
-    pub fn readable(&self, index: usize) -> Option<&Arc<dyn Device>> {
-        let entry = &self.entries[index];
+    pub fn readable(&self, index: usize) -> Option<Arc<dyn Device>> {
         match self.state(index) {
-            MemberState::Healthy => entry.device.as_ref(),
+            MemberState::Healthy => self.device(index),
             _ => None,
         }
+    }
+
+    /// Whether stripes are written to member `index`: it is healthy, or
+    /// being rebuilt.
+    pub fn writable(&self, index: usize) -> bool {
+        matches!(self.state(index), MemberState::Healthy | MemberState::Rebuilding)
     }
 
     pub fn unavailable(&self) -> usize {
@@ -313,8 +375,16 @@ impl Members {
             });
         }
         let mut sb = self.superblock();
-        if self.state(index) != MemberState::Healthy {
-            return Ok(());
+        match self.state(index) {
+            MemberState::Healthy => {}
+            // Its rebuild stops; the superblocks already say failed.
+            MemberState::Rebuilding => {
+                self.entries[index]
+                    .state
+                    .store(MemberState::Failed.code(), Ordering::Release);
+                return Ok(());
+            }
+            MemberState::Failed | MemberState::Missing => return Ok(()),
         }
         self.mark_failed(index)?;
         let mut template = sb.clone();
@@ -361,7 +431,7 @@ impl Members {
         if let Err(ArrayError::TooManyFailed { failed, parity }) = &result {
             let _ = self.lost.set(format!(
                 "member {index} ({}) failed ({error}) with {} already unavailable: {failed} is more than the {parity} parity covers",
-                self.entries[index].name,
+                self.name(index),
                 failed - 1
             ));
             return self.check_writable();
@@ -394,9 +464,7 @@ impl Members {
         // Each round fails one more member, so this ends by the parity.
         for _ in 0..=self.parity {
             template.generation = current.generation.max(template.generation) + 1;
-            let targets: Vec<(usize, [u8; 16], Arc<dyn Device>)> = (0..self.count())
-                .filter_map(|i| self.readable(i).map(|d| (i, self.entries[i].uuid, d.clone())))
-                .collect();
+            let targets = self.superblock_targets();
             let failures = write_superblocks(&template, &targets);
             let Some((member, error)) = failures.into_iter().next() else {
                 *current = template;
@@ -405,7 +473,7 @@ impl Members {
             if let Err(e) = self.mark_failed(member) {
                 let _ = self.lost.set(format!(
                     "the superblock of member {member} ({}) could not be written ({error}) and no more members may fail",
-                    self.entries[member].name
+                    self.name(member)
                 ));
                 return Err(e);
             }
@@ -413,7 +481,7 @@ impl Members {
         }
         Err(io_error(
             0,
-            &self.entries[0].name,
+            &self.name(0),
             std::io::Error::other("superblock writes kept failing"),
         ))
     }

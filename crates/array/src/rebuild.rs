@@ -1,8 +1,16 @@
 //! Rebuilding a member that is out (failed or missing) onto a device: the
-//! same one come back, or a new one in its place. Every stripe on the
-//! members is rebuilt from K good chunks and checked against its Merkle
-//! root, and the chunk the member holds is written to the device; then
-//! the superblocks (the device's first) say the member is healthy again.
+//! same one come back, or a new one in its place, while clients go on.
+//!
+//! The log-structured layout makes this simple. When the rebuild starts,
+//! the member is put in the `Rebuilding` state on the device: every stripe
+//! sealed from then on (sequence `start` and up) is written to it in
+//! full, like to any member, and synced with the others. Only the stripes
+//! sealed before `start` lack their chunk there, and no stripe is ever
+//! rewritten in place, so that list only shrinks: the rebuild takes each
+//! in turn (in slot order), rebuilds it from K good chunks checked
+//! against its Merkle root, and writes the chunk the member holds. Then
+//! the superblocks say the member is healthy and it is read again. Until
+//! then it is read from nowhere: reads of its chunks reconstruct them.
 //!
 //! A device that comes back holds most of its chunks already: with
 //! `keep_current`, a chunk on it whose header names this stripe (array,
@@ -15,18 +23,26 @@
 //!
 //! # Guarantees
 //!
-//! - Offline only: the array must not be written meanwhile (no clients,
-//!   no background work, `EngineOptions::background` off). A write during
-//!   the rebuild is found (the log's sequence moved) and the member is
-//!   left failed: a stripe it missed would make it look whole when it is
-//!   not.
-//! - Until the last step nothing says the member is back: a rebuild
-//!   stopped or killed half-way leaves it failed. Run again with
-//!   `keep_current` on the same device, it keeps the chunks already
-//!   written (they pass the check above) and goes on with the rest.
-//! - The `Array` it ran on still holds the member as failed; reopen it.
+//! - Clients read and write throughout. Each stripe is pinned while it is
+//!   rebuilt (its slot is not reused meanwhile) and skipped if it was
+//!   collected before; no lock is held across the I/O.
+//! - Until the last step nothing on disk says the member is back: a
+//!   rebuild stopped, killed or failed half-way leaves it failed.
+//! - Resumable: every `SAVE_INTERVAL`, and when `progress` stops it, the
+//!   device is synced and `save` is given a [`RebuildResume`] (the start
+//!   sequence and the next slot); a
+//!   rebuild given it back skips the stripes before that slot that are
+//!   still the ones it saw (rebuilt and synced), and checks the rest with
+//!   `keep_current`, so it goes on where the last one stopped.
+//! - A write error on the device, or the member failed by hand, stops the
+//!   rebuild with [`ArrayError::RebuildStopped`]; the member is failed,
+//!   the array goes on degraded. More members may fail during it, up to M
+//!   in all with this one: stripes are rebuilt from whatever K remain.
+//! - While clients do I/O the rebuild keeps to `busy_rate`, otherwise to
+//!   `rate` (each `None`: as fast as the members go).
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::device::{AlignedBuf, Device};
 use crate::engine::Array;
@@ -34,17 +50,26 @@ use crate::engine::Shared;
 use crate::format::ChunkHeader;
 use crate::format::SECTOR_BYTES;
 use crate::members::MemberState;
-use crate::repair::{stripes_on_members, Pace};
-use crate::slots::Pinned;
+use crate::repair::stripes_on_members;
+use crate::slots::{Pinned, SlotState};
 use crate::stripe::Which;
 use crate::ArrayError;
 
-/// What a rebuild did.
+/// How often a rebuild syncs its device and saves where it is.
+const SAVE_INTERVAL: Duration = Duration::from_secs(1);
+/// The longest a paced rebuild sleeps at once.
+const PACE_SLEEP_MAX: Duration = Duration::from_millis(250);
+
+/// What a rebuild did (so far, while it runs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RebuildReport {
-    /// Stripes on the members when it began (its 100%).
+    /// The member being rebuilt.
+    pub member: usize,
+    /// Stripes sealed before it began (its 100%), and those dealt with.
     pub stripes_total: u64,
     pub stripes_done: u64,
+    /// Of those done, stripes a resumed rebuild found already rebuilt.
+    pub stripes_resumed: u64,
     /// Chunks written to the device (stripes with no chunk on this member
     /// have none).
     pub chunks_written: u64,
@@ -53,15 +78,81 @@ pub struct RebuildReport {
     pub chunks_current: u64,
 }
 
+/// Where a rebuild stood when it last synced its device: what a later
+/// one needs to go on from there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RebuildResume {
+    pub member: usize,
+    /// Stripes sealed from this sequence on were written to the device
+    /// as they were sealed.
+    pub start_sequence: u64,
+    /// Every stripe below this slot sealed before `start_sequence` is
+    /// rebuilt on the device, and synced.
+    pub next_slot: u64,
+}
+
+/// How a rebuild runs.
+#[derive(Clone, Debug, Default)]
+pub struct RebuildOptions {
+    /// The device's name from now on, in `status` and messages (`None`:
+    /// the member's, for its own device come back).
+    pub name: Option<String>,
+    /// Keep chunks the device already holds for the current stripes.
+    pub keep_current: bool,
+    /// Bytes a second written at most while clients are idle (`None`:
+    /// no limit).
+    pub rate: Option<u64>,
+    /// Bytes a second written at most while clients do I/O (`None`: as
+    /// `rate`).
+    pub busy_rate: Option<u64>,
+    /// Where an earlier rebuild of this member onto this device stopped.
+    pub resume: Option<RebuildResume>,
+}
+
+/// Keeps a rebuild to its rates: `busy_rate` after client requests were
+/// seen since the last step, `rate` otherwise. Time not used is not
+/// saved up (an idle spell does not buy a burst later).
+struct Throttle {
+    rate: Option<u64>,
+    busy_rate: Option<u64>,
+    next: Instant,
+    requests_seen: u64,
+}
+
+impl Throttle {
+    fn new(options: &RebuildOptions) -> Throttle {
+        Throttle {
+            rate: options.rate.filter(|&r| r > 0),
+            busy_rate: options.busy_rate.filter(|&r| r > 0).or(options.rate.filter(|&r| r > 0)),
+            next: Instant::now(),
+            requests_seen: 0,
+        }
+    }
+
+    /// `bytes` more were written; `requests` is the clients' count so far.
+    fn step(&mut self, bytes: u64, requests: u64) {
+        let busy = requests != self.requests_seen;
+        self.requests_seen = requests;
+        let Some(rate) = (if busy { self.busy_rate } else { self.rate }) else {
+            return;
+        };
+        let now = Instant::now();
+        self.next = self.next.max(now) + Duration::from_secs_f64(bytes as f64 / rate as f64);
+        if let Some(ahead) = self.next.checked_duration_since(now) {
+            std::thread::sleep(ahead.min(PACE_SLEEP_MAX));
+        }
+    }
+}
+
 impl Array {
-    /// The device member `index` was opened with, healthy or not (`None`
-    /// if it was missing).
+    /// The device member `index` has now, healthy or not (`None` if it
+    /// was missing).
     pub fn member_device(&self, index: usize) -> Option<Arc<dyn Device>> {
         self.shared.members.device(index)
     }
 
     /// Whether member `index` can be rebuilt: it exists and is out (a
-    /// healthy member has nothing to rebuild).
+    /// healthy member has nothing to rebuild; one is rebuilt at a time).
     pub fn check_rebuildable(&self, index: usize) -> Result<(), ArrayError> {
         let members = &self.shared.members;
         if index >= members.count() {
@@ -70,25 +161,31 @@ impl Array {
                 members: members.count(),
             });
         }
-        if members.state(index) == MemberState::Healthy {
-            return Err(ArrayError::MemberHealthy { index });
+        match members.state(index) {
+            MemberState::Healthy => Err(ArrayError::MemberHealthy { index }),
+            MemberState::Rebuilding => Err(ArrayError::RebuildRunning { index }),
+            MemberState::Failed | MemberState::Missing => Ok(()),
         }
-        Ok(())
     }
 
-    /// Rebuilds member `index` (failed or missing) onto `device`, at most
-    /// `rate` bytes a second written, calling `progress` after each stripe
-    /// (false stops it, leaving the member failed); then records it
-    /// healthy. With `keep_current`, chunks the device already holds for
-    /// the current stripes are kept (a resync). See the module's
-    /// guarantees: offline only, reopen after.
+    /// The rebuild running now, its report so far (`None`: none runs).
+    pub fn rebuild_progress(&self) -> Option<RebuildReport> {
+        *self.shared.rebuild_progress.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Rebuilds member `index` (failed or missing) onto `device` while the
+    /// array serves, then records it healthy and reads it again; see the
+    /// module's guarantees. Calls `progress` after each stripe (false
+    /// stops the rebuild, leaving the member failed and `Ok` with the
+    /// report so far), and `save` each time the device is synced (an
+    /// error there stops the rebuild).
     pub fn rebuild_member(
         &self,
         index: usize,
         device: Arc<dyn Device>,
-        keep_current: bool,
-        rate: Option<u64>,
+        options: &RebuildOptions,
         mut progress: impl FnMut(&RebuildReport) -> bool,
+        mut save: impl FnMut(&RebuildResume) -> std::io::Result<()>,
     ) -> Result<RebuildReport, ArrayError> {
         let shared = &self.shared;
         let g = &shared.geometry;
@@ -100,68 +197,221 @@ impl Array {
                 need: g.member_bytes,
             });
         }
-        let written_before = shared.tracker.last_sequence();
-        let stripes = stripes_on_members(shared);
+        let resume = options.resume.filter(|r| r.member == index);
+        // From here on every stripe sealed is written to the device too.
+        shared.io.attach(index, device.clone());
+        shared
+            .members
+            .begin_rebuild(index, options.name.clone(), device.clone())?;
+        let start_sequence = shared.tracker.last_sequence() + 1;
+        // Those sealed before, once written, are the work.
+        shared.wait_written(start_sequence - 1);
+        let stripes: Vec<(u64, u64)> = stripes_on_members(shared)
+            .into_iter()
+            .filter(|&(_, sequence)| sequence < start_sequence)
+            .collect();
         let mut report = RebuildReport {
+            member: index,
             stripes_total: stripes.len() as u64,
             ..RebuildReport::default()
         };
+        *shared.rebuild_progress.lock().unwrap_or_else(|p| p.into_inner()) = Some(report);
+        struct Done<'a>(&'a Shared);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                *self.0.rebuild_progress.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            }
+        }
+        let _done = Done(shared);
+        let run = Run {
+            index,
+            device: &device,
+            options,
+            resume,
+            start_sequence,
+        };
+        match shared.rebuild_stripes(&run, &stripes, &mut report, &mut progress, &mut save) {
+            Ok(true) => {}
+            Ok(false) => {
+                // Stopped by the caller: failed again, as it began.
+                let _ = shared.members.fail(index);
+                return Ok(report);
+            }
+            Err(error) => {
+                let _ = shared.members.fail(index);
+                return Err(error);
+            }
+        }
         let io_error = |source| ArrayError::Io {
             member: index,
             name: format!("the device rebuilding member {index}"),
             source,
         };
-        let pace = Pace::new(rate);
-        let mut header = AlignedBuf::zeroed(SECTOR_BYTES);
-        let mut chunk = AlignedBuf::zeroed(g.chunk_bytes);
-        for (slot, sequence) in stripes {
-            let mut pinned = Pinned::new(&shared.pins);
-            pinned.add(slot);
-            let stale: Vec<usize> = (0..g.width())
-                .filter(|&j| g.place(slot, j).0 == index)
-                .filter(|&j| {
-                    let which = Which {
-                        slot,
-                        sequence,
-                        array_uuid: shared.array_uuid,
-                    };
-                    let current =
-                        keep_current && current_chunk(shared, device.as_ref(), which, j, &mut header, &mut chunk);
-                    report.chunks_current += u64::from(current);
-                    !current
-                })
-                .collect();
-            if !stale.is_empty() {
-                let rebuilt = shared.rebuild_stripe(slot, sequence, false)?;
-                for j in stale {
-                    let (bytes, payload) = rebuilt.chunk(g, j);
-                    header.copy_from_slice(&bytes);
-                    device
-                        .write_vectored_at(&[&header, payload], g.row_offset(g.place(slot, j).1))
-                        .map_err(io_error)?;
-                    report.chunks_written += 1;
-                    report.bytes_written += (SECTOR_BYTES + payload.len()) as u64;
-                }
-                // Bad chunks found on other members on the way are fixed too.
-                shared.repair(slot, &rebuilt);
-                shared.recycle_area(Arc::new(rebuilt.area));
-            }
-            report.stripes_done += 1;
-            pace.wait(report.bytes_written);
-            if !progress(&report) {
-                return Ok(report);
-            }
-        }
         // Log blocks a returning device holds from before it left are
         // stale (what the log held was replayed into stripes at open):
-        // none may be read as this member's when it counts again.
-        crate::intent::clear_log_area(&*device, g).map_err(io_error)?;
-        device.sync().map_err(io_error)?;
-        if shared.tracker.last_sequence() != written_before {
-            return Err(ArrayError::WrittenDuringRebuild { index });
+        // none may be read as this member's when it counts again. It took
+        // no log blocks while being rebuilt.
+        let finish = crate::intent::clear_log_area(&*device, g)
+            .and_then(|()| device.sync())
+            .map_err(io_error)
+            .and_then(|()| shared.members.end_rebuild(index, rand::random()));
+        if let Err(error) = finish {
+            let _ = shared.members.fail(index);
+            return Err(error);
         }
-        shared.members.readmit(index, rand::random(), device)?;
         Ok(report)
+    }
+}
+
+/// One rebuild: the member, its device, and what it was asked.
+struct Run<'a> {
+    index: usize,
+    device: &'a Arc<dyn Device>,
+    options: &'a RebuildOptions,
+    resume: Option<RebuildResume>,
+    /// Stripes from this sequence on are written to the device as sealed.
+    start_sequence: u64,
+}
+
+impl Shared {
+    /// The rebuild's loop over `stripes` (slot, sequence, in slot order);
+    /// true once all are done, false if `progress` stopped it.
+    fn rebuild_stripes(
+        &self,
+        run: &Run,
+        stripes: &[(u64, u64)],
+        report: &mut RebuildReport,
+        progress: &mut impl FnMut(&RebuildReport) -> bool,
+        save: &mut impl FnMut(&RebuildResume) -> std::io::Result<()>,
+    ) -> Result<bool, ArrayError> {
+        let g = &self.geometry;
+        let Run {
+            index,
+            device,
+            options,
+            resume,
+            start_sequence,
+        } = *run;
+        let io_error = |source| ArrayError::Io {
+            member: index,
+            name: format!("the device rebuilding member {index}"),
+            source,
+        };
+        let mut throttle = Throttle::new(options);
+        let mut saved = Instant::now();
+        let mut header = AlignedBuf::zeroed(SECTOR_BYTES);
+        let mut chunk = AlignedBuf::zeroed(g.chunk_bytes);
+        for &(slot, sequence) in stripes {
+            if self.members.state(index) != MemberState::Rebuilding {
+                return Err(ArrayError::RebuildStopped { index });
+            }
+            // Rebuilt and synced by the run that saved `resume`.
+            let resumed = resume.is_some_and(|r| slot < r.next_slot && sequence < r.start_sequence);
+            let keep_current = options.keep_current || resume.is_some();
+            let written_before = report.bytes_written;
+            if resumed {
+                report.stripes_resumed += 1;
+            } else {
+                self.rebuild_chunks(
+                    index,
+                    device,
+                    slot,
+                    sequence,
+                    keep_current,
+                    report,
+                    &mut header,
+                    &mut chunk,
+                )?;
+            }
+            report.stripes_done += 1;
+            *self.rebuild_progress.lock().unwrap_or_else(|p| p.into_inner()) = Some(*report);
+            throttle.step(
+                report.bytes_written - written_before,
+                self.counters.client_requests.load(std::sync::atomic::Ordering::Relaxed),
+            );
+            let go_on = progress(report);
+            // Saved now and then, and where a stop leaves it.
+            if saved.elapsed() >= SAVE_INTERVAL || !go_on {
+                saved = Instant::now();
+                device.sync().map_err(io_error)?;
+                let at = RebuildResume {
+                    member: index,
+                    // Stripes sealed since an earlier run's start, below
+                    // this slot, were checked by this one.
+                    start_sequence,
+                    next_slot: slot + 1,
+                };
+                save(&at).map_err(io_error)?;
+            }
+            if !go_on {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Writes to `device` the chunks member `index` holds of the stripe
+    /// `sequence` in `slot`, if it is still there (rebuilt from the other
+    /// members; with `keep_current`, those the device holds already are
+    /// kept).
+    #[allow(clippy::too_many_arguments)]
+    fn rebuild_chunks(
+        &self,
+        index: usize,
+        device: &Arc<dyn Device>,
+        slot: u64,
+        sequence: u64,
+        keep_current: bool,
+        report: &mut RebuildReport,
+        header: &mut AlignedBuf,
+        chunk: &mut AlignedBuf,
+    ) -> Result<(), ArrayError> {
+        let g = &self.geometry;
+        let mut pinned = Pinned::new(&self.pins);
+        {
+            let index = self.index();
+            let s = index.slots.get(slot);
+            // Collected since (its new stripe, if any, went to the device
+            // as it was sealed).
+            if !matches!(s.state, SlotState::Sealed | SlotState::Checkpoint) || s.sequence != sequence {
+                return Ok(());
+            }
+            pinned.add(slot);
+        }
+        let which = Which {
+            slot,
+            sequence,
+            array_uuid: self.array_uuid,
+        };
+        let stale: Vec<usize> = (0..g.width())
+            .filter(|&j| g.place(slot, j).0 == index)
+            .filter(|&j| {
+                let current = keep_current && current_chunk(self, device.as_ref(), which, j, header, chunk);
+                report.chunks_current += u64::from(current);
+                !current
+            })
+            .collect();
+        if stale.is_empty() {
+            return Ok(());
+        }
+        let rebuilt = self.rebuild_stripe(slot, sequence, false)?;
+        for j in stale {
+            let (bytes, payload) = rebuilt.chunk(g, j);
+            header.copy_from_slice(&bytes);
+            device
+                .write_vectored_at(&[&**header, payload], g.row_offset(g.place(slot, j).1))
+                .map_err(|source| ArrayError::Io {
+                    member: index,
+                    name: format!("the device rebuilding member {index}"),
+                    source,
+                })?;
+            report.chunks_written += 1;
+            report.bytes_written += (SECTOR_BYTES + payload.len()) as u64;
+        }
+        // Bad chunks found on other members on the way are fixed too.
+        self.repair(slot, &rebuilt);
+        self.recycle_area(Arc::new(rebuilt.area));
+        Ok(())
     }
 }
 

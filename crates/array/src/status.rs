@@ -16,6 +16,8 @@ use std::sync::Arc;
 /// Counters, readable while the array serves.
 #[derive(Default)]
 pub struct Counters {
+    /// Reads, writes, zeroes and FLUSHes clients asked for.
+    pub client_requests: AtomicU64,
     pub user_bytes_written: AtomicU64,
     /// Shared with the member I/O threads, which add what they write.
     pub member_bytes_written: Arc<AtomicU64>,
@@ -68,6 +70,8 @@ pub struct Status {
     pub devices_rejected: Vec<crate::Rejected>,
     /// The scrub running now, its report so far (`null`: none runs).
     pub scrub: Option<crate::repair::ScrubReport>,
+    /// The rebuild running now, its report so far (`null`: none runs).
+    pub rebuild: Option<crate::rebuild::RebuildReport>,
     /// Why writes and FLUSH are refused (more than M members failed), if
     /// they are; `null` otherwise.
     pub writes_refused: Option<String>,
@@ -192,7 +196,7 @@ impl Shared {
             members: (0..members.count())
                 .map(|index| MemberStatus {
                     index,
-                    name: members.name(index).to_string(),
+                    name: members.name(index),
                     state: members.state(index),
                     errors: members.errors(index),
                 })
@@ -200,6 +204,7 @@ impl Shared {
             members_unavailable: members.unavailable(),
             devices_rejected: members.rejected().to_vec(),
             scrub: *self.scrub_progress.lock().unwrap_or_else(|p| p.into_inner()),
+            rebuild: *self.rebuild_progress.lock().unwrap_or_else(|p| p.into_inner()),
             writes_refused: members.lost().map(str::to_string),
             stripes_total: g.slot_count(),
             stripes_used: used,

@@ -728,7 +728,7 @@ impl Shared {
                 started.elapsed().as_micros() as u64,
             );
             let write = StripeWrite::new(s.info.slot, s.info.sequence, s.area, b, bytes, done.clone());
-            self.io.submit(Arc::new(write), |m| self.members.readable(m).is_some());
+            self.io.submit(Arc::new(write), |m| self.members.writable(m));
         }
         Ok(())
     }

@@ -622,15 +622,21 @@ fn a_rebuild_goes_on_when_another_member_fails_during_it() {
     let array = tessera_array::open_with(open_list(&devices), offline.clone()).unwrap();
     let new = Arc::new(MemoryDevice::new(64 << 20));
     let report = array
-        .rebuild_member(3, new.clone(), true, None, |report| {
-            if report.stripes_done == 5 {
-                devices[1].set_faults(Faults {
-                    fail_reads: true,
-                    ..Faults::default()
-                });
-            }
-            true
-        })
+        .rebuild_member(
+            3,
+            new.clone(),
+            &tessera_array::RebuildOptions::default(),
+            |report| {
+                if report.stripes_done == 5 {
+                    devices[1].set_faults(Faults {
+                        fail_reads: true,
+                        ..Faults::default()
+                    });
+                }
+                true
+            },
+            |_| Ok(()),
+        )
         .unwrap();
     assert_eq!(report.stripes_done, report.stripes_total);
     assert!(report.chunks_written > 5, "{report:?}");

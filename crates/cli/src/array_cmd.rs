@@ -17,8 +17,9 @@ use tessera_array::{Array, ArrayError, CreateOptions, EngineOptions};
 use tessera_nbd::Failure;
 
 use crate::metrics::{Metrics, Op};
+use crate::replace::Rebuilder;
 
-const MEMBERS_FILE: &str = "members";
+pub(crate) const MEMBERS_FILE: &str = "members";
 /// The array's log devices, one path a line, if it has any.
 const LOG_DEVICES_FILE: &str = "log-devices";
 const LOCK_FILE: &str = "serve.lock";
@@ -192,7 +193,7 @@ const CREATE_CHECKED_BYTES: u64 = 1 << 20;
 
 /// Refuses a device that is another array's member or holds data at its
 /// start, so that `create` never formats what someone is using.
-fn refuse_if_in_use(path: &Path, device: &FileDevice) -> std::io::Result<()> {
+pub(crate) fn refuse_if_in_use(path: &Path, device: &FileDevice) -> std::io::Result<()> {
     let refuse = |what: String| {
         std::io::Error::new(
             std::io::ErrorKind::AlreadyExists,
@@ -219,7 +220,7 @@ fn refuse_if_in_use(path: &Path, device: &FileDevice) -> std::io::Result<()> {
     Ok(())
 }
 
-fn human(bytes: u64) -> String {
+pub(crate) fn human(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut value = bytes as f64;
     let mut unit = 0;
@@ -232,8 +233,21 @@ fn human(bytes: u64) -> String {
 
 /// Opens the array in DIR; members that cannot be opened count as
 /// missing, but one another process holds is an error.
-fn open(dir: &Path) -> Result<Array> {
+pub(crate) fn open(dir: &Path) -> Result<Array> {
     open_with(dir, EngineOptions::default())
+}
+
+/// The lines of DIR/members, as written (paths relative to DIR or
+/// absolute), one a member.
+pub(crate) fn listed_lines(dir: &Path) -> Result<Vec<String>> {
+    let list = dir.join(MEMBERS_FILE);
+    let text = std::fs::read_to_string(&list)
+        .with_context(|| format!("{} is not an array directory (no {})", dir.display(), list.display()))?;
+    Ok(text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.trim().to_string())
+        .collect())
 }
 
 /// [`open`], run with `engine` options.
@@ -340,7 +354,7 @@ impl tessera_nbd::Export for ArrayExport {
     }
 }
 
-fn lock(dir: &Path) -> Result<std::fs::File> {
+pub(crate) fn lock(dir: &Path) -> Result<std::fs::File> {
     let path = dir.join(LOCK_FILE);
     let file = std::fs::OpenOptions::new()
         .create(true)
@@ -433,9 +447,14 @@ pub fn serve(mut s: Serve) -> Result<()> {
     let _ = std::fs::remove_file(&control_path);
     let control = UnixListener::bind(&control_path).with_context(|| format!("binding {}", control_path.display()))?;
     set_mode(&control_path, 0o600)?;
+    // A rebuild a shutdown or crash stopped goes on now.
+    let rebuilder = Arc::new(Rebuilder::new(dir, array.clone(), stop.clone()));
+    if let Err(e) = rebuilder.resume() {
+        eprintln!("tessera: the unfinished rebuild cannot go on: {e:#}");
+    }
     {
-        let (array, stop) = (array.clone(), stop.clone());
-        std::thread::spawn(move || control_loop(control, array, stop));
+        let (array, stop, rebuilder) = (array.clone(), stop.clone(), rebuilder.clone());
+        std::thread::spawn(move || control_loop(control, array, rebuilder, stop));
     }
     let listener = listener(passed, listen, socket.map(|p| (p, s.socket_mode)), s.tls.is_some())?;
     let url = listener.uri("tessera", s.tls.is_some())?;
@@ -493,7 +512,10 @@ pub fn serve(mut s: Serve) -> Result<()> {
         server = server.with_tls(tls);
     }
     let server = Arc::new(server);
-    let result = tessera_nbd::run(server, listener, stop);
+    let result = tessera_nbd::run(server, listener, stop.clone());
+    // The rebuild stops at its next stripe (it goes on at the next start).
+    stop.store(true, Ordering::Relaxed);
+    rebuilder.join();
     eprintln!("tessera: shutting down: flushing and writing a map checkpoint");
     array.checkpoint()?;
     let _ = std::fs::remove_file(&control_path);
@@ -520,9 +542,9 @@ fn set_mode(path: &Path, mode: u32) -> Result<()> {
         .with_context(|| format!("setting the mode of {} to {mode:o}", path.display()))
 }
 
-/// Answers `status` and `fail I` on the control socket, one line each,
-/// each client on its own thread with a timeout.
-fn control_loop(listener: UnixListener, array: Arc<Array>, stop: Arc<AtomicBool>) {
+/// Answers requests on the control socket (see [`control_client`]), each
+/// client on its own thread with a timeout.
+fn control_loop(listener: UnixListener, array: Arc<Array>, rebuilder: Arc<Rebuilder>, stop: Arc<AtomicBool>) {
     let busy = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     for stream in listener.incoming() {
         if stop.load(Ordering::Relaxed) {
@@ -536,22 +558,45 @@ fn control_loop(listener: UnixListener, array: Arc<Array>, stop: Arc<AtomicBool>
             let _ = (&stream).write_all(b"error: the server is busy with other control clients; try again\n");
             continue;
         }
-        let (array, busy) = (array.clone(), busy.clone());
+        let (array, busy, rebuilder) = (array.clone(), busy.clone(), rebuilder.clone());
         std::thread::spawn(move || {
-            control_client(&stream, &array);
+            control_client(&stream, &array, &rebuilder);
             busy.fetch_sub(1, Ordering::SeqCst);
         });
     }
 }
 
-fn control_client(stream: &UnixStream, array: &Array) {
+/// Longest request line a control client may send.
+const CONTROL_REQUEST_BYTES_MAX: u64 = 8192;
+
+/// One control request, one line each way: `status`, `fail I`, `scrub
+/// RATE` (progress lines, then the report), `replace {json}` (starts a
+/// rebuild, see `replace::Request`) and `rebuild` (how it goes).
+fn control_client(stream: &UnixStream, array: &Array, rebuilder: &Rebuilder) {
     let mut line = String::new();
-    // At most one short line is read: a client that sends more, or
-    // nothing, gets nothing.
-    if BufReader::new(stream).take(256).read_line(&mut line).is_err() || !line.ends_with('\n') {
+    // At most one line is read: a client that sends more, or nothing,
+    // gets nothing.
+    if BufReader::new(stream)
+        .take(CONTROL_REQUEST_BYTES_MAX)
+        .read_line(&mut line)
+        .is_err()
+        || !line.ends_with('\n')
+    {
+        return;
+    }
+    if let Some(json) = line.strip_prefix("replace ") {
+        let reply = serde_json::from_str::<crate::replace::Request>(json)
+            .map_err(anyhow::Error::from)
+            .and_then(|request| rebuilder.start(&request));
+        let text = match reply {
+            Ok(()) => "ok".to_string(),
+            Err(e) => format!("error: {e:#}"),
+        };
+        let _ = (&*stream).write_all((text + "\n").as_bytes());
         return;
     }
     let reply = match line.split_whitespace().collect::<Vec<_>>().as_slice() {
+        ["rebuild"] => serde_json::to_string(&rebuilder.progress()).map_err(|e| e.to_string()),
         ["status"] => array
             .status()
             .map_err(|e| e.to_string())
@@ -567,7 +612,7 @@ fn control_client(stream: &UnixStream, array: &Array) {
             Ok(rate) => scrub_for(stream, array, rate),
             Err(_) => Err(format!("'{rate}' is not a rate in bytes a second")),
         },
-        _ => Err("unknown request: use 'status', 'fail I' or 'scrub RATE'".to_string()),
+        _ => Err("unknown request: use 'status', 'fail I', 'scrub RATE', 'replace {json}' or 'rebuild'".to_string()),
     };
     let text = match reply {
         Ok(text) => text,
@@ -598,7 +643,7 @@ fn scrub_for(stream: &UnixStream, array: &Array, rate: u64) -> Result<String, St
 const PROGRESS_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Sends one request to a running server; `None` if none is running.
-fn ask_server(dir: &Path, request: &str) -> Result<Option<String>> {
+pub(crate) fn ask_server(dir: &Path, request: &str) -> Result<Option<String>> {
     ask_server_with(dir, request, |_| {})
 }
 
@@ -678,6 +723,19 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
     }
     if let Some(why) = status["writes_refused"].as_str() {
         println!("WRITES REFUSED: {why}");
+    }
+    let rebuild = &status["rebuild"];
+    if !rebuild.is_null() {
+        let count = |key: &str| rebuild[key].as_u64().unwrap_or(0);
+        println!(
+            "rebuilding member {}: {} of {} stripes ({:.0}%), {} chunks written, {} kept",
+            count("member"),
+            count("stripes_done"),
+            count("stripes_total"),
+            100.0 * count("stripes_done") as f64 / count("stripes_total").max(1) as f64,
+            count("chunks_written"),
+            count("chunks_current")
+        );
     }
     let scrub = &status["scrub"];
     if !scrub.is_null() {
@@ -801,14 +859,14 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
 /// How long work over every stripe (`scrub`, `replace`) shows its
 /// progress: a bar (stripes, rate, percent, ETA) on a terminal, a plain
 /// line a second otherwise (logs, CI).
-struct Progress {
+pub(crate) struct Progress {
     label: &'static str,
     bar: Option<indicatif::ProgressBar>,
     last: std::time::Instant,
 }
 
 impl Progress {
-    fn new(label: &'static str) -> Progress {
+    pub(crate) fn new(label: &'static str) -> Progress {
         use std::io::IsTerminal;
         let bar = std::io::stderr().is_terminal().then(|| {
             let bar = indicatif::ProgressBar::new(0);
@@ -826,7 +884,7 @@ impl Progress {
     }
 
     /// `done` of `total` stripes, and what else to say.
-    fn update(&mut self, done: u64, total: u64, message: String) {
+    pub(crate) fn update(&mut self, done: u64, total: u64, message: String) {
         if let Some(bar) = &self.bar {
             bar.set_length(total);
             bar.set_position(done);
@@ -855,7 +913,7 @@ impl Progress {
         self.update(report.stripes_checked, report.stripes_total, message);
     }
 
-    fn finish(&self) {
+    pub(crate) fn finish(&self) {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }
@@ -899,83 +957,6 @@ pub fn scrub(dir: &Path, rate: u64, json: bool) -> Result<()> {
     if report.stripes_unrecoverable > 0 || report.parity_mismatches > 0 {
         bail!("the scrub found damage it could not repair");
     }
-    Ok(())
-}
-
-/// `tessera replace`: rebuilds member `index` of an array that is not
-/// served onto its own device or `with`, then records it healthy (and,
-/// with `with`, lists the new device in place of the old).
-pub fn replace(dir: &Path, index: usize, with: Option<&Path>, rate: u64, force: bool) -> Result<()> {
-    if ask_server(dir, "status")?.is_some() {
-        bail!(
-            "{} is being served: stop the server, then replace (rebuilding a member of a served array is not built yet)",
-            dir.display()
-        );
-    }
-    let _lock = lock(dir)?;
-    // No background work: nothing may be written while the member is rebuilt.
-    let engine = EngineOptions {
-        background: false,
-        ..EngineOptions::default()
-    };
-    let array = open_with(dir, engine)?;
-    // Checked before a device is made for it.
-    array.check_rebuildable(index)?;
-    let member_bytes = array.geometry().member_bytes;
-    let device: Arc<dyn Device> = match with {
-        Some(path) if path.exists() => {
-            let device = FileDevice::open(path).with_context(|| format!("opening {}", path.display()))?;
-            if !force {
-                refuse_if_in_use(path, &device)?;
-            }
-            Arc::new(device)
-        }
-        Some(path) => {
-            Arc::new(FileDevice::create(path, member_bytes).with_context(|| format!("creating {}", path.display()))?)
-        }
-        None => array.member_device(index).with_context(|| {
-            format!("member {index}'s device is missing: give the one to rebuild it onto with --with PATH")
-        })?,
-    };
-    let mut progress = Progress::new("replace");
-    let started = std::time::Instant::now();
-    // Chunks the device already holds for the current stripes are kept:
-    // on a member that came back, all but what it missed; on a device a
-    // replace was interrupted on, what it wrote (so running it again goes
-    // on where it stopped). A blank device costs one read of each chunk.
-    let report = array.rebuild_member(index, device, true, (rate > 0).then_some(rate), |report| {
-        let message = format!(
-            "{} chunks written ({}), {} kept",
-            report.chunks_written,
-            human(report.bytes_written),
-            report.chunks_current
-        );
-        progress.update(report.stripes_done, report.stripes_total, message);
-        true
-    })?;
-    progress.finish();
-    drop(array);
-    if let Some(path) = with {
-        let list = dir.join(MEMBERS_FILE);
-        let text = std::fs::read_to_string(&list)?;
-        let mut lines: Vec<String> = text
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(String::from)
-            .collect();
-        lines[index] = std::fs::canonicalize(path)?.display().to_string();
-        let temporary = dir.join(format!("{MEMBERS_FILE}.new"));
-        std::fs::write(&temporary, lines.join("\n") + "\n")?;
-        std::fs::rename(&temporary, &list)?;
-    }
-    println!(
-        "member {index} rebuilt: {} chunks ({}) of {} stripes written, {} already current kept, in {:.2} s; it is healthy again",
-        report.chunks_written,
-        human(report.bytes_written),
-        report.stripes_total,
-        report.chunks_current,
-        started.elapsed().as_secs_f64()
-    );
     Ok(())
 }
 

@@ -8,6 +8,7 @@ mod bench_data;
 mod bench_ec;
 mod ec_files;
 mod metrics;
+mod replace;
 mod size;
 mod tco;
 
@@ -171,8 +172,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Rebuild failed or missing member I of the array in DIR (not served)
-    /// onto its own device or a new one, and make it healthy again.
+    /// Rebuild failed or missing member I of the array in DIR onto its own
+    /// device or a new one, and make it healthy again. On a served array
+    /// the server rebuilds it while clients go on; stopped or killed, it
+    /// goes on where it was at the next start.
     Replace {
         dir: PathBuf,
         #[arg(long = "device")]
@@ -181,12 +184,18 @@ enum Command {
         /// not exist); default: the member's own, if it is there.
         #[arg(long)]
         with: Option<PathBuf>,
-        /// Bytes a second to write at most (0: no limit).
+        /// Bytes a second to write at most while clients are idle (0: no limit).
         #[arg(long, value_parser = size::parse, default_value = "0")]
         rate: u64,
+        /// Bytes a second to write at most while clients do I/O (0: as --rate).
+        #[arg(long, value_parser = size::parse, default_value = "32M")]
+        busy_rate: u64,
         /// Use a --with device even if it holds data or another array's superblock.
         #[arg(long)]
         force: bool,
+        /// On a served array, return once the rebuild has started.
+        #[arg(long)]
+        detach: bool,
     },
     /// Erasure-code shard files in a directory.
     #[command(subcommand)]
@@ -564,8 +573,20 @@ fn main() -> Result<()> {
             index,
             with,
             rate,
+            busy_rate,
             force,
-        } => array_cmd::replace(&dir, index, with.as_deref(), rate, force),
+            detach,
+        } => replace::replace(
+            &dir,
+            replace::Request {
+                member: index,
+                with,
+                rate,
+                busy_rate,
+                force,
+            },
+            detach,
+        ),
         Command::Ec(EcCommand::Encode { shape, dir }) => ec_files::encode(&shape.codec()?, &dir),
         Command::Ec(EcCommand::Decode { shape, dir }) => ec_files::decode(&shape.codec()?, &dir),
         Command::Bench(BenchCommand::Ec {

@@ -92,6 +92,7 @@ pub struct Metrics {
     compression_ratio: FloatGauge,
     repairs: Family<KindLabels, Gauge>,
     scrub: Family<KindLabels, Gauge>,
+    rebuild: Family<KindMemberLabels, Gauge>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -122,7 +123,7 @@ impl Metrics {
         let member_state = Family::<MemberStateLabels, Gauge>::default();
         registry.register(
             "member_state",
-            "1 for each member's state (healthy, failed, missing)",
+            "1 for each member's state (healthy, failed, missing, rebuilding)",
             member_state.clone(),
         );
         let member_errors = Family::<KindMemberLabels, Gauge>::default();
@@ -163,7 +164,14 @@ impl Metrics {
             "The running scrub: stripes total and checked, chunks bad and repaired (absent when none runs)",
             scrub.clone(),
         );
+        let rebuild = Family::<KindMemberLabels, Gauge>::default();
+        registry.register(
+            "rebuild",
+            "The running rebuild of a member: stripes total and done, chunks written and kept, bytes written (absent when none runs)",
+            rebuild.clone(),
+        );
         Metrics {
+            rebuild,
             registry,
             requests,
             errors,
@@ -250,6 +258,21 @@ impl Metrics {
             gauge(&self.scrub, "checked", scrub.stripes_checked);
             gauge(&self.scrub, "chunks_bad", scrub.chunks_bad);
             gauge(&self.scrub, "chunks_repaired", scrub.chunks_repaired);
+        }
+        self.rebuild.clear();
+        if let Some(r) = &s.rebuild {
+            let member = r.member as u64;
+            for (kind, value) in [
+                ("stripes_total", r.stripes_total),
+                ("stripes_done", r.stripes_done),
+                ("chunks_written", r.chunks_written),
+                ("chunks_kept", r.chunks_current),
+                ("bytes_written", r.bytes_written),
+            ] {
+                self.rebuild
+                    .get_or_create(&KindMemberLabels { member, kind })
+                    .set(i64::try_from(value).unwrap_or(i64::MAX));
+            }
         }
     }
 }

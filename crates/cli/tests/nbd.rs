@@ -1480,10 +1480,20 @@ fn replace_rebuilds_a_member_that_came_back_or_onto_a_new_device() {
         .status
         .success());
     write_export(&server.uri(), cwd, &data);
-    // Replacing a served array's member is refused, changing nothing.
+    // Member 2 resynced by the server, on its own device, while served.
     let out = tessera(&["replace", dir.to_str().unwrap(), "--device", "2"]);
-    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("is being served"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        text.contains("member 2 rebuilt") && text.contains("healthy again"),
+        "{text}"
+    );
+    assert_eq!(status_json(&dir)["members"][2]["state"], "healthy");
     server.stop();
+    // Member 2 failed again: rebuilt offline below.
+    assert!(tessera(&["fail", dir.to_str().unwrap(), "--device", "2"])
+        .status
+        .success());
     // Member 4's file is lost as well.
     std::fs::remove_file(dir.join("member-004")).unwrap();
     let replace = |args: &[&str]| {
@@ -1588,7 +1598,7 @@ fn a_replace_killed_half_way_goes_on_where_it_stopped() {
         "--with",
         new.to_str().unwrap(),
     ];
-    // Slowed to about 2 s, killed after 1 s.
+    // Slowed to about 2 s, killed once it saved where it was.
     let mut slow = Command::new(env!("CARGO_BIN_EXE_tessera"))
         .args(args)
         .args(["--rate", "16M"])
@@ -1596,7 +1606,7 @@ fn a_replace_killed_half_way_goes_on_where_it_stopped() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(1000));
+    saved_rebuild(&dir);
     assert!(
         matches!(slow.try_wait(), Ok(None)),
         "the replace ended before it was killed"
@@ -1611,13 +1621,10 @@ fn a_replace_killed_half_way_goes_on_where_it_stopped() {
     let out = tessera(&args);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let kept: u64 = text
-        .split(", ")
-        .find_map(|part| part.strip_suffix(" already current kept"))
-        .unwrap_or_else(|| panic!("{text}"))
-        .parse()
-        .unwrap();
-    assert!(kept > 0, "the second run started over: {text}");
+    let at = text.find(" done before a restart").unwrap_or_else(|| panic!("{text}"));
+    let resumed: u64 = text[..at].split_whitespace().last().unwrap().parse().unwrap();
+    assert!(resumed > 0, "the second run started over: {text}");
+    assert!(!dir.join("rebuild.json").exists());
     let server = Served::start(&dir, &socket);
     for other in ["0", "2"] {
         assert!(tessera(&["fail", dir.to_str().unwrap(), "--device", other])
@@ -1625,5 +1632,154 @@ fn a_replace_killed_half_way_goes_on_where_it_stopped() {
             .success());
     }
     reads_back(&server.uri(), cwd, &data);
+    server.stop();
+}
+
+/// DIR/rebuild.json once it records where the rebuild is (within 20 s).
+fn saved_rebuild(dir: &Path) -> serde_json::Value {
+    for _ in 0..400 {
+        if let Ok(text) = std::fs::read_to_string(dir.join("rebuild.json")) {
+            let job: serde_json::Value = serde_json::from_str(&text).unwrap();
+            if !job["resume"].is_null() {
+                return job;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("no rebuild saved where it was in 20 s");
+}
+
+/// Sends one request to the control socket of the array in `dir`; the
+/// answer's last line.
+fn control(dir: &Path, request: &str) -> String {
+    use std::io::{BufRead, Write};
+    let mut stream = std::os::unix::net::UnixStream::connect(dir.join("control.sock")).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    stream.write_all(format!("{request}\n").as_bytes()).unwrap();
+    let mut last = String::new();
+    for line in std::io::BufReader::new(stream).lines() {
+        last = line.unwrap();
+    }
+    last
+}
+
+/// fio on `uri` as job `name`: 16 KiB random writes over `size` bytes
+/// from `offset`, crc32c verify headers, and `extra`.
+fn fio_job(uri: &str, cwd: &Path, name: &str, offset: &str, size: &str, extra: &[&str]) -> String {
+    let (name, offset, size) = (
+        format!("--name={name}"),
+        format!("--offset={offset}"),
+        format!("--size={size}"),
+    );
+    let mut args = vec![
+        name.as_str(),
+        "--ioengine=nbd",
+        "--uri",
+        uri,
+        "--rw=randwrite",
+        "--bs=16k",
+        offset.as_str(),
+        size.as_str(),
+        "--iodepth=16",
+        "--verify=crc32c",
+        "--verify_fatal=1",
+        "--randseed=9",
+    ];
+    args.extend_from_slice(extra);
+    run("fio", &args, cwd)
+}
+
+#[test]
+fn a_served_array_rebuilds_a_member_while_fio_verifies_and_a_kill_9_resumes_it() {
+    let (tmp, dir, mut server) = create_and_serve(&[]);
+    let (cwd, socket) = (tmp.path(), tmp.path().join("nbd.sock"));
+    let uri = server.uri();
+    let d = dir.to_str().unwrap();
+    // Each writing job ends with a FLUSH: what kill -9 may not lose.
+    fio_job(
+        &uri,
+        cwd,
+        "before",
+        "0",
+        "64M",
+        &["--do_verify=0", "--verify_state_save=1", "--end_fsync=1"],
+    );
+    assert!(tessera(&["fail", d, "--device", "2"]).status.success());
+    let new = cwd.join("new-member-2.img");
+    // Slow while clients write, so that the kill below finds it half-way.
+    let out = tessera(&[
+        "replace",
+        d,
+        "--device",
+        "2",
+        "--with",
+        new.to_str().unwrap(),
+        "--busy-rate",
+        "1M",
+        "--rate",
+        "4M",
+        "--detach",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // fio writes and verifies another region during the rebuild.
+    let during = fio_job(
+        &uri,
+        cwd,
+        "during",
+        "64M",
+        "16M",
+        &["--verify_state_save=1", "--end_fsync=1"],
+    );
+    assert!(during.contains("err= 0"), "{during}");
+    let status = status_json(&dir);
+    assert_eq!(status["members"][2]["state"], "rebuilding", "{status}");
+    let done_before = status["rebuild"]["stripes_done"].as_u64().unwrap();
+    assert!(done_before > 0 && done_before < status["rebuild"]["stripes_total"].as_u64().unwrap());
+    // kill -9 half-way, once the job file says where it was.
+    let job = saved_rebuild(&dir);
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    assert!(job["resume"]["next_slot"].as_u64().unwrap() > 0, "{job}");
+    assert_eq!(
+        status_json(&dir)["members"][2]["state"],
+        "failed",
+        "not trusted half-rebuilt"
+    );
+    // Served again: it goes on by itself, and ends.
+    let server = Served::start(&dir, &socket);
+    let mut last = serde_json::Value::Null;
+    for _ in 0..1200 {
+        last = serde_json::from_str::<serde_json::Value>(&control(&dir, "rebuild")).unwrap()["last"].clone();
+        if !last.is_null() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(last["done"], true, "{last}");
+    assert!(
+        last["report"]["stripes_resumed"].as_u64().unwrap() > 0,
+        "it started over: {last}"
+    );
+    assert!(!dir.join("rebuild.json").exists());
+    let status = status_json(&dir);
+    assert_eq!(status["members"][2]["state"], "healthy", "{status}");
+    assert!(status["members"][2]["name"]
+        .as_str()
+        .unwrap()
+        .ends_with("new-member-2.img"));
+    // Two others failed: both regions verify, from the rebuilt member.
+    assert!(tessera(&["fail", d, "--device", "0"]).status.success());
+    assert!(tessera(&["fail", d, "--device", "1"]).status.success());
+    for (name, offset, size) in [("before", "0", "64M"), ("during", "64M", "16M")] {
+        let out = fio_job(
+            &server.uri(),
+            cwd,
+            name,
+            offset,
+            size,
+            &["--verify_only", "--verify_state_load=1"],
+        );
+        assert!(out.contains("err= 0") && out.contains("READ:"), "{out}");
+    }
     server.stop();
 }

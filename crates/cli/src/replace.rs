@@ -1,0 +1,437 @@
+//! `tessera replace`: a member rebuilt onto its own device or a new one,
+//! on a served array (in the server, while clients go on) or on one that
+//! is not.
+//!
+//! A rebuild under way is recorded in `DIR/rebuild.json`: the member, the
+//! device (its absolute path), and where the rebuild last synced it. It
+//! is written before the first chunk and after each sync, so a rebuild
+//! stopped by a shutdown, a crash or kill -9 goes on from there the next
+//! time the array is served (or `replace` is run); it is removed when the
+//! member is healthy again, or when the rebuild fails.
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use tessera_array::device::{Device, FileDevice};
+use tessera_array::{Array, RebuildOptions, RebuildReport, RebuildResume};
+
+use crate::array_cmd::{ask_server, human, listed_lines, lock, open, refuse_if_in_use, Progress, MEMBERS_FILE};
+
+/// The rebuild under way, if any.
+pub const REBUILD_FILE: &str = "rebuild.json";
+
+/// What `DIR/rebuild.json` holds.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Job {
+    pub member: usize,
+    /// The device's absolute path.
+    pub device: String,
+    /// The member's own device (listed in `members`), come back.
+    pub own: bool,
+    /// The device held data before (its current chunks are kept).
+    pub keep_current: bool,
+    pub rate: u64,
+    pub busy_rate: u64,
+    /// Where the rebuild last synced the device.
+    pub resume: Option<RebuildResume>,
+}
+
+/// What a control client asks for with `replace {json}`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Request {
+    pub member: usize,
+    /// An absolute path; `None`: the member's own device.
+    pub with: Option<PathBuf>,
+    pub rate: u64,
+    pub busy_rate: u64,
+    pub force: bool,
+}
+
+pub fn load_job(dir: &Path) -> Result<Option<Job>> {
+    let path = dir.join(REBUILD_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(Some(
+            serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?,
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+/// Replaces `DIR/name` with `text`, durably (a crash leaves the old or
+/// the new file, whole).
+pub fn write_durably(dir: &Path, name: &str, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let temporary = dir.join(format!("{name}.new"));
+    let mut file = std::fs::File::create(&temporary)?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()?;
+    std::fs::rename(&temporary, dir.join(name))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+fn save_job(dir: &Path, job: &Job) -> std::io::Result<()> {
+    write_durably(
+        dir,
+        REBUILD_FILE,
+        &serde_json::to_string(job).map_err(std::io::Error::other)?,
+    )
+}
+
+fn remove_job(dir: &Path) {
+    let _ = std::fs::remove_file(dir.join(REBUILD_FILE));
+}
+
+/// An absolute path for `path`, which may not exist yet.
+pub fn absolute(path: &Path) -> Result<PathBuf> {
+    if path.exists() {
+        return Ok(std::fs::canonicalize(path)?);
+    }
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .with_context(|| format!("{} names no file", path.display()))?;
+    Ok(std::fs::canonicalize(parent)
+        .with_context(|| format!("{} is not a directory", parent.display()))?
+        .join(name))
+}
+
+/// The job and device for `request` on `array` (in `dir`): the unfinished
+/// job for that member if there is one (its device, where it stopped),
+/// else a new one: the member's own device, an existing device that
+/// holds nothing (unless `force`), or a new file of the members' size.
+pub fn prepare(dir: &Path, array: &Array, request: &Request) -> Result<(Job, Arc<dyn Device>)> {
+    let index = request.member;
+    array.check_rebuildable(index)?;
+    let own_path = listed_lines(dir)?
+        .get(index)
+        .map(|line| {
+            let path = dir.join(line);
+            std::fs::canonicalize(&path).unwrap_or(path).display().to_string()
+        })
+        .unwrap_or_default();
+    let own_device = || {
+        array.member_device(index).with_context(|| {
+            format!("member {index}'s device is missing: give the one to rebuild it onto with --with PATH")
+        })
+    };
+    if let Some(mut job) = load_job(dir)? {
+        if job.member != index {
+            bail!(
+                "the rebuild of member {} onto {} is unfinished: serve the array to finish it, or run replace --device {} (remove {} to give it up)",
+                job.member,
+                job.device,
+                job.member,
+                dir.join(REBUILD_FILE).display()
+            );
+        }
+        let same = match &request.with {
+            Some(with) => absolute(with)?.display().to_string() == job.device,
+            None => job.own,
+        };
+        if same {
+            let device = if job.own {
+                own_device()?
+            } else {
+                Arc::new(FileDevice::open(Path::new(&job.device)).with_context(|| format!("opening {}", job.device))?)
+                    as Arc<dyn Device>
+            };
+            (job.rate, job.busy_rate) = (request.rate, request.busy_rate);
+            return Ok((job, device));
+        }
+        // Another device: the unfinished rebuild is given up.
+        remove_job(dir);
+    }
+    let member_bytes = array.geometry().member_bytes;
+    let (path, own, keep_current, device): (String, bool, bool, Arc<dyn Device>) = match &request.with {
+        Some(with) => {
+            let path = absolute(with)?;
+            if path.display().to_string() == own_path {
+                (own_path, true, true, own_device()?)
+            } else if path.exists() {
+                let device = FileDevice::open(&path).with_context(|| format!("opening {}", path.display()))?;
+                if !request.force {
+                    refuse_if_in_use(&path, &device)?;
+                }
+                (path.display().to_string(), false, true, Arc::new(device))
+            } else {
+                let device =
+                    FileDevice::create(&path, member_bytes).with_context(|| format!("creating {}", path.display()))?;
+                (path.display().to_string(), false, false, Arc::new(device))
+            }
+        }
+        None => (own_path, true, true, own_device()?),
+    };
+    let job = Job {
+        member: index,
+        device: path,
+        own,
+        keep_current,
+        rate: request.rate,
+        busy_rate: request.busy_rate,
+        resume: None,
+    };
+    Ok((job, device))
+}
+
+/// Runs `job` on `array` (in `dir`) until the member is healthy, the
+/// rebuild fails, or `progress` returns false (then the job stays, to go
+/// on later). Once healthy on a new device, `members` lists it.
+pub fn run(
+    dir: &Path,
+    array: &Array,
+    mut job: Job,
+    device: Arc<dyn Device>,
+    progress: impl FnMut(&RebuildReport) -> bool,
+) -> Result<RebuildReport> {
+    save_job(dir, &job).with_context(|| format!("writing {}", dir.join(REBUILD_FILE).display()))?;
+    let options = RebuildOptions {
+        name: (!job.own).then(|| job.device.clone()),
+        keep_current: job.keep_current,
+        rate: (job.rate > 0).then_some(job.rate),
+        busy_rate: (job.busy_rate > 0).then_some(job.busy_rate),
+        resume: job.resume,
+    };
+    let index = job.member;
+    let result = array.rebuild_member(index, device, &options, progress, |resume| {
+        job.resume = Some(*resume);
+        save_job(dir, &job)
+    });
+    let report = match result {
+        Ok(report) => report,
+        Err(e) => {
+            remove_job(dir);
+            return Err(e.into());
+        }
+    };
+    let healthy = array
+        .status()?
+        .members
+        .get(index)
+        .is_some_and(|m| m.state == tessera_array::MemberState::Healthy);
+    if !healthy {
+        return Ok(report);
+    }
+    if !job.own {
+        let mut lines = listed_lines(dir)?;
+        lines[index] = job.device.clone();
+        write_durably(dir, MEMBERS_FILE, &(lines.join("\n") + "\n"))?;
+    }
+    remove_job(dir);
+    Ok(report)
+}
+
+/// How a rebuild run by the server ended.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Outcome {
+    pub member: usize,
+    /// The member is healthy again.
+    pub done: bool,
+    pub message: String,
+    pub report: RebuildReport,
+}
+
+/// What `rebuild` on the control socket answers.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct RebuildState {
+    pub running: Option<RebuildReport>,
+    pub last: Option<Outcome>,
+}
+
+/// The server's rebuild: at most one runs, on its own thread.
+pub struct Rebuilder {
+    dir: PathBuf,
+    array: Arc<Array>,
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    last: Arc<Mutex<Option<Outcome>>>,
+}
+
+impl Rebuilder {
+    pub fn new(dir: &Path, array: Arc<Array>, stop: Arc<AtomicBool>) -> Rebuilder {
+        Rebuilder {
+            dir: dir.to_path_buf(),
+            array,
+            stop,
+            thread: Mutex::new(None),
+            last: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// Starts `request` (or the unfinished job it names) on a thread.
+    pub fn start(&self, request: &Request) -> Result<()> {
+        let mut thread = self.thread.lock().unwrap_or_else(|p| p.into_inner());
+        if thread.as_ref().is_some_and(|t| !t.is_finished()) {
+            bail!("a rebuild is running already: one member is rebuilt at a time");
+        }
+        let (job, device) = prepare(&self.dir, &self.array, request)?;
+        let (dir, array, stop, last) = (
+            self.dir.clone(),
+            self.array.clone(),
+            self.stop.clone(),
+            self.last.clone(),
+        );
+        let index = job.member;
+        let resumed = job.resume.is_some();
+        eprintln!(
+            "tessera: rebuilding member {index} onto {}{}",
+            job.device,
+            if resumed { ", going on where it stopped" } else { "" }
+        );
+        *thread = Some(
+            std::thread::Builder::new()
+                .name("tessera-rebuild".to_string())
+                .spawn(move || {
+                    let mut latest = RebuildReport::default();
+                    let result = run(&dir, &array, job, device, |report| {
+                        latest = *report;
+                        !stop.load(Ordering::Relaxed)
+                    });
+                    let outcome = match result {
+                        Ok(report) if report.stripes_done == report.stripes_total && !stop.load(Ordering::Relaxed) => {
+                            Outcome {
+                                member: index,
+                                done: true,
+                                message: summary(index, &report),
+                                report,
+                            }
+                        }
+                        Ok(report) => Outcome {
+                            member: index,
+                            done: false,
+                            message: format!(
+                                "the rebuild of member {index} stopped at {} of {} stripes; it goes on when the array is served again",
+                                report.stripes_done, report.stripes_total
+                            ),
+                            report,
+                        },
+                        Err(e) => Outcome {
+                            member: index,
+                            done: false,
+                            message: format!("the rebuild of member {index} failed: {e:#}"),
+                            report: latest,
+                        },
+                    };
+                    eprintln!("tessera: {}", outcome.message);
+                    *last.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
+                })?,
+        );
+        Ok(())
+    }
+
+    /// Goes on with the rebuild `DIR/rebuild.json` records, if any.
+    pub fn resume(&self) -> Result<()> {
+        match load_job(&self.dir)? {
+            Some(job) => self.start(&Request {
+                member: job.member,
+                with: (!job.own).then(|| PathBuf::from(&job.device)),
+                rate: job.rate,
+                busy_rate: job.busy_rate,
+                force: false,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    pub fn progress(&self) -> RebuildState {
+        RebuildState {
+            running: self.array.rebuild_progress(),
+            last: self.last.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+        }
+    }
+
+    /// Waits for the rebuild's thread (the caller set `stop`).
+    pub fn join(&self) {
+        if let Some(thread) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn summary(index: usize, report: &RebuildReport) -> String {
+    format!(
+        "member {index} rebuilt: {} chunks ({}) of {} stripes written, {} already current kept, {} done before a restart; it is healthy again",
+        report.chunks_written,
+        human(report.bytes_written),
+        report.stripes_total,
+        report.chunks_current,
+        report.stripes_resumed
+    )
+}
+
+fn show(progress: &mut Progress, report: &RebuildReport) {
+    let message = format!(
+        "{} chunks written ({}), {} kept",
+        report.chunks_written,
+        human(report.bytes_written),
+        report.chunks_current
+    );
+    progress.update(report.stripes_done, report.stripes_total, message);
+}
+
+/// How often `replace` asks a server how its rebuild goes.
+const POLL_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// `tessera replace`: in the server if one serves DIR (followed until it
+/// ends unless `detach`), else here.
+pub fn replace(dir: &Path, request: Request, detach: bool) -> Result<()> {
+    let index = request.member;
+    let request = Request {
+        with: request.with.as_deref().map(absolute).transpose()?,
+        ..request
+    };
+    let started = std::time::Instant::now();
+    if ask_server(dir, &format!("replace {}", serde_json::to_string(&request)?))?.is_some() {
+        if detach {
+            println!("rebuilding member {index} in the server; `tessera status` shows how far it is");
+            return Ok(());
+        }
+        eprintln!(
+            "tessera: the server rebuilds member {index} while it serves; Ctrl-C stops watching, not the rebuild"
+        );
+        let mut progress = Progress::new("replace");
+        // Ends when the server reports this rebuild's end, or stops.
+        loop {
+            std::thread::sleep(POLL_INTERVAL);
+            let Some(text) = ask_server(dir, "rebuild")? else {
+                progress.finish();
+                bail!("the server stopped; the rebuild goes on when the array is served again");
+            };
+            let state: RebuildState = serde_json::from_str(&text)?;
+            match (state.running, state.last) {
+                (Some(report), _) if report.member == index => show(&mut progress, &report),
+                (None, Some(last)) if last.member == index => {
+                    progress.finish();
+                    if !last.done {
+                        bail!("{}", last.message);
+                    }
+                    println!("{} (in {:.2} s)", last.message, started.elapsed().as_secs_f64());
+                    return Ok(());
+                }
+                _ => {}
+            }
+        }
+    }
+    let _lock = lock(dir)?;
+    let array = open(dir)?;
+    let (job, device) = prepare(dir, &array, &request)?;
+    let mut progress = Progress::new("replace");
+    let report = run(dir, &array, job, device, |report| {
+        show(&mut progress, report);
+        true
+    })?;
+    progress.finish();
+    // A clean stop: the next open reads the checkpoint.
+    array.checkpoint()?;
+    println!(
+        "{} (in {:.2} s)",
+        summary(index, &report),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
