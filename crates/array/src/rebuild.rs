@@ -55,6 +55,8 @@ use crate::slots::{Pinned, SlotState};
 use crate::stripe::Which;
 use crate::ArrayError;
 
+/// Stripes a rebuild works on at once.
+const REBUILD_BATCH: usize = 8;
 /// How often a rebuild syncs its device and saves where it is.
 const SAVE_INTERVAL: Duration = Duration::from_secs(1);
 /// The longest a paced rebuild sleeps at once.
@@ -76,6 +78,8 @@ pub struct RebuildReport {
     pub bytes_written: u64,
     /// Chunks already current on the device, kept (resync).
     pub chunks_current: u64,
+    /// Since it began.
+    pub milliseconds: u64,
 }
 
 /// Where a rebuild stood when it last synced its device: what a later
@@ -263,6 +267,15 @@ impl Array {
     }
 }
 
+/// One stripe of a batch: what it did, or the error that stops the rebuild.
+struct Job {
+    slot: u64,
+    sequence: u64,
+    resumed: bool,
+    done: RebuildReport,
+    result: Result<(), ArrayError>,
+}
+
 /// One rebuild: the member, its device, and what it was asked.
 struct Run<'a> {
     index: usize,
@@ -298,53 +311,72 @@ impl Shared {
             source,
         };
         let mut throttle = Throttle::new(options);
+        let started = Instant::now();
         let mut saved = Instant::now();
-        let mut header = AlignedBuf::zeroed(SECTOR_BYTES);
-        let mut chunk = AlignedBuf::zeroed(g.chunk_bytes);
-        for &(slot, sequence) in stripes {
+        let keep_current = options.keep_current || resume.is_some();
+        for batch in stripes.chunks(REBUILD_BATCH) {
             if self.members.state(index) != MemberState::Rebuilding {
                 return Err(ArrayError::RebuildStopped { index });
             }
             // Rebuilt and synced by the run that saved `resume`.
-            let resumed = resume.is_some_and(|r| slot < r.next_slot && sequence < r.start_sequence);
-            let keep_current = options.keep_current || resume.is_some();
-            let written_before = report.bytes_written;
-            if resumed {
-                report.stripes_resumed += 1;
-            } else {
-                self.rebuild_chunks(
-                    index,
-                    device,
+            let mut jobs: Vec<Job> = batch
+                .iter()
+                .map(|&(slot, sequence)| Job {
                     slot,
                     sequence,
-                    keep_current,
-                    report,
-                    &mut header,
-                    &mut chunk,
-                )?;
-            }
-            report.stripes_done += 1;
-            *self.rebuild_progress.lock().unwrap_or_else(|p| p.into_inner()) = Some(*report);
-            throttle.step(
-                report.bytes_written - written_before,
-                self.counters.client_requests.load(std::sync::atomic::Ordering::Relaxed),
-            );
-            let go_on = progress(report);
-            // Saved now and then, and where a stop leaves it.
-            if saved.elapsed() >= SAVE_INTERVAL || !go_on {
-                saved = Instant::now();
-                device.sync().map_err(io_error)?;
-                let at = RebuildResume {
-                    member: index,
-                    // Stripes sealed since an earlier run's start, below
-                    // this slot, were checked by this one.
-                    start_sequence,
-                    next_slot: slot + 1,
-                };
-                save(&at).map_err(io_error)?;
-            }
-            if !go_on {
-                return Ok(false);
+                    resumed: resume.is_some_and(|r| slot < r.next_slot && sequence < r.start_sequence),
+                    done: RebuildReport::default(),
+                    result: Ok(()),
+                })
+                .collect();
+            // The stripes of a batch at once: each waits on K reads and a
+            // write, which one at a time would leave the members idle.
+            self.in_parallel(&mut jobs, |job| {
+                if !job.resumed {
+                    let mut header = AlignedBuf::zeroed(SECTOR_BYTES);
+                    let mut chunk = AlignedBuf::zeroed(g.chunk_bytes);
+                    job.result = self.rebuild_chunks(
+                        index,
+                        device,
+                        job.slot,
+                        job.sequence,
+                        keep_current,
+                        &mut job.done,
+                        &mut header,
+                        &mut chunk,
+                    );
+                }
+            });
+            for job in jobs {
+                job.result?;
+                report.stripes_resumed += u64::from(job.resumed);
+                report.chunks_written += job.done.chunks_written;
+                report.bytes_written += job.done.bytes_written;
+                report.chunks_current += job.done.chunks_current;
+                report.stripes_done += 1;
+                report.milliseconds = started.elapsed().as_millis() as u64;
+                *self.rebuild_progress.lock().unwrap_or_else(|p| p.into_inner()) = Some(*report);
+                throttle.step(
+                    job.done.bytes_written,
+                    self.counters.client_requests.load(std::sync::atomic::Ordering::Relaxed),
+                );
+                let go_on = progress(report);
+                // Saved now and then, and where a stop leaves it.
+                if saved.elapsed() >= SAVE_INTERVAL || !go_on {
+                    saved = Instant::now();
+                    device.sync().map_err(io_error)?;
+                    let at = RebuildResume {
+                        member: index,
+                        // Stripes sealed since an earlier run's start,
+                        // below this slot, were checked by this one.
+                        start_sequence,
+                        next_slot: job.slot + 1,
+                    };
+                    save(&at).map_err(io_error)?;
+                }
+                if !go_on {
+                    return Ok(false);
+                }
             }
         }
         Ok(true)

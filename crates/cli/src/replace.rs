@@ -355,12 +355,14 @@ impl Rebuilder {
 
 fn summary(index: usize, report: &RebuildReport) -> String {
     format!(
-        "member {index} rebuilt: {} chunks ({}) of {} stripes written, {} already current kept, {} done before a restart; it is healthy again",
+        "member {index} rebuilt: {} chunks ({}) of {} stripes written, {} already current kept, {} done before a restart, in {:.2} s ({}/s); it is healthy again",
         report.chunks_written,
         human(report.bytes_written),
         report.stripes_total,
         report.chunks_current,
-        report.stripes_resumed
+        report.stripes_resumed,
+        report.milliseconds as f64 / 1000.0,
+        human(report.bytes_written * 1000 / report.milliseconds.max(1))
     )
 }
 
@@ -375,7 +377,7 @@ fn show(progress: &mut Progress, report: &RebuildReport) {
 }
 
 /// How often `replace` asks a server how its rebuild goes.
-const POLL_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
+const POLL_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// `tessera replace`: in the server if one serves DIR (followed until it
 /// ends unless `detach`), else here.
@@ -385,7 +387,6 @@ pub fn replace(dir: &Path, request: Request, detach: bool) -> Result<()> {
         with: request.with.as_deref().map(absolute).transpose()?,
         ..request
     };
-    let started = std::time::Instant::now();
     if ask_server(dir, &format!("replace {}", serde_json::to_string(&request)?))?.is_some() {
         if detach {
             println!("rebuilding member {index} in the server; `tessera status` shows how far it is");
@@ -410,7 +411,7 @@ pub fn replace(dir: &Path, request: Request, detach: bool) -> Result<()> {
                     if !last.done {
                         bail!("{}", last.message);
                     }
-                    println!("{} (in {:.2} s)", last.message, started.elapsed().as_secs_f64());
+                    println!("{}", last.message);
                     return Ok(());
                 }
                 _ => {}
@@ -428,10 +429,6 @@ pub fn replace(dir: &Path, request: Request, detach: bool) -> Result<()> {
     progress.finish();
     // A clean stop: the next open reads the checkpoint.
     array.checkpoint()?;
-    println!(
-        "{} (in {:.2} s)",
-        summary(index, &report),
-        started.elapsed().as_secs_f64()
-    );
+    println!("{}", summary(index, &report));
     Ok(())
 }
