@@ -107,6 +107,17 @@ pub fn absolute(path: &Path) -> Result<PathBuf> {
 /// holds nothing (unless `force`), or a new file of the members' size.
 pub fn prepare(dir: &Path, array: &Array, request: &Request) -> Result<(Job, Arc<dyn Device>)> {
     let index = request.member;
+    let mut unfinished = load_job(dir)?;
+    if let Some(job) = &unfinished {
+        // Finished, but stopped before its file was removed.
+        let healthy = array
+            .check_rebuildable(job.member)
+            .is_err_and(|e| matches!(e, tessera_array::ArrayError::MemberHealthy { .. }));
+        if healthy {
+            remove_job(dir);
+            unfinished = None;
+        }
+    }
     array.check_rebuildable(index)?;
     let own_path = listed_lines(dir)?
         .get(index)
@@ -120,7 +131,7 @@ pub fn prepare(dir: &Path, array: &Array, request: &Request) -> Result<(Job, Arc
             format!("member {index}'s device is missing: give the one to rebuild it onto with --with PATH")
         })
     };
-    if let Some(mut job) = load_job(dir)? {
+    if let Some(mut job) = unfinished {
         if job.member != index {
             bail!(
                 "the rebuild of member {} onto {} is unfinished: serve the array to finish it, or run replace --device {} (remove {} to give it up)",
@@ -270,6 +281,8 @@ impl Rebuilder {
             bail!("a rebuild is running already: one member is rebuilt at a time");
         }
         let (job, device) = prepare(&self.dir, &self.array, request)?;
+        // A follower must not take an earlier rebuild's end for this one's.
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = None;
         let (dir, array, stop, last) = (
             self.dir.clone(),
             self.array.clone(),
@@ -327,6 +340,16 @@ impl Rebuilder {
     /// Goes on with the rebuild `DIR/rebuild.json` records, if any.
     pub fn resume(&self) -> Result<()> {
         match load_job(&self.dir)? {
+            // Done, but stopped before its file was removed.
+            Some(job)
+                if matches!(
+                    self.array.check_rebuildable(job.member),
+                    Err(tessera_array::ArrayError::MemberHealthy { .. })
+                ) =>
+            {
+                remove_job(&self.dir);
+                Ok(())
+            }
             Some(job) => self.start(&Request {
                 member: job.member,
                 with: (!job.own).then(|| PathBuf::from(&job.device)),

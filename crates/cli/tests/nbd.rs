@@ -1782,4 +1782,12 @@ fn a_served_array_rebuilds_a_member_while_fio_verifies_and_a_kill_9_resumes_it()
         assert!(out.contains("err= 0") && out.contains("READ:"), "{out}");
     }
     server.stop();
+    // A job file left by a stop between the member's readmission and the
+    // file's removal: the next start sees member 2 healthy and drops it,
+    // so another member can be replaced.
+    std::fs::write(dir.join("rebuild.json"), job.to_string()).unwrap();
+    let server = Served::start(&dir, &socket);
+    let out = tessera(&["replace", d, "--device", "0", "--detach"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    server.stop();
 }
