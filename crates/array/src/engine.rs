@@ -222,9 +222,9 @@ pub(crate) struct Shared {
     pub cache: ReconstructCache,
     /// The running scrub's report so far, for `status`; `None` when none
     /// runs (one runs at a time).
-    pub scrub_progress: Mutex<Option<crate::repair::ScrubReport>>,
-    /// The running rebuild's report so far (`None` when none runs).
-    pub rebuild_progress: Mutex<Option<crate::rebuild::RebuildReport>>,
+    pub scrub_progress: crate::repair::Running<crate::repair::ScrubReport>,
+    /// The running rebuild's report so far (one runs at a time).
+    pub rebuild_progress: crate::repair::Running<crate::rebuild::RebuildReport>,
     pub counters: Counters,
     /// Read-modify-writes of partial blocks, by block number.
     pub partial: Vec<Mutex<()>>,
@@ -308,13 +308,13 @@ impl Shared {
     /// Whether every data chunk of slot `slot` is on a readable member.
     pub fn data_readable(&self, slot: u64) -> bool {
         let g = &self.geometry;
-        (0..g.data).all(|j| self.members.readable(g.place(slot, j).0).is_some())
+        (0..g.data).all(|j| self.members.is_readable(g.place(slot, j).0))
     }
 
     /// Whether every chunk of slot `slot` is on a healthy member.
     pub fn all_healthy(&self, slot: u64) -> bool {
         let g = &self.geometry;
-        (0..g.width()).all(|j| self.members.readable(g.place(slot, j).0).is_some())
+        (0..g.width()).all(|j| self.members.is_readable(g.place(slot, j).0))
     }
 
     pub fn check_range(&self, offset: u64, len: u64) -> Result<(), ArrayError> {
@@ -424,8 +424,8 @@ impl Array {
             io,
             io_pool,
             cache,
-            scrub_progress: Mutex::new(None),
-            rebuild_progress: Mutex::new(None),
+            scrub_progress: Default::default(),
+            rebuild_progress: Default::default(),
             counters,
             partial: (0..PARTIAL_WRITE_LOCK_COUNT).map(|_| Mutex::new(())).collect(),
             spares: Mutex::new(Spares::default()),

@@ -258,14 +258,23 @@ impl Members {
     /// Starts rebuilding member `index` (failed or missing) onto
     /// `device`, named `name` from now on: it is written (see
     /// [`Members::writable`]), not read. The superblocks still record it
-    /// failed.
-    pub fn begin_rebuild(&self, index: usize, name: Option<String>, device: Arc<dyn Device>) -> Result<(), ArrayError> {
+    /// failed. `attach` hands the device to the member's writers, after
+    /// the state is checked and before it changes (under the lock, so two
+    /// rebuilds of one member cannot both attach).
+    pub fn begin_rebuild(
+        &self,
+        index: usize,
+        name: Option<String>,
+        device: Arc<dyn Device>,
+        attach: impl FnOnce(&Arc<dyn Device>),
+    ) -> Result<(), ArrayError> {
         let _sb = self.superblock();
         match self.state(index) {
             MemberState::Healthy => return Err(ArrayError::MemberHealthy { index }),
             MemberState::Rebuilding => return Err(ArrayError::RebuildRunning { index }),
             MemberState::Failed | MemberState::Missing => {}
         }
+        attach(&device);
         *self.entries[index].device.write().unwrap_or_else(|p| p.into_inner()) = Some(device);
         if let Some(name) = name {
             *self.entries[index].name.lock().unwrap_or_else(|p| p.into_inner()) = name;
@@ -333,6 +342,12 @@ impl Members {
             MemberState::Healthy => self.device(index),
             _ => None,
         }
+    }
+
+    /// Whether member `index` is read (healthy): [`Members::readable`]
+    /// without taking its device.
+    pub fn is_readable(&self, index: usize) -> bool {
+        self.state(index) == MemberState::Healthy
     }
 
     /// Whether stripes are written to member `index`: it is healthy, or

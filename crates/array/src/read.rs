@@ -289,7 +289,7 @@ impl Shared {
         let g = &self.geometry;
         let (mut cost, mut out_of_reach) = (0, false);
         for (chunk, _, n, _) in stripe::pieces(g, offset, len) {
-            if self.members.readable(g.place(slot, chunk).0).is_some() {
+            if self.members.is_readable(g.place(slot, chunk).0) {
                 cost += n;
             } else {
                 cost += g.data * n;
@@ -328,7 +328,7 @@ impl Shared {
             }
             // K sources: the other data chunks first, then parity.
             let sources: Vec<usize> = (0..g.width())
-                .filter(|&j| j != chunk && self.members.readable(g.place(slot, j).0).is_some())
+                .filter(|&j| j != chunk && self.members.is_readable(g.place(slot, j).0))
                 .take(g.data)
                 .collect();
             if sources.len() < g.data {
@@ -369,7 +369,7 @@ impl Shared {
         let pieces = stripe::pieces(g, offset, out.len());
         if pieces
             .iter()
-            .any(|&(chunk, ..)| self.members.readable(g.place(slot, chunk).0).is_none())
+            .any(|&(chunk, ..)| !self.members.is_readable(g.place(slot, chunk).0))
         {
             return false;
         }
@@ -435,7 +435,7 @@ impl Shared {
             which,
             check_all,
             area,
-            |j| self.members.readable(g.place(slot, j).0).is_some(),
+            |j| self.members.is_readable(g.place(slot, j).0),
             |reads| {
                 self.in_parallel(reads, |r| {
                     let (member, row) = g.place(slot, r.index);

@@ -50,7 +50,7 @@ use crate::engine::Shared;
 use crate::format::ChunkHeader;
 use crate::format::SECTOR_BYTES;
 use crate::members::MemberState;
-use crate::repair::stripes_on_members;
+use crate::repair::{stripes_on_members, Throttle};
 use crate::slots::{Pinned, SlotState};
 use crate::stripe::Which;
 use crate::ArrayError;
@@ -59,8 +59,6 @@ use crate::ArrayError;
 const REBUILD_BATCH: usize = 8;
 /// How often a rebuild syncs its device and saves where it is.
 const SAVE_INTERVAL: Duration = Duration::from_secs(1);
-/// The longest a paced rebuild sleeps at once.
-const PACE_SLEEP_MAX: Duration = Duration::from_millis(250);
 
 /// What a rebuild did (so far, while it runs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -113,41 +111,6 @@ pub struct RebuildOptions {
     pub resume: Option<RebuildResume>,
 }
 
-/// Keeps a rebuild to its rates: `busy_rate` after client requests were
-/// seen since the last step, `rate` otherwise. Time not used is not
-/// saved up (an idle spell does not buy a burst later).
-struct Throttle {
-    rate: Option<u64>,
-    busy_rate: Option<u64>,
-    next: Instant,
-    requests_seen: u64,
-}
-
-impl Throttle {
-    fn new(options: &RebuildOptions) -> Throttle {
-        Throttle {
-            rate: options.rate.filter(|&r| r > 0),
-            busy_rate: options.busy_rate.filter(|&r| r > 0).or(options.rate.filter(|&r| r > 0)),
-            next: Instant::now(),
-            requests_seen: 0,
-        }
-    }
-
-    /// `bytes` more were written; `requests` is the clients' count so far.
-    fn step(&mut self, bytes: u64, requests: u64) {
-        let busy = requests != self.requests_seen;
-        self.requests_seen = requests;
-        let Some(rate) = (if busy { self.busy_rate } else { self.rate }) else {
-            return;
-        };
-        let now = Instant::now();
-        self.next = self.next.max(now) + Duration::from_secs_f64(bytes as f64 / rate as f64);
-        if let Some(ahead) = self.next.checked_duration_since(now) {
-            std::thread::sleep(ahead.min(PACE_SLEEP_MAX));
-        }
-    }
-}
-
 impl Array {
     /// The device member `index` has now, healthy or not (`None` if it
     /// was missing).
@@ -174,7 +137,12 @@ impl Array {
 
     /// The rebuild running now, its report so far (`None`: none runs).
     pub fn rebuild_progress(&self) -> Option<RebuildReport> {
-        *self.shared.rebuild_progress.lock().unwrap_or_else(|p| p.into_inner())
+        self.shared.rebuild_progress.get()
+    }
+
+    /// Member `index`'s state now.
+    pub fn member_state(&self, index: usize) -> MemberState {
+        self.shared.members.state(index)
     }
 
     /// Rebuilds member `index` (failed or missing) onto `device` while the
@@ -202,11 +170,21 @@ impl Array {
             });
         }
         let resume = options.resume.filter(|r| r.member == index);
+        // One rebuild at a time: its report is the one `status` shows.
+        let mut report = RebuildReport {
+            member: index,
+            ..RebuildReport::default()
+        };
+        let _running = shared
+            .rebuild_progress
+            .begin(report)
+            .map_err(|other| ArrayError::RebuildRunning { index: other.member })?;
         // From here on every stripe sealed is written to the device too.
-        shared.io.attach(index, device.clone());
         shared
             .members
-            .begin_rebuild(index, options.name.clone(), device.clone())?;
+            .begin_rebuild(index, options.name.clone(), device.clone(), |device| {
+                shared.io.attach(index, device.clone())
+            })?;
         let start_sequence = shared.tracker.last_sequence() + 1;
         // Those sealed before, once written, are the work.
         shared.wait_written(start_sequence - 1);
@@ -214,19 +192,8 @@ impl Array {
             .into_iter()
             .filter(|&(_, sequence)| sequence < start_sequence)
             .collect();
-        let mut report = RebuildReport {
-            member: index,
-            stripes_total: stripes.len() as u64,
-            ..RebuildReport::default()
-        };
-        *shared.rebuild_progress.lock().unwrap_or_else(|p| p.into_inner()) = Some(report);
-        struct Done<'a>(&'a Shared);
-        impl Drop for Done<'_> {
-            fn drop(&mut self) {
-                *self.0.rebuild_progress.lock().unwrap_or_else(|p| p.into_inner()) = None;
-            }
-        }
-        let _done = Done(shared);
+        report.stripes_total = stripes.len() as u64;
+        shared.rebuild_progress.set(report);
         let run = Run {
             index,
             device: &device,
@@ -246,18 +213,13 @@ impl Array {
                 return Err(error);
             }
         }
-        let io_error = |source| ArrayError::Io {
-            member: index,
-            name: format!("the device rebuilding member {index}"),
-            source,
-        };
         // Log blocks a returning device holds from before it left are
         // stale (what the log held was replayed into stripes at open):
         // none may be read as this member's when it counts again. It took
         // no log blocks while being rebuilt.
         let finish = crate::intent::clear_log_area(&*device, g)
             .and_then(|()| device.sync())
-            .map_err(io_error)
+            .map_err(|source| device_error(index, source))
             .and_then(|()| shared.members.end_rebuild(index, rand::random()));
         if let Err(error) = finish {
             let _ = shared.members.fail(index);
@@ -297,7 +259,6 @@ impl Shared {
         progress: &mut impl FnMut(&RebuildReport) -> bool,
         save: &mut impl FnMut(&RebuildResume) -> std::io::Result<()>,
     ) -> Result<bool, ArrayError> {
-        let g = &self.geometry;
         let Run {
             index,
             device,
@@ -305,15 +266,10 @@ impl Shared {
             resume,
             start_sequence,
         } = *run;
-        let io_error = |source| ArrayError::Io {
-            member: index,
-            name: format!("the device rebuilding member {index}"),
-            source,
-        };
-        let mut throttle = Throttle::new(options);
+        let io_error = |source| device_error(index, source);
+        let mut throttle = Throttle::new(options.rate, options.busy_rate.or(options.rate));
         let started = Instant::now();
         let mut saved = Instant::now();
-        let keep_current = options.keep_current || resume.is_some();
         for batch in stripes.chunks(REBUILD_BATCH) {
             if self.members.state(index) != MemberState::Rebuilding {
                 return Err(ArrayError::RebuildStopped { index });
@@ -333,18 +289,7 @@ impl Shared {
             // write, which one at a time would leave the members idle.
             self.in_parallel(&mut jobs, |job| {
                 if !job.resumed {
-                    let mut header = AlignedBuf::zeroed(SECTOR_BYTES);
-                    let mut chunk = AlignedBuf::zeroed(g.chunk_bytes);
-                    job.result = self.rebuild_chunks(
-                        index,
-                        device,
-                        job.slot,
-                        job.sequence,
-                        keep_current,
-                        &mut job.done,
-                        &mut header,
-                        &mut chunk,
-                    );
+                    job.result = self.rebuild_chunks(run, job.slot, job.sequence, &mut job.done);
                 }
             });
             for job in jobs {
@@ -355,11 +300,8 @@ impl Shared {
                 report.chunks_current += job.done.chunks_current;
                 report.stripes_done += 1;
                 report.milliseconds = started.elapsed().as_millis() as u64;
-                *self.rebuild_progress.lock().unwrap_or_else(|p| p.into_inner()) = Some(*report);
-                throttle.step(
-                    job.done.bytes_written,
-                    self.counters.client_requests.load(std::sync::atomic::Ordering::Relaxed),
-                );
+                self.rebuild_progress.set(*report);
+                throttle.step(job.done.bytes_written, &self.counters);
                 let go_on = progress(report);
                 // Saved now and then, and where a stop leaves it.
                 if saved.elapsed() >= SAVE_INTERVAL || !go_on {
@@ -382,22 +324,19 @@ impl Shared {
         Ok(true)
     }
 
-    /// Writes to `device` the chunks member `index` holds of the stripe
-    /// `sequence` in `slot`, if it is still there (rebuilt from the other
-    /// members; with `keep_current`, those the device holds already are
-    /// kept).
-    #[allow(clippy::too_many_arguments)]
+    /// Writes to the run's device the chunks its member holds of the
+    /// stripe `sequence` in `slot`, if it is still there (rebuilt from the
+    /// other members; those the device holds already are kept when asked,
+    /// and on a resumed run).
     fn rebuild_chunks(
         &self,
-        index: usize,
-        device: &Arc<dyn Device>,
+        run: &Run,
         slot: u64,
         sequence: u64,
-        keep_current: bool,
         report: &mut RebuildReport,
-        header: &mut AlignedBuf,
-        chunk: &mut AlignedBuf,
     ) -> Result<(), ArrayError> {
+        let (index, device) = (run.index, run.device);
+        let keep_current = run.options.keep_current || run.resume.is_some();
         let g = &self.geometry;
         let mut pinned = Pinned::new(&self.pins);
         {
@@ -415,10 +354,16 @@ impl Shared {
             sequence,
             array_uuid: self.array_uuid,
         };
+        // Aligned, for direct I/O: a header to write, and (to check what
+        // the device holds) a chunk to read.
+        let mut header = AlignedBuf::zeroed(SECTOR_BYTES);
+        let mut chunk = keep_current.then(|| AlignedBuf::zeroed(g.chunk_bytes));
         let stale: Vec<usize> = (0..g.width())
             .filter(|&j| g.place(slot, j).0 == index)
             .filter(|&j| {
-                let current = keep_current && current_chunk(self, device.as_ref(), which, j, header, chunk);
+                let current = chunk
+                    .as_mut()
+                    .is_some_and(|chunk| current_chunk(self, device.as_ref(), which, j, &mut header, chunk));
                 report.chunks_current += u64::from(current);
                 !current
             })
@@ -431,12 +376,8 @@ impl Shared {
             let (bytes, payload) = rebuilt.chunk(g, j);
             header.copy_from_slice(&bytes);
             device
-                .write_vectored_at(&[&**header, payload], g.row_offset(g.place(slot, j).1))
-                .map_err(|source| ArrayError::Io {
-                    member: index,
-                    name: format!("the device rebuilding member {index}"),
-                    source,
-                })?;
+                .write_vectored_at(&[&*header, payload], g.row_offset(g.place(slot, j).1))
+                .map_err(|source| device_error(index, source))?;
             report.chunks_written += 1;
             report.bytes_written += (SECTOR_BYTES + payload.len()) as u64;
         }
@@ -444,6 +385,15 @@ impl Shared {
         self.repair(slot, &rebuilt);
         self.recycle_area(Arc::new(rebuilt.area));
         Ok(())
+    }
+}
+
+/// An I/O error on the device member `index` is being rebuilt onto.
+fn device_error(index: usize, source: std::io::Error) -> ArrayError {
+    ArrayError::Io {
+        member: index,
+        name: format!("the device rebuilding member {index}"),
+        source,
     }
 }
 

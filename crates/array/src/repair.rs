@@ -43,32 +43,83 @@ pub struct ScrubReport {
     pub stopped: bool,
 }
 
-/// The longest rate-limited work sleeps at once.
-const PACE_SLEEP_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+/// The longest paced work sleeps at once.
+const PACE_SLEEP_MAX: std::time::Duration = std::time::Duration::from_millis(250);
 
-/// Keeps background work (scrub, rebuild) to a rate of bytes a second.
-pub(crate) struct Pace {
+/// Keeps background work (scrub, rebuild) to a rate of bytes a second:
+/// `busy_rate` after client requests were seen since the last step,
+/// `rate` otherwise (each `None` or 0: no limit). Time not used is not
+/// saved up (an idle spell does not buy a burst later).
+pub(crate) struct Throttle {
     rate: Option<u64>,
-    started: std::time::Instant,
+    busy_rate: Option<u64>,
+    next: std::time::Instant,
+    requests_seen: u64,
 }
 
-impl Pace {
-    /// `rate` bytes a second at most (`None` or 0: no limit).
-    pub fn new(rate: Option<u64>) -> Pace {
-        Pace {
+impl Throttle {
+    pub fn new(rate: Option<u64>, busy_rate: Option<u64>) -> Throttle {
+        Throttle {
             rate: rate.filter(|&r| r > 0),
-            started: std::time::Instant::now(),
+            busy_rate: busy_rate.filter(|&r| r > 0),
+            next: std::time::Instant::now(),
+            requests_seen: 0,
         }
     }
 
-    /// Sleeps while `done` bytes are ahead of the rate.
-    pub fn wait(&self, done: u64) {
-        if let Some(rate) = self.rate {
-            let due = std::time::Duration::from_secs_f64(done as f64 / rate as f64);
-            if let Some(ahead) = due.checked_sub(self.started.elapsed()) {
-                std::thread::sleep(ahead.min(PACE_SLEEP_MAX));
-            }
+    /// `bytes` more were moved; `counters` say how many client requests
+    /// came so far.
+    pub fn step(&mut self, bytes: u64, counters: &Counters) {
+        let requests = counters.client_requests.load(std::sync::atomic::Ordering::Relaxed);
+        let busy = requests != self.requests_seen;
+        self.requests_seen = requests;
+        let Some(rate) = (if busy { self.busy_rate } else { self.rate }) else {
+            return;
+        };
+        let now = std::time::Instant::now();
+        self.next = self.next.max(now) + std::time::Duration::from_secs_f64(bytes as f64 / rate as f64);
+        if let Some(ahead) = self.next.checked_duration_since(now) {
+            std::thread::sleep(ahead.min(PACE_SLEEP_MAX));
         }
+    }
+}
+
+/// The report of background work running now (a scrub, a rebuild), for
+/// `status`; `None` when none runs, which is also what lets one begin.
+#[derive(Default)]
+pub(crate) struct Running<T>(std::sync::Mutex<Option<T>>);
+
+impl<T: Copy> Running<T> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<T>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn get(&self) -> Option<T> {
+        *self.lock()
+    }
+
+    /// The work's report so far.
+    pub fn set(&self, report: T) {
+        *self.lock() = Some(report);
+    }
+
+    /// Begins work with `report`, unless some runs (its report is
+    /// returned); the guard clears the report when the work ends.
+    pub fn begin(&self, report: T) -> Result<RunningGuard<'_, T>, T> {
+        let mut running = self.lock();
+        if let Some(other) = *running {
+            return Err(other);
+        }
+        *running = Some(report);
+        Ok(RunningGuard(self))
+    }
+}
+
+pub(crate) struct RunningGuard<'a, T: Copy>(&'a Running<T>);
+
+impl<T: Copy> Drop for RunningGuard<'_, T> {
+    fn drop(&mut self) {
+        *self.0.lock() = None;
     }
 }
 
@@ -97,7 +148,7 @@ impl Shared {
             .bad
             .iter()
             .copied()
-            .filter(|&j| self.members.readable(g.place(slot, j).0).is_some())
+            .filter(|&j| self.members.is_readable(g.place(slot, j).0))
             .collect();
         Counters::add(&self.counters.checksum_errors, bad.len() as u64);
         let mut header = AlignedBuf::zeroed(SECTOR_BYTES);
@@ -141,26 +192,15 @@ impl Shared {
             stripes_total: stripes.len() as u64,
             ..ScrubReport::default()
         };
-        {
-            // The running scrub's report is also what says one runs.
-            let mut running = self.scrub_progress.lock().unwrap_or_else(|p| p.into_inner());
-            if running.is_some() {
-                return Err(ArrayError::ScrubRunning);
-            }
-            *running = Some(report);
-        }
-        struct Done<'a>(&'a Shared);
-        impl Drop for Done<'_> {
-            fn drop(&mut self) {
-                *self.0.scrub_progress.lock().unwrap_or_else(|p| p.into_inner()) = None;
-            }
-        }
-        let _done = Done(self);
-        let pace = Pace::new(rate);
+        let Ok(_running) = self.scrub_progress.begin(report) else {
+            return Err(ArrayError::ScrubRunning);
+        };
+        let mut throttle = Throttle::new(rate, rate);
         for (slot, _) in stripes {
+            let read_before = report.bytes_read;
             self.scrub_slot(slot, &mut report);
-            *self.scrub_progress.lock().unwrap_or_else(|p| p.into_inner()) = Some(report);
-            pace.wait(report.bytes_read);
+            self.scrub_progress.set(report);
+            throttle.step(report.bytes_read - read_before, &self.counters);
             if !progress(&report) {
                 report.stopped = true;
                 break;

@@ -223,7 +223,9 @@ fn a_rebuild_stops_cleanly_when_its_device_fails_or_the_member_is_failed() {
     );
     assert_eq!(state(&array, 4), MemberState::Failed);
     array.write(0, &data[..1 << 20], true).unwrap();
-    // Failed by hand during it: stopped at the next stripe.
+    // Failed by hand during it: stopped at the next stripe. Member 0 is
+    // out too, and cannot be rebuilt meanwhile: one rebuild at a time.
+    array.fail_member(0).unwrap();
     let device = Arc::new(MemoryDevice::new(MEMBER_BYTES)) as Arc<dyn Device>;
     let error = array
         .rebuild_member(
@@ -237,6 +239,16 @@ fn a_rebuild_stops_cleanly_when_its_device_fails_or_the_member_is_failed() {
                         .rebuild_member(4, again, &RebuildOptions::default(), |_| true, |_| Ok(()))
                         .unwrap_err();
                     assert!(matches!(error, ArrayError::RebuildRunning { index: 4 }), "{error}");
+                    let other = Arc::new(MemoryDevice::new(MEMBER_BYTES)) as Arc<dyn Device>;
+                    let error = array
+                        .rebuild_member(0, other, &RebuildOptions::default(), |_| true, |_| Ok(()))
+                        .unwrap_err();
+                    assert!(matches!(error, ArrayError::RebuildRunning { index: 4 }), "{error}");
+                    assert_eq!(
+                        state(&array, 0),
+                        MemberState::Failed,
+                        "a refused rebuild changes nothing"
+                    );
                 }
                 if report.stripes_done == 3 {
                     array.fail_member(4).unwrap();
@@ -251,8 +263,8 @@ fn a_rebuild_stops_cleanly_when_its_device_fails_or_the_member_is_failed() {
     // A healthy member has nothing to rebuild.
     let spare = Arc::new(MemoryDevice::new(MEMBER_BYTES)) as Arc<dyn Device>;
     let error = array
-        .rebuild_member(0, spare, &RebuildOptions::default(), |_| true, |_| Ok(()))
+        .rebuild_member(1, spare, &RebuildOptions::default(), |_| true, |_| Ok(()))
         .unwrap_err();
-    assert!(matches!(error, ArrayError::MemberHealthy { index: 0 }), "{error}");
+    assert!(matches!(error, ArrayError::MemberHealthy { index: 1 }), "{error}");
     reads_back(&array, &data, "after two stopped rebuilds");
 }

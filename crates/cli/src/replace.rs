@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tessera_array::device::{Device, FileDevice};
-use tessera_array::{Array, RebuildOptions, RebuildReport, RebuildResume};
+use tessera_array::{Array, MemberState, RebuildOptions, RebuildReport, RebuildResume};
 
 use crate::array_cmd::{ask_server, human, listed_lines, lock, open, refuse_if_in_use, Progress, MEMBERS_FILE};
 
@@ -101,23 +101,28 @@ pub fn absolute(path: &Path) -> Result<PathBuf> {
         .join(name))
 }
 
+/// The job DIR/rebuild.json records, unless its member is healthy (it
+/// ended, but was stopped before the file was removed: the file goes).
+fn unfinished_job(dir: &Path, array: &Array) -> Result<Option<Job>> {
+    let job = load_job(dir)?;
+    match job {
+        Some(job)
+            if job.member < array.geometry().members && array.member_state(job.member) == MemberState::Healthy =>
+        {
+            remove_job(dir);
+            Ok(None)
+        }
+        job => Ok(job),
+    }
+}
+
 /// The job and device for `request` on `array` (in `dir`): the unfinished
 /// job for that member if there is one (its device, where it stopped),
 /// else a new one: the member's own device, an existing device that
 /// holds nothing (unless `force`), or a new file of the members' size.
 pub fn prepare(dir: &Path, array: &Array, request: &Request) -> Result<(Job, Arc<dyn Device>)> {
     let index = request.member;
-    let mut unfinished = load_job(dir)?;
-    if let Some(job) = &unfinished {
-        // Finished, but stopped before its file was removed.
-        let healthy = array
-            .check_rebuildable(job.member)
-            .is_err_and(|e| matches!(e, tessera_array::ArrayError::MemberHealthy { .. }));
-        if healthy {
-            remove_job(dir);
-            unfinished = None;
-        }
-    }
+    let unfinished = unfinished_job(dir, array)?;
     array.check_rebuildable(index)?;
     let own_path = listed_lines(dir)?
         .get(index)
@@ -192,14 +197,15 @@ pub fn prepare(dir: &Path, array: &Array, request: &Request) -> Result<(Job, Arc
 
 /// Runs `job` on `array` (in `dir`) until the member is healthy, the
 /// rebuild fails, or `progress` returns false (then the job stays, to go
-/// on later). Once healthy on a new device, `members` lists it.
+/// on later). Once healthy on a new device, `members` lists it. Returns
+/// the report, and whether the member is healthy (false: stopped).
 pub fn run(
     dir: &Path,
     array: &Array,
     mut job: Job,
     device: Arc<dyn Device>,
     progress: impl FnMut(&RebuildReport) -> bool,
-) -> Result<RebuildReport> {
+) -> Result<(RebuildReport, bool)> {
     save_job(dir, &job).with_context(|| format!("writing {}", dir.join(REBUILD_FILE).display()))?;
     let options = RebuildOptions {
         name: (!job.own).then(|| job.device.clone()),
@@ -220,13 +226,8 @@ pub fn run(
             return Err(e.into());
         }
     };
-    let healthy = array
-        .status()?
-        .members
-        .get(index)
-        .is_some_and(|m| m.state == tessera_array::MemberState::Healthy);
-    if !healthy {
-        return Ok(report);
+    if array.member_state(index) != MemberState::Healthy {
+        return Ok((report, false));
     }
     if !job.own {
         let mut lines = listed_lines(dir)?;
@@ -234,7 +235,7 @@ pub fn run(
         write_durably(dir, MEMBERS_FILE, &(lines.join("\n") + "\n"))?;
     }
     remove_job(dir);
-    Ok(report)
+    Ok((report, true))
 }
 
 /// How a rebuild run by the server ended.
@@ -306,15 +307,13 @@ impl Rebuilder {
                         !stop.load(Ordering::Relaxed)
                     });
                     let outcome = match result {
-                        Ok(report) if report.stripes_done == report.stripes_total && !stop.load(Ordering::Relaxed) => {
-                            Outcome {
-                                member: index,
-                                done: true,
-                                message: summary(index, &report),
-                                report,
-                            }
-                        }
-                        Ok(report) => Outcome {
+                        Ok((report, true)) => Outcome {
+                            member: index,
+                            done: true,
+                            message: summary(index, &report),
+                            report,
+                        },
+                        Ok((report, false)) => Outcome {
                             member: index,
                             done: false,
                             message: format!(
@@ -339,17 +338,7 @@ impl Rebuilder {
 
     /// Goes on with the rebuild `DIR/rebuild.json` records, if any.
     pub fn resume(&self) -> Result<()> {
-        match load_job(&self.dir)? {
-            // Done, but stopped before its file was removed.
-            Some(job)
-                if matches!(
-                    self.array.check_rebuildable(job.member),
-                    Err(tessera_array::ArrayError::MemberHealthy { .. })
-                ) =>
-            {
-                remove_job(&self.dir);
-                Ok(())
-            }
+        match unfinished_job(&self.dir, &self.array)? {
             Some(job) => self.start(&Request {
                 member: job.member,
                 with: (!job.own).then(|| PathBuf::from(&job.device)),
@@ -445,7 +434,7 @@ pub fn replace(dir: &Path, request: Request, detach: bool) -> Result<()> {
     let array = open(dir)?;
     let (job, device) = prepare(dir, &array, &request)?;
     let mut progress = Progress::new("replace");
-    let report = run(dir, &array, job, device, |report| {
+    let (report, _) = run(dir, &array, job, device, |report| {
         show(&mut progress, report);
         true
     })?;
