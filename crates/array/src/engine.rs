@@ -225,6 +225,8 @@ pub(crate) struct Shared {
     pub scrub_progress: crate::repair::Running<crate::repair::ScrubReport>,
     /// The running rebuild's report so far (one runs at a time).
     pub rebuild_progress: crate::repair::Running<crate::rebuild::RebuildReport>,
+    /// The running heal's report so far (one runs at a time).
+    pub heal_progress: crate::repair::Running<crate::heal::HealReport>,
     pub counters: Counters,
     /// Read-modify-writes of partial blocks, by block number.
     pub partial: Vec<Mutex<()>>,
@@ -426,6 +428,7 @@ impl Array {
             cache,
             scrub_progress: Default::default(),
             rebuild_progress: Default::default(),
+            heal_progress: Default::default(),
             counters,
             partial: (0..PARTIAL_WRITE_LOCK_COUNT).map(|_| Mutex::new(())).collect(),
             spares: Mutex::new(Spares::default()),
@@ -550,9 +553,19 @@ impl Array {
     }
 
     /// Marks member `index` failed (as if pulled) and records it in the
-    /// other members' superblocks. Refused if more than M would be gone.
+    /// superblocks, its own included: at the next open it is `failed`,
+    /// not `stale`, and is not resynced until asked. Refused if more than
+    /// M would be gone.
+    ///
+    /// A healthy member first gets a map checkpoint in its superblock, so
+    /// that if it comes back, a resync trusts what it holds up to now and
+    /// looks only at what was written while it was away (best effort: a
+    /// checkpoint that cannot be written leaves the last one).
     pub fn fail_member(&self, index: usize) -> Result<(), ArrayError> {
-        self.shared.members.fail(index)?;
+        if index < self.shared.members.count() && self.shared.members.is_readable(index) {
+            let _ = self.shared.checkpoint();
+        }
+        self.shared.members.set_aside(index)?;
         self.shared.maintenance.wake();
         Ok(())
     }

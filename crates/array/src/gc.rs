@@ -115,7 +115,7 @@ impl Shared {
     }
 
     /// Copies what is still live in `victim` into the GC stream.
-    fn relocate(&self, victim: u64) -> Result<(), ArrayError> {
+    pub(crate) fn relocate(&self, victim: u64) -> Result<(), ArrayError> {
         let mut pinned = Pinned::new(&self.pins);
         let sequence = {
             let index = self.index();

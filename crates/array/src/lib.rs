@@ -22,6 +22,7 @@ pub mod device;
 mod engine;
 pub mod format;
 mod gc;
+mod heal;
 mod intent;
 mod io;
 pub mod limits;
@@ -42,6 +43,7 @@ use format::{FormatError, Geometry, Superblock, BLOCK_BYTES, MEMBER_COUNT_MAX, S
 use std::sync::Arc;
 
 pub use engine::{hex, Array, EngineOptions};
+pub use heal::HealReport;
 pub use intent::{LogRecovery, LogStatus};
 pub use members::{Member, MemberState};
 pub use rebuild::{RebuildOptions, RebuildReport, RebuildResume};
@@ -95,6 +97,10 @@ pub enum ArrayError {
     },
     #[error("a scrub is already running on this array")]
     ScrubRunning,
+    #[error("a heal is already running on this array")]
+    HealRunning,
+    #[error("heal needs more members than a stripe is wide: {members} members, stripes of {width}; replace the member instead")]
+    NoRoomToHeal { members: usize, width: usize },
     #[error("member {index} is healthy: there is nothing to rebuild (fail it first to replace its device)")]
     MemberHealthy { index: usize },
     #[error("the device for member {index} holds {size} bytes; members need {need}")]
@@ -456,10 +462,12 @@ pub fn open_with(devices: Vec<(String, Option<Arc<dyn Device>>)>, engine: Engine
             Some((name, device, sb)) => Member {
                 name,
                 uuid: sb.member_uuid,
-                state: if newest.is_failed(index) {
-                    MemberState::Failed
-                } else {
-                    MemberState::Healthy
+                // Recorded failed: taken out by hand (its own superblock
+                // says so too), or gone and come back.
+                state: match (newest.is_failed(index), sb.is_failed(index)) {
+                    (false, _) => MemberState::Healthy,
+                    (true, true) => MemberState::Failed,
+                    (true, false) => MemberState::Stale,
                 },
                 device: Some(device),
             },

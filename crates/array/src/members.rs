@@ -30,6 +30,11 @@ pub enum MemberState {
     Failed,
     /// Absent when the array was opened.
     Missing,
+    /// Present when the array was opened, but recorded failed: it holds
+    /// the array as it was when it left (failed by hand or for errors,
+    /// or away while the array went on). Neither read nor written until
+    /// a resync brings it up to date.
+    Stale,
     /// Out, being rebuilt onto a device: every stripe sealed from now on
     /// is written to it, and the stripes sealed before are rebuilt onto
     /// it; it is read only once all are (the superblocks record it failed
@@ -45,6 +50,7 @@ impl MemberState {
             MemberState::Failed => "failed",
             MemberState::Missing => "missing",
             MemberState::Rebuilding => "rebuilding",
+            MemberState::Stale => "stale",
         }
     }
 
@@ -54,6 +60,7 @@ impl MemberState {
             MemberState::Failed => 1,
             MemberState::Missing => 2,
             MemberState::Rebuilding => 3,
+            MemberState::Stale => 4,
         }
     }
 
@@ -62,6 +69,7 @@ impl MemberState {
             0 => MemberState::Healthy,
             1 => MemberState::Failed,
             3 => MemberState::Rebuilding,
+            4 => MemberState::Stale,
             _ => MemberState::Missing,
         }
     }
@@ -272,7 +280,7 @@ impl Members {
         match self.state(index) {
             MemberState::Healthy => return Err(ArrayError::MemberHealthy { index }),
             MemberState::Rebuilding => return Err(ArrayError::RebuildRunning { index }),
-            MemberState::Failed | MemberState::Missing => {}
+            MemberState::Failed | MemberState::Missing | MemberState::Stale => {}
         }
         attach(&device);
         *self.entries[index].device.write().unwrap_or_else(|p| p.into_inner()) = Some(device);
@@ -383,6 +391,18 @@ impl Members {
     /// Marks member `index` failed, as if pulled, and records it in the
     /// other members' superblocks. Refused if more than M would be gone.
     pub fn fail(&self, index: usize) -> Result<(), ArrayError> {
+        self.fail_with(index, false)
+    }
+
+    /// [`Members::fail`], by hand: the superblocks that record it failed
+    /// are also written to it (best effort), so that at the next open it
+    /// is known to have been taken out (failed) rather than to have gone
+    /// away and come back (stale, resynced by itself).
+    pub fn set_aside(&self, index: usize) -> Result<(), ArrayError> {
+        self.fail_with(index, true)
+    }
+
+    fn fail_with(&self, index: usize, mark_it: bool) -> Result<(), ArrayError> {
         if index >= self.count() {
             return Err(ArrayError::NoSuchMember {
                 index,
@@ -399,12 +419,18 @@ impl Members {
                     .store(MemberState::Failed.code(), Ordering::Release);
                 return Ok(());
             }
-            MemberState::Failed | MemberState::Missing => return Ok(()),
+            MemberState::Failed | MemberState::Missing | MemberState::Stale => return Ok(()),
         }
         self.mark_failed(index)?;
         let mut template = sb.clone();
         template.set_failed(index);
-        self.publish_locked(&mut sb, template)
+        self.publish_locked(&mut sb, template)?;
+        if let (true, Some(device)) = (mark_it, self.device(index)) {
+            // Under the lock, so the checkpoint it names is one published
+            // while it was healthy (a resync trusts it; see rebuild.rs).
+            let _ = write_superblocks(&sb, &[(index, self.uuid(index), device)]);
+        }
+        Ok(())
     }
 
     /// Records every member absent at open in the superblocks of the

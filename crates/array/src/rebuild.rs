@@ -21,6 +21,18 @@
 //! rotten chunk fails it too. Reading one member's chunks costs about 1/K
 //! of a rebuild's reads and writes nothing.
 //!
+//! Most of them need not even be read. A member's superblock is written
+//! to it only while it is healthy, and names a map checkpoint only once
+//! every stripe up to that checkpoint's sequence is synced to it. A device
+//! whose superblock is this member's therefore holds every stripe still
+//! live up to that sequence (none is rewritten in place): those are
+//! trusted, and only the stripes sealed after it are checked. A rebuild
+//! that does not trust a device erases any superblock it has before
+//! writing to it, so a device written half-way as another member can
+//! never pass for its old self. A member failed by hand first gets a
+//! checkpoint ([`Array::fail_member`]), so when it returns only what was
+//! written while it was away is looked at.
+//!
 //! # Guarantees
 //!
 //! - Clients read and write throughout. Each stripe is pinned while it is
@@ -76,6 +88,10 @@ pub struct RebuildReport {
     pub bytes_written: u64,
     /// Chunks already current on the device, kept (resync).
     pub chunks_current: u64,
+    /// Of those done, stripes the device held already by its own
+    /// superblock's word, neither read nor written (resync).
+    #[serde(default)]
+    pub stripes_trusted: u64,
     /// Since it began.
     pub milliseconds: u64,
 }
@@ -131,7 +147,7 @@ impl Array {
         match members.state(index) {
             MemberState::Healthy => Err(ArrayError::MemberHealthy { index }),
             MemberState::Rebuilding => Err(ArrayError::RebuildRunning { index }),
-            MemberState::Failed | MemberState::Missing => Ok(()),
+            MemberState::Failed | MemberState::Missing | MemberState::Stale => Ok(()),
         }
     }
 
@@ -179,6 +195,16 @@ impl Array {
             .rebuild_progress
             .begin(report)
             .map_err(|other| ArrayError::RebuildRunning { index: other.member })?;
+        let trusted = if options.keep_current || resume.is_some() {
+            trusted_through(shared, index, device.as_ref())
+        } else {
+            None
+        };
+        if trusted.is_none() && crate::read_superblock(device.as_ref()).is_ok() {
+            // What it claims to be no longer holds once this member's
+            // chunks are written over it: a later resync must not trust it.
+            forget_superblocks(device.as_ref(), g).map_err(|source| device_error(index, source))?;
+        }
         // From here on every stripe sealed is written to the device too.
         shared
             .members
@@ -188,11 +214,13 @@ impl Array {
         let start_sequence = shared.tracker.last_sequence() + 1;
         // Those sealed before, once written, are the work.
         shared.wait_written(start_sequence - 1);
-        let stripes: Vec<(u64, u64)> = stripes_on_members(shared)
+        let (held, stripes): (Vec<_>, Vec<_>) = stripes_on_members(shared)
             .into_iter()
             .filter(|&(_, sequence)| sequence < start_sequence)
-            .collect();
-        report.stripes_total = stripes.len() as u64;
+            .partition(|&(_, sequence)| trusted.is_some_and(|through| sequence <= through));
+        report.stripes_trusted = held.len() as u64;
+        report.stripes_done = report.stripes_trusted;
+        report.stripes_total = report.stripes_trusted + stripes.len() as u64;
         shared.rebuild_progress.set(report);
         let run = Run {
             index,
@@ -395,6 +423,37 @@ fn device_error(index: usize, source: std::io::Error) -> ArrayError {
         name: format!("the device rebuilding member {index}"),
         source,
     }
+}
+
+/// The sequence through which `device`, as member `index`, holds the
+/// chunk of every stripe still live: the checkpoint its own superblock
+/// names. That superblock was written to it, while it was healthy, only
+/// once every stripe up to the checkpoint was synced to it; no stripe is
+/// rewritten in place, so those still in the map are as it holds them.
+/// `None` if the superblock is not this member's (a rebuild erases the
+/// superblock of any other device it writes to, so a device rebuilt half
+/// way as another member cannot claim to be this one).
+fn trusted_through(shared: &Shared, index: usize, device: &dyn Device) -> Option<u64> {
+    let sb = crate::read_superblock(device).ok()?;
+    // (Its own failed bit may be set: a member failed by hand is told so,
+    // with the checkpoint it had.)
+    let ours = sb.array_uuid == shared.array_uuid && sb.member_index == index && sb.geometry == shared.geometry;
+    ours.then_some(sb.checkpoint?.sequence)
+}
+
+/// Zeroes `device`'s superblocks (both copies, and the last sector, where
+/// a larger device's backup is looked for), then syncs it.
+fn forget_superblocks(device: &dyn Device, g: &crate::format::Geometry) -> std::io::Result<()> {
+    let zero = AlignedBuf::zeroed(SECTOR_BYTES);
+    let sector = SECTOR_BYTES as u64;
+    let mut offsets = vec![0, g.backup_superblock_offset()];
+    if device.size() >= sector && device.size() - sector != g.backup_superblock_offset() {
+        offsets.push(device.size() - sector);
+    }
+    for offset in offsets {
+        device.write_at(&zero, offset)?;
+    }
+    device.sync()
 }
 
 /// Whether `device` holds chunk `j` of stripe `which` as sealed: its

@@ -72,6 +72,9 @@ pub struct Status {
     pub scrub: Option<crate::repair::ScrubReport>,
     /// The rebuild running now, its report so far (`null`: none runs).
     pub rebuild: Option<crate::rebuild::RebuildReport>,
+    /// The heal running now, its report so far (`null`: none runs).
+    #[serde(default)]
+    pub heal: Option<crate::heal::HealReport>,
     /// Why writes and FLUSH are refused (more than M members failed), if
     /// they are; `null` otherwise.
     pub writes_refused: Option<String>,
@@ -205,6 +208,7 @@ impl Shared {
             devices_rejected: members.rejected().to_vec(),
             scrub: self.scrub_progress.get(),
             rebuild: self.rebuild_progress.get(),
+            heal: self.heal_progress.get(),
             writes_refused: members.lost().map(str::to_string),
             stripes_total: g.slot_count(),
             stripes_used: used,

@@ -388,6 +388,11 @@ pub struct Serve {
     pub discard_missing_log: bool,
     /// GC copies in stripes of their own (off: `serve --no-gc-stream`).
     pub gc_stream: bool,
+    /// Stale members resynced at start (off: `serve --no-auto-resync`).
+    pub auto_resync: bool,
+    /// Degraded stripes healed onto healthy members in the background
+    /// (off: `serve --no-auto-heal`).
+    pub auto_heal: bool,
     pub limits: tessera_nbd::Limits,
     pub tls: Option<tessera_nbd::Tls>,
 }
@@ -447,11 +452,18 @@ pub fn serve(mut s: Serve) -> Result<()> {
     let _ = std::fs::remove_file(&control_path);
     let control = UnixListener::bind(&control_path).with_context(|| format!("binding {}", control_path.display()))?;
     set_mode(&control_path, 0o600)?;
-    // A rebuild a shutdown or crash stopped goes on now.
-    let rebuilder = Arc::new(Rebuilder::new(dir, array.clone(), stop.clone()));
+    // A rebuild a shutdown or crash stopped goes on now; else stale
+    // members are resynced.
+    let rebuilder = Arc::new(Rebuilder::new(dir, array.clone(), stop.clone(), s.auto_resync));
     if let Err(e) = rebuilder.resume() {
         eprintln!("tessera: the unfinished rebuild cannot go on: {e:#}");
     }
+    // Stripes left short by a member that is out are healed onto the
+    // others, where there are more members than a stripe is wide.
+    let healer = s
+        .auto_heal
+        .then(|| crate::heal::spawn_healer(array.clone(), stop.clone(), crate::replace::DEFAULT_BUSY_RATE))
+        .transpose()?;
     {
         let (array, stop, rebuilder) = (array.clone(), stop.clone(), rebuilder.clone());
         std::thread::spawn(move || control_loop(control, array, rebuilder, stop));
@@ -516,6 +528,9 @@ pub fn serve(mut s: Serve) -> Result<()> {
     // The rebuild stops at its next stripe (it goes on at the next start).
     stop.store(true, Ordering::Relaxed);
     rebuilder.join();
+    if let Some(healer) = healer {
+        let _ = healer.join();
+    }
     eprintln!("tessera: shutting down: flushing and writing a map checkpoint");
     array.checkpoint()?;
     let _ = std::fs::remove_file(&control_path);
@@ -570,7 +585,7 @@ fn control_loop(listener: UnixListener, array: Arc<Array>, rebuilder: Arc<Rebuil
 const CONTROL_REQUEST_BYTES_MAX: u64 = 8192;
 
 /// One control request, one line each way: `status`, `fail I`, `scrub
-/// RATE` (progress lines, then the report), `replace {json}` (starts a
+/// RATE` and `heal RATE` (progress lines, then the report), `replace {json}` (starts a
 /// rebuild, see `replace::Request`) and `rebuild` (how it goes).
 fn control_client(stream: &UnixStream, array: &Array, rebuilder: &Rebuilder) {
     let mut line = String::new();
@@ -609,10 +624,19 @@ fn control_client(stream: &UnixStream, array: &Array, rebuilder: &Rebuilder) {
             Err(_) => Err(format!("'{index}' is not a member index")),
         },
         ["scrub", rate] => match rate.parse::<u64>() {
-            Ok(rate) => scrub_for(stream, array, rate),
+            Ok(rate) => streamed(stream, |progress| {
+                array.scrub_with((rate > 0).then_some(rate), progress)
+            }),
             Err(_) => Err(format!("'{rate}' is not a rate in bytes a second")),
         },
-        _ => Err("unknown request: use 'status', 'fail I', 'scrub RATE', 'replace {json}' or 'rebuild'".to_string()),
+        ["heal", rate] => match rate.parse::<u64>() {
+            Ok(rate) => streamed(stream, |progress| array.heal_with((rate > 0).then_some(rate), progress)),
+            Err(_) => Err(format!("'{rate}' is not a rate in bytes a second")),
+        },
+        _ => Err(
+            "unknown request: use 'status', 'fail I', 'scrub RATE', 'heal RATE', 'replace {json}' or 'rebuild'"
+                .to_string(),
+        ),
     };
     let text = match reply {
         Ok(text) => text,
@@ -621,21 +645,23 @@ fn control_client(stream: &UnixStream, array: &Array, rebuilder: &Rebuilder) {
     let _ = (&*stream).write_all((text + "\n").as_bytes());
 }
 
-/// Runs a scrub for a control client, sending it a `progress` line (the
-/// report so far, JSON) every second; stops if the client goes away.
-/// Returns the final report as JSON.
-fn scrub_for(stream: &UnixStream, array: &Array, rate: u64) -> Result<String, String> {
+/// Runs long work (a scrub, a heal) for a control client, sending it a
+/// `progress` line (the report so far, JSON) every second; the work stops
+/// if the client goes away. Returns the final report as JSON.
+fn streamed<R: serde::Serialize>(
+    stream: &UnixStream,
+    work: impl FnOnce(&mut dyn FnMut(&R) -> bool) -> Result<R, tessera_array::ArrayError>,
+) -> Result<String, String> {
     let mut last = std::time::Instant::now();
-    let report = array
-        .scrub_with((rate > 0).then_some(rate), |report| {
-            if last.elapsed() < PROGRESS_INTERVAL {
-                return true;
-            }
-            last = std::time::Instant::now();
-            let line = format!("progress {}\n", serde_json::to_string(report).unwrap_or_default());
-            (&*stream).write_all(line.as_bytes()).is_ok()
-        })
-        .map_err(|e| e.to_string())?;
+    let mut progress = |report: &R| {
+        if last.elapsed() < PROGRESS_INTERVAL {
+            return true;
+        }
+        last = std::time::Instant::now();
+        let line = format!("progress {}\n", serde_json::to_string(report).unwrap_or_default());
+        (&*stream).write_all(line.as_bytes()).is_ok()
+    };
+    let report = work(&mut progress).map_err(|e| e.to_string())?;
     serde_json::to_string(&report).map_err(|e| e.to_string())
 }
 
@@ -649,7 +675,7 @@ pub(crate) fn ask_server(dir: &Path, request: &str) -> Result<Option<String>> {
 
 /// [`ask_server`], handing each progress line the server sends first to
 /// `on_progress`.
-fn ask_server_with(dir: &Path, request: &str, mut on_progress: impl FnMut(&str)) -> Result<Option<String>> {
+pub(crate) fn ask_server_with(dir: &Path, request: &str, mut on_progress: impl FnMut(&str)) -> Result<Option<String>> {
     let Ok(mut stream) = UnixStream::connect(dir.join(CONTROL_SOCKET)) else {
         return Ok(None);
     };
@@ -735,6 +761,18 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
             100.0 * count("stripes_done") as f64 / count("stripes_total").max(1) as f64,
             count("chunks_written"),
             count("chunks_current")
+        );
+    }
+    let heal = &status["heal"];
+    if !heal.is_null() {
+        let count = |key: &str| heal[key].as_u64().unwrap_or(0);
+        println!(
+            "healing: {} of {} degraded stripes ({:.0}%), {} moved to healthy members ({})",
+            count("stripes_done"),
+            count("stripes_total"),
+            100.0 * count("stripes_done") as f64 / count("stripes_total").max(1) as f64,
+            count("stripes_healed"),
+            human(count("bytes_relocated"))
         );
     }
     let scrub = &status["scrub"];
@@ -911,6 +949,15 @@ impl Progress {
             report.chunks_repaired
         );
         self.update(report.stripes_checked, report.stripes_total, message);
+    }
+
+    pub(crate) fn heal(&mut self, report: &tessera_array::HealReport) {
+        let message = format!(
+            "{} moved to healthy members, {} copied",
+            report.stripes_healed,
+            human(report.bytes_relocated)
+        );
+        self.update(report.stripes_done, report.stripes_total, message);
     }
 
     pub(crate) fn finish(&self) {

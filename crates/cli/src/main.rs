@@ -7,6 +7,7 @@ mod bench_array;
 mod bench_data;
 mod bench_ec;
 mod ec_files;
+mod heal;
 mod metrics;
 mod replace;
 mod size;
@@ -147,6 +148,16 @@ enum Command {
         /// (scripts/bench-waf.sh).
         #[arg(long)]
         no_gc_stream: bool,
+        /// Leave stale members (present but out of date: away while the
+        /// array went on, or failed for errors) out instead of resyncing
+        /// them at start; `tessera online` resyncs one when asked.
+        #[arg(long)]
+        no_auto_resync: bool,
+        /// Leave stripes with a chunk on a member that is out where they
+        /// are, instead of healing them onto the healthy members in the
+        /// background (arrays with more members than a stripe is wide).
+        #[arg(long)]
+        no_auto_heal: bool,
     },
     /// Health, capacity, compression, write amplification and errors of the array in DIR.
     Status {
@@ -167,6 +178,19 @@ enum Command {
         dir: PathBuf,
         /// Bytes a second to read from the members at most (0: no limit).
         #[arg(long, value_parser = size::parse, default_value = "256M")]
+        rate: u64,
+        /// Print the summary as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Move the stripes that have a chunk on a member that is out onto the
+    /// healthy members (arrays with more members than a stripe is wide),
+    /// so they survive M more failures again without a new drive; served
+    /// or not. A served array does it by itself after a failure.
+    Heal {
+        dir: PathBuf,
+        /// Bytes a second to copy at most (0: no limit).
+        #[arg(long, value_parser = size::parse, default_value = "0")]
         rate: u64,
         /// Print the summary as one JSON object.
         #[arg(long)]
@@ -194,6 +218,23 @@ enum Command {
         #[arg(long)]
         force: bool,
         /// On a served array, return once the rebuild has started.
+        #[arg(long)]
+        detach: bool,
+    },
+    /// Bring member I of the array in DIR back on its own device (stale,
+    /// or failed by hand): only the stripes written while it was out are
+    /// rebuilt onto it. `replace --device I` without --with, by another name.
+    Online {
+        dir: PathBuf,
+        #[arg(long = "device")]
+        index: usize,
+        /// Bytes a second to write at most while clients are idle (0: no limit).
+        #[arg(long, value_parser = size::parse, default_value = "0")]
+        rate: u64,
+        /// Bytes a second to write at most while clients do I/O (0: as --rate).
+        #[arg(long, value_parser = size::parse, default_value = "32M")]
+        busy_rate: u64,
+        /// On a served array, return once the resync has started.
         #[arg(long)]
         detach: bool,
     },
@@ -480,6 +521,8 @@ fn main() -> Result<()> {
             metrics,
             discard_missing_log,
             no_gc_stream,
+            no_auto_resync,
+            no_auto_heal,
         } => {
             let defaults = tessera_nbd::Limits::default();
             array_cmd::serve(array_cmd::Serve {
@@ -493,6 +536,8 @@ fn main() -> Result<()> {
                 metrics,
                 discard_missing_log,
                 gc_stream: !no_gc_stream,
+                auto_resync: !no_auto_resync,
+                auto_heal: !no_auto_heal,
                 limits: tessera_nbd::Limits {
                     max_connections,
                     total_bytes: usize::try_from(max_bytes_in_flight)?,
@@ -568,6 +613,7 @@ fn main() -> Result<()> {
         Command::Status { dir, json } => array_cmd::status(&dir, json),
         Command::Fail { dir, index } => array_cmd::fail(&dir, index),
         Command::Scrub { dir, rate, json } => array_cmd::scrub(&dir, rate, json),
+        Command::Heal { dir, rate, json } => heal::heal(&dir, rate, json),
         Command::Replace {
             dir,
             index,
@@ -584,6 +630,23 @@ fn main() -> Result<()> {
                 rate,
                 busy_rate,
                 force,
+            },
+            detach,
+        ),
+        Command::Online {
+            dir,
+            index,
+            rate,
+            busy_rate,
+            detach,
+        } => replace::replace(
+            &dir,
+            replace::Request {
+                member: index,
+                with: None,
+                rate,
+                busy_rate,
+                force: false,
             },
             detach,
         ),

@@ -267,6 +267,7 @@ impl Metrics {
                 ("stripes_done", r.stripes_done),
                 ("chunks_written", r.chunks_written),
                 ("chunks_kept", r.chunks_current),
+                ("stripes_trusted", r.stripes_trusted),
                 ("bytes_written", r.bytes_written),
             ] {
                 self.rebuild

@@ -238,6 +238,58 @@ pub fn run(
     Ok((report, true))
 }
 
+/// One rebuild on the rebuild thread, from start to end; its outcome is
+/// said and kept in `last`.
+fn rebuild_one(
+    dir: &Path,
+    array: &Array,
+    stop: &AtomicBool,
+    last: &Mutex<Option<Outcome>>,
+    job: Job,
+    device: Arc<dyn Device>,
+) {
+    let index = job.member;
+    eprintln!(
+        "tessera: rebuilding member {index} onto {}{}",
+        job.device,
+        if job.resume.is_some() {
+            ", going on where it stopped"
+        } else {
+            ""
+        }
+    );
+    let mut latest = RebuildReport::default();
+    let result = run(dir, array, job, device, |report| {
+        latest = *report;
+        !stop.load(Ordering::Relaxed)
+    });
+    let outcome = match result {
+        Ok((report, true)) => Outcome {
+            member: index,
+            done: true,
+            message: summary(index, &report),
+            report,
+        },
+        Ok((report, false)) => Outcome {
+            member: index,
+            done: false,
+            message: format!(
+                "the rebuild of member {index} stopped at {} of {} stripes; it goes on when the array is served again",
+                report.stripes_done, report.stripes_total
+            ),
+            report,
+        },
+        Err(e) => Outcome {
+            member: index,
+            done: false,
+            message: format!("the rebuild of member {index} failed: {e:#}"),
+            report: latest,
+        },
+    };
+    eprintln!("tessera: {}", outcome.message);
+    *last.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
+}
+
 /// How a rebuild run by the server ended.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Outcome {
@@ -260,16 +312,46 @@ pub struct Rebuilder {
     dir: PathBuf,
     array: Arc<Array>,
     stop: Arc<AtomicBool>,
+    /// Stale members are resynced by themselves, one after the other.
+    auto_resync: bool,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     last: Arc<Mutex<Option<Outcome>>>,
 }
 
+/// `--busy-rate`'s default: what a rebuild writes at most a second while
+/// clients do I/O (an automatic resync keeps to it too).
+pub const DEFAULT_BUSY_RATE: u64 = 32 << 20;
+
+/// The resync of the first stale member not in `tried`, if any (one that
+/// cannot be prepared is said and skipped).
+fn next_stale(dir: &Path, array: &Array, tried: &mut Vec<usize>) -> Option<(Job, Arc<dyn Device>)> {
+    for member in 0..array.geometry().members {
+        if array.member_state(member) != MemberState::Stale || tried.contains(&member) {
+            continue;
+        }
+        tried.push(member);
+        let request = Request {
+            member,
+            with: None,
+            rate: 0,
+            busy_rate: DEFAULT_BUSY_RATE,
+            force: false,
+        };
+        match prepare(dir, array, &request) {
+            Ok(prepared) => return Some(prepared),
+            Err(e) => eprintln!("tessera: member {member} is stale and cannot be resynced: {e:#}"),
+        }
+    }
+    None
+}
+
 impl Rebuilder {
-    pub fn new(dir: &Path, array: Arc<Array>, stop: Arc<AtomicBool>) -> Rebuilder {
+    pub fn new(dir: &Path, array: Arc<Array>, stop: Arc<AtomicBool>, auto_resync: bool) -> Rebuilder {
         Rebuilder {
             dir: dir.to_path_buf(),
             array,
             stop,
+            auto_resync,
             thread: Mutex::new(None),
             last: Arc::new(Mutex::new(None)),
         }
@@ -281,62 +363,45 @@ impl Rebuilder {
         if thread.as_ref().is_some_and(|t| !t.is_finished()) {
             bail!("a rebuild is running already: one member is rebuilt at a time");
         }
-        let (job, device) = prepare(&self.dir, &self.array, request)?;
+        let prepared = prepare(&self.dir, &self.array, request)?;
+        self.spawn(&mut thread, prepared);
+        Ok(())
+    }
+
+    /// Runs `first` on the rebuild thread; then, with `auto_resync`, each
+    /// stale member in turn (each tried once) until none is left or the
+    /// server stops.
+    fn spawn(&self, thread: &mut Option<std::thread::JoinHandle<()>>, first: (Job, Arc<dyn Device>)) {
         // A follower must not take an earlier rebuild's end for this one's.
         *self.last.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        let (dir, array, stop, last) = (
+        let (dir, array, stop, last, auto_resync) = (
             self.dir.clone(),
             self.array.clone(),
             self.stop.clone(),
             self.last.clone(),
+            self.auto_resync,
         );
-        let index = job.member;
-        let resumed = job.resume.is_some();
-        eprintln!(
-            "tessera: rebuilding member {index} onto {}{}",
-            job.device,
-            if resumed { ", going on where it stopped" } else { "" }
-        );
-        *thread = Some(
-            std::thread::Builder::new()
-                .name("tessera-rebuild".to_string())
-                .spawn(move || {
-                    let mut latest = RebuildReport::default();
-                    let result = run(&dir, &array, job, device, |report| {
-                        latest = *report;
-                        !stop.load(Ordering::Relaxed)
-                    });
-                    let outcome = match result {
-                        Ok((report, true)) => Outcome {
-                            member: index,
-                            done: true,
-                            message: summary(index, &report),
-                            report,
-                        },
-                        Ok((report, false)) => Outcome {
-                            member: index,
-                            done: false,
-                            message: format!(
-                                "the rebuild of member {index} stopped at {} of {} stripes; it goes on when the array is served again",
-                                report.stripes_done, report.stripes_total
-                            ),
-                            report,
-                        },
-                        Err(e) => Outcome {
-                            member: index,
-                            done: false,
-                            message: format!("the rebuild of member {index} failed: {e:#}"),
-                            report: latest,
-                        },
-                    };
-                    eprintln!("tessera: {}", outcome.message);
-                    *last.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
-                })?,
-        );
-        Ok(())
+        let spawned = std::thread::Builder::new()
+            .name("tessera-rebuild".to_string())
+            .spawn(move || {
+                let mut tried = vec![first.0.member];
+                let mut next = Some(first);
+                while let Some((job, device)) = next.take() {
+                    rebuild_one(&dir, &array, &stop, &last, job, device);
+                    if auto_resync && !stop.load(Ordering::Relaxed) {
+                        next = next_stale(&dir, &array, &mut tried);
+                    }
+                }
+            });
+        match spawned {
+            Ok(handle) => *thread = Some(handle),
+            Err(e) => eprintln!("tessera: cannot start the rebuild thread: {e}"),
+        }
     }
 
-    /// Goes on with the rebuild `DIR/rebuild.json` records, if any.
+    /// Goes on with the rebuild `DIR/rebuild.json` records, if any; else,
+    /// with `auto_resync`, resyncs the stale members (present, but out of
+    /// date), one after the other.
     pub fn resume(&self) -> Result<()> {
         match unfinished_job(&self.dir, &self.array)? {
             Some(job) => self.start(&Request {
@@ -346,6 +411,13 @@ impl Rebuilder {
                 busy_rate: job.busy_rate,
                 force: false,
             }),
+            None if self.auto_resync => {
+                let mut thread = self.thread.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(first) = next_stale(&self.dir, &self.array, &mut Vec::new()) {
+                    self.spawn(&mut thread, first);
+                }
+                Ok(())
+            }
             None => Ok(()),
         }
     }
@@ -367,10 +439,11 @@ impl Rebuilder {
 
 fn summary(index: usize, report: &RebuildReport) -> String {
     format!(
-        "member {index} rebuilt: {} chunks ({}) of {} stripes written, {} already current kept, {} done before a restart, in {:.2} s ({}/s); it is healthy again",
+        "member {index} rebuilt: {} chunks ({}) of {} stripes written, {} stripes held already (its superblock's checkpoint), {} chunks checked current and kept, {} stripes done before a restart, in {:.2} s ({}/s); it is healthy again",
         report.chunks_written,
         human(report.bytes_written),
         report.stripes_total,
+        report.stripes_trusted,
         report.chunks_current,
         report.stripes_resumed,
         report.milliseconds as f64 / 1000.0,

@@ -1421,6 +1421,15 @@ fn scrape(address: &str) -> String {
     response.split_once("\r\n\r\n").unwrap().1.to_string()
 }
 
+/// A loopback address whose port was free a moment ago.
+fn free_address() -> String {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string()
+}
+
 /// The value of the metric line that starts with `series`.
 fn metric(text: &str, series: &str) -> f64 {
     let line = text
@@ -1435,12 +1444,7 @@ fn prometheus_metrics_count_requests_and_show_member_states() {
     let tmp = tempfile::tempdir().unwrap();
     let (cwd, dir) = (tmp.path(), tmp.path().join("array"));
     create(&dir, &[]);
-    // A port that was free a moment ago.
-    let address = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .to_string();
+    let address = free_address();
     let server = Served::start_with(&dir, &cwd.join("nbd.sock"), &["--metrics", &address]);
     copy_in_and_out(&server.uri(), cwd, 1 << 20, 9);
     let out = tessera(&["fail", dir.to_str().unwrap(), "--device", "2"]);
@@ -1557,19 +1561,27 @@ fn a_member_that_was_away_is_resynced_rewriting_only_what_it_missed() {
     std::fs::rename(&away, &member).unwrap();
     assert_eq!(
         status_json(&dir)["members"][2]["state"],
-        "failed",
+        "stale",
         "a member that was away is not trusted"
     );
     let out = tessera(&["replace", dir.to_str().unwrap(), "--device", "2"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    // "member 2 rebuilt: W chunks (...) of S stripes written, C already current kept, ..."
+    // "member 2 rebuilt: W chunks (...) of S stripes written, H stripes held
+    // already (...), C chunks checked current and kept, ..."
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let number_before = |word: &str| -> u64 {
         let at = text.find(word).unwrap_or_else(|| panic!("no '{word}' in {text}"));
         text[..at].split_whitespace().last().unwrap().parse().unwrap()
     };
-    let (written, kept) = (number_before("chunks ("), number_before("already current"));
-    assert!(written > 0 && written * 10 < kept, "{text}");
+    let (written, held, checked) = (
+        number_before("chunks ("),
+        number_before("stripes held"),
+        number_before("chunks checked"),
+    );
+    // It left at a clean stop (a checkpoint): what it holds from before is
+    // taken on its superblock's word, and only the stripes written since
+    // are looked at.
+    assert!(written > 0 && written * 10 < held && checked <= written, "{text}");
     // Two others failed: every byte, old and new, reads back.
     let server = Served::start(&dir, &socket);
     for other in ["0", "1"] {
@@ -1578,6 +1590,119 @@ fn a_member_that_was_away_is_resynced_rewriting_only_what_it_missed() {
             .success());
     }
     reads_back(&uri, cwd, &data);
+    server.stop();
+}
+
+/// Polls `tessera status` until member `index` is `state` (60 s at most).
+fn wait_for_state(dir: &Path, index: usize, state: &str) -> serde_json::Value {
+    let mut status = serde_json::Value::Null;
+    for _ in 0..600 {
+        status = status_json(dir);
+        if status["members"][index]["state"] == state {
+            return status;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("member {index} never became {state}: {status}");
+}
+
+#[test]
+fn serve_resyncs_a_stale_member_by_itself_and_leaves_one_failed_by_hand_to_online() {
+    let (tmp, dir, server) = create_and_serve(&[]);
+    let (cwd, socket) = (tmp.path(), tmp.path().join("nbd.sock"));
+    let uri = server.uri();
+    let mut data = export_sized_data(&uri, cwd, 21);
+    write_export(&uri, cwd, &data);
+    // Member 4 failed by hand; member 2 away while 1 MiB is rewritten.
+    assert!(tessera(&["fail", dir.to_str().unwrap(), "--device", "4"])
+        .status
+        .success());
+    server.stop();
+    let (member, away) = (dir.join("member-002"), cwd.join("member-002.away"));
+    std::fs::rename(&member, &away).unwrap();
+    let server = Served::start(&dir, &socket);
+    rand::rngs::StdRng::seed_from_u64(22).fill(&mut data[2 << 20..3 << 20]);
+    write_export(&uri, cwd, &data[..3 << 20]);
+    server.stop();
+    std::fs::rename(&away, &member).unwrap();
+    // Told not to, the server leaves it stale.
+    let server = Served::start_with(&dir, &socket, &["--no-auto-resync"]);
+    let status = status_json(&dir);
+    assert_eq!(status["members"][2]["state"], "stale", "{status}");
+    server.stop();
+    // By default it resyncs it, taking what it held on its superblock's
+    // word; member 4, failed by hand, stays out.
+    let server = Served::start(&dir, &socket);
+    let status = wait_for_state(&dir, 2, "healthy");
+    assert_eq!(status["members"][4]["state"], "failed", "{status}");
+    let last: serde_json::Value = serde_json::from_str(&control(&dir, "rebuild")).unwrap();
+    let report = &last["last"]["report"];
+    assert!(
+        last["last"]["done"] == true
+            && report["stripes_trusted"].as_u64().unwrap() * 10 > report["stripes_total"].as_u64().unwrap() * 9,
+        "{last}"
+    );
+    // `online` brings member 4 back, on the served array.
+    let out = tessera(&["online", dir.to_str().unwrap(), "--device", "4"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(status_json(&dir)["members"][4]["state"], "healthy");
+    for other in ["0", "1"] {
+        assert!(tessera(&["fail", dir.to_str().unwrap(), "--device", other])
+            .status
+            .success());
+    }
+    reads_back(&uri, cwd, &data);
+    server.stop();
+}
+
+#[test]
+fn a_served_array_with_spare_members_heals_by_itself_and_heal_refuses_one_without() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (cwd, socket, dir) = (tmp.path(), tmp.path().join("nbd.sock"), tmp.path().join("array"));
+    // 4+2 on eight members: stripes on members 0-5 have nothing on 6 and 7.
+    let out = try_create(&dir, "8", &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let server = Served::start(&dir, &socket);
+    let uri = server.uri();
+    let data = export_sized_data(&uri, cwd, 31);
+    write_export(&uri, cwd, &data[..8 << 20]);
+    for member in ["6", "7"] {
+        assert!(tessera(&["fail", dir.to_str().unwrap(), "--device", member])
+            .status
+            .success());
+    }
+    // The server heals in the background: the data stripes leave 6 and 7
+    // (a checkpoint stripe may stay).
+    let mut status = serde_json::Value::Null;
+    for _ in 0..600 {
+        status = status_json(&dir);
+        if status["stripes_degraded"].as_u64().unwrap() <= 2 && status["heal"].is_null() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(status["stripes_degraded"].as_u64().unwrap() <= 2, "{status}");
+    // Asked again, through the server, there is nothing left to move.
+    let out = tessera(&["heal", dir.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["stripes_degraded"], 0, "{report}");
+    assert!(
+        read_export(&uri, cwd)[..8 << 20] == data[..8 << 20],
+        "healed data reads back other bytes"
+    );
+    server.stop();
+    // Six members, stripes of six: nowhere to heal to, and said so.
+    let (_tmp, other, server) = create_and_serve(&[]);
+    assert!(tessera(&["fail", other.to_str().unwrap(), "--device", "1"])
+        .status
+        .success());
+    let out = tessera(&["heal", other.to_str().unwrap()]);
+    assert!(
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("more members than a stripe is wide"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     server.stop();
 }
 
@@ -1621,7 +1746,7 @@ fn a_replace_killed_half_way_goes_on_where_it_stopped() {
     let out = tessera(&args);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let at = text.find(" done before a restart").unwrap_or_else(|| panic!("{text}"));
+    let at = text.find(" stripes done before a restart").unwrap_or_else(|| panic!("{text}"));
     let resumed: u64 = text[..at].split_whitespace().last().unwrap().parse().unwrap();
     assert!(resumed > 0, "the second run started over: {text}");
     assert!(!dir.join("rebuild.json").exists());
@@ -1691,8 +1816,11 @@ fn fio_job(uri: &str, cwd: &Path, name: &str, offset: &str, size: &str, extra: &
 
 #[test]
 fn a_served_array_rebuilds_a_member_while_fio_verifies_and_a_kill_9_resumes_it() {
-    let (tmp, dir, mut server) = create_and_serve(&[]);
-    let (cwd, socket) = (tmp.path(), tmp.path().join("nbd.sock"));
+    let tmp = tempfile::tempdir().unwrap();
+    let (cwd, socket, dir) = (tmp.path(), tmp.path().join("nbd.sock"), tmp.path().join("array"));
+    create(&dir, &[]);
+    let address = free_address();
+    let mut server = Served::start_with(&dir, &socket, &["--metrics", &address]);
     let uri = server.uri();
     let d = dir.to_str().unwrap();
     // Each writing job ends with a FLUSH: what kill -9 may not lose.
@@ -1735,6 +1863,19 @@ fn a_served_array_rebuilds_a_member_while_fio_verifies_and_a_kill_9_resumes_it()
     assert_eq!(status["members"][2]["state"], "rebuilding", "{status}");
     let done_before = status["rebuild"]["stripes_done"].as_u64().unwrap();
     assert!(done_before > 0 && done_before < status["rebuild"]["stripes_total"].as_u64().unwrap());
+    // The metrics say the same.
+    let text = scrape(&address);
+    let rebuild = |kind: &str| metric(&text, &format!("tessera_rebuild{{member=\"2\",kind=\"{kind}\"}}"));
+    assert!(
+        rebuild("stripes_done") > 0.0 && rebuild("stripes_done") < rebuild("stripes_total"),
+        "{text}"
+    );
+    assert!(
+        text.lines().any(|l| l.starts_with("tessera_member_state{member=\"2\",")
+            && l.contains("state=\"rebuilding\"")
+            && l.ends_with(" 1")),
+        "{text}"
+    );
     // kill -9 half-way, once the job file says where it was.
     let job = saved_rebuild(&dir);
     server.child.kill().unwrap();
