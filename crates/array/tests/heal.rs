@@ -3,33 +3,15 @@
 //! more failures again without a new drive.
 
 mod common;
-use common::named;
-use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use tessera_array::device::{Faults, MemoryDevice};
-use tessera_array::{Array, ArrayError, CreateOptions};
-use tessera_checksum::Algorithm;
+use tessera_array::{Array, ArrayError};
 
 const MEMBER_BYTES: u64 = 64 << 20;
 
 /// A 4+2 array on `n` members in memory with 16 MiB of random data.
 fn written(n: usize, seed: u64) -> (Vec<Arc<MemoryDevice>>, Array, Vec<u8>) {
-    let devices: Vec<_> = (0..n).map(|_| Arc::new(MemoryDevice::new(MEMBER_BYTES))).collect();
-    let options = CreateOptions {
-        data: 4,
-        parity: 2,
-        chunk_bytes: 64 << 10,
-        checksum: Algorithm::Crc32c,
-        compression: None,
-        logical_bytes: None,
-        log_bytes: None,
-    };
-    let array = tessera_array::create(named(&devices), &options).unwrap();
-    let mut data = vec![0u8; 16 << 20];
-    rand::rngs::StdRng::seed_from_u64(seed).fill(&mut data[..]);
-    array.write(0, &data, false).unwrap();
-    array.flush().unwrap();
-    (devices, array, data)
+    common::written_4_plus_2_on(n, MEMBER_BYTES, seed, 16 << 20)
 }
 
 /// Whether the whole of `data` reads back.

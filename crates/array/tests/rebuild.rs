@@ -3,39 +3,19 @@
 //! where it stopped, and a device that fails stops it cleanly.
 
 mod common;
-use common::{named, open_list};
+use common::open_list;
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tessera_array::device::{Device, Faults, MemoryDevice};
-use tessera_array::{Array, ArrayError, CreateOptions, MemberState, RebuildOptions, RebuildResume};
-use tessera_checksum::Algorithm;
+use tessera_array::{Array, ArrayError, MemberState, RebuildOptions, RebuildResume};
 
 const MEMBER_BYTES: u64 = 64 << 20;
-
-fn members(n: usize) -> Vec<Arc<MemoryDevice>> {
-    (0..n).map(|_| Arc::new(MemoryDevice::new(MEMBER_BYTES))).collect()
-}
 
 /// A 4+2 array of 64 KiB chunks on six members in memory, 16 MiB of
 /// random data from `seed` written and flushed: (members, array, data).
 fn written(seed: u64) -> (Vec<Arc<MemoryDevice>>, Array, Vec<u8>) {
-    let devices = members(6);
-    let options = CreateOptions {
-        data: 4,
-        parity: 2,
-        chunk_bytes: 64 << 10,
-        checksum: Algorithm::Crc32c,
-        compression: None,
-        logical_bytes: None,
-        log_bytes: None,
-    };
-    let array = tessera_array::create(named(&devices), &options).unwrap();
-    let mut data = vec![0u8; 16 << 20];
-    rand::rngs::StdRng::seed_from_u64(seed).fill(&mut data[..]);
-    array.write(0, &data, false).unwrap();
-    array.flush().unwrap();
-    (devices, array, data)
+    common::written_4_plus_2_on(6, MEMBER_BYTES, seed, 16 << 20)
 }
 
 fn state(array: &Array, index: usize) -> MemberState {

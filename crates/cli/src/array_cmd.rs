@@ -675,7 +675,7 @@ pub(crate) fn ask_server(dir: &Path, request: &str) -> Result<Option<String>> {
 
 /// [`ask_server`], handing each progress line the server sends first to
 /// `on_progress`.
-pub(crate) fn ask_server_with(dir: &Path, request: &str, mut on_progress: impl FnMut(&str)) -> Result<Option<String>> {
+fn ask_server_with(dir: &Path, request: &str, mut on_progress: impl FnMut(&str)) -> Result<Option<String>> {
     let Ok(mut stream) = UnixStream::connect(dir.join(CONTROL_SOCKET)) else {
         return Ok(None);
     };
@@ -967,26 +967,45 @@ impl Progress {
     }
 }
 
+/// Long work with a progress report (`R`): asked of the server that
+/// serves `dir` with `request`, if one does, else run by `here` on the
+/// array opened here; each report so far shown by `show`.
+pub(crate) fn served_or_here<R: serde::de::DeserializeOwned>(
+    dir: &Path,
+    request: &str,
+    progress: &mut Progress,
+    show: fn(&mut Progress, &R),
+    here: impl FnOnce(&Array, &mut dyn FnMut(&R) -> bool) -> Result<R, tessera_array::ArrayError>,
+) -> Result<R> {
+    let answer = ask_server_with(dir, request, |line| {
+        if let Ok(report) = serde_json::from_str::<R>(line) {
+            show(progress, &report);
+        }
+    })?;
+    match answer {
+        Some(text) => Ok(serde_json::from_str(&text)?),
+        None => {
+            let _lock = lock(dir)?;
+            let array = open(dir)?;
+            Ok(here(&array, &mut |report| {
+                show(progress, report);
+                true
+            })?)
+        }
+    }
+}
+
 /// `tessera scrub`: through the server if one runs, else on the array
 /// opened here; progress on stderr, the summary at the end.
 pub fn scrub(dir: &Path, rate: u64, json: bool) -> Result<()> {
     let mut progress = Progress::new("scrub");
-    let answer = ask_server_with(dir, &format!("scrub {rate}"), |line| {
-        if let Ok(report) = serde_json::from_str::<tessera_array::ScrubReport>(line) {
-            progress.scrub(&report);
-        }
-    })?;
-    let report: tessera_array::ScrubReport = match answer {
-        Some(text) => serde_json::from_str(&text)?,
-        None => {
-            let _lock = lock(dir)?;
-            let array = open(dir)?;
-            array.scrub_with((rate > 0).then_some(rate), |report| {
-                progress.scrub(report);
-                true
-            })?
-        }
-    };
+    let report = served_or_here(
+        dir,
+        &format!("scrub {rate}"),
+        &mut progress,
+        Progress::scrub,
+        |array, shown| array.scrub_with((rate > 0).then_some(rate), shown),
+    )?;
     progress.finish();
     if json {
         println!("{}", serde_json::to_string(&report)?);

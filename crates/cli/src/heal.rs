@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tessera_array::{Array, HealReport, MemberState};
 
-use crate::array_cmd::{ask_server_with, human, lock, open, Progress};
+use crate::array_cmd::{human, served_or_here, Progress};
 
 /// How often the server's healer looks at the members.
 const LOOK_INTERVAL: Duration = Duration::from_secs(1);
@@ -30,22 +30,13 @@ fn summary(report: &HealReport) -> String {
 /// opened here; progress on stderr, the summary at the end.
 pub fn heal(dir: &std::path::Path, rate: u64, json: bool) -> Result<()> {
     let mut progress = Progress::new("heal");
-    let answer = ask_server_with(dir, &format!("heal {rate}"), |line| {
-        if let Ok(report) = serde_json::from_str::<HealReport>(line) {
-            progress.heal(&report);
-        }
-    })?;
-    let report: HealReport = match answer {
-        Some(text) => serde_json::from_str(&text)?,
-        None => {
-            let _lock = lock(dir)?;
-            let array = open(dir)?;
-            array.heal_with((rate > 0).then_some(rate), |report| {
-                progress.heal(report);
-                true
-            })?
-        }
-    };
+    let report = served_or_here(
+        dir,
+        &format!("heal {rate}"),
+        &mut progress,
+        Progress::heal,
+        |array, shown| array.heal_with((rate > 0).then_some(rate), shown),
+    )?;
     progress.finish();
     if json {
         println!("{}", serde_json::to_string(&report)?);

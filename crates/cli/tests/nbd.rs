@@ -1746,7 +1746,9 @@ fn a_replace_killed_half_way_goes_on_where_it_stopped() {
     let out = tessera(&args);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let at = text.find(" stripes done before a restart").unwrap_or_else(|| panic!("{text}"));
+    let at = text
+        .find(" stripes done before a restart")
+        .unwrap_or_else(|| panic!("{text}"));
     let resumed: u64 = text[..at].split_whitespace().last().unwrap().parse().unwrap();
     assert!(resumed > 0, "the second run started over: {text}");
     assert!(!dir.join("rebuild.json").exists());
