@@ -419,6 +419,21 @@ impl Members {
                     .store(MemberState::Failed.code(), Ordering::Release);
                 return Ok(());
             }
+            // Out already; taken out by hand, it is told so in its own
+            // superblock, otherwise as it was: the checkpoint that names
+            // is one it holds (the array's current one is not).
+            MemberState::Stale if mark_it => {
+                if let Some(device) = self.device(index) {
+                    if let Ok(mut own) = crate::read_superblock(device.as_ref()) {
+                        own.set_failed(index);
+                        let _ = write_superblocks(&own, &[(index, own.member_uuid, device)]);
+                    }
+                }
+                self.entries[index]
+                    .state
+                    .store(MemberState::Failed.code(), Ordering::Release);
+                return Ok(());
+            }
             MemberState::Failed | MemberState::Missing | MemberState::Stale => return Ok(()),
         }
         self.mark_failed(index)?;

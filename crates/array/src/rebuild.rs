@@ -195,12 +195,12 @@ impl Array {
             .rebuild_progress
             .begin(report)
             .map_err(|other| ArrayError::RebuildRunning { index: other.member })?;
-        let trusted = if options.keep_current || resume.is_some() {
-            trusted_through(shared, index, device.as_ref())
-        } else {
-            None
-        };
-        if trusted.is_none() && crate::read_superblock(device.as_ref()).is_ok() {
+        let found = crate::read_superblock(device.as_ref()).ok();
+        let trusted = found
+            .as_ref()
+            .filter(|_| options.keep_current || resume.is_some())
+            .and_then(|sb| trusted_through(shared, index, sb));
+        if trusted.is_none() && found.is_some() {
             // What it claims to be no longer holds once this member's
             // chunks are written over it: a later resync must not trust it.
             forget_superblocks(device.as_ref(), g).map_err(|source| device_error(index, source))?;
@@ -425,20 +425,19 @@ fn device_error(index: usize, source: std::io::Error) -> ArrayError {
     }
 }
 
-/// The sequence through which `device`, as member `index`, holds the
-/// chunk of every stripe still live: the checkpoint its own superblock
-/// names. That superblock was written to it, while it was healthy, only
+/// The sequence through which a device whose superblock is `sb` holds,
+/// as member `index`, the chunk of every stripe still live: the
+/// checkpoint that superblock names. That superblock was written to it, while it was healthy, only
 /// once every stripe up to the checkpoint was synced to it; no stripe is
 /// rewritten in place, so those still in the map are as it holds them.
 /// `None` if the superblock is not this member's (a rebuild erases the
 /// superblock of any other device it writes to, so a device rebuilt half
 /// way as another member cannot claim to be this one).
-fn trusted_through(shared: &Shared, index: usize, device: &dyn Device) -> Option<u64> {
-    let sb = crate::read_superblock(device).ok()?;
+fn trusted_through(shared: &Shared, index: usize, sb: &crate::format::Superblock) -> Option<u64> {
     // (Its own failed bit may be set: a member failed by hand is told so,
     // with the checkpoint it had.)
     let ours = sb.array_uuid == shared.array_uuid && sb.member_index == index && sb.geometry == shared.geometry;
-    ours.then_some(sb.checkpoint?.sequence)
+    ours.then_some(sb.checkpoint.as_ref()?.sequence)
 }
 
 /// Zeroes `device`'s superblocks (both copies, and the last sector, where

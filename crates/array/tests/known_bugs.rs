@@ -17,27 +17,19 @@
 //! Remove the `ignore` once fixed.
 
 mod common;
-use common::{named, open_list};
+use common::{create_options, named, open_list};
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use tessera_array::device::MemoryDevice;
-use tessera_array::{CreateOptions, EngineOptions};
+use tessera_array::EngineOptions;
 
 #[test]
 #[ignore = "known bug: NoSpace on random overwrites of a full array after a restart"]
 fn random_overwrites_of_a_full_array_after_a_restart_never_run_out_of_space() {
     for round in 0..6u64 {
         let devices: Vec<Arc<MemoryDevice>> = (0..10).map(|_| Arc::new(MemoryDevice::new(64 << 20))).collect();
-        let o = CreateOptions {
-            data: 8,
-            parity: 2,
-            chunk_bytes: 64 << 10,
-            checksum: tessera_checksum::Algorithm::Crc32c,
-            compression: None,
-            logical_bytes: None,
-            log_bytes: None,
-        };
-        let array = tessera_array::create_with(named(&devices), &o, EngineOptions::default()).unwrap();
+        let array =
+            tessera_array::create_with(named(&devices), &create_options(8, 2), EngineOptions::default()).unwrap();
         let size = array.logical_bytes();
         let chunk = vec![7u8; 1 << 20];
         let mut at = 0;

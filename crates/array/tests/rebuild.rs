@@ -323,6 +323,17 @@ fn at_open_a_member_that_was_away_is_stale_and_one_failed_by_hand_is_failed() {
     // if member 2 is left out.
     assert!(matches!(array.fail_member(0), Err(ArrayError::TooManyFailed { .. })));
     reads_back(&array, &data, "members 2 and 4 out");
+    // Failed by hand while stale, it is failed, and stays so at the next
+    // open (not resynced by itself), still holding what it held.
+    array.fail_member(2).unwrap();
+    assert_eq!(state(&array, 2), MemberState::Failed);
+    drop(array);
+    let array = tessera_array::open(open_list(&devices, &[])).unwrap();
+    assert_eq!(
+        state(&array, 2),
+        MemberState::Failed,
+        "failed by hand, it came back stale"
+    );
     // Both come back on their own devices, each taking only what it missed
     // on its superblock's word (member 4's, written when it was failed).
     for member in [2, 4] {

@@ -60,7 +60,8 @@ fn out_members(array: &Array) -> Vec<usize> {
 /// The server's healer: once a second, if members are out (none being
 /// rebuilt or resynced, which would restore them anyway) and data
 /// stripes have a chunk on them, heals at `rate`, once for each set of
-/// members out. Stops with `stop`, and gives way to a rebuild that starts.
+/// members out (again if it gave way to a rebuild). Stops with `stop`,
+/// and gives way to a rebuild that starts.
 pub fn spawn_healer(
     array: Arc<Array>,
     stop: Arc<AtomicBool>,
@@ -86,16 +87,25 @@ pub fn spawn_healer(
                 if degraded == 0 {
                     continue;
                 }
-                healed_for = out;
                 eprintln!(
                     "tessera: {degraded} stripes are short of full redundancy: healing them onto healthy members"
                 );
                 let result = array.heal_with(Some(rate), |_| {
                     !stop.load(Ordering::Relaxed) && array.rebuild_progress().is_none()
                 });
+                // A heal that gave way to a rebuild goes on if that one
+                // fails (the same members are out after it).
                 match result {
-                    Ok(report) => eprintln!("tessera: {}", summary(&report)),
-                    Err(e) => eprintln!("tessera: heal failed: {e}"),
+                    Ok(report) => {
+                        eprintln!("tessera: {}", summary(&report));
+                        if !report.stopped {
+                            healed_for = out;
+                        }
+                    }
+                    Err(e) => {
+                        eprintln!("tessera: heal failed: {e}");
+                        healed_for = out;
+                    }
                 }
             }
         })

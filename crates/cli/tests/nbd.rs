@@ -433,11 +433,7 @@ fn kill_9_loses_no_acknowledged_fua_write() {
     let socket = tmp.path().join("nbd.sock");
     let server = Served::start(&dir, &socket);
     // FUA writes of distinct patterns to distinct places, killed midway.
-    let writes: Vec<(u64, u32)> = (0..400u64).map(|i| (i * 65536, (i % 250 + 1) as u32)).collect();
-    let commands: Vec<String> = writes
-        .iter()
-        .map(|(offset, pattern)| format!("write -f -P {pattern} {offset} 64k"))
-        .collect();
+    let (writes, commands) = fua_writes(400, 65536, "64k");
     // Killed once 50 writes are acknowledged, whatever the speed.
     let acknowledged = qemu_io_killing(server, &commands, 50);
     eprintln!(
@@ -447,6 +443,17 @@ fn kill_9_loses_no_acknowledged_fua_write() {
     );
     assert!(acknowledged.len() >= 50, "qemu-io stopped before the kill");
     read_back_after_restart(&dir, &socket, &writes, &acknowledged, "64k").stop();
+}
+
+/// `count` qemu-io FUA writes of `len`, `stride` bytes apart, each of its
+/// own pattern: ((offset, pattern), the commands).
+fn fua_writes(count: u64, stride: u64, len: &str) -> (Vec<(u64, u32)>, Vec<String>) {
+    let writes: Vec<(u64, u32)> = (0..count).map(|i| (i * stride, (i % 250 + 1) as u32)).collect();
+    let commands = writes
+        .iter()
+        .map(|(offset, pattern)| format!("write -f -P {pattern} {offset} {len}"))
+        .collect();
+    (writes, commands)
 }
 
 /// Restarts the server of the array in `dir` and reads back each of
@@ -486,11 +493,7 @@ fn kill_9_with_a_log_device_loses_no_fua_write_and_a_missing_one_is_refused() {
     assert_eq!(status["log"]["on"], "devices", "{status}");
     let socket = tmp.path().join("nbd.sock");
     let server = Served::start(&dir, &socket);
-    let writes: Vec<(u64, u32)> = (0..300u64).map(|i| (i * 20480, (i % 250 + 1) as u32)).collect();
-    let commands: Vec<String> = writes
-        .iter()
-        .map(|(offset, pattern)| format!("write -f -P {pattern} {offset} 4k"))
-        .collect();
+    let (writes, commands) = fua_writes(300, 20480, "4k");
     let acknowledged = qemu_io_killing(server, &commands, 40);
     assert!(acknowledged.len() >= 40, "qemu-io stopped before the kill");
     let server = read_back_after_restart(&dir, &socket, &writes, &acknowledged, "4k");
