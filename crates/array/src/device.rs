@@ -379,6 +379,21 @@ pub struct Faults {
     /// Writes report success but are dropped.
     pub lose_writes: bool,
     pub random: Option<RandomFaults>,
+    /// The process died (kill -9) when this was set: from then on writes
+    /// and syncs report success and change nothing, so the device holds
+    /// what was written up to that instant, synced or not (see
+    /// [`MemoryDevice::crash`] for what power loss takes besides). Shared
+    /// by all the members of an array, so one store stops them all.
+    pub dead: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+}
+
+impl Faults {
+    /// Whether the process that writes to the device has died.
+    fn is_dead(&self) -> bool {
+        self.dead
+            .as_ref()
+            .is_some_and(|d| d.load(std::sync::atomic::Ordering::SeqCst))
+    }
 }
 
 /// Faults that strike single I/Os at random, each with its probability,
@@ -582,6 +597,9 @@ impl Device for MemoryDevice {
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.delay();
         let mut state = self.state();
+        if state.faults.is_dead() {
+            return Ok(());
+        }
         if state.faults.fail_writes {
             return Err(eio());
         }
@@ -602,6 +620,9 @@ impl Device for MemoryDevice {
     fn sync(&self) -> io::Result<()> {
         self.delay();
         let mut state = self.state();
+        if state.faults.is_dead() {
+            return Ok(());
+        }
         if state.faults.fail_writes {
             return Err(eio());
         }

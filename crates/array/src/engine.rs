@@ -99,10 +99,10 @@ pub(crate) struct Index {
     pub checkpoint_reserve: usize,
     /// The durable checkpoint's stripes.
     pub checkpoint_slots: Vec<u64>,
-    /// Stripes of the GC stream sealed empty (their copies overwritten by
-    /// client writes) while user stripes were open, with the slots of
-    /// those user stripes: each drains once all of them are sealed, since
-    /// any may hold what superseded it.
+    /// Slots emptied (by overwrites or by garbage collection's copies)
+    /// while user stripes were open, with the slots of those user
+    /// stripes: each drains once all of them are sealed, since any may
+    /// hold a write that superseded part of what it held.
     pub drain_after_user: Vec<(u64, Vec<u64>)>,
     /// The newest sequence sealed so far.
     pub last_sealed: u64,

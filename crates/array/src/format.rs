@@ -43,6 +43,10 @@ pub const DATA_START: u64 = 1 << 20;
 pub const BLOCK_BYTES: usize = 4096;
 /// Members in an array at most: the failed-member bitmap has this many bits.
 pub const MEMBER_COUNT_MAX: usize = 256;
+/// The largest exported size: NBD clients (libnbd, qemu, the kernel) take
+/// the export size and offsets as signed 64-bit numbers, so a size past
+/// 2^63 reads as negative; the largest multiple of a block below that.
+pub const LOGICAL_BYTES_MAX: u64 = i64::MAX as u64 / BLOCK_BYTES as u64 * BLOCK_BYTES as u64;
 /// Chunk payload size limits: a multiple of a sector, at most 16 MiB so a
 /// stripe's data area offsets fit in 32 bits for K <= 255.
 pub const CHUNK_BYTES_MIN: usize = 4096;
@@ -383,7 +387,8 @@ impl Superblock {
             return Err(field("rows", rows));
         }
         let logical_bytes = get_u64(s, 88);
-        if logical_bytes == 0 || !logical_bytes.is_multiple_of(BLOCK_BYTES as u64) {
+        if logical_bytes == 0 || !logical_bytes.is_multiple_of(BLOCK_BYTES as u64) || logical_bytes > LOGICAL_BYTES_MAX
+        {
             return Err(field("logical_bytes", logical_bytes));
         }
         let geometry = Geometry {

@@ -95,6 +95,14 @@ pub enum ArrayError {
         /// The devices left out, and why ("; ..." each).
         why: String,
     },
+    #[error(
+        "none of the {listed} devices listed holds a superblock of a Tessera array: the array cannot be opened{why}"
+    )]
+    NoMemberFound {
+        listed: usize,
+        /// The devices left out, and why ("; ..." each).
+        why: String,
+    },
     #[error("a scrub is already running on this array")]
     ScrubRunning,
     #[error("a heal is already running on this array")]
@@ -278,6 +286,12 @@ pub fn create_with(
         Some(bytes) if bytes == 0 || bytes % BLOCK_BYTES as u64 != 0 => {
             return bad(format!("logical size {bytes}: use a positive multiple of 4 KiB"))
         }
+        Some(bytes) if bytes > format::LOGICAL_BYTES_MAX => {
+            return bad(format!(
+                "logical size {bytes}: at most {} bytes (8 EiB less 4 KiB), as NBD clients take sizes as signed 64-bit numbers",
+                format::LOGICAL_BYTES_MAX
+            ))
+        }
         Some(bytes) => bytes,
         None => default_logical_bytes(&geometry),
     };
@@ -374,6 +388,7 @@ pub fn open(devices: Vec<(String, Option<Arc<dyn Device>>)>) -> Result<Array, Ar
 pub fn open_with(devices: Vec<(String, Option<Arc<dyn Device>>)>, engine: EngineOptions) -> Result<Array, ArrayError> {
     let mut rejected: Vec<Rejected> = Vec::new();
     let mut found: Vec<Found> = Vec::new();
+    let listed = devices.len();
     for (name, device) in devices {
         let Some(device) = device else { continue };
         match read_superblock(device.as_ref()) {
@@ -413,9 +428,8 @@ pub fn open_with(devices: Vec<(String, Option<Arc<dyn Device>>)>, engine: Engine
         .filter(|(_, _, sb)| votes.first().is_some_and(|(uuid, _)| sb.array_uuid == *uuid))
         .max_by_key(|(_, _, sb)| sb.generation)
         .map(|(_, _, sb)| sb.clone())
-        .ok_or_else(|| ArrayError::TooManyUnavailable {
-            unavailable: usize::MAX,
-            parity: 0,
+        .ok_or_else(|| ArrayError::NoMemberFound {
+            listed,
             why: rejections(&rejected),
         })?;
     let geometry = &newest.geometry;

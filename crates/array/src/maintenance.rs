@@ -71,6 +71,10 @@ impl Shared {
             if self.members.lost().is_some() {
                 continue;
             }
+            if self.awaited_user_stripes_due() {
+                // A failure is reported when a writer or FLUSH syncs.
+                let _ = self.seal_awaited_user_stripes();
+            }
             if let Some(sequence) = self.drain_sync_due() {
                 // A failure is reported when a writer or FLUSH syncs.
                 let _ = self.sync_through(sequence);
@@ -102,6 +106,16 @@ impl Shared {
         let low = index.slots.usable_count() < window / CHECKPOINT_WINDOW_LOW_DIVISOR as usize;
         let due = draining >= (window / DRAIN_SYNC_DIVISOR).max(1) || (low && draining > 0);
         due.then(|| index.slots.draining_sequence_max()).flatten()
+    }
+
+    /// Whether emptied slots wait for open user stripes while usable
+    /// slots run low: the stripes are then sealed short, as a writer
+    /// needing room would, instead of waiting for clients to fill them.
+    pub(crate) fn awaited_user_stripes_due(&self) -> bool {
+        let window = self.window_slots() as usize;
+        let index = self.index();
+        !index.drain_after_user.is_empty()
+            && index.slots.usable_count() < window / CHECKPOINT_WINDOW_LOW_DIVISOR as usize
     }
 
     /// Whether the window is running low while free slots lie outside it,

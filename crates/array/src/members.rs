@@ -40,6 +40,10 @@ pub enum MemberState {
     /// it; it is read only once all are (the superblocks record it failed
     /// until then).
     Rebuilding,
+    /// Healthy in the superblocks, but its writes failed when failing it
+    /// would have left fewer than K members: the reason the array refuses
+    /// writes. Shown by `status`; never stored.
+    Failing,
 }
 
 impl MemberState {
@@ -51,6 +55,7 @@ impl MemberState {
             MemberState::Missing => "missing",
             MemberState::Rebuilding => "rebuilding",
             MemberState::Stale => "stale",
+            MemberState::Failing => "failing",
         }
     }
 
@@ -61,6 +66,7 @@ impl MemberState {
             MemberState::Missing => 2,
             MemberState::Rebuilding => 3,
             MemberState::Stale => 4,
+            MemberState::Failing => unreachable!("failing is shown, never stored"),
         }
     }
 
@@ -278,7 +284,7 @@ impl Members {
     ) -> Result<(), ArrayError> {
         let _sb = self.superblock();
         match self.state(index) {
-            MemberState::Healthy => return Err(ArrayError::MemberHealthy { index }),
+            MemberState::Healthy | MemberState::Failing => return Err(ArrayError::MemberHealthy { index }),
             MemberState::Rebuilding => return Err(ArrayError::RebuildRunning { index }),
             MemberState::Failed | MemberState::Missing | MemberState::Stale => {}
         }
@@ -411,7 +417,7 @@ impl Members {
         }
         let mut sb = self.superblock();
         match self.state(index) {
-            MemberState::Healthy => {}
+            MemberState::Healthy | MemberState::Failing => {}
             // Its rebuild stops; the superblocks already say failed.
             MemberState::Rebuilding => {
                 self.entries[index]

@@ -145,7 +145,7 @@ impl Array {
             });
         }
         match members.state(index) {
-            MemberState::Healthy => Err(ArrayError::MemberHealthy { index }),
+            MemberState::Healthy | MemberState::Failing => Err(ArrayError::MemberHealthy { index }),
             MemberState::Rebuilding => Err(ArrayError::RebuildRunning { index }),
             MemberState::Failed | MemberState::Missing | MemberState::Stale => Ok(()),
         }

@@ -197,11 +197,20 @@ impl Shared {
                 bytes_on_device: work.bytes_on_device,
             },
             members: (0..members.count())
-                .map(|index| MemberStatus {
-                    index,
-                    name: members.name(index),
-                    state: members.state(index),
-                    errors: members.errors(index),
+                .map(|index| {
+                    let errors = members.errors(index);
+                    let state = match members.state(index) {
+                        MemberState::Healthy if members.lost().is_some() && errors.write_errors > 0 => {
+                            MemberState::Failing
+                        }
+                        state => state,
+                    };
+                    MemberStatus {
+                        index,
+                        name: members.name(index),
+                        state,
+                        errors,
+                    }
                 })
                 .collect(),
             members_unavailable: members.unavailable(),

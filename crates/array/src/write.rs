@@ -656,7 +656,8 @@ impl Shared {
 
     /// Seals an open stripe as `sequence` (assigned to it): its summary
     /// into the data area, and the area kept in memory for readers until
-    /// it is written. Slots its records emptied drain once it is synced.
+    /// it is written. Slots its records emptied drain once it, and every
+    /// user stripe open now, is synced.
     pub(crate) fn seal_as(&self, mut open: OpenStripe, state: SlotState, sequence: u64) -> Sealing {
         let synced_through = self.tracker.lock().synced_through;
         let info = stripe::finish(&self.geometry, &mut open, sequence, synced_through);
@@ -666,27 +667,33 @@ impl Shared {
         let empty = index.slots.sealed(open.slot, sequence, state);
         index.resident.insert(open.slot, Resident::Sealed(area.clone()));
         index.last_sealed = index.last_sealed.max(sequence);
-        for slot in open.drains {
-            index.slots.drain_after(slot, sequence);
-        }
+        // A slot emptied here (by this stripe's records, or this stripe
+        // itself, all it took overwritten while it was open) may have held
+        // the only durable copy of blocks whose newer writes are in user
+        // stripes still open: a write that overwrote some of its blocks
+        // earlier, before garbage collection moved the rest here. Those
+        // newer writes are durable only once their stripes are sealed and
+        // synced (a crash loses open stripes), so the slot drains after
+        // every user stripe open now is sealed; any sealed before this one
+        // has a smaller sequence, and is synced with it.
+        let mut drains = open.drains;
         if empty {
-            // What overwrote it may be in an open user stripe, not yet
-            // sealed: it drains after those, not after itself.
-            let user_open: Vec<u64> = if open.stream == Stream::User {
-                Vec::new()
-            } else {
-                let user_lanes = self.user_lanes();
-                index
-                    .resident
-                    .iter()
-                    .filter(|(_, r)| matches!(r, Resident::Open(lane) if user_lanes.contains(lane)))
-                    .map(|(&slot, _)| slot)
-                    .collect()
-            };
-            if user_open.is_empty() {
-                index.slots.drain_after(open.slot, sequence);
-            } else {
-                index.drain_after_user.push((open.slot, user_open));
+            drains.push(open.slot);
+        }
+        if !drains.is_empty() {
+            let user_lanes = self.user_lanes();
+            let user_open: Vec<u64> = index
+                .resident
+                .iter()
+                .filter(|(_, r)| matches!(r, Resident::Open(lane) if user_lanes.contains(lane)))
+                .map(|(&slot, _)| slot)
+                .collect();
+            for slot in drains {
+                if user_open.is_empty() {
+                    index.slots.drain_after(slot, sequence);
+                } else {
+                    index.drain_after_user.push((slot, user_open.clone()));
+                }
             }
         }
         if open.stream == Stream::User {
@@ -755,6 +762,17 @@ impl Shared {
         Ok(count)
     }
 
+    /// Seals the open user stripes, short if need be, when emptied slots
+    /// wait for them (see `seal_as`): a writer that needs room, or
+    /// maintenance when usable slots run low, does this rather than wait
+    /// for clients to fill them. Returns whether it sealed any.
+    pub(crate) fn seal_awaited_user_stripes(&self) -> Result<bool, ArrayError> {
+        if self.index().drain_after_user.is_empty() {
+            return Ok(false);
+        }
+        Ok(self.seal_user_lanes()? > 0)
+    }
+
     /// FLUSH: logs what the open user stripes hold (or, without a log,
     /// seals them short) and returns once every stripe sealed so far is on
     /// the members and synced. Garbage collection's copies need not be
@@ -818,6 +836,7 @@ impl Shared {
         if room(self) {
             return Ok(());
         }
+        self.seal_awaited_user_stripes()?;
         let drained = self.index().slots.draining_sequence_max();
         if let Some(sequence) = drained {
             self.sync_through(sequence)?;

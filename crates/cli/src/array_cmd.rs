@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tessera_array::device::{Device, FileDevice};
 use tessera_array::{Array, ArrayError, CreateOptions, EngineOptions};
@@ -43,6 +43,17 @@ pub struct Create {
 }
 
 pub fn create(c: &Create) -> Result<()> {
+    let dir_made = !c.dir.exists();
+    let result = create_in_dir(c);
+    if result.is_err() && dir_made {
+        // A refused create leaves no empty directory behind (remove_dir
+        // takes only an empty one).
+        let _ = std::fs::remove_dir(&c.dir);
+    }
+    result
+}
+
+fn create_in_dir(c: &Create) -> Result<()> {
     std::fs::create_dir_all(&c.dir).with_context(|| format!("creating {}", c.dir.display()))?;
     let list = c.dir.join(MEMBERS_FILE);
     if list.exists() {
@@ -355,6 +366,13 @@ impl tessera_nbd::Export for ArrayExport {
 }
 
 pub(crate) fn lock(dir: &Path) -> Result<std::fs::File> {
+    // Checked first, so that a mistyped directory is left as it was.
+    if !dir.join(MEMBERS_FILE).is_file() {
+        bail!(
+            "{} is not a Tessera array (it has no {MEMBERS_FILE} file): give the directory `tessera create --dir` made",
+            dir.display()
+        );
+    }
     let path = dir.join(LOCK_FILE);
     let file = std::fs::OpenOptions::new()
         .create(true)
@@ -542,10 +560,15 @@ pub fn serve(mut s: Serve) -> Result<()> {
     Ok(())
 }
 
-/// How long a control client has to send its request and take the
-/// answer; a silent one is dropped, and others are served meanwhile.
+/// How long a control client has to send its whole request (from the
+/// moment it connects), and then to take each answer; a slow or silent
+/// one is dropped, and others are served meanwhile.
 const CONTROL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
-/// Control clients served at once; more are told to retry.
+/// Control clients served at once. A client arriving when all are taken
+/// makes room by closing the one that has waited longest without sending
+/// its request (a slow or silent client), so a few of those cannot lock
+/// the operator out; only clients whose requests run (a scrub streaming
+/// its progress) make it wait, told to retry.
 const CONTROL_CLIENTS_MAX: usize = 8;
 
 /// Sets the mode of a socket this server created: its owner only unless
@@ -557,27 +580,90 @@ fn set_mode(path: &Path, mode: u32) -> Result<()> {
         .with_context(|| format!("setting the mode of {} to {mode:o}", path.display()))
 }
 
+/// Control clients connected and not yet done sending their request: the
+/// ones a newcomer may close to make room, oldest first.
+#[derive(Default)]
+struct Readers {
+    next_id: u64,
+    waiting: std::collections::VecDeque<(u64, UnixStream)>,
+}
+
 /// Answers requests on the control socket (see [`control_client`]), each
-/// client on its own thread with a timeout.
+/// client on its own thread, its request due within [`CONTROL_TIMEOUT`].
 fn control_loop(listener: UnixListener, array: Arc<Array>, rebuilder: Arc<Rebuilder>, stop: Arc<AtomicBool>) {
     let busy = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let readers = Arc::new(Mutex::new(Readers::default()));
     for stream in listener.incoming() {
         if stop.load(Ordering::Relaxed) {
             return;
         }
         let Ok(stream) = stream else { continue };
-        let _ = stream.set_read_timeout(Some(CONTROL_TIMEOUT));
         let _ = stream.set_write_timeout(Some(CONTROL_TIMEOUT));
-        if busy.fetch_add(1, Ordering::SeqCst) >= CONTROL_CLIENTS_MAX {
-            busy.fetch_sub(1, Ordering::SeqCst);
-            let _ = (&stream).write_all(b"error: the server is busy with other control clients; try again\n");
-            continue;
+        if busy.load(Ordering::SeqCst) >= CONTROL_CLIENTS_MAX {
+            // Room is made by closing the slowest reader; its thread ends
+            // at once (its read fails), so at most twice the maximum run.
+            let oldest = readers.lock().unwrap_or_else(|p| p.into_inner()).waiting.pop_front();
+            match oldest {
+                Some((_, slow)) => {
+                    let _ = slow.shutdown(std::net::Shutdown::Both);
+                }
+                None => {
+                    let _ = (&stream).write_all(b"error: the server is busy with other control clients; try again\n");
+                    continue;
+                }
+            }
         }
-        let (array, busy, rebuilder) = (array.clone(), busy.clone(), rebuilder.clone());
+        let id = {
+            let mut r = readers.lock().unwrap_or_else(|p| p.into_inner());
+            let id = r.next_id;
+            r.next_id += 1;
+            if let Ok(copy) = stream.try_clone() {
+                r.waiting.push_back((id, copy));
+            }
+            id
+        };
+        busy.fetch_add(1, Ordering::SeqCst);
+        let (array, busy, rebuilder, readers) = (array.clone(), busy.clone(), rebuilder.clone(), readers.clone());
+        let deadline = Instant::now() + CONTROL_TIMEOUT;
         std::thread::spawn(move || {
-            control_client(&stream, &array, &rebuilder);
+            let request = read_request(&stream, deadline);
+            readers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .waiting
+                .retain(|(other, _)| *other != id);
+            if let Some(line) = request {
+                control_client(&stream, &line, &array, &rebuilder);
+            }
             busy.fetch_sub(1, Ordering::SeqCst);
         });
+    }
+}
+
+/// One request line, whole by `deadline` (a client that trickles bytes
+/// gets no more time than a silent one); `None` if it is not.
+fn read_request(stream: &UnixStream, deadline: Instant) -> Option<String> {
+    let mut line = Vec::new();
+    let mut buffer = [0u8; 1024];
+    // Each pass reads at least one byte or returns.
+    loop {
+        let left = deadline.checked_duration_since(Instant::now())?;
+        if left.is_zero() {
+            return None;
+        }
+        stream.set_read_timeout(Some(left)).ok()?;
+        let n = (&*stream).read(&mut buffer).ok()?;
+        if n == 0 {
+            return None;
+        }
+        line.extend_from_slice(&buffer[..n]);
+        if let Some(end) = line.iter().position(|&b| b == b'\n') {
+            line.truncate(end + 1);
+            return String::from_utf8(line).ok();
+        }
+        if line.len() as u64 > CONTROL_REQUEST_BYTES_MAX {
+            return None;
+        }
     }
 }
 
@@ -587,18 +673,9 @@ const CONTROL_REQUEST_BYTES_MAX: u64 = 8192;
 /// One control request, one line each way: `status`, `fail I`, `scrub
 /// RATE` and `heal RATE` (progress lines, then the report), `replace {json}` (starts a
 /// rebuild, see `replace::Request`) and `rebuild` (how it goes).
-fn control_client(stream: &UnixStream, array: &Array, rebuilder: &Rebuilder) {
-    let mut line = String::new();
-    // At most one line is read: a client that sends more, or nothing,
-    // gets nothing.
-    if BufReader::new(stream)
-        .take(CONTROL_REQUEST_BYTES_MAX)
-        .read_line(&mut line)
-        .is_err()
-        || !line.ends_with('\n')
-    {
-        return;
-    }
+fn control_client(stream: &UnixStream, line: &str, array: &Array, rebuilder: &Rebuilder) {
+    // Answers that take long (a scrub's) have their own time to be read.
+    let _ = stream.set_read_timeout(Some(CONTROL_TIMEOUT));
     if let Some(json) = line.strip_prefix("replace ") {
         let reply = serde_json::from_str::<crate::replace::Request>(json)
             .map_err(anyhow::Error::from)
@@ -652,12 +729,12 @@ fn streamed<R: serde::Serialize>(
     stream: &UnixStream,
     work: impl FnOnce(&mut dyn FnMut(&R) -> bool) -> Result<R, tessera_array::ArrayError>,
 ) -> Result<String, String> {
-    let mut last = std::time::Instant::now();
+    let mut last = Instant::now();
     let mut progress = |report: &R| {
         if last.elapsed() < PROGRESS_INTERVAL {
             return true;
         }
-        last = std::time::Instant::now();
+        last = Instant::now();
         let line = format!("progress {}\n", serde_json::to_string(report).unwrap_or_default());
         (&*stream).write_all(line.as_bytes()).is_ok()
     };
@@ -917,7 +994,7 @@ impl Progress {
         Progress {
             label,
             bar,
-            last: std::time::Instant::now(),
+            last: Instant::now(),
         }
     }
 
@@ -932,7 +1009,7 @@ impl Progress {
         if self.last.elapsed() < PROGRESS_INTERVAL {
             return;
         }
-        self.last = std::time::Instant::now();
+        self.last = Instant::now();
         eprintln!(
             "{}: {done}/{total} stripes ({:.0}%), {message}",
             self.label,

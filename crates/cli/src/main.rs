@@ -460,7 +460,28 @@ enum BenchCommand {
     },
 }
 
+/// Output that cannot be written (`tessera status >/dev/full`) ends the
+/// command with a clear error and exit code 1: `println!` reports it by
+/// panicking, which would otherwise print a panic and exit 101.
+fn exit_cleanly_when_output_fails() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if let Some(why) = message.strip_prefix("failed printing to stdout: ") {
+            eprintln!("tessera: cannot write the output: {why}");
+            std::process::exit(1);
+        }
+        default(info);
+    }));
+}
+
 fn main() -> Result<()> {
+    exit_cleanly_when_output_fails();
     let cli = Cli::parse();
     if !matches!(cli.command, Command::Serve { .. }) {
         // Commands that print end quietly when what reads them stops

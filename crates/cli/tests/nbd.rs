@@ -389,6 +389,68 @@ fn create_refuses_bad_shapes_and_open_leaves_out_foreign_members() {
     assert_eq!(status_json(&dir)["members"][2]["state"], "failed");
 }
 
+/// Sizes NBD clients would read as negative, a mistyped directory, a list
+/// of devices none of which is a member, and output that cannot be
+/// written: each is a clear error that leaves nothing behind.
+#[test]
+fn bad_sizes_directories_and_output_are_clear_errors_that_leave_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("a");
+    for size in ["9223372036854775808", "18446744073709547520"] {
+        let out = try_create(&dir, "6", &["--size", size]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains("at most 9223372036854771712 bytes"),
+            "{stderr}"
+        );
+        assert!(!dir.exists(), "a refused create leaves no directory behind");
+    }
+    // The largest size is taken (thin: far more than the members hold).
+    let out = try_create(&dir, "6", &["--size", "9223372036854771712"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(status_json(&dir)["logical_bytes"], 9223372036854771712u64);
+    // Not an array: refused before anything is made there.
+    let plain = tmp.path().join("plain");
+    std::fs::create_dir(&plain).unwrap();
+    for command in ["serve", "status", "scrub"] {
+        let out = tessera(&[command, plain.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains("is not a Tessera array"),
+            "{command}: {stderr}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_dir(&plain).unwrap().count(),
+        0,
+        "files left in a directory that is not an array"
+    );
+    // A member list naming only devices that hold no array.
+    std::fs::write(plain.join("members"), "zero-0\nzero-1\n").unwrap();
+    for name in ["zero-0", "zero-1"] {
+        std::fs::write(plain.join(name), vec![0u8; 4 << 20]).unwrap();
+    }
+    let out = tessera(&["status", plain.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("none of the 2 devices listed holds a superblock of a Tessera array"),
+        "{stderr}"
+    );
+    // Output that cannot be written: an error, not a panic.
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["status", dir.to_str().unwrap()])
+        .stdout(full)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("cannot write the output") && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+}
+
 /// Runs qemu-io's `commands` against `server` and kills the server with
 /// SIGKILL once `kill_after` writes are answered; returns the offsets of
 /// the writes qemu-io saw answered, in order.
@@ -735,7 +797,7 @@ fn holes_show_in_nbdinfo_map_qemu_img_map_and_a_sparse_nbdcopy() {
 }
 
 #[test]
-fn a_silent_control_client_blocks_no_one_and_status_survives_a_closed_pipe() {
+fn slow_or_silent_control_clients_block_no_one_and_status_survives_a_closed_pipe() {
     let (tmp, dir, server) = create_and_serve(&[]);
     // Both sockets are the owner's only.
     use std::os::unix::fs::PermissionsExt;
@@ -754,6 +816,54 @@ fn a_silent_control_client_blocks_no_one_and_status_survives_a_closed_pipe() {
         started.elapsed() < Duration::from_secs(4),
         "status waited {:?} behind silent control clients",
         started.elapsed()
+    );
+    drop(silent);
+    // Eight clients that trickle a byte every 300 ms and never end their
+    // line, and eight silent ones: each takes a control slot, yet `status`
+    // and `fail` answer at once, again and again (a client that has not
+    // sent its request gives way to a newcomer), and a trickling client is
+    // cut off when its request is not whole within 5 s of connecting.
+    let socket = dir.join("control.sock");
+    let stop_trickling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let tricklers: Vec<_> = (0..8)
+        .map(|_| {
+            let (socket, stop) = (socket.clone(), stop_trickling.clone());
+            std::thread::spawn(move || {
+                use std::io::Write;
+                let mut stream = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+                let connected = std::time::Instant::now();
+                // Bounded: 40 bytes at most.
+                for _ in 0..40 {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) || stream.write_all(b"s").is_err() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+                connected.elapsed()
+            })
+        })
+        .collect();
+    let silent: Vec<_> = (0..8)
+        .map(|_| std::os::unix::net::UnixStream::connect(&socket).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    for round in 0..3 {
+        let started = std::time::Instant::now();
+        assert_eq!(status_json(&dir)["data"], 4);
+        let out = tessera(&["fail", dir.to_str().unwrap(), "--device", "9"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && !stderr.contains("busy"), "{stderr}");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "round {round}: status and fail took {:?} behind slow control clients",
+            started.elapsed()
+        );
+    }
+    let lasted: Vec<Duration> = tricklers.into_iter().map(|t| t.join().unwrap()).collect();
+    stop_trickling.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        lasted.iter().all(|d| *d < Duration::from_secs(7)),
+        "a trickling control client was served past its deadline: {lasted:?}"
     );
     drop(silent);
     // `status | true`: the reader is gone before anything is written; no
