@@ -100,10 +100,16 @@ pub(crate) struct Index {
     /// The durable checkpoint's stripes.
     pub checkpoint_slots: Vec<u64>,
     /// Slots emptied (by overwrites or by garbage collection's copies)
-    /// while user stripes were open, with the slots of those user
-    /// stripes: each drains once all of them are sealed, since any may
-    /// hold a write that superseded part of what it held.
-    pub drain_after_user: Vec<(u64, Vec<u64>)>,
+    /// while a user stripe that holds a write superseding one of their
+    /// records was open, with the serial of the newest such stripe and
+    /// the sequence of the stripe that emptied them: each drains once
+    /// every user stripe up to that serial is sealed, and after both.
+    pub drain_after_user: Vec<(u64, u64, u64)>,
+    /// The open user stripes' slots, with their serials (user stripes are
+    /// numbered as they open, from 1).
+    pub user_open: HashMap<u64, u64>,
+    /// The serial the next user stripe gets.
+    pub user_serial_next: u64,
     /// The newest sequence sealed so far.
     pub last_sealed: u64,
 }
@@ -407,6 +413,8 @@ impl Array {
                 checkpoint_reserve: 0,
                 checkpoint_slots: Vec::new(),
                 drain_after_user: Vec::new(),
+                user_open: HashMap::new(),
+                user_serial_next: 1,
                 last_sealed: 0,
             }),
             pins: Pins::new(slot_count),

@@ -118,6 +118,7 @@ impl Shared {
         index.checkpoint_slots.clear();
         index.checkpoint_reserve = 0;
         index.drain_after_user.clear();
+        index.user_open.clear();
         index.next_version = 1;
     }
 

@@ -112,6 +112,10 @@ pub struct Slot {
     pub live: u64,
     /// Map pieces pointing into this slot.
     pub pieces: u32,
+    /// The serial of the newest user stripe a write went to that
+    /// superseded a record here (0: none): until that stripe is sealed and
+    /// synced, this slot may hold the last durable copy of a block.
+    pub superseded_by: u64,
 }
 
 impl Slot {
@@ -121,6 +125,7 @@ impl Slot {
             sequence,
             live: 0,
             pieces: 0,
+            superseded_by: 0,
         }
     }
 }
@@ -284,6 +289,15 @@ impl SlotTable {
             }
         }
         emptied
+    }
+
+    /// Records that a write into user stripe `serial` superseded what
+    /// the map pointed at in the slots `deltas` took pieces from.
+    pub fn superseded(&mut self, deltas: &[Delta], serial: u64) {
+        for delta in deltas.iter().filter(|d| !d.gained) {
+            let s = &mut self.slots[delta.target.slot() as usize];
+            s.superseded_by = s.superseded_by.max(serial);
+        }
     }
 
     /// Slot `slot` (draining) may be freed once `sequence` is synced.

@@ -582,7 +582,11 @@ impl Shared {
                     let version = index.next_version;
                     index.next_version += 1;
                     record.set_version(version);
-                    index.map.insert(lba, blocks, version, &target, Rule::Always)
+                    let deltas = index.map.insert(lba, blocks, version, &target, Rule::Always);
+                    if let Some(&serial) = index.user_open.get(&open.slot) {
+                        index.slots.superseded(&deltas, serial);
+                    }
+                    deltas
                 }
                 Origin::Relocates(copied, version) => {
                     record.set_version(version);
@@ -595,7 +599,11 @@ impl Shared {
                 Origin::Replays(version) => {
                     record.set_version(version);
                     index.next_version = index.next_version.max(version + 1);
-                    index.map.insert(lba, blocks, version, &target, Rule::IfNotNewer)
+                    let deltas = index.map.insert(lba, blocks, version, &target, Rule::IfNotNewer);
+                    if let Some(&serial) = index.user_open.get(&open.slot) {
+                        index.slots.superseded(&deltas, serial);
+                    }
+                    deltas
                 }
             };
             let emptied = index.slots.account(&deltas);
@@ -618,6 +626,11 @@ impl Shared {
         }
         let slot = index.slots.allocate(|s| self.all_healthy(s), &self.pins)?;
         index.resident.insert(slot, Resident::Open(lane));
+        if stream == Stream::User {
+            let serial = index.user_serial_next;
+            index.user_serial_next += 1;
+            index.user_open.insert(slot, serial);
+        }
         drop(index);
         self.maintenance.wake();
         Some(OpenStripe::new(slot, stream, area, &self.geometry))
@@ -643,10 +656,11 @@ impl Shared {
             index.resident.remove(&open.slot);
             index.slots.release_open(open.slot);
             if open.stream == Stream::User {
-                // It held no user records: what superseded the stripes
-                // waiting on it is in stripes sealed already.
+                // It held no records: none of the slots waiting on it is
+                // waiting for anything but stripes sealed already.
+                index.user_open.remove(&open.slot);
                 let sealed = index.last_sealed;
-                user_stripe_done(&mut index, open.slot, sealed);
+                user_stripe_done(&mut index, sealed);
             }
             return None;
         }
@@ -668,36 +682,31 @@ impl Shared {
         index.resident.insert(open.slot, Resident::Sealed(area.clone()));
         index.last_sealed = index.last_sealed.max(sequence);
         // A slot emptied here (by this stripe's records, or this stripe
-        // itself, all it took overwritten while it was open) may have held
-        // the only durable copy of blocks whose newer writes are in user
-        // stripes still open: a write that overwrote some of its blocks
-        // earlier, before garbage collection moved the rest here. Those
-        // newer writes are durable only once their stripes are sealed and
-        // synced (a crash loses open stripes), so the slot drains after
-        // every user stripe open now is sealed; any sealed before this one
-        // has a smaller sequence, and is synced with it.
+        // itself, all it took overwritten while it was open) may hold the
+        // last durable copy of blocks whose newer writes are in a user
+        // stripe still open: garbage collection leaves behind records a
+        // write superseded, and a crash loses open stripes. Such a slot
+        // drains once that user stripe is sealed too (any sealed before
+        // this one has a smaller sequence, and is synced with it).
         let mut drains = open.drains;
         if empty {
             drains.push(open.slot);
         }
-        if !drains.is_empty() {
-            let user_lanes = self.user_lanes();
-            let user_open: Vec<u64> = index
-                .resident
-                .iter()
-                .filter(|(_, r)| matches!(r, Resident::Open(lane) if user_lanes.contains(lane)))
-                .map(|(&slot, _)| slot)
-                .collect();
-            for slot in drains {
-                if user_open.is_empty() {
-                    index.slots.drain_after(slot, sequence);
-                } else {
-                    index.drain_after_user.push((slot, user_open.clone()));
-                }
+        if open.stream == Stream::User {
+            index.user_open.remove(&open.slot);
+        }
+        let open_serial_min = index.user_open.values().copied().min().unwrap_or(u64::MAX);
+        for slot in drains {
+            let needed = index.slots.get(slot).superseded_by;
+            if needed < open_serial_min {
+                index.slots.drain_after(slot, sequence);
+            } else {
+                // Not before this stripe either: it may hold the copies.
+                index.drain_after_user.push((slot, needed, sequence));
             }
         }
         if open.stream == Stream::User {
-            user_stripe_done(&mut index, open.slot, sequence);
+            user_stripe_done(&mut index, sequence);
         }
         drop(index);
         Counters::add(&self.counters.stripes_sealed, 1);
@@ -975,19 +984,19 @@ impl StripeDone for Shared {
     }
 }
 
-/// The user stripe in `slot` is sealed as `sequence` (or gave its slot
-/// back, nothing in it): GC stripes that waited on it, and on no other
-/// user stripe still open, drain after it.
-fn user_stripe_done(index: &mut crate::engine::Index, slot: u64, sequence: u64) {
+/// A user stripe was sealed as `sequence` (or gave its slot back, nothing
+/// in it, `sequence` the last sealed): the emptied slots that waited for
+/// it, and for no user stripe still open, drain after it (and after the
+/// stripe that emptied them).
+fn user_stripe_done(index: &mut crate::engine::Index, sequence: u64) {
+    let open_serial_min = index.user_open.values().copied().min().unwrap_or(u64::MAX);
     let mut waiting = std::mem::take(&mut index.drain_after_user);
-    waiting.retain_mut(|(gc_slot, user_slots)| {
-        user_slots.retain(|&s| s != slot);
-        if user_slots.is_empty() {
-            index.slots.drain_after(*gc_slot, sequence);
-            false
-        } else {
-            true
+    waiting.retain(|&(slot, needed, floor)| {
+        let ready = needed < open_serial_min;
+        if ready {
+            index.slots.drain_after(slot, sequence.max(floor));
         }
+        !ready
     });
     index.drain_after_user = waiting;
 }
