@@ -378,6 +378,11 @@ pub struct Faults {
     pub fail_writes: bool,
     /// Writes report success but are dropped.
     pub lose_writes: bool,
+    /// Writes that touch this byte range fail with ENOSPC, as they do in
+    /// a sparse file on a full filesystem where it has no blocks yet
+    /// (superblocks and the log area, written at create, still take
+    /// writes; new stripes do not).
+    pub full: Option<std::ops::Range<u64>>,
     pub random: Option<RandomFaults>,
     /// The process died (kill -9) when this was set: from then on writes
     /// and syncs report success and change nothing, so the device holds
@@ -604,6 +609,15 @@ impl Device for MemoryDevice {
             return Err(eio());
         }
         if offset.checked_add(buf.len() as u64).is_none_or(|e| e > self.size) {
+            return Err(io::Error::from_raw_os_error(28));
+        }
+        let end = offset + buf.len() as u64;
+        if state
+            .faults
+            .full
+            .as_ref()
+            .is_some_and(|r| offset < r.end && r.start < end)
+        {
             return Err(io::Error::from_raw_os_error(28));
         }
         if state.faults.lose_writes {

@@ -185,6 +185,9 @@ pub struct LogRecovery {
     /// Blocks from the newest one's tail on, replayed.
     pub blocks_replayed: u64,
     pub records_replayed: u64,
+    /// Why the replayed records could not be written to the members (the
+    /// array then refuses writes and serves them from memory).
+    pub replay_failed: Option<String>,
 }
 
 impl IntentLog {
@@ -593,11 +596,24 @@ impl Shared {
             }
         }
         // No admission: this was admitted before the crash.
-        let sealed = self.pack(Stream::User, Claim::Collect, pieces)?;
-        self.submit(sealed)?;
-        self.seal_user_lanes()?;
-        self.sync_through(self.tracker.last_sequence())?;
-        Ok(found)
+        let replayed = self
+            .pack(Stream::User, Claim::Collect, pieces)
+            .and_then(|sealed| self.submit(sealed))
+            .and_then(|_| self.seal_user_lanes())
+            .and_then(|_| self.sync_through(self.tracker.last_sequence()));
+        match replayed {
+            // Members failed past the parity while the records were
+            // written: the stripes that hold them stay in memory and are
+            // read from there, the log keeps them (nothing is synced, so
+            // no log block is retired), and the array opens with writes
+            // refused, saying why, for the operator to bring the members
+            // back; the next opening replays them again.
+            Err(ArrayError::WritesRefused { why }) => {
+                found.replay_failed = Some(why);
+                Ok(found)
+            }
+            other => other.map(|()| found),
+        }
     }
 
     /// The log's part of `status`.

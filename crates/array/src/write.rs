@@ -964,7 +964,12 @@ impl StripeDone for Shared {
         for (member, error) in &failed {
             let _ = self.members.failed_io(*member, error);
         }
-        {
+        // A stripe some members did not take, once writes are refused
+        // (more members lost than the parity covers), may be on fewer
+        // than K of them: it stays in memory, and readers are served from
+        // there (what was in flight then, a bounded amount; no more comes).
+        let kept = !failed.is_empty() && self.members.lost().is_some();
+        if !kept {
             let mut index = self.index_mut();
             if let Some(Resident::Sealed(area)) = index.resident.get(&stripe.slot) {
                 if Arc::ptr_eq(area, &stripe.area) {

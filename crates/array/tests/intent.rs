@@ -503,3 +503,61 @@ fn a_failing_log_device_falls_back_to_short_stripes() {
     let array = open_with_logs(&devices, &logs, &[]).unwrap();
     check_model(&array, &first.into_iter().chain(second).collect());
 }
+
+/// Replay at open into a member that refuses writes, with M members out
+/// already (issue 31, item 1): the stripe the log records go to reaches
+/// fewer than K members, so the records must not be taken as replayed.
+/// The array opens with writes refused, says so, and serves the FLUSHed
+/// blocks; once the member takes writes again, a reopening finds them all.
+#[test]
+fn a_replay_that_cannot_reach_k_members_keeps_the_log_and_serves_it() {
+    let devices = members(6);
+    let array = create(&devices, &options(None, None));
+    array.fail_member(0).unwrap();
+    array.fail_member(1).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut model = BTreeMap::new();
+    for _ in 0..6u64 {
+        let lba = rng.gen_range(0..2000u64);
+        let data = blocks(&mut rng, 1, false);
+        array.write(lba * BLOCK_BYTES as u64, &data, false).unwrap();
+        array.flush().unwrap();
+        model.insert(lba, data);
+    }
+    assert!(array.status().unwrap().log.unwrap().flushes_logged > 0);
+    // kill -9: what was written stays; member 5's filesystem is then
+    // full: its data area takes no new stripe.
+    let g = array.geometry().clone();
+    drop(array);
+    for d in &devices {
+        d.crash(d.pending_writes());
+    }
+    devices[5].set_faults(Faults {
+        full: Some(format::DATA_START..g.log_offset()),
+        ..Faults::default()
+    });
+    let array = reopen_without(&devices, &[]);
+    let status = array.status().unwrap();
+    assert!(
+        status.writes_refused.is_some(),
+        "writes not refused after a failed replay"
+    );
+    for (lba, data) in &model {
+        let mut back = vec![0u8; BLOCK_BYTES];
+        array
+            .read(lba * BLOCK_BYTES as u64, &mut back)
+            .unwrap_or_else(|e| panic!("block {lba}: {e}"));
+        assert!(&back == data, "block {lba}");
+    }
+    assert!(array.write(0, &[1u8; BLOCK_BYTES], false).is_err());
+    drop(array);
+    devices[5].set_faults(Faults::default());
+    let array = reopen_without(&devices, &[]);
+    assert!(array.status().unwrap().writes_refused.is_none());
+    for (lba, data) in &model {
+        assert!(
+            &read(&array, lba * BLOCK_BYTES as u64, BLOCK_BYTES) == data,
+            "block {lba}"
+        );
+    }
+}

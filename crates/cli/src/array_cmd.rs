@@ -505,6 +505,12 @@ pub fn serve(mut s: Serve) -> Result<()> {
     if let Some(error) = &r.checkpoint_error {
         eprintln!("tessera: the checkpoint could not be used ({error}); every slot was scanned instead");
     }
+    if let Some(why) = r.log.as_ref().and_then(|log| log.replay_failed.as_ref()) {
+        eprintln!("tessera: warning: the intent log's records could not be written to the members ({why}); they are served from memory and replayed again at the next start");
+    }
+    if let Some(why) = &status.writes_refused {
+        eprintln!("tessera: warning: WRITES REFUSED: {why}; reads go on; bring members back, then restart");
+    }
     eprintln!(
         "tessera: serving {} ({}+{}, {} exported, {} of {} members available, accelerator {}) at {url}",
         dir.display(),

@@ -451,6 +451,161 @@ fn bad_sizes_directories_and_output_are_clear_errors_that_leave_nothing() {
     );
 }
 
+/// A tmpfs of `size` mounted at `at` (unmounted when dropped), or `None`
+/// where this machine does not let the tests mount one.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, size: &str) -> Option<Tmpfs> {
+        std::fs::create_dir_all(at).unwrap();
+        let option = format!("size={size}");
+        succeeds("mount", &["-t", "tmpfs", "-o", &option, "tmpfs", at.to_str().unwrap()])
+            .then(|| Tmpfs(at.to_path_buf()))
+    }
+
+    fn resize(&self, size: &str) {
+        let option = format!("remount,size={size}");
+        assert!(succeeds("mount", &["-o", &option, self.0.to_str().unwrap()]));
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// A server process killed if the test ends without stopping it.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Stops a server with SIGTERM and waits for it, whatever its exit code.
+fn terminate_and_wait(mut server: Server) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &server.0.id().to_string()])
+        .status();
+    for _ in 0..400 {
+        if let Ok(Some(_)) = server.0.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    panic!("tessera serve did not stop on SIGTERM");
+}
+
+/// Issue 31, item 1, end to end: with members 0 and 1 failed, member 5's
+/// filesystem fills up; what was written and FLUSHed before that reads
+/// back on the server, after a restart with member 5 still full (the
+/// intent log's replay cannot reach K members: served from memory, writes
+/// refused, said so), and after the filesystem grows.
+#[test]
+fn flushed_writes_read_back_when_a_member_fills_past_the_parity() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(small) = Tmpfs::mount(&tmp.path().join("small"), "24M") else {
+        eprintln!("skipped: this machine does not let the tests mount a tmpfs");
+        return;
+    };
+    let dir = tmp.path().join("array");
+    let mut args: Vec<String> = ["create", "--data", "4", "--parity", "2", "--dir"]
+        .map(String::from)
+        .to_vec();
+    args.push(dir.to_str().unwrap().to_string());
+    args.extend(["--device-size".to_string(), "48M".to_string()]);
+    for i in 0..6 {
+        let path = if i == 5 {
+            small.0.join("m5")
+        } else {
+            tmp.path().join(format!("m{i}"))
+        };
+        args.extend(["--device".to_string(), path.to_str().unwrap().to_string()]);
+    }
+    let out = tessera(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let socket = tmp.path().join("nbd.sock");
+    let serve = |log: &str| {
+        let _ = std::fs::remove_file(&socket);
+        let child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args(["serve", dir.to_str().unwrap(), "--socket", socket.to_str().unwrap()])
+            .stderr(std::fs::File::create(tmp.path().join(log)).unwrap())
+            .spawn()
+            .unwrap();
+        let server = Server(child);
+        wait_for(&socket);
+        wait_for(&dir.join("control.sock"));
+        server
+    };
+    let server = serve("serve-1.log");
+    for member in ["0", "1"] {
+        let out = tessera(&["fail", dir.to_str().unwrap(), "--device", member]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let uri = format!("nbd+unix:///tessera?socket={}", socket.display());
+    // 516 KiB and a FLUSH at a time, each its own pattern, until a
+    // FLUSH fails (member 5 is full; bounded by the export's size). Not a
+    // whole number of stripes: each FLUSH leaves a stripe partly filled,
+    // which goes to the intent log (a few KiB: logging is cheaper than
+    // sealing it).
+    let size = status_json(&dir)["logical_bytes"].as_u64().unwrap();
+    let mut commands = Vec::new();
+    const PIECE: u64 = 516 << 10;
+    for i in 0..size / PIECE {
+        commands.push(format!("write -P {} {} 516k", i % 250 + 1, i * PIECE));
+        commands.push("flush".to_string());
+    }
+    let mut args = vec!["-f", "raw", &uri[..]];
+    for c in &commands {
+        args.extend(["-c", c.as_str()]);
+    }
+    let out = Command::new("qemu-io").args(&args).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    // Acknowledged: each MiB whose write and the FLUSH after it succeeded,
+    // before the first failure.
+    let first_failure = text
+        .lines()
+        .position(|l| l.contains("failed"))
+        .expect("member 5 never filled up");
+    let acknowledged = text
+        .lines()
+        .take(first_failure)
+        .filter(|l| l.starts_with("wrote "))
+        .count() as u64;
+    let acknowledged = acknowledged.saturating_sub(1);
+    assert!(acknowledged > 8, "{text}");
+    let reads: Vec<String> = (0..acknowledged)
+        .map(|i| format!("read -P {} {} 516k", i % 250 + 1, i * PIECE))
+        .collect();
+    let reads_back = |when: &str| {
+        let mut args = vec!["-f", "raw", &uri[..]];
+        for c in &reads {
+            args.extend(["-c", c.as_str()]);
+        }
+        let out = Command::new("qemu-io").args(&args).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        let good = text.lines().filter(|l| l.starts_with("read ")).count() as u64;
+        assert_eq!(
+            good, acknowledged,
+            "{when}: of {acknowledged} acknowledged writes, {good} read back:\n{text}"
+        );
+    };
+    reads_back("on the server that saw member 5 fill up");
+    terminate_and_wait(server);
+    let server = serve("serve-2.log");
+    reads_back("after a restart with member 5 still full");
+    let log = std::fs::read_to_string(tmp.path().join("serve-2.log")).unwrap();
+    assert!(log.contains("WRITES REFUSED"), "{log}");
+    terminate_and_wait(server);
+    small.resize("64M");
+    let server = serve("serve-3.log");
+    reads_back("after member 5's filesystem grew");
+    terminate_and_wait(server);
+}
+
 /// Runs qemu-io's `commands` against `server` and kills the server with
 /// SIGKILL once `kill_after` writes are answered; returns the offsets of
 /// the writes qemu-io saw answered, in order.
