@@ -76,6 +76,9 @@ fn create_in_dir(c: &Create) -> Result<()> {
     let mut made: Vec<PathBuf> = Vec::new();
     let mut log_devices = Vec::new();
     let result = create_members(c, &mut members, &mut lines, &mut made).and_then(|()| {
+        if !c.force {
+            refuse_written_tails(&members, &made, c.log_bytes)?;
+        }
         for path in &c.log_device_paths {
             // A missing file is made at the log area's size plus its header.
             let size = c
@@ -227,6 +230,49 @@ pub(crate) fn refuse_if_in_use(path: &Path, device: &FileDevice) -> std::io::Res
         return Err(refuse(
             "holds data in its first MiB (a file system, a partition table, another array?)".to_string(),
         ));
+    }
+    Ok(())
+}
+
+/// Bytes before the end of the members (the smallest one's size) that
+/// `create` may write and so checks, at most: the intent log's area (by
+/// default at most a sixteenth of a member, and far less on large ones)
+/// and the backup superblock after it.
+const CREATE_CHECKED_TAIL_BYTES_MAX: u64 = 64 << 20;
+
+/// Refuses existing members that hold data where `create` writes near
+/// their end (the log area and the backup superblock, measured from the
+/// smallest member's size), as `wipefs` looks for signatures at both ends:
+/// the first MiB alone let a device with data further on be formatted.
+fn refuse_written_tails(members: &[(String, Arc<dyn Device>)], made: &[PathBuf], log_bytes: Option<u64>) -> Result<()> {
+    let member_bytes = members.iter().map(|(_, d)| d.size()).min().unwrap_or(0);
+    let log = log_bytes
+        .unwrap_or(0)
+        .max((member_bytes / 16).min(CREATE_CHECKED_TAIL_BYTES_MAX));
+    let tail = (log + tessera_array::format::SECTOR_BYTES as u64).min(member_bytes);
+    // Files this create made hold nothing; they are named as given or
+    // by their absolute path.
+    let made: Vec<PathBuf> = made
+        .iter()
+        .flat_map(|p| [p.clone(), std::fs::canonicalize(p).unwrap_or_default()])
+        .collect();
+    let mut buffer = vec![0u8; 1 << 20];
+    for (name, device) in members {
+        if made.iter().any(|p| p.as_os_str() == name.as_str()) {
+            continue;
+        }
+        let mut at = member_bytes - tail;
+        while at < member_bytes {
+            let len = (member_bytes - at).min(buffer.len() as u64) as usize;
+            device.read_at(&mut buffer[..len], at)?;
+            if buffer[..len].iter().any(|&b| b != 0) {
+                bail!(
+                    "{name} holds data at byte {at}, in the last {} of the members, where the array's log and backup superblock go: refusing to overwrite it (--force to use it anyway)",
+                    human(tail)
+                );
+            }
+            at += len as u64;
+        }
     }
     Ok(())
 }

@@ -436,6 +436,42 @@ fn bad_sizes_directories_and_output_are_clear_errors_that_leave_nothing() {
         !out.status.success() && stderr.contains("none of the 2 devices listed holds a superblock of a Tessera array"),
         "{stderr}"
     );
+    // A device with nothing in its first MiB but data where the log area
+    // and backup superblock go (measured from the smallest member): refused,
+    // and left as it was.
+    let devices: Vec<PathBuf> = (0..3).map(|i| tmp.path().join(format!("d{i}"))).collect();
+    for (i, path) in devices.iter().enumerate() {
+        let size = if i == 1 { 64 << 20 } else { 48 << 20 };
+        let mut bytes = vec![0u8; size];
+        if i == 1 {
+            rand::rngs::StdRng::seed_from_u64(3).fill(&mut bytes[1 << 20..]);
+        }
+        std::fs::write(path, &bytes).unwrap();
+    }
+    let before = std::fs::read(&devices[1]).unwrap();
+    let with = tmp.path().join("with-devices");
+    let mut args = vec![
+        "create",
+        "--data",
+        "2",
+        "--parity",
+        "1",
+        "--dir",
+        with.to_str().unwrap(),
+    ];
+    for path in &devices {
+        args.extend(["--device", path.to_str().unwrap()]);
+    }
+    let out = tessera(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("holds data at byte"),
+        "{stderr}"
+    );
+    assert!(
+        std::fs::read(&devices[1]).unwrap() == before,
+        "a refused create wrote to a device"
+    );
     // Output that cannot be written: an error, not a panic.
     let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
