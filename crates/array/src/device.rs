@@ -178,6 +178,9 @@ pub struct FileDevice {
     file: File,
     direct: Option<File>,
     size: u64,
+    /// For a loop device, its backing file, locked as the device is: the
+    /// same bytes reached by the file's own name are refused too.
+    _backing: Option<File>,
 }
 
 /// Takes the member for this process alone (an exclusive `flock`, held
@@ -193,6 +196,30 @@ fn lock_exclusively(file: &File) -> io::Result<()> {
     })
 }
 
+/// The backing file of loop device `device` (major 7), opened, and its
+/// name; `None` for any other block device, or a loop device with none
+/// attached.
+fn loop_backing_file(device: &File) -> io::Result<Option<(File, String)>> {
+    use std::os::unix::fs::MetadataExt;
+    const LOOP_MAJOR: u64 = 7;
+    let rdev = device.metadata()?.rdev();
+    let (major, minor) = (libc::major(rdev) as u64, libc::minor(rdev) as u64);
+    if major != LOOP_MAJOR {
+        return Ok(None);
+    }
+    let name = format!("/sys/dev/block/{major}:{minor}/loop/backing_file");
+    let Ok(backing) = std::fs::read_to_string(&name) else {
+        return Ok(None);
+    };
+    // A file deleted since it was attached cannot be reached otherwise.
+    let backing = backing.trim_end_matches('\n');
+    match OpenOptions::new().read(true).open(backing) {
+        Ok(file) => Ok(Some((file, backing.to_string()))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 impl FileDevice {
     /// Creates a sparse file of `size` bytes; refuses to overwrite one.
     pub fn create(path: &Path, size: u64) -> io::Result<FileDevice> {
@@ -203,20 +230,52 @@ impl FileDevice {
             file,
             direct: Self::open_direct(path),
             size,
+            _backing: None,
         })
     }
 
     /// Opens an existing file or block device for reading and writing.
+    /// A block device is opened with `O_EXCL`, as mdadm and ZFS do: the
+    /// kernel then refuses it while it is mounted or another holder has
+    /// it (or a partition of it, or the disk a partition is on); a loop
+    /// device's backing file is locked too.
     pub fn open(path: &Path) -> io::Result<FileDevice> {
         use std::io::{Seek, SeekFrom};
-        let mut file = OpenOptions::new().read(true).write(true).open(path)?;
+        use std::os::unix::fs::FileTypeExt;
+        let block = std::fs::metadata(path)?.file_type().is_block_device();
+        let mut options = OpenOptions::new();
+        options.read(true).write(true);
+        if block {
+            options.custom_flags(libc::O_EXCL);
+        }
+        let mut file = options.open(path).map_err(|e| {
+            if e.raw_os_error() == Some(libc::EBUSY) {
+                io::Error::new(
+                    io::ErrorKind::ResourceBusy,
+                    "in use: mounted, or held by another process (md, LVM, another array)",
+                )
+            } else {
+                e
+            }
+        })?;
         lock_exclusively(&file)?;
+        let backing = if block { loop_backing_file(&file)? } else { None };
+        if let Some((backing, name)) = &backing {
+            lock_exclusively(backing).map_err(|e| match e.kind() {
+                io::ErrorKind::ResourceBusy => io::Error::new(
+                    e.kind(),
+                    format!("in use: its backing file {name} is held by another process or array (an exclusive lock)"),
+                ),
+                _ => e,
+            })?;
+        }
         // Seeking to the end sizes block devices too, where metadata says 0.
         let size = file.seek(SeekFrom::End(0))?;
         Ok(FileDevice {
             file,
             direct: Self::open_direct(path),
             size,
+            _backing: backing.map(|(file, _)| file),
         })
     }
 

@@ -62,6 +62,10 @@ pub struct EngineOptions {
     /// default), apart from client writes; off, into the clients'
     /// stripes (to measure what the separation saves).
     pub gc_stream: bool,
+    /// Opens even when the members' activity records say another process
+    /// (on this host or another) has the array open (`serve --force`): for
+    /// a host that died with the array open, once it is known to be down.
+    pub ignore_activity: bool,
 }
 
 impl Default for EngineOptions {
@@ -75,6 +79,7 @@ impl Default for EngineOptions {
             log_devices: Vec::new(),
             discard_missing_log: false,
             gc_stream: true,
+            ignore_activity: false,
         }
     }
 }
@@ -254,6 +259,9 @@ pub(crate) struct Shared {
 pub struct Array {
     pub(crate) shared: Arc<Shared>,
     background: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Keeps the members' activity records moving; dropped last, after
+    /// the member threads stopped, it marks them closed.
+    _heartbeat: Option<crate::activity::Heartbeat>,
 }
 
 fn poisoned<T>(guard: std::sync::PoisonError<T>) -> T {
@@ -451,9 +459,25 @@ impl Array {
             options,
             geometry,
         });
+        let heartbeat = {
+            let shared = shared.clone();
+            crate::activity::Heartbeat::start(shared.array_uuid, move || {
+                shared
+                    .writable_members()
+                    .into_iter()
+                    .filter_map(|m| shared.members.device(m))
+                    .collect()
+            })
+            .map_err(|e| ArrayError::Io {
+                member: 0,
+                name: "activity thread".to_string(),
+                source: e,
+            })?
+        };
         let array = Array {
             shared,
             background: Mutex::new(None),
+            _heartbeat: Some(heartbeat),
         };
         array.shared.recover()?;
         if array.shared.options.background {

@@ -16,6 +16,7 @@
 //!
 //! [`create`] formats members; [`open`] checks them and recovers the map.
 
+pub mod activity;
 mod cache;
 mod checkpoint;
 pub mod device;
@@ -103,6 +104,8 @@ pub enum ArrayError {
         /// The devices left out, and why ("; ..." each).
         why: String,
     },
+    #[error("{name} is in use: the array is open elsewhere (process {pid}: {why}); stop it first, or, if it is truly gone (a host that died), open with --force")]
+    ActiveElsewhere { name: String, pid: u32, why: String },
     #[error("a scrub is already running on this array")]
     ScrubRunning,
     #[error("a heal is already running on this array")]
@@ -511,6 +514,13 @@ pub fn open_with(devices: Vec<(String, Option<Arc<dyn Device>>)>, engine: Engine
     let missing_logs: Vec<usize> = (0..log_devices.len())
         .filter(|&i| log_devices[i].device.is_none())
         .collect();
+    if !engine.ignore_activity {
+        let present: Vec<(String, Arc<dyn Device>)> = members
+            .iter()
+            .filter_map(|m| m.device.clone().map(|d| (m.name.clone(), d)))
+            .collect();
+        activity::check_idle(&present, newest.array_uuid, activity::ACTIVITY_WATCH)?;
+    }
     let array = Array::assemble(newest, members, engine, rejected, log_devices)?;
     array.shared.members.record_missing()?;
     for index in missing_logs {

@@ -11,7 +11,7 @@ use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use tessera_array::device::{Device, Faults, MemoryDevice};
 use tessera_array::format::{Geometry, SECTOR_BYTES};
-use tessera_array::{Array, ArrayError, CreateOptions};
+use tessera_array::{Array, ArrayError, CreateOptions, EngineOptions};
 use tessera_checksum::Algorithm;
 
 fn members(n: usize, bytes: u64) -> Vec<Arc<MemoryDevice>> {
@@ -655,4 +655,96 @@ fn a_rebuild_goes_on_when_another_member_fails_during_it() {
     let mut back = vec![0u8; data.len()];
     array.read(0, &mut back).unwrap();
     assert!(back == data, "the rebuilt member holds other bytes");
+}
+
+/// Issue 31, item 2: the members' activity records refuse a second opening
+/// of a live array whatever reaches its members (here, the same devices
+/// in this process; on another host, a record whose sequence moves), and
+/// cost nothing after a clean close or a crash on this host.
+#[test]
+fn an_array_open_elsewhere_is_refused_by_its_activity_records() {
+    use tessera_array::activity::{self, Record};
+    let devices = members(6, 16 << 20);
+    let array = tessera_array::create(named(&devices), &options(4, 2, 64 << 10, None)).unwrap();
+    let uuid = array.status().unwrap().array_uuid.clone();
+    let second = tessera_array::open(open_list(&devices, &[]));
+    assert!(
+        matches!(second, Err(ArrayError::ActiveElsewhere { .. })),
+        "a second opening while the first is alive: {:?}",
+        second.err()
+    );
+    // Dropped without a clean stop, as a crash would leave it: the next
+    // opening finds the record stale at once.
+    drop(array);
+    let started = std::time::Instant::now();
+    let array = reopen(&devices);
+    assert!(
+        started.elapsed() < std::time::Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
+    let array_uuid: [u8; 16] = (0..16)
+        .map(|i| u8::from_str_radix(&uuid[2 * i..2 * i + 2], 16).unwrap())
+        .collect::<Vec<_>>()
+        .try_into()
+        .unwrap();
+    drop(array);
+    // Another host (another boot id) that keeps its records moving.
+    let foreign = move |sequence: u64| Record {
+        array_uuid,
+        opening: 99,
+        sequence,
+        pid: 1,
+        boot_id: [0xee; 16],
+        unix_ms: 0,
+        closed: false,
+    };
+    for d in &devices {
+        activity::write(d.as_ref(), &foreign(1)).unwrap();
+    }
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let beating = {
+        let (devices, stop) = (devices.clone(), stop.clone());
+        std::thread::spawn(move || {
+            // Bounded: at most 20 s of beats.
+            for sequence in 2..100 {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    return;
+                }
+                for d in &devices {
+                    activity::write(d.as_ref(), &foreign(sequence)).unwrap();
+                }
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+        })
+    };
+    let refused = tessera_array::open(open_list(&devices, &[]));
+    assert!(
+        matches!(&refused, Err(ArrayError::ActiveElsewhere { why, .. }) if why.contains("another host")),
+        "{:?}",
+        refused.err()
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    beating.join().unwrap();
+    // That host died: its records stand still, so the opening goes on
+    // after watching them.
+    let started = std::time::Instant::now();
+    let array = reopen(&devices);
+    assert!(started.elapsed() >= activity::ACTIVITY_WATCH, "{:?}", started.elapsed());
+    drop(array);
+    // Forced, an opening does not watch at all.
+    for d in &devices {
+        activity::write(d.as_ref(), &foreign(500)).unwrap();
+    }
+    let started = std::time::Instant::now();
+    let forced = tessera_array::open_with(
+        open_list(&devices, &[]),
+        EngineOptions {
+            ignore_activity: true,
+            ..EngineOptions::default()
+        },
+    )
+    .unwrap();
+    assert!(started.elapsed() < activity::ACTIVITY_WATCH, "{:?}", started.elapsed());
+    drop(forced);
 }

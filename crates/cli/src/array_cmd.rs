@@ -450,6 +450,8 @@ pub struct Serve {
     pub metrics: Option<String>,
     /// Open even if no log device can be read (`serve --discard-missing-log`).
     pub discard_missing_log: bool,
+    /// Open even if the array looks open elsewhere (`serve --force`).
+    pub ignore_activity: bool,
     /// GC copies in stripes of their own (off: `serve --no-gc-stream`).
     pub gc_stream: bool,
     /// Stale members resynced at start (off: `serve --no-auto-resync`).
@@ -504,6 +506,7 @@ pub fn serve(mut s: Serve) -> Result<()> {
         reconstruct_cache_bytes: s.reconstruct_cache_bytes,
         member_errors_max: s.member_errors_max,
         discard_missing_log: s.discard_missing_log,
+        ignore_activity: s.ignore_activity,
         gc_stream: s.gc_stream,
         ..EngineOptions::default()
     };

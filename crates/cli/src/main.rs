@@ -142,6 +142,11 @@ enum Command {
         /// the FLUSHed writes that only they held (without it, refused).
         #[arg(long)]
         discard_missing_log: bool,
+        /// Open even if the members' activity records show the array open
+        /// elsewhere (another host that died with it open: only once that
+        /// host is known to be down; two writers corrupt the array)
+        #[arg(long)]
+        force: bool,
         /// Put garbage collection's copies into the client stripes open at
         /// the time (GC's own stripes only where none is) instead of
         /// stripes of their own: for measuring what the separation saves
@@ -541,6 +546,7 @@ fn main() -> Result<()> {
             member_errors_max,
             metrics,
             discard_missing_log,
+            force,
             no_gc_stream,
             no_auto_resync,
             no_auto_heal,
@@ -556,6 +562,7 @@ fn main() -> Result<()> {
                 member_errors_max,
                 metrics,
                 discard_missing_log,
+                ignore_activity: force,
                 gc_stream: !no_gc_stream,
                 auto_resync: !no_auto_resync,
                 auto_heal: !no_auto_heal,

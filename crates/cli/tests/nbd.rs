@@ -5,6 +5,7 @@
 use rand::{Rng, SeedableRng};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 fn tessera(args: &[&str]) -> Output {
@@ -640,6 +641,115 @@ fn flushed_writes_read_back_when_a_member_fills_past_the_parity() {
     let server = serve("serve-3.log");
     reads_back("after member 5's filesystem grew");
     terminate_and_wait(server);
+}
+
+/// A member file read and written with no lock at all: how a second host
+/// reaches a shared disk.
+struct Unlocked(std::fs::File, u64);
+
+impl tessera_array::device::Device for Unlocked {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        std::os::unix::fs::FileExt::read_exact_at(&self.0, buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        std::os::unix::fs::FileExt::write_all_at(&self.0, buf, offset)
+    }
+    fn sync(&self) -> std::io::Result<()> {
+        self.0.sync_data()
+    }
+    fn size(&self) -> u64 {
+        self.1
+    }
+}
+
+/// Issue 31, item 2: a served array's members reached by another name (a
+/// hard link, a loop device over each file) are refused, and an opener
+/// that no lock can stop (another host, here this test process reading
+/// the files unlocked) is refused by the members' activity records; once
+/// the server stops, the same opener goes ahead at once.
+#[test]
+fn members_reached_by_another_name_or_from_another_host_are_refused() {
+    let (tmp, dir, server) = create_and_serve(&[]);
+    let files: Vec<PathBuf> = (0..6).map(|i| dir.join(format!("member-{i:03}"))).collect();
+    // Hard links: the same inode, so the same lock.
+    let linked = tmp.path().join("linked");
+    std::fs::create_dir(&linked).unwrap();
+    for (i, file) in files.iter().enumerate() {
+        std::fs::hard_link(file, linked.join(format!("link-{i}"))).unwrap();
+    }
+    std::fs::write(
+        linked.join("members"),
+        (0..6).map(|i| format!("link-{i}\n")).collect::<String>(),
+    )
+    .unwrap();
+    let out = tessera(&["status", linked.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("in use"), "{stderr}");
+    // Loop devices over the member files, where this machine has them.
+    let loops: Vec<String> = files
+        .iter()
+        .map_while(|f| {
+            let out = Command::new("losetup")
+                .args(["-f", "--show", f.to_str().unwrap()])
+                .output()
+                .ok()?;
+            out.status
+                .success()
+                .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+        })
+        .collect();
+    if loops.len() == files.len() {
+        let looped = tmp.path().join("looped");
+        std::fs::create_dir(&looped).unwrap();
+        std::fs::write(looped.join("members"), loops.join("\n") + "\n").unwrap();
+        let out = tessera(&[
+            "serve",
+            looped.to_str().unwrap(),
+            "--socket",
+            tmp.path().join("b.sock").to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let refused = !out.status.success() && stderr.contains("backing file") && stderr.contains("in use");
+        for device in &loops {
+            let _ = Command::new("losetup").args(["-d", device]).status();
+        }
+        assert!(refused, "{stderr}");
+    } else {
+        for device in &loops {
+            let _ = Command::new("losetup").args(["-d", device]).status();
+        }
+        eprintln!("loop devices skipped: losetup does not work here");
+    }
+    // No lock in the way: the activity records, which the server keeps
+    // moving, refuse the opening after watching them.
+    let unlocked = || -> Vec<(String, Option<Arc<dyn tessera_array::device::Device>>)> {
+        files
+            .iter()
+            .map(|f| {
+                let file = std::fs::OpenOptions::new().read(true).write(true).open(f).unwrap();
+                let size = file.metadata().unwrap().len();
+                let device: Arc<dyn tessera_array::device::Device> = Arc::new(Unlocked(file, size));
+                (f.display().to_string(), Some(device))
+            })
+            .collect()
+    };
+    let started = std::time::Instant::now();
+    match tessera_array::open(unlocked()) {
+        Err(tessera_array::ArrayError::ActiveElsewhere { why, .. }) => {
+            assert!(why.contains("a process on this host"), "{why}")
+        }
+        other => panic!("opened beside a live server: {:?}", other.err()),
+    }
+    assert!(started.elapsed() >= tessera_array::activity::ACTIVITY_WATCH);
+    server.stop();
+    let started = std::time::Instant::now();
+    let array = tessera_array::open(unlocked()).unwrap();
+    assert!(
+        started.elapsed() < tessera_array::activity::ACTIVITY_WATCH,
+        "{:?}",
+        started.elapsed()
+    );
+    drop(array);
 }
 
 /// Runs qemu-io's `commands` against `server` and kills the server with
