@@ -752,6 +752,55 @@ fn members_reached_by_another_name_or_from_another_host_are_refused() {
     drop(array);
 }
 
+/// Issue 31, item 4: clients that connect and never handshake hold no
+/// slot a good client needs (the oldest of them gives way), and the log
+/// says so at most about once a second however many there are.
+#[test]
+fn silent_nbd_connections_keep_no_client_out_and_flood_no_log() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("array");
+    create(&dir, &[]);
+    let socket = tmp.path().join("nbd.sock");
+    let log = tmp.path().join("serve.log");
+    let child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "serve",
+            dir.to_str().unwrap(),
+            "--socket",
+            socket.to_str().unwrap(),
+            "--max-connections",
+            "4",
+        ])
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let server = Served::started(child, &dir, &socket);
+    let uri = server.uri();
+    // 200 connections that say nothing, held open.
+    let silent: Vec<_> = (0..200)
+        .map(|_| std::os::unix::net::UnixStream::connect(&socket).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    for round in 0..3 {
+        let started = std::time::Instant::now();
+        let out = run("nbdinfo", &["--size", &uri], tmp.path());
+        assert!(out.trim().parse::<u64>().is_ok(), "{out}");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "round {round}: nbdinfo waited {:?} behind silent connections",
+            started.elapsed()
+        );
+    }
+    drop(silent);
+    server.stop();
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines = text
+        .lines()
+        .filter(|l| l.contains("closed") && l.contains("connection(s)"))
+        .count();
+    assert!(lines <= 8, "{lines} lines about closed connections:\n{text}");
+}
+
 /// Runs qemu-io's `commands` against `server` and kills the server with
 /// SIGKILL once `kill_after` writes are answered; returns the offsets of
 /// the writes qemu-io saw answered, in order.

@@ -95,49 +95,122 @@ impl Listener {
     }
 }
 
-/// Accepts clients until `stop` is set, serving each on its own thread;
-/// connections past the limit are closed at once. Then stops accepting
-/// and waits (up to 30 s) for every connection to carry out and answer
-/// the requests it has received, so that what the caller does next (a
-/// final FLUSH and checkpoint) comes after them.
+/// A connection being served: its thread, whether it has finished its
+/// handshake, and how to close it.
+struct Served {
+    thread: std::thread::JoinHandle<()>,
+    negotiated: Arc<AtomicBool>,
+    close: Box<dyn Fn() + Send>,
+}
+
+/// At most one line a second about connections closed to keep within
+/// the limits, with how many there were: a flood of them must not grow
+/// the log without bound.
+struct RefusalLog {
+    last: Option<Instant>,
+    unreported: u64,
+}
+
+impl RefusalLog {
+    const EVERY: Duration = Duration::from_secs(1);
+
+    fn refused(&mut self, why: &str) {
+        self.unreported += 1;
+        if self.last.is_none_or(|t| t.elapsed() >= Self::EVERY) {
+            eprintln!(
+                "tessera: closed {} connection(s) since the last such line: {why}",
+                self.unreported
+            );
+            self.unreported = 0;
+            self.last = Some(Instant::now());
+        }
+    }
+}
+
+/// Accepts clients until `stop` is set, serving each on its own thread.
+/// At the limit, a newcomer takes the place of the connection that has
+/// waited longest without finishing its handshake (clients that connect
+/// and say nothing cannot keep others out); only when every connection is
+/// past its handshake is the newcomer closed at once. Then stops
+/// accepting and waits (up to 30 s) for every connection to carry out
+/// and answer the requests it has received, so that what the caller does
+/// next (a final FLUSH and checkpoint) comes after them.
 pub fn run<E: Export>(server: Arc<Server<E>>, listener: Listener, stop: Arc<AtomicBool>) -> io::Result<()> {
     match &listener {
         Listener::Tcp(l) => l.set_nonblocking(true)?,
         Listener::Unix(l) => l.set_nonblocking(true)?,
     }
-    let mut connections: Vec<std::thread::JoinHandle<()>> = Vec::new();
+    let mut connections: Vec<Served> = Vec::new();
+    let mut refusals = RefusalLog {
+        last: None,
+        unreported: 0,
+    };
     let mut result = Ok(());
     while !stop.load(Ordering::Relaxed) {
-        let accepted: io::Result<Box<dyn FnOnce() + Send>> = match &listener {
+        let negotiated = Arc::new(AtomicBool::new(false));
+        type Accepted = (Box<dyn FnOnce() + Send>, Box<dyn Fn() + Send>);
+        let accepted: io::Result<Accepted> = match &listener {
             Listener::Tcp(l) => l.accept().and_then(|(s, peer)| {
                 s.set_nonblocking(false)?;
                 s.set_nodelay(true)?;
-                let (server, stop) = (server.clone(), stop.clone());
-                Ok(Box::new(move || log_end(&peer.to_string(), server.serve(s, &stop))) as Box<dyn FnOnce() + Send>)
+                // Shut down when the connection ends too: the copy kept
+                // to close it would otherwise keep the client waiting.
+                let (closer, ender) = (s.try_clone()?, s.try_clone()?);
+                let (server, stop, noted) = (server.clone(), stop.clone(), negotiated.clone());
+                Ok((
+                    Box::new(move || {
+                        log_end(&peer.to_string(), server.serve_noting(s, &stop, &noted));
+                        let _ = ender.shutdown(std::net::Shutdown::Both);
+                    }) as Box<dyn FnOnce() + Send>,
+                    Box::new(move || drop(closer.shutdown(std::net::Shutdown::Both))) as Box<dyn Fn() + Send>,
+                ))
             }),
             Listener::Unix(l) => l.accept().and_then(|(s, _)| {
                 s.set_nonblocking(false)?;
-                let (server, stop) = (server.clone(), stop.clone());
-                Ok(Box::new(move || log_end("unix client", server.serve(s, &stop))) as Box<dyn FnOnce() + Send>)
+                let (closer, ender) = (s.try_clone()?, s.try_clone()?);
+                let (server, stop, noted) = (server.clone(), stop.clone(), negotiated.clone());
+                Ok((
+                    Box::new(move || {
+                        log_end("unix client", server.serve_noting(s, &stop, &noted));
+                        let _ = ender.shutdown(std::net::Shutdown::Both);
+                    }) as Box<dyn FnOnce() + Send>,
+                    Box::new(move || drop(closer.shutdown(std::net::Shutdown::Both))) as Box<dyn Fn() + Send>,
+                ))
             }),
         };
         match accepted {
-            Ok(handler) => {
-                connections.retain(|c| !c.is_finished());
+            Ok((handler, close)) => {
+                connections.retain(|c| !c.thread.is_finished());
                 if connections.len() >= server.limits().max_connections {
-                    // Dropping the handler closes the connection.
-                    eprintln!(
-                        "tessera: refused a connection: {} are open (--max-connections)",
-                        connections.len()
-                    );
-                    continue;
+                    // The oldest still in its handshake makes room; its
+                    // thread ends as its next read fails. Closed ones are
+                    // dropped from the list, so at most twice the limit
+                    // run for the moment that takes.
+                    match connections.iter().position(|c| !c.negotiated.load(Ordering::Acquire)) {
+                        Some(oldest) => {
+                            let evicted = connections.remove(oldest);
+                            (evicted.close)();
+                            refusals.refused(
+                                "the oldest still in its handshake, to make room for a newcomer (--max-connections)",
+                            );
+                        }
+                        None => {
+                            // Dropping the handler closes the connection.
+                            refusals.refused("newcomers, all --max-connections being past their handshake");
+                            continue;
+                        }
+                    }
                 }
                 match std::thread::Builder::new()
                     .name("nbd-connection".to_string())
                     .spawn(handler)
                 {
-                    Ok(thread) => connections.push(thread),
-                    Err(e) => eprintln!("tessera: refused a connection: no thread for it: {e}"),
+                    Ok(thread) => connections.push(Served {
+                        thread,
+                        negotiated,
+                        close,
+                    }),
+                    Err(e) => refusals.refused(&format!("no thread for it: {e}")),
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => {
@@ -151,10 +224,10 @@ pub fn run<E: Export>(server: Arc<Server<E>>, listener: Listener, stop: Arc<Atom
     }
     drop(listener);
     let deadline = Instant::now() + DRAIN_TIMEOUT;
-    while connections.iter().any(|c| !c.is_finished()) && Instant::now() < deadline {
+    while connections.iter().any(|c| !c.thread.is_finished()) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
     }
-    let left = connections.iter().filter(|c| !c.is_finished()).count();
+    let left = connections.iter().filter(|c| !c.thread.is_finished()).count();
     if left > 0 {
         eprintln!("tessera: {left} connection(s) still busy after {DRAIN_TIMEOUT:?}; stopping without them");
     }

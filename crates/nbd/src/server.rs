@@ -180,6 +180,13 @@ impl<E: Export> Server<E> {
 
     /// Serves one client until it disconnects or `stop` is set.
     pub fn serve<S: Connection>(&self, stream: S, stop: &AtomicBool) -> io::Result<()> {
+        self.serve_noting(stream, stop, &AtomicBool::new(false))
+    }
+
+    /// [`Server::serve`], setting `negotiated` once the handshake is done
+    /// and transmission begins (until then the connection may be closed to
+    /// make room for another; see `listen::run`).
+    pub fn serve_noting<S: Connection>(&self, stream: S, stop: &AtomicBool, negotiated: &AtomicBool) -> io::Result<()> {
         stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
         stream.set_write_timeout(Some(REPLY_TIMEOUT))?;
         let mut stream = io::BufReader::new(stream);
@@ -188,7 +195,10 @@ impl<E: Export> Server<E> {
         stream.read_exact(&mut flags)?;
         let no_zeroes = wire::parse_client_flags(flags).map_err(invalid_data)?;
         match self.negotiate(&mut stream, no_zeroes, false)? {
-            Negotiated::Transmission(session) => self.transmit(&mut stream, session, stop),
+            Negotiated::Transmission(session) => {
+                negotiated.store(true, std::sync::atomic::Ordering::Release);
+                self.transmit(&mut stream, session, stop)
+            }
             Negotiated::Closed => Ok(()),
             Negotiated::StartTls => {
                 // The client waits for the handshake before sending more;
@@ -205,7 +215,10 @@ impl<E: Export> Server<E> {
                 plain.set_write_timeout(Some(REPLY_TIMEOUT))?;
                 let mut plain = io::BufReader::new(plain);
                 let served = match self.negotiate(&mut plain, no_zeroes, true) {
-                    Ok(Negotiated::Transmission(session)) => self.transmit(&mut plain, session, stop),
+                    Ok(Negotiated::Transmission(session)) => {
+                        negotiated.store(true, std::sync::atomic::Ordering::Release);
+                        self.transmit(&mut plain, session, stop)
+                    }
                     Ok(_) => Ok(()),
                     Err(e) => Err(e),
                 };
