@@ -587,6 +587,21 @@ fn pipelined_large_reads_never_collected_hold_bounded_memory() {
     handle.join().unwrap().unwrap();
 }
 
+/// Reads the greeting and takes the default export with EXPORT_NAME: the
+/// connection is then in transmission.
+fn into_transmission(c: &mut UnixStream) {
+    c.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+    assert_eq!(read_u64(c).unwrap(), NBDMAGIC);
+    read_u64(c).unwrap();
+    let mut flags = [0; 2];
+    c.read_exact(&mut flags).unwrap();
+    c.write_all(&CLIENT_FLAG_FIXED_NEWSTYLE.to_be_bytes()).unwrap();
+    send_option(c, OPT_EXPORT_NAME, b"");
+    read_u64(c).unwrap(); // the export's size
+    let mut rest = [0; 2 + 124];
+    c.read_exact(&mut rest).unwrap();
+}
+
 #[test]
 fn connections_beyond_the_limit_are_closed() {
     let dir = tempfile::tempdir().unwrap();
@@ -599,18 +614,36 @@ fn connections_beyond_the_limit_are_closed() {
         c.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
         read_u64(c).is_ok_and(|magic| magic == NBDMAGIC)
     };
+    // Two connections in transmission hold both places: a third is closed.
     let mut first = UnixStream::connect(&path).unwrap();
+    into_transmission(&mut first);
     let mut second = UnixStream::connect(&path).unwrap();
-    assert!(greeted(&mut first) && greeted(&mut second));
+    into_transmission(&mut second);
     let mut third = UnixStream::connect(&path).unwrap();
     assert!(!greeted(&mut third), "a third connection was served");
     drop(first);
     // Once one has gone, a new one is served.
-    let served = (0..100).any(|_| {
+    let mut fourth = None;
+    for _ in 0..100 {
         std::thread::sleep(std::time::Duration::from_millis(20));
-        greeted(&mut UnixStream::connect(&path).unwrap())
-    });
-    assert!(served);
+        let mut c = UnixStream::connect(&path).unwrap();
+        if greeted(&mut c) {
+            fourth = Some(c);
+            break;
+        }
+    }
+    let mut fourth = fourth.expect("no connection served once one had gone");
+    // The fourth is still in its handshake: a newcomer takes its place
+    // (a client that connects and says nothing keeps no one out).
+    let mut fifth = UnixStream::connect(&path).unwrap();
+    assert!(
+        greeted(&mut fifth),
+        "a newcomer was kept out by a connection in its handshake"
+    );
+    // What is left of its greeting, then the end.
+    let mut buffer = [0u8; 64];
+    let closed = (0..4).any(|_| matches!(fourth.read(&mut buffer), Ok(0) | Err(_)));
+    assert!(closed, "the connection in its handshake was not closed");
     drop(second);
     stop.store(true, Ordering::Relaxed);
     handle.join().unwrap().unwrap();
