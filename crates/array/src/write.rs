@@ -670,8 +670,9 @@ impl Shared {
 
     /// Seals an open stripe as `sequence` (assigned to it): its summary
     /// into the data area, and the area kept in memory for readers until
-    /// it is written. Slots its records emptied drain once it, and every
-    /// user stripe open now, is synced.
+    /// it is written. Slots its records emptied drain once it is synced,
+    /// and the user stripes holding writes that superseded what they held
+    /// are sealed and synced too.
     pub(crate) fn seal_as(&self, mut open: OpenStripe, state: SlotState, sequence: u64) -> Sealing {
         let synced_through = self.tracker.lock().synced_through;
         let info = stripe::finish(&self.geometry, &mut open, sequence, synced_through);

@@ -26,25 +26,15 @@ const WRITES_PER_FLUSH: [usize; 3] = [8, 64, 512];
 /// Blocks one write covers at most (fio's `bsrange=4k-64k`).
 const WRITE_BLOCKS_MAX: u64 = 16;
 /// The export is this share of the default one (80% of the usable
-/// space), so 50% of it: live data at the default size (and at 64%, in
-/// one seed of 60) runs into the
-/// NoSpace wedge `known_bugs.rs` keeps (writes refused while a fifth of
-/// the array is garbage), which is not what this test is about.
+/// space), so 50% of it: at the default size (and at 64%, in one seed of
+/// 60) the clients run into the NoSpace wedge `known_bugs.rs` keeps
+/// (writes refused while a fifth of the array is garbage), which is not
+/// what this test is about.
 const EXPORT_MULTIPLIER: u64 = 5;
 const EXPORT_DIVISOR: u64 = 8;
 /// Each member I/O sleeps up to this long.
 const LATENCY_MAX_US: u64 = 40;
 const SEEDS_DEFAULT: std::ops::Range<u64> = 0..8;
-
-fn seeds() -> std::ops::Range<u64> {
-    match std::env::var("TESSERA_CRASH_SEEDS") {
-        Ok(range) => {
-            let (a, b) = range.split_once("..").expect("TESSERA_CRASH_SEEDS=FIRST..END");
-            a.parse().expect("a seed")..b.parse().expect("a seed")
-        }
-        Err(_) => SEEDS_DEFAULT,
-    }
-}
 
 /// The bytes of block `lba` as written by write `tag` (0: never written,
 /// zeros): the tag, the block's number, then bytes drawn from both, so a
@@ -272,7 +262,7 @@ fn run(seed: u64, met: &mut (u64, u64)) {
 fn nothing_flushed_is_lost_when_killed_under_collection() {
     // (garbage collection rounds, checkpoints written)
     let mut met = (0, 0);
-    for seed in seeds() {
+    for seed in common::seeds("TESSERA_CRASH_SEEDS", SEEDS_DEFAULT) {
         run(seed, &mut met);
     }
     eprintln!("garbage collection rounds, checkpoints: {met:?}");

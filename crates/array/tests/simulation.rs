@@ -23,16 +23,6 @@ const OPERATIONS_PER_THREAD: usize = 400;
 /// Seeds CI runs.
 const SEEDS_DEFAULT: std::ops::Range<u64> = 0..6;
 
-fn seeds() -> std::ops::Range<u64> {
-    match std::env::var("TESSERA_SIM_SEEDS") {
-        Ok(range) => {
-            let (a, b) = range.split_once("..").expect("TESSERA_SIM_SEEDS=FIRST..END");
-            a.parse().expect("a seed")..b.parse().expect("a seed")
-        }
-        Err(_) => SEEDS_DEFAULT,
-    }
-}
-
 /// Opens the array; a member whose superblocks both fell to the faults is
 /// left out (it is one of the M faulty ones), as an operator would.
 fn open(devices: &[Arc<MemoryDevice>], seed: u64) -> Array {
@@ -205,7 +195,7 @@ fn run(seed: u64, met: &mut Met) {
 #[test]
 fn concurrent_clients_on_faulty_members_match_the_model() {
     let mut met = Met::default();
-    for seed in seeds() {
+    for seed in common::seeds("TESSERA_SIM_SEEDS", SEEDS_DEFAULT) {
         run(seed, &mut met);
     }
     eprintln!("the simulation met: {met:?}");

@@ -53,11 +53,16 @@ impl Served {
 
     /// `tessera serve DIR --socket SOCKET` with `extra` flags.
     fn start_with(dir: &Path, socket: &Path, extra: &[&str]) -> Served {
+        Served::start_logging(dir, socket, extra, Stdio::null())
+    }
+
+    /// [`Served::start_with`], its log (stderr) going to `log`.
+    fn start_logging(dir: &Path, socket: &Path, extra: &[&str], log: impl Into<Stdio>) -> Served {
         let _ = std::fs::remove_file(socket);
         let child = Command::new(env!("CARGO_BIN_EXE_tessera"))
             .args(["serve", dir.to_str().unwrap(), "--socket", socket.to_str().unwrap()])
             .args(extra)
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .unwrap();
         Served::started(child, dir, socket)
@@ -762,19 +767,12 @@ fn silent_nbd_connections_keep_no_client_out_and_flood_no_log() {
     create(&dir, &[]);
     let socket = tmp.path().join("nbd.sock");
     let log = tmp.path().join("serve.log");
-    let child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args([
-            "serve",
-            dir.to_str().unwrap(),
-            "--socket",
-            socket.to_str().unwrap(),
-            "--max-connections",
-            "4",
-        ])
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let server = Served::started(child, &dir, &socket);
+    let server = Served::start_logging(
+        &dir,
+        &socket,
+        &["--max-connections", "4"],
+        std::fs::File::create(&log).unwrap(),
+    );
     let uri = server.uri();
     // 200 connections that say nothing, held open.
     let silent: Vec<_> = (0..200)

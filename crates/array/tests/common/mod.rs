@@ -70,3 +70,15 @@ pub fn written_4_plus_2_on(
     array.flush().unwrap();
     (devices, array, data)
 }
+
+/// The seeds a seeded test runs: `default`, or `FIRST..END` from the
+/// environment variable `var`.
+pub fn seeds(var: &str, default: std::ops::Range<u64>) -> std::ops::Range<u64> {
+    match std::env::var(var) {
+        Ok(range) => {
+            let (a, b) = range.split_once("..").unwrap_or_else(|| panic!("{var}=FIRST..END"));
+            a.parse().expect("a seed")..b.parse().expect("a seed")
+        }
+        Err(_) => default,
+    }
+}
