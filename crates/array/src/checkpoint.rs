@@ -9,8 +9,10 @@
 //!    stripe newer than S may be in (the open stripes' slots, any sealed
 //!    since S, and the usable free slots, to which allocation is narrowed
 //!    until the checkpoint is durable; a window's worth of them at most),
-//!    then a window's worth of other free slots (or, on a full array, the stripes garbage collection
-//!    will empty first).
+//!    then the durable checkpoint's own slots (free, and usable at once,
+//!    when this one is durable), then a window's worth of other free
+//!    slots (or, on a full array, the stripes garbage collection will
+//!    empty first).
 //!    No slot is freed until the checkpoint is done: the copy may point
 //!    into slots that drain meanwhile, and step 4 takes free slots.
 //! 2. Copy the map in pieces, each under one short hold of the index's
@@ -30,7 +32,7 @@
 //! can name, or no free slots), the superblocks say "no checkpoint":
 //! recovery then scans every slot, and any free slot may be used.
 
-use crate::engine::{Resident, Shared};
+use crate::engine::{Index, Resident, Shared};
 use crate::format::{
     self, Checkpoint, CheckpointMapping, CheckpointRef, CheckpointTarget, Extent, Stream, CHECKPOINT_SLOTS_MAX,
 };
@@ -49,6 +51,31 @@ impl Shared {
     /// Slots a checkpoint adds to its window: a quarter of the array, within bounds.
     pub(crate) fn window_slots(&self) -> u64 {
         (self.geometry.slot_count() / CHECKPOINT_WINDOW_DIVISOR).clamp(CHECKPOINT_WINDOW_MIN, CHECKPOINT_WINDOW_MAX)
+    }
+
+    /// Slots the next checkpoint may need, and one more for it to be
+    /// written beside the durable one: sized from the map as it is now, at
+    /// the worst a mapping can cost (its own extent, with a CRC for each of
+    /// the most blocks an extent holds), the slots in use and a window as
+    /// large as the array. The reserve the last checkpoint's size gave was
+    /// too small once the map fragmented after it (a compact map, then
+    /// random overwrites: a checkpoint of 7 slots against a reserve of 2),
+    /// and writes filled what the next checkpoint needed (`known_bugs.rs`).
+    /// At most what a checkpoint may take: past that none is written.
+    pub(crate) fn checkpoint_reserve(&self, index: &Index) -> usize {
+        let g = &self.geometry;
+        let ranges = index.map.len();
+        let used = index.slots.count() as usize - index.slots.free_count();
+        let bytes = Checkpoint::encoded_bytes(
+            g.checksum,
+            used,
+            index.slots.count() as usize,
+            ranges,
+            ranges * crate::limits::EXTENT_BLOCKS_MAX,
+            ranges,
+        );
+        let per_stripe = g.data_area_bytes() - format::summary_bytes(g.checksum, &[]);
+        bytes.div_ceil(per_stripe).min(CHECKPOINT_SLOTS_MAX) + 1
     }
 
     /// Writes a checkpoint of the map now.
@@ -94,7 +121,6 @@ impl Shared {
                 for slot in old {
                     index.slots.free(slot);
                 }
-                index.checkpoint_reserve = index.checkpoint_slots.len() + 1;
                 drop(index);
                 Counters::add(&self.counters.checkpoints_written, 1);
                 Ok(())
@@ -147,6 +173,12 @@ impl Shared {
                 .into_iter()
                 .take(size),
         );
+        // The current checkpoint's slots are free once this one is
+        // durable, and only then: in the window, they serve at once (on a
+        // full array, each checkpoint took free slots for its stripes and
+        // gave back the old ones outside the window, unusable, until
+        // garbage collection found no slot for its copies).
+        window.extend(index.checkpoint_slots.iter().copied());
         let floor = window.len();
         let other_free = healthy_first(index.slots.free_slots().filter(|s| !window.contains(s)).collect());
         window.extend(other_free.into_iter().take(size));
@@ -321,7 +353,6 @@ impl Shared {
         for slot in std::mem::take(&mut index.checkpoint_slots) {
             index.slots.free(slot);
         }
-        index.checkpoint_reserve = 0;
         Ok(())
     }
 }

@@ -100,8 +100,6 @@ pub(crate) struct Index {
     pub resident: HashMap<u64, Resident>,
     /// The version the next mapped write gets.
     pub next_version: u64,
-    /// Slots the next checkpoint's stripes need, kept from user data.
-    pub checkpoint_reserve: usize,
     /// The durable checkpoint's stripes.
     pub checkpoint_slots: Vec<u64>,
     /// Slots emptied (by overwrites or by garbage collection's copies)
@@ -418,7 +416,6 @@ impl Array {
                 slots: SlotTable::new(geometry.checksum, slot_count),
                 resident: HashMap::new(),
                 next_version: 1,
-                checkpoint_reserve: 0,
                 checkpoint_slots: Vec::new(),
                 drain_after_user: Vec::new(),
                 user_open: HashMap::new(),

@@ -45,7 +45,7 @@ impl Shared {
     pub(crate) fn gc_free_target(&self) -> usize {
         let slots = self.geometry.slot_count();
         let target = (slots / GC_FREE_TARGET_DIVISOR).clamp(GC_FREE_TARGET_MIN, GC_FREE_TARGET_MAX) as usize;
-        target + GC_RESERVE_SLOTS + self.index().checkpoint_reserve
+        target + GC_RESERVE_SLOTS + self.checkpoint_reserve(&self.index())
     }
 
     /// Whether fewer slots are free than collection keeps.

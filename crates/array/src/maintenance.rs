@@ -128,7 +128,8 @@ impl Shared {
         let (usable, free) = (index.slots.usable_count(), index.slots.free_count());
         match index.slots.window() {
             Some(_) => {
-                usable < window / CHECKPOINT_WINDOW_LOW_DIVISOR as usize && free > usable + index.checkpoint_reserve
+                usable < window / CHECKPOINT_WINDOW_LOW_DIVISOR as usize
+                    && free > usable + self.checkpoint_reserve(&index)
             }
             None => free >= window / 2 && !has_checkpoint,
         }

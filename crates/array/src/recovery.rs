@@ -116,7 +116,6 @@ impl Shared {
         index.map = Map::default();
         index.slots = SlotTable::new(self.geometry.checksum, self.geometry.slot_count());
         index.checkpoint_slots.clear();
-        index.checkpoint_reserve = 0;
         index.drain_after_user.clear();
         index.user_open.clear();
         index.next_version = 1;
@@ -303,7 +302,6 @@ impl Shared {
         }
         index.next_version = checkpoint.next_version.max(1);
         index.checkpoint_slots = reference.slots.clone();
-        index.checkpoint_reserve = reference.slots.len() + 1;
         Ok(checkpoint.window.into_iter().collect())
     }
 

@@ -388,7 +388,7 @@ impl Shared {
         // the durable checkpoint and room for the next, and one more for
         // the open stripes' tails.
         let reserved_slots =
-            GC_RESERVE_SLOTS + self.open.len() + index.checkpoint_slots.len() + index.checkpoint_reserve + 1;
+            GC_RESERVE_SLOTS + self.open.len() + index.checkpoint_slots.len() + self.checkpoint_reserve(&index) + 1;
         let slots = (index.slots.count() as usize).saturating_sub(reserved_slots) as u128;
         let capacity = (slots as f64 * self.fill_bytes as f64 * ADMIT_FRACTION) as u128 * u128::from(LIVE_SCALE);
         let live = index.slots.live_units();
@@ -642,7 +642,7 @@ impl Shared {
     pub(crate) fn has_room(&self, index: &crate::engine::Index, claim: Claim) -> bool {
         let (usable, free) = (index.slots.usable_count(), index.slots.free_count());
         match claim {
-            Claim::Write => usable > GC_RESERVE_SLOTS && free > GC_RESERVE_SLOTS + index.checkpoint_reserve,
+            Claim::Write => usable > GC_RESERVE_SLOTS && free > GC_RESERVE_SLOTS + self.checkpoint_reserve(index),
             Claim::Freeing => usable > 1 && free > 1,
             Claim::Collect | Claim::CollectMixed => usable > 0,
         }
@@ -856,7 +856,7 @@ impl Shared {
         }
         let outside = {
             let index = self.index();
-            index.slots.free_count() > index.slots.usable_count() + index.checkpoint_reserve
+            index.slots.free_count() > index.slots.usable_count() + self.checkpoint_reserve(&index)
         };
         if outside {
             self.checkpoint()?;

@@ -25,13 +25,6 @@ const ROUNDS: usize = 6;
 const WRITES_PER_FLUSH: [usize; 3] = [8, 64, 512];
 /// Blocks one write covers at most (fio's `bsrange=4k-64k`).
 const WRITE_BLOCKS_MAX: u64 = 16;
-/// The export is this share of the default one (80% of the usable
-/// space), so 50% of it: at the default size (and at 64%, in one seed of
-/// 60) the clients run into the NoSpace wedge `known_bugs.rs` keeps
-/// (writes refused while a fifth of the array is garbage), which is not
-/// what this test is about.
-const EXPORT_MULTIPLIER: u64 = 5;
-const EXPORT_DIVISOR: u64 = 8;
 /// Each member I/O sleeps up to this long.
 const LATENCY_MAX_US: u64 = 40;
 const SEEDS_DEFAULT: std::ops::Range<u64> = 0..8;
@@ -148,14 +141,14 @@ impl Client {
 
 /// 4+2 of 16 KiB chunks on 6 small members (about 150 stripes), one user
 /// stripe per client.
-fn create(devices: &[Arc<MemoryDevice>], seed: u64, logical_bytes: Option<u64>) -> Array {
+fn create(devices: &[Arc<MemoryDevice>], seed: u64) -> Array {
     let options = CreateOptions {
         data: 4,
         parity: 2,
         chunk_bytes: 64 << 10,
         checksum: tessera_checksum::Algorithm::Crc32c,
         compression: None,
-        logical_bytes,
+        logical_bytes: None,
         log_bytes: None,
     };
     tessera_array::create_with(named(devices), &options, engine())
@@ -172,9 +165,9 @@ fn engine() -> EngineOptions {
 fn run(seed: u64, met: &mut (u64, u64)) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let devices: Vec<Arc<MemoryDevice>> = (0..6).map(|_| Arc::new(MemoryDevice::new(MEMBER_BYTES))).collect();
-    let default = create(&devices, seed, None).logical_bytes();
-    let logical = default / EXPORT_DIVISOR * EXPORT_MULTIPLIER / BLOCK_BYTES as u64 * BLOCK_BYTES as u64;
-    let mut array = create(&devices, seed, Some(logical));
+    // The default export (80% of the usable space): garbage collection
+    // and checkpoints run all the time once it is full.
+    let mut array = create(&devices, seed);
     let blocks = array.logical_bytes() / BLOCK_BYTES as u64;
     let per_client = blocks / THREADS as u64;
     let mut clients: Vec<Client> = (0..THREADS)
