@@ -30,6 +30,9 @@ pub enum Kernel {
     Reference,
     /// 32-byte `vpshufb` nibble lookups (AVX2).
     Avx2,
+    /// 32-byte GF(2) affine transforms (AVX2 with GFNI, no AVX-512: Intel's
+    /// client and efficiency cores, parts with AVX-512 off).
+    Avx2Gfni,
     /// 64-byte `vpshufb` nibble lookups (AVX-512 F and BW).
     Avx512,
     /// 64-byte GF(2) affine transforms (AVX-512 with GFNI): one instruction a product.
@@ -41,13 +44,20 @@ pub const KERNEL_ENV: &str = "TESSERA_EC_KERNEL";
 
 impl Kernel {
     /// Every kernel, slowest first.
-    pub const ALL: [Kernel; 4] = [Kernel::Reference, Kernel::Avx2, Kernel::Avx512, Kernel::Avx512Gfni];
+    pub const ALL: [Kernel; 5] = [
+        Kernel::Reference,
+        Kernel::Avx2,
+        Kernel::Avx2Gfni,
+        Kernel::Avx512,
+        Kernel::Avx512Gfni,
+    ];
 
     /// The name used by `--kernel` and `TESSERA_EC_KERNEL`.
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Reference => "reference",
             Kernel::Avx2 => "avx2",
+            Kernel::Avx2Gfni => "avx2-gfni",
             Kernel::Avx512 => "avx512",
             Kernel::Avx512Gfni => "avx512-gfni",
         }
@@ -59,6 +69,8 @@ impl Kernel {
             Kernel::Reference => true,
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => std::arch::is_x86_feature_detected!("avx2"),
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2Gfni => Kernel::Avx2.is_available() && std::arch::is_x86_feature_detected!("gfni"),
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx512 => {
                 std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw")

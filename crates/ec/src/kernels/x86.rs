@@ -1,4 +1,5 @@
-//! SIMD kernels for x86-64: AVX2 and AVX-512 nibble lookups, AVX-512 GFNI.
+//! SIMD kernels for x86-64: AVX2 and AVX-512 nibble lookups, AVX2 and
+//! AVX-512 GFNI.
 //!
 //! One tiled driver (`tiled`) serves all three; a kernel supplies only its
 //! vector type and its multiply-accumulate step through `Lanes`. The driver is
@@ -48,6 +49,7 @@ trait Lanes {
 }
 
 struct Avx2;
+struct Avx2Gfni;
 struct Avx512;
 struct Avx512Gfni;
 
@@ -97,6 +99,48 @@ impl Lanes for Avx2 {
     }
     fn tables(coefficients: &Coefficients) -> *const u8 {
         coefficients.nibble_tables.as_ptr().cast()
+    }
+}
+
+impl Lanes for Avx2Gfni {
+    type Vector = __m256i;
+    type Input = __m256i;
+    type Table = __m256i;
+    const WIDTH: usize = 32;
+    // Sixteen registers: six accumulators and six matrices, the input and
+    // room for the loads (eight spilled the streaming loop's matrices).
+    const GROUP_MAX: usize = 6;
+
+    #[inline(always)]
+    unsafe fn zero() -> __m256i {
+        _mm256_setzero_si256()
+    }
+    #[inline(always)]
+    unsafe fn load(from: *const u8) -> __m256i {
+        _mm256_loadu_si256(from.cast())
+    }
+    #[inline(always)]
+    unsafe fn store(to: *mut u8, value: __m256i) {
+        _mm256_storeu_si256(to.cast(), value)
+    }
+    #[inline(always)]
+    unsafe fn prepare(x: __m256i) -> __m256i {
+        x
+    }
+    #[inline(always)]
+    unsafe fn load_table(tables: *const u8, index: usize) -> __m256i {
+        _mm256_set1_epi64x(tables.cast::<i64>().add(index).read_unaligned())
+    }
+    #[inline(always)]
+    unsafe fn mul(x: __m256i, matrix: __m256i) -> __m256i {
+        _mm256_gf2p8affine_epi64_epi8::<0>(x, matrix)
+    }
+    #[inline(always)]
+    unsafe fn mul_xor(acc: __m256i, x: __m256i, matrix: __m256i) -> __m256i {
+        _mm256_xor_si256(acc, Self::mul(x, matrix))
+    }
+    fn tables(coefficients: &Coefficients) -> *const u8 {
+        coefficients.affine_matrices.as_ptr().cast()
     }
 }
 
@@ -212,6 +256,7 @@ pub fn dot(
     unsafe {
         match kernel {
             Kernel::Avx2 => dot_avx2(coefficients, &input_pointers, &output_pointers, len, accumulate),
+            Kernel::Avx2Gfni => dot_avx2_gfni(coefficients, &input_pointers, &output_pointers, len, accumulate),
             Kernel::Avx512 => dot_avx512(coefficients, &input_pointers, &output_pointers, len, accumulate),
             Kernel::Avx512Gfni => dot_avx512_gfni(coefficients, &input_pointers, &output_pointers, len, accumulate),
             Kernel::Reference => unreachable!("the reference kernel is not an x86 kernel"),
@@ -222,6 +267,17 @@ pub fn dot(
 #[target_feature(enable = "avx2")]
 unsafe fn dot_avx2(c: &Coefficients, inputs: &[*const u8], outputs: &[*mut u8], len: usize, accumulate: bool) -> usize {
     tiled::<Avx2>(c, inputs, outputs, len, accumulate)
+}
+
+#[target_feature(enable = "avx2,gfni")]
+unsafe fn dot_avx2_gfni(
+    c: &Coefficients,
+    inputs: &[*const u8],
+    outputs: &[*mut u8],
+    len: usize,
+    accumulate: bool,
+) -> usize {
+    tiled::<Avx2Gfni>(c, inputs, outputs, len, accumulate)
 }
 
 #[target_feature(enable = "avx512f,avx512bw")]
