@@ -220,6 +220,13 @@ impl Geometry {
     pub fn log_offset(&self) -> u64 {
         self.backup_superblock_offset() - self.log_bytes
     }
+    /// The byte ranges of each member that creating the array (and first
+    /// opening it) writes: the superblock and activity record before row
+    /// 0, and the intent log's area and the backup superblock at the end.
+    /// Nothing else is written until stripes are.
+    pub fn written_at_create(&self) -> [std::ops::Range<u64>; 2] {
+        [0..DATA_START, self.log_offset()..self.member_bytes]
+    }
     /// Whether the array has an intent log, on its members or on log
     /// devices.
     pub fn has_log(&self) -> bool {

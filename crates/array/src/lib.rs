@@ -193,12 +193,15 @@ pub fn create(devices: Vec<(String, Arc<dyn Device>)>, options: &CreateOptions) 
     create_with(devices, options, EngineOptions::default())
 }
 
-/// [`create`], run with `engine` options.
-pub fn create_with(
-    devices: Vec<(String, Arc<dyn Device>)>,
+/// The geometry `create` would give an array of these members and log
+/// devices (checked as `create` checks it), without writing anything: what
+/// a caller needs to know where `create` will write
+/// ([`Geometry::written_at_create`]).
+pub fn plan(
+    devices: &[(String, Arc<dyn Device>)],
     options: &CreateOptions,
-    engine: EngineOptions,
-) -> Result<Array, ArrayError> {
+    log_devices: &[(String, Arc<dyn Device>)],
+) -> Result<Geometry, ArrayError> {
     let (k, m, n) = (options.data, options.parity, devices.len());
     let bad = |why: String| Err(ArrayError::Geometry(why));
     if k == 0 || k + m > 256 {
@@ -236,7 +239,6 @@ pub fn create_with(
     let asked = options
         .log_bytes
         .map(|bytes| bytes.next_multiple_of(SECTOR_BYTES as u64));
-    let log_devices = &engine.log_devices;
     if log_devices.is_empty() {
         geometry.log_bytes = asked.unwrap_or_else(|| limits::log_bytes_default(&geometry));
     } else {
@@ -298,6 +300,16 @@ pub fn create_with(
         Some(bytes) => bytes,
         None => default_logical_bytes(&geometry),
     };
+    Ok(geometry)
+}
+
+/// [`create`], run with `engine` options.
+pub fn create_with(
+    devices: Vec<(String, Arc<dyn Device>)>,
+    options: &CreateOptions,
+    engine: EngineOptions,
+) -> Result<Array, ArrayError> {
+    let geometry = plan(&devices, options, &engine.log_devices)?;
     let superblock = Superblock {
         array_uuid: rand::random(),
         member_uuid: [0; 16],

@@ -666,7 +666,6 @@ fn an_array_open_elsewhere_is_refused_by_its_activity_records() {
     use tessera_array::activity::{self, Record};
     let devices = members(6, 16 << 20);
     let array = tessera_array::create(named(&devices), &options(4, 2, 64 << 10, None)).unwrap();
-    let uuid = array.status().unwrap().array_uuid.clone();
     let second = tessera_array::open(open_list(&devices, &[]));
     assert!(
         matches!(second, Err(ArrayError::ActiveElsewhere { .. })),
@@ -683,11 +682,7 @@ fn an_array_open_elsewhere_is_refused_by_its_activity_records() {
         "{:?}",
         started.elapsed()
     );
-    let array_uuid: [u8; 16] = (0..16)
-        .map(|i| u8::from_str_radix(&uuid[2 * i..2 * i + 2], 16).unwrap())
-        .collect::<Vec<_>>()
-        .try_into()
-        .unwrap();
+    let array_uuid = tessera_array::read_superblock(devices[0].as_ref()).unwrap().array_uuid;
     drop(array);
     // Another host (another boot id) that keeps its records moving.
     let foreign = move |sequence: u64| Record {

@@ -76,9 +76,6 @@ fn create_in_dir(c: &Create) -> Result<()> {
     let mut made: Vec<PathBuf> = Vec::new();
     let mut log_devices = Vec::new();
     let result = create_members(c, &mut members, &mut lines, &mut made).and_then(|()| {
-        if !c.force {
-            refuse_written_tails(&members, &made, c.log_bytes)?;
-        }
         for path in &c.log_device_paths {
             // A missing file is made at the log area's size plus its header.
             let size = c
@@ -101,6 +98,10 @@ fn create_in_dir(c: &Create) -> Result<()> {
             logical_bytes: c.logical_bytes,
             log_bytes: c.log_bytes,
         };
+        if !c.force {
+            let geometry = tessera_array::plan(&members, &options, &log_devices)?;
+            refuse_written_regions(&members, &made, &geometry)?;
+        }
         let engine = EngineOptions {
             log_devices: log_devices.clone(),
             ..EngineOptions::default()
@@ -234,24 +235,17 @@ pub(crate) fn refuse_if_in_use(path: &Path, device: &FileDevice) -> std::io::Res
     Ok(())
 }
 
-/// Bytes before the end of the members (the smallest one's size) that
-/// `create` may write and so checks, at most: the intent log's area (by
-/// default at most a sixteenth of a member, and far less on large ones)
-/// and the backup superblock after it.
-const CREATE_CHECKED_TAIL_BYTES_MAX: u64 = 64 << 20;
-
-/// Refuses existing members that hold data where `create` writes near
-/// their end (the log area and the backup superblock, measured from the
-/// smallest member's size), as `wipefs` looks for signatures at both ends:
-/// the first MiB alone let a device with data further on be formatted.
-fn refuse_written_tails(members: &[(String, Arc<dyn Device>)], made: &[PathBuf], log_bytes: Option<u64>) -> Result<()> {
-    let member_bytes = members.iter().map(|(_, d)| d.size()).min().unwrap_or(0);
-    let log = log_bytes
-        .unwrap_or(0)
-        .max((member_bytes / 16).min(CREATE_CHECKED_TAIL_BYTES_MAX));
-    let tail = (log + tessera_array::format::SECTOR_BYTES as u64).min(member_bytes);
-    // Files this create made hold nothing; they are named as given or
-    // by their absolute path.
+/// Refuses existing members that hold data anywhere `create` writes (the
+/// regions of [`tessera_array::format::Geometry::written_at_create`]: the
+/// first MiB, and the log area and backup superblock at the end, measured
+/// from the smallest member), as `wipefs` looks for signatures at both
+/// ends: the first MiB alone let a device with data further on be
+/// formatted. Files this create made hold nothing and are not read.
+fn refuse_written_regions(
+    members: &[(String, Arc<dyn Device>)],
+    made: &[PathBuf],
+    geometry: &tessera_array::format::Geometry,
+) -> Result<()> {
     let made: Vec<PathBuf> = made
         .iter()
         .flat_map(|p| [p.clone(), std::fs::canonicalize(p).unwrap_or_default()])
@@ -261,17 +255,18 @@ fn refuse_written_tails(members: &[(String, Arc<dyn Device>)], made: &[PathBuf],
         if made.iter().any(|p| p.as_os_str() == name.as_str()) {
             continue;
         }
-        let mut at = member_bytes - tail;
-        while at < member_bytes {
-            let len = (member_bytes - at).min(buffer.len() as u64) as usize;
-            device.read_at(&mut buffer[..len], at)?;
-            if buffer[..len].iter().any(|&b| b != 0) {
-                bail!(
-                    "{name} holds data at byte {at}, in the last {} of the members, where the array's log and backup superblock go: refusing to overwrite it (--force to use it anyway)",
-                    human(tail)
-                );
+        for region in geometry.written_at_create() {
+            let mut at = region.start;
+            while at < region.end {
+                let len = (region.end - at).min(buffer.len() as u64) as usize;
+                device.read_at(&mut buffer[..len], at)?;
+                if buffer[..len].iter().any(|&b| b != 0) {
+                    bail!(
+                        "{name} holds data at byte {at}, where the array's superblocks or log go: refusing to overwrite it (--force to use it anyway)"
+                    );
+                }
+                at += len as u64;
             }
-            at += len as u64;
         }
     }
     Ok(())

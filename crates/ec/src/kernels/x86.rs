@@ -48,6 +48,61 @@ trait Lanes {
     fn tables(coefficients: &Coefficients) -> *const u8;
 }
 
+/// Zeroing, loading and storing vectors of one width: the part of `Lanes`
+/// every kernel of that width shares.
+macro_rules! vector_io {
+    ($vector:ty, $zero:ident, $load:ident, $store:ident) => {
+        #[inline(always)]
+        unsafe fn zero() -> $vector {
+            $zero()
+        }
+        #[inline(always)]
+        unsafe fn load(from: *const u8) -> $vector {
+            $load(from.cast())
+        }
+        #[inline(always)]
+        unsafe fn store(to: *mut u8, value: $vector) {
+            $store(to.cast(), value)
+        }
+    };
+}
+
+/// A GFNI kernel of one vector width: a product is one affine transform of
+/// the input by the coefficient's 8x8 bit matrix, broadcast to every lane.
+macro_rules! gfni_lanes {
+    ($name:ident, $vector:ty, $width:expr, $group:expr, $set1:ident, $affine:ident, $xor:ident,
+     ($zero:ident, $load:ident, $store:ident)) => {
+        impl Lanes for $name {
+            type Vector = $vector;
+            type Input = $vector;
+            type Table = $vector;
+            const WIDTH: usize = $width;
+            const GROUP_MAX: usize = $group;
+
+            vector_io!($vector, $zero, $load, $store);
+            #[inline(always)]
+            unsafe fn prepare(x: $vector) -> $vector {
+                x
+            }
+            #[inline(always)]
+            unsafe fn load_table(tables: *const u8, index: usize) -> $vector {
+                $set1(tables.cast::<i64>().add(index).read_unaligned())
+            }
+            #[inline(always)]
+            unsafe fn mul(x: $vector, matrix: $vector) -> $vector {
+                $affine::<0>(x, matrix)
+            }
+            #[inline(always)]
+            unsafe fn mul_xor(acc: $vector, x: $vector, matrix: $vector) -> $vector {
+                $xor(acc, Self::mul(x, matrix))
+            }
+            fn tables(coefficients: &Coefficients) -> *const u8 {
+                coefficients.affine_matrices.as_ptr().cast()
+            }
+        }
+    };
+}
+
 struct Avx2;
 struct Avx2Gfni;
 struct Avx512;
@@ -61,18 +116,7 @@ impl Lanes for Avx2 {
     // Eight table registers of sixteen, leaving room for the input and temporaries.
     const GROUP_MAX: usize = 4;
 
-    #[inline(always)]
-    unsafe fn zero() -> __m256i {
-        _mm256_setzero_si256()
-    }
-    #[inline(always)]
-    unsafe fn load(from: *const u8) -> __m256i {
-        _mm256_loadu_si256(from.cast())
-    }
-    #[inline(always)]
-    unsafe fn store(to: *mut u8, value: __m256i) {
-        _mm256_storeu_si256(to.cast(), value)
-    }
+    vector_io!(__m256i, _mm256_setzero_si256, _mm256_loadu_si256, _mm256_storeu_si256);
     #[inline(always)]
     unsafe fn prepare(x: __m256i) -> (__m256i, __m256i) {
         let mask = _mm256_set1_epi8(0x0f);
@@ -102,48 +146,6 @@ impl Lanes for Avx2 {
     }
 }
 
-impl Lanes for Avx2Gfni {
-    type Vector = __m256i;
-    type Input = __m256i;
-    type Table = __m256i;
-    const WIDTH: usize = 32;
-    // Sixteen registers: six accumulators and six matrices, the input and
-    // room for the loads (eight spilled the streaming loop's matrices).
-    const GROUP_MAX: usize = 6;
-
-    #[inline(always)]
-    unsafe fn zero() -> __m256i {
-        _mm256_setzero_si256()
-    }
-    #[inline(always)]
-    unsafe fn load(from: *const u8) -> __m256i {
-        _mm256_loadu_si256(from.cast())
-    }
-    #[inline(always)]
-    unsafe fn store(to: *mut u8, value: __m256i) {
-        _mm256_storeu_si256(to.cast(), value)
-    }
-    #[inline(always)]
-    unsafe fn prepare(x: __m256i) -> __m256i {
-        x
-    }
-    #[inline(always)]
-    unsafe fn load_table(tables: *const u8, index: usize) -> __m256i {
-        _mm256_set1_epi64x(tables.cast::<i64>().add(index).read_unaligned())
-    }
-    #[inline(always)]
-    unsafe fn mul(x: __m256i, matrix: __m256i) -> __m256i {
-        _mm256_gf2p8affine_epi64_epi8::<0>(x, matrix)
-    }
-    #[inline(always)]
-    unsafe fn mul_xor(acc: __m256i, x: __m256i, matrix: __m256i) -> __m256i {
-        _mm256_xor_si256(acc, Self::mul(x, matrix))
-    }
-    fn tables(coefficients: &Coefficients) -> *const u8 {
-        coefficients.affine_matrices.as_ptr().cast()
-    }
-}
-
 impl Lanes for Avx512 {
     type Vector = __m512i;
     type Input = (__m512i, __m512i);
@@ -152,18 +154,7 @@ impl Lanes for Avx512 {
     // Sixteen table registers of thirty-two.
     const GROUP_MAX: usize = 8;
 
-    #[inline(always)]
-    unsafe fn zero() -> __m512i {
-        _mm512_setzero_si512()
-    }
-    #[inline(always)]
-    unsafe fn load(from: *const u8) -> __m512i {
-        _mm512_loadu_si512(from.cast())
-    }
-    #[inline(always)]
-    unsafe fn store(to: *mut u8, value: __m512i) {
-        _mm512_storeu_si512(to.cast(), value)
-    }
+    vector_io!(__m512i, _mm512_setzero_si512, _mm512_loadu_si512, _mm512_storeu_si512);
     #[inline(always)]
     unsafe fn prepare(x: __m512i) -> (__m512i, __m512i) {
         let mask = _mm512_set1_epi8(0x0f);
@@ -199,45 +190,28 @@ impl Lanes for Avx512 {
     }
 }
 
-impl Lanes for Avx512Gfni {
-    type Vector = __m512i;
-    type Input = __m512i;
-    type Table = __m512i;
-    const WIDTH: usize = 64;
-    const GROUP_MAX: usize = 8;
-
-    #[inline(always)]
-    unsafe fn zero() -> __m512i {
-        _mm512_setzero_si512()
-    }
-    #[inline(always)]
-    unsafe fn load(from: *const u8) -> __m512i {
-        _mm512_loadu_si512(from.cast())
-    }
-    #[inline(always)]
-    unsafe fn store(to: *mut u8, value: __m512i) {
-        _mm512_storeu_si512(to.cast(), value)
-    }
-    #[inline(always)]
-    unsafe fn prepare(x: __m512i) -> __m512i {
-        x
-    }
-    #[inline(always)]
-    unsafe fn load_table(tables: *const u8, index: usize) -> __m512i {
-        _mm512_set1_epi64(tables.cast::<i64>().add(index).read_unaligned())
-    }
-    #[inline(always)]
-    unsafe fn mul(x: __m512i, matrix: __m512i) -> __m512i {
-        _mm512_gf2p8affine_epi64_epi8::<0>(x, matrix)
-    }
-    #[inline(always)]
-    unsafe fn mul_xor(acc: __m512i, x: __m512i, matrix: __m512i) -> __m512i {
-        _mm512_xor_si512(acc, Self::mul(x, matrix))
-    }
-    fn tables(coefficients: &Coefficients) -> *const u8 {
-        coefficients.affine_matrices.as_ptr().cast()
-    }
-}
+// Sixteen registers for AVX2: six accumulators and six matrices, the input
+// and room for the loads. Thirty-two for AVX-512: eight of each.
+gfni_lanes!(
+    Avx2Gfni,
+    __m256i,
+    32,
+    6,
+    _mm256_set1_epi64x,
+    _mm256_gf2p8affine_epi64_epi8,
+    _mm256_xor_si256,
+    (_mm256_setzero_si256, _mm256_loadu_si256, _mm256_storeu_si256)
+);
+gfni_lanes!(
+    Avx512Gfni,
+    __m512i,
+    64,
+    8,
+    _mm512_set1_epi64,
+    _mm512_gf2p8affine_epi64_epi8,
+    _mm512_xor_si512,
+    (_mm512_setzero_si512, _mm512_loadu_si512, _mm512_storeu_si512)
+);
 
 /// Runs `kernel` (not the reference) over the longest prefix it handles; returns its length.
 pub fn dot(
