@@ -238,43 +238,27 @@ pub fn dot(
     }
 }
 
-#[target_feature(enable = "avx2")]
-unsafe fn dot_avx2(c: &Coefficients, inputs: &[*const u8], outputs: &[*mut u8], len: usize, accumulate: bool) -> usize {
-    tiled::<Avx2>(c, inputs, outputs, len, accumulate)
+/// A kernel's entry point: the tiled driver compiled with the kernel's
+/// target features, so its intrinsics become those instructions alone.
+macro_rules! entry {
+    ($name:ident, $features:literal, $lanes:ty) => {
+        #[target_feature(enable = $features)]
+        unsafe fn $name(
+            c: &Coefficients,
+            inputs: &[*const u8],
+            outputs: &[*mut u8],
+            len: usize,
+            accumulate: bool,
+        ) -> usize {
+            tiled::<$lanes>(c, inputs, outputs, len, accumulate)
+        }
+    };
 }
 
-#[target_feature(enable = "avx2,gfni")]
-unsafe fn dot_avx2_gfni(
-    c: &Coefficients,
-    inputs: &[*const u8],
-    outputs: &[*mut u8],
-    len: usize,
-    accumulate: bool,
-) -> usize {
-    tiled::<Avx2Gfni>(c, inputs, outputs, len, accumulate)
-}
-
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn dot_avx512(
-    c: &Coefficients,
-    inputs: &[*const u8],
-    outputs: &[*mut u8],
-    len: usize,
-    accumulate: bool,
-) -> usize {
-    tiled::<Avx512>(c, inputs, outputs, len, accumulate)
-}
-
-#[target_feature(enable = "avx512f,avx512bw,gfni")]
-unsafe fn dot_avx512_gfni(
-    c: &Coefficients,
-    inputs: &[*const u8],
-    outputs: &[*mut u8],
-    len: usize,
-    accumulate: bool,
-) -> usize {
-    tiled::<Avx512Gfni>(c, inputs, outputs, len, accumulate)
-}
+entry!(dot_avx2, "avx2", Avx2);
+entry!(dot_avx2_gfni, "avx2,gfni", Avx2Gfni);
+entry!(dot_avx512, "avx512f,avx512bw", Avx512);
+entry!(dot_avx512_gfni, "avx512f,avx512bw,gfni", Avx512Gfni);
 
 /// Column tile width for `columns` inputs: all of them fit the cache budget.
 fn tile_bytes(columns: usize, width: usize) -> usize {
