@@ -115,6 +115,8 @@ pub(crate) struct Index {
     pub user_serial_next: u64,
     /// The newest sequence sealed so far.
     pub last_sealed: u64,
+    /// Which volumes' records are mapped (`crate::volume::Floors`).
+    pub volumes: crate::volume::Floors,
 }
 
 /// Sequences and the progress of writes and syncs.
@@ -248,6 +250,11 @@ pub(crate) struct Shared {
     pub checkpoint_lock: Mutex<()>,
     pub maintenance: crate::maintenance::Signal,
     pub recovery: Mutex<Recovery>,
+    /// Each volume's gate, by id (`crate::volume::Gate`).
+    pub gates: Mutex<HashMap<u32, Arc<crate::volume::Gate>>>,
+    /// One volume operation (create, resize, delete) at a time; held
+    /// across its superblock writes.
+    pub volume_lock: Mutex<()>,
     /// The intent log, if the array has an area for one.
     pub intent: Option<crate::intent::IntentLog>,
     pub options: EngineOptions,
@@ -256,6 +263,8 @@ pub(crate) struct Shared {
 /// An open array.
 pub struct Array {
     pub(crate) shared: Arc<Shared>,
+    /// The default volume, which `read`, `write` and the rest reach.
+    default: crate::volumes::Volume,
     background: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Keeps the members' activity records moving; dropped last, after
     /// the member threads stopped, it marks them closed.
@@ -267,6 +276,11 @@ fn poisoned<T>(guard: std::sync::PoisonError<T>) -> T {
 }
 
 impl Shared {
+    /// Counts a client request (background work yields to them).
+    pub fn client_request(&self) {
+        Counters::add(&self.counters.client_requests, 1);
+    }
+
     pub fn index(&self) -> RwLockReadGuard<'_, Index> {
         self.index.read().unwrap_or_else(poisoned)
     }
@@ -331,14 +345,13 @@ impl Shared {
         (0..g.width()).all(|j| self.members.is_readable(g.place(slot, j).0))
     }
 
+    /// Checks a range of the map's key space in bytes (every volume's:
+    /// a volume's own bounds are checked by its `Volume` handle).
     pub fn check_range(&self, offset: u64, len: u64) -> Result<(), ArrayError> {
+        let size = (crate::volume::VOLUME_COUNT_MAX as u64) * crate::volume::VOLUME_BYTES_MAX;
         match offset.checked_add(len) {
-            Some(end) if end <= self.geometry.logical_bytes => Ok(()),
-            _ => Err(ArrayError::OutOfRange {
-                offset,
-                len,
-                size: self.geometry.logical_bytes,
-            }),
+            Some(end) if end <= size => Ok(()),
+            _ => Err(ArrayError::OutOfRange { offset, len, size }),
         }
     }
 
@@ -367,6 +380,15 @@ impl Array {
         log_devices: Vec<crate::intent::LogDevice>,
     ) -> Result<Array, ArrayError> {
         let geometry = superblock.geometry.clone();
+        let volume_table = superblock
+            .volume_table
+            .clone()
+            .unwrap_or_else(|| Arc::new(crate::volume::VolumeTable::default_for(geometry.logical_bytes)));
+        let gates = volume_table
+            .entries
+            .iter()
+            .map(|e| (e.id, crate::volume::Gate::new(e.id, e.bytes)))
+            .collect();
         let accel = match &options.accel {
             Some(accel) => accel.clone(),
             None => tessera_accel::Kind::from_env()
@@ -421,6 +443,7 @@ impl Array {
                 user_open: HashMap::new(),
                 user_serial_next: 1,
                 last_sealed: 0,
+                volumes: crate::volume::Floors::of(&volume_table),
             }),
             pins: Pins::new(slot_count),
             open: (0..=options
@@ -450,6 +473,8 @@ impl Array {
             checkpoint_lock: Mutex::new(()),
             maintenance: crate::maintenance::Signal::default(),
             recovery: Mutex::new(Recovery::default()),
+            gates: Mutex::new(gates),
+            volume_lock: Mutex::new(()),
             intent: geometry
                 .has_log()
                 .then(|| crate::intent::IntentLog::new(geometry.members, log_devices)),
@@ -471,8 +496,10 @@ impl Array {
                 source: e,
             })?
         };
+        let default = crate::volumes::open_volume(&shared, crate::volume::DEFAULT_VOLUME_NAME)?;
         let array = Array {
             shared,
+            default,
             background: Mutex::new(None),
             _heartbeat: Some(heartbeat),
         };
@@ -492,87 +519,49 @@ impl Array {
         Ok(array)
     }
 
-    /// Counts a client request (background work yields to them).
-    fn client_request(&self) {
-        crate::status::Counters::add(&self.shared.counters.client_requests, 1);
-    }
-
     pub fn geometry(&self) -> &Geometry {
         &self.shared.geometry
     }
 
+    /// The default volume's size now.
     pub fn logical_bytes(&self) -> u64 {
-        self.shared.geometry.logical_bytes
+        self.default.size()
     }
 
-    /// Reads `buf.len()` bytes at byte `offset` of the volume.
+    /// Reads `buf.len()` bytes at byte `offset` of the default volume.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ArrayError> {
-        self.client_request();
-        self.shared.read(offset, buf)
+        self.default.read(offset, buf)
     }
 
-    /// Makes the next reads of [offset, offset+len) cheap: degraded
-    /// stripes there are rebuilt into the reconstruction cache now.
+    /// [`Volume::prefetch`](crate::Volume::prefetch) on the default volume.
     pub fn prefetch(&self, offset: u64, len: u64) -> Result<(), ArrayError> {
-        self.shared.prefetch(offset, len)
+        self.default.prefetch(offset, len)
     }
 
-    /// Which of bytes [offset, offset+len) are stored: consecutive runs
-    /// from `offset` covering the range, `(bytes, true)` where blocks map
-    /// to data, `(bytes, false)` where they read as zeros and hold no
-    /// space (never written, trimmed, or zeroed). What NBD's
-    /// `base:allocation` reports.
+    /// [`Volume::allocation`](crate::Volume::allocation) on the default volume.
     pub fn allocation(&self, offset: u64, len: u64) -> Result<Vec<(u64, bool)>, ArrayError> {
-        self.shared.check_range(offset, len)?;
-        let end = offset + len;
-        let block = BLOCK_BYTES as u64;
-        let (first, last) = (offset / block, end.div_ceil(block));
-        let mut runs: Vec<(u64, bool)> = Vec::new();
-        let mut push = |from: u64, to: u64, stored: bool| {
-            let (from, to) = ((from * block).max(offset), (to * block).min(end));
-            if from >= to {
-                return;
-            }
-            match runs.last_mut() {
-                Some(last) if last.1 == stored => last.0 += to - from,
-                _ => runs.push((to - from, stored)),
-            }
-        };
-        let index = self.shared.index();
-        let mut at = first;
-        for (start, mapping) in index.map.overlapping(first, last) {
-            let stop = start + u64::from(mapping.blocks);
-            push(at, start.max(at), false);
-            let stored = matches!(mapping.target, crate::map::Target::Data { .. });
-            push(start.max(at), stop.min(last), stored);
-            at = stop.min(last);
-        }
-        push(at, last, false);
-        Ok(runs)
+        self.default.allocation(offset, len)
     }
 
-    /// Writes `data` at byte `offset`; with `fua`, returns once it is durable.
+    /// Writes `data` at byte `offset` of the default volume; with `fua`,
+    /// returns once it is durable.
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ArrayError> {
-        self.client_request();
-        self.shared.write(offset, data, fua)
+        self.default.write(offset, data, fua)
     }
 
     /// Makes `len` bytes at `offset` read as zeros and frees their space.
     pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), ArrayError> {
-        self.client_request();
-        self.shared.write_zeroes(offset, len, fua)
+        self.default.write_zeroes(offset, len, fua)
     }
 
     /// TRIM: the same as WRITE_ZEROES here (discarded blocks read as zeros).
     pub fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), ArrayError> {
-        self.client_request();
-        self.shared.write_zeroes(offset, len, fua)
+        self.default.write_zeroes(offset, len, fua)
     }
 
     /// FLUSH: returns once every write that returned before it is durable.
     pub fn flush(&self) -> Result<(), ArrayError> {
-        self.client_request();
-        self.shared.flush()
+        self.default.flush()
     }
 
     /// Writes a map checkpoint now (a clean shutdown does, so the next

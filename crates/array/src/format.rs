@@ -43,10 +43,10 @@ pub const DATA_START: u64 = 1 << 20;
 pub const BLOCK_BYTES: usize = 4096;
 /// Members in an array at most: the failed-member bitmap has this many bits.
 pub const MEMBER_COUNT_MAX: usize = 256;
-/// The largest exported size: NBD clients (libnbd, qemu, the kernel) take
-/// the export size and offsets as signed 64-bit numbers, so a size past
-/// 2^63 reads as negative; the largest multiple of a block below that.
-pub const LOGICAL_BYTES_MAX: u64 = i64::MAX as u64 / BLOCK_BYTES as u64 * BLOCK_BYTES as u64;
+/// The largest exported size of a volume: 2^40 blocks (4 PiB), as volume
+/// `v`'s block `b` is map key `v << 40 | b` (`crate::volume`). (NBD
+/// clients take sizes as signed 64-bit numbers: well within.)
+pub const LOGICAL_BYTES_MAX: u64 = crate::volume::VOLUME_BYTES_MAX;
 /// Chunk payload size limits: a multiple of a sector, at most 16 MiB so a
 /// stripe's data area offsets fit in 32 bits for K <= 255.
 pub const CHUNK_BYTES_MIN: usize = 4096;
@@ -63,6 +63,10 @@ pub const CHECKPOINT_MAGIC: [u8; 8] = *b"TSRCHKPT";
 /// extents a CRC32C per 4 KiB block, checkpoints both (version 1 arrays are
 /// refused by name).
 pub const FORMAT_VERSION: u32 = 2;
+/// A superblock that names a volume table (`crate::volume`) has version 3,
+/// so that a build from before volumes refuses the array rather than
+/// serving its default volume and forgetting the others.
+pub const SUPERBLOCK_VERSION_VOLUMES: u32 = 3;
 /// The CRC32C of a sector covers its first 4092 bytes and sits in the last 4.
 const CRC_OFFSET: usize = SECTOR_BYTES - 4;
 
@@ -70,7 +74,7 @@ const CRC_OFFSET: usize = SECTOR_BYTES - 4;
 pub enum FormatError {
     #[error("not a Tessera {what}: bad magic")]
     Magic { what: &'static str },
-    #[error("{what} has format version {version}; this build reads version {FORMAT_VERSION}")]
+    #[error("{what} has format version {version}; this build reads version {FORMAT_VERSION} (and superblocks of version {SUPERBLOCK_VERSION_VOLUMES}, with volumes)")]
     Version { what: &'static str, version: u32 },
     #[error("{what} is corrupt: checksum mismatch")]
     Crc { what: &'static str },
@@ -109,10 +113,22 @@ fn check_sector(sector: &[u8], magic: &[u8; 8], what: &'static str) -> Result<()
         return Err(FormatError::Crc { what });
     }
     let version = get_u32(sector, 8);
-    if version != FORMAT_VERSION {
+    let volumes = magic == &SUPERBLOCK_MAGIC && version == SUPERBLOCK_VERSION_VOLUMES;
+    if version != FORMAT_VERSION && !volumes {
         return Err(FormatError::Version { what, version });
     }
     Ok(())
+}
+
+/// Whether `blocks` map keys from `lba` are a run of one volume's blocks
+/// (`crate::volume`): what every record, mapping and log record covers.
+fn within_one_volume(lba: u64, blocks: u32) -> bool {
+    use crate::volume::{volume_of, VOLUME_BLOCKS_SHIFT, VOLUME_COUNT_MAX};
+    let keys = (VOLUME_COUNT_MAX as u64) << VOLUME_BLOCKS_SHIFT;
+    blocks > 0
+        && lba
+            .checked_add(u64::from(blocks))
+            .is_some_and(|end| end <= keys && volume_of(lba) == volume_of(end - 1))
 }
 
 /// The checksum algorithm's code on disk.
@@ -249,7 +265,7 @@ impl Geometry {
 /// 152  checkpoint sequence u64
 /// 160  checkpoint bytes u64  168 first checkpoint stripe's sequence u64
 /// 176  checkpoint stripes u32 (0: no checkpoint; recovery scans every slot)
-/// 180  reserved u32
+/// 180  volume table CRC32C u32 (0: only the default volume; version 3 if not 0)
 /// 184  checkpoint digest [64] (the array's checksum algorithm)
 /// 248  checkpoint stripes' slots u64 each, at most CHECKPOINT_SLOTS_MAX
 /// 4092 CRC32C of bytes 0..4092
@@ -269,6 +285,11 @@ pub struct Superblock {
     pub created_unix_seconds: u64,
     /// Where the newest map checkpoint is, if there is one.
     pub checkpoint: Option<CheckpointRef>,
+    /// The CRC of the volume table written with this superblock (0: none,
+    /// the array has only its default volume, of `geometry.logical_bytes`).
+    pub volume_table_crc: u32,
+    /// That table, once read (in memory only; `crate::volume`).
+    pub volume_table: Option<std::sync::Arc<crate::volume::VolumeTable>>,
 }
 
 /// Slots a checkpoint may span: as many as the superblock has room for.
@@ -302,7 +323,19 @@ impl Superblock {
         let g = &self.geometry;
         let mut s = vec![0u8; SECTOR_BYTES];
         put(&mut s, 0, &SUPERBLOCK_MAGIC);
-        put(&mut s, 8, &FORMAT_VERSION.to_le_bytes());
+        if let Some(table) = &self.volume_table {
+            assert_eq!(
+                table.crc(),
+                self.volume_table_crc,
+                "a superblock names its own volume table"
+            );
+        }
+        let version = match self.volume_table_crc {
+            0 => FORMAT_VERSION,
+            _ => SUPERBLOCK_VERSION_VOLUMES,
+        };
+        put(&mut s, 8, &version.to_le_bytes());
+        put(&mut s, 180, &self.volume_table_crc.to_le_bytes());
         put(&mut s, 12, &((g.log_bytes / SECTOR_BYTES as u64) as u32).to_le_bytes());
         put(&mut s, 16, &self.array_uuid);
         put(&mut s, 32, &self.member_uuid);
@@ -435,6 +468,11 @@ impl Superblock {
                 })
             }
         };
+        // Version 3 names a volume table; version 2 has none.
+        let volume_table_crc = get_u32(s, 180);
+        if (volume_table_crc != 0) != (get_u32(s, 8) == SUPERBLOCK_VERSION_VOLUMES) {
+            return Err(field("volume_table_crc", u64::from(volume_table_crc)));
+        }
         Ok(Superblock {
             array_uuid: s[16..32].try_into().expect("16 bytes"),
             member_uuid: s[32..48].try_into().expect("16 bytes"),
@@ -445,6 +483,8 @@ impl Superblock {
             log_failed: s[71],
             created_unix_seconds: get_u64(s, 144),
             checkpoint,
+            volume_table_crc,
+            volume_table: None,
         })
     }
 }
@@ -563,6 +603,13 @@ pub enum Record {
 }
 
 impl Record {
+    /// Its first block's map key.
+    pub fn lba(&self) -> u64 {
+        match self {
+            Record::Data { lba, .. } | Record::Zero { lba, .. } => *lba,
+        }
+    }
+
     pub fn version(&self) -> u64 {
         match self {
             Record::Data { version, .. } | Record::Zero { version, .. } => *version,
@@ -668,7 +715,6 @@ pub fn decode_summary(bytes: &[u8], geometry: &Geometry, slot: u64) -> Result<Ve
     let count = get_u32(bytes, 0) as usize;
     let algorithm = geometry.checksum;
     let digest_bytes = algorithm.digest_bytes();
-    let blocks_total = geometry.logical_bytes / BLOCK_BYTES as u64;
     let data_area = geometry.data_area_bytes() as u64;
     // Every entry takes at least a zero entry's bytes: a count that could
     // not fit is refused before anything is allocated for it.
@@ -684,7 +730,7 @@ pub fn decode_summary(bytes: &[u8], geometry: &Geometry, slot: u64) -> Result<Ve
         let blocks = get_u32(e, 4);
         let lba = get_u64(e, 8);
         let version = get_u64(e, 16);
-        if blocks == 0 || lba.checked_add(u64::from(blocks)).is_none_or(|end| end > blocks_total) {
+        if !within_one_volume(lba, blocks) {
             return Err(field("lba", lba));
         }
         match e[0] {
@@ -918,9 +964,9 @@ impl Checkpoint {
         let count = |offset: usize| usize::try_from(get_u64(bytes, offset)).unwrap_or(usize::MAX);
         let (stripes, window, extents, mappings) = (count(32), count(40), count(48), count(56));
         let slots = geometry.slot_count();
-        let blocks_total = geometry.logical_bytes / BLOCK_BYTES as u64;
-        let too_many =
-            [stripes, window].iter().any(|&n| n as u64 > slots) || extents.max(mappings) as u64 > blocks_total;
+        // Every entry takes bytes: counts past the length are refused
+        // before they are multiplied.
+        let too_many = [stripes, window].iter().any(|&n| n as u64 > slots) || extents.max(mappings) > bytes.len();
         // Without block CRCs, the smallest the tables could be: more
         // entries than the bytes hold are refused before any allocation.
         if too_many || Self::encoded_bytes(algorithm, stripes, window, extents, 0, mappings) > bytes.len() {
@@ -988,7 +1034,7 @@ impl Checkpoint {
             let e = next(CHECKPOINT_MAPPING_BYTES)?;
             let (lba, blocks, target) = (get_u64(e, 0), get_u32(e, 8), get_u64(e, 16));
             let mapping_end = lba.saturating_add(u64::from(blocks));
-            if blocks == 0 || lba < end || mapping_end > blocks_total {
+            if lba < end || !within_one_volume(lba, blocks) {
                 return Err(field("lba", lba));
             }
             end = mapping_end;
@@ -1240,13 +1286,12 @@ pub fn decode_log_block(bytes: &[u8], geometry: &Geometry) -> Result<(LogBlockHe
         return Err(field("count", count as u64));
     }
     let algorithm = geometry.checksum;
-    let blocks_total = geometry.logical_bytes / BLOCK_BYTES as u64;
     let mut records = Vec::with_capacity(count);
     let mut data_at = LOG_HEADER_BYTES + count * LOG_RECORD_BYTES;
     for i in 0..count {
         let e = &block[LOG_HEADER_BYTES + i * LOG_RECORD_BYTES..][..LOG_RECORD_BYTES];
         let (lba, version, blocks, stored) = (get_u64(e, 0), get_u64(e, 8), get_u32(e, 16), get_u32(e, 20) as usize);
-        if blocks == 0 || lba.checked_add(u64::from(blocks)).is_none_or(|end| end > blocks_total) {
+        if !within_one_volume(lba, blocks) {
             return Err(field("lba", lba));
         }
         if data_at + stored > len {
@@ -1333,6 +1378,8 @@ mod tests {
             log_failed: 0b10,
             created_unix_seconds: 1_700_000_000,
             checkpoint: None,
+            volume_table_crc: 0,
+            volume_table: None,
         };
         let bytes = sb.encode();
         assert_eq!(Superblock::decode(&bytes).unwrap(), sb);
@@ -1390,6 +1437,8 @@ mod tests {
             log_failed: 0,
             created_unix_seconds: 1_700_000_000,
             checkpoint: None,
+            volume_table_crc: 0,
+            volume_table: None,
         };
         sb.set_failed(5);
         assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
@@ -1596,12 +1645,15 @@ mod tests {
         let far = encode_summary(
             a,
             &[Record::Zero {
-                lba: 4095,
+                lba: (1 << crate::volume::VOLUME_BLOCKS_SHIFT) - 1,
                 blocks: 2,
                 version: 1,
             }],
         );
-        assert!(decode_summary(&far, &geometry(), 11).is_err());
+        assert!(
+            decode_summary(&far, &geometry(), 11).is_err(),
+            "a record across two volumes"
+        );
         let mut odd = records.clone();
         if let Record::Data { extent, .. } = &mut odd[1] {
             extent.stored_bytes = 100;
@@ -1702,11 +1754,12 @@ mod tests {
                 digest: a.digest(b"checkpoint"),
                 slots: vec![3, 1],
             }),
+            volume_table_crc: 0,
+            volume_table: None,
         }
         .encode();
         let summary = encode_summary(a, &records());
         let checkpoint = checkpoint().encode(a);
-        let blocks_total = g.logical_bytes / BLOCK_BYTES as u64;
         for seed in 0..2000u64 {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
             let mut sector = if seed % 4 == 0 {
@@ -1751,14 +1804,14 @@ mod tests {
                         }
                         Record::Zero { lba, blocks, .. } => (lba, blocks),
                     };
-                    assert!(blocks > 0 && lba + u64::from(blocks) <= blocks_total, "seed {seed}");
+                    assert!(within_one_volume(lba, blocks), "seed {seed}");
                 }
             }
             let bytes = mangle(&checkpoint, 4, &mut rng);
             if let Ok(c) = decoded("checkpoint", seed, &bytes, |b| Checkpoint::decode(b, &g)) {
                 let live: Vec<u64> = c.stripes.iter().map(|&(slot, _)| slot).collect();
                 assert!(c.extents.iter().all(|e| live.contains(&e.slot)), "seed {seed}");
-                assert!(c.mappings.iter().all(|m| m.lba + u64::from(m.blocks) <= blocks_total));
+                assert!(c.mappings.iter().all(|m| within_one_volume(m.lba, m.blocks)));
             }
         }
     }

@@ -37,6 +37,8 @@ mod repair;
 pub mod slots;
 mod status;
 pub mod stripe;
+pub mod volume;
+mod volumes;
 mod write;
 
 use device::Device;
@@ -51,6 +53,8 @@ pub use rebuild::{RebuildOptions, RebuildReport, RebuildResume};
 pub use recovery::Recovery;
 pub use repair::ScrubReport;
 pub use status::{AcceleratorStatus, MemberStatus, Status};
+pub use volume::VolumeStatus;
+pub use volumes::Volume;
 pub use write::extent_blocks_max;
 
 #[derive(Debug, thiserror::Error)]
@@ -144,6 +148,24 @@ pub enum ArrayError {
     TooFewChunks { slot: u64, good: usize, need: usize },
     #[error("the map checkpoint cannot be used: {why}")]
     CheckpointUnreadable { why: String },
+    #[error("no member holds the volume table the superblocks name (CRC {crc:08x}): the volumes cannot be opened; bring back the members that were set aside")]
+    VolumeTableUnreadable { crc: u32 },
+    #[error("there is no volume {name:?}")]
+    NoSuchVolume { name: String },
+    #[error("a volume named {name:?} exists already")]
+    VolumeExists { name: String },
+    #[error(
+        "{name:?} cannot be a volume's name: 1 to 64 letters, digits and '-', '_', '.', ':', not starting with '.'"
+    )]
+    BadVolumeName { name: String },
+    #[error("a volume of {bytes} bytes is refused: a volume is 4 KiB to 4 PiB, in whole 4 KiB blocks")]
+    BadVolumeSize { bytes: u64 },
+    #[error("the array has {count} volumes, the most it can hold")]
+    TooManyVolumes { count: usize },
+    #[error("the default volume ({name:?}) cannot be deleted")]
+    DefaultVolume { name: String },
+    #[error("volume {name:?} was deleted")]
+    VolumeGone { name: String },
 }
 
 impl ArrayError {
@@ -152,6 +174,8 @@ impl ArrayError {
         match self {
             ArrayError::OutOfRange { .. } => 22,
             ArrayError::NoSpace => 28,
+            // ENODEV: the export is gone, as a device pulled.
+            ArrayError::VolumeGone { .. } => 19,
             _ => 5,
         }
     }
@@ -293,7 +317,7 @@ pub fn plan(
         }
         Some(bytes) if bytes > format::LOGICAL_BYTES_MAX => {
             return bad(format!(
-                "logical size {bytes}: at most {} bytes (8 EiB less 4 KiB), as NBD clients take sizes as signed 64-bit numbers",
+                "logical size {bytes}: at most {} bytes (4 PiB, the largest volume: a volume is 2^40 blocks)",
                 format::LOGICAL_BYTES_MAX
             ))
         }
@@ -319,6 +343,8 @@ pub fn create_with(
         failed: [0; MEMBER_COUNT_MAX / 8],
         log_failed: 0,
         checkpoint: None,
+        volume_table_crc: 0,
+        volume_table: None,
         created_unix_seconds: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
@@ -533,12 +559,31 @@ pub fn open_with(devices: Vec<(String, Option<Arc<dyn Device>>)>, engine: Engine
             .collect();
         activity::check_idle(&present, newest.array_uuid, activity::ACTIVITY_WATCH)?;
     }
+    let newest = volume_table(newest, &members)?;
     let array = Array::assemble(newest, members, engine, rejected, log_devices)?;
     array.shared.members.record_missing()?;
     for index in missing_logs {
         array.shared.members.record_log_failed(index)?;
     }
     Ok(array)
+}
+
+/// The superblock with the volume table it names, read from the first
+/// member that holds a copy with its CRC.
+fn volume_table(mut superblock: Superblock, members: &[Member]) -> Result<Superblock, ArrayError> {
+    if superblock.volume_table_crc == 0 {
+        return Ok(superblock);
+    }
+    let table = members
+        .iter()
+        .filter(|m| m.state == MemberState::Healthy)
+        .filter_map(|m| m.device.as_ref())
+        .find_map(|d| volume::VolumeTable::read_from(d.as_ref(), &superblock.array_uuid, superblock.volume_table_crc))
+        .ok_or(ArrayError::VolumeTableUnreadable {
+            crc: superblock.volume_table_crc,
+        })?;
+    superblock.volume_table = Some(Arc::new(table));
+    Ok(superblock)
 }
 
 /// A device given to `open` that is not used: which, and why.

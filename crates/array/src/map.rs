@@ -74,6 +74,8 @@ pub struct Mapping {
 /// `blocks` long.
 #[derive(Clone, Debug)]
 pub struct Delta {
+    /// The map key of the piece's first block.
+    pub lba: u64,
     pub target: Target,
     pub blocks: u32,
     pub gained: bool,
@@ -174,6 +176,7 @@ impl Map {
             }
             self.ranges.remove(&start);
             lost.push(Delta {
+                lba: start,
                 target: mapping.target.clone(),
                 blocks: mapping.blocks,
                 gained: false,
@@ -198,6 +201,22 @@ impl Map {
         gained
     }
 
+    /// Removes every mapping that starts in [lba, end) (a deleted
+    /// volume's: none crosses a volume's bounds); returns what was lost.
+    pub fn remove_from(&mut self, lba: u64, end: u64) -> Vec<Delta> {
+        let starts: Vec<u64> = self.ranges.range(lba..end).map(|(&s, _)| s).collect();
+        starts
+            .into_iter()
+            .filter_map(|start| self.ranges.remove(&start).map(|m| (start, m)))
+            .map(|(start, m)| Delta {
+                lba: start,
+                target: m.target,
+                blocks: m.blocks,
+                gained: false,
+            })
+            .collect()
+    }
+
     fn put(&mut self, lba: u64, blocks: u32, version: u64, target: Target) -> Delta {
         debug_assert!(blocks > 0);
         self.ranges.insert(
@@ -209,6 +228,7 @@ impl Map {
             },
         );
         Delta {
+            lba,
             target,
             blocks,
             gained: true,

@@ -145,16 +145,28 @@ fn io_error(member: usize, name: &str, source: std::io::Error) -> ArrayError {
 
 /// Writes `template` (with each member's index and uuid) to the primary
 /// and backup superblock of every member in `targets`, in parallel; each
-/// is synced before the backup is written. Returns the members that failed.
+/// is synced before the backup is written. The volume table it names, if
+/// any, is written (to the copy its generation goes with) and synced
+/// first. Returns the members that failed.
 pub(crate) fn write_superblocks(
     template: &Superblock,
     targets: &[(usize, [u8; 16], Arc<dyn Device>)],
 ) -> Vec<(usize, std::io::Error)> {
+    let table = template.volume_table.as_ref().map(|t| {
+        (
+            t.encode(&template.array_uuid),
+            crate::volume::VolumeTable::offset_for(template.generation),
+        )
+    });
     let write = |index: usize, uuid: [u8; 16], device: &Arc<dyn Device>| -> std::io::Result<()> {
         let mut sb = template.clone();
         sb.member_index = index;
         sb.member_uuid = uuid;
         let bytes = sb.encode();
+        if let Some((table, offset)) = &table {
+            device.write_at(table, *offset)?;
+            device.sync()?;
+        }
         device.write_at(&bytes, 0)?;
         device.sync()?;
         device.write_at(&bytes, template.geometry.backup_superblock_offset())?;

@@ -91,7 +91,13 @@ impl Shared {
             let mut t = self.tracker.lock();
             t.next_sequence = max_sequence + 1;
         }
-        self.index_mut().last_sealed = max_sequence;
+        {
+            let mut index = self.index_mut();
+            index.last_sealed = max_sequence;
+            // Writes to a volume created after the last write recovery saw
+            // must still be newer than the volume.
+            index.next_version = index.next_version.max(index.volumes.newest() + 1);
+        }
         // Everything replayed, and the erasures, are made durable, so
         // later stripes may say so.
         for (member, error) in self.io.sync(&self.writable_members()) {
@@ -183,6 +189,10 @@ impl Shared {
             for record in records {
                 let version = record.version();
                 index.next_version = index.next_version.max(version + 1);
+                // A record of a volume deleted since is not mapped.
+                if !index.volumes.admits(record.lba(), version) {
+                    continue;
+                }
                 let (lba, blocks, target) = match record {
                     Record::Data { lba, extent, .. } => {
                         let extent = Arc::new(extent);
@@ -290,6 +300,10 @@ impl Shared {
         }
         let extents: Vec<Arc<Extent>> = checkpoint.extents.into_iter().map(Arc::new).collect();
         for m in checkpoint.mappings {
+            // A fuzzy copy may hold a volume deleted while it was taken.
+            if !index.volumes.admits(m.lba, m.version) {
+                continue;
+            }
             let target = match m.target {
                 CheckpointTarget::Zero { slot } => Target::Zero { slot },
                 CheckpointTarget::Data { extent, skip } => Target::Data {

@@ -149,6 +149,8 @@ pub struct SlotTable {
     live_total: u128,
     stored_total: u128,
     mapped_data_blocks: u64,
+    /// Mapped data blocks and stored bytes (times LIVE_SCALE) by volume.
+    by_volume: std::collections::HashMap<u32, (u64, u128)>,
 }
 
 /// Live bytes (times LIVE_SCALE) one block of `extent` stands for: its
@@ -176,6 +178,7 @@ impl SlotTable {
             live_total: 0,
             stored_total: 0,
             mapped_data_blocks: 0,
+            by_volume: std::collections::HashMap::new(),
         }
     }
 
@@ -216,6 +219,13 @@ impl SlotTable {
 
     pub fn mapped_data_blocks(&self) -> u64 {
         self.mapped_data_blocks
+    }
+
+    /// Volume `id`'s mapped data blocks and stored bytes.
+    pub fn volume_usage(&self, id: u32) -> (u64, u64) {
+        self.by_volume.get(&id).map_or((0, 0), |&(blocks, stored)| {
+            (blocks, (stored / u128::from(LIVE_SCALE)) as u64)
+        })
     }
 
     pub fn free_count(&self) -> usize {
@@ -267,6 +277,14 @@ impl SlotTable {
                 }
                 Target::Zero { .. } => (format::zero_record_bytes() as u64 * LIVE_SCALE, 0, 0),
             };
+            let volume = self.by_volume.entry(crate::volume::volume_of(delta.lba)).or_default();
+            if delta.gained {
+                volume.0 += data_blocks;
+                volume.1 += u128::from(stored);
+            } else {
+                volume.0 -= data_blocks;
+                volume.1 -= u128::from(stored);
+            }
             if delta.gained {
                 s.live += live;
                 s.pieces += 1;
@@ -498,7 +516,8 @@ impl SlotTable {
         let mut expected = SlotTable::new(self.algorithm, self.count());
         let deltas: Vec<Delta> = map
             .iter()
-            .map(|(_, m)| Delta {
+            .map(|(lba, m)| Delta {
+                lba,
                 target: m.target.clone(),
                 blocks: m.blocks,
                 gained: true,

@@ -84,7 +84,11 @@ pub struct Status {
     pub stripes_degraded: u64,
     pub raw_bytes: u64,
     pub usable_bytes: u64,
+    /// The default volume's size.
     pub logical_bytes: u64,
+    /// Every volume, by id (the default first), with what it maps and stores.
+    #[serde(default)]
+    pub volumes: Vec<crate::volume::VolumeStatus>,
     pub mapped_bytes: u64,
     /// Stored bytes of live data (compressed size where compressed).
     pub stored_bytes: u64,
@@ -169,6 +173,7 @@ impl Shared {
                 index.slots.stored_bytes(),
             )
         };
+        let volumes = self.volume_statuses();
         let user = load(&c.user_bytes_written);
         let member = load(&c.member_bytes_written);
         let log_bytes = load(&c.log_bytes_written);
@@ -225,7 +230,8 @@ impl Shared {
             stripes_degraded: degraded,
             raw_bytes: g.member_bytes * g.members as u64,
             usable_bytes: g.slot_count() * g.data_area_bytes() as u64,
-            logical_bytes: g.logical_bytes,
+            logical_bytes: volumes.first().map_or(g.logical_bytes, |v| v.bytes),
+            volumes,
             mapped_bytes: mapped,
             stored_bytes: stored,
             compression_ratio: if stored == 0 {

@@ -139,6 +139,20 @@ pub(crate) struct Sealing {
     pub area: Arc<crate::device::AlignedBuf>,
 }
 
+/// Slot `slot`, just emptied, drains once `sequence` is synced and, if a
+/// write into a user stripe still open superseded one of its records,
+/// once every user stripe up to that one is sealed (and not before
+/// `sequence` either: that stripe may hold the copies).
+pub(crate) fn drain_emptied(index: &mut crate::engine::Index, slot: u64, sequence: u64) {
+    let open_serial_min = index.user_open.values().copied().min().unwrap_or(u64::MAX);
+    let needed = index.slots.get(slot).superseded_by;
+    if needed < open_serial_min {
+        index.slots.drain_after(slot, sequence);
+    } else {
+        index.drain_after_user.push((slot, needed, sequence));
+    }
+}
+
 /// Live bytes a write has been admitted for and not yet mapped.
 pub(crate) struct Admitted<'a> {
     shared: &'a Shared,
@@ -599,7 +613,11 @@ impl Shared {
                 Origin::Replays(version) => {
                     record.set_version(version);
                     index.next_version = index.next_version.max(version + 1);
-                    let deltas = index.map.insert(lba, blocks, version, &target, Rule::IfNotNewer);
+                    // A logged write to a volume deleted since is not mapped.
+                    let deltas = match index.volumes.admits(lba, version) {
+                        true => index.map.insert(lba, blocks, version, &target, Rule::IfNotNewer),
+                        false => Vec::new(),
+                    };
                     if let Some(&serial) = index.user_open.get(&open.slot) {
                         index.slots.superseded(&deltas, serial);
                     }
@@ -696,15 +714,8 @@ impl Shared {
         if open.stream == Stream::User {
             index.user_open.remove(&open.slot);
         }
-        let open_serial_min = index.user_open.values().copied().min().unwrap_or(u64::MAX);
         for slot in drains {
-            let needed = index.slots.get(slot).superseded_by;
-            if needed < open_serial_min {
-                index.slots.drain_after(slot, sequence);
-            } else {
-                // Not before this stripe either: it may hold the copies.
-                index.drain_after_user.push((slot, needed, sequence));
-            }
+            drain_emptied(&mut index, slot, sequence);
         }
         if open.stream == Stream::User {
             user_stripe_done(&mut index, sequence);

@@ -344,11 +344,45 @@ fn open_listed(dir: &Path, text: &str, what: &str) -> Result<Vec<Listed>> {
     Ok(found)
 }
 
-/// The export: the array, with errors logged and mapped to NBD errnos,
-/// and each request counted and timed when metrics are on.
+/// An export: one volume of the array, with errors logged and mapped to
+/// NBD errnos, and each request counted and timed when metrics are on.
 struct ArrayExport {
+    volume: tessera_array::Volume,
+    metrics: Option<Arc<Metrics>>,
+}
+
+/// The exports: the array's volumes by name, the default one first (and
+/// for the empty name), as they are when a client asks.
+struct Volumes {
     array: Arc<Array>,
     metrics: Option<Arc<Metrics>>,
+    dir: String,
+}
+
+impl tessera_nbd::Catalog<ArrayExport> for Volumes {
+    fn list(&self) -> Vec<(String, String)> {
+        self.array
+            .volumes()
+            .into_iter()
+            .map(|v| {
+                let description = format!("Tessera array {}, volume {}", self.dir, v.name);
+                (v.name, description)
+            })
+            .collect()
+    }
+
+    fn open(&self, name: &str) -> Option<Arc<ArrayExport>> {
+        let name = if name.is_empty() {
+            tessera_array::volume::DEFAULT_VOLUME_NAME
+        } else {
+            name
+        };
+        let volume = self.array.volume(name).ok()?;
+        Some(Arc::new(ArrayExport {
+            volume,
+            metrics: self.metrics.clone(),
+        }))
+    }
 }
 
 impl ArrayExport {
@@ -376,28 +410,28 @@ impl ArrayExport {
 
 impl tessera_nbd::Export for ArrayExport {
     fn size(&self) -> u64 {
-        self.array.logical_bytes()
+        self.volume.size()
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Failure> {
-        self.run(Op::Read, buf.len() as u64, || self.array.read(offset, buf))
+        self.run(Op::Read, buf.len() as u64, || self.volume.read(offset, buf))
     }
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), Failure> {
-        self.run(Op::Write, data.len() as u64, || self.array.write(offset, data, fua))
+        self.run(Op::Write, data.len() as u64, || self.volume.write(offset, data, fua))
     }
     fn flush(&self) -> Result<(), Failure> {
-        self.run(Op::Flush, 0, || self.array.flush())
+        self.run(Op::Flush, 0, || self.volume.flush())
     }
     fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), Failure> {
-        self.run(Op::Trim, len, || self.array.trim(offset, len, fua))
+        self.run(Op::Trim, len, || self.volume.write_zeroes(offset, len, fua))
     }
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), Failure> {
-        self.run(Op::WriteZeroes, len, || self.array.write_zeroes(offset, len, fua))
+        self.run(Op::WriteZeroes, len, || self.volume.write_zeroes(offset, len, fua))
     }
     fn cache(&self, offset: u64, len: u64) -> Result<(), Failure> {
-        self.run(Op::Cache, len, || self.array.prefetch(offset, len))
+        self.run(Op::Cache, len, || self.volume.prefetch(offset, len))
     }
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<(u64, u32)>, Failure> {
-        let runs = self.run(Op::BlockStatus, len, || self.array.allocation(offset, len))?;
+        let runs = self.run(Op::BlockStatus, len, || self.volume.allocation(offset, len))?;
         let hole = tessera_nbd::STATE_HOLE | tessera_nbd::STATE_ZERO;
         Ok(runs
             .into_iter()
@@ -578,16 +612,12 @@ pub fn serve(mut s: Serve) -> Result<()> {
         }
         None => None,
     };
-    let export = ArrayExport {
+    let volumes = Volumes {
         array: array.clone(),
         metrics,
+        dir: dir.display().to_string(),
     };
-    let mut server = tessera_nbd::Server::new(
-        Arc::new(export),
-        "tessera".to_string(),
-        format!("Tessera array {}", dir.display()),
-        s.limits,
-    );
+    let mut server = tessera_nbd::Server::with_catalog(Arc::new(volumes), s.limits);
     if let Some(tls) = s.tls.take() {
         server = server.with_tls(tls);
     }
@@ -756,12 +786,14 @@ fn control_client(stream: &UnixStream, line: &str, array: &Array, rebuilder: &Re
             }),
             Err(_) => Err(format!("'{rate}' is not a rate in bytes a second")),
         },
+        ["volume", words @ ..] => crate::volume_cmd::Request::parse(words)
+            .and_then(|request| request.run(array).map_err(|e| e.to_string())),
         ["heal", rate] => match rate.parse::<u64>() {
             Ok(rate) => streamed(stream, |progress| array.heal_with((rate > 0).then_some(rate), progress)),
             Err(_) => Err(format!("'{rate}' is not a rate in bytes a second")),
         },
         _ => Err(
-            "unknown request: use 'status', 'fail I', 'scrub RATE', 'heal RATE', 'replace {json}' or 'rebuild'"
+            "unknown request: use 'status', 'fail I', 'scrub RATE', 'heal RATE', 'volume ...', 'replace {json}' or 'rebuild'"
                 .to_string(),
         ),
     };

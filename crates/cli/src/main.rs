@@ -12,6 +12,7 @@ mod metrics;
 mod replace;
 mod size;
 mod tco;
+mod volume_cmd;
 
 use anyhow::{Context, Result};
 
@@ -29,6 +30,41 @@ use tessera_ec::{Codec, Kernel, MatrixKind};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Subcommand)]
+enum VolumeAction {
+    /// A new volume of SIZE; it reads as zeros and takes no space until written.
+    Create {
+        dir: PathBuf,
+        name: String,
+        #[arg(long, value_parser = size::parse)]
+        size: u64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Every volume, with its size and what it maps and stores.
+    List {
+        dir: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// A new size: growing adds zeros, shrinking discards the blocks cut off.
+    Resize {
+        dir: PathBuf,
+        name: String,
+        #[arg(long, value_parser = size::parse)]
+        size: u64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Deletes a volume and its data (garbage collection frees the space).
+    Delete {
+        dir: PathBuf,
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -179,6 +215,13 @@ enum Command {
     },
     /// Check every chunk of every stripe of the array in DIR (checksums,
     /// Merkle roots, parity) and repair what is bad, served or not.
+    /// The array's thin volumes, each served as its own NBD export by
+    /// name (the default one, "tessera", is what `serve` exported before
+    /// volumes); served or not.
+    Volume {
+        #[command(subcommand)]
+        action: VolumeAction,
+    },
     Scrub {
         dir: PathBuf,
         /// Bytes a second to read from the members at most (0: no limit).
@@ -640,6 +683,16 @@ fn main() -> Result<()> {
         }
         Command::Status { dir, json } => array_cmd::status(&dir, json),
         Command::Fail { dir, index } => array_cmd::fail(&dir, index),
+        Command::Volume { action } => {
+            use volume_cmd::Request;
+            let (dir, request, json) = match action {
+                VolumeAction::Create { dir, name, size, json } => (dir, Request::Create { name, bytes: size }, json),
+                VolumeAction::List { dir, json } => (dir, Request::List, json),
+                VolumeAction::Resize { dir, name, size, json } => (dir, Request::Resize { name, bytes: size }, json),
+                VolumeAction::Delete { dir, name, json } => (dir, Request::Delete { name }, json),
+            };
+            volume_cmd::volume(&dir, &request, json)
+        }
         Command::Scrub { dir, rate, json } => array_cmd::scrub(&dir, rate, json),
         Command::Heal { dir, rate, json } => heal::heal(&dir, rate, json),
         Command::Replace {

@@ -1,6 +1,8 @@
-//! What the server serves: an [`Export`], and how it says a request failed.
-//! The server checks every offset and length against [`Export::size`]
-//! before it calls anything here.
+//! What the server serves: a [`Catalog`] of [`Export`]s by name, and how
+//! an export says a request failed. The server checks every offset and
+//! length against [`Export::size`] before it calls anything here.
+
+use std::sync::Arc;
 
 /// Why an export could not carry out a request: the protocol's errno, and
 /// what went wrong in words for clients that take structured replies.
@@ -35,5 +37,32 @@ pub trait Export: Send + Sync + 'static {
     /// anything can. By default nothing needs doing.
     fn cache(&self, _offset: u64, _len: u64) -> Result<(), Failure> {
         Ok(())
+    }
+}
+
+/// The exports a server offers, by name. Names may come and go while it
+/// serves (volumes created and deleted); a connection keeps the export it
+/// chose.
+pub trait Catalog<E: Export>: Send + Sync + 'static {
+    /// The exports' names and descriptions, the default export first.
+    fn list(&self) -> Vec<(String, String)>;
+    /// The export called `name`; the empty name is the default export.
+    fn open(&self, name: &str) -> Option<Arc<E>>;
+}
+
+/// One export under one name (the empty name reaches it too).
+pub struct Single<E> {
+    pub export: Arc<E>,
+    pub name: String,
+    pub description: String,
+}
+
+impl<E: Export> Catalog<E> for Single<E> {
+    fn list(&self) -> Vec<(String, String)> {
+        vec![(self.name.clone(), self.description.clone())]
+    }
+
+    fn open(&self, name: &str) -> Option<Arc<E>> {
+        (name.is_empty() || name == self.name).then(|| self.export.clone())
     }
 }

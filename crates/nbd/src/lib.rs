@@ -30,7 +30,7 @@ mod tls;
 mod transmit;
 pub mod wire;
 
-pub use export::{Export, Failure};
+pub use export::{Catalog, Export, Failure, Single};
 pub use listen::{run, Listener};
 pub use server::{Connection, Limits, Server, REQUESTS_IN_FLIGHT_MAX};
 pub use tls::{Tls, TlsError};

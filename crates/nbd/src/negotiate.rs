@@ -14,8 +14,9 @@ use crate::server::{invalid_data, Server};
 use crate::wire::{self, ClientOption, OptionHeader};
 
 /// How negotiation ended.
-pub(crate) enum Negotiated {
-    Transmission(Session),
+pub(crate) enum Negotiated<E> {
+    /// The session, and the export it chose.
+    Transmission(Session, std::sync::Arc<E>),
     /// STARTTLS was acknowledged: the TLS handshake comes next.
     StartTls,
     Closed,
@@ -41,7 +42,7 @@ impl<E: Export> Server<E> {
         stream: &mut BufReader<S>,
         no_zeroes: bool,
         secured: bool,
-    ) -> io::Result<Negotiated> {
+    ) -> io::Result<Negotiated<E>> {
         let mut session = Session::default();
         let tls_required = !secured && self.tls.as_ref().is_some_and(|t| t.required());
         for _ in 0..OPTIONS_MAX {
@@ -79,23 +80,26 @@ impl<E: Export> Server<E> {
             }
             match parsed {
                 ClientOption::ExportName(name) => {
-                    if !self.name_matches(&name) {
+                    let Some((_, export)) = self.lookup(&name) else {
                         return Ok(Negotiated::Closed);
-                    }
+                    };
                     let flags = self.transmission_flags(session.structured);
                     stream
                         .get_mut()
-                        .write_all(&wire::export_name_reply(self.export.size(), flags, no_zeroes))?;
-                    return Ok(Negotiated::Transmission(session));
+                        .write_all(&wire::export_name_reply(export.size(), flags, no_zeroes))?;
+                    return Ok(Negotiated::Transmission(session, export));
                 }
                 ClientOption::Abort => {
                     reply(stream, option, wire::REP_ACK, &[])?;
                     return Ok(Negotiated::Closed);
                 }
                 ClientOption::List => {
-                    let mut entry = (self.name.len() as u32).to_be_bytes().to_vec();
-                    entry.extend_from_slice(self.name.as_bytes());
-                    reply(stream, option, wire::REP_SERVER, &entry)?;
+                    for (name, description) in self.catalog.list() {
+                        let mut entry = (name.len() as u32).to_be_bytes().to_vec();
+                        entry.extend_from_slice(name.as_bytes());
+                        entry.extend_from_slice(description.as_bytes());
+                        reply(stream, option, wire::REP_SERVER, &entry)?;
+                    }
                     reply(stream, option, wire::REP_ACK, &[])?;
                 }
                 ClientOption::StartTls => match &self.tls {
@@ -112,13 +116,13 @@ impl<E: Export> Server<E> {
                     }
                 },
                 ClientOption::Info { go, name, items } => {
-                    if !self.name_matches(&name) {
-                        reply(stream, option, wire::REP_ERR_UNKNOWN, b"no such export: try 'tessera'")?;
+                    let Some((name, export)) = self.lookup(&name) else {
+                        reply(stream, option, wire::REP_ERR_UNKNOWN, &self.unknown_export())?;
                         continue;
-                    }
-                    self.info(stream, option, &items, session.structured)?;
+                    };
+                    self.info(stream, option, &items, session.structured, &name, &*export)?;
                     if go {
-                        return Ok(Negotiated::Transmission(session));
+                        return Ok(Negotiated::Transmission(session, export));
                     }
                 }
                 ClientOption::StructuredReply => {
@@ -137,8 +141,8 @@ impl<E: Export> Server<E> {
                             wire::REP_ERR_INVALID,
                             b"negotiate structured replies first",
                         )?;
-                    } else if !self.name_matches(&export) {
-                        reply(stream, option, wire::REP_ERR_UNKNOWN, b"no such export: try 'tessera'")?;
+                    } else if self.lookup(&export).is_none() {
+                        reply(stream, option, wire::REP_ERR_UNKNOWN, &self.unknown_export())?;
                     } else {
                         // LIST with no query lists everything; "base:"
                         // lists the namespace; SET takes exact names.
@@ -170,28 +174,35 @@ impl<E: Export> Server<E> {
         option: u32,
         items: &[u16],
         structured: bool,
+        name: &str,
+        export: &E,
     ) -> io::Result<()> {
         let flags = self.transmission_flags(structured);
-        reply(
-            stream,
-            option,
-            wire::REP_INFO,
-            &wire::info_export(self.export.size(), flags),
-        )?;
+        reply(stream, option, wire::REP_INFO, &wire::info_export(export.size(), flags))?;
         if items.contains(&wire::INFO_NAME) {
-            reply(
-                stream,
-                option,
-                wire::REP_INFO,
-                &wire::info_text(wire::INFO_NAME, &self.name),
-            )?;
+            reply(stream, option, wire::REP_INFO, &wire::info_text(wire::INFO_NAME, name))?;
         }
         if items.contains(&wire::INFO_DESCRIPTION) {
-            let description = wire::info_text(wire::INFO_DESCRIPTION, &self.description);
+            let description = self
+                .catalog
+                .list()
+                .into_iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, d)| d)
+                .unwrap_or_default();
+            let description = wire::info_text(wire::INFO_DESCRIPTION, &description);
             reply(stream, option, wire::REP_INFO, &description)?;
         }
         reply(stream, option, wire::REP_INFO, &wire::info_block_size())?;
         reply(stream, option, wire::REP_ACK, &[])
+    }
+}
+
+impl<E: Export> Server<E> {
+    /// The message for a name no export has: the names there are.
+    fn unknown_export(&self) -> Vec<u8> {
+        let names: Vec<String> = self.catalog.list().into_iter().map(|(n, _)| format!("'{n}'")).collect();
+        format!("no such export: try {}", names.join(", ")).into_bytes()
     }
 }
 

@@ -17,7 +17,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::export::Export;
+use crate::export::{Catalog, Export, Single};
 use crate::negotiate::Negotiated;
 use crate::pool::Pool;
 use crate::tls::Tls;
@@ -109,11 +109,9 @@ impl Default for Limits {
     }
 }
 
-/// One export under one name.
+/// The exports of a [`Catalog`], each under its name.
 pub struct Server<E: Export> {
-    pub(crate) export: Arc<E>,
-    pub(crate) name: String,
-    pub(crate) description: String,
+    pub(crate) catalog: Arc<dyn Catalog<E>>,
     pub(crate) limits: Limits,
     /// Request bytes held by all connections (read replies being
     /// produced or sent, write payloads received and not yet stored).
@@ -126,10 +124,20 @@ pub struct Server<E: Export> {
 }
 
 impl<E: Export> Server<E> {
-    /// A server of `export` under `name`, without TLS. The limits are
+    /// A server of `export` under `name` alone, without TLS.
+    pub fn new(export: Arc<E>, name: String, description: String, limits: Limits) -> Server<E> {
+        let single = Single {
+            export,
+            name,
+            description,
+        };
+        Server::with_catalog(Arc::new(single), limits)
+    }
+
+    /// A server of the exports in `catalog`, without TLS. The limits are
     /// raised where they would not let one request of the largest size
     /// through.
-    pub fn new(export: Arc<E>, name: String, description: String, limits: Limits) -> Server<E> {
+    pub fn with_catalog(catalog: Arc<dyn Catalog<E>>, limits: Limits) -> Server<E> {
         let largest = REQUEST_BYTES_MAX as usize;
         let limits = Limits {
             max_connections: limits.max_connections.max(1),
@@ -139,9 +147,7 @@ impl<E: Export> Server<E> {
             idle_timeout: limits.idle_timeout,
         };
         Server {
-            export,
-            name,
-            description,
+            catalog,
             limits,
             held: Arc::new(Budget::new(limits.total_bytes)),
             spare_bytes: Arc::default(),
@@ -174,8 +180,21 @@ impl<E: Export> Server<E> {
         flags
     }
 
-    pub(crate) fn name_matches(&self, name: &[u8]) -> bool {
-        name.is_empty() || name == self.name.as_bytes()
+    /// The export a client named, if there is one by that name.
+    pub(crate) fn lookup(&self, name: &[u8]) -> Option<(String, Arc<E>)> {
+        let name = std::str::from_utf8(name).ok()?;
+        let export = self.catalog.open(name)?;
+        let name = match name {
+            "" => self
+                .catalog
+                .list()
+                .into_iter()
+                .next()
+                .map(|(n, _)| n)
+                .unwrap_or_default(),
+            _ => name.to_string(),
+        };
+        Some((name, export))
     }
 
     /// Serves one client until it disconnects or `stop` is set.
@@ -195,9 +214,9 @@ impl<E: Export> Server<E> {
         stream.read_exact(&mut flags)?;
         let no_zeroes = wire::parse_client_flags(flags).map_err(invalid_data)?;
         match self.negotiate(&mut stream, no_zeroes, false)? {
-            Negotiated::Transmission(session) => {
+            Negotiated::Transmission(session, export) => {
                 negotiated.store(true, std::sync::atomic::Ordering::Release);
-                self.transmit(&mut stream, session, stop)
+                self.transmit(&mut stream, session, &export, stop)
             }
             Negotiated::Closed => Ok(()),
             Negotiated::StartTls => {
@@ -215,9 +234,9 @@ impl<E: Export> Server<E> {
                 plain.set_write_timeout(Some(REPLY_TIMEOUT))?;
                 let mut plain = io::BufReader::new(plain);
                 let served = match self.negotiate(&mut plain, no_zeroes, true) {
-                    Ok(Negotiated::Transmission(session)) => {
+                    Ok(Negotiated::Transmission(session, export)) => {
                         negotiated.store(true, std::sync::atomic::Ordering::Release);
-                        self.transmit(&mut plain, session, stop)
+                        self.transmit(&mut plain, session, &export, stop)
                     }
                     Ok(_) => Ok(()),
                     Err(e) => Err(e),

@@ -202,6 +202,7 @@ impl<E: Export> Server<E> {
         &self,
         stream: &mut BufReader<S>,
         session: Session,
+        export: &Arc<E>,
         stop: &AtomicBool,
     ) -> io::Result<()> {
         let link = Arc::new(Link {
@@ -217,7 +218,7 @@ impl<E: Export> Server<E> {
             let writer = std::thread::Builder::new()
                 .name("nbd-writer".to_string())
                 .spawn_scoped(scope, || write_replies(out, outbox, &link))?;
-            let read = self.read_requests(stream, session, stop, &link, &replies);
+            let read = self.read_requests(stream, session, export, stop, &link, &replies);
             // The writer ends once this and every job's sender are gone:
             // after the last reply.
             drop(replies);
@@ -232,11 +233,12 @@ impl<E: Export> Server<E> {
         &self,
         stream: &mut BufReader<S>,
         session: Session,
+        export: &Arc<E>,
         stop: &AtomicBool,
         link: &Arc<Link>,
         replies: &Sender<Outgoing>,
     ) -> io::Result<()> {
-        let size = self.export.size();
+        let size = export.size();
         let mut idle_since = Instant::now();
         // Reads wait in short steps, so that a stopping server notices
         // between requests; once a request has begun it is read whole
@@ -304,7 +306,7 @@ impl<E: Export> Server<E> {
                 return Ok(());
             }
             let job = Job {
-                export: self.export.clone(),
+                export: export.clone(),
                 link: link.clone(),
                 replies: replies.clone(),
                 cookie: header.cookie,

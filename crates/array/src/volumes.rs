@@ -1,0 +1,310 @@
+//! Volumes of an open array: creating, resizing, deleting and listing
+//! them, and the [`Volume`] handle clients read and write one through.
+//! The table's format and the key space are `crate::volume`.
+//!
+//! # Guarantees
+//!
+//! - A volume operation returns once the new table is on the members
+//!   (with the superblocks that name it); a crash before leaves the old.
+//! - Deleting a volume frees its space through garbage collection: its
+//!   mappings leave the map at once (the slots' live counts fall), its
+//!   records stay in their stripes until those are collected, and are
+//!   never mapped again (their volume is gone, or older than a new one
+//!   with its id). Other volumes are not touched.
+//! - Every request through a [`Volume`] is checked against its size as
+//!   it is now, under its gate: none runs while the volume is resized or
+//!   deleted, and none reaches a volume deleted.
+
+use crate::engine::{Array, Shared};
+use crate::format::BLOCK_BYTES;
+use crate::volume::{self, Gate, VolumeEntry, VolumeStatus, VolumeTable, VOLUME_BYTES_MAX, VOLUME_COUNT_MAX};
+use crate::ArrayError;
+use std::sync::Arc;
+
+/// One volume of an open array: its requests, at offsets within it.
+#[derive(Clone)]
+pub struct Volume {
+    shared: Arc<Shared>,
+    gate: Arc<Gate>,
+    name: String,
+}
+
+impl Volume {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its size now (0 once deleted).
+    pub fn size(&self) -> u64 {
+        self.gate.size.read().unwrap_or_else(|p| p.into_inner()).unwrap_or(0)
+    }
+
+    /// Runs `op` at the key-space byte offset of `offset`, once
+    /// [offset, offset+len) is checked against the volume's size, holding
+    /// its gate shared.
+    fn within<T>(&self, offset: u64, len: u64, op: impl FnOnce(u64) -> Result<T, ArrayError>) -> Result<T, ArrayError> {
+        let size = self.gate.size.read().unwrap_or_else(|p| p.into_inner());
+        let Some(size) = *size else {
+            return Err(ArrayError::VolumeGone {
+                name: self.name.clone(),
+            });
+        };
+        match offset.checked_add(len) {
+            Some(end) if end <= size => {}
+            _ => return Err(ArrayError::OutOfRange { offset, len, size }),
+        }
+        let base = volume::key(self.gate.id, 0) * BLOCK_BYTES as u64;
+        op(base + offset)
+    }
+
+    /// Reads `buf.len()` bytes at byte `offset` of the volume.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ArrayError> {
+        self.shared.client_request();
+        self.within(offset, buf.len() as u64, |at| self.shared.read(at, buf))
+    }
+
+    /// Writes `data` at byte `offset`; with `fua`, returns once it is durable.
+    pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ArrayError> {
+        self.shared.client_request();
+        self.within(offset, data.len() as u64, |at| self.shared.write(at, data, fua))
+    }
+
+    /// Makes `len` bytes at `offset` read as zeros and frees their space
+    /// (TRIM and WRITE_ZEROES alike: discarded blocks read as zeros).
+    pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), ArrayError> {
+        self.shared.client_request();
+        self.within(offset, len, |at| self.shared.write_zeroes(at, len, fua))
+    }
+
+    /// FLUSH: returns once every write that returned before it is durable
+    /// (the whole array's: one sync covers every volume).
+    pub fn flush(&self) -> Result<(), ArrayError> {
+        self.shared.client_request();
+        self.within(0, 0, |_| self.shared.flush())
+    }
+
+    /// Makes the next reads of [offset, offset+len) cheap: degraded
+    /// stripes there are rebuilt into the reconstruction cache now.
+    pub fn prefetch(&self, offset: u64, len: u64) -> Result<(), ArrayError> {
+        self.within(offset, len, |at| self.shared.prefetch(at, len))
+    }
+
+    /// Which of bytes [offset, offset+len) are stored: consecutive runs
+    /// from `offset` covering the range, `(bytes, true)` where blocks map
+    /// to data, `(bytes, false)` where they read as zeros and hold no
+    /// space (never written, trimmed, or zeroed). What NBD's
+    /// `base:allocation` reports.
+    pub fn allocation(&self, offset: u64, len: u64) -> Result<Vec<(u64, bool)>, ArrayError> {
+        self.within(offset, len, |at| Ok(self.shared.allocation(at, len)))
+    }
+}
+
+impl Shared {
+    /// The volume table as the superblocks have it now.
+    pub(crate) fn volume_table(&self) -> Arc<VolumeTable> {
+        self.members
+            .superblock()
+            .volume_table
+            .clone()
+            .unwrap_or_else(|| Arc::new(VolumeTable::default_for(self.geometry.logical_bytes)))
+    }
+
+    /// Writes `table` with the next generation of superblocks.
+    fn publish_table(&self, table: VolumeTable) -> Result<(), ArrayError> {
+        self.members.check_writable()?;
+        let mut superblock = self.members.superblock();
+        let mut template = superblock.clone();
+        template.volume_table_crc = table.crc();
+        template.volume_table = Some(Arc::new(table));
+        self.members.publish_locked(&mut superblock, template)
+    }
+
+    /// Every volume, by id, with what it maps and stores.
+    pub(crate) fn volume_statuses(&self) -> Vec<VolumeStatus> {
+        let table = self.volume_table();
+        let index = self.index();
+        table
+            .entries
+            .iter()
+            .map(|e| {
+                let (blocks, stored_bytes) = index.slots.volume_usage(e.id);
+                VolumeStatus {
+                    id: e.id,
+                    name: e.name.clone(),
+                    bytes: e.bytes,
+                    mapped_bytes: blocks * BLOCK_BYTES as u64,
+                    stored_bytes,
+                }
+            })
+            .collect()
+    }
+
+    fn gate(&self, id: u32) -> Option<Arc<Gate>> {
+        self.gates.lock().unwrap_or_else(|p| p.into_inner()).get(&id).cloned()
+    }
+
+    /// Which of key-space bytes [offset, offset+len) are stored (see
+    /// [`Volume::allocation`]).
+    fn allocation(&self, offset: u64, len: u64) -> Vec<(u64, bool)> {
+        let end = offset + len;
+        let block = BLOCK_BYTES as u64;
+        let (first, last) = (offset / block, end.div_ceil(block));
+        let mut runs: Vec<(u64, bool)> = Vec::new();
+        let mut push = |from: u64, to: u64, stored: bool| {
+            let (from, to) = ((from * block).max(offset), (to * block).min(end));
+            if from >= to {
+                return;
+            }
+            match runs.last_mut() {
+                Some(last) if last.1 == stored => last.0 += to - from,
+                _ => runs.push((to - from, stored)),
+            }
+        };
+        let index = self.index();
+        let mut at = first;
+        for (start, mapping) in index.map.overlapping(first, last) {
+            let stop = start + u64::from(mapping.blocks);
+            push(at, start.max(at), false);
+            let stored = matches!(mapping.target, crate::map::Target::Data { .. });
+            push(start.max(at), stop.min(last), stored);
+            at = stop.min(last);
+        }
+        push(at, last, false);
+        runs
+    }
+}
+
+/// The volume called `name` of the array `shared` is.
+pub(crate) fn open_volume(shared: &Arc<Shared>, name: &str) -> Result<Volume, ArrayError> {
+    let no_such = || ArrayError::NoSuchVolume { name: name.to_string() };
+    let table = shared.volume_table();
+    let entry = table.find(name).ok_or_else(no_such)?;
+    let gate = shared.gate(entry.id).ok_or_else(no_such)?;
+    Ok(Volume {
+        shared: shared.clone(),
+        gate,
+        name: name.to_string(),
+    })
+}
+
+fn check_size(bytes: u64) -> Result<(), ArrayError> {
+    if bytes == 0 || bytes > VOLUME_BYTES_MAX || !bytes.is_multiple_of(BLOCK_BYTES as u64) {
+        return Err(ArrayError::BadVolumeSize { bytes });
+    }
+    Ok(())
+}
+
+impl Array {
+    /// The volume called `name`.
+    pub fn volume(&self, name: &str) -> Result<Volume, ArrayError> {
+        open_volume(&self.shared, name)
+    }
+
+    /// Every volume, by id, with what it maps and stores.
+    pub fn volumes(&self) -> Vec<VolumeStatus> {
+        self.shared.volume_statuses()
+    }
+
+    /// Creates a thin volume of `bytes` (a multiple of 4 KiB, at most 4
+    /// PiB); it reads as zeros and takes no space until written.
+    pub fn create_volume(&self, name: &str, bytes: u64) -> Result<Volume, ArrayError> {
+        let shared = &self.shared;
+        if !volume::valid_name(name) {
+            return Err(ArrayError::BadVolumeName { name: name.to_string() });
+        }
+        check_size(bytes)?;
+        let _one = shared.volume_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut table = (*shared.volume_table()).clone();
+        if table.find(name).is_some() {
+            return Err(ArrayError::VolumeExists { name: name.to_string() });
+        }
+        let id = table.free_id().ok_or(ArrayError::TooManyVolumes {
+            count: VOLUME_COUNT_MAX,
+        })?;
+        // Newer than every record its id may have from a deleted volume.
+        let created_version = {
+            let mut index = shared.index_mut();
+            index.next_version += 1;
+            index.next_version - 1
+        };
+        table.entries.push(VolumeEntry {
+            id,
+            name: name.to_string(),
+            bytes,
+            created_version,
+        });
+        table.entries.sort_by_key(|e| e.id);
+        let floors = volume::Floors::of(&table);
+        shared.publish_table(table)?;
+        shared.index_mut().volumes = floors;
+        shared
+            .gates
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, Gate::new(id, bytes));
+        self.volume(name)
+    }
+
+    /// Changes a volume's size. Growing adds blocks that read as zeros;
+    /// shrinking first zeroes the blocks cut off (so that growing again
+    /// finds zeros there), waiting for the volume's requests in flight.
+    pub fn resize_volume(&self, name: &str, bytes: u64) -> Result<(), ArrayError> {
+        let shared = &self.shared;
+        check_size(bytes)?;
+        let _one = shared.volume_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut table = (*shared.volume_table()).clone();
+        let entry = table
+            .entries
+            .iter_mut()
+            .find(|e| e.name == name)
+            .ok_or_else(|| ArrayError::NoSuchVolume { name: name.to_string() })?;
+        let gate = shared.gate(entry.id).expect("every volume has a gate");
+        let mut size = gate.size.write().unwrap_or_else(|p| p.into_inner());
+        let old = entry.bytes;
+        if bytes < old {
+            let base = volume::key(entry.id, 0) * BLOCK_BYTES as u64;
+            shared.write_zeroes(base + bytes, old - bytes, false)?;
+            shared.flush()?;
+        }
+        entry.bytes = bytes;
+        shared.publish_table(table)?;
+        *size = Some(bytes);
+        Ok(())
+    }
+
+    /// Deletes a volume: its requests in flight finish first, later ones
+    /// get `VolumeGone`; its space is freed by garbage collection. The
+    /// default volume cannot be deleted.
+    pub fn delete_volume(&self, name: &str) -> Result<(), ArrayError> {
+        let shared = &self.shared;
+        if name == volume::DEFAULT_VOLUME_NAME {
+            return Err(ArrayError::DefaultVolume { name: name.to_string() });
+        }
+        let _one = shared.volume_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut table = (*shared.volume_table()).clone();
+        let at = table
+            .entries
+            .iter()
+            .position(|e| e.name == name)
+            .ok_or_else(|| ArrayError::NoSuchVolume { name: name.to_string() })?;
+        let id = table.entries.remove(at).id;
+        let gate = shared.gate(id).expect("every volume has a gate");
+        let mut size = gate.size.write().unwrap_or_else(|p| p.into_inner());
+        let floors = volume::Floors::of(&table);
+        shared.publish_table(table)?;
+        *size = None;
+        drop(size);
+        shared.gates.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        let mut index = shared.index_mut();
+        index.volumes = floors;
+        let deltas = index.map.remove_from(volume::key(id, 0), volume::key(id + 1, 0));
+        let emptied = index.slots.account(&deltas);
+        let after = index.last_sealed;
+        for slot in emptied {
+            crate::write::drain_emptied(&mut index, slot, after);
+        }
+        drop(index);
+        shared.maintenance.wake();
+        Ok(())
+    }
+}

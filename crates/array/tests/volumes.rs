@@ -1,0 +1,300 @@
+//! Volumes: many thin block devices in one array. Each is written and
+//! read apart from the others; they survive a clean stop and kill -9; a
+//! deleted volume's space is freed and its data never shows through a
+//! later volume (with the same id), after a crash either; shrinking then
+//! growing finds zeros; bad requests change nothing.
+
+mod common;
+use common::{create_options, named, open_list};
+use rand::{Rng, SeedableRng};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use tessera_array::device::{Faults, MemoryDevice};
+use tessera_array::{Array, ArrayError};
+
+const MEMBER_BYTES: u64 = 16 << 20;
+const MIB: u64 = 1 << 20;
+
+fn array() -> (Vec<Arc<MemoryDevice>>, Array) {
+    let devices: Vec<_> = (0..6).map(|_| Arc::new(MemoryDevice::new(MEMBER_BYTES))).collect();
+    let array = tessera_array::create(named(&devices), &create_options(4, 2)).unwrap();
+    (devices, array)
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut bytes = vec![0u8; len];
+    rand::rngs::StdRng::seed_from_u64(seed).fill(&mut bytes[..]);
+    bytes
+}
+
+fn read(volume: &tessera_array::Volume, offset: u64, len: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; len];
+    volume.read(offset, &mut buf).unwrap();
+    buf
+}
+
+/// kill -9: the members stop taking writes at once; what they were given
+/// stays (the page cache), then the array opens again.
+fn kill_and_reopen(devices: &[Arc<MemoryDevice>], array: Array) -> Array {
+    let dead = Arc::new(AtomicBool::new(true));
+    for d in devices {
+        d.set_faults(Faults {
+            dead: Some(dead.clone()),
+            ..Faults::default()
+        });
+    }
+    drop(array);
+    for d in devices {
+        d.set_faults(Faults::default());
+        d.crash(d.pending_writes());
+    }
+    tessera_array::open(open_list(devices, &[])).unwrap()
+}
+
+#[test]
+fn volumes_hold_their_own_data_across_a_clean_stop_and_kill_9() {
+    let (devices, array) = array();
+    let a = array.create_volume("a", 4 * MIB).unwrap();
+    let b = array.create_volume("b", 8 * MIB).unwrap();
+    let (pa, pb, pd) = (
+        pattern(1, MIB as usize),
+        pattern(2, MIB as usize),
+        pattern(3, MIB as usize),
+    );
+    a.write(0, &pa, false).unwrap();
+    b.write(MIB, &pb, false).unwrap();
+    array.write(0, &pd, false).unwrap();
+    array.flush().unwrap();
+    assert!(read(&a, 0, MIB as usize) == pa, "read(&a, 0, MIB as usize)");
+    assert!(read(&b, MIB, MIB as usize) == pb, "read(&b, MIB, MIB as usize)");
+    assert!(read(&b, 0, MIB as usize) == vec![0u8; MIB as usize], "expected zeros");
+    assert!(matches!(
+        a.write(4 * MIB - 4096, &[0u8; 8192], false),
+        Err(ArrayError::OutOfRange { size, .. }) if size == 4 * MIB
+    ));
+    assert_eq!(
+        b.allocation(0, 3 * MIB).unwrap(),
+        [(MIB, false), (MIB, true), (MIB, false)]
+    );
+    let listed: Vec<(String, u64, u64)> = array
+        .volumes()
+        .into_iter()
+        .map(|v| (v.name, v.bytes, v.mapped_bytes))
+        .collect();
+    assert_eq!(
+        listed[1..],
+        [("a".to_string(), 4 * MIB, MIB), ("b".to_string(), 8 * MIB, MIB)]
+    );
+    assert_eq!(listed[0].0, "tessera");
+    array.check().unwrap();
+
+    // A clean stop.
+    drop((a, b));
+    drop(array);
+    let array = tessera_array::open(open_list(&devices, &[])).unwrap();
+    let (a, b) = (array.volume("a").unwrap(), array.volume("b").unwrap());
+    assert!(read(&a, 0, MIB as usize) == pa, "read(&a, 0, MIB as usize)");
+    assert!(read(&b, MIB, MIB as usize) == pb, "read(&b, MIB, MIB as usize)");
+    assert!(
+        read(&array.volume("tessera").unwrap(), 0, MIB as usize) == pd,
+        "volume tessera"
+    );
+
+    // kill -9 after more FLUSHed writes, with a volume created since.
+    let c = array.create_volume("c", 2 * MIB).unwrap();
+    let pc = pattern(4, MIB as usize);
+    c.write(MIB, &pc, true).unwrap();
+    let pa2 = pattern(5, 64 << 10);
+    a.write(MIB, &pa2, false).unwrap();
+    array.flush().unwrap();
+    drop((a, b, c));
+    let array = kill_and_reopen(&devices, array);
+    assert!(read(&array.volume("c").unwrap(), MIB, MIB as usize) == pc, "volume c");
+    assert!(read(&array.volume("a").unwrap(), 0, MIB as usize) == pa, "volume a");
+    assert!(read(&array.volume("a").unwrap(), MIB, 64 << 10) == pa2, "volume a");
+    assert!(read(&array.volume("b").unwrap(), MIB, MIB as usize) == pb, "volume b");
+    array.check().unwrap();
+}
+
+#[test]
+fn a_deleted_volume_frees_its_space_and_never_shows_through_a_new_one() {
+    let (devices, array) = array();
+    let keep = array.create_volume("keep", 2 * MIB).unwrap();
+    let gone = array.create_volume("gone", 8 * MIB).unwrap();
+    let pk = pattern(7, 2 * MIB as usize);
+    keep.write(0, &pk, false).unwrap();
+    gone.write(0, &pattern(8, 6 * MIB as usize), false).unwrap();
+    array.flush().unwrap();
+    let stored_before = array.status().unwrap().stored_bytes;
+    array.delete_volume("gone").unwrap();
+    assert!(matches!(
+        gone.read(0, &mut [0u8; 4096]),
+        Err(ArrayError::VolumeGone { .. })
+    ));
+    assert!(matches!(array.volume("gone"), Err(ArrayError::NoSuchVolume { .. })));
+    let stored_after = array.status().unwrap().stored_bytes;
+    assert!(
+        stored_before - stored_after >= 6 * MIB,
+        "deleting freed {} bytes of 6 MiB",
+        stored_before - stored_after
+    );
+    array.check().unwrap();
+    // A new volume takes the deleted one's id: it must read zeros, now
+    // and after a crash (the deleted records are still in their stripes,
+    // newer than the last checkpoint).
+    let fresh = array.create_volume("fresh", 8 * MIB).unwrap();
+    assert!(
+        read(&fresh, 0, 6 * MIB as usize) == vec![0u8; 6 * MIB as usize],
+        "expected zeros"
+    );
+    drop((keep, gone, fresh));
+    let array = kill_and_reopen(&devices, array);
+    let fresh = array.volume("fresh").unwrap();
+    assert!(
+        read(&fresh, 0, 6 * MIB as usize) == vec![0u8; 6 * MIB as usize],
+        "expected zeros"
+    );
+    assert_eq!(fresh.allocation(0, 8 * MIB).unwrap(), [(8 * MIB, false)]);
+    assert!(
+        read(&array.volume("keep").unwrap(), 0, 2 * MIB as usize) == pk,
+        "volume keep"
+    );
+    array.check().unwrap();
+    // Its space is reused: the array's whole usable space can be written
+    // again through another volume (this fails with NoSpace if not).
+    let usable = array.status().unwrap().usable_bytes;
+    let filler = array.create_volume("filler", 64 * MIB).unwrap();
+    let chunk = pattern(9, MIB as usize);
+    let mut written = 0;
+    for round in 0..3 {
+        for at in 0..(usable / 2 / MIB) {
+            filler
+                .write(at * MIB, &chunk, false)
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+            written += MIB;
+        }
+    }
+    assert!(written > usable);
+    array.flush().unwrap();
+    array.check().unwrap();
+}
+
+#[test]
+fn shrinking_then_growing_finds_zeros_after_a_crash_too() {
+    let (devices, array) = array();
+    let v = array.create_volume("v", 4 * MIB).unwrap();
+    let p = pattern(11, 4 * MIB as usize);
+    v.write(0, &p, false).unwrap();
+    array.flush().unwrap();
+    array.resize_volume("v", MIB).unwrap();
+    assert_eq!(v.size(), MIB);
+    assert!(matches!(
+        v.read(MIB, &mut [0u8; 4096]),
+        Err(ArrayError::OutOfRange { .. })
+    ));
+    array.resize_volume("v", 4 * MIB).unwrap();
+    assert!(
+        read(&v, 0, MIB as usize) == p[..MIB as usize],
+        "read(&v, 0, MIB as usize)"
+    );
+    assert!(
+        read(&v, MIB, 3 * MIB as usize) == vec![0u8; 3 * MIB as usize],
+        "expected zeros"
+    );
+    drop(v);
+    let array = kill_and_reopen(&devices, array);
+    let v = array.volume("v").unwrap();
+    assert_eq!(v.size(), 4 * MIB);
+    assert!(
+        read(&v, 0, MIB as usize) == p[..MIB as usize],
+        "read(&v, 0, MIB as usize)"
+    );
+    assert!(
+        read(&v, MIB, 3 * MIB as usize) == vec![0u8; 3 * MIB as usize],
+        "expected zeros"
+    );
+    // The default volume can be resized too, and the size is kept.
+    let size = array.logical_bytes();
+    array.resize_volume("tessera", size + MIB).unwrap();
+    drop(v);
+    drop(array);
+    let array = tessera_array::open(open_list(&devices, &[])).unwrap();
+    assert_eq!(array.logical_bytes(), size + MIB);
+    assert_eq!(array.status().unwrap().logical_bytes, size + MIB);
+}
+
+#[test]
+fn bad_volume_requests_are_refused_and_change_nothing() {
+    let (_devices, array) = array();
+    array.create_volume("a", MIB).unwrap();
+    let before = array.volumes();
+    let refused = [
+        array.create_volume("", MIB).err(),
+        array.create_volume(".x", MIB).err(),
+        array.create_volume("a b", MIB).err(),
+        array.create_volume("a", MIB).err(),
+        array.create_volume("b", 0).err(),
+        array.create_volume("b", 4097).err(),
+        array.create_volume("b", (4u64 << 50) + 4096).err(),
+        array.resize_volume("nope", MIB).err(),
+        array.resize_volume("a", 100).err(),
+        array.delete_volume("nope").err(),
+        array.delete_volume("tessera").err(),
+    ];
+    for (i, error) in refused.iter().enumerate() {
+        assert!(error.is_some(), "request {i} was taken");
+    }
+    assert!(matches!(refused[3], Some(ArrayError::VolumeExists { .. })));
+    assert!(matches!(refused[4], Some(ArrayError::BadVolumeSize { .. })));
+    assert!(matches!(refused[10], Some(ArrayError::DefaultVolume { .. })));
+    assert_eq!(array.volumes(), before);
+}
+
+#[test]
+fn volumes_come_and_go_while_another_is_written_and_checked() {
+    let (devices, array) = array();
+    let served = array.create_volume("served", 4 * MIB).unwrap();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let (served, stop) = (&served, &stop);
+        let client = scope.spawn(move || {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+            let mut model = vec![0u8; 4 * MIB as usize];
+            let mut rounds = 0;
+            while !stop.load(Ordering::Relaxed) || rounds < 50 {
+                let block = rng.gen_range(0..(4 * MIB / 4096)) as usize;
+                let blocks = rng.gen_range(1..=8).min(1024 - block);
+                let data = pattern(rounds, blocks * 4096);
+                served.write(block as u64 * 4096, &data, false).unwrap();
+                model[block * 4096..(block + blocks) * 4096].copy_from_slice(&data);
+                let at = rng.gen_range(0..1024) * 4096;
+                assert!(read(served, at as u64, 4096) == model[at..at + 4096], "round {rounds}");
+                rounds += 1;
+                assert!(rounds < 100_000);
+            }
+            served.flush().unwrap();
+            model
+        });
+        for round in 0..12u64 {
+            let name = format!("v{}", round % 3);
+            let _ = array.delete_volume(&name);
+            let v = array.create_volume(&name, 2 * MIB).unwrap();
+            let data = pattern(100 + round, MIB as usize);
+            v.write(0, &data, false).unwrap();
+            assert!(read(&v, 0, MIB as usize) == data, "read(&v, 0, MIB as usize)");
+            array.check().unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+        let model = client.join().unwrap();
+        assert!(
+            read(served, 0, 4 * MIB as usize) == model,
+            "read(&served, 0, 4 * MIB as usize)"
+        );
+    });
+    drop(served);
+    drop(array);
+    let array = tessera_array::open(open_list(&devices, &[])).unwrap();
+    let names: Vec<String> = array.volumes().into_iter().map(|v| v.name).collect();
+    assert_eq!(names, ["tessera", "served", "v0", "v1", "v2"]);
+    array.check().unwrap();
+}
