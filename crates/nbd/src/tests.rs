@@ -176,7 +176,10 @@ fn options_to_go<C: Stream>(c: &mut C, before_go: impl FnOnce(&mut C)) -> u16 {
     send_option(c, OPT_LIST, b"");
     // The name (its length first), then its description.
     let (kind, data) = option_reply(c, OPT_LIST);
-    assert_eq!((kind, &data[..4], &data[4..]), (REP_SERVER, &7u32.to_be_bytes()[..], &b"tesseratest"[..]));
+    assert_eq!(
+        (kind, &data[..4], &data[4..]),
+        (REP_SERVER, &7u32.to_be_bytes()[..], &b"tesseratest"[..])
+    );
     assert_eq!(option_reply(c, OPT_LIST).0, REP_ACK);
     send_option(c, OPT_STRUCTURED_REPLY, b"");
     assert_eq!(option_reply(c, OPT_STRUCTURED_REPLY).0, REP_ACK);
