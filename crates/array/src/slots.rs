@@ -149,8 +149,9 @@ pub struct SlotTable {
     live_total: u128,
     stored_total: u128,
     mapped_data_blocks: u64,
-    /// Mapped data blocks and stored bytes (times LIVE_SCALE) by volume.
-    by_volume: std::collections::HashMap<u32, (u64, u128)>,
+    /// Mapped data blocks and stored bytes (times LIVE_SCALE) by volume
+    /// id (ids are small and dense: `volume::VOLUME_COUNT_MAX`).
+    by_volume: Vec<(u64, u128)>,
 }
 
 /// Live bytes (times LIVE_SCALE) one block of `extent` stands for: its
@@ -178,7 +179,7 @@ impl SlotTable {
             live_total: 0,
             stored_total: 0,
             mapped_data_blocks: 0,
-            by_volume: std::collections::HashMap::new(),
+            by_volume: Vec::new(),
         }
     }
 
@@ -223,7 +224,7 @@ impl SlotTable {
 
     /// Volume `id`'s mapped data blocks and stored bytes.
     pub fn volume_usage(&self, id: u32) -> (u64, u64) {
-        self.by_volume.get(&id).map_or((0, 0), |&(blocks, stored)| {
+        self.by_volume.get(id as usize).map_or((0, 0), |&(blocks, stored)| {
             (blocks, (stored / u128::from(LIVE_SCALE)) as u64)
         })
     }
@@ -277,7 +278,11 @@ impl SlotTable {
                 }
                 Target::Zero { .. } => (format::zero_record_bytes() as u64 * LIVE_SCALE, 0, 0),
             };
-            let volume = self.by_volume.entry(crate::volume::volume_of(delta.lba)).or_default();
+            let id = crate::volume::volume_of(delta.lba) as usize;
+            if id >= self.by_volume.len() {
+                self.by_volume.resize(id + 1, (0, 0));
+            }
+            let volume = &mut self.by_volume[id];
             if delta.gained {
                 volume.0 += data_blocks;
                 volume.1 += u128::from(stored);

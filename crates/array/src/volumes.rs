@@ -139,8 +139,13 @@ impl Shared {
             .collect()
     }
 
-    fn gate(&self, id: u32) -> Option<Arc<Gate>> {
-        self.gates.lock().unwrap_or_else(|p| p.into_inner()).get(&id).cloned()
+    /// Where volume `name` is in `table`, and its gate.
+    fn find(&self, table: &VolumeTable, name: &str) -> Result<(usize, Arc<Gate>), ArrayError> {
+        let no_such = || ArrayError::NoSuchVolume { name: name.to_string() };
+        let at = table.entries.iter().position(|e| e.name == name).ok_or_else(no_such)?;
+        let gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
+        let gate = gates.get(&table.entries[at].id).cloned().ok_or_else(no_such)?;
+        Ok((at, gate))
     }
 
     /// Which of key-space bytes [offset, offset+len) are stored (see
@@ -176,10 +181,7 @@ impl Shared {
 
 /// The volume called `name` of the array `shared` is.
 pub(crate) fn open_volume(shared: &Arc<Shared>, name: &str) -> Result<Volume, ArrayError> {
-    let no_such = || ArrayError::NoSuchVolume { name: name.to_string() };
-    let table = shared.volume_table();
-    let entry = table.find(name).ok_or_else(no_such)?;
-    let gate = shared.gate(entry.id).ok_or_else(no_such)?;
+    let (_, gate) = shared.find(&shared.volume_table(), name)?;
     Ok(Volume {
         shared: shared.clone(),
         gate,
@@ -253,12 +255,8 @@ impl Array {
         check_size(bytes)?;
         let _one = shared.volume_lock.lock().unwrap_or_else(|p| p.into_inner());
         let mut table = (*shared.volume_table()).clone();
-        let entry = table
-            .entries
-            .iter_mut()
-            .find(|e| e.name == name)
-            .ok_or_else(|| ArrayError::NoSuchVolume { name: name.to_string() })?;
-        let gate = shared.gate(entry.id).expect("every volume has a gate");
+        let (at, gate) = shared.find(&table, name)?;
+        let entry = &mut table.entries[at];
         let mut size = gate.size.write().unwrap_or_else(|p| p.into_inner());
         let old = entry.bytes;
         if bytes < old {
@@ -282,13 +280,8 @@ impl Array {
         }
         let _one = shared.volume_lock.lock().unwrap_or_else(|p| p.into_inner());
         let mut table = (*shared.volume_table()).clone();
-        let at = table
-            .entries
-            .iter()
-            .position(|e| e.name == name)
-            .ok_or_else(|| ArrayError::NoSuchVolume { name: name.to_string() })?;
+        let (at, gate) = shared.find(&table, name)?;
         let id = table.entries.remove(at).id;
-        let gate = shared.gate(id).expect("every volume has a gate");
         let mut size = gate.size.write().unwrap_or_else(|p| p.into_inner());
         let floors = volume::Floors::of(&table);
         shared.publish_table(table)?;

@@ -32,17 +32,21 @@ struct Cli {
     command: Command,
 }
 
+/// A volume and a size for it (`volume create`, `volume resize`).
+#[derive(clap::Args)]
+struct VolumeSize {
+    dir: PathBuf,
+    name: String,
+    #[arg(long, value_parser = size::parse)]
+    size: u64,
+    #[arg(long)]
+    json: bool,
+}
+
 #[derive(Subcommand)]
 enum VolumeAction {
     /// A new volume of SIZE; it reads as zeros and takes no space until written.
-    Create {
-        dir: PathBuf,
-        name: String,
-        #[arg(long, value_parser = size::parse)]
-        size: u64,
-        #[arg(long)]
-        json: bool,
-    },
+    Create(VolumeSize),
     /// Every volume, with its size and what it maps and stores.
     List {
         dir: PathBuf,
@@ -50,14 +54,7 @@ enum VolumeAction {
         json: bool,
     },
     /// A new size: growing adds zeros, shrinking discards the blocks cut off.
-    Resize {
-        dir: PathBuf,
-        name: String,
-        #[arg(long, value_parser = size::parse)]
-        size: u64,
-        #[arg(long)]
-        json: bool,
-    },
+    Resize(VolumeSize),
     /// Deletes a volume and its data (garbage collection frees the space).
     Delete {
         dir: PathBuf,
@@ -686,9 +683,23 @@ fn main() -> Result<()> {
         Command::Volume { action } => {
             use volume_cmd::Request;
             let (dir, request, json) = match action {
-                VolumeAction::Create { dir, name, size, json } => (dir, Request::Create { name, bytes: size }, json),
+                VolumeAction::Create(v) => (
+                    v.dir,
+                    Request::Create {
+                        name: v.name,
+                        bytes: v.size,
+                    },
+                    v.json,
+                ),
                 VolumeAction::List { dir, json } => (dir, Request::List, json),
-                VolumeAction::Resize { dir, name, size, json } => (dir, Request::Resize { name, bytes: size }, json),
+                VolumeAction::Resize(v) => (
+                    v.dir,
+                    Request::Resize {
+                        name: v.name,
+                        bytes: v.size,
+                    },
+                    v.json,
+                ),
                 VolumeAction::Delete { dir, name, json } => (dir, Request::Delete { name }, json),
             };
             volume_cmd::volume(&dir, &request, json)
