@@ -28,8 +28,10 @@
 //!    Only then is the old checkpoint's space free and the new window the
 //!    one allocation uses.
 //!
-//! Without room for the checkpoint (the map is larger than the superblock
-//! can name, or no free slots), the superblocks say "no checkpoint":
+//! A checkpoint of more stripes than the superblock lists (480) is
+//! followed by its directory, which lists them; the superblock lists the
+//! directory's stripes. Without room for the checkpoint (no free slots,
+//! or a directory past 480 stripes), the superblocks say "no checkpoint":
 //! recovery then scans every slot, and any free slot may be used.
 
 use crate::engine::{Index, Resident, Shared};
@@ -60,7 +62,7 @@ impl Shared {
     /// large as the array. The reserve the last checkpoint's size gave was
     /// too small once the map fragmented after it (a compact map, then
     /// random overwrites: a checkpoint of 7 slots against a reserve of 2),
-    /// and writes filled what the next checkpoint needed (`known_bugs.rs`).
+    /// and writes filled what the next checkpoint needed (`tests/space.rs`).
     /// At most what a checkpoint may take: past that none is written.
     pub(crate) fn checkpoint_reserve(&self, index: &Index) -> usize {
         let g = &self.geometry;
@@ -74,8 +76,13 @@ impl Shared {
             ranges * crate::limits::EXTENT_BLOCKS_MAX,
             ranges,
         );
-        let per_stripe = g.data_area_bytes() - format::summary_bytes(g.checksum, &[]);
-        bytes.div_ceil(per_stripe).min(CHECKPOINT_SLOTS_MAX) + 1
+        checkpoint_stripes(g.checksum, self.meta_stripe_bytes(), bytes).map_or(0, |(body, directory)| body + directory)
+            + 1
+    }
+
+    /// Bytes of checkpoint (or directory) one Meta stripe holds.
+    pub(crate) fn meta_stripe_bytes(&self) -> usize {
+        self.geometry.data_area_bytes() - format::summary_bytes(self.geometry.checksum, &[])
     }
 
     /// Writes a checkpoint of the map now.
@@ -250,8 +257,9 @@ impl Shared {
 
     /// Step 4: the encoded checkpoint into Meta stripes in free slots
     /// (outside `window` where there are enough; those taken from it leave
-    /// it), synced, then named by the superblocks. Returns its slots, or
-    /// `None` if it does not fit.
+    /// it), followed by its directory's where it has more stripes than the
+    /// superblock lists, synced, then named by the superblocks. Returns
+    /// its slots (the directory's too), or `None` if it does not fit.
     fn write_checkpoint(
         &self,
         checkpoint: &mut Checkpoint,
@@ -260,12 +268,12 @@ impl Shared {
         let g = &self.geometry;
         let algorithm = g.checksum;
         let start = checkpoint.sequence;
-        let per_stripe = g.data_area_bytes() - format::summary_bytes(algorithm, &[]);
+        let per_stripe = self.meta_stripe_bytes();
         let mut bytes = checkpoint.encode(algorithm);
-        let count = bytes.len().div_ceil(per_stripe);
-        if count > CHECKPOINT_SLOTS_MAX {
+        let Some((body, directory)) = checkpoint_stripes(algorithm, per_stripe, bytes.len()) else {
             return Ok(None);
-        }
+        };
+        let count = body + directory;
         let mut meta: Vec<u64> = {
             let mut index = self.index_mut();
             // A free slot has held nothing since the checkpoint began (no
@@ -286,20 +294,30 @@ impl Shared {
         // only shrinks, so it needs no more stripes).
         // (Every one is removed: `any` would stop at the first.)
         let taken_from_window = meta.iter().filter(|slot| window.remove(slot)).count();
+        let (mut body, mut directory) = (body, directory);
         if taken_from_window > 0 {
             checkpoint.window = window.iter().copied().collect();
             bytes = checkpoint.encode(algorithm);
-            let spare = meta.split_off(bytes.len().div_ceil(per_stripe));
+            (body, directory) = checkpoint_stripes(algorithm, per_stripe, bytes.len())
+                .expect("a checkpoint whose window shrank needs no more stripes");
+            let spare = meta.split_off(body + directory);
             let mut index = self.index_mut();
             for slot in spare {
                 index.slots.release_open(slot);
             }
         }
+        // The checkpoint's stripes, then its directory's (listing theirs).
+        let listing = (directory > 0).then(|| format::encode_checkpoint_directory(algorithm, &meta[..body]));
+        let pieces: Vec<&[u8]> = bytes
+            .chunks(per_stripe)
+            .chain(listing.iter().flat_map(|d| d.chunks(per_stripe)))
+            .collect();
+        assert_eq!(pieces.len(), meta.len());
         let bytes = &bytes[..];
         let first = self.tracker.assign_many(meta.len());
         let sealed: Vec<_> = meta
             .iter()
-            .zip(bytes.chunks(per_stripe))
+            .zip(pieces)
             .enumerate()
             .map(|(i, (&slot, piece))| {
                 let mut open = OpenStripe::new(slot, Stream::Meta, self.spares().areas.pop(), g);
@@ -310,12 +328,21 @@ impl Shared {
         let written = self
             .submit(sealed)
             .and_then(|()| self.sync_through(first + meta.len() as u64 - 1));
+        Counters::add(
+            &self.counters.checkpoint_bytes_written,
+            (meta.len() * crate::engine::stripe_bytes(g)) as u64,
+        );
         let reference = CheckpointRef {
             sequence: start,
             bytes: bytes.len() as u64,
             first_stripe_sequence: first,
             digest: algorithm.digest(bytes),
-            slots: meta.clone(),
+            slots: if directory > 0 {
+                meta[body..].to_vec()
+            } else {
+                meta.clone()
+            },
+            directory: directory > 0,
         };
         let published = written.and_then(|()| {
             let mut superblock = self.members.superblock();
@@ -344,6 +371,7 @@ impl Shared {
             let mut template = superblock.clone();
             template.checkpoint = None;
             self.members.publish_locked(&mut superblock, template)?;
+            Counters::add(&self.counters.checkpoints_dropped, 1);
         }
         drop(superblock);
         let synced = self.tracker.lock().synced_through;
@@ -355,4 +383,20 @@ impl Shared {
         }
         Ok(())
     }
+}
+
+/// Stripes a checkpoint of `bytes` takes, `per_stripe` bytes each: its
+/// own, and its directory's (0 when the superblock can list its own);
+/// `None` past what a directory the superblock lists can hold.
+fn checkpoint_stripes(
+    algorithm: tessera_checksum::Algorithm,
+    per_stripe: usize,
+    bytes: usize,
+) -> Option<(usize, usize)> {
+    let body = bytes.div_ceil(per_stripe);
+    if body <= CHECKPOINT_SLOTS_MAX {
+        return Some((body, 0));
+    }
+    let directory = format::checkpoint_directory_bytes(algorithm, body).div_ceil(per_stripe);
+    (directory <= CHECKPOINT_SLOTS_MAX).then_some((body, directory))
 }

@@ -67,6 +67,11 @@ pub const FORMAT_VERSION: u32 = 2;
 /// so that a build from before volumes refuses the array rather than
 /// serving its default volume and forgetting the others.
 pub const SUPERBLOCK_VERSION_VOLUMES: u32 = 3;
+/// A superblock whose checkpoint has a directory (more stripes than it can
+/// list: `CheckpointRef::directory`) has version 4, with or without a
+/// volume table, so that a build from before directories refuses it
+/// rather than reading the directory as the checkpoint.
+pub const SUPERBLOCK_VERSION_DIRECTORY: u32 = 4;
 /// The CRC32C of a sector covers its first 4092 bytes and sits in the last 4.
 const CRC_OFFSET: usize = SECTOR_BYTES - 4;
 
@@ -74,7 +79,7 @@ const CRC_OFFSET: usize = SECTOR_BYTES - 4;
 pub enum FormatError {
     #[error("not a Tessera {what}: bad magic")]
     Magic { what: &'static str },
-    #[error("{what} has format version {version}; this build reads version {FORMAT_VERSION} (and superblocks of version {SUPERBLOCK_VERSION_VOLUMES}, with volumes)")]
+    #[error("{what} has format version {version}; this build reads version {FORMAT_VERSION} (and superblocks of version {SUPERBLOCK_VERSION_VOLUMES}, with volumes, and {SUPERBLOCK_VERSION_DIRECTORY}, with a checkpoint directory)")]
     Version { what: &'static str, version: u32 },
     #[error("{what} is corrupt: checksum mismatch")]
     Crc { what: &'static str },
@@ -113,8 +118,9 @@ fn check_sector(sector: &[u8], magic: &[u8; 8], what: &'static str) -> Result<()
         return Err(FormatError::Crc { what });
     }
     let version = get_u32(sector, 8);
-    let volumes = magic == &SUPERBLOCK_MAGIC && version == SUPERBLOCK_VERSION_VOLUMES;
-    if version != FORMAT_VERSION && !volumes {
+    let superblock_only = magic == &SUPERBLOCK_MAGIC
+        && (version == SUPERBLOCK_VERSION_VOLUMES || version == SUPERBLOCK_VERSION_DIRECTORY);
+    if version != FORMAT_VERSION && !superblock_only {
         return Err(FormatError::Version { what, version });
     }
     Ok(())
@@ -292,8 +298,12 @@ pub struct Superblock {
     pub volume_table: Option<std::sync::Arc<crate::volume::VolumeTable>>,
 }
 
-/// Slots a checkpoint may span: as many as the superblock has room for.
+/// Slots the superblock lists: as many as it has room for. A checkpoint
+/// of more stripes lists its directory's instead.
 pub const CHECKPOINT_SLOTS_MAX: usize = (CRC_OFFSET - 248) / 8;
+/// After the listed slots: 1 if they are a checkpoint directory's.
+const CHECKPOINT_DIRECTORY_FLAG_OFFSET: usize = 248 + 8 * CHECKPOINT_SLOTS_MAX;
+const _: () = assert!(CHECKPOINT_DIRECTORY_FLAG_OFFSET + 4 <= CRC_OFFSET);
 
 /// The superblock's pointer to a checkpoint: `slots` hold `bytes` of it,
 /// in order, in consecutive stripes from sequence `first_stripe_sequence`
@@ -305,7 +315,87 @@ pub struct CheckpointRef {
     pub bytes: u64,
     pub first_stripe_sequence: u64,
     pub digest: Digest,
+    /// The stripes the superblock lists: the checkpoint's own, or, with
+    /// `directory`, its directory's, which follow the checkpoint's
+    /// stripes in sequence and list their slots
+    /// ([`encode_checkpoint_directory`]).
     pub slots: Vec<u64>,
+    pub directory: bool,
+}
+
+impl CheckpointRef {
+    /// Stripes of the checkpoint itself, `per_stripe` bytes each.
+    pub fn body_stripes(&self, per_stripe: usize) -> usize {
+        (self.bytes as usize).div_ceil(per_stripe)
+    }
+
+    /// Every stripe it spans: its own and its directory's.
+    pub fn stripe_count(&self, per_stripe: usize) -> usize {
+        if self.directory {
+            self.body_stripes(per_stripe) + self.slots.len()
+        } else {
+            self.slots.len()
+        }
+    }
+}
+
+pub const CHECKPOINT_DIRECTORY_MAGIC: [u8; 8] = *b"TSRCKDIR";
+
+/// Bytes of the directory of a checkpoint of `stripes` stripes.
+pub fn checkpoint_directory_bytes(algorithm: Algorithm, stripes: usize) -> usize {
+    16 + 8 * stripes + algorithm.digest_bytes()
+}
+
+/// A checkpoint directory: where each of a checkpoint's stripes is, for
+/// checkpoints of more stripes than the superblock can list. Written
+/// after them, in the data areas of its own Meta stripes:
+///
+/// ```text
+///   0  magic "TSRCKDIR"   8 stripes S u64
+///  16  S slots u64, in the checkpoint's order
+///  16 + 8S  digest of bytes 0..16+8S (the array's checksum algorithm)
+/// ```
+///
+/// With 64 KiB chunks and 8 data chunks (a 512 KiB data area) one
+/// directory stripe lists 65,534 stripes (32 GiB of checkpoint), and the
+/// superblock lists 480 directory stripes.
+pub fn encode_checkpoint_directory(algorithm: Algorithm, slots: &[u64]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(checkpoint_directory_bytes(algorithm, slots.len()));
+    out.extend_from_slice(&CHECKPOINT_DIRECTORY_MAGIC);
+    out.extend_from_slice(&(slots.len() as u64).to_le_bytes());
+    for slot in slots {
+        out.extend_from_slice(&slot.to_le_bytes());
+    }
+    let digest = algorithm.digest(&out);
+    out.extend_from_slice(digest.as_bytes());
+    out
+}
+
+/// The slots a checkpoint directory lists, which must be `stripes` slots
+/// of `geometry`'s.
+pub fn decode_checkpoint_directory(bytes: &[u8], geometry: &Geometry, stripes: usize) -> Result<Vec<u64>, FormatError> {
+    const WHAT: &str = "checkpoint directory";
+    let algorithm = geometry.checksum;
+    if bytes.len() != checkpoint_directory_bytes(algorithm, stripes) || bytes[..8] != CHECKPOINT_DIRECTORY_MAGIC {
+        return Err(FormatError::Magic { what: WHAT });
+    }
+    let end = bytes.len() - algorithm.digest_bytes();
+    if algorithm.digest(&bytes[..end]).as_bytes() != &bytes[end..] {
+        return Err(FormatError::Crc { what: WHAT });
+    }
+    let field = |field, value: u64| FormatError::Field {
+        what: WHAT,
+        field,
+        value,
+    };
+    if get_u64(bytes, 8) != stripes as u64 {
+        return Err(field("stripes", get_u64(bytes, 8)));
+    }
+    let slots: Vec<u64> = (0..stripes).map(|i| get_u64(bytes, 16 + 8 * i)).collect();
+    match slots.iter().find(|&&slot| slot >= geometry.slot_count()) {
+        Some(&bad) => Err(field("slot", bad)),
+        None => Ok(slots),
+    }
 }
 
 impl Superblock {
@@ -330,9 +420,11 @@ impl Superblock {
                 "a superblock names its own volume table"
             );
         }
-        let version = match self.volume_table_crc {
-            0 => FORMAT_VERSION,
-            _ => SUPERBLOCK_VERSION_VOLUMES,
+        let directory = self.checkpoint.as_ref().is_some_and(|c| c.directory);
+        let version = match (directory, self.volume_table_crc) {
+            (true, _) => SUPERBLOCK_VERSION_DIRECTORY,
+            (false, 0) => FORMAT_VERSION,
+            (false, _) => SUPERBLOCK_VERSION_VOLUMES,
         };
         put(&mut s, 8, &version.to_le_bytes());
         put(&mut s, 180, &self.volume_table_crc.to_le_bytes());
@@ -371,6 +463,11 @@ impl Superblock {
             for (i, slot) in c.slots.iter().enumerate() {
                 put(&mut s, 248 + 8 * i, &slot.to_le_bytes());
             }
+            put(
+                &mut s,
+                CHECKPOINT_DIRECTORY_FLAG_OFFSET,
+                &u32::from(c.directory).to_le_bytes(),
+            );
         }
         seal_sector(&mut s);
         s
@@ -455,8 +552,14 @@ impl Superblock {
                 if let Some(&bad) = slots.iter().find(|&&slot| slot >= geometry.slot_count()) {
                     return Err(field("checkpoint_slot", bad));
                 }
+                let directory = match get_u32(s, CHECKPOINT_DIRECTORY_FLAG_OFFSET) {
+                    0 => false,
+                    1 if get_u32(s, 8) == SUPERBLOCK_VERSION_DIRECTORY => true,
+                    flag => return Err(field("checkpoint_directory", u64::from(flag))),
+                };
                 let bytes = get_u64(s, 160);
-                if bytes > count as u64 * geometry.data_area_bytes() as u64 {
+                let listed_bytes = count as u64 * geometry.data_area_bytes() as u64;
+                if (!directory && bytes > listed_bytes) || bytes == 0 {
                     return Err(field("checkpoint_bytes", bytes));
                 }
                 Some(CheckpointRef {
@@ -465,13 +568,24 @@ impl Superblock {
                     first_stripe_sequence: get_u64(s, 168),
                     digest: Digest::from_bytes(&s[184..184 + checksum.digest_bytes()]),
                     slots,
+                    directory,
                 })
             }
         };
-        // Version 3 names a volume table; version 2 has none.
+        // Version 3 names a volume table; version 2 has none; version 4
+        // (a checkpoint directory) may or may not, and has its directory.
         let volume_table_crc = get_u32(s, 180);
-        if (volume_table_crc != 0) != (get_u32(s, 8) == SUPERBLOCK_VERSION_VOLUMES) {
+        let version = get_u32(s, 8);
+        let crc_allowed = match version {
+            SUPERBLOCK_VERSION_VOLUMES => volume_table_crc != 0,
+            SUPERBLOCK_VERSION_DIRECTORY => true,
+            _ => volume_table_crc == 0,
+        };
+        if !crc_allowed {
             return Err(field("volume_table_crc", u64::from(volume_table_crc)));
+        }
+        if version == SUPERBLOCK_VERSION_DIRECTORY && !checkpoint.as_ref().is_some_and(|c| c.directory) {
+            return Err(field("version", u64::from(version)));
         }
         Ok(Superblock {
             array_uuid: s[16..32].try_into().expect("16 bytes"),
@@ -1448,6 +1562,7 @@ mod tests {
             first_stripe_sequence: 78,
             digest: Algorithm::Blake3.digest(b"checkpoint"),
             slots: vec![3, 1],
+            directory: false,
         });
         let bytes = sb.encode();
         assert_eq!(Superblock::decode(&bytes).unwrap(), sb);
@@ -1753,6 +1868,7 @@ mod tests {
                 first_stripe_sequence: 78,
                 digest: a.digest(b"checkpoint"),
                 slots: vec![3, 1],
+                directory: false,
             }),
             volume_table_crc: 0,
             volume_table: None,
@@ -1814,6 +1930,73 @@ mod tests {
                 assert!(c.mappings.iter().all(|m| within_one_volume(m.lba, m.blocks)));
             }
         }
+    }
+
+    /// A checkpoint of more stripes than the superblock lists: the
+    /// superblock names its directory (version 4, the flag at 4088), and
+    /// the directory lists the stripes, checked by its digest.
+    #[test]
+    fn checkpoint_directories_round_trip_and_refuse_what_does_not_add_up() {
+        let g = geometry();
+        let mut sb = Superblock {
+            array_uuid: [1; 16],
+            member_uuid: [2; 16],
+            member_index: 3,
+            geometry: g.clone(),
+            generation: 9,
+            failed: [0; 32],
+            log_failed: 0,
+            created_unix_seconds: 1_700_000_000,
+            checkpoint: Some(CheckpointRef {
+                sequence: 77,
+                bytes: 900 * 65536,
+                first_stripe_sequence: 78,
+                digest: g.checksum.digest(b"checkpoint"),
+                slots: vec![5],
+                directory: true,
+            }),
+            volume_table_crc: 0,
+            volume_table: None,
+        };
+        let bytes = sb.encode();
+        assert_eq!(&bytes[0..12], b"TSRSUPER\x04\x00\x00\x00");
+        assert_eq!(&bytes[4088..4092], &1u32.to_le_bytes());
+        assert_eq!(Superblock::decode(&bytes).unwrap(), sb);
+        let c = sb.checkpoint.as_ref().unwrap();
+        assert_eq!(c.body_stripes(65536), 900);
+        assert_eq!(c.stripe_count(65536), 901);
+        // The flag without version 4, or version 4 without the flag, is refused.
+        let mut bad = bytes.clone();
+        bad[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        seal_sector(&mut bad);
+        assert!(matches!(Superblock::decode(&bad), Err(FormatError::Field { .. })));
+        sb.checkpoint.as_mut().unwrap().directory = false;
+        sb.checkpoint.as_mut().unwrap().bytes = 1000;
+        let mut bad = sb.encode();
+        bad[8..12].copy_from_slice(&SUPERBLOCK_VERSION_DIRECTORY.to_le_bytes());
+        seal_sector(&mut bad);
+        assert!(matches!(Superblock::decode(&bad), Err(FormatError::Field { .. })));
+
+        let slots: Vec<u64> = (0..900).map(|i| (i * 7) % g.slot_count()).collect();
+        let directory = encode_checkpoint_directory(g.checksum, &slots);
+        assert_eq!(directory.len(), checkpoint_directory_bytes(g.checksum, 900));
+        assert_eq!(&directory[..16], b"TSRCKDIR\x84\x03\x00\x00\x00\x00\x00\x00");
+        assert_eq!(decode_checkpoint_directory(&directory, &g, 900).unwrap(), slots);
+        // Another count, a flipped byte, a slot off the array: refused.
+        assert!(decode_checkpoint_directory(&directory, &g, 899).is_err());
+        let mut flipped = directory.clone();
+        flipped[100] ^= 1;
+        assert_eq!(
+            decode_checkpoint_directory(&flipped, &g, 900),
+            Err(FormatError::Crc {
+                what: "checkpoint directory"
+            })
+        );
+        let off = encode_checkpoint_directory(g.checksum, &[g.slot_count()]);
+        assert!(matches!(
+            decode_checkpoint_directory(&off, &g, 1),
+            Err(FormatError::Field { field: "slot", .. })
+        ));
     }
 
     #[test]

@@ -15,6 +15,9 @@
 //!   erased, so that later stripes saying "synced through" past it cannot
 //!   bring it back. One with K or more good chunks is kept and its missing
 //!   chunks rewritten.
+//! - A slot whose newest chunk is a checkpoint's is not replayed: a
+//!   checkpoint takes only free slots, so the older stripe a torn
+//!   checkpoint stripe left behind on its other chunks was garbage.
 //! - If the checkpoint cannot be read, or replay finds the map pointing
 //!   into a slot that holds a newer stripe than the one it was copied
 //!   from, recovery starts over from every stripe's summary and says why
@@ -137,7 +140,8 @@ impl Shared {
         if let Some(reference) = reference {
             let loaded = self.load_checkpoint(reference)?;
             from = reference.sequence;
-            max_sequence = reference.first_stripe_sequence + reference.slots.len() as u64 - 1;
+            let stripes = reference.stripe_count(self.meta_stripe_bytes());
+            max_sequence = reference.first_stripe_sequence + stripes as u64 - 1;
             scan = loaded.iter().copied().collect();
             window = Some(loaded);
         }
@@ -155,16 +159,23 @@ impl Shared {
                     continue;
                 }
                 max_sequence = max_sequence.max(header.sequence);
-                if header.sequence <= from || header.stream == Stream::Meta {
+                if header.sequence <= from {
                     continue;
                 }
-                synced_through = synced_through.max(header.synced_through);
+                if header.stream != Stream::Meta {
+                    synced_through = synced_through.max(header.synced_through);
+                }
                 let best = newest.entry(slot).or_insert_with(|| header.clone());
                 if best.sequence < header.sequence {
                     *best = header;
                 }
             }
         }
+        // A slot whose newest chunk belongs to a checkpoint's stripe holds
+        // no data: a checkpoint takes only free slots, so whatever older
+        // stripe its other chunks still hold (where power loss tore the
+        // checkpoint's) was garbage, and may have fewer than K chunks left.
+        newest.retain(|_, header| header.stream != Stream::Meta);
         // Pass 2: each slot's newest stripe, checked, its summary read.
         let mut stripes: Vec<(u64, u64, Vec<Record>)> = Vec::new();
         let mut torn = Vec::new();
@@ -237,30 +248,28 @@ impl Shared {
         })
     }
 
-    /// Loads the checkpoint `reference` names into the (empty) map and
-    /// slot table; returns its window.
-    fn load_checkpoint(&self, reference: &CheckpointRef) -> Result<BTreeSet<u64>, ArrayError> {
-        let g = &self.geometry;
+    /// The data areas of `stripes` (slot, sequence), `total` bytes from
+    /// their starts, all full but the last: straight from the data chunks,
+    /// or, if `good` does not accept that, from every stripe rebuilt and
+    /// checked chunk by chunk.
+    fn read_meta_stripes(
+        &self,
+        stripes: &[(u64, u64)],
+        total: usize,
+        good: impl Fn(&[u8]) -> bool,
+    ) -> Result<Vec<u8>, ArrayError> {
         let unreadable = |why: String| ArrayError::CheckpointUnreadable { why };
-        let per_stripe = g.data_area_bytes() - crate::format::summary_bytes(g.checksum, &[]);
-        let stripes: Vec<(u64, u64)> = (reference.first_stripe_sequence..)
-            .zip(&reference.slots)
-            .map(|(sequence, &slot)| (slot, sequence))
-            .collect();
-        // Every stripe holds part of it, all but the last full.
-        let total = reference.bytes as usize;
-        if total > stripes.len() * per_stripe || total <= (stripes.len() - 1) * per_stripe {
+        let per_stripe = self.meta_stripe_bytes();
+        if total > stripes.len() * per_stripe || total <= (stripes.len().max(1) - 1) * per_stripe {
             return Err(unreadable(format!("{total} bytes in {} stripes", stripes.len())));
         }
         let length = |i: usize| (total - i * per_stripe).min(per_stripe);
-        // Straight from the data chunks; if that does not match the digest,
-        // from every stripe rebuilt and checked chunk by chunk.
         let mut bytes = vec![0u8; total];
         let direct = stripes.iter().enumerate().all(|(i, &(slot, _))| {
             let at = i * per_stripe;
             self.read_area_into(slot, 0, &mut bytes[at..at + length(i)])
         });
-        if !direct || g.checksum.digest(&bytes) != reference.digest {
+        if !direct || !good(&bytes) {
             for (i, &(slot, sequence)) in stripes.iter().enumerate() {
                 let rebuilt = self
                     .rebuild_stripe(slot, sequence, true)
@@ -268,10 +277,51 @@ impl Shared {
                 let at = i * per_stripe;
                 bytes[at..at + length(i)].copy_from_slice(&rebuilt.area[..length(i)]);
             }
-            if g.checksum.digest(&bytes) != reference.digest {
+            if !good(&bytes) {
                 return Err(unreadable("its digest does not match".to_string()));
             }
         }
+        Ok(bytes)
+    }
+
+    /// Loads the checkpoint `reference` names into the (empty) map and
+    /// slot table; returns its window.
+    fn load_checkpoint(&self, reference: &CheckpointRef) -> Result<BTreeSet<u64>, ArrayError> {
+        let g = &self.geometry;
+        let unreadable = |why: String| ArrayError::CheckpointUnreadable { why };
+        let per_stripe = self.meta_stripe_bytes();
+        let total = reference.bytes as usize;
+        let body = reference.body_stripes(per_stripe);
+        // The checkpoint's slots: listed, or in its directory, whose
+        // stripes follow the checkpoint's in sequence.
+        let listed: Vec<(u64, u64)> = if reference.directory {
+            let first = reference.first_stripe_sequence + body as u64;
+            let directory: Vec<(u64, u64)> = reference.slots.iter().copied().zip(first..).collect();
+            let bytes = crate::format::checkpoint_directory_bytes(g.checksum, body);
+            let listing = self.read_meta_stripes(&directory, bytes, |b| {
+                crate::format::decode_checkpoint_directory(b, g, body).is_ok()
+            })?;
+            let slots =
+                crate::format::decode_checkpoint_directory(&listing, g, body).map_err(|e| unreadable(e.to_string()))?;
+            slots
+                .into_iter()
+                .zip(reference.first_stripe_sequence..)
+                .chain(directory)
+                .collect()
+        } else {
+            reference
+                .slots
+                .iter()
+                .copied()
+                .zip(reference.first_stripe_sequence..)
+                .collect()
+        };
+        let own = if reference.directory {
+            &listed[..body]
+        } else {
+            &listed[..]
+        };
+        let bytes = self.read_meta_stripes(own, total, |b| g.checksum.digest(b) == reference.digest)?;
         let checkpoint = crate::format::Checkpoint::decode(&bytes, g).map_err(|e| unreadable(e.to_string()))?;
         if checkpoint.sequence != reference.sequence {
             return Err(unreadable(format!(
@@ -279,7 +329,10 @@ impl Shared {
                 checkpoint.sequence, reference.sequence
             )));
         }
-        let meta: BTreeSet<u64> = reference.slots.iter().copied().collect();
+        let meta: BTreeSet<u64> = listed.iter().map(|&(slot, _)| slot).collect();
+        if meta.len() != listed.len() {
+            return Err(unreadable("a slot holds two of its stripes".to_string()));
+        }
         let clash = checkpoint
             .stripes
             .iter()
@@ -292,7 +345,7 @@ impl Shared {
             )));
         }
         let mut index = self.index_mut();
-        for &(slot, sequence) in &stripes {
+        for &(slot, sequence) in &listed {
             index.slots.set(slot, SlotState::Checkpoint, sequence);
         }
         for &(slot, sequence) in &checkpoint.stripes {
@@ -315,7 +368,7 @@ impl Shared {
             index.slots.account(&deltas);
         }
         index.next_version = checkpoint.next_version.max(1);
-        index.checkpoint_slots = reference.slots.clone();
+        index.checkpoint_slots = listed.iter().map(|&(slot, _)| slot).collect();
         Ok(checkpoint.window.into_iter().collect())
     }
 

@@ -35,6 +35,9 @@ pub struct Counters {
     pub gc_stripes_collected: AtomicU64,
     pub gc_bytes_relocated: AtomicU64,
     pub checkpoints_written: AtomicU64,
+    pub checkpoints_forced: AtomicU64,
+    pub checkpoints_dropped: AtomicU64,
+    pub checkpoint_bytes_written: AtomicU64,
     pub log_blocks_written: AtomicU64,
     pub log_bytes_written: AtomicU64,
     pub flushes_logged: AtomicU64,
@@ -122,6 +125,16 @@ pub struct Status {
     /// Sequence of the newest durable map checkpoint (`None`: none).
     pub checkpoint_sequence: Option<u64>,
     pub checkpoints_written: u64,
+    /// Checkpoints taken as a last resort for room (the free slots outside
+    /// the window fewer than a checkpoint's worst case), and those dropped
+    /// for want of room or of space in the superblock (recovery then scans
+    /// every slot until the next one is written).
+    pub checkpoints_forced: u64,
+    pub checkpoints_dropped: u64,
+    /// Bytes of checkpoint stripes (the map's durable copy, with parity)
+    /// written to the members: the map's share of `member_bytes_written`,
+    /// beside `user_bytes_written` and `gc_bytes_relocated`.
+    pub checkpoint_bytes_written: u64,
     /// Milliseconds writers spent waiting for the members to take more
     /// (the write bound), and for a free slot (sync, GC, checkpoint).
     pub writers_waited_for_members_ms: u64,
@@ -260,6 +273,9 @@ impl Shared {
             unrecoverable_reads: load(&c.unrecoverable_reads),
             checkpoint_sequence: members.superblock().checkpoint.as_ref().map(|c| c.sequence),
             checkpoints_written: load(&c.checkpoints_written),
+            checkpoints_forced: load(&c.checkpoints_forced),
+            checkpoints_dropped: load(&c.checkpoints_dropped),
+            checkpoint_bytes_written: load(&c.checkpoint_bytes_written),
             writers_waited_for_members_ms: load(&c.waited_for_members_us) / 1000,
             writers_waited_for_slot_ms: load(&c.waited_for_slot_us) / 1000,
             recovery: self.recovery.lock().unwrap_or_else(|p| p.into_inner()).clone(),

@@ -556,6 +556,67 @@ fn an_unreadable_checkpoint_falls_back_to_scanning_every_stripe() {
     check_all(&array, &model);
 }
 
+/// A map whose checkpoint needs more stripes than the superblock can list
+/// (480): the checkpoint is written with a directory, and opening reads
+/// it instead of scanning every slot, even with a directory chunk bad.
+/// (Before directories, no checkpoint was written at all past 480
+/// stripes, and every opening scanned every slot.)
+#[test]
+fn a_checkpoint_larger_than_the_superblock_can_list_has_a_directory() {
+    use tessera_array::format::Superblock;
+    let devices: Vec<_> = (0..3).map(|_| Arc::new(MemoryDevice::new(48 << 20))).collect();
+    let create = CreateOptions {
+        chunk_bytes: 4096,
+        logical_bytes: Some(1 << 30),
+        ..options(2, 1, Some(tessera_compress::Codec::Lz4))
+    };
+    let array = tessera_array::create(named(&devices), &create).unwrap();
+    // Every other block, each its own compressed extent and mapping.
+    let blocks = 90_000u64;
+    for i in 0..blocks {
+        array.write(i * 2 * 4096, &[i as u8; 4096], false).unwrap();
+    }
+    array.checkpoint().unwrap();
+    let status = array.status().unwrap();
+    assert!(status.checkpoint_sequence.is_some() && status.checkpoints_dropped == 0);
+    let g = array.geometry().clone();
+    drop(array);
+    let superblock = |member: usize| {
+        let mut sector = vec![0u8; SECTOR_BYTES];
+        devices[member].read_at(&mut sector, 0).unwrap();
+        Superblock::decode(&sector).unwrap()
+    };
+    let reference = superblock(0).checkpoint.expect("a checkpoint");
+    assert!(reference.directory, "{} listed slots", reference.slots.len());
+    let check = |array: &tessera_array::Array| {
+        let recovery = array.status().unwrap().recovery;
+        assert!(recovery.checkpoint_error.is_none(), "{recovery:?}");
+        // The window's slots only, not every slot.
+        assert!(
+            recovery.checkpoint_sequence.is_some() && recovery.slots_scanned < g.slot_count(),
+            "{recovery:?}"
+        );
+        let mut back = vec![0u8; 2 * 4096];
+        for i in (0..blocks).step_by(997).chain([blocks - 1]) {
+            array.read(i * 2 * 4096, &mut back).unwrap();
+            assert!(back[..4096].iter().all(|&b| b == i as u8), "block {}", i * 2);
+            assert!(back[4096..].iter().all(|&b| b == 0), "block {}", i * 2 + 1);
+        }
+    };
+    check(&tessera_array::open(open_list(&devices, &[])).unwrap());
+    // A bad chunk in the directory's first stripe: read around (M = 1).
+    let (member, row) = g.place(reference.slots[0], 0);
+    let mut chunk = vec![0u8; g.chunk_bytes];
+    devices[member]
+        .read_at(&mut chunk, g.row_offset(row) + SECTOR_BYTES as u64)
+        .unwrap();
+    chunk[100] ^= 0xff;
+    devices[member]
+        .write_at(&chunk, g.row_offset(row) + SECTOR_BYTES as u64)
+        .unwrap();
+    check(&tessera_array::open(open_list(&devices, &[])).unwrap());
+}
+
 #[test]
 fn a_member_whose_superblock_write_fails_is_failed_and_the_array_goes_on() {
     let (devices, array, mut model, mut rng) = flushed_4_plus_2(11);

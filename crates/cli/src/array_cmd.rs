@@ -1037,9 +1037,12 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
     let r_n = |key: &str| r[key].as_u64().unwrap_or(0);
     let sequence = |value: &serde_json::Value| value.as_u64().map_or("none".to_string(), |s| s.to_string());
     println!(
-        "metadata: checkpoint at sequence {} ({} written since start); opening took {} ms from checkpoint {}, {} slots scanned, {} stripes replayed, {} torn stripes dropped, {} chunks repaired",
+        "metadata: checkpoint at sequence {} ({} written since start, {} forced for room, {} dropped, {} of checkpoint stripes written); opening took {} ms from checkpoint {}, {} slots scanned, {} stripes replayed, {} torn stripes dropped, {} chunks repaired",
         sequence(&status["checkpoint_sequence"]),
         n("checkpoints_written"),
+        n("checkpoints_forced"),
+        n("checkpoints_dropped"),
+        human(n("checkpoint_bytes_written")),
         r_n("milliseconds"),
         sequence(&r["checkpoint_sequence"]),
         r_n("slots_scanned"),

@@ -91,6 +91,7 @@ pub struct Metrics {
     write_amplification: FloatGauge,
     compression_ratio: FloatGauge,
     repairs: Family<KindLabels, Gauge>,
+    written: Family<KindLabels, Gauge>,
     scrub: Family<KindLabels, Gauge>,
     rebuild: Family<KindMemberLabels, Gauge>,
 }
@@ -158,6 +159,12 @@ impl Metrics {
             "Since start: checksum errors, chunks repaired, reads reconstructed, stripes reconstructed, unrecoverable reads",
             repairs.clone(),
         );
+        let written = Family::<KindLabels, Gauge>::default();
+        registry.register(
+            "bytes_written",
+            "Since start: bytes clients wrote, bytes written to the members (stripes with parity, log blocks), bytes garbage collection relocated, bytes of map checkpoints written to the members",
+            written.clone(),
+        );
         let scrub = Family::<KindLabels, Gauge>::default();
         registry.register(
             "scrub_stripes",
@@ -184,6 +191,7 @@ impl Metrics {
             write_amplification,
             compression_ratio,
             repairs,
+            written,
             scrub,
         }
     }
@@ -252,6 +260,10 @@ impl Metrics {
         gauge(&self.repairs, "reads_reconstructed", s.reconstructed_reads);
         gauge(&self.repairs, "stripes_reconstructed", s.stripes_reconstructed);
         gauge(&self.repairs, "unrecoverable_reads", s.unrecoverable_reads);
+        gauge(&self.written, "client", s.user_bytes_written);
+        gauge(&self.written, "members", s.member_bytes_written);
+        gauge(&self.written, "gc_relocated", s.gc_bytes_relocated);
+        gauge(&self.written, "checkpoint", s.checkpoint_bytes_written);
         self.scrub.clear();
         if let Some(scrub) = &s.scrub {
             gauge(&self.scrub, "total", scrub.stripes_total);

@@ -1927,6 +1927,11 @@ fn prometheus_metrics_count_requests_and_show_member_states() {
     };
     assert!(state(2, "failed") && state(0, "healthy"), "{text}");
     assert!(metric(&text, "tessera_write_amplification") > 1.0);
+    // What clients wrote, and more than that written to the members.
+    let written = |kind: &str| metric(&text, &format!("tessera_bytes_written{{kind=\"{kind}\"}}"));
+    assert_eq!(written("client"), (1 << 20) as f64, "{text}");
+    assert!(written("members") > written("client"), "{text}");
+    assert!(written("checkpoint") >= 0.0 && written("gc_relocated") >= 0.0, "{text}");
     assert_eq!(
         metric(&text, "tessera_stripes{kind=\"degraded\"}") as u64,
         metric(&text, "tessera_stripes{kind=\"used\"}") as u64

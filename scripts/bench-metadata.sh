@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# What the map costs as it grows (issue 25's targets): the server's RAM,
+# opening time after a clean stop and after kill -9, and the checkpoints
+# written, against the number of randomly written 4 KiB blocks.
+#
+#   scripts/bench-metadata.sh [BLOCKS ...]          (default: 1M 2M 4M)
+#   DATA=random scripts/bench-metadata.sh 1M        (incompressible data)
+#   TESSERA=/path/to/old/tessera scripts/bench-metadata.sh 4M   (another build)
+#
+# For each count N: a new 8+2 array on 10 sparse member files, exported
+# thin at 64 GiB; fio writes N distinct 4 KiB blocks at random (each once,
+# QD32) over the first N x 4 KiB; then the server's RSS; a clean stop;
+# `tessera status` times the opening; a new server's RSS right after
+# opening (no I/O yet), less that of the same array empty, per block; a
+# few FLUSHed writes and kill -9; the opening time again.
+#
+# By default the blocks hold a repeated byte pattern and the array
+# compresses with lz4, so that 4 M blocks (16 GiB written) take ~0.5 GiB
+# of the disk: every 4 KiB write is still its own extent and mapping, as
+# with random data (a compressed extent carries no per-block CRCs, so its
+# mapping costs a few bytes less: `DATA=random` measures that case, with
+# member files large enough for it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ $# -gt 0 ] || set -- 1M 2M 4M
+data=${DATA:-pattern}
+# TESSERA=path/to/tessera measures another build (an older one, to compare).
+if [ -z "${TESSERA:-}" ]; then
+  cargo build --release -q -p tessera
+fi
+tessera=${TESSERA:-$PWD/target/release/tessera}
+work=$(mktemp -d "${TMPDIR:-/var/tmp}/tessera-metadata.XXXXXX")
+server=
+cleanup() { [ -n "$server" ] && kill -9 "$server" 2>/dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+
+count() { numfmt --from=iec "$1"; }
+serve() {
+  rm -f "$work/s.sock"
+  "$tessera" serve "$work/array" --socket "$work/s.sock" >/dev/null 2>>"$work/serve.log" &
+  server=$!
+  for _ in $(seq 1200); do [ -S "$work/s.sock" ] && return; sleep 0.05; done
+  echo "server did not start" >&2; cat "$work/serve.log" >&2; exit 1
+}
+rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$server/status"; }
+hwm_kib() { awk '/^VmHWM/ {print $2}' "/proc/$server/status"; }
+stop() { kill -TERM "$server"; wait "$server" 2>/dev/null || true; server=; }
+kill9() { kill -9 "$server"; wait "$server" 2>/dev/null || true; server=; }
+# Seconds `tessera status` takes to open the array, and the recovery it reports.
+opening() {
+  local start end
+  start=$(date +%s.%N); "$tessera" status "$work/array" --json >"$work/status.json"; end=$(date +%s.%N)
+  python3 - "$start" "$end" "$work/status.json" <<'PY'
+import json, sys
+start, end, path = sys.argv[1:]
+r = json.load(open(path))["recovery"]
+print(f"{float(end) - float(start):.2f} s ({r['stripes_replayed']} stripes replayed, {r['slots_scanned']} slots scanned)")
+PY
+}
+field() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$work/status.json" "$1"; }
+fio_pattern() {
+  if [ "$data" = random ]; then echo "--refill_buffers"; else echo "--buffer_pattern=0x5a"; fi
+}
+
+cpu=$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)
+echo "8+2 on 10 sparse member files, exported 64 GiB, $data data$([ "$data" = pattern ] && echo ', lz4'); $(nproc) x $cpu"
+printf '%-9s %8s %8s %10s %8s %9s %8s %-52s %s\n' blocks "RSS MB" "peak MB" "opened MB" "B/block" checkpts "ckpt MB" "open after a clean stop" "open after kill -9"
+for n in "$@"; do
+  blocks=$(count "$n")
+  rm -rf "$work/array"
+  if [ "$data" = random ]; then
+    device_size=$(( blocks * 4096 * 2 / 8 / 1048576 + 256 ))M
+    compress=none
+  else
+    device_size=2G
+    compress=lz4
+  fi
+  "$tessera" create --data 8 --parity 2 --dir "$work/array" --devices 10 --device-size "$device_size" \
+    --compress "$compress" --size 64G >/dev/null
+  serve
+  empty=$(rss_kib)
+  uri="nbd+unix:///tessera?socket=$work/s.sock"
+  fio --name=random --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=32 \
+      --size=$(( blocks * 4096 )) $(fio_pattern) >"$work/fio.log" 2>&1 || { cat "$work/fio.log" >&2; exit 1; }
+  rss=$(rss_kib); hwm=$(hwm_kib)
+  "$tessera" status "$work/array" --json >"$work/status.json"
+  checkpoints=$(field checkpoints_written)
+  checkpoint_mb=$(( $(field checkpoint_bytes_written) / 1048576 ))
+  mapped=$(( $(field mapped_bytes) / 4096 ))
+  [ "$mapped" -eq "$blocks" ] || echo "warning: $mapped blocks mapped, not $blocks" >&2
+  stop
+  clean=$(opening)
+  serve
+  opened=$(rss_kib)
+  fio --name=few --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=8 --size=$(( blocks * 4096 )) \
+      --number_ios=2000 --fsync=64 $(fio_pattern) >/dev/null 2>&1
+  kill9
+  killed=$(opening)
+  printf '%-9s %8d %8d %10d %8d %9s %8s %-52s %s\n' "$n" $((rss / 1024)) $((hwm / 1024)) $((opened / 1024)) \
+    $(( (opened - empty) * 1024 / blocks )) "$checkpoints" "$checkpoint_mb" "$clean" "$killed"
+done
