@@ -57,7 +57,8 @@ r = json.load(open(path))["recovery"]
 print(f"{float(end) - float(start):.2f} s ({r['stripes_replayed']} stripes replayed, {r['slots_scanned']} slots scanned)")
 PY
 }
-field() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$work/status.json" "$1"; }
+# A status field (0 where a build does not report it).
+field() { python3 -c "import json,sys; print(json.load(open(sys.argv[1])).get(sys.argv[2], 0))" "$work/status.json" "$1"; }
 fio_pattern() {
   if [ "$data" = random ]; then echo "--refill_buffers"; else echo "--buffer_pattern=0x5a"; fi
 }

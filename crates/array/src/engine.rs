@@ -372,12 +372,15 @@ impl Shared {
 impl Array {
     /// Builds the engine over opened members and recovers the map (called
     /// by `crate::create` and `crate::open`).
+    /// `fresh`: the array was just created, so no slot holds a stripe of
+    /// it and opening scans none.
     pub(crate) fn assemble(
         superblock: Superblock,
         members: Vec<Member>,
         options: EngineOptions,
         rejected: Vec<crate::Rejected>,
         log_devices: Vec<crate::intent::LogDevice>,
+        fresh: bool,
     ) -> Result<Array, ArrayError> {
         let geometry = superblock.geometry.clone();
         let volume_table = superblock
@@ -503,7 +506,7 @@ impl Array {
             background: Mutex::new(None),
             _heartbeat: Some(heartbeat),
         };
-        array.shared.recover()?;
+        array.shared.recover(fresh)?;
         if array.shared.options.background {
             let shared = array.shared.clone();
             let thread = std::thread::Builder::new()

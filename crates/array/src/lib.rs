@@ -387,7 +387,7 @@ pub fn create_with(
             source,
         });
     }
-    Array::assemble(superblock, members, engine, Vec::new(), log_devices)
+    Array::assemble(superblock, members, engine, Vec::new(), log_devices, true)
 }
 
 /// Reads a member's superblock: the primary, or the backup at the end.
@@ -560,7 +560,7 @@ pub fn open_with(devices: Vec<(String, Option<Arc<dyn Device>>)>, engine: Engine
         activity::check_idle(&present, newest.array_uuid, activity::ACTIVITY_WATCH)?;
     }
     let newest = volume_table(newest, &members)?;
-    let array = Array::assemble(newest, members, engine, rejected, log_devices)?;
+    let array = Array::assemble(newest, members, engine, rejected, log_devices, false)?;
     array.shared.members.record_missing()?;
     for index in missing_logs {
         array.shared.members.record_log_failed(index)?;

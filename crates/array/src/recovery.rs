@@ -61,16 +61,19 @@ struct Replayed {
 
 impl Shared {
     /// Rebuilds the map and the slot table, then syncs, so that new
-    /// stripes may say everything before them is durable.
-    pub(crate) fn recover(&self) -> Result<(), ArrayError> {
+    /// stripes may say everything before them is durable. A `fresh` array
+    /// (just created: its superblocks are the first thing written to its
+    /// members) has no stripes, and no slot is scanned for them; a
+    /// member's older contents belong to no array of this UUID anyway.
+    pub(crate) fn recover(&self, fresh: bool) -> Result<(), ArrayError> {
         let started = std::time::Instant::now();
         let reference = self.members.superblock().checkpoint.clone();
-        let replayed = match self.replay(reference.as_ref()) {
+        let replayed = match self.replay(reference.as_ref(), fresh) {
             Err(error @ ArrayError::CheckpointUnreadable { .. }) => {
                 // Every stripe is self-describing: a full scan still finds
                 // every acknowledged write.
                 self.reset_index();
-                let mut replayed = self.replay(None)?;
+                let mut replayed = self.replay(None, false)?;
                 replayed.recovery.checkpoint_error = Some(error.to_string());
                 replayed
             }
@@ -131,12 +134,16 @@ impl Shared {
     }
 
     /// Loads the checkpoint (if any) and replays the stripes newer than it
-    /// in its window (or every slot).
-    fn replay(&self, reference: Option<&CheckpointRef>) -> Result<Replayed, ArrayError> {
+    /// in its window (or every slot; none if `fresh`).
+    fn replay(&self, reference: Option<&CheckpointRef>, fresh: bool) -> Result<Replayed, ArrayError> {
         let g = &self.geometry;
         let mut recovery = Recovery::default();
         let (mut from, mut max_sequence, mut window) = (0, 0, None);
-        let mut scan: Vec<u64> = (0..g.slot_count()).collect();
+        let mut scan: Vec<u64> = if fresh {
+            Vec::new()
+        } else {
+            (0..g.slot_count()).collect()
+        };
         if let Some(reference) = reference {
             let loaded = self.load_checkpoint(reference)?;
             from = reference.sequence;
