@@ -171,15 +171,8 @@ impl Shared {
         // Up to a window's worth of the usable slots stay (allocation goes
         // on from them, and from nothing else, until this is durable); a
         // window's worth of other free slots join.
-        let healthy_first = |mut slots: Vec<u64>| {
-            slots.sort_by_key(|&slot| !self.all_healthy(slot));
-            slots
-        };
-        window.extend(
-            healthy_first(index.slots.usable_slots().collect())
-                .into_iter()
-                .take(size),
-        );
+        let usable = self.healthy_first(|| index.slots.usable_slots(), size);
+        window.extend(usable);
         // The current checkpoint's slots are free once this one is
         // durable, and only then: in the window, they serve at once (on a
         // full array, each checkpoint took free slots for its stripes and
@@ -187,8 +180,8 @@ impl Shared {
         // garbage collection found no slot for its copies).
         window.extend(index.checkpoint_slots.iter().copied());
         let floor = window.len();
-        let other_free = healthy_first(index.slots.free_slots().filter(|s| !window.contains(s)).collect());
-        window.extend(other_free.into_iter().take(size));
+        let other_free = self.healthy_first(|| index.slots.free_slots().filter(|s| !window.contains(s)), size);
+        window.extend(other_free);
         // On a full array, also the stripes garbage collection empties
         // first: emptied, they serve without waiting for a checkpoint.
         if window.len() < floor + size {
@@ -203,6 +196,19 @@ impl Shared {
         }
         index.slots.restrict_usable(&window);
         window
+    }
+
+    /// Up to `count` of the slots `slots` yields, those on healthy members
+    /// first, each kind in the order given. Taken as they come, not
+    /// collected and sorted: an array may have hundreds of millions of
+    /// free slots, and a checkpoint wants a window's worth.
+    fn healthy_first<I: Iterator<Item = u64>>(&self, slots: impl Fn() -> I, count: usize) -> Vec<u64> {
+        let mut picked: Vec<u64> = slots().filter(|&s| self.all_healthy(s)).take(count).collect();
+        if picked.len() < count {
+            let wanted = count - picked.len();
+            picked.extend(slots().filter(|&s| !self.all_healthy(s)).take(wanted));
+        }
+        picked
     }
 
     /// Step 2: the map, copied in pieces, and the slots it points into
@@ -279,12 +285,25 @@ impl Shared {
             // A free slot has held nothing since the checkpoint began (no
             // slot drains free while allocation is restricted), so one in
             // the window may be taken (it then leaves the window).
-            let mut free: Vec<u64> = index.slots.free_slots().filter(|&s| !self.pins.pinned(s)).collect();
+            // Outside the window first, on healthy members first.
+            let mut free: Vec<u64> = Vec::with_capacity(count);
+            let window: &BTreeSet<u64> = window;
+            for in_window in [false, true] {
+                let wanted = count - free.len();
+                let more = self.healthy_first(
+                    || {
+                        index
+                            .slots
+                            .free_slots()
+                            .filter(move |&s| !self.pins.pinned(s) && window.contains(&s) == in_window)
+                    },
+                    wanted,
+                );
+                free.extend(more);
+            }
             if free.len() < count {
                 return Ok(None);
             }
-            free.sort_by_key(|&slot| (window.contains(&slot), !self.all_healthy(slot)));
-            free.truncate(count);
             for &slot in &free {
                 index.slots.take(slot, SlotState::Open, &self.pins);
             }

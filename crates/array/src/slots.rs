@@ -466,7 +466,22 @@ impl SlotTable {
     }
 
     fn recompute_usable(&mut self) {
-        self.usable = self.free.iter().copied().filter(|&s| self.may_use(s)).collect();
+        // From the smallest set that bounds them: the window (or the
+        // restriction) holds thousands of slots, the free set maybe
+        // hundreds of millions.
+        let bound = match (&self.window, &self.restrict) {
+            (Some(w), Some(r)) => Some(if w.len() <= r.len() { w } else { r }),
+            (Some(set), None) | (None, Some(set)) => Some(set),
+            (None, None) => None,
+        };
+        self.usable = match bound {
+            Some(set) => set
+                .iter()
+                .copied()
+                .filter(|s| self.free.contains(s) && self.may_use(*s))
+                .collect(),
+            None => self.free.clone(),
+        };
     }
 
     /// Fraction of `fill` bytes (what a stripe can hold at most) a
