@@ -34,6 +34,7 @@ mod read;
 mod rebuild;
 mod recovery;
 mod repair;
+mod slot_set;
 pub mod slots;
 mod status;
 pub mod stripe;

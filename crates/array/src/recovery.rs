@@ -139,25 +139,26 @@ impl Shared {
         let g = &self.geometry;
         let mut recovery = Recovery::default();
         let (mut from, mut max_sequence, mut window) = (0, 0, None);
-        let mut scan: Vec<u64> = if fresh {
-            Vec::new()
-        } else {
-            (0..g.slot_count()).collect()
-        };
-        if let Some(reference) = reference {
+        // The slots to scan: the window's, none (fresh), or every one.
+        let scan: Box<dyn Iterator<Item = u64>> = if let Some(reference) = reference {
             let loaded = self.load_checkpoint(reference)?;
             from = reference.sequence;
             let stripes = reference.stripe_count(self.meta_stripe_bytes());
             max_sequence = reference.first_stripe_sequence + stripes as u64 - 1;
-            scan = loaded.iter().copied().collect();
+            let scan: Vec<u64> = loaded.iter().copied().collect();
             window = Some(loaded);
-        }
+            Box::new(scan.into_iter())
+        } else if fresh {
+            Box::new(std::iter::empty())
+        } else {
+            Box::new(0..g.slot_count())
+        };
         recovery.checkpoint_sequence = reference.map(|r| r.sequence);
-        recovery.slots_scanned = scan.len() as u64;
         // Pass 1: the headers of every chunk in the scanned slots.
         let mut newest: HashMap<u64, ChunkHeader> = HashMap::new();
         let mut synced_through = from;
-        for &slot in &scan {
+        for slot in scan {
+            recovery.slots_scanned += 1;
             for j in 0..g.width() {
                 let Some(header) = self.read_header(slot, j) else {
                     continue;
@@ -241,11 +242,14 @@ impl Shared {
         }
         // What nothing points at is free; everything replayed is durable.
         index.slots.forget_draining();
-        for slot in 0..g.slot_count() {
-            let s = *index.slots.get(slot);
-            if s.state != SlotState::Checkpoint && s.pieces == 0 && s.state != SlotState::Free {
-                index.slots.set(slot, SlotState::Free, 0);
-            }
+        let empty: Vec<u64> = index
+            .slots
+            .iter()
+            .filter(|(_, s)| s.state != SlotState::Checkpoint && s.pieces == 0 && s.state != SlotState::Free)
+            .map(|(slot, _)| slot)
+            .collect();
+        for slot in empty {
+            index.slots.set(slot, SlotState::Free, 0);
         }
         Ok(Replayed {
             recovery,

@@ -127,9 +127,10 @@ impl<T: Copy> Drop for RunningGuard<'_, T> {
 /// with their sequences: what a scrub checks and a rebuild rewrites.
 pub(crate) fn stripes_on_members(shared: &Shared) -> Vec<(u64, u64)> {
     let index = shared.index();
-    (0..shared.geometry.slot_count())
-        .filter_map(|slot| {
-            let s = index.slots.get(slot);
+    index
+        .slots
+        .iter()
+        .filter_map(|(slot, s)| {
             let on_members =
                 matches!(s.state, SlotState::Sealed | SlotState::Checkpoint) && !index.resident.contains_key(&slot);
             on_members.then_some((slot, s.sequence))

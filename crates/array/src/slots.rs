@@ -26,36 +26,53 @@
 use crate::format::{self, Extent};
 use crate::limits::{GC_BACKGROUND_LIVE_MAX, LIVE_SCALE};
 use crate::map::{Delta, Target};
+use crate::slot_set::SlotSet;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
 use tessera_checksum::Algorithm;
+
+/// Slots per page of the slot table and of the pin counts: a page is
+/// allocated when one of its slots is first used, so an array costs memory
+/// for the stretches of slots it wrote, not for its raw size.
+const SLOT_PAGE: usize = 4096;
 
 /// Readers using each slot's chunks, counted outside the index's lock: a
 /// reader pins the slots it will read while it holds the lock's read side,
 /// so a slot the allocator (holding the write side) sees unpinned cannot
 /// gain a reader of its old contents.
 pub struct Pins {
-    counts: Vec<AtomicU32>,
+    pages: Vec<OnceLock<Box<[AtomicU32]>>>,
 }
 
 impl Pins {
     pub fn new(count: u64) -> Pins {
         Pins {
-            counts: (0..count).map(|_| AtomicU32::new(0)).collect(),
+            pages: (0..(count as usize).div_ceil(SLOT_PAGE))
+                .map(|_| OnceLock::new())
+                .collect(),
         }
     }
 
+    fn count(&self, slot: u64) -> &AtomicU32 {
+        let page =
+            self.pages[slot as usize / SLOT_PAGE].get_or_init(|| (0..SLOT_PAGE).map(|_| AtomicU32::new(0)).collect());
+        &page[slot as usize % SLOT_PAGE]
+    }
+
     pub fn pin(&self, slot: u64) {
-        self.counts[slot as usize].fetch_add(1, Ordering::AcqRel);
+        self.count(slot).fetch_add(1, Ordering::AcqRel);
     }
 
     pub fn unpin(&self, slot: u64) {
-        let before = self.counts[slot as usize].fetch_sub(1, Ordering::AcqRel);
+        let before = self.count(slot).fetch_sub(1, Ordering::AcqRel);
         assert!(before > 0, "slot {slot} unpinned more than pinned");
     }
 
     pub fn pinned(&self, slot: u64) -> bool {
-        self.counts[slot as usize].load(Ordering::Acquire) > 0
+        self.pages[slot as usize / SLOT_PAGE]
+            .get()
+            .is_some_and(|page| page[slot as usize % SLOT_PAGE].load(Ordering::Acquire) > 0)
     }
 }
 
@@ -118,8 +135,11 @@ pub struct Slot {
     pub superseded_by: u64,
 }
 
+/// What a slot no page holds yet is.
+static FREE_SLOT: Slot = Slot::empty(SlotState::Free, 0);
+
 impl Slot {
-    fn empty(state: SlotState, sequence: u64) -> Slot {
+    const fn empty(state: SlotState, sequence: u64) -> Slot {
         Slot {
             state,
             sequence,
@@ -132,14 +152,17 @@ impl Slot {
 
 pub struct SlotTable {
     algorithm: Algorithm,
-    slots: Vec<Slot>,
-    free: BTreeSet<u64>,
+    count: u64,
+    /// `SLOT_PAGE` slots each, allocated when one of them first leaves
+    /// `Free` (the others are `FREE_SLOT`).
+    pages: Vec<Option<Box<[Slot]>>>,
+    free: SlotSet,
     /// The checkpoint's window: the slots new stripes may use until the
     /// next checkpoint; `None` when there is none and any free slot will do.
     window: Option<BTreeSet<u64>>,
-    /// Free slots in the window (all free slots without a window), and,
-    /// while a checkpoint is being written, in `restrict` too.
-    usable: BTreeSet<u64>,
+    /// Free slots in the window, and, while a checkpoint is being written,
+    /// in `restrict` too; `None` with neither: every free slot.
+    usable: Option<BTreeSet<u64>>,
     /// The next checkpoint's window while it is being written: slots
     /// outside it are not handed out meanwhile.
     restrict: Option<BTreeSet<u64>>,
@@ -170,10 +193,11 @@ impl SlotTable {
     pub fn new(algorithm: Algorithm, count: u64) -> SlotTable {
         SlotTable {
             algorithm,
-            slots: vec![Slot::empty(SlotState::Free, 0); count as usize],
-            free: (0..count).collect(),
+            count,
+            pages: vec![None; (count as usize).div_ceil(SLOT_PAGE)],
+            free: SlotSet::full(count),
             window: None,
-            usable: (0..count).collect(),
+            usable: None,
             restrict: None,
             draining: Vec::new(),
             live_total: 0,
@@ -184,15 +208,37 @@ impl SlotTable {
     }
 
     pub fn count(&self) -> u64 {
-        self.slots.len() as u64
+        self.count
     }
 
     pub fn get(&self, slot: u64) -> &Slot {
-        &self.slots[slot as usize]
+        assert!(slot < self.count, "slot {slot} of {}", self.count);
+        self.pages[slot as usize / SLOT_PAGE]
+            .as_ref()
+            .map_or(&FREE_SLOT, |page| &page[slot as usize % SLOT_PAGE])
     }
 
+    fn get_mut(&mut self, slot: u64) -> &mut Slot {
+        assert!(slot < self.count, "slot {slot} of {}", self.count);
+        let page = self.pages[slot as usize / SLOT_PAGE]
+            .get_or_insert_with(|| vec![Slot::empty(SlotState::Free, 0); SLOT_PAGE].into_boxed_slice());
+        &mut page[slot as usize % SLOT_PAGE]
+    }
+
+    /// The slots of every page in use, in order: every slot that is not
+    /// free is among them (those left out are free).
     pub fn iter(&self) -> impl Iterator<Item = (u64, &Slot)> {
-        self.slots.iter().enumerate().map(|(i, s)| (i as u64, s))
+        let count = self.count;
+        self.pages
+            .iter()
+            .enumerate()
+            .filter_map(|(p, page)| page.as_ref().map(|page| (p, page)))
+            .flat_map(move |(p, page)| {
+                page.iter()
+                    .enumerate()
+                    .map(move |(i, s)| ((p * SLOT_PAGE + i) as u64, s))
+                    .take_while(move |&(slot, _)| slot < count)
+            })
     }
 
     /// Live bytes in the array (stored data and summary entries).
@@ -235,7 +281,7 @@ impl SlotTable {
 
     /// Free slots new stripes may take now (in the window).
     pub fn usable_count(&self) -> usize {
-        self.usable.len()
+        self.usable.as_ref().map_or(self.free.len(), |u| u.len())
     }
 
     pub fn draining_count(&self) -> usize {
@@ -247,12 +293,17 @@ impl SlotTable {
         self.draining.iter().map(|&(_, sequence)| sequence).max()
     }
 
-    pub fn usable_slots(&self) -> impl Iterator<Item = u64> + '_ {
-        self.usable.iter().copied()
+    pub fn usable_slots(&self) -> Box<dyn Iterator<Item = u64> + '_> {
+        match &self.usable {
+            Some(usable) => Box::new(usable.iter().copied()),
+            None => Box::new(self.free.iter()),
+        }
     }
 
     pub fn is_usable(&self, slot: u64) -> bool {
-        self.usable.contains(&slot)
+        self.usable
+            .as_ref()
+            .map_or(self.free.contains(slot), |u| u.contains(&slot))
     }
 
     pub fn window(&self) -> Option<&BTreeSet<u64>> {
@@ -260,7 +311,7 @@ impl SlotTable {
     }
 
     pub fn free_slots(&self) -> impl Iterator<Item = u64> + '_ {
-        self.free.iter().copied()
+        self.free.iter()
     }
 
     /// Applies the map's deltas; returns the sealed slots they emptied
@@ -269,7 +320,6 @@ impl SlotTable {
         let mut emptied = Vec::new();
         for delta in deltas {
             let slot = delta.target.slot();
-            let s = &mut self.slots[slot as usize];
             let (live, stored, data_blocks) = match &delta.target {
                 Target::Data { extent, .. } => {
                     let (live, stored) = block_live(self.algorithm, extent);
@@ -291,17 +341,19 @@ impl SlotTable {
                 volume.1 -= u128::from(stored);
             }
             if delta.gained {
-                s.live += live;
-                s.pieces += 1;
                 self.live_total += u128::from(live);
                 self.stored_total += u128::from(stored);
                 self.mapped_data_blocks += data_blocks;
+                let s = self.get_mut(slot);
+                s.live += live;
+                s.pieces += 1;
             } else {
-                s.live = s.live.checked_sub(live).expect("a slot loses only what it gained");
-                s.pieces = s.pieces.checked_sub(1).expect("a slot loses only pieces it has");
                 self.live_total -= u128::from(live);
                 self.stored_total -= u128::from(stored);
                 self.mapped_data_blocks -= data_blocks;
+                let s = self.get_mut(slot);
+                s.live = s.live.checked_sub(live).expect("a slot loses only what it gained");
+                s.pieces = s.pieces.checked_sub(1).expect("a slot loses only pieces it has");
                 if s.pieces == 0 {
                     assert_eq!(s.live, 0, "slot {slot}: no pieces, yet live bytes");
                     if s.state == SlotState::Sealed {
@@ -318,14 +370,14 @@ impl SlotTable {
     /// the map pointed at in the slots `deltas` took pieces from.
     pub fn superseded(&mut self, deltas: &[Delta], serial: u64) {
         for delta in deltas.iter().filter(|d| !d.gained) {
-            let s = &mut self.slots[delta.target.slot() as usize];
+            let s = self.get_mut(delta.target.slot());
             s.superseded_by = s.superseded_by.max(serial);
         }
     }
 
     /// Slot `slot` (draining) may be freed once `sequence` is synced.
     pub fn drain_after(&mut self, slot: u64, sequence: u64) {
-        debug_assert_eq!(self.slots[slot as usize].state, SlotState::Draining);
+        debug_assert_eq!(self.get(slot).state, SlotState::Draining);
         self.draining.push((slot, sequence));
     }
 
@@ -348,7 +400,7 @@ impl SlotTable {
             .partition(|&(_, sequence)| sequence <= synced);
         self.draining = waiting;
         for &(slot, _) in &ready {
-            let s = &self.slots[slot as usize];
+            let s = self.get(slot);
             assert_eq!(s.pieces, 0, "slot {slot} drained with live data");
             if s.state == SlotState::Draining {
                 self.set_free(slot);
@@ -358,10 +410,16 @@ impl SlotTable {
     }
 
     fn set_free(&mut self, slot: u64) {
-        self.slots[slot as usize] = Slot::empty(SlotState::Free, 0);
+        *self.get_mut(slot) = Slot::empty(SlotState::Free, 0);
         self.free.insert(slot);
-        if self.may_use(slot) {
-            self.usable.insert(slot);
+        self.add_usable(slot);
+    }
+
+    /// Adds free slot `slot` to the usable ones if it may be used.
+    fn add_usable(&mut self, slot: u64) {
+        let may = self.may_use(slot);
+        if let Some(usable) = self.usable.as_mut().filter(|_| may) {
+            usable.insert(slot);
         }
     }
 
@@ -376,24 +434,20 @@ impl SlotTable {
     /// Frees a slot that holds nothing anyone needs (a checkpoint stripe
     /// superseded, or one that was never named by a superblock).
     pub fn free(&mut self, slot: u64) {
-        assert_eq!(self.slots[slot as usize].pieces, 0, "slot {slot} freed with live data");
+        assert_eq!(self.get(slot).pieces, 0, "slot {slot} freed with live data");
         self.set_free(slot);
     }
 
     /// Gives back an open slot whose stripe took nothing.
     pub fn release_open(&mut self, slot: u64) {
-        assert_eq!(
-            self.slots[slot as usize].state,
-            SlotState::Open,
-            "slot {slot} is not open"
-        );
+        assert_eq!(self.get(slot).state, SlotState::Open, "slot {slot} is not open");
         self.free(slot);
     }
 
     /// Takes a usable slot for a new open stripe, preferring one for which
     /// `preferred` holds (all its members healthy); pinned slots are skipped.
     pub fn allocate(&mut self, preferred: impl Fn(u64) -> bool, pins: &Pins) -> Option<u64> {
-        let mut candidates = self.usable.iter().copied().filter(|&s| !pins.pinned(s));
+        let mut candidates = self.usable_slots().filter(|&s| !pins.pinned(s));
         let first = candidates.next()?;
         let slot = std::iter::once(first)
             .chain(candidates)
@@ -408,16 +462,18 @@ impl SlotTable {
     /// slot held before it was freed.
     pub fn take(&mut self, slot: u64, state: SlotState, pins: &Pins) {
         assert!(!pins.pinned(slot), "slot {slot} is pinned by a reader");
-        assert!(self.free.remove(&slot), "slot {slot} is not free");
-        self.usable.remove(&slot);
-        self.slots[slot as usize] = Slot::empty(state, 0);
+        assert!(self.free.remove(slot), "slot {slot} is not free");
+        if let Some(usable) = self.usable.as_mut() {
+            usable.remove(&slot);
+        }
+        *self.get_mut(slot) = Slot::empty(state, 0);
     }
 
     /// Records the stripe sealed into open slot `slot`. Returns true if
     /// everything it held was overwritten while it was open: it is then
     /// `Draining`, and the caller says after what it may be freed.
     pub fn sealed(&mut self, slot: u64, sequence: u64, state: SlotState) -> bool {
-        let s = &mut self.slots[slot as usize];
+        let s = self.get_mut(slot);
         assert_eq!(s.state, SlotState::Open, "slot {slot} sealed without being open");
         s.sequence = sequence;
         s.state = state;
@@ -430,17 +486,21 @@ impl SlotTable {
 
     /// Sets a slot's state and sequence as recovery or a checkpoint found them.
     pub fn set(&mut self, slot: u64, state: SlotState, sequence: u64) {
-        let s = &mut self.slots[slot as usize];
+        if state == SlotState::Free && self.get(slot).state == SlotState::Free && sequence == 0 {
+            // Nothing to record (and no page to allocate for it).
+            return;
+        }
+        let s = self.get_mut(slot);
         s.state = state;
         s.sequence = sequence;
         if state == SlotState::Free {
             self.free.insert(slot);
-            if self.may_use(slot) {
-                self.usable.insert(slot);
-            }
+            self.add_usable(slot);
         } else {
-            self.free.remove(&slot);
-            self.usable.remove(&slot);
+            self.free.remove(slot);
+            if let Some(usable) = self.usable.as_mut() {
+                usable.remove(&slot);
+            }
         }
     }
 
@@ -474,20 +534,18 @@ impl SlotTable {
             (Some(set), None) | (None, Some(set)) => Some(set),
             (None, None) => None,
         };
-        self.usable = match bound {
-            Some(set) => set
-                .iter()
+        self.usable = bound.map(|set| {
+            set.iter()
                 .copied()
-                .filter(|s| self.free.contains(s) && self.may_use(*s))
-                .collect(),
-            None => self.free.clone(),
-        };
+                .filter(|&s| self.free.contains(s) && self.may_use(s))
+                .collect()
+        });
     }
 
     /// Fraction of `fill` bytes (what a stripe can hold at most) a
     /// slot's live data fills.
     pub fn utilization(&self, slot: u64, fill: u64) -> f64 {
-        self.slots[slot as usize].live as f64 / (fill as f64 * LIVE_SCALE as f64)
+        self.get(slot).live as f64 / (fill as f64 * LIVE_SCALE as f64)
     }
 
     /// Up to `count` sealed slots garbage collection should empty first,
@@ -544,22 +602,22 @@ impl SlotTable {
             })
             .collect();
         expected.account(&deltas);
-        for (slot, s) in self.iter() {
-            let want = expected.get(slot);
+        for slot in 0..self.count {
+            let (s, want) = (self.get(slot), expected.get(slot));
             if (s.live, s.pieces) != (want.live, want.pieces) {
                 return Err(format!(
                     "slot {slot}: counted {} live units in {} pieces, the map says {} in {}",
                     s.live, s.pieces, want.live, want.pieces
                 ));
             }
-            let free = self.free.contains(&slot);
+            let free = self.free.contains(slot);
             if free != (s.state == SlotState::Free) {
                 return Err(format!("slot {slot} is {:?} but free-listed: {free}", s.state));
             }
             if s.pieces > 0 && !matches!(s.state, SlotState::Sealed | SlotState::Open) {
                 return Err(format!("slot {slot} is {:?} with {} live pieces", s.state, s.pieces));
             }
-            if self.usable.contains(&slot) && !free {
+            if self.is_usable(slot) && !free {
                 return Err(format!("slot {slot} is usable but not free"));
             }
         }
@@ -570,10 +628,10 @@ impl SlotTable {
             ));
         }
         for &(slot, _) in &self.draining {
-            if self.slots[slot as usize].state != SlotState::Draining {
+            if self.get(slot).state != SlotState::Draining {
                 return Err(format!(
                     "slot {slot} is listed as draining but is {:?}",
-                    self.slots[slot as usize].state
+                    self.get(slot).state
                 ));
             }
         }

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# A huge thin array on sparse files (issue 25's "huge arrays" target):
+# `create` time and RSS, opening time and RSS, then 4 KiB random writes
+# spread over the whole export through NBD (fio, verified), read back
+# after a clean stop and again after kill -9.
+#
+#   scripts/bench-huge.sh [DEVICE_SIZE] [IOS]     (default: 8T 20000)
+#   TESSERA=/path/to/tessera scripts/bench-huge.sh 1T   (another build)
+#
+# 4+2 on six sparse member files of DEVICE_SIZE (6 x 8 TiB: 126 million
+# stripe slots, a 23.8 TiB export); the files take a few hundred MiB of
+# the disk for IOS writes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+size=${1:-8T}
+ios=${2:-20000}
+if [ -z "${TESSERA:-}" ]; then
+  cargo build --release -q -p tessera
+fi
+tessera=${TESSERA:-$PWD/target/release/tessera}
+work=$(mktemp -d "${TMPDIR:-/var/tmp}/tessera-huge.XXXXXX")
+server=
+cleanup() { [ -n "$server" ] && kill -9 "$server" 2>/dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+
+serve() {
+  rm -f "$work/s.sock"
+  "$tessera" serve "$work/array" --socket "$work/s.sock" >/dev/null 2>>"$work/serve.log" &
+  server=$!
+  for _ in $(seq 1200); do [ -S "$work/s.sock" ] && return; sleep 0.05; done
+  echo "server did not start" >&2; cat "$work/serve.log" >&2; exit 1
+}
+rss_mb() { awk '/^VmRSS/ {print int($2 / 1024)}' "/proc/$server/status"; }
+opening() {
+  /usr/bin/time -f '%e s, %M KB' -o "$work/time" "$tessera" status "$work/array" --json >"$work/status.json"
+  python3 - "$work/time" "$work/status.json" <<'PY'
+import json, sys
+t = open(sys.argv[1]).read().split()
+r = json.load(open(sys.argv[2]))["recovery"]
+print(f"{t[0]} s, {int(t[2]) // 1024} MB max RSS ({r['slots_scanned']} slots scanned, {r['stripes_replayed']} stripes replayed)")
+PY
+}
+job() {
+  fio --name=huge --ioengine=nbd --uri="nbd+unix:///tessera?socket=$work/s.sock" --rw=randwrite --bs=4k \
+      --iodepth=16 --size="$export" --number_ios="$ios" --randseed=42 --norandommap --verify=crc32c "$@" \
+      >"$work/fio.log" 2>&1 || { cat "$work/fio.log" >&2; exit 1; }
+}
+
+cpu=$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)
+echo "4+2 on 6 sparse files of $size, $ios random 4 KiB writes over the whole export; $(nproc) x $cpu"
+/usr/bin/time -f '%e s, %M KB' -o "$work/time" "$tessera" create --data 4 --parity 2 --dir "$work/array" \
+  --devices 6 --device-size "$size" >"$work/create.log"
+read -r seconds _ kb _ <"$work/time"
+echo "create: $seconds s, $((kb / 1024)) MB max RSS; $(cat "$work/create.log")"
+echo "open (new array): $(opening)"
+export=$(python3 -c "import json; print(json.load(open('$work/status.json'))['logical_bytes'])")
+serve
+echo "serve, opened: $(rss_mb) MB RSS"
+job --do_verify=1
+echo "after $ios writes (verified): $(rss_mb) MB RSS; $(grep -o 'IOPS=[^,]*' "$work/fio.log" | head -1)"
+kill -TERM "$server"; wait "$server" 2>/dev/null || true; server=
+echo "open after a clean stop: $(opening)"
+serve
+job --verify_only
+echo "read back after a clean stop: verified, $(grep -o 'READ: bw=[^(]*([^)]*), [^,]*, io=[^ ]*' "$work/fio.log")"
+job --number_ios=$((ios / 10)) --randseed=43 --fsync=16 --do_verify=0
+kill -9 "$server" 2>/dev/null; wait "$server" 2>/dev/null || true; server=
+echo "open after kill -9: $(opening)"
+serve
+job --verify_only --randseed=42
+echo "read back after kill -9 (the first writes): verified, $(grep -o 'READ: bw=[^(]*([^)]*), [^,]*, io=[^ ]*' "$work/fio.log")"
