@@ -12,25 +12,11 @@
 # the disk for IOS writes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export SOCKET_WAIT_S=60
 size=${1:-8T}
 ios=${2:-20000}
-if [ -z "${TESSERA:-}" ]; then
-  cargo build --release -q -p tessera
-fi
-tessera=${TESSERA:-$PWD/target/release/tessera}
-work=$(mktemp -d "${TMPDIR:-/var/tmp}/tessera-huge.XXXXXX")
-server=
-cleanup() { [ -n "$server" ] && kill -9 "$server" 2>/dev/null; rm -rf "$work"; }
-trap cleanup EXIT
-
-serve() {
-  rm -f "$work/s.sock"
-  "$tessera" serve "$work/array" --socket "$work/s.sock" >/dev/null 2>>"$work/serve.log" &
-  server=$!
-  for _ in $(seq 1200); do [ -S "$work/s.sock" ] && return; sleep 0.05; done
-  echo "server did not start" >&2; cat "$work/serve.log" >&2; exit 1
-}
-rss_mb() { awk '/^VmRSS/ {print int($2 / 1024)}' "/proc/$server/status"; }
+source scripts/bench-lib.sh
+tessera=$TESSERA
 opening() {
   /usr/bin/time -f '%e s, %M KB' -o "$work/time" "$tessera" status "$work/array" --json >"$work/status.json"
   python3 - "$work/time" "$work/status.json" <<'PY'
@@ -58,13 +44,13 @@ serve
 echo "serve, opened: $(rss_mb) MB RSS"
 job --do_verify=1
 echo "after $ios writes (verified): $(rss_mb) MB RSS; $(grep -o 'IOPS=[^,]*' "$work/fio.log" | head -1)"
-kill -TERM "$server"; wait "$server" 2>/dev/null || true; server=
+stop_server
 echo "open after a clean stop: $(opening)"
 serve
 job --verify_only
 echo "read back after a clean stop: verified, $(grep -o 'READ: bw=[^(]*([^)]*), [^,]*, io=[^ ]*' "$work/fio.log")"
 job --number_ios=$((ios / 10)) --randseed=43 --fsync=16 --do_verify=0
-kill -9 "$server" 2>/dev/null; wait "$server" 2>/dev/null || true; server=
+kill_server
 echo "open after kill -9: $(opening)"
 serve
 job --verify_only --randseed=42

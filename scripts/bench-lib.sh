@@ -13,9 +13,10 @@ scratch=()
 cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$work" "${scratch[@]}"; }
 trap cleanup EXIT
 
-# Waits for $work/s.sock (10 s at most).
+# Waits for $work/s.sock ($SOCKET_WAIT_S seconds at most, default 10:
+# opening a large map takes longer).
 wait_socket() {
-  for _ in $(seq 200); do [ -S "$work/s.sock" ] && return; sleep 0.05; done
+  for _ in $(seq $(( ${SOCKET_WAIT_S:-10} * 20 ))); do [ -S "$work/s.sock" ] && return; sleep 0.05; done
   echo "no socket" >&2; exit 1
 }
 
@@ -28,6 +29,13 @@ serve() {
 }
 
 stop_server() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""; }
+
+# The server killed as a crash would kill it.
+kill_server() { kill -9 "$pid"; wait "$pid" 2>/dev/null || true; pid=""; }
+
+# The server's resident memory in MB, and its peak.
+rss_mb() { awk '/^VmRSS/ {print int($2 / 1024)}' "/proc/$pid/status"; }
+peak_mb() { awk '/^VmHWM/ {print int($2 / 1024)}' "/proc/$pid/status"; }
 
 # Prints the Python expression $1 of the JSON on stdin (as `j`), skipping
 # whatever comes before it (fio's nbd engine prints a line first).

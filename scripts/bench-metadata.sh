@@ -25,27 +25,11 @@ cd "$(dirname "$0")/.."
 [ $# -gt 0 ] || set -- 1M 2M 4M
 data=${DATA:-pattern}
 # TESSERA=path/to/tessera measures another build (an older one, to compare).
-if [ -z "${TESSERA:-}" ]; then
-  cargo build --release -q -p tessera
-fi
-tessera=${TESSERA:-$PWD/target/release/tessera}
-work=$(mktemp -d "${TMPDIR:-/var/tmp}/tessera-metadata.XXXXXX")
-server=
-cleanup() { [ -n "$server" ] && kill -9 "$server" 2>/dev/null; rm -rf "$work"; }
-trap cleanup EXIT
+export SOCKET_WAIT_S=60
+source scripts/bench-lib.sh
+tessera=$TESSERA
 
 count() { numfmt --from=iec "$1"; }
-serve() {
-  rm -f "$work/s.sock"
-  "$tessera" serve "$work/array" --socket "$work/s.sock" >/dev/null 2>>"$work/serve.log" &
-  server=$!
-  for _ in $(seq 1200); do [ -S "$work/s.sock" ] && return; sleep 0.05; done
-  echo "server did not start" >&2; cat "$work/serve.log" >&2; exit 1
-}
-rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$server/status"; }
-hwm_kib() { awk '/^VmHWM/ {print $2}' "/proc/$server/status"; }
-stop() { kill -TERM "$server"; wait "$server" 2>/dev/null || true; server=; }
-kill9() { kill -9 "$server"; wait "$server" 2>/dev/null || true; server=; }
 # Seconds `tessera status` takes to open the array, and the recovery it reports.
 opening() {
   local start end
@@ -79,24 +63,24 @@ for n in "$@"; do
   "$tessera" create --data 8 --parity 2 --dir "$work/array" --devices 10 --device-size "$device_size" \
     --compress "$compress" --size 64G >/dev/null
   serve
-  empty=$(rss_kib)
+  empty=$(rss_mb)
   uri="nbd+unix:///tessera?socket=$work/s.sock"
   fio --name=random --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=32 \
       --size=$(( blocks * 4096 )) $(fio_pattern) >"$work/fio.log" 2>&1 || { cat "$work/fio.log" >&2; exit 1; }
-  rss=$(rss_kib); hwm=$(hwm_kib)
+  rss=$(rss_mb); hwm=$(peak_mb)
   "$tessera" status "$work/array" --json >"$work/status.json"
   checkpoints=$(field checkpoints_written)
   checkpoint_mb=$(( $(field checkpoint_bytes_written) / 1048576 ))
   mapped=$(( $(field mapped_bytes) / 4096 ))
   [ "$mapped" -eq "$blocks" ] || echo "warning: $mapped blocks mapped, not $blocks" >&2
-  stop
+  stop_server
   clean=$(opening)
   serve
-  opened=$(rss_kib)
+  opened=$(rss_mb)
   fio --name=few --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=8 --size=$(( blocks * 4096 )) \
       --number_ios=2000 --fsync=64 $(fio_pattern) >/dev/null 2>&1
-  kill9
+  kill_server
   killed=$(opening)
-  printf '%-9s %8d %8d %10d %8d %9s %8s %-52s %s\n' "$n" $((rss / 1024)) $((hwm / 1024)) $((opened / 1024)) \
-    $(( (opened - empty) * 1024 / blocks )) "$checkpoints" "$checkpoint_mb" "$clean" "$killed"
+  printf '%-9s %8d %8d %10d %8d %9s %8s %-52s %s\n' "$n" "$rss" "$hwm" "$opened" \
+    $(( (opened - empty) * 1048576 / blocks )) "$checkpoints" "$checkpoint_mb" "$clean" "$killed"
 done

@@ -1544,15 +1544,7 @@ mod tests {
         let mut sb = Superblock {
             array_uuid: [0xA1; 16],
             member_uuid: [0xB2; 16],
-            member_index: 3,
-            geometry: geometry(),
-            generation: 9,
-            failed: [0; 32],
-            log_failed: 0,
-            created_unix_seconds: 1_700_000_000,
-            checkpoint: None,
-            volume_table_crc: 0,
-            volume_table: None,
+            ..member_superblock(None)
         };
         sb.set_failed(5);
         assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
@@ -1853,26 +1845,14 @@ mod tests {
     fn decoders_refuse_mangled_input_without_panicking() {
         use rand::{Rng, SeedableRng};
         let (g, a) = (geometry(), Algorithm::Blake3);
-        let superblock = Superblock {
-            array_uuid: [1; 16],
-            member_uuid: [2; 16],
-            member_index: 3,
-            geometry: g.clone(),
-            generation: 9,
-            failed: [0; 32],
-            log_failed: 0,
-            created_unix_seconds: 1_700_000_000,
-            checkpoint: Some(CheckpointRef {
-                sequence: 77,
-                bytes: 70_000,
-                first_stripe_sequence: 78,
-                digest: a.digest(b"checkpoint"),
-                slots: vec![3, 1],
-                directory: false,
-            }),
-            volume_table_crc: 0,
-            volume_table: None,
-        }
+        let superblock = member_superblock(Some(CheckpointRef {
+            sequence: 77,
+            bytes: 70_000,
+            first_stripe_sequence: 78,
+            digest: a.digest(b"checkpoint"),
+            slots: vec![3, 1],
+            directory: false,
+        }))
         .encode();
         let summary = encode_summary(a, &records());
         let checkpoint = checkpoint().encode(a);
@@ -1932,32 +1912,37 @@ mod tests {
         }
     }
 
+    /// Member 3's superblock of `geometry()`'s array, naming `checkpoint`.
+    fn member_superblock(checkpoint: Option<CheckpointRef>) -> Superblock {
+        Superblock {
+            array_uuid: [1; 16],
+            member_uuid: [2; 16],
+            member_index: 3,
+            geometry: geometry(),
+            generation: 9,
+            failed: [0; 32],
+            log_failed: 0,
+            created_unix_seconds: 1_700_000_000,
+            checkpoint,
+            volume_table_crc: 0,
+            volume_table: None,
+        }
+    }
+
     /// A checkpoint of more stripes than the superblock lists: the
     /// superblock names its directory (version 4, the flag at 4088), and
     /// the directory lists the stripes, checked by its digest.
     #[test]
     fn checkpoint_directories_round_trip_and_refuse_what_does_not_add_up() {
         let g = geometry();
-        let mut sb = Superblock {
-            array_uuid: [1; 16],
-            member_uuid: [2; 16],
-            member_index: 3,
-            geometry: g.clone(),
-            generation: 9,
-            failed: [0; 32],
-            log_failed: 0,
-            created_unix_seconds: 1_700_000_000,
-            checkpoint: Some(CheckpointRef {
-                sequence: 77,
-                bytes: 900 * 65536,
-                first_stripe_sequence: 78,
-                digest: g.checksum.digest(b"checkpoint"),
-                slots: vec![5],
-                directory: true,
-            }),
-            volume_table_crc: 0,
-            volume_table: None,
-        };
+        let mut sb = member_superblock(Some(CheckpointRef {
+            sequence: 77,
+            bytes: 900 * 65536,
+            first_stripe_sequence: 78,
+            digest: g.checksum.digest(b"checkpoint"),
+            slots: vec![5],
+            directory: true,
+        }));
         let bytes = sb.encode();
         assert_eq!(&bytes[0..12], b"TSRSUPER\x04\x00\x00\x00");
         assert_eq!(&bytes[4088..4092], &1u32.to_le_bytes());
