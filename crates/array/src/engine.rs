@@ -420,9 +420,8 @@ impl Array {
             )
             .thread_name(|i| format!("tessera-read-{i}"))
             .build()
-            .map_err(|e| ArrayError::Io {
-                member: 0,
-                name: "read threads".to_string(),
+            .map_err(|e| ArrayError::ThreadStart {
+                what: "read threads",
                 source: std::io::Error::other(e),
             })?;
         let cache = ReconstructCache::new(options.reconstruct_cache_bytes, geometry.data_area_bytes());
@@ -493,10 +492,9 @@ impl Array {
                     .filter_map(|m| shared.members.device(m))
                     .collect()
             })
-            .map_err(|e| ArrayError::Io {
-                member: 0,
-                name: "activity thread".to_string(),
-                source: e,
+            .map_err(|source| ArrayError::ThreadStart {
+                what: "activity thread",
+                source,
             })?
         };
         let default = crate::volumes::open_volume(&shared, crate::volume::DEFAULT_VOLUME_NAME)?;
@@ -512,10 +510,9 @@ impl Array {
             let thread = std::thread::Builder::new()
                 .name("tessera-maintenance".to_string())
                 .spawn(move || shared.maintain())
-                .map_err(|e| ArrayError::Io {
-                    member: 0,
-                    name: "maintenance thread".to_string(),
-                    source: e,
+                .map_err(|source| ArrayError::ThreadStart {
+                    what: "maintenance thread",
+                    source,
                 })?;
             *array.background.lock().unwrap_or_else(poisoned) = Some(thread);
         }

@@ -72,6 +72,8 @@ pub enum ArrayError {
         name: String,
         source: std::io::Error,
     },
+    #[error("the engine could not start its {what}: {source}; the system is short of threads or memory")]
+    ThreadStart { what: &'static str, source: std::io::Error },
     #[error("bad geometry: {0}")]
     Geometry(String),
     #[error("log device {name}: {why}")]
@@ -167,19 +169,6 @@ pub enum ArrayError {
     DefaultVolume { name: String },
     #[error("volume {name:?} was deleted")]
     VolumeGone { name: String },
-}
-
-impl ArrayError {
-    /// The errno an NBD client should see for this error.
-    pub fn errno(&self) -> u32 {
-        match self {
-            ArrayError::OutOfRange { .. } => 22,
-            ArrayError::NoSpace => 28,
-            // ENODEV: the export is gone, as a device pulled.
-            ArrayError::VolumeGone { .. } => 19,
-            _ => 5,
-        }
-    }
 }
 
 /// Settings for a new array.

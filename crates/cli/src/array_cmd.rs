@@ -401,10 +401,23 @@ impl ArrayExport {
         result.map_err(|e| {
             eprintln!("tessera: {} failed: {e}", op.name().replace('_', " "));
             Failure {
-                errno: e.errno(),
+                errno: nbd_errno(&e),
                 message: Some(e.to_string()),
             }
         })
+    }
+}
+
+/// The errno an NBD client sees for an error of the array: EINVAL for a
+/// range outside the volume, ENOSPC for a full array, ENODEV for a volume
+/// deleted under it (as a pulled device), EIO for the rest.
+fn nbd_errno(error: &tessera_array::ArrayError) -> u32 {
+    use tessera_array::ArrayError;
+    match error {
+        ArrayError::OutOfRange { .. } => 22,
+        ArrayError::NoSpace => 28,
+        ArrayError::VolumeGone { .. } => 19,
+        _ => 5,
     }
 }
 
@@ -1197,4 +1210,24 @@ pub fn fail(dir: &Path, index: usize) -> Result<()> {
     open(dir)?.fail_member(index)?;
     println!("member {index} marked failed");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nbd_errno;
+    use tessera_array::ArrayError;
+
+    #[test]
+    fn array_errors_reach_nbd_clients_as_their_errno() {
+        let gone = ArrayError::VolumeGone { name: "v".to_string() };
+        let range = ArrayError::OutOfRange {
+            offset: 0,
+            len: 1,
+            size: 0,
+        };
+        assert_eq!(nbd_errno(&gone), 19);
+        assert_eq!(nbd_errno(&range), 22);
+        assert_eq!(nbd_errno(&ArrayError::NoSpace), 28);
+        assert_eq!(nbd_errno(&ArrayError::Unreadable { slot: 3 }), 5);
+    }
 }
