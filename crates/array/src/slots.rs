@@ -584,8 +584,15 @@ impl SlotTable {
                 Some(((1.0 - u) * age * weight / (u + 0.01), slot))
             })
             .collect();
-        scored.sort_by(|a, b| b.0.total_cmp(&a.0));
-        scored.into_iter().take(count).map(|(_, slot)| slot).collect()
+        // The best `count` first, in order, without sorting the rest (an
+        // array's sealed slots may be millions).
+        let best_first = |a: &(f64, u64), b: &(f64, u64)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+        if count < scored.len() {
+            scored.select_nth_unstable_by(count, best_first);
+            scored.truncate(count);
+        }
+        scored.sort_by(best_first);
+        scored.into_iter().map(|(_, slot)| slot).collect()
     }
 
     /// Recomputes what the map says each slot holds and compares it with
@@ -636,5 +643,56 @@ impl SlotTable {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::map::{Delta, Target};
+    use rand::{Rng, SeedableRng};
+    use std::sync::Arc;
+
+    /// The best `count` victims are the first `count` of the full order,
+    /// whatever `count` (they are picked without sorting the rest), and
+    /// pages of the table are only allocated for slots that were used.
+    #[test]
+    fn victims_are_the_head_of_the_full_order() {
+        let algorithm = Algorithm::Crc32c;
+        let mut table = SlotTable::new(algorithm, 3 * SLOT_PAGE as u64);
+        let pins = Pins::new(table.count());
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        // 200 sealed slots in the first page, each with one live extent
+        // of a random size, some of equal size (ties).
+        for slot in 0..200u64 {
+            table.take(slot, SlotState::Open, &pins);
+            let extent = Arc::new(Extent {
+                slot,
+                offset: 0,
+                stored_bytes: 4096 * rng.gen_range(1..=8),
+                blocks: 1,
+                codec: Some(tessera_compress::Codec::Lz4),
+                digest: algorithm.digest(b""),
+                block_crcs: Vec::new(),
+            });
+            table.account(&[Delta {
+                lba: slot,
+                target: Target::Data { extent, skip: 0 },
+                blocks: 1,
+                gained: true,
+            }]);
+            assert!(!table.sealed(slot, slot + 1, SlotState::Sealed), "it holds data");
+        }
+        let fill = 64 << 10;
+        for greedy in [true, false] {
+            let all = table.victims(fill, 1000, usize::MAX, greedy, |_| false);
+            for count in [0, 1, 7, 50, 199, 200, 500] {
+                let best = table.victims(fill, 1000, count, greedy, |_| false);
+                assert_eq!(best[..], all[..count.min(all.len())], "greedy {greedy}, count {count}");
+            }
+        }
+        assert_eq!(table.pages.iter().filter(|p| p.is_some()).count(), 1);
+        assert_eq!(table.iter().count(), SLOT_PAGE, "the used page's slots only");
+        assert_eq!(table.free_count(), 3 * SLOT_PAGE - 200);
     }
 }
