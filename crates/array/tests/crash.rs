@@ -28,7 +28,7 @@ const WRITE_BLOCKS_MAX: u64 = 16;
 /// The export is this share of the default one (80% of the usable
 /// space), so 50% of it, with garbage collection and checkpoints running
 /// all the time. `TESSERA_CRASH_EXPORT=full` runs at the default size,
-/// where checkpoints are also forced for room and dropped (800 seeds
+/// where checkpoints are also forced for room and dropped (seeds 0..1300
 /// passed once the NoSpace wedge of `tests/space.rs` was fixed and a torn
 /// checkpoint stripe no longer stopped a full scan; seed 198 had met it).
 const EXPORT_MULTIPLIER: u64 = 5;
