@@ -347,10 +347,12 @@ impl Shared {
         let written = self
             .submit(sealed)
             .and_then(|()| self.sync_through(first + meta.len() as u64 - 1));
-        Counters::add(
-            &self.counters.checkpoint_bytes_written,
-            (meta.len() * crate::engine::stripe_bytes(g)) as u64,
-        );
+        if written.is_ok() {
+            Counters::add(
+                &self.counters.checkpoint_bytes_written,
+                (meta.len() * crate::engine::stripe_bytes(g)) as u64,
+            );
+        }
         let reference = CheckpointRef {
             sequence: start,
             bytes: bytes.len() as u64,

@@ -259,16 +259,16 @@ impl Shared {
         })
     }
 
-    /// The data areas of `stripes` (slot, sequence), `total` bytes from
-    /// their starts, all full but the last: straight from the data chunks,
-    /// or, if `good` does not accept that, from every stripe rebuilt and
-    /// checked chunk by chunk.
-    fn read_meta_stripes(
+    /// What `parse` makes of the data areas of `stripes` (slot, sequence),
+    /// `total` bytes from their starts, all full but the last: read
+    /// straight from the data chunks, or, if `parse` refuses that, from
+    /// every stripe rebuilt and checked chunk by chunk.
+    fn read_meta_stripes<T>(
         &self,
         stripes: &[(u64, u64)],
         total: usize,
-        good: impl Fn(&[u8]) -> bool,
-    ) -> Result<Vec<u8>, ArrayError> {
+        parse: impl Fn(&[u8]) -> Result<T, String>,
+    ) -> Result<T, ArrayError> {
         let unreadable = |why: String| ArrayError::CheckpointUnreadable { why };
         let per_stripe = self.meta_stripe_bytes();
         if total > stripes.len() * per_stripe || total <= (stripes.len().max(1) - 1) * per_stripe {
@@ -280,19 +280,19 @@ impl Shared {
             let at = i * per_stripe;
             self.read_area_into(slot, 0, &mut bytes[at..at + length(i)])
         });
-        if !direct || !good(&bytes) {
-            for (i, &(slot, sequence)) in stripes.iter().enumerate() {
-                let rebuilt = self
-                    .rebuild_stripe(slot, sequence, true)
-                    .map_err(|e| unreadable(e.to_string()))?;
-                let at = i * per_stripe;
-                bytes[at..at + length(i)].copy_from_slice(&rebuilt.area[..length(i)]);
-            }
-            if !good(&bytes) {
-                return Err(unreadable("its digest does not match".to_string()));
+        if direct {
+            if let Ok(parsed) = parse(&bytes) {
+                return Ok(parsed);
             }
         }
-        Ok(bytes)
+        for (i, &(slot, sequence)) in stripes.iter().enumerate() {
+            let rebuilt = self
+                .rebuild_stripe(slot, sequence, true)
+                .map_err(|e| unreadable(e.to_string()))?;
+            let at = i * per_stripe;
+            bytes[at..at + length(i)].copy_from_slice(&rebuilt.area[..length(i)]);
+        }
+        parse(&bytes).map_err(unreadable)
     }
 
     /// Loads the checkpoint `reference` names into the (empty) map and
@@ -309,11 +309,9 @@ impl Shared {
             let first = reference.first_stripe_sequence + body as u64;
             let directory: Vec<(u64, u64)> = reference.slots.iter().copied().zip(first..).collect();
             let bytes = crate::format::checkpoint_directory_bytes(g.checksum, body);
-            let listing = self.read_meta_stripes(&directory, bytes, |b| {
-                crate::format::decode_checkpoint_directory(b, g, body).is_ok()
+            let slots = self.read_meta_stripes(&directory, bytes, |b| {
+                crate::format::decode_checkpoint_directory(b, g, body).map_err(|e| e.to_string())
             })?;
-            let slots =
-                crate::format::decode_checkpoint_directory(&listing, g, body).map_err(|e| unreadable(e.to_string()))?;
             slots
                 .into_iter()
                 .zip(reference.first_stripe_sequence..)
@@ -332,8 +330,12 @@ impl Shared {
         } else {
             &listed[..]
         };
-        let bytes = self.read_meta_stripes(own, total, |b| g.checksum.digest(b) == reference.digest)?;
-        let checkpoint = crate::format::Checkpoint::decode(&bytes, g).map_err(|e| unreadable(e.to_string()))?;
+        let checkpoint = self.read_meta_stripes(own, total, |b| {
+            if g.checksum.digest(b) != reference.digest {
+                return Err("its digest does not match".to_string());
+            }
+            crate::format::Checkpoint::decode(b, g).map_err(|e| e.to_string())
+        })?;
         if checkpoint.sequence != reference.sequence {
             return Err(unreadable(format!(
                 "it says sequence {}, the superblock {}",

@@ -1,13 +1,93 @@
-//! A set of slot numbers as a bitmap with a summary level: one bit per
-//! slot (16 MiB for the 126 million slots of six 8 TiB members) where an
-//! ordered set of them cost about 11 bytes each, and iteration in order
-//! that skips empty stretches 4,096 slots at a time.
+//! Per-slot state that costs memory for the slots an array uses, not for
+//! its size (six 8 TiB members have 126 million slots):
+//!
+//! - [`SlotSet`], a set of slot numbers as a bitmap with a summary level:
+//!   one bit per slot where an ordered set cost about 11 bytes each, and
+//!   iteration in order that skips empty stretches 4,096 slots at a time.
+//! - [`SlotPages`], a value per slot, in pages of `SLOT_PAGE` allocated
+//!   when one of their slots is first touched (read through `&self` from
+//!   many threads, as the pin counts are, or changed through `&mut self`).
 //!
 //! # Guarantees
 //!
 //! - `words[w]` bit b is set exactly when slot 64w+b is in the set, and
 //!   `summary[w / 64]` bit w % 64 exactly when `words[w]` is not zero.
 //! - `len` is the number of slots in the set.
+//! - A slot whose page was never allocated holds `T::default()`.
+
+use std::sync::OnceLock;
+
+/// Slots per page of a [`SlotPages`].
+pub const SLOT_PAGE: usize = 4096;
+
+pub struct SlotPages<T> {
+    count: u64,
+    pages: Vec<OnceLock<Box<[T]>>>,
+}
+
+impl<T: Default> SlotPages<T> {
+    pub fn new(count: u64) -> SlotPages<T> {
+        SlotPages {
+            count,
+            pages: (0..(count as usize).div_ceil(SLOT_PAGE))
+                .map(|_| OnceLock::new())
+                .collect(),
+        }
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    fn page(&self, slot: u64) -> (&OnceLock<Box<[T]>>, usize) {
+        assert!(slot < self.count, "slot {slot} of {}", self.count);
+        (&self.pages[slot as usize / SLOT_PAGE], slot as usize % SLOT_PAGE)
+    }
+
+    fn new_page() -> Box<[T]> {
+        (0..SLOT_PAGE).map(|_| T::default()).collect()
+    }
+
+    /// Slot `slot`'s value, `None` while its page was never allocated.
+    pub fn get(&self, slot: u64) -> Option<&T> {
+        let (page, i) = self.page(slot);
+        page.get().map(|page| &page[i])
+    }
+
+    /// Slot `slot`'s value, its page allocated if it was not.
+    pub fn get_or_init(&self, slot: u64) -> &T {
+        let (page, i) = self.page(slot);
+        &page.get_or_init(Self::new_page)[i]
+    }
+
+    pub fn get_mut(&mut self, slot: u64) -> &mut T {
+        assert!(slot < self.count, "slot {slot} of {}", self.count);
+        let page = &mut self.pages[slot as usize / SLOT_PAGE];
+        page.get_or_init(Self::new_page);
+        &mut page.get_mut().expect("allocated above")[slot as usize % SLOT_PAGE]
+    }
+
+    /// The slots of every allocated page, in order (every slot left out
+    /// holds the default).
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &T)> {
+        let count = self.count;
+        self.pages
+            .iter()
+            .enumerate()
+            .filter_map(|(p, page)| page.get().map(|page| (p, page)))
+            .flat_map(move |(p, page)| {
+                page.iter()
+                    .enumerate()
+                    .map(move |(i, value)| ((p * SLOT_PAGE + i) as u64, value))
+                    .take_while(move |&(slot, _)| slot < count)
+            })
+    }
+
+    #[cfg(test)]
+    pub fn pages_allocated(&self) -> usize {
+        self.pages.iter().filter(|page| page.get().is_some()).count()
+    }
+}
 
 /// Set bits of `word`, lowest first.
 fn bits(mut word: u64) -> impl Iterator<Item = usize> {

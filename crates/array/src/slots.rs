@@ -26,53 +26,39 @@
 use crate::format::{self, Extent};
 use crate::limits::{GC_BACKGROUND_LIVE_MAX, LIVE_SCALE};
 use crate::map::{Delta, Target};
-use crate::slot_set::SlotSet;
+use crate::slot_set::{SlotPages, SlotSet};
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::OnceLock;
 use tessera_checksum::Algorithm;
-
-/// Slots per page of the slot table and of the pin counts: a page is
-/// allocated when one of its slots is first used, so an array costs memory
-/// for the stretches of slots it wrote, not for its raw size.
-const SLOT_PAGE: usize = 4096;
 
 /// Readers using each slot's chunks, counted outside the index's lock: a
 /// reader pins the slots it will read while it holds the lock's read side,
 /// so a slot the allocator (holding the write side) sees unpinned cannot
 /// gain a reader of its old contents.
 pub struct Pins {
-    pages: Vec<OnceLock<Box<[AtomicU32]>>>,
+    counts: SlotPages<AtomicU32>,
 }
 
 impl Pins {
     pub fn new(count: u64) -> Pins {
         Pins {
-            pages: (0..(count as usize).div_ceil(SLOT_PAGE))
-                .map(|_| OnceLock::new())
-                .collect(),
+            counts: SlotPages::new(count),
         }
     }
 
-    fn count(&self, slot: u64) -> &AtomicU32 {
-        let page =
-            self.pages[slot as usize / SLOT_PAGE].get_or_init(|| (0..SLOT_PAGE).map(|_| AtomicU32::new(0)).collect());
-        &page[slot as usize % SLOT_PAGE]
-    }
-
     pub fn pin(&self, slot: u64) {
-        self.count(slot).fetch_add(1, Ordering::AcqRel);
+        self.counts.get_or_init(slot).fetch_add(1, Ordering::AcqRel);
     }
 
     pub fn unpin(&self, slot: u64) {
-        let before = self.count(slot).fetch_sub(1, Ordering::AcqRel);
+        let before = self.counts.get_or_init(slot).fetch_sub(1, Ordering::AcqRel);
         assert!(before > 0, "slot {slot} unpinned more than pinned");
     }
 
     pub fn pinned(&self, slot: u64) -> bool {
-        self.pages[slot as usize / SLOT_PAGE]
-            .get()
-            .is_some_and(|page| page[slot as usize % SLOT_PAGE].load(Ordering::Acquire) > 0)
+        self.counts
+            .get(slot)
+            .is_some_and(|count| count.load(Ordering::Acquire) > 0)
     }
 }
 
@@ -138,6 +124,12 @@ pub struct Slot {
 /// What a slot no page holds yet is.
 static FREE_SLOT: Slot = Slot::empty(SlotState::Free, 0);
 
+impl Default for Slot {
+    fn default() -> Slot {
+        FREE_SLOT
+    }
+}
+
 impl Slot {
     const fn empty(state: SlotState, sequence: u64) -> Slot {
         Slot {
@@ -152,10 +144,8 @@ impl Slot {
 
 pub struct SlotTable {
     algorithm: Algorithm,
-    count: u64,
-    /// `SLOT_PAGE` slots each, allocated when one of them first leaves
-    /// `Free` (the others are `FREE_SLOT`).
-    pages: Vec<Option<Box<[Slot]>>>,
+    /// Allocated by the page when one of its slots first leaves `Free`.
+    slots: SlotPages<Slot>,
     free: SlotSet,
     /// The checkpoint's window: the slots new stripes may use until the
     /// next checkpoint; `None` when there is none and any free slot will do.
@@ -193,8 +183,7 @@ impl SlotTable {
     pub fn new(algorithm: Algorithm, count: u64) -> SlotTable {
         SlotTable {
             algorithm,
-            count,
-            pages: vec![None; (count as usize).div_ceil(SLOT_PAGE)],
+            slots: SlotPages::new(count),
             free: SlotSet::full(count),
             window: None,
             usable: None,
@@ -208,37 +197,21 @@ impl SlotTable {
     }
 
     pub fn count(&self) -> u64 {
-        self.count
+        self.slots.count()
     }
 
     pub fn get(&self, slot: u64) -> &Slot {
-        assert!(slot < self.count, "slot {slot} of {}", self.count);
-        self.pages[slot as usize / SLOT_PAGE]
-            .as_ref()
-            .map_or(&FREE_SLOT, |page| &page[slot as usize % SLOT_PAGE])
+        self.slots.get(slot).unwrap_or(&FREE_SLOT)
     }
 
     fn get_mut(&mut self, slot: u64) -> &mut Slot {
-        assert!(slot < self.count, "slot {slot} of {}", self.count);
-        let page = self.pages[slot as usize / SLOT_PAGE]
-            .get_or_insert_with(|| vec![Slot::empty(SlotState::Free, 0); SLOT_PAGE].into_boxed_slice());
-        &mut page[slot as usize % SLOT_PAGE]
+        self.slots.get_mut(slot)
     }
 
     /// The slots of every page in use, in order: every slot that is not
     /// free is among them (those left out are free).
     pub fn iter(&self) -> impl Iterator<Item = (u64, &Slot)> {
-        let count = self.count;
-        self.pages
-            .iter()
-            .enumerate()
-            .filter_map(|(p, page)| page.as_ref().map(|page| (p, page)))
-            .flat_map(move |(p, page)| {
-                page.iter()
-                    .enumerate()
-                    .map(move |(i, s)| ((p * SLOT_PAGE + i) as u64, s))
-                    .take_while(move |&(slot, _)| slot < count)
-            })
+        self.slots.iter()
     }
 
     /// Live bytes in the array (stored data and summary entries).
@@ -411,16 +384,24 @@ impl SlotTable {
 
     fn set_free(&mut self, slot: u64) {
         *self.get_mut(slot) = Slot::empty(SlotState::Free, 0);
-        self.free.insert(slot);
-        self.add_usable(slot);
+        self.list_free(slot);
     }
 
-    /// Adds free slot `slot` to the usable ones if it may be used.
-    fn add_usable(&mut self, slot: u64) {
+    /// Lists `slot` as free, and usable if it may be used.
+    fn list_free(&mut self, slot: u64) {
+        self.free.insert(slot);
         let may = self.may_use(slot);
         if let Some(usable) = self.usable.as_mut().filter(|_| may) {
             usable.insert(slot);
         }
+    }
+
+    /// Takes `slot` off the free (and usable) slots; whether it was free.
+    fn unlist_free(&mut self, slot: u64) -> bool {
+        if let Some(usable) = self.usable.as_mut() {
+            usable.remove(&slot);
+        }
+        self.free.remove(slot)
     }
 
     /// Whether a free slot may be handed out: in the window and the
@@ -462,10 +443,7 @@ impl SlotTable {
     /// slot held before it was freed.
     pub fn take(&mut self, slot: u64, state: SlotState, pins: &Pins) {
         assert!(!pins.pinned(slot), "slot {slot} is pinned by a reader");
-        assert!(self.free.remove(slot), "slot {slot} is not free");
-        if let Some(usable) = self.usable.as_mut() {
-            usable.remove(&slot);
-        }
+        assert!(self.unlist_free(slot), "slot {slot} is not free");
         *self.get_mut(slot) = Slot::empty(state, 0);
     }
 
@@ -486,21 +464,13 @@ impl SlotTable {
 
     /// Sets a slot's state and sequence as recovery or a checkpoint found them.
     pub fn set(&mut self, slot: u64, state: SlotState, sequence: u64) {
-        if state == SlotState::Free && self.get(slot).state == SlotState::Free && sequence == 0 {
-            // Nothing to record (and no page to allocate for it).
-            return;
-        }
         let s = self.get_mut(slot);
         s.state = state;
         s.sequence = sequence;
         if state == SlotState::Free {
-            self.free.insert(slot);
-            self.add_usable(slot);
+            self.list_free(slot);
         } else {
-            self.free.remove(slot);
-            if let Some(usable) = self.usable.as_mut() {
-                usable.remove(&slot);
-            }
+            self.unlist_free(slot);
         }
     }
 
@@ -529,11 +499,10 @@ impl SlotTable {
         // From the smallest set that bounds them: the window (or the
         // restriction) holds thousands of slots, the free set maybe
         // hundreds of millions.
-        let bound = match (&self.window, &self.restrict) {
-            (Some(w), Some(r)) => Some(if w.len() <= r.len() { w } else { r }),
-            (Some(set), None) | (None, Some(set)) => Some(set),
-            (None, None) => None,
-        };
+        let bound = [&self.window, &self.restrict]
+            .into_iter()
+            .flatten()
+            .min_by_key(|set| set.len());
         self.usable = bound.map(|set| {
             set.iter()
                 .copied()
@@ -609,7 +578,7 @@ impl SlotTable {
             })
             .collect();
         expected.account(&deltas);
-        for slot in 0..self.count {
+        for slot in 0..self.count() {
             let (s, want) = (self.get(slot), expected.get(slot));
             if (s.live, s.pieces) != (want.live, want.pieces) {
                 return Err(format!(
@@ -650,6 +619,7 @@ impl SlotTable {
 mod tests {
     use super::*;
     use crate::map::{Delta, Target};
+    use crate::slot_set::SLOT_PAGE;
     use rand::{Rng, SeedableRng};
     use std::sync::Arc;
 
@@ -691,7 +661,7 @@ mod tests {
                 assert_eq!(best[..], all[..count.min(all.len())], "greedy {greedy}, count {count}");
             }
         }
-        assert_eq!(table.pages.iter().filter(|p| p.is_some()).count(), 1);
+        assert_eq!(table.slots.pages_allocated(), 1);
         assert_eq!(table.iter().count(), SLOT_PAGE, "the used page's slots only");
         assert_eq!(table.free_count(), 3 * SLOT_PAGE - 200);
     }

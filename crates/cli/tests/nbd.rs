@@ -1931,7 +1931,10 @@ fn prometheus_metrics_count_requests_and_show_member_states() {
     let written = |kind: &str| metric(&text, &format!("tessera_bytes_written{{kind=\"{kind}\"}}"));
     assert_eq!(written("client"), (1 << 20) as f64, "{text}");
     assert!(written("members") > written("client"), "{text}");
-    assert!(written("checkpoint") >= 0.0 && written("gc_relocated") >= 0.0, "{text}");
+    // Reported, whatever they are yet (`metric` fails on a missing one).
+    for kind in ["checkpoint", "gc_relocated"] {
+        written(kind);
+    }
     assert_eq!(
         metric(&text, "tessera_stripes{kind=\"degraded\"}") as u64,
         metric(&text, "tessera_stripes{kind=\"used\"}") as u64
