@@ -11,7 +11,8 @@
 # thin at 64 GiB; fio writes N distinct 4 KiB blocks at random (each once,
 # QD32) over the first N x 4 KiB; then the server's RSS; a clean stop;
 # `tessera status` times the opening; a new server's RSS right after
-# opening (no I/O yet), less that of the same array empty, per block; a
+# opening (no I/O yet), less that of the same array empty, per block (and
+# what the map says it holds, per block: `map_bytes` in status); a
 # few FLUSHed writes and kill -9; the opening time again.
 #
 # By default the blocks hold a repeated byte pattern and the array
@@ -49,7 +50,7 @@ fio_pattern() {
 
 cpu=$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)
 echo "8+2 on 10 sparse member files, exported 64 GiB, $data data$([ "$data" = pattern ] && echo ', lz4'); $(nproc) x $cpu"
-printf '%-9s %8s %8s %10s %8s %9s %8s %-52s %s\n' blocks "RSS MB" "peak MB" "opened MB" "B/block" checkpts "ckpt MB" "open after a clean stop" "open after kill -9"
+printf '%-9s %8s %8s %10s %8s %9s %9s %8s %-52s %s\n' blocks "RSS MB" "peak MB" "opened MB" "B/block" "map B/bl" checkpts "ckpt MB" "open after a clean stop" "open after kill -9"
 for n in "$@"; do
   blocks=$(count "$n")
   rm -rf "$work/array"
@@ -72,6 +73,7 @@ for n in "$@"; do
   checkpoints=$(field checkpoints_written)
   checkpoint_mb=$(( $(field checkpoint_bytes_written) / 1048576 ))
   mapped=$(( $(field mapped_bytes) / 4096 ))
+  map_per_block=$(( $(field map_bytes) / blocks ))
   [ "$mapped" -eq "$blocks" ] || echo "warning: $mapped blocks mapped, not $blocks" >&2
   stop_server
   clean=$(opening)
@@ -81,6 +83,6 @@ for n in "$@"; do
       --number_ios=2000 --fsync=64 $(fio_pattern) >/dev/null 2>&1
   kill_server
   killed=$(opening)
-  printf '%-9s %8d %8d %10d %8d %9s %8s %-52s %s\n' "$n" "$rss" "$hwm" "$opened" \
-    $(( (opened - empty) * 1048576 / blocks )) "$checkpoints" "$checkpoint_mb" "$clean" "$killed"
+  printf '%-9s %8d %8d %10d %8d %9s %9s %8s %-52s %s\n' "$n" "$rss" "$hwm" "$opened" \
+    $(( (opened - empty) * 1048576 / blocks )) "$map_per_block" "$checkpoints" "$checkpoint_mb" "$clean" "$killed"
 done

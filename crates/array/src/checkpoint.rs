@@ -47,7 +47,6 @@ use crate::status::Counters;
 use crate::stripe::OpenStripe;
 use crate::ArrayError;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
 
 impl Shared {
     /// Slots a checkpoint adds to its window: a quarter of the array, within bounds.
@@ -219,10 +218,9 @@ impl Shared {
             window: window.iter().copied().collect(),
             ..Checkpoint::default()
         };
-        // Extents are numbered by identity; holding them keeps an address
-        // from being reused for another extent while the copy goes on.
-        let mut numbers: HashMap<*const Extent, usize> = HashMap::new();
-        let mut held: Vec<Arc<Extent>> = Vec::new();
+        // Extents are numbered by identity: their place in their slot (a
+        // slot is rewritten only once nothing maps into it).
+        let mut numbers: HashMap<(u64, u32), usize> = HashMap::new();
         let mut referenced = BTreeMap::new();
         let mut cursor = 0u64;
         loop {
@@ -235,8 +233,7 @@ impl Shared {
                 let target = match &mapping.target {
                     Target::Zero { slot } => CheckpointTarget::Zero { slot: *slot },
                     Target::Data { extent, skip } => {
-                        let number = *numbers.entry(Arc::as_ptr(extent)).or_insert_with(|| {
-                            held.push(extent.clone());
+                        let number = *numbers.entry((extent.slot, extent.offset)).or_insert_with(|| {
                             checkpoint.extents.push(Extent::clone(extent));
                             checkpoint.extents.len() - 1
                         });

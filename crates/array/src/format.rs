@@ -32,6 +32,7 @@
 //! the constants below, asserted at compile time, and tests hold golden
 //! bytes.
 
+use crate::limits::EXTENT_BLOCKS_MAX;
 use tessera_checksum::{Algorithm, Digest};
 use tessera_compress::Codec;
 
@@ -850,6 +851,9 @@ pub fn decode_summary(bytes: &[u8], geometry: &Geometry, slot: u64) -> Result<Ve
         match e[0] {
             1 => {
                 let codec = codec_from_code(e[1], 0).ok_or(field("codec", u64::from(e[1])))?;
+                if blocks as usize > EXTENT_BLOCKS_MAX {
+                    return Err(field("blocks", u64::from(blocks)));
+                }
                 let crcs = if codec.is_none() { blocks as usize } else { 0 };
                 let len = data_record_bytes(algorithm, crcs);
                 let e = bytes.get(at..at + len).ok_or(field("length", bytes.len() as u64))?;
@@ -1120,6 +1124,9 @@ impl Checkpoint {
             let e = next(fixed)?;
             let codec = codec_from_code(e[20], 0).ok_or(field("codec", u64::from(e[20])))?;
             let blocks = get_u32(e, 16);
+            if blocks as usize > EXTENT_BLOCKS_MAX {
+                return Err(field("extent_blocks", u64::from(blocks)));
+            }
             let crcs = usize::from(e[21]);
             let want_crcs = if codec.is_none() { blocks as usize } else { 0 };
             if crcs != want_crcs {
@@ -1766,6 +1773,12 @@ mod tests {
             extent.stored_bytes = 100;
         }
         assert!(decode_summary(&encode_summary(a, &odd), &geometry(), 11).is_err());
+        // An extent longer than any write makes (the map holds at most 16).
+        let mut long = records.clone();
+        if let Record::Data { extent, .. } = &mut long[0] {
+            extent.blocks = EXTENT_BLOCKS_MAX as u32 + 1;
+        }
+        assert!(decode_summary(&encode_summary(a, &long), &geometry(), 11).is_err());
         assert!(decode_summary(&bytes[..bytes.len() - 1], &geometry(), 11).is_err());
     }
 
@@ -2003,6 +2016,9 @@ mod tests {
         let mut bad = checkpoint();
         bad.extents[0].slot = 5;
         assert!(refused(bad), "an extent in a slot not listed");
+        let mut bad = checkpoint();
+        bad.extents[0].blocks = EXTENT_BLOCKS_MAX as u32 + 1;
+        assert!(refused(bad), "an extent longer than any write makes");
         let mut bad = checkpoint();
         bad.mappings[0].target = CheckpointTarget::Data { extent: 0, skip: 3 };
         assert!(refused(bad), "a mapping past its extent's end");

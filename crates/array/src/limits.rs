@@ -88,6 +88,14 @@ const _: () = assert!(CHECKPOINT_WINDOW_MIN <= CHECKPOINT_WINDOW_MAX);
 /// writers need the rest meanwhile.
 pub const CHECKPOINT_WINDOW_LOW_DIVISOR: u64 = 2;
 
+/// Map keys (4 KiB blocks) in one page of the map (2 MiB of a volume): a
+/// page holds at most this many mappings, so inserting into its sorted
+/// entries moves at most ~20 KiB, and a write of one extent touches at
+/// most two pages. Pages are the unit the map is held in (`map.rs`).
+pub const MAP_PAGE_BLOCKS: u64 = 512;
+const _: () = assert!(MAP_PAGE_BLOCKS <= u16::MAX as u64 && MAP_PAGE_BLOCKS >= EXTENT_BLOCKS_MAX as u64);
+const _: () = assert!(EXTENT_BLOCKS_MAX <= u8::MAX as usize);
+
 /// Mappings a checkpoint copies under one hold of the map's read lock:
 /// writers wait at most this long (about a millisecond) for it.
 pub const CHECKPOINT_MAPPINGS_PER_LOCK: usize = 16 << 10;

@@ -24,8 +24,8 @@
 //!   in `status`.
 
 use crate::engine::Shared;
-use crate::format::{CheckpointRef, CheckpointTarget, ChunkHeader, Extent, Record, Stream, SUMMARY_HEADER_BYTES};
-use crate::map::{Map, Rule, Target};
+use crate::format::{CheckpointRef, CheckpointTarget, ChunkHeader, Record, Stream, SUMMARY_HEADER_BYTES};
+use crate::map::{Location, Map, Rule, Target};
 use crate::slots::{SlotState, SlotTable};
 use crate::ArrayError;
 use serde::Serialize;
@@ -201,7 +201,7 @@ impl Shared {
         recovery.stripes_replayed = stripes.len() as u64;
         let mut index = self.index_mut();
         let mut replayed_slots = HashSet::new();
-        let mut fresh: HashSet<*const Extent> = HashSet::new();
+        let mut fresh: HashSet<Location> = HashSet::new();
         for (sequence, slot, records) in stripes {
             index.slots.set(slot, SlotState::Sealed, sequence);
             replayed_slots.insert(slot);
@@ -214,9 +214,19 @@ impl Shared {
                 }
                 let (lba, blocks, target) = match record {
                     Record::Data { lba, extent, .. } => {
-                        let extent = Arc::new(extent);
-                        fresh.insert(Arc::as_ptr(&extent));
-                        (lba, extent.blocks, Target::Data { extent, skip: 0 })
+                        fresh.insert(Location {
+                            slot,
+                            offset: Some(extent.offset),
+                            version,
+                        });
+                        (
+                            lba,
+                            extent.blocks,
+                            Target::Data {
+                                extent: Arc::new(extent),
+                                skip: 0,
+                            },
+                        )
                     }
                     Record::Zero { lba, blocks, .. } => (lba, blocks, Target::Zero { slot }),
                 };
@@ -227,13 +237,8 @@ impl Shared {
         // The checkpoint's copy of the map must not point into a slot that
         // now holds a newer stripe: every such block was overwritten by a
         // replayed write. If one is left, the checkpoint is not trusted.
-        let stale = index.map.iter().find_map(|(lba, m)| match &m.target {
-            Target::Data { extent, .. }
-                if replayed_slots.contains(&extent.slot) && !fresh.contains(&Arc::as_ptr(extent)) =>
-            {
-                Some((lba, extent.slot))
-            }
-            _ => None,
+        let stale = index.map.locations().find_map(|(lba, at)| {
+            (at.offset.is_some() && replayed_slots.contains(&at.slot) && !fresh.contains(&at)).then_some((lba, at.slot))
         });
         if let Some((lba, slot)) = stale {
             return Err(ArrayError::CheckpointUnreadable {
@@ -364,8 +369,10 @@ impl Shared {
         for &(slot, sequence) in &checkpoint.stripes {
             index.slots.set(slot, SlotState::Sealed, sequence);
         }
-        let extents: Vec<Arc<Extent>> = checkpoint.extents.into_iter().map(Arc::new).collect();
-        for m in checkpoint.mappings {
+        // Each mapping's extent goes into the map by value: an `Arc` per
+        // extent kept for the whole load would double its peak.
+        let extents = &checkpoint.extents;
+        for m in &checkpoint.mappings {
             // A fuzzy copy may hold a volume deleted while it was taken.
             if !index.volumes.admits(m.lba, m.version) {
                 continue;
@@ -373,7 +380,7 @@ impl Shared {
             let target = match m.target {
                 CheckpointTarget::Zero { slot } => Target::Zero { slot },
                 CheckpointTarget::Data { extent, skip } => Target::Data {
-                    extent: extents[extent].clone(),
+                    extent: Arc::new(extents[extent].clone()),
                     skip,
                 },
             };

@@ -135,6 +135,12 @@ pub struct Status {
     /// written to the members: the map's share of `member_bytes_written`,
     /// beside `user_bytes_written` and `gc_bytes_relocated`.
     pub checkpoint_bytes_written: u64,
+    /// The map in memory: its mappings (a write across a 2 MiB page of a
+    /// volume is one per page), and the bytes they take.
+    #[serde(default)]
+    pub map_mappings: u64,
+    #[serde(default)]
+    pub map_bytes: u64,
     /// Milliseconds writers spent waiting for the members to take more
     /// (the write bound), and for a free slot (sync, GC, checkpoint).
     pub writers_waited_for_members_ms: u64,
@@ -169,7 +175,7 @@ impl Shared {
         let g = &self.geometry;
         let c = &self.counters;
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        let (used, free, degraded, mapped, stored) = {
+        let (used, free, degraded, mapped, stored, map) = {
             let index = self.index();
             let used: Vec<u64> = index
                 .slots
@@ -184,6 +190,7 @@ impl Shared {
                 degraded,
                 index.slots.mapped_data_blocks() * crate::format::BLOCK_BYTES as u64,
                 index.slots.stored_bytes(),
+                (index.map.len() as u64, index.map.bytes() as u64),
             )
         };
         let volumes = self.volume_statuses();
@@ -276,6 +283,8 @@ impl Shared {
             checkpoints_forced: load(&c.checkpoints_forced),
             checkpoints_dropped: load(&c.checkpoints_dropped),
             checkpoint_bytes_written: load(&c.checkpoint_bytes_written),
+            map_mappings: map.0,
+            map_bytes: map.1,
             writers_waited_for_members_ms: load(&c.waited_for_members_us) / 1000,
             writers_waited_for_slot_ms: load(&c.waited_for_slot_us) / 1000,
             recovery: self.recovery.lock().unwrap_or_else(|p| p.into_inner()).clone(),

@@ -315,7 +315,9 @@ fn open_with(dir: &Path, engine: EngineOptions) -> Result<Array> {
         let found = open_listed(dir, &text, "log device")?;
         engine.log_devices = found.into_iter().filter_map(|(name, d)| Some((name, d?))).collect();
     }
-    Ok(tessera_array::open_with(members, engine)?)
+    let array = tessera_array::open_with(members, engine)?;
+    crate::give_back_freed_memory();
+    Ok(array)
 }
 
 /// A device listed in the array's directory, `None` if it could not be
@@ -1050,7 +1052,9 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
     let r_n = |key: &str| r[key].as_u64().unwrap_or(0);
     let sequence = |value: &serde_json::Value| value.as_u64().map_or("none".to_string(), |s| s.to_string());
     println!(
-        "metadata: checkpoint at sequence {} ({} written since start, {} forced for room, {} dropped, {} of checkpoint stripes written); opening took {} ms from checkpoint {}, {} slots scanned, {} stripes replayed, {} torn stripes dropped, {} chunks repaired",
+        "metadata: map of {} mappings in {} of memory; checkpoint at sequence {} ({} written since start, {} forced for room, {} dropped, {} of checkpoint stripes written); opening took {} ms from checkpoint {}, {} slots scanned, {} stripes replayed, {} torn stripes dropped, {} chunks repaired",
+        n("map_mappings"),
+        human(n("map_bytes")),
         sequence(&status["checkpoint_sequence"]),
         n("checkpoints_written"),
         n("checkpoints_forced"),

@@ -92,6 +92,7 @@ pub struct Metrics {
     compression_ratio: FloatGauge,
     repairs: Family<KindLabels, Gauge>,
     written: Family<KindLabels, Gauge>,
+    map: Family<KindLabels, Gauge>,
     scrub: Family<KindLabels, Gauge>,
     rebuild: Family<KindMemberLabels, Gauge>,
 }
@@ -165,6 +166,12 @@ impl Metrics {
             "Since start: bytes clients wrote, bytes written to the members (stripes with parity, log blocks), bytes garbage collection relocated, bytes of map checkpoints written to the members",
             written.clone(),
         );
+        let map = Family::<KindLabels, Gauge>::default();
+        registry.register(
+            "map",
+            "The map in memory: mappings held, and the bytes they take",
+            map.clone(),
+        );
         let scrub = Family::<KindLabels, Gauge>::default();
         registry.register(
             "scrub_stripes",
@@ -192,6 +199,7 @@ impl Metrics {
             compression_ratio,
             repairs,
             written,
+            map,
             scrub,
         }
     }
@@ -264,6 +272,8 @@ impl Metrics {
         gauge(&self.written, "members", s.member_bytes_written);
         gauge(&self.written, "gc_relocated", s.gc_bytes_relocated);
         gauge(&self.written, "checkpoint", s.checkpoint_bytes_written);
+        gauge(&self.map, "mappings", s.map_mappings);
+        gauge(&self.map, "bytes", s.map_bytes);
         self.scrub.clear();
         if let Some(scrub) = &s.scrub {
             gauge(&self.scrub, "total", scrub.stripes_total);
