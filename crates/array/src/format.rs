@@ -909,8 +909,13 @@ pub struct Extent {
     pub codec: Option<Codec>,
     pub digest: Digest,
     /// One per block for a raw extent; empty for a compressed one.
-    pub block_crcs: Vec<u32>,
+    pub block_crcs: BlockCrcs,
 }
+
+/// The CRC32C of each block of a raw extent, held inline: an extent has
+/// at most `EXTENT_BLOCKS_MAX` blocks (every decoder refuses more), and a
+/// read builds one from the map for each piece it reads.
+pub type BlockCrcs = arrayvec::ArrayVec<u32, EXTENT_BLOCKS_MAX>;
 
 /// What a range of blocks in a checkpoint maps to.
 #[derive(Clone, Debug, PartialEq)]
@@ -1424,6 +1429,9 @@ pub fn decode_log_block(bytes: &[u8], geometry: &Geometry) -> Result<(LogBlockHe
             2 if stored == 0 => None,
             1 => {
                 let codec = codec_from_code(e[25], 0).ok_or(field("codec", u64::from(e[25])))?;
+                if blocks as usize > EXTENT_BLOCKS_MAX {
+                    return Err(field("blocks", u64::from(blocks)));
+                }
                 let wrong_size = match codec {
                     None => stored != blocks as usize * BLOCK_BYTES,
                     Some(_) => stored == 0 || stored > blocks as usize * BLOCK_BYTES,
@@ -1696,7 +1704,7 @@ mod tests {
                     blocks: 16,
                     codec: Some(Codec::Lz4),
                     digest: Algorithm::Blake3.digest(b"x"),
-                    block_crcs: Vec::new(),
+                    block_crcs: BlockCrcs::new(),
                 },
             },
             Record::Data {
@@ -1709,7 +1717,7 @@ mod tests {
                     blocks: 2,
                     codec: None,
                     digest: Algorithm::Blake3.digest(b"y"),
-                    block_crcs: vec![0xdead_beef, 0x0123_4567],
+                    block_crcs: [0xdead_beef, 0x0123_4567].into_iter().collect(),
                 },
             },
             Record::Zero {
@@ -1797,7 +1805,7 @@ mod tests {
                     blocks: 4,
                     codec: Some(Codec::Lz4),
                     digest: a.digest(b"e"),
-                    block_crcs: Vec::new(),
+                    block_crcs: BlockCrcs::new(),
                 },
                 Extent {
                     slot: 4,
@@ -1806,7 +1814,7 @@ mod tests {
                     blocks: 2,
                     codec: None,
                     digest: a.digest(b"f"),
-                    block_crcs: vec![1, 2],
+                    block_crcs: [1, 2].into_iter().collect(),
                 },
             ],
             mappings: vec![

@@ -643,7 +643,7 @@ mod tests {
                 blocks: 1,
                 codec: Some(tessera_compress::Codec::Lz4),
                 digest: algorithm.digest(b""),
-                block_crcs: Vec::new(),
+                block_crcs: format::BlockCrcs::new(),
             });
             table.account(&[Delta {
                 lba: slot,

@@ -77,7 +77,7 @@ pub(crate) enum Stored<'a> {
     /// Raw blocks, the CRC32C of each, and the digest of them all.
     Raw {
         bytes: Cow<'a, [u8]>,
-        crcs: Vec<u32>,
+        crcs: format::BlockCrcs,
         digest: Digest,
     },
     Compressed {
@@ -129,7 +129,7 @@ impl Piece<'_> {
     }
 }
 
-pub(crate) fn block_crcs(bytes: &[u8]) -> Vec<u32> {
+pub(crate) fn block_crcs(bytes: &[u8]) -> format::BlockCrcs {
     bytes.chunks(BLOCK_BYTES).map(tessera_checksum::crc32c).collect()
 }
 
@@ -534,7 +534,7 @@ impl Shared {
                     blocks: piece.blocks,
                     codec: Some(codec),
                     digest,
-                    block_crcs: Vec::new(),
+                    block_crcs: format::BlockCrcs::new(),
                 };
                 open.push_record(algorithm, data_record(piece.lba, extent));
                 Placed::All
@@ -955,8 +955,11 @@ fn split_raw<'a>(algorithm: Algorithm, piece: Piece<'a>, blocks: usize) -> (Piec
         Cow::Borrowed(b) => (Cow::Borrowed(&b[..at]), Cow::Borrowed(&b[at..])),
         Cow::Owned(b) => (Cow::Owned(b[..at].to_vec()), Cow::Owned(b[at..].to_vec())),
     };
-    let (head_crcs, rest_crcs) = (crcs[..blocks].to_vec(), crcs[blocks..].to_vec());
-    let part = |lba: u64, bytes: Cow<'a, [u8]>, crcs: Vec<u32>, origin: Origin| Piece {
+    let (head_crcs, rest_crcs) = (
+        crcs[..blocks].iter().copied().collect(),
+        crcs[blocks..].iter().copied().collect(),
+    );
+    let part = |lba: u64, bytes: Cow<'a, [u8]>, crcs: format::BlockCrcs, origin: Origin| Piece {
         lba,
         blocks: crcs.len() as u32,
         stored: Stored::Raw {
