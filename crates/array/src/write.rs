@@ -25,7 +25,7 @@
 use crate::engine::{stripe_bytes, Resident, Shared};
 use crate::format::{self, Extent, Record, Stream, BLOCK_BYTES};
 use crate::io::{StripeDone, StripeWrite};
-use crate::limits::{ADMIT_FRACTION, EXTENT_BLOCKS_MAX, GC_RESERVE_SLOTS, LIVE_SCALE};
+use crate::limits::{ADMIT_FRACTION, EXTENT_BLOCKS_MAX, GC_RESERVE_SLOTS, LIVE_SCALE, MAP_PAGE_BLOCKS};
 use crate::map::{Rule, Target};
 use crate::slots::SlotState;
 use crate::status::Counters;
@@ -359,28 +359,44 @@ impl Shared {
         self.submit(sealed)
     }
 
-    /// Zero pieces over blocks never written need no record: they read as
-    /// zeros already (relocations of zero records are always kept).
+    /// Zero pieces need a record only over blocks that are mapped: the
+    /// others read as zeros already, and no older record of them can come
+    /// back at recovery (a write is mapped when it takes its version; a
+    /// deleted volume's records are barred by its floor). So a client's
+    /// zero piece is cut to the runs of mapped blocks in it (runs closer
+    /// than a map page merged): zeroing a huge, thinly written range (a
+    /// shrink, a TRIM of a whole device) records and maps zeros only where
+    /// data was, as the map holds zeros as an entry per page they cover.
+    /// Relocations of zero records are kept whole.
     fn drop_needless_zeros<'a>(&self, pieces: Vec<Piece<'a>>) -> Vec<Piece<'a>> {
-        if !pieces
-            .iter()
-            .any(|p| matches!((&p.stored, &p.origin), (Stored::Zero, Origin::Write)))
-        {
+        let client_zeros = |p: &Piece<'_>| matches!((&p.stored, &p.origin), (Stored::Zero, Origin::Write));
+        if !pieces.iter().any(client_zeros) {
             return pieces;
         }
         let index = self.index();
-        pieces
-            .into_iter()
-            .filter(|p| {
-                !matches!(p.stored, Stored::Zero)
-                    || !matches!(p.origin, Origin::Write)
-                    || index
-                        .map
-                        .overlapping(p.lba, p.lba + u64::from(p.blocks))
-                        .next()
-                        .is_some()
-            })
-            .collect()
+        let mut kept = Vec::with_capacity(pieces.len());
+        for piece in pieces {
+            if !client_zeros(&piece) {
+                kept.push(piece);
+                continue;
+            }
+            let end = piece.lba + u64::from(piece.blocks);
+            let mut runs: Vec<(u64, u64)> = Vec::new();
+            for (start, blocks) in index.map.overlapping(piece.lba, end).spans() {
+                let (lo, hi) = (start.max(piece.lba), (start + u64::from(blocks)).min(end));
+                match runs.last_mut() {
+                    Some(run) if lo < run.1 + MAP_PAGE_BLOCKS => run.1 = hi,
+                    _ => runs.push((lo, hi)),
+                }
+            }
+            kept.extend(runs.into_iter().map(|(lo, hi)| Piece {
+                lba: lo,
+                blocks: u32::try_from(hi - lo).expect("a run lies inside its piece"),
+                stored: Stored::Zero,
+                origin: Origin::Write,
+            }));
+        }
+        kept
     }
 
     /// Checks that live data after these pieces fits, counting what they

@@ -213,6 +213,40 @@ fn shrinking_then_growing_finds_zeros_after_a_crash_too() {
     assert_eq!(array.status().unwrap().logical_bytes, size + MIB);
 }
 
+/// Shrinking a huge, thinly written volume zeroes terabytes: the zeros
+/// are recorded, and mapped, only where data was. The map holds a range
+/// of zeros as an entry per 2 MiB page, so one record over the whole cut
+/// took an entry in each of its 2 million pages (80 MB, seconds under
+/// the index's lock), and as many again at every replay of it.
+#[test]
+fn shrinking_a_huge_thin_volume_maps_zeros_only_where_data_was() {
+    const TIB: u64 = 1 << 40;
+    let (devices, array) = array();
+    let v = array.create_volume("big", 4 * TIB).unwrap();
+    let places = [0, TIB + 7 * 4096, 3 * TIB + 5 * MIB];
+    for (i, &at) in places.iter().enumerate() {
+        v.write(at, &pattern(20 + i as u64, 8192), false).unwrap();
+    }
+    array.flush().unwrap();
+    array.resize_volume("big", 4096).unwrap();
+    let mappings = |array: &Array| array.status().unwrap().map_mappings;
+    // The first block kept, a zero record over each of the others.
+    assert!(mappings(&array) <= 8, "{} mappings after the shrink", mappings(&array));
+    array.resize_volume("big", 4 * TIB).unwrap();
+    let zeros_where_data_was = |v: &tessera_array::Volume, when: &str| {
+        assert_eq!(read(v, 0, 4096), pattern(20, 8192)[..4096], "{when}");
+        assert_eq!(read(v, 4096, 4096), vec![0u8; 4096], "{when}");
+        for &at in &places[1..] {
+            assert_eq!(read(v, at, 8192), vec![0u8; 8192], "{when}: at {at}");
+        }
+    };
+    zeros_where_data_was(&v, "grown again");
+    drop(v);
+    let array = kill_and_reopen(&devices, array);
+    zeros_where_data_was(&array.volume("big").unwrap(), "after kill -9");
+    assert!(mappings(&array) <= 8, "{} mappings after replay", mappings(&array));
+}
+
 #[test]
 fn bad_volume_requests_are_refused_and_change_nothing() {
     let (_devices, array) = array();
