@@ -24,7 +24,9 @@
 //!   in `status`.
 
 use crate::engine::Shared;
-use crate::format::{CheckpointRef, CheckpointTarget, ChunkHeader, Record, Stream, SUMMARY_HEADER_BYTES};
+use crate::format::{
+    CheckpointRef, CheckpointTarget, CheckpointView, ChunkHeader, Record, Stream, SUMMARY_HEADER_BYTES,
+};
 use crate::map::{Location, Map, Rule, Target};
 use crate::slots::{SlotState, SlotTable};
 use crate::ArrayError;
@@ -265,15 +267,27 @@ impl Shared {
     }
 
     /// What `parse` makes of the data areas of `stripes` (slot, sequence),
-    /// `total` bytes from their starts, all full but the last: read
-    /// straight from the data chunks, or, if `parse` refuses that, from
-    /// every stripe rebuilt and checked chunk by chunk.
+    /// `total` bytes from their starts (`read_meta_bytes`).
     fn read_meta_stripes<T>(
         &self,
         stripes: &[(u64, u64)],
         total: usize,
         parse: impl Fn(&[u8]) -> Result<T, String>,
     ) -> Result<T, ArrayError> {
+        let bytes = self.read_meta_bytes(stripes, total, |b| parse(b).map(|_| ()))?;
+        parse(&bytes).map_err(|why| ArrayError::CheckpointUnreadable { why })
+    }
+
+    /// The data areas of `stripes` (slot, sequence), `total` bytes from
+    /// their starts, all full but the last, that `good` accepts: read
+    /// straight from the data chunks, or, if `good` refuses those, from
+    /// every stripe rebuilt and checked chunk by chunk.
+    fn read_meta_bytes(
+        &self,
+        stripes: &[(u64, u64)],
+        total: usize,
+        good: impl Fn(&[u8]) -> Result<(), String>,
+    ) -> Result<Vec<u8>, ArrayError> {
         let unreadable = |why: String| ArrayError::CheckpointUnreadable { why };
         let per_stripe = self.meta_stripe_bytes();
         if total > stripes.len() * per_stripe || total <= (stripes.len().max(1) - 1) * per_stripe {
@@ -285,10 +299,8 @@ impl Shared {
             let at = i * per_stripe;
             self.read_area_into(slot, 0, &mut bytes[at..at + length(i)])
         });
-        if direct {
-            if let Ok(parsed) = parse(&bytes) {
-                return Ok(parsed);
-            }
+        if direct && good(&bytes).is_ok() {
+            return Ok(bytes);
         }
         for (i, &(slot, sequence)) in stripes.iter().enumerate() {
             let rebuilt = self
@@ -297,7 +309,8 @@ impl Shared {
             let at = i * per_stripe;
             bytes[at..at + length(i)].copy_from_slice(&rebuilt.area[..length(i)]);
         }
-        parse(&bytes).map_err(unreadable)
+        good(&bytes).map_err(unreadable)?;
+        Ok(bytes)
     }
 
     /// Loads the checkpoint `reference` names into the (empty) map and
@@ -335,12 +348,11 @@ impl Shared {
         } else {
             &listed[..]
         };
-        let checkpoint = self.read_meta_stripes(own, total, |b| {
-            if g.checksum.digest(b) != reference.digest {
-                return Err("its digest does not match".to_string());
-            }
-            crate::format::Checkpoint::decode(b, g).map_err(|e| e.to_string())
+        let bytes = self.read_meta_bytes(own, total, |b| match g.checksum.digest(b) == reference.digest {
+            true => Ok(()),
+            false => Err("its digest does not match".to_string()),
         })?;
+        let checkpoint = CheckpointView::parse(&bytes, g).map_err(|e| unreadable(e.to_string()))?;
         if checkpoint.sequence != reference.sequence {
             return Err(unreadable(format!(
                 "it says sequence {}, the superblock {}",
@@ -369,10 +381,10 @@ impl Shared {
         for &(slot, sequence) in &checkpoint.stripes {
             index.slots.set(slot, SlotState::Sealed, sequence);
         }
-        // Each mapping's extent goes into the map by value: an `Arc` per
-        // extent kept for the whole load would double its peak.
-        let extents = &checkpoint.extents;
-        for m in &checkpoint.mappings {
+        // Each mapping's extent is decoded from the checkpoint's bytes as
+        // it goes into the map: a decoded copy of them all, or an `Arc`
+        // per extent kept for the whole load, would double its peak.
+        for m in checkpoint.mappings() {
             // A fuzzy copy may hold a volume deleted while it was taken.
             if !index.volumes.admits(m.lba, m.version) {
                 continue;
@@ -380,7 +392,7 @@ impl Shared {
             let target = match m.target {
                 CheckpointTarget::Zero { slot } => Target::Zero { slot },
                 CheckpointTarget::Data { extent, skip } => Target::Data {
-                    extent: Arc::new(extents[extent].clone()),
+                    extent: Arc::new(checkpoint.extent(extent)),
                     skip,
                 },
             };
