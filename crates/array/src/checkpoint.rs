@@ -36,7 +36,7 @@
 
 use crate::engine::{Index, Resident, Shared};
 use crate::format::{
-    self, Checkpoint, CheckpointMapping, CheckpointRef, CheckpointTarget, Extent, Stream, CHECKPOINT_SLOTS_MAX,
+    self, Checkpoint, CheckpointBody, CheckpointMapping, CheckpointRef, CheckpointTarget, Stream, CHECKPOINT_SLOTS_MAX,
 };
 use crate::limits::{
     CHECKPOINT_MAPPINGS_PER_LOCK, CHECKPOINT_WINDOW_DIVISOR, CHECKPOINT_WINDOW_MAX, CHECKPOINT_WINDOW_MIN,
@@ -47,6 +47,23 @@ use crate::status::Counters;
 use crate::stripe::OpenStripe;
 use crate::ArrayError;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// A checkpoint being taken: the map's copy, encoded, and the tables
+/// that go before it (filled in as the steps go).
+struct MapCopy {
+    sequence: u64,
+    next_version: u64,
+    stripes: Vec<(u64, u64)>,
+    window: Vec<u64>,
+    body: CheckpointBody,
+}
+
+impl MapCopy {
+    fn encode(&self, algorithm: tessera_checksum::Algorithm) -> Vec<u8> {
+        self.body
+            .encode(algorithm, self.sequence, self.next_version, &self.stripes, &self.window)
+    }
+}
 
 impl Shared {
     /// Slots a checkpoint adds to its window: a quarter of the array, within bounds.
@@ -210,13 +227,15 @@ impl Shared {
         picked
     }
 
-    /// Step 2: the map, copied in pieces, and the slots it points into
-    /// with their sequences as seen then.
-    fn copy_map(&self, start: u64, window: &BTreeSet<u64>) -> (Checkpoint, BTreeMap<u64, u64>) {
-        let mut checkpoint = Checkpoint {
+    /// Step 2: the map, copied in pieces and encoded as it goes, and the
+    /// slots it points into with their sequences as seen then.
+    fn copy_map(&self, start: u64, window: &BTreeSet<u64>) -> (MapCopy, BTreeMap<u64, u64>) {
+        let mut copy = MapCopy {
             sequence: start,
+            next_version: 0,
+            stripes: Vec::new(),
             window: window.iter().copied().collect(),
-            ..Checkpoint::default()
+            body: CheckpointBody::default(),
         };
         // Extents are numbered by identity: their place in their slot (a
         // slot is rewritten only once nothing maps into it).
@@ -225,25 +244,21 @@ impl Shared {
         let mut cursor = 0u64;
         loop {
             let index = self.index();
-            checkpoint.next_version = index.next_version;
+            copy.next_version = index.next_version;
             let mut copied = 0;
             for (lba, mapping) in index.map.from(cursor).take(CHECKPOINT_MAPPINGS_PER_LOCK) {
                 let slot = mapping.target.slot();
                 referenced.entry(slot).or_insert_with(|| index.slots.get(slot).sequence);
                 let target = match &mapping.target {
                     Target::Zero { slot } => CheckpointTarget::Zero { slot: *slot },
-                    Target::Data { extent, skip } => {
-                        let number = *numbers.entry((extent.slot, extent.offset)).or_insert_with(|| {
-                            checkpoint.extents.push(Extent::clone(extent));
-                            checkpoint.extents.len() - 1
-                        });
-                        CheckpointTarget::Data {
-                            extent: number,
-                            skip: *skip,
-                        }
-                    }
+                    Target::Data { extent, skip } => CheckpointTarget::Data {
+                        extent: *numbers
+                            .entry((extent.slot, extent.offset))
+                            .or_insert_with(|| copy.body.push_extent(extent)),
+                        skip: *skip,
+                    },
                 };
-                checkpoint.mappings.push(CheckpointMapping {
+                copy.body.push_mapping(&CheckpointMapping {
                     lba,
                     blocks: mapping.blocks,
                     version: mapping.version,
@@ -253,7 +268,7 @@ impl Shared {
                 copied += 1;
             }
             if copied < CHECKPOINT_MAPPINGS_PER_LOCK {
-                return (checkpoint, referenced);
+                return (copy, referenced);
             }
         }
     }
@@ -265,7 +280,7 @@ impl Shared {
     /// its slots (the directory's too), or `None` if it does not fit.
     fn write_checkpoint(
         &self,
-        checkpoint: &mut Checkpoint,
+        checkpoint: &mut MapCopy,
         window: &mut BTreeSet<u64>,
     ) -> Result<Option<Vec<u64>>, ArrayError> {
         let g = &self.geometry;

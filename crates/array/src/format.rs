@@ -1000,68 +1000,15 @@ impl Checkpoint {
             + CHECKPOINT_MAPPING_BYTES * mappings
     }
 
-    fn crc_count(&self) -> usize {
-        self.extents.iter().map(|e| e.block_crcs.len()).sum()
-    }
-
     pub fn encode(&self, algorithm: Algorithm) -> Vec<u8> {
-        let mut out = Vec::with_capacity(Self::encoded_bytes(
-            algorithm,
-            self.stripes.len(),
-            self.window.len(),
-            self.extents.len(),
-            self.crc_count(),
-            self.mappings.len(),
-        ));
-        out.extend_from_slice(&CHECKPOINT_MAGIC);
-        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes());
-        for n in [
-            self.sequence,
-            self.next_version,
-            self.stripes.len() as u64,
-            self.window.len() as u64,
-            self.extents.len() as u64,
-            self.mappings.len() as u64,
-        ] {
-            out.extend_from_slice(&n.to_le_bytes());
-        }
-        for (slot, sequence) in &self.stripes {
-            out.extend_from_slice(&slot.to_le_bytes());
-            out.extend_from_slice(&sequence.to_le_bytes());
-        }
-        for slot in &self.window {
-            out.extend_from_slice(&slot.to_le_bytes());
-        }
+        let mut body = CheckpointBody::default();
         for e in &self.extents {
-            assert!(
-                e.block_crcs.len() <= u8::MAX as usize,
-                "an extent has at most 255 blocks"
-            );
-            out.extend_from_slice(&e.slot.to_le_bytes());
-            out.extend_from_slice(&e.offset.to_le_bytes());
-            out.extend_from_slice(&e.stored_bytes.to_le_bytes());
-            out.extend_from_slice(&e.blocks.to_le_bytes());
-            out.extend_from_slice(&[codec_code(e.codec).0, e.block_crcs.len() as u8, 0, 0]);
-            out.extend_from_slice(e.digest.as_bytes());
-            for crc in &e.block_crcs {
-                out.extend_from_slice(&crc.to_le_bytes());
-            }
+            body.push_extent(e);
         }
         for m in &self.mappings {
-            let (kind, target, skip) = match m.target {
-                CheckpointTarget::Data { extent, skip } => (1u8, extent as u64, skip),
-                CheckpointTarget::Zero { slot } => (2u8, slot, 0),
-            };
-            out.extend_from_slice(&m.lba.to_le_bytes());
-            out.extend_from_slice(&m.blocks.to_le_bytes());
-            out.extend_from_slice(&[kind, 0, 0, 0]);
-            out.extend_from_slice(&target.to_le_bytes());
-            out.extend_from_slice(&skip.to_le_bytes());
-            out.extend_from_slice(&0u32.to_le_bytes());
-            out.extend_from_slice(&m.version.to_le_bytes());
+            body.push_mapping(m);
         }
-        out
+        body.encode(algorithm, self.sequence, self.next_version, &self.stripes, &self.window)
     }
 
     /// Decodes a checkpoint whose digest already matched, checking every
@@ -1076,6 +1023,100 @@ impl Checkpoint {
             stripes: view.stripes,
             window: view.window,
         })
+    }
+}
+
+/// The map's part of a checkpoint (its extents, each once, and its
+/// mappings), encoded as it is copied: a checkpoint of a large map is
+/// never held decoded (an `Extent` is ~170 bytes, its entry here 28 + D,
+/// with 4 bytes per block CRC).
+#[derive(Default)]
+pub struct CheckpointBody {
+    extents: Vec<u8>,
+    extent_count: usize,
+    crc_count: usize,
+    mappings: Vec<u8>,
+    mapping_count: usize,
+}
+
+impl CheckpointBody {
+    /// Adds an extent; returns its number, for mappings to name.
+    pub fn push_extent(&mut self, e: &Extent) -> usize {
+        let out = &mut self.extents;
+        out.extend_from_slice(&e.slot.to_le_bytes());
+        out.extend_from_slice(&e.offset.to_le_bytes());
+        out.extend_from_slice(&e.stored_bytes.to_le_bytes());
+        out.extend_from_slice(&e.blocks.to_le_bytes());
+        // At most EXTENT_BLOCKS_MAX (16) CRCs: `BlockCrcs` holds no more.
+        out.extend_from_slice(&[codec_code(e.codec).0, e.block_crcs.len() as u8, 0, 0]);
+        out.extend_from_slice(e.digest.as_bytes());
+        for crc in &e.block_crcs {
+            out.extend_from_slice(&crc.to_le_bytes());
+        }
+        self.crc_count += e.block_crcs.len();
+        self.extent_count += 1;
+        self.extent_count - 1
+    }
+
+    pub fn push_mapping(&mut self, m: &CheckpointMapping) {
+        let (kind, target, skip) = match m.target {
+            CheckpointTarget::Data { extent, skip } => (1u8, extent as u64, skip),
+            CheckpointTarget::Zero { slot } => (2u8, slot, 0),
+        };
+        let out = &mut self.mappings;
+        out.extend_from_slice(&m.lba.to_le_bytes());
+        out.extend_from_slice(&m.blocks.to_le_bytes());
+        out.extend_from_slice(&[kind, 0, 0, 0]);
+        out.extend_from_slice(&target.to_le_bytes());
+        out.extend_from_slice(&skip.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&m.version.to_le_bytes());
+        self.mapping_count += 1;
+    }
+
+    /// The whole checkpoint: its header, the stripes it points into and
+    /// its window, then this body.
+    pub fn encode(
+        &self,
+        algorithm: Algorithm,
+        sequence: u64,
+        next_version: u64,
+        stripes: &[(u64, u64)],
+        window: &[u64],
+    ) -> Vec<u8> {
+        let bytes = Checkpoint::encoded_bytes(
+            algorithm,
+            stripes.len(),
+            window.len(),
+            self.extent_count,
+            self.crc_count,
+            self.mapping_count,
+        );
+        let mut out = Vec::with_capacity(bytes);
+        out.extend_from_slice(&CHECKPOINT_MAGIC);
+        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        for n in [
+            sequence,
+            next_version,
+            stripes.len() as u64,
+            window.len() as u64,
+            self.extent_count as u64,
+            self.mapping_count as u64,
+        ] {
+            out.extend_from_slice(&n.to_le_bytes());
+        }
+        for (slot, sequence) in stripes {
+            out.extend_from_slice(&slot.to_le_bytes());
+            out.extend_from_slice(&sequence.to_le_bytes());
+        }
+        for slot in window {
+            out.extend_from_slice(&slot.to_le_bytes());
+        }
+        out.extend_from_slice(&self.extents);
+        out.extend_from_slice(&self.mappings);
+        debug_assert_eq!(out.len(), bytes);
+        out
     }
 }
 
