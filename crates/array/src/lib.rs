@@ -75,7 +75,7 @@ pub enum ArrayError {
     #[error("the engine could not start its {what}: {source}; the system is short of threads or memory")]
     ThreadStart { what: &'static str, source: std::io::Error },
     #[error("bad geometry: {0}")]
-    Geometry(String),
+    Geometry(#[from] GeometryError),
     #[error("log device {name}: {why}")]
     LogDevice { name: String, why: String },
     #[error("no log device of the array can be read ({why}): the last FLUSHed writes may be only there. Bring one back, or open with the missing log discarded (serve --discard-missing-log) to go on without them")]
@@ -171,6 +171,41 @@ pub enum ArrayError {
     VolumeGone { name: String },
 }
 
+/// Why `create` refuses a geometry (the shape, the members' size, the
+/// sizes asked for), with what to change.
+#[derive(Debug, thiserror::Error)]
+pub enum GeometryError {
+    #[error("K={data}, M={parity}: need K >= 1 and K+M <= 256")]
+    Shape { data: usize, parity: usize },
+    #[error("{members} members for K+M={width}: need K+M <= N <= {MEMBER_COUNT_MAX}")]
+    MemberCount { members: usize, width: usize },
+    #[error(
+        "chunk size {bytes}: use a multiple of 4 KiB from {} to {}",
+        format::CHUNK_BYTES_MIN,
+        format::CHUNK_BYTES_MAX
+    )]
+    ChunkSize { bytes: usize },
+    #[error("a log of {log_bytes} bytes does not fit members of {member_bytes} bytes")]
+    LogTooLarge { log_bytes: u64, member_bytes: u64 },
+    #[error(
+        "members of {member_bytes} bytes hold {slots} stripes of {chunk_bytes}-byte chunks; need at least {SLOTS_MIN}: use larger members or smaller chunks"
+    )]
+    TooFewStripes {
+        member_bytes: u64,
+        slots: u64,
+        chunk_bytes: usize,
+    },
+    #[error("a stripe's data area of {data_area_bytes} bytes holds no 4 KiB block and its summary: use larger chunks")]
+    NoRoomForABlock { data_area_bytes: usize },
+    #[error("logical size {bytes}: use a positive multiple of 4 KiB")]
+    LogicalSize { bytes: u64 },
+    #[error(
+        "logical size {bytes}: at most {} bytes (4 PiB, the largest volume: a volume is 2^40 blocks)",
+        format::LOGICAL_BYTES_MAX
+    )]
+    LogicalTooLarge { bytes: u64 },
+}
+
 /// Settings for a new array.
 #[derive(Clone, Debug)]
 pub struct CreateOptions {
@@ -217,23 +252,19 @@ pub fn plan(
     log_devices: &[(String, Arc<dyn Device>)],
 ) -> Result<Geometry, ArrayError> {
     let (k, m, n) = (options.data, options.parity, devices.len());
-    let bad = |why: String| Err(ArrayError::Geometry(why));
+    let bad = |why: GeometryError| Err(ArrayError::Geometry(why));
     if k == 0 || k + m > 256 {
-        return bad(format!("K={k}, M={m}: need K >= 1 and K+M <= 256"));
+        return bad(GeometryError::Shape { data: k, parity: m });
     }
     if n < k + m || n > MEMBER_COUNT_MAX {
-        return bad(format!(
-            "{n} members for K+M={}: need K+M <= N <= {MEMBER_COUNT_MAX}",
-            k + m
-        ));
+        return bad(GeometryError::MemberCount {
+            members: n,
+            width: k + m,
+        });
     }
     let c = options.chunk_bytes;
     if !(format::CHUNK_BYTES_MIN..=format::CHUNK_BYTES_MAX).contains(&c) || !c.is_multiple_of(SECTOR_BYTES) {
-        return bad(format!(
-            "chunk size {c}: use a multiple of 4 KiB from {} to {}",
-            format::CHUNK_BYTES_MIN,
-            format::CHUNK_BYTES_MAX
-        ));
+        return bad(GeometryError::ChunkSize { bytes: c });
     }
     let member_bytes = devices.iter().map(|(_, d)| d.size()).min().unwrap_or(0);
     let mut geometry = Geometry {
@@ -283,34 +314,29 @@ pub fn plan(
     if geometry.log_bytes / SECTOR_BYTES as u64 > u64::from(u32::MAX)
         || geometry.log_bytes + format::DATA_START + SECTOR_BYTES as u64 > member_bytes
     {
-        return bad(format!(
-            "a log of {} bytes does not fit members of {member_bytes} bytes",
-            geometry.log_bytes
-        ));
+        return bad(GeometryError::LogTooLarge {
+            log_bytes: geometry.log_bytes,
+            member_bytes,
+        });
     }
     geometry.rows = Geometry::rows_for(member_bytes, c, geometry.log_bytes);
     if geometry.slot_count() < SLOTS_MIN {
-        return bad(format!(
-            "members of {member_bytes} bytes hold {} stripes of {c}-byte chunks; need at least {SLOTS_MIN}: use larger members or smaller chunks",
-            geometry.slot_count()
-        ));
+        return bad(GeometryError::TooFewStripes {
+            member_bytes,
+            slots: geometry.slot_count(),
+            chunk_bytes: c,
+        });
     }
     if extent_blocks_max(&geometry) == 0 {
-        return bad(format!(
-            "a stripe's data area of {} bytes holds no 4 KiB block and its summary: use larger chunks",
-            geometry.data_area_bytes()
-        ));
+        return bad(GeometryError::NoRoomForABlock {
+            data_area_bytes: geometry.data_area_bytes(),
+        });
     }
     geometry.logical_bytes = match options.logical_bytes {
         Some(bytes) if bytes == 0 || bytes % BLOCK_BYTES as u64 != 0 => {
-            return bad(format!("logical size {bytes}: use a positive multiple of 4 KiB"))
+            return bad(GeometryError::LogicalSize { bytes })
         }
-        Some(bytes) if bytes > format::LOGICAL_BYTES_MAX => {
-            return bad(format!(
-                "logical size {bytes}: at most {} bytes (4 PiB, the largest volume: a volume is 2^40 blocks)",
-                format::LOGICAL_BYTES_MAX
-            ))
-        }
+        Some(bytes) if bytes > format::LOGICAL_BYTES_MAX => return bad(GeometryError::LogicalTooLarge { bytes }),
         Some(bytes) => bytes,
         None => default_logical_bytes(&geometry),
     };
