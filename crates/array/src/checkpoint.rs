@@ -36,7 +36,7 @@
 
 use crate::engine::{Index, Resident, Shared};
 use crate::format::{
-    self, Checkpoint, CheckpointBody, CheckpointMapping, CheckpointRef, CheckpointTarget, Stream, CHECKPOINT_SLOTS_MAX,
+    self, CheckpointBody, CheckpointMapping, CheckpointRef, CheckpointTarget, Stream, CHECKPOINT_SLOTS_MAX,
 };
 use crate::limits::{
     CHECKPOINT_MAPPINGS_PER_LOCK, CHECKPOINT_WINDOW_DIVISOR, CHECKPOINT_WINDOW_MAX, CHECKPOINT_WINDOW_MIN,
@@ -84,7 +84,7 @@ impl Shared {
         let g = &self.geometry;
         let ranges = index.map.len();
         let used = index.slots.count() as usize - index.slots.free_count();
-        let bytes = Checkpoint::encoded_bytes(
+        let bytes = format::checkpoint_bytes(
             g.checksum,
             used,
             index.slots.count() as usize,
@@ -246,7 +246,13 @@ impl Shared {
             let index = self.index();
             copy.next_version = index.next_version;
             let mut copied = 0;
-            for (lba, mapping) in index.map.from(cursor).take(CHECKPOINT_MAPPINGS_PER_LOCK) {
+            // The cursor is where the last mapping copied ends: none
+            // starts before it and reaches past it.
+            for (lba, mapping) in index
+                .map
+                .overlapping(cursor, u64::MAX)
+                .take(CHECKPOINT_MAPPINGS_PER_LOCK)
+            {
                 let slot = mapping.target.slot();
                 referenced.entry(slot).or_insert_with(|| index.slots.get(slot).sequence);
                 let target = match &mapping.target {

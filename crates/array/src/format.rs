@@ -934,7 +934,34 @@ pub struct CheckpointMapping {
     pub target: CheckpointTarget,
 }
 
-/// The volume's map as of stripe `sequence`: every live stripe and its
+const CHECKPOINT_HEADER_BYTES: usize = 64;
+const CHECKPOINT_MAPPING_BYTES: usize = 40;
+const CHECKPOINT_EXTENT_BYTES: usize = 24;
+
+/// Bytes one extent takes in a checkpoint.
+pub fn checkpoint_extent_bytes(algorithm: Algorithm, crcs: usize) -> usize {
+    CHECKPOINT_EXTENT_BYTES + algorithm.digest_bytes() + 4 * crcs
+}
+
+/// Encoded size of a checkpoint with these counts (`crcs`: the block
+/// CRCs of all its extents together).
+pub fn checkpoint_bytes(
+    algorithm: Algorithm,
+    stripes: usize,
+    window: usize,
+    extents: usize,
+    crcs: usize,
+    mappings: usize,
+) -> usize {
+    CHECKPOINT_HEADER_BYTES
+        + 16 * stripes
+        + 8 * window
+        + checkpoint_extent_bytes(algorithm, 0) * extents
+        + 4 * crcs
+        + CHECKPOINT_MAPPING_BYTES * mappings
+}
+
+/// A checkpoint: the volume's map as of stripe `sequence`: every live stripe and its
 /// sequence, the extents and the mapped ranges (sorted, disjoint, each
 /// with the version of the write it holds), and the window: the slots the
 /// volume may write before the next checkpoint (free ones, and live ones
@@ -961,75 +988,11 @@ pub struct CheckpointMapping {
 /// ```
 ///
 /// Its length and digest are in the superblock, which points to it.
-#[derive(Clone, Debug, PartialEq, Default)]
-pub struct Checkpoint {
-    pub sequence: u64,
-    /// Versions below this were given out before the checkpoint.
-    pub next_version: u64,
-    pub stripes: Vec<(u64, u64)>,
-    pub window: Vec<u64>,
-    pub extents: Vec<Extent>,
-    pub mappings: Vec<CheckpointMapping>,
-}
-
-const CHECKPOINT_HEADER_BYTES: usize = 64;
-const CHECKPOINT_MAPPING_BYTES: usize = 40;
-const CHECKPOINT_EXTENT_BYTES: usize = 24;
-
-/// Bytes one extent takes in a checkpoint.
-pub fn checkpoint_extent_bytes(algorithm: Algorithm, crcs: usize) -> usize {
-    CHECKPOINT_EXTENT_BYTES + algorithm.digest_bytes() + 4 * crcs
-}
-
-impl Checkpoint {
-    /// Encoded size of a checkpoint with these counts (`crcs`: the block
-    /// CRCs of all its extents together).
-    pub fn encoded_bytes(
-        algorithm: Algorithm,
-        stripes: usize,
-        window: usize,
-        extents: usize,
-        crcs: usize,
-        mappings: usize,
-    ) -> usize {
-        CHECKPOINT_HEADER_BYTES
-            + 16 * stripes
-            + 8 * window
-            + checkpoint_extent_bytes(algorithm, 0) * extents
-            + 4 * crcs
-            + CHECKPOINT_MAPPING_BYTES * mappings
-    }
-
-    pub fn encode(&self, algorithm: Algorithm) -> Vec<u8> {
-        let mut body = CheckpointBody::default();
-        for e in &self.extents {
-            body.push_extent(e);
-        }
-        for m in &self.mappings {
-            body.push_mapping(m);
-        }
-        body.encode(algorithm, self.sequence, self.next_version, &self.stripes, &self.window)
-    }
-
-    /// Decodes a checkpoint whose digest already matched, checking every
-    /// field against the geometry and the checkpoint's own tables.
-    pub fn decode(bytes: &[u8], geometry: &Geometry) -> Result<Checkpoint, FormatError> {
-        let view = CheckpointView::parse(bytes, geometry)?;
-        Ok(Checkpoint {
-            sequence: view.sequence,
-            next_version: view.next_version,
-            extents: (0..view.extent_count()).map(|i| view.extent(i)).collect(),
-            mappings: view.mappings().collect(),
-            stripes: view.stripes,
-            window: view.window,
-        })
-    }
-}
-
-/// The map's part of a checkpoint (its extents, each once, and its
-/// mappings), encoded as it is copied: a checkpoint of a large map is
-/// never held decoded (an `Extent` is ~170 bytes, its entry here 28 + D,
-/// with 4 bytes per block CRC).
+///
+/// This is its writer (`CheckpointView` its reader): the map's part is
+/// encoded as the map is copied, each extent once, so a checkpoint of a
+/// large map is never held decoded (an `Extent` is ~170 bytes, its entry
+/// here 28 + D, with 4 bytes per block CRC).
 #[derive(Default)]
 pub struct CheckpointBody {
     extents: Vec<u8>,
@@ -1084,7 +1047,7 @@ impl CheckpointBody {
         stripes: &[(u64, u64)],
         window: &[u64],
     ) -> Vec<u8> {
-        let bytes = Checkpoint::encoded_bytes(
+        let bytes = checkpoint_bytes(
             algorithm,
             stripes.len(),
             window.len(),
@@ -1169,7 +1132,7 @@ impl<'a> CheckpointView<'a> {
         let too_many = [stripes, window].iter().any(|&n| n as u64 > slots) || extents.max(mappings) > bytes.len();
         // Without block CRCs, the smallest the tables could be: more
         // entries than the bytes hold are refused before any allocation.
-        if too_many || Checkpoint::encoded_bytes(algorithm, stripes, window, extents, 0, mappings) > bytes.len() {
+        if too_many || checkpoint_bytes(algorithm, stripes, window, extents, 0, mappings) > bytes.len() {
             return Err(field("length", bytes.len() as u64));
         }
         let mut at = CHECKPOINT_HEADER_BYTES;
@@ -1901,6 +1864,42 @@ mod tests {
         assert!(decode_summary(&bytes[..bytes.len() - 1], &geometry(), 11).is_err());
     }
 
+    /// A checkpoint as values: fixtures, and what a round trip gives back.
+    #[derive(Clone, Debug, PartialEq, Default)]
+    struct Checkpoint {
+        sequence: u64,
+        next_version: u64,
+        stripes: Vec<(u64, u64)>,
+        window: Vec<u64>,
+        extents: Vec<Extent>,
+        mappings: Vec<CheckpointMapping>,
+    }
+
+    impl Checkpoint {
+        fn encode(&self, algorithm: Algorithm) -> Vec<u8> {
+            let mut body = CheckpointBody::default();
+            for e in &self.extents {
+                body.push_extent(e);
+            }
+            for m in &self.mappings {
+                body.push_mapping(m);
+            }
+            body.encode(algorithm, self.sequence, self.next_version, &self.stripes, &self.window)
+        }
+
+        fn decode(bytes: &[u8], geometry: &Geometry) -> Result<Checkpoint, FormatError> {
+            let view = CheckpointView::parse(bytes, geometry)?;
+            Ok(Checkpoint {
+                sequence: view.sequence,
+                next_version: view.next_version,
+                extents: (0..view.extent_count()).map(|i| view.extent(i)).collect(),
+                mappings: view.mappings().collect(),
+                stripes: view.stripes,
+                window: view.window,
+            })
+        }
+    }
+
     fn checkpoint() -> Checkpoint {
         let a = Algorithm::Blake3;
         Checkpoint {
@@ -2121,7 +2120,7 @@ mod tests {
         let (a, g) = (Algorithm::Blake3, geometry());
         let c = checkpoint();
         let bytes = c.encode(a);
-        assert_eq!(bytes.len(), Checkpoint::encoded_bytes(a, 2, 3, 2, 2, 3));
+        assert_eq!(bytes.len(), checkpoint_bytes(a, 2, 3, 2, 2, 3));
         assert_eq!(&bytes[..12], b"TSRCHKPT\x02\x00\x00\x00");
         assert_eq!(&bytes[24..32], &1234u64.to_le_bytes());
         assert_eq!(Checkpoint::decode(&bytes, &g).unwrap(), c);

@@ -85,18 +85,6 @@ impl Target {
             zero => zero.clone(),
         }
     }
-
-    /// Whether two targets are the same stored record (not just equal
-    /// bytes): the same slot and, for data, the same place in it.
-    pub fn same_record(&self, other: &Target) -> bool {
-        match (self, other) {
-            (Target::Zero { slot: a }, Target::Zero { slot: b }) => a == b,
-            (Target::Data { extent: a, .. }, Target::Data { extent: b, .. }) => {
-                a.slot == b.slot && a.offset == b.offset
-            }
-            _ => false,
-        }
-    }
 }
 
 #[derive(Clone, Debug)]
@@ -117,15 +105,56 @@ pub struct Location {
     pub version: u64,
 }
 
-/// A piece of a target that the map gained (`pieces` +1) or lost (-1),
-/// `blocks` long.
-#[derive(Clone, Debug)]
+/// A piece of a record that the map gained (`pieces` +1) or lost (-1),
+/// `blocks` long: what the slot table counts, with no checksums (a
+/// write's deltas are made under the index's write lock).
+#[derive(Clone, Copy, Debug)]
 pub struct Delta {
     /// The map key of the piece's first block.
     pub lba: u64,
-    pub target: Target,
     pub blocks: u32,
     pub gained: bool,
+    /// The record's slot.
+    pub slot: u64,
+    /// A data record's place and size; `None` for zeros.
+    pub data: Option<DataRecord>,
+}
+
+/// Where a data record lies in its slot and what it takes there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataRecord {
+    pub offset: u32,
+    pub stored_bytes: u32,
+    pub blocks: u32,
+    /// Its block CRCs (its blocks if raw, none if compressed).
+    pub crcs: u32,
+}
+
+impl DataRecord {
+    pub fn of(extent: &Extent) -> DataRecord {
+        DataRecord {
+            offset: extent.offset,
+            stored_bytes: extent.stored_bytes,
+            blocks: extent.blocks,
+            crcs: extent.block_crcs.len() as u32,
+        }
+    }
+}
+
+impl Delta {
+    /// `blocks` blocks from `lba` of `target` gained or lost.
+    pub fn new(lba: u64, blocks: u32, target: &Target, gained: bool) -> Delta {
+        Delta {
+            lba,
+            blocks,
+            gained,
+            slot: target.slot(),
+            data: match target {
+                Target::Data { extent, .. } => Some(DataRecord::of(extent)),
+                Target::Zero { .. } => None,
+            },
+        }
+    }
 }
 
 /// Which existing pieces an insert replaces.
@@ -210,6 +239,22 @@ impl Entry {
             slot: self.slot,
             offset: (!self.is_zero()).then_some(self.offset),
             version: self.version,
+        }
+    }
+
+    /// This entry's blocks, from page key `base`, gained or lost.
+    fn delta(&self, base: u64, gained: bool) -> Delta {
+        Delta {
+            lba: base + u64::from(self.start),
+            blocks: u32::from(self.blocks),
+            gained,
+            slot: self.slot,
+            data: (!self.is_zero()).then_some(DataRecord {
+                offset: self.offset,
+                stored_bytes: self.stored_bytes,
+                blocks: u32::from(self.record_blocks),
+                crcs: u32::from(self.crcs),
+            }),
         }
     }
 
@@ -385,16 +430,16 @@ impl Page {
                 pieces.entries.push(*e);
                 continue;
             }
-            lost.push(self.delta(base, e, false));
+            lost.push(e.delta(base, false));
             if e.start < from {
                 let head = e.cut(e.start, from);
-                gained.push(self.delta(base, &head, true));
+                gained.push(head.delta(base, true));
                 pieces.entries.push(head);
             }
             pieces.take(self, target, (lo, version), from, to);
             if e.end() > to {
                 let tail = e.cut(to, e.end());
-                gained.push(self.delta(base, &tail, true));
+                gained.push(tail.delta(base, true));
                 pieces.entries.push(tail);
             }
         }
@@ -403,12 +448,12 @@ impl Page {
         }
         for &i in &pieces.new {
             let piece = &pieces.entries[i];
-            gained.push(Delta {
-                lba: base + u64::from(piece.start),
-                target: target.advanced(u32::from(piece.start - lo)),
-                blocks: u32::from(piece.blocks),
-                gained: true,
-            });
+            gained.push(Delta::new(
+                base + u64::from(piece.start),
+                u32::from(piece.blocks),
+                target,
+                true,
+            ));
         }
         let removed: usize = old.iter().map(Entry::word_count).sum();
         let added: usize = pieces.entries.iter().map(Entry::word_count).sum();
@@ -422,15 +467,6 @@ impl Page {
             self.compact();
         }
         change
-    }
-
-    fn delta(&self, base: u64, e: &Entry, gained: bool) -> Delta {
-        Delta {
-            lba: base + u64::from(e.start),
-            target: self.target(e),
-            blocks: u32::from(e.blocks),
-            gained,
-        }
     }
 
     /// Rewrites the arena with only the words entries refer to, each
@@ -526,6 +562,15 @@ impl<'a> Overlapping<'a> {
         })
     }
 
+    /// Where each mapping starts and where it points, without its
+    /// record's checksums.
+    pub fn locations(mut self) -> impl Iterator<Item = (u64, Location)> + 'a {
+        std::iter::from_fn(move || {
+            self.next_entry()
+                .map(|(base, _, e)| (base + u64::from(e.start), e.location()))
+        })
+    }
+
     fn next_entry(&mut self) -> Option<(u64, &'a Page, &'a Entry)> {
         loop {
             if let Some((base, page, i)) = &mut self.current {
@@ -609,32 +654,8 @@ impl Map {
     }
 
     /// Every mapping, in block order.
-    pub fn iter(&self) -> impl Iterator<Item = (u64, Mapping)> + '_ {
-        self.from(0)
-    }
-
-    /// Where every mapping points, in block order, without its checksums.
-    pub fn locations(&self) -> impl Iterator<Item = (u64, Location)> + '_ {
-        self.pages.iter().flat_map(|(&p, page)| {
-            page.entries
-                .iter()
-                .map(move |e| (p * MAP_PAGE_BLOCKS + u64::from(e.start), e.location()))
-        })
-    }
-
-    /// Mappings that start at block `lba` or later, in order.
-    pub fn from(&self, lba: u64) -> impl Iterator<Item = (u64, Mapping)> + '_ {
-        let (first, key) = page_of(lba);
-        self.pages.range(first..).flat_map(move |(&p, page)| {
-            let skip = if p == first {
-                page.entries.partition_point(|e| e.start < key)
-            } else {
-                0
-            };
-            page.entries[skip..]
-                .iter()
-                .map(move |e| page.mapping(p * MAP_PAGE_BLOCKS, e))
-        })
+    pub fn iter(&self) -> Overlapping<'_> {
+        self.overlapping(0, u64::MAX)
     }
 
     /// Mappings overlapping blocks [lba, end), in order.
@@ -711,7 +732,7 @@ impl Map {
                 page.entries.len()
             };
             for e in &page.entries[from..to] {
-                lost.push(page.delta(base, e, false));
+                lost.push(e.delta(base, false));
             }
             let removed: usize = page.entries[from..to].iter().map(Entry::word_count).sum();
             page.words_referred -= removed;
@@ -771,7 +792,7 @@ mod tests {
     fn net(deltas: &[Delta]) -> BTreeMap<u64, i64> {
         let mut net = BTreeMap::new();
         for d in deltas {
-            *net.entry(d.target.slot()).or_insert(0) += if d.gained { 1 } else { -1 } * i64::from(d.blocks);
+            *net.entry(d.slot).or_insert(0) += if d.gained { 1 } else { -1 } * i64::from(d.blocks);
         }
         net.retain(|_, v| *v != 0);
         net
@@ -897,7 +918,7 @@ mod tests {
                                 version: v,
                             },
                             Some(h),
-                        ) => h.0 == *v && h.1.same_record(old),
+                        ) => h.0 == *v && identity(&h.1) == identity(old),
                         (Rule::IfStill { .. }, None) => false,
                     };
                     if replaces {
@@ -905,7 +926,7 @@ mod tests {
                     }
                 }
                 for delta in map.insert(lba, blocks, target_version, &target, rule) {
-                    *live.entry(identity(&delta.target)).or_default() +=
+                    *live.entry((delta.slot, delta.data.map(|d| d.offset))).or_default() +=
                         if delta.gained { 1 } else { -1 } * i64::from(delta.blocks);
                 }
                 if op % 97 == 0 {
@@ -916,7 +937,8 @@ mod tests {
                     if straddling.is_none() && map.overlapping(to, to + 1).all(|(s, _)| s >= to) {
                         for delta in map.remove_from(from, to) {
                             assert!(!delta.gained);
-                            *live.entry(identity(&delta.target)).or_default() -= i64::from(delta.blocks);
+                            *live.entry((delta.slot, delta.data.map(|d| d.offset))).or_default() -=
+                                i64::from(delta.blocks);
                         }
                         model[from as usize..to as usize].fill(None);
                     }
@@ -953,7 +975,7 @@ mod tests {
                 assert_eq!(live, expected, "seed {seed} op {op}: deltas against what is mapped");
                 assert_eq!(map.len(), map.iter().count());
                 assert_eq!(map.bytes(), map.pages.values().map(Page::bytes).sum::<usize>());
-                assert_eq!(map.locations().count(), map.len());
+                assert_eq!(map.iter().locations().count(), map.len());
                 // Lookups of any range give the same pieces as the whole.
                 let (from, to) = (rng.gen_range(0..span), rng.gen_range(0..span));
                 let (from, to) = (from.min(to), from.max(to) + 1);
@@ -964,11 +986,8 @@ mod tests {
                     .map(|(s, _)| s)
                     .collect();
                 assert_eq!(pieces, all, "seed {seed} op {op}: overlapping({from}, {to})");
-                let later: Vec<u64> = map.from(from).map(|(s, _)| s).collect();
-                assert_eq!(
-                    later,
-                    map.iter().map(|(s, _)| s).filter(|&s| s >= from).collect::<Vec<_>>()
-                );
+                let spans: Vec<u64> = map.overlapping(from, to).spans().map(|(s, _)| s).collect();
+                assert_eq!(spans, pieces, "seed {seed} op {op}: spans({from}, {to})");
             }
             // The arena holds no more than twice what is referred to.
             for page in map.pages.values() {

@@ -239,7 +239,7 @@ impl Shared {
         // The checkpoint's copy of the map must not point into a slot that
         // now holds a newer stripe: every such block was overwritten by a
         // replayed write. If one is left, the checkpoint is not trusted.
-        let stale = index.map.locations().find_map(|(lba, at)| {
+        let stale = index.map.iter().locations().find_map(|(lba, at)| {
             (at.offset.is_some() && replayed_slots.contains(&at.slot) && !fresh.contains(&at)).then_some((lba, at.slot))
         });
         if let Some((lba, slot)) = stale {

@@ -23,9 +23,9 @@
 //!  Free --checkpoint--> Checkpoint --next checkpoint durable--> Free
 //! ```
 
-use crate::format::{self, Extent};
+use crate::format;
 use crate::limits::{GC_BACKGROUND_LIVE_MAX, LIVE_SCALE};
-use crate::map::{Delta, Target};
+use crate::map::{DataRecord, Delta, Target};
 use crate::slot_set::{SlotPages, SlotSet};
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -167,14 +167,14 @@ pub struct SlotTable {
     by_volume: Vec<(u64, u128)>,
 }
 
-/// Live bytes (times LIVE_SCALE) one block of `extent` stands for: its
+/// Live bytes (times LIVE_SCALE) one block of `record` stands for: its
 /// share of the stored bytes and of its summary entry.
-fn block_live(algorithm: Algorithm, extent: &Extent) -> (u64, u64) {
-    let record = format::data_record_bytes(algorithm, extent.block_crcs.len()) as u64;
-    let per = |bytes: u64| bytes * LIVE_SCALE / u64::from(extent.blocks);
+fn block_live(algorithm: Algorithm, record: &DataRecord) -> (u64, u64) {
+    let entry = format::data_record_bytes(algorithm, record.crcs as usize) as u64;
+    let per = |bytes: u64| bytes * LIVE_SCALE / u64::from(record.blocks);
     (
-        per(u64::from(extent.stored_bytes) + record),
-        per(u64::from(extent.stored_bytes)),
+        per(u64::from(record.stored_bytes) + entry),
+        per(u64::from(record.stored_bytes)),
     )
 }
 
@@ -227,7 +227,7 @@ impl SlotTable {
     /// Live bytes times LIVE_SCALE that `blocks` blocks of `target` stand for.
     pub fn footprint(&self, target: &Target, blocks: u32) -> u64 {
         match target {
-            Target::Data { extent, .. } => block_live(self.algorithm, extent).0 * u64::from(blocks),
+            Target::Data { extent, .. } => block_live(self.algorithm, &DataRecord::of(extent)).0 * u64::from(blocks),
             Target::Zero { .. } => format::zero_record_bytes() as u64 * LIVE_SCALE,
         }
     }
@@ -292,14 +292,14 @@ impl SlotTable {
     pub fn account(&mut self, deltas: &[Delta]) -> Vec<u64> {
         let mut emptied = Vec::new();
         for delta in deltas {
-            let slot = delta.target.slot();
-            let (live, stored, data_blocks) = match &delta.target {
-                Target::Data { extent, .. } => {
-                    let (live, stored) = block_live(self.algorithm, extent);
+            let slot = delta.slot;
+            let (live, stored, data_blocks) = match &delta.data {
+                Some(record) => {
+                    let (live, stored) = block_live(self.algorithm, record);
                     let blocks = u64::from(delta.blocks);
                     (live * blocks, stored * blocks, blocks)
                 }
-                Target::Zero { .. } => (format::zero_record_bytes() as u64 * LIVE_SCALE, 0, 0),
+                None => (format::zero_record_bytes() as u64 * LIVE_SCALE, 0, 0),
             };
             let id = crate::volume::volume_of(delta.lba) as usize;
             if id >= self.by_volume.len() {
@@ -343,7 +343,7 @@ impl SlotTable {
     /// the map pointed at in the slots `deltas` took pieces from.
     pub fn superseded(&mut self, deltas: &[Delta], serial: u64) {
         for delta in deltas.iter().filter(|d| !d.gained) {
-            let s = self.get_mut(delta.target.slot());
+            let s = self.get_mut(delta.slot);
             s.superseded_by = s.superseded_by.max(serial);
         }
     }
@@ -570,12 +570,7 @@ impl SlotTable {
         let mut expected = SlotTable::new(self.algorithm, self.count());
         let deltas: Vec<Delta> = map
             .iter()
-            .map(|(lba, m)| Delta {
-                lba,
-                target: m.target.clone(),
-                blocks: m.blocks,
-                gained: true,
-            })
+            .map(|(lba, m)| Delta::new(lba, m.blocks, &m.target, true))
             .collect();
         expected.account(&deltas);
         for slot in 0..self.count() {
@@ -636,7 +631,7 @@ mod tests {
         // of a random size, some of equal size (ties).
         for slot in 0..200u64 {
             table.take(slot, SlotState::Open, &pins);
-            let extent = Arc::new(Extent {
+            let extent = Arc::new(format::Extent {
                 slot,
                 offset: 0,
                 stored_bytes: 4096 * rng.gen_range(1..=8),
@@ -645,12 +640,7 @@ mod tests {
                 digest: algorithm.digest(b""),
                 block_crcs: format::BlockCrcs::new(),
             });
-            table.account(&[Delta {
-                lba: slot,
-                target: Target::Data { extent, skip: 0 },
-                blocks: 1,
-                gained: true,
-            }]);
+            table.account(&[Delta::new(slot, 1, &Target::Data { extent, skip: 0 }, true)]);
             assert!(!table.sealed(slot, slot + 1, SlotState::Sealed), "it holds data");
         }
         let fill = 64 << 10;
