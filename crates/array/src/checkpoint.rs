@@ -1,6 +1,7 @@
-//! Checkpoints: the map written to stripes of the Meta stream and named by
-//! the superblocks, so that opening reads it and rolls forward over the
-//! slots of its window instead of reading every stripe's summary.
+//! Checkpoints: the map's pages written to map stripes, and a root that
+//! names them, written to stripes of the Meta stream and named by the
+//! superblocks, so that opening reads them and rolls forward over the
+//! slots of the root's window instead of reading every stripe's summary.
 //!
 //! # How a checkpoint is taken while clients write
 //!
@@ -9,60 +10,66 @@
 //!    stripe newer than S may be in (the open stripes' slots, any sealed
 //!    since S, and the usable free slots, to which allocation is narrowed
 //!    until the checkpoint is durable; a window's worth of them at most),
-//!    then the durable checkpoint's own slots (free, and usable at once,
-//!    when this one is durable), then a window's worth of other free
-//!    slots (or, on a full array, the stripes garbage collection will
-//!    empty first).
-//!    No slot is freed until the checkpoint is done: the copy may point
-//!    into slots that drain meanwhile, and step 4 takes free slots.
-//! 2. Copy the map in pieces, each under one short hold of the index's
-//!    read lock. Writes go on between pieces, so the copy is "fuzzy": a
+//!    then the slots this checkpoint frees (the durable root's, and the
+//!    map stripes whose images will all be replaced: free, and usable at
+//!    once, when this one is durable), then a window's worth of other
+//!    free slots (or, on a full array, the stripes garbage collection
+//!    will empty first). Under the same hold of the index, take the set of
+//!    pages changed since the last checkpoint (the dirty pages), with the
+//!    pages whose images sit in map stripes less than a quarter live.
+//!    No slot is freed until the checkpoint is done: the pages' images may
+//!    point into slots that drain meanwhile, and step 4 takes free slots.
+//! 2. Copy the dirty pages' images, some per short hold of the index's
+//!    read lock. Writes go on between holds, so the copy is "fuzzy": a
 //!    block may be copied before or after a write to it. Every write the
 //!    copy may have missed or caught half-way is in a stripe newer than S,
 //!    in the window, and recovery keeps the newest version of each block,
-//!    so replaying those stripes over the copy gives the right map.
+//!    so replaying those stripes over the pages gives the right map. A
+//!    page not dirty is unchanged since its image was written.
 //! 3. Seal and sync the open stripes: everything the copy points at is
 //!    durable.
-//! 4. Write the copy to free slots (outside the window where it can) as Meta stripes
-//!    (consecutive sequences), sync, then point the superblocks at them.
-//!    Only then is the old checkpoint's space free and the new window the
-//!    one allocation uses.
+//! 4. Write the new images to map stripes, then the root (live stripes,
+//!    window, map stripes, where each page's image is) to Meta stripes,
+//!    in free slots (outside the window where it can), with consecutive
+//!    sequences; sync, then point the superblocks at the root. Only then
+//!    are the old root's slots and the map stripes no page names free,
+//!    and the new window the one allocation uses. If anything fails, the
+//!    pages taken are marked dirty again.
 //!
-//! A checkpoint of more stripes than the superblock lists (480) is
-//! followed by its directory, which lists them; the superblock lists the
-//! directory's stripes. Without room for the checkpoint (no free slots,
-//! or a directory past 480 stripes), the superblocks say "no checkpoint":
-//! recovery then scans every slot, and any free slot may be used.
+//! A root of more stripes than the superblock lists (480) is followed by
+//! its directory, which lists them; the superblock lists the directory's
+//! stripes. Without room for the checkpoint (no free slots, or a directory
+//! past 480 stripes), the superblocks say "no checkpoint": recovery then
+//! scans every slot, any free slot may be used, and every page is
+//! written again by the next checkpoint.
 
 use crate::engine::{Index, Resident, Shared};
-use crate::format::{
-    self, CheckpointBody, CheckpointMapping, CheckpointRef, CheckpointTarget, Stream, CHECKPOINT_SLOTS_MAX,
-};
+use crate::format::{self, Checkpoint, CheckpointRef, ImagePiece, MapImages, PageImage, Stream, CHECKPOINT_SLOTS_MAX};
 use crate::limits::{
-    CHECKPOINT_MAPPINGS_PER_LOCK, CHECKPOINT_WINDOW_DIVISOR, CHECKPOINT_WINDOW_MAX, CHECKPOINT_WINDOW_MIN,
+    CHECKPOINT_IMAGE_BYTES_PER_LOCK, CHECKPOINT_WINDOW_DIVISOR, CHECKPOINT_WINDOW_MAX, CHECKPOINT_WINDOW_MIN,
+    MAP_STRIPE_LIVE_DIVISOR,
 };
-use crate::map::Target;
 use crate::slots::SlotState;
 use crate::status::Counters;
 use crate::stripe::OpenStripe;
 use crate::ArrayError;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::BTreeSet;
+use std::ops::Range;
 
-/// A checkpoint being taken: the map's copy, encoded, and the tables
-/// that go before it (filled in as the steps go).
-struct MapCopy {
-    sequence: u64,
+/// The dirty pages' images, copied (step 2): their bytes back to back,
+/// and where each page's is (`None`: the page is empty now).
+struct Copied {
     next_version: u64,
-    stripes: Vec<(u64, u64)>,
-    window: Vec<u64>,
-    body: CheckpointBody,
+    bytes: Vec<u8>,
+    pages: Vec<(u64, Option<Range<usize>>)>,
 }
 
-impl MapCopy {
-    fn encode(&self, algorithm: tessera_checksum::Algorithm) -> Vec<u8> {
-        self.body
-            .encode(algorithm, self.sequence, self.next_version, &self.stripes, &self.window)
-    }
+/// What a durable checkpoint left to do: the root's slots, where the
+/// images are now, and the map stripes no image is in any more.
+struct Written {
+    root_slots: Vec<u64>,
+    images: MapImages,
+    emptied: Vec<u64>,
 }
 
 impl Shared {
@@ -72,87 +79,100 @@ impl Shared {
     }
 
     /// Slots the next checkpoint may need, and one more for it to be
-    /// written beside the durable one: sized from the map as it is now, at
-    /// the worst a mapping can cost (its own extent, with a CRC for each of
-    /// the most blocks an extent holds), the slots in use and a window as
-    /// large as the array. The reserve the last checkpoint's size gave was
-    /// too small once the map fragmented after it (a compact map, then
-    /// random overwrites: a checkpoint of 7 slots against a reserve of 2),
-    /// and writes filled what the next checkpoint needed (`tests/space.rs`).
-    /// At most what a checkpoint may take: past that none is written.
+    /// written beside the durable one: every page's image at the worst
+    /// its entries can cost (each with its own record words, the most a
+    /// record has), and a root listing every used slot, a window as large
+    /// as the array and a piece for each image and stripe boundary. The
+    /// reserve the last checkpoint's size gave was too small once the map
+    /// fragmented after it (a compact map, then random overwrites: a
+    /// checkpoint of 7 slots against a reserve of 2), and writes filled
+    /// what the next checkpoint needed (`tests/space.rs`). At most what a
+    /// checkpoint may take: past that none is written.
     pub(crate) fn checkpoint_reserve(&self, index: &Index) -> usize {
         let g = &self.geometry;
-        let ranges = index.map.len();
+        let per_stripe = self.meta_stripe_bytes();
+        let pages = index.map.page_count();
+        let images = crate::map::images_bytes_max(g.checksum, pages, index.map.len());
+        let image_stripes = images.div_ceil(per_stripe);
         let used = index.slots.count() as usize - index.slots.free_count();
-        let bytes = format::checkpoint_bytes(
+        let root = format::checkpoint_bytes(
             g.checksum,
             used,
             index.slots.count() as usize,
-            ranges,
-            ranges * crate::limits::EXTENT_BLOCKS_MAX,
-            ranges,
+            used + image_stripes,
+            pages,
+            pages + image_stripes,
         );
-        checkpoint_stripes(g.checksum, self.meta_stripe_bytes(), bytes).map_or(0, |(body, directory)| body + directory)
+        image_stripes
+            + checkpoint_stripes(g.checksum, per_stripe, root).map_or(0, |(body, directory)| body + directory)
             + 1
     }
 
-    /// Bytes of checkpoint (or directory) one Meta stripe holds.
+    /// Bytes of checkpoint (or directory, or page images) one Meta stripe holds.
     pub(crate) fn meta_stripe_bytes(&self) -> usize {
-        self.geometry.data_area_bytes() - format::summary_bytes(self.geometry.checksum, &[])
+        format::meta_stripe_bytes(&self.geometry)
     }
 
-    /// Writes a checkpoint of the map now.
+    /// Writes a checkpoint of the map now: the pages changed since the
+    /// last one, and a new root.
     pub fn checkpoint(&self) -> Result<(), ArrayError> {
         self.members.check_writable()?;
-        let _one = self.checkpoint_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut images = self.checkpoint_lock.lock().unwrap_or_else(|p| p.into_inner());
         let start = self.tracker.last_sequence();
-        let mut window = self.choose_window(start);
-        let (mut checkpoint, referenced) = self.copy_map(start, &window);
+        let (mut window, dirty) = self.choose_window(start, &images);
+        let copied = self.copy_pages(&dirty);
+        let give_back = |error: ArrayError| {
+            self.end_restriction();
+            self.index_mut().map.mark_dirty(dirty.iter().copied());
+            Err(error)
+        };
         // 3. Everything the copy points at is made durable.
         let sealed: Vec<_> = (0..self.open.len()).filter_map(|lane| self.seal_lane(lane)).collect();
         if let Err(error) = self
             .submit(sealed)
             .and_then(|()| self.sync_through(self.tracker.last_sequence()))
         {
-            self.end_restriction();
-            return Err(error);
+            return give_back(error);
         }
-        {
-            let index = self.index();
-            checkpoint.stripes = referenced
-                .into_iter()
-                .map(|(slot, sequence)| {
-                    let s = index.slots.get(slot);
-                    (
-                        slot,
-                        if s.state == SlotState::Sealed {
-                            s.sequence
-                        } else {
-                            sequence
-                        },
-                    )
-                })
-                .collect();
-        }
-        match self.write_checkpoint(&mut checkpoint, &mut window) {
-            Ok(Some(meta)) => {
+        // Every stripe a page's image may point into: no slot is freed
+        // while the checkpoint is taken, so each is still sealed or
+        // draining (a page left alone points only where the map does).
+        let stripes: Vec<(u64, u64)> = self
+            .index()
+            .slots
+            .iter()
+            .filter(|(_, s)| matches!(s.state, SlotState::Sealed | SlotState::Draining))
+            .map(|(slot, s)| (slot, s.sequence))
+            .collect();
+        let checkpoint = Checkpoint {
+            sequence: start,
+            next_version: copied.next_version,
+            stripes,
+            window: Vec::new(),
+            images: MapImages::default(),
+        };
+        match self.write_checkpoint(checkpoint, &mut window, &images, &copied) {
+            Ok(Some(written)) => {
                 let synced = self.tracker.lock().synced_through;
                 let mut index = self.index_mut();
                 index.slots.set_window(Some(window));
                 index.slots.release_drained(synced);
-                let old = std::mem::replace(&mut index.checkpoint_slots, meta);
-                for slot in old {
+                let old = std::mem::replace(&mut index.checkpoint_slots, written.root_slots);
+                for slot in old.into_iter().chain(written.emptied) {
                     index.slots.free(slot);
                 }
+                index.map_stripes = written.images.stripes.len();
                 drop(index);
+                *images = written.images;
                 Counters::add(&self.counters.checkpoints_written, 1);
                 Ok(())
             }
-            Ok(None) => self.drop_checkpoint(),
-            Err(error) => {
-                self.end_restriction();
-                Err(error)
+            Ok(None) => {
+                // Pages taken and emptied are dirty again with the rest.
+                self.index_mut().map.mark_dirty(dirty.iter().copied());
+                self.drop_checkpoint(&mut images)
             }
+            Err(error) => give_back(error),
         }
     }
 
@@ -165,10 +185,36 @@ impl Shared {
         index.slots.release_drained(synced);
     }
 
-    /// Step 1: the next window; allocation is narrowed to it meanwhile.
-    fn choose_window(&self, start: u64) -> BTreeSet<u64> {
+    /// Step 1: the next window (allocation is narrowed to it meanwhile)
+    /// and the pages to write: the dirty ones, and those whose images are
+    /// in map stripes less than a quarter live (so that those are freed).
+    fn choose_window(&self, start: u64, images: &MapImages) -> (BTreeSet<u64>, BTreeSet<u64>) {
         let size = self.window_slots() as usize;
+        let per_stripe = self.meta_stripe_bytes() as u64;
+        let mut live = images.live_bytes();
+        let sparse: BTreeSet<u64> = live
+            .iter()
+            .filter(|&(_, &bytes)| bytes < per_stripe / MAP_STRIPE_LIVE_DIVISOR as u64)
+            .map(|(&slot, _)| slot)
+            .collect();
         let mut index = self.index_mut();
+        let mut dirty = index.map.take_dirty();
+        if !sparse.is_empty() {
+            dirty.extend(
+                images
+                    .pages
+                    .iter()
+                    .filter(|(_, image)| image.pieces.iter().any(|piece| sparse.contains(&piece.slot)))
+                    .map(|(&page, _)| page),
+            );
+        }
+        // The map stripes this checkpoint empties.
+        for image in dirty.iter().filter_map(|page| images.pages.get(page)) {
+            for piece in &image.pieces {
+                *live.get_mut(&piece.slot).expect("a piece is in a listed map stripe") -= u64::from(piece.bytes);
+            }
+        }
+        let emptied = live.iter().filter(|&(_, &bytes)| bytes == 0).map(|(&slot, _)| slot);
         // Slots that may hold stripes newer than `start` before the new
         // checkpoint is durable: all of them go in, whatever the size.
         let mut window: BTreeSet<u64> = index
@@ -189,12 +235,14 @@ impl Shared {
         // window's worth of other free slots join.
         let usable = self.healthy_first(|| index.slots.usable_slots(), size);
         window.extend(usable);
-        // The current checkpoint's slots are free once this one is
-        // durable, and only then: in the window, they serve at once (on a
-        // full array, each checkpoint took free slots for its stripes and
-        // gave back the old ones outside the window, unusable, until
-        // garbage collection found no slot for its copies).
+        // The current root's slots, and the map stripes emptied, are free
+        // once this checkpoint is durable, and only then: in the window,
+        // they serve at once (on a full array, each checkpoint took free
+        // slots for its stripes and gave back the old ones outside the
+        // window, unusable, until garbage collection found no slot for
+        // its copies).
         window.extend(index.checkpoint_slots.iter().copied());
+        window.extend(emptied);
         let floor = window.len();
         let other_free = self.healthy_first(|| index.slots.free_slots().filter(|s| !window.contains(s)), size);
         window.extend(other_free);
@@ -211,7 +259,7 @@ impl Shared {
             window.extend(victims);
         }
         index.slots.restrict_usable(&window);
-        window
+        (window, dirty)
     }
 
     /// Up to `count` of the slots `slots` yields, those on healthy members
@@ -227,77 +275,101 @@ impl Shared {
         picked
     }
 
-    /// Step 2: the map, copied in pieces and encoded as it goes, and the
-    /// slots it points into with their sequences as seen then.
-    fn copy_map(&self, start: u64, window: &BTreeSet<u64>) -> (MapCopy, BTreeMap<u64, u64>) {
-        let mut copy = MapCopy {
-            sequence: start,
+    /// Step 2: the images of the pages `dirty` names, copied a megabyte
+    /// or so per hold of the index's read lock.
+    fn copy_pages(&self, dirty: &BTreeSet<u64>) -> Copied {
+        let mut copied = Copied {
             next_version: 0,
-            stripes: Vec::new(),
-            window: window.iter().copied().collect(),
-            body: CheckpointBody::default(),
+            bytes: Vec::new(),
+            pages: Vec::with_capacity(dirty.len()),
         };
-        // Extents are numbered by identity: their place in their slot (a
-        // slot is rewritten only once nothing maps into it).
-        let mut numbers: HashMap<(u64, u32), usize> = HashMap::new();
-        let mut referenced = BTreeMap::new();
-        let mut cursor = 0u64;
-        loop {
+        let mut pages = dirty.iter().copied().peekable();
+        while pages.peek().is_some() {
             let index = self.index();
-            copy.next_version = index.next_version;
-            let mut copied = 0;
-            // The cursor is where the last mapping copied ends: none
-            // starts before it and reaches past it.
-            for (lba, mapping) in index
-                .map
-                .overlapping(cursor, u64::MAX)
-                .take(CHECKPOINT_MAPPINGS_PER_LOCK)
-            {
-                let slot = mapping.target.slot();
-                referenced.entry(slot).or_insert_with(|| index.slots.get(slot).sequence);
-                let target = match &mapping.target {
-                    Target::Zero { slot } => CheckpointTarget::Zero { slot: *slot },
-                    Target::Data { extent, skip } => CheckpointTarget::Data {
-                        extent: *numbers
-                            .entry((extent.slot, extent.offset))
-                            .or_insert_with(|| copy.body.push_extent(extent)),
-                        skip: *skip,
-                    },
-                };
-                copy.body.push_mapping(&CheckpointMapping {
-                    lba,
-                    blocks: mapping.blocks,
-                    version: mapping.version,
-                    target,
-                });
-                cursor = lba + u64::from(mapping.blocks);
-                copied += 1;
-            }
-            if copied < CHECKPOINT_MAPPINGS_PER_LOCK {
-                return (copy, referenced);
+            copied.next_version = index.next_version;
+            let hold_start = copied.bytes.len();
+            for page in pages.by_ref() {
+                let at = copied.bytes.len();
+                let held = index.map.encode_page(page, &mut copied.bytes);
+                copied.pages.push((page, held.then_some(at..copied.bytes.len())));
+                if copied.bytes.len() - hold_start >= CHECKPOINT_IMAGE_BYTES_PER_LOCK {
+                    break;
+                }
             }
         }
+        if dirty.is_empty() {
+            copied.next_version = self.index().next_version;
+        }
+        copied
     }
 
-    /// Step 4: the encoded checkpoint into Meta stripes in free slots
-    /// (outside `window` where there are enough; those taken from it leave
-    /// it), followed by its directory's where it has more stripes than the
-    /// superblock lists, synced, then named by the superblocks. Returns
-    /// its slots (the directory's too), or `None` if it does not fit.
+    /// Step 4: the copied images into map stripes and the root into Meta
+    /// stripes, in free slots (outside `window` where there are enough;
+    /// those taken from it leave it), the root followed by its
+    /// directory's stripes where it has more than the superblock lists;
+    /// synced, then named by the superblocks. `None` if it does not fit.
     fn write_checkpoint(
         &self,
-        checkpoint: &mut MapCopy,
+        mut checkpoint: Checkpoint,
         window: &mut BTreeSet<u64>,
-    ) -> Result<Option<Vec<u64>>, ArrayError> {
+        durable: &MapImages,
+        copied: &Copied,
+    ) -> Result<Option<Written>, ArrayError> {
         let g = &self.geometry;
         let algorithm = g.checksum;
-        let start = checkpoint.sequence;
         let per_stripe = self.meta_stripe_bytes();
-        let mut bytes = checkpoint.encode(algorithm);
-        let Some((body, directory)) = checkpoint_stripes(algorithm, per_stripe, bytes.len()) else {
+        // The images as one run of bytes over `image_stripes` stripes,
+        // each cut where a stripe ends.
+        let image_stripes = copied.bytes.len().div_ceil(per_stripe);
+        let mut images = durable.clone();
+        let mut fresh: Vec<(u64, PageImage)> = Vec::new();
+        for (page, range) in &copied.pages {
+            images.pages.remove(page);
+            let Some(range) = range.clone() else {
+                continue;
+            };
+            let mut pieces = Vec::new();
+            let mut at = range.start;
+            while at < range.end {
+                let end = range.end.min((at / per_stripe + 1) * per_stripe);
+                pieces.push(ImagePiece {
+                    // The stripe's number among the new ones, until they have slots.
+                    slot: (at / per_stripe) as u64,
+                    offset: (at % per_stripe) as u32,
+                    bytes: (end - at) as u32,
+                });
+                at = end;
+            }
+            let image = PageImage {
+                bytes: range.len() as u32,
+                digest: algorithm.digest(&copied.bytes[range]),
+                pieces,
+            };
+            fresh.push((*page, image));
+        }
+        let live = images.live_bytes();
+        let emptied: Vec<u64> = live.iter().filter(|&(_, &b)| b == 0).map(|(&slot, _)| slot).collect();
+        for slot in &emptied {
+            images.stripes.remove(slot);
+        }
+        // The root's size, with placeholder slots for the new stripes.
+        checkpoint.window = window.iter().copied().collect();
+        checkpoint.images = images;
+        let fresh_pieces: usize = fresh.iter().map(|(_, image)| image.pieces.len()).sum();
+        let root_bytes = |checkpoint: &Checkpoint| {
+            format::checkpoint_bytes(
+                algorithm,
+                checkpoint.stripes.len(),
+                checkpoint.window.len(),
+                checkpoint.images.stripes.len() + image_stripes,
+                checkpoint.images.pages.len() + fresh.len(),
+                checkpoint.images.piece_count() + fresh_pieces,
+            )
+        };
+        let Some((body, directory)) = checkpoint_stripes(algorithm, per_stripe, root_bytes(&checkpoint)) else {
             return Ok(None);
         };
-        let count = body + directory;
+        let count = image_stripes + body + directory;
         let mut meta: Vec<u64> = {
             let mut index = self.index_mut();
             // A free slot has held nothing since the checkpoint began (no
@@ -327,31 +399,42 @@ impl Shared {
             }
             free
         };
-        // Slots taken from the window leave it, and the copy says so (it
+        // Slots taken from the window leave it, and the root says so (it
         // only shrinks, so it needs no more stripes).
         // (Every one is removed: `any` would stop at the first.)
         let taken_from_window = meta.iter().filter(|slot| window.remove(slot)).count();
         let (mut body, mut directory) = (body, directory);
         if taken_from_window > 0 {
             checkpoint.window = window.iter().copied().collect();
-            bytes = checkpoint.encode(algorithm);
-            (body, directory) = checkpoint_stripes(algorithm, per_stripe, bytes.len())
-                .expect("a checkpoint whose window shrank needs no more stripes");
-            let spare = meta.split_off(body + directory);
+            (body, directory) = checkpoint_stripes(algorithm, per_stripe, root_bytes(&checkpoint))
+                .expect("a root whose window shrank needs no more stripes");
+            let spare = meta.split_off(image_stripes + body + directory);
             let mut index = self.index_mut();
             for slot in spare {
                 index.slots.release_open(slot);
             }
         }
-        // The checkpoint's stripes, then its directory's (listing theirs).
-        let listing = (directory > 0).then(|| format::encode_checkpoint_directory(algorithm, &meta[..body]));
-        let pieces: Vec<&[u8]> = bytes
+        // The new stripes' slots and sequences go into the root.
+        let first = self.tracker.assign_many(meta.len());
+        for (i, &slot) in meta[..image_stripes].iter().enumerate() {
+            checkpoint.images.stripes.insert(slot, first + i as u64);
+        }
+        for (page, mut image) in fresh {
+            for piece in &mut image.pieces {
+                piece.slot = meta[piece.slot as usize];
+            }
+            checkpoint.images.pages.insert(page, image);
+        }
+        let bytes = checkpoint.encode(algorithm);
+        let root = &meta[image_stripes..];
+        let listing = (directory > 0).then(|| format::encode_checkpoint_directory(algorithm, &root[..body]));
+        let pieces: Vec<&[u8]> = copied
+            .bytes
             .chunks(per_stripe)
+            .chain(bytes.chunks(per_stripe))
             .chain(listing.iter().flat_map(|d| d.chunks(per_stripe)))
             .collect();
         assert_eq!(pieces.len(), meta.len());
-        let bytes = &bytes[..];
-        let first = self.tracker.assign_many(meta.len());
         let sealed: Vec<_> = meta
             .iter()
             .zip(pieces)
@@ -362,9 +445,8 @@ impl Shared {
                 self.seal_as(open, SlotState::Checkpoint, first + i as u64)
             })
             .collect();
-        let written = self
-            .submit(sealed)
-            .and_then(|()| self.sync_through(first + meta.len() as u64 - 1));
+        let last = first + meta.len() as u64 - 1;
+        let written = self.submit(sealed).and_then(|()| self.sync_through(last));
         if written.is_ok() {
             Counters::add(
                 &self.counters.checkpoint_bytes_written,
@@ -372,14 +454,14 @@ impl Shared {
             );
         }
         let reference = CheckpointRef {
-            sequence: start,
+            sequence: checkpoint.sequence,
             bytes: bytes.len() as u64,
-            first_stripe_sequence: first,
-            digest: algorithm.digest(bytes),
+            first_stripe_sequence: first + image_stripes as u64,
+            digest: algorithm.digest(&bytes),
             slots: if directory > 0 {
-                meta[body..].to_vec()
+                root[body..].to_vec()
             } else {
-                meta.clone()
+                root.to_vec()
             },
             directory: directory > 0,
         };
@@ -392,19 +474,24 @@ impl Shared {
         if let Err(error) = published {
             // The old checkpoint stays the durable one; these slots are
             // free again once their writes are done.
-            self.wait_written(first + meta.len() as u64 - 1);
+            self.wait_written(last);
             let mut index = self.index_mut();
             for &slot in &meta {
                 index.slots.free(slot);
             }
             return Err(error);
         }
-        Ok(Some(meta))
+        Ok(Some(Written {
+            root_slots: root.to_vec(),
+            images: checkpoint.images,
+            emptied,
+        }))
     }
 
     /// Makes the superblocks say there is no checkpoint, so that any free
-    /// slot may be written: recovery will scan them all.
-    fn drop_checkpoint(&self) -> Result<(), ArrayError> {
+    /// slot may be written: recovery will scan them all. The durable
+    /// images (`images`) are given up: every page is dirty again.
+    fn drop_checkpoint(&self, images: &mut MapImages) -> Result<(), ArrayError> {
         let mut superblock = self.members.superblock();
         if superblock.checkpoint.is_some() {
             let mut template = superblock.clone();
@@ -417,9 +504,15 @@ impl Shared {
         let mut index = self.index_mut();
         index.slots.set_window(None);
         index.slots.release_drained(synced);
-        for slot in std::mem::take(&mut index.checkpoint_slots) {
+        let stripes = std::mem::take(images).stripes;
+        for slot in std::mem::take(&mut index.checkpoint_slots)
+            .into_iter()
+            .chain(stripes.into_keys())
+        {
             index.slots.free(slot);
         }
+        index.map_stripes = 0;
+        index.map.mark_all_dirty();
         Ok(())
     }
 }

@@ -100,8 +100,11 @@ pub(crate) struct Index {
     pub resident: HashMap<u64, Resident>,
     /// The version the next mapped write gets.
     pub next_version: u64,
-    /// The durable checkpoint's stripes.
+    /// The durable checkpoint's own stripes (its root).
     pub checkpoint_slots: Vec<u64>,
+    /// Map stripes holding the durable checkpoint's page images
+    /// (`Shared::checkpoint_lock` has which).
+    pub map_stripes: usize,
     /// Slots emptied (by overwrites or by garbage collection's copies)
     /// while a user stripe that holds a write superseding one of their
     /// records was open, with the serial of the newest such stripe and
@@ -246,8 +249,9 @@ pub(crate) struct Shared {
     pub admitted: Mutex<u128>,
     /// One garbage collection round at a time; held across its I/O.
     pub gc_lock: Mutex<()>,
-    /// One checkpoint at a time; held across its I/O.
-    pub checkpoint_lock: Mutex<()>,
+    /// One checkpoint at a time; held across its I/O. It guards where
+    /// the durable checkpoint's page images are.
+    pub checkpoint_lock: Mutex<crate::format::MapImages>,
     pub maintenance: crate::maintenance::Signal,
     pub recovery: Mutex<Recovery>,
     /// Each volume's gate, by id (`crate::volume::Gate`).
@@ -441,6 +445,7 @@ impl Array {
                 resident: HashMap::new(),
                 next_version: 1,
                 checkpoint_slots: Vec::new(),
+                map_stripes: 0,
                 drain_after_user: Vec::new(),
                 user_open: HashMap::new(),
                 user_serial_next: 1,
@@ -472,7 +477,7 @@ impl Array {
             spares: Mutex::new(Spares::default()),
             admitted: Mutex::new(0),
             gc_lock: Mutex::new(()),
-            checkpoint_lock: Mutex::new(()),
+            checkpoint_lock: Mutex::new(crate::format::MapImages::default()),
             maintenance: crate::maintenance::Signal::default(),
             recovery: Mutex::new(Recovery::default()),
             gates: Mutex::new(gates),

@@ -60,19 +60,13 @@ const _: () = assert!(DATA_START as usize >= SECTOR_BYTES);
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"TSRSUPER";
 pub const CHUNK_MAGIC: [u8; 8] = *b"TSRCHUNK";
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"TSRCHKPT";
-/// Version 2: records carry the version of the write they hold, raw
-/// extents a CRC32C per 4 KiB block, checkpoints both (version 1 arrays are
-/// refused by name).
-pub const FORMAT_VERSION: u32 = 2;
-/// A superblock that names a volume table (`crate::volume`) has version 3,
-/// so that a build from before volumes refuses the array rather than
-/// serving its default volume and forgetting the others.
-pub const SUPERBLOCK_VERSION_VOLUMES: u32 = 3;
-/// A superblock whose checkpoint has a directory (more stripes than it can
-/// list: `CheckpointRef::directory`) has version 4, with or without a
-/// volume table, so that a build from before directories refuses it
-/// rather than reading the directory as the checkpoint.
-pub const SUPERBLOCK_VERSION_DIRECTORY: u32 = 4;
+/// Version 5: the map's checkpoint is a root naming page images in map
+/// stripes, written as pages change (versions 2 to 4 wrote the whole map
+/// each time; the superblocks of version 3 and 4 named a volume table and
+/// a checkpoint directory, which version 5 has as fields). Version 2
+/// added the version of the write to every record, a CRC32C per 4 KiB
+/// block to raw extents. Arrays of any other version are refused by it.
+pub const FORMAT_VERSION: u32 = 5;
 /// The CRC32C of a sector covers its first 4092 bytes and sits in the last 4.
 const CRC_OFFSET: usize = SECTOR_BYTES - 4;
 
@@ -80,7 +74,7 @@ const CRC_OFFSET: usize = SECTOR_BYTES - 4;
 pub enum FormatError {
     #[error("not a Tessera {what}: bad magic")]
     Magic { what: &'static str },
-    #[error("{what} has format version {version}; this build reads version {FORMAT_VERSION} (and superblocks of version {SUPERBLOCK_VERSION_VOLUMES}, with volumes, and {SUPERBLOCK_VERSION_DIRECTORY}, with a checkpoint directory)")]
+    #[error("{what} has format version {version}; this build reads version {FORMAT_VERSION} only (there is no in-place upgrade: copy the volumes out with an older build, e.g. `nbdcopy`, and into a new array)")]
     Version { what: &'static str, version: u32 },
     #[error("{what} is corrupt: checksum mismatch")]
     Crc { what: &'static str },
@@ -119,9 +113,7 @@ fn check_sector(sector: &[u8], magic: &[u8; 8], what: &'static str) -> Result<()
         return Err(FormatError::Crc { what });
     }
     let version = get_u32(sector, 8);
-    let superblock_only = magic == &SUPERBLOCK_MAGIC
-        && (version == SUPERBLOCK_VERSION_VOLUMES || version == SUPERBLOCK_VERSION_DIRECTORY);
-    if version != FORMAT_VERSION && !superblock_only {
+    if version != FORMAT_VERSION {
         return Err(FormatError::Version { what, version });
     }
     Ok(())
@@ -129,7 +121,7 @@ fn check_sector(sector: &[u8], magic: &[u8; 8], what: &'static str) -> Result<()
 
 /// Whether `blocks` map keys from `lba` are a run of one volume's blocks
 /// (`crate::volume`): what every record, mapping and log record covers.
-fn within_one_volume(lba: u64, blocks: u32) -> bool {
+pub(crate) fn within_one_volume(lba: u64, blocks: u32) -> bool {
     use crate::volume::{volume_of, VOLUME_BLOCKS_SHIFT, VOLUME_COUNT_MAX};
     let keys = (VOLUME_COUNT_MAX as u64) << VOLUME_BLOCKS_SHIFT;
     blocks > 0
@@ -272,9 +264,10 @@ impl Geometry {
 /// 152  checkpoint sequence u64
 /// 160  checkpoint bytes u64  168 first checkpoint stripe's sequence u64
 /// 176  checkpoint stripes u32 (0: no checkpoint; recovery scans every slot)
-/// 180  volume table CRC32C u32 (0: only the default volume; version 3 if not 0)
+/// 180  volume table CRC32C u32 (0: only the default volume)
 /// 184  checkpoint digest [64] (the array's checksum algorithm)
 /// 248  checkpoint stripes' slots u64 each, at most CHECKPOINT_SLOTS_MAX
+/// 4088 1 if those are the checkpoint's directory's stripes u32
 /// 4092 CRC32C of bytes 0..4092
 /// ```
 #[derive(Clone, Debug, PartialEq)]
@@ -421,13 +414,7 @@ impl Superblock {
                 "a superblock names its own volume table"
             );
         }
-        let directory = self.checkpoint.as_ref().is_some_and(|c| c.directory);
-        let version = match (directory, self.volume_table_crc) {
-            (true, _) => SUPERBLOCK_VERSION_DIRECTORY,
-            (false, 0) => FORMAT_VERSION,
-            (false, _) => SUPERBLOCK_VERSION_VOLUMES,
-        };
-        put(&mut s, 8, &version.to_le_bytes());
+        put(&mut s, 8, &FORMAT_VERSION.to_le_bytes());
         put(&mut s, 180, &self.volume_table_crc.to_le_bytes());
         put(&mut s, 12, &((g.log_bytes / SECTOR_BYTES as u64) as u32).to_le_bytes());
         put(&mut s, 16, &self.array_uuid);
@@ -555,7 +542,7 @@ impl Superblock {
                 }
                 let directory = match get_u32(s, CHECKPOINT_DIRECTORY_FLAG_OFFSET) {
                     0 => false,
-                    1 if get_u32(s, 8) == SUPERBLOCK_VERSION_DIRECTORY => true,
+                    1 => true,
                     flag => return Err(field("checkpoint_directory", u64::from(flag))),
                 };
                 let bytes = get_u64(s, 160);
@@ -573,21 +560,7 @@ impl Superblock {
                 })
             }
         };
-        // Version 3 names a volume table; version 2 has none; version 4
-        // (a checkpoint directory) may or may not, and has its directory.
         let volume_table_crc = get_u32(s, 180);
-        let version = get_u32(s, 8);
-        let crc_allowed = match version {
-            SUPERBLOCK_VERSION_VOLUMES => volume_table_crc != 0,
-            SUPERBLOCK_VERSION_DIRECTORY => true,
-            _ => volume_table_crc == 0,
-        };
-        if !crc_allowed {
-            return Err(field("volume_table_crc", u64::from(volume_table_crc)));
-        }
-        if version == SUPERBLOCK_VERSION_DIRECTORY && !checkpoint.as_ref().is_some_and(|c| c.directory) {
-            return Err(field("version", u64::from(version)));
-        }
         Ok(Superblock {
             array_uuid: s[16..32].try_into().expect("16 bytes"),
             member_uuid: s[32..48].try_into().expect("16 bytes"),
@@ -917,196 +890,185 @@ pub struct Extent {
 /// read builds one from the map for each piece it reads.
 pub type BlockCrcs = arrayvec::ArrayVec<u32, EXTENT_BLOCKS_MAX>;
 
-/// What a range of blocks in a checkpoint maps to.
-#[derive(Clone, Debug, PartialEq)]
-pub enum CheckpointTarget {
-    /// Zeros recorded in stripe `slot`.
-    Zero { slot: u64 },
-    /// Blocks of extent number `extent`, from its block `skip`.
-    Data { extent: usize, skip: u32 },
+/// A piece of a map page's image: `bytes` bytes from `offset` in the
+/// data area of the map stripe in slot `slot`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImagePiece {
+    pub slot: u64,
+    pub offset: u32,
+    pub bytes: u32,
 }
 
+/// Where a map page's image is: its length, digest and pieces (one,
+/// unless it runs past the end of a stripe's data area).
 #[derive(Clone, Debug, PartialEq)]
-pub struct CheckpointMapping {
-    pub lba: u64,
-    pub blocks: u32,
-    pub version: u64,
-    pub target: CheckpointTarget,
+pub struct PageImage {
+    pub bytes: u32,
+    pub digest: Digest,
+    pub pieces: Vec<ImagePiece>,
+}
+
+/// The map's durable pages: each page's image, and the map stripes that
+/// hold them (slot to sequence).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MapImages {
+    pub stripes: std::collections::BTreeMap<u64, u64>,
+    pub pages: std::collections::BTreeMap<u64, PageImage>,
+}
+
+impl MapImages {
+    /// Bytes of images each map stripe holds that a page still names.
+    pub fn live_bytes(&self) -> std::collections::BTreeMap<u64, u64> {
+        let mut live: std::collections::BTreeMap<u64, u64> = self.stripes.keys().map(|&s| (s, 0)).collect();
+        for piece in self.pages.values().flat_map(|p| &p.pieces) {
+            *live.entry(piece.slot).or_default() += u64::from(piece.bytes);
+        }
+        live
+    }
+
+    pub fn piece_count(&self) -> usize {
+        self.pages.values().map(|p| p.pieces.len()).sum()
+    }
 }
 
 const CHECKPOINT_HEADER_BYTES: usize = 64;
-const CHECKPOINT_MAPPING_BYTES: usize = 40;
-const CHECKPOINT_EXTENT_BYTES: usize = 24;
+/// A page's entry in a checkpoint, before its digest and pieces.
+const CHECKPOINT_PAGE_BYTES: usize = 16;
+const CHECKPOINT_PIECE_BYTES: usize = 12;
 
-/// Bytes one extent takes in a checkpoint.
-pub fn checkpoint_extent_bytes(algorithm: Algorithm, crcs: usize) -> usize {
-    CHECKPOINT_EXTENT_BYTES + algorithm.digest_bytes() + 4 * crcs
+/// The most bytes a map page's image takes (`crate::map` encodes them):
+/// a 16-byte header, 512 entries of 40 bytes, and the most words they
+/// may refer to.
+pub const PAGE_IMAGE_BYTES_MAX: usize =
+    16 + crate::limits::MAP_PAGE_BLOCKS as usize * (40 + DIGEST_FIELD_BYTES + 4 * EXTENT_BLOCKS_MAX);
+
+/// Bytes of checkpoint (or directory, or map pages) a Meta stripe holds:
+/// its data area less an empty summary.
+pub fn meta_stripe_bytes(geometry: &Geometry) -> usize {
+    geometry.data_area_bytes() - summary_bytes(geometry.checksum, &[])
 }
 
-/// Encoded size of a checkpoint with these counts (`crcs`: the block
-/// CRCs of all its extents together).
+/// Encoded size of a checkpoint with these counts (`pieces`: of all its
+/// pages' images together).
 pub fn checkpoint_bytes(
     algorithm: Algorithm,
     stripes: usize,
     window: usize,
-    extents: usize,
-    crcs: usize,
-    mappings: usize,
+    map_stripes: usize,
+    pages: usize,
+    pieces: usize,
 ) -> usize {
     CHECKPOINT_HEADER_BYTES
         + 16 * stripes
         + 8 * window
-        + checkpoint_extent_bytes(algorithm, 0) * extents
-        + 4 * crcs
-        + CHECKPOINT_MAPPING_BYTES * mappings
+        + 16 * map_stripes
+        + (CHECKPOINT_PAGE_BYTES + algorithm.digest_bytes()) * pages
+        + CHECKPOINT_PIECE_BYTES * pieces
 }
 
-/// A checkpoint: the volume's map as of stripe `sequence`: every live stripe and its
-/// sequence, the extents and the mapped ranges (sorted, disjoint, each
-/// with the version of the write it holds), and the window: the slots the
-/// volume may write before the next checkpoint (free ones, and live ones
-/// garbage collection is likely to empty first), so recovery reads only
-/// their headers to roll forward.
+/// A checkpoint: the root of the map as of stripe `sequence`. It lists
+/// every live stripe and its sequence, the window (the slots the array
+/// may write before the next checkpoint: free ones, and live ones garbage
+/// collection is likely to empty first, so recovery reads only their
+/// headers to roll forward), and where each map page's image is. The
+/// images are in map stripes (Meta stripes of their own, each holding
+/// many), written when their page changed: a page left alone keeps the
+/// image an earlier checkpoint wrote.
 ///
-/// The map may be "fuzzy": taken in pieces while writes went on. Every
-/// write in it that is newer than `sequence` is also in a stripe newer
-/// than `sequence`, in the window, and recovery keeps the newest version
-/// of each block, so replaying those stripes over it gives the right map.
+/// The map may be "fuzzy": its pages copied one by one while writes
+/// went on. Every write in it that is newer than `sequence` is also in a
+/// stripe newer than `sequence`, in the window, and recovery keeps the
+/// newest version of each block, so replaying those stripes over it
+/// gives the right map.
 ///
 /// ```text
 ///   0 magic "TSRCHKPT"   8 version u32   12 reserved u32
 ///  16 sequence u64      24 next write version u64
-///  32 live stripes u64  40 window slots u64   48 extents u64   56 mappings u64
+///  32 live stripes u64  40 window slots u64   48 map stripes u64   56 pages u64
 ///  64 live stripes: slot u64 | sequence u64
 ///     window: slot u64
-///     extents: slot u64 | offset u32 | stored bytes u32 | blocks u32
-///              | codec u8 | block CRCs u8 (0 or blocks) | reserved u16
-///              | digest [D] | CRC32C u32 of each block
-///     mappings: lba u64 | blocks u32 | kind u8 (1 data, 2 zero) | reserved [3]
-///               | extent number or zero's slot u64 | skip u32 | reserved u32
-///               | version u64
+///     map stripes: slot u64 | sequence u64
+///     pages: page u64 | image bytes u32 | pieces u32 | digest [D] of the image
+///            | per piece: map stripe number u32 | offset u32 | bytes u32
 /// ```
 ///
 /// Its length and digest are in the superblock, which points to it.
-///
-/// This is its writer (`CheckpointView` its reader): the map's part is
-/// encoded as the map is copied, each extent once, so a checkpoint of a
-/// large map is never held decoded (an `Extent` is ~170 bytes, its entry
-/// here 28 + D, with 4 bytes per block CRC).
-#[derive(Default)]
-pub struct CheckpointBody {
-    extents: Vec<u8>,
-    extent_count: usize,
-    crc_count: usize,
-    mappings: Vec<u8>,
-    mapping_count: usize,
-}
-
-impl CheckpointBody {
-    /// Adds an extent; returns its number, for mappings to name.
-    pub fn push_extent(&mut self, e: &Extent) -> usize {
-        let out = &mut self.extents;
-        out.extend_from_slice(&e.slot.to_le_bytes());
-        out.extend_from_slice(&e.offset.to_le_bytes());
-        out.extend_from_slice(&e.stored_bytes.to_le_bytes());
-        out.extend_from_slice(&e.blocks.to_le_bytes());
-        // At most EXTENT_BLOCKS_MAX (16) CRCs: `BlockCrcs` holds no more.
-        out.extend_from_slice(&[codec_code(e.codec).0, e.block_crcs.len() as u8, 0, 0]);
-        out.extend_from_slice(e.digest.as_bytes());
-        for crc in &e.block_crcs {
-            out.extend_from_slice(&crc.to_le_bytes());
-        }
-        self.crc_count += e.block_crcs.len();
-        self.extent_count += 1;
-        self.extent_count - 1
-    }
-
-    pub fn push_mapping(&mut self, m: &CheckpointMapping) {
-        let (kind, target, skip) = match m.target {
-            CheckpointTarget::Data { extent, skip } => (1u8, extent as u64, skip),
-            CheckpointTarget::Zero { slot } => (2u8, slot, 0),
-        };
-        let out = &mut self.mappings;
-        out.extend_from_slice(&m.lba.to_le_bytes());
-        out.extend_from_slice(&m.blocks.to_le_bytes());
-        out.extend_from_slice(&[kind, 0, 0, 0]);
-        out.extend_from_slice(&target.to_le_bytes());
-        out.extend_from_slice(&skip.to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes());
-        out.extend_from_slice(&m.version.to_le_bytes());
-        self.mapping_count += 1;
-    }
-
-    /// The whole checkpoint: its header, the stripes it points into and
-    /// its window, then this body.
-    pub fn encode(
-        &self,
-        algorithm: Algorithm,
-        sequence: u64,
-        next_version: u64,
-        stripes: &[(u64, u64)],
-        window: &[u64],
-    ) -> Vec<u8> {
-        let bytes = checkpoint_bytes(
-            algorithm,
-            stripes.len(),
-            window.len(),
-            self.extent_count,
-            self.crc_count,
-            self.mapping_count,
-        );
-        let mut out = Vec::with_capacity(bytes);
-        out.extend_from_slice(&CHECKPOINT_MAGIC);
-        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes());
-        for n in [
-            sequence,
-            next_version,
-            stripes.len() as u64,
-            window.len() as u64,
-            self.extent_count as u64,
-            self.mapping_count as u64,
-        ] {
-            out.extend_from_slice(&n.to_le_bytes());
-        }
-        for (slot, sequence) in stripes {
-            out.extend_from_slice(&slot.to_le_bytes());
-            out.extend_from_slice(&sequence.to_le_bytes());
-        }
-        for slot in window {
-            out.extend_from_slice(&slot.to_le_bytes());
-        }
-        out.extend_from_slice(&self.extents);
-        out.extend_from_slice(&self.mappings);
-        debug_assert_eq!(out.len(), bytes);
-        out
-    }
-}
-
-/// A checkpoint checked whole and read where it lies: its extents and
-/// mappings are decoded one at a time as they are wanted, so that opening
-/// holds the encoded bytes and the map it fills, not also a decoded copy
-/// of every extent (~170 bytes each: opening 4 M of them peaked at 1.3 GB).
-pub struct CheckpointView<'a> {
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Checkpoint {
     pub sequence: u64,
     pub next_version: u64,
     pub stripes: Vec<(u64, u64)>,
     pub window: Vec<u64>,
-    bytes: &'a [u8],
-    /// The array's digest length: an extent entry's fixed part, then its
-    /// digest, then its CRCs.
-    digest_bytes: usize,
-    /// Where each extent's entry starts in `bytes`.
-    extents: Vec<usize>,
-    /// Where the mappings start, and how many there are.
-    mappings_at: usize,
-    mapping_count: usize,
+    pub images: MapImages,
 }
 
-impl<'a> CheckpointView<'a> {
+impl Checkpoint {
+    pub fn encoded_bytes(&self, algorithm: Algorithm) -> usize {
+        checkpoint_bytes(
+            algorithm,
+            self.stripes.len(),
+            self.window.len(),
+            self.images.stripes.len(),
+            self.images.pages.len(),
+            self.images.piece_count(),
+        )
+    }
+
+    pub fn encode(&self, algorithm: Algorithm) -> Vec<u8> {
+        let bytes = self.encoded_bytes(algorithm);
+        let mut out = Vec::with_capacity(bytes);
+        out.extend_from_slice(&CHECKPOINT_MAGIC);
+        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        let images = &self.images;
+        for n in [
+            self.sequence,
+            self.next_version,
+            self.stripes.len() as u64,
+            self.window.len() as u64,
+            images.stripes.len() as u64,
+            images.pages.len() as u64,
+        ] {
+            out.extend_from_slice(&n.to_le_bytes());
+        }
+        let pairs = |out: &mut Vec<u8>, pairs: &mut dyn Iterator<Item = (u64, u64)>| {
+            for (slot, sequence) in pairs {
+                out.extend_from_slice(&slot.to_le_bytes());
+                out.extend_from_slice(&sequence.to_le_bytes());
+            }
+        };
+        pairs(&mut out, &mut self.stripes.iter().copied());
+        for slot in &self.window {
+            out.extend_from_slice(&slot.to_le_bytes());
+        }
+        pairs(
+            &mut out,
+            &mut images.stripes.iter().map(|(&slot, &sequence)| (slot, sequence)),
+        );
+        let number: std::collections::HashMap<u64, u32> = images
+            .stripes
+            .keys()
+            .enumerate()
+            .map(|(i, &slot)| (slot, i as u32))
+            .collect();
+        for (page, image) in &images.pages {
+            out.extend_from_slice(&page.to_le_bytes());
+            out.extend_from_slice(&image.bytes.to_le_bytes());
+            out.extend_from_slice(&(image.pieces.len() as u32).to_le_bytes());
+            out.extend_from_slice(image.digest.as_bytes());
+            for piece in &image.pieces {
+                out.extend_from_slice(&number[&piece.slot].to_le_bytes());
+                out.extend_from_slice(&piece.offset.to_le_bytes());
+                out.extend_from_slice(&piece.bytes.to_le_bytes());
+            }
+        }
+        debug_assert_eq!(out.len(), bytes);
+        out
+    }
+
     /// Checks every field of a checkpoint whose digest already matched
     /// against the geometry and the checkpoint's own tables.
-    pub fn parse(bytes: &'a [u8], geometry: &Geometry) -> Result<CheckpointView<'a>, FormatError> {
+    pub fn decode(bytes: &[u8], geometry: &Geometry) -> Result<Checkpoint, FormatError> {
         const WHAT: &str = "checkpoint";
         let field = |field, value: u64| FormatError::Field {
             what: WHAT,
@@ -1125,147 +1087,108 @@ impl<'a> CheckpointView<'a> {
         }
         let algorithm = geometry.checksum;
         let count = |offset: usize| usize::try_from(get_u64(bytes, offset)).unwrap_or(usize::MAX);
-        let (stripes, window, extents, mappings) = (count(32), count(40), count(48), count(56));
+        let (stripes, window, map_stripes, pages) = (count(32), count(40), count(48), count(56));
         let slots = geometry.slot_count();
         // Every entry takes bytes: counts past the length are refused
         // before they are multiplied.
-        let too_many = [stripes, window].iter().any(|&n| n as u64 > slots) || extents.max(mappings) > bytes.len();
-        // Without block CRCs, the smallest the tables could be: more
-        // entries than the bytes hold are refused before any allocation.
-        if too_many || checkpoint_bytes(algorithm, stripes, window, extents, 0, mappings) > bytes.len() {
+        let too_many = [stripes, window, map_stripes].iter().any(|&n| n as u64 > slots) || pages > bytes.len();
+        if too_many || checkpoint_bytes(algorithm, stripes, window, map_stripes, pages, 0) > bytes.len() {
             return Err(field("length", bytes.len() as u64));
         }
         let mut at = CHECKPOINT_HEADER_BYTES;
-        let mut next = |n: usize| -> Result<(usize, &[u8]), FormatError> {
+        let mut next = |n: usize| -> Result<&[u8], FormatError> {
             let piece = bytes.get(at..at + n).ok_or(field("length", bytes.len() as u64))?;
             at += n;
-            Ok((at - n, piece))
+            Ok(piece)
         };
-        let mut view = CheckpointView {
+        let mut checkpoint = Checkpoint {
             sequence: get_u64(bytes, 16),
             next_version: get_u64(bytes, 24),
             stripes: Vec::with_capacity(stripes),
             window: Vec::with_capacity(window),
-            bytes,
-            digest_bytes: algorithm.digest_bytes(),
-            extents: Vec::with_capacity(extents),
-            mappings_at: 0,
-            mapping_count: mappings,
+            images: MapImages::default(),
         };
-        let mut live = std::collections::BTreeSet::new();
+        let mut seen = std::collections::BTreeSet::new();
         for _ in 0..stripes {
-            let (_, e) = next(16)?;
+            let e = next(16)?;
             let slot = get_u64(e, 0);
-            if slot >= slots || !live.insert(slot) {
+            if slot >= slots || !seen.insert(slot) {
                 return Err(field("stripe_slot", slot));
             }
-            view.stripes.push((slot, get_u64(e, 8)));
+            checkpoint.stripes.push((slot, get_u64(e, 8)));
         }
         let mut in_window = std::collections::BTreeSet::new();
         for _ in 0..window {
-            let slot = get_u64(next(8)?.1, 0);
+            let slot = get_u64(next(8)?, 0);
             if slot >= slots || !in_window.insert(slot) {
                 return Err(field("window_slot", slot));
             }
-            view.window.push(slot);
+            checkpoint.window.push(slot);
         }
-        let data_area = geometry.data_area_bytes() as u64;
-        let fixed = checkpoint_extent_bytes(algorithm, 0);
-        for _ in 0..extents {
-            let (start, e) = next(fixed)?;
-            codec_from_code(e[20], 0).ok_or(field("codec", u64::from(e[20])))?;
-            let blocks = get_u32(e, 16);
-            if blocks as usize > EXTENT_BLOCKS_MAX {
-                return Err(field("extent_blocks", u64::from(blocks)));
-            }
-            let crcs = usize::from(e[21]);
-            let want_crcs = if e[20] == 0 { blocks as usize } else { 0 };
-            if crcs != want_crcs {
-                return Err(field("block_crcs", crcs as u64));
-            }
-            next(4 * crcs)?;
+        let mut numbered = Vec::with_capacity(map_stripes);
+        for _ in 0..map_stripes {
+            let e = next(16)?;
             let slot = get_u64(e, 0);
-            if !live.contains(&slot) {
-                return Err(field("extent_slot", slot));
+            if slot >= slots || !seen.insert(slot) || numbered.last().is_some_and(|&last| last >= slot) {
+                return Err(field("map_stripe_slot", slot));
             }
-            let (offset, stored_bytes) = (get_u32(e, 8), get_u32(e, 12));
-            if u64::from(offset) + u64::from(stored_bytes) > data_area || blocks == 0 {
-                return Err(field("extent_offset", u64::from(offset)));
-            }
-            view.extents.push(start);
+            numbered.push(slot);
+            checkpoint.images.stripes.insert(slot, get_u64(e, 8));
         }
-        let mut end = 0u64;
-        for k in 0..mappings {
-            let (start, e) = next(CHECKPOINT_MAPPING_BYTES)?;
-            if k == 0 {
-                view.mappings_at = start;
+        let per_stripe = meta_stripe_bytes(geometry) as u64;
+        let digest_bytes = algorithm.digest_bytes();
+        let mut last_page = None;
+        for _ in 0..pages {
+            let e = next(CHECKPOINT_PAGE_BYTES + digest_bytes)?;
+            let page = get_u64(e, 0);
+            let first_key = page.saturating_mul(crate::limits::MAP_PAGE_BLOCKS);
+            let in_order = last_page.is_none_or(|last| last < page);
+            if !in_order || !within_one_volume(first_key, crate::limits::MAP_PAGE_BLOCKS as u32) {
+                return Err(field("page", page));
             }
-            let (lba, blocks, target) = (get_u64(e, 0), get_u32(e, 8), get_u64(e, 16));
-            let mapping_end = lba.saturating_add(u64::from(blocks));
-            if lba < end || !within_one_volume(lba, blocks) {
-                return Err(field("lba", lba));
+            last_page = Some(page);
+            let (image_bytes, piece_count) = (get_u32(e, 8), get_u32(e, 12) as usize);
+            if image_bytes < 16 || image_bytes as usize > PAGE_IMAGE_BYTES_MAX {
+                return Err(field("image_bytes", u64::from(image_bytes)));
             }
-            end = mapping_end;
-            match e[12] {
-                1 => {
-                    let skip = get_u32(e, 24);
-                    let fits = usize::try_from(target)
-                        .ok()
-                        .and_then(|i| view.extents.get(i))
-                        .is_some_and(|&x| u64::from(skip) + u64::from(blocks) <= u64::from(get_u32(bytes, x + 16)));
-                    if !fits {
-                        return Err(field("extent", target));
-                    }
+            if piece_count == 0 || piece_count > image_bytes as usize {
+                return Err(field("pieces", piece_count as u64));
+            }
+            let digest = Digest::from_bytes(&e[CHECKPOINT_PAGE_BYTES..]);
+            let mut pieces = Vec::with_capacity(piece_count);
+            let mut total = 0u64;
+            for _ in 0..piece_count {
+                let p = next(CHECKPOINT_PIECE_BYTES)?;
+                let (number, offset, piece_bytes) = (get_u32(p, 0), get_u32(p, 4), get_u32(p, 8));
+                let slot = *numbered
+                    .get(number as usize)
+                    .ok_or(field("map_stripe", u64::from(number)))?;
+                if piece_bytes == 0 || u64::from(offset) + u64::from(piece_bytes) > per_stripe {
+                    return Err(field("piece_offset", u64::from(offset)));
                 }
-                2 if live.contains(&target) => {}
-                2 => return Err(field("zero_slot", target)),
-                kind => return Err(field("kind", u64::from(kind))),
+                total += u64::from(piece_bytes);
+                pieces.push(ImagePiece {
+                    slot,
+                    offset,
+                    bytes: piece_bytes,
+                });
             }
+            if total != u64::from(image_bytes) {
+                return Err(field("image_bytes", u64::from(image_bytes)));
+            }
+            checkpoint.images.pages.insert(
+                page,
+                PageImage {
+                    bytes: image_bytes,
+                    digest,
+                    pieces,
+                },
+            );
         }
         if at != bytes.len() {
             return Err(field("length", bytes.len() as u64));
         }
-        Ok(view)
-    }
-
-    pub fn extent_count(&self) -> usize {
-        self.extents.len()
-    }
-
-    /// Extent number `i` (checked by `parse`).
-    pub fn extent(&self, i: usize) -> Extent {
-        let e = &self.bytes[self.extents[i]..];
-        let crcs = usize::from(e[21]);
-        let crc_at = CHECKPOINT_EXTENT_BYTES + self.digest_bytes;
-        Extent {
-            slot: get_u64(e, 0),
-            offset: get_u32(e, 8),
-            stored_bytes: get_u32(e, 12),
-            blocks: get_u32(e, 16),
-            codec: codec_from_code(e[20], 0).expect("checked by parse"),
-            digest: Digest::from_bytes(&e[CHECKPOINT_EXTENT_BYTES..crc_at]),
-            block_crcs: (0..crcs).map(|i| get_u32(e, crc_at + 4 * i)).collect(),
-        }
-    }
-
-    /// The mappings, in order (checked by `parse`).
-    pub fn mappings(&self) -> impl Iterator<Item = CheckpointMapping> + '_ {
-        (0..self.mapping_count).map(move |k| {
-            let e = &self.bytes[self.mappings_at + k * CHECKPOINT_MAPPING_BYTES..];
-            let target = get_u64(e, 16);
-            CheckpointMapping {
-                lba: get_u64(e, 0),
-                blocks: get_u32(e, 8),
-                version: get_u64(e, 32),
-                target: match e[12] {
-                    1 => CheckpointTarget::Data {
-                        extent: target as usize,
-                        skip: get_u32(e, 24),
-                    },
-                    _ => CheckpointTarget::Zero { slot: target },
-                },
-            }
-        })
+        Ok(checkpoint)
     }
 }
 
@@ -1662,7 +1585,7 @@ mod tests {
         }
         assert!(sb.is_failed(5) && !sb.is_failed(3));
         // Golden: magic, version, index, members, K, M, chunk, codes, rows, failed bit 5.
-        assert_eq!(&bytes[0..12], b"TSRSUPER\x02\x00\x00\x00");
+        assert_eq!(&bytes[0..12], b"TSRSUPER\x05\x00\x00\x00");
         assert_eq!(
             &bytes[48..68],
             &[3, 0, 0, 0, 7, 0, 0, 0, 4, 0, 0, 0, 2, 0, 0, 0, 0, 0, 1, 0]
@@ -1717,7 +1640,7 @@ mod tests {
         encode_log_block([9; 16], 5, 3, &records, &mut block);
         // 64 + 3 x 96 + 4096 + 900 bytes, in 512-byte sectors.
         assert_eq!(block.len(), 5632);
-        assert_eq!(&block[..12], b"TSRLOGBK\x02\x00\x00\x00");
+        assert_eq!(&block[..12], b"TSRLOGBK\x05\x00\x00\x00");
         let mut longer = block.to_vec();
         longer.extend_from_slice(&[0xff; 1024]);
         let (header, decoded) = decode_log_block(&longer, &g).unwrap();
@@ -1864,89 +1787,34 @@ mod tests {
         assert!(decode_summary(&bytes[..bytes.len() - 1], &geometry(), 11).is_err());
     }
 
-    /// A checkpoint as values: fixtures, and what a round trip gives back.
-    #[derive(Clone, Debug, PartialEq, Default)]
-    struct Checkpoint {
-        sequence: u64,
-        next_version: u64,
-        stripes: Vec<(u64, u64)>,
-        window: Vec<u64>,
-        extents: Vec<Extent>,
-        mappings: Vec<CheckpointMapping>,
-    }
-
-    impl Checkpoint {
-        fn encode(&self, algorithm: Algorithm) -> Vec<u8> {
-            let mut body = CheckpointBody::default();
-            for e in &self.extents {
-                body.push_extent(e);
-            }
-            for m in &self.mappings {
-                body.push_mapping(m);
-            }
-            body.encode(algorithm, self.sequence, self.next_version, &self.stripes, &self.window)
-        }
-
-        fn decode(bytes: &[u8], geometry: &Geometry) -> Result<Checkpoint, FormatError> {
-            let view = CheckpointView::parse(bytes, geometry)?;
-            Ok(Checkpoint {
-                sequence: view.sequence,
-                next_version: view.next_version,
-                extents: (0..view.extent_count()).map(|i| view.extent(i)).collect(),
-                mappings: view.mappings().collect(),
-                stripes: view.stripes,
-                window: view.window,
-            })
-        }
-    }
-
     fn checkpoint() -> Checkpoint {
         let a = Algorithm::Blake3;
+        let piece = |slot, offset, bytes| ImagePiece { slot, offset, bytes };
+        let mut images = MapImages::default();
+        images.stripes.insert(20, 101);
+        images.stripes.insert(30, 102);
+        images.pages.insert(
+            3,
+            PageImage {
+                bytes: 5000,
+                digest: a.digest(b"page 3"),
+                pieces: vec![piece(20, 0, 5000)],
+            },
+        );
+        images.pages.insert(
+            9,
+            PageImage {
+                bytes: 300,
+                digest: a.digest(b"page 9"),
+                pieces: vec![piece(20, 262_000, 100), piece(30, 0, 200)],
+            },
+        );
         Checkpoint {
             sequence: 99,
             next_version: 1234,
             stripes: vec![(4, 90), (7, 98)],
             window: vec![1, 2, 3],
-            extents: vec![
-                Extent {
-                    slot: 7,
-                    offset: 8192,
-                    stored_bytes: 3000,
-                    blocks: 4,
-                    codec: Some(Codec::Lz4),
-                    digest: a.digest(b"e"),
-                    block_crcs: BlockCrcs::new(),
-                },
-                Extent {
-                    slot: 4,
-                    offset: 0,
-                    stored_bytes: 8192,
-                    blocks: 2,
-                    codec: None,
-                    digest: a.digest(b"f"),
-                    block_crcs: [1, 2].into_iter().collect(),
-                },
-            ],
-            mappings: vec![
-                CheckpointMapping {
-                    lba: 10,
-                    blocks: 2,
-                    version: 5,
-                    target: CheckpointTarget::Data { extent: 0, skip: 1 },
-                },
-                CheckpointMapping {
-                    lba: 12,
-                    blocks: 100,
-                    version: 6,
-                    target: CheckpointTarget::Zero { slot: 4 },
-                },
-                CheckpointMapping {
-                    lba: 200,
-                    blocks: 1,
-                    version: 1233,
-                    target: CheckpointTarget::Data { extent: 1, skip: 1 },
-                },
-            ],
+            images,
         }
     }
 
@@ -2036,9 +1904,15 @@ mod tests {
             }
             let bytes = mangle(&checkpoint, 4, &mut rng);
             if let Ok(c) = decoded("checkpoint", seed, &bytes, |b| Checkpoint::decode(b, &g)) {
-                let live: Vec<u64> = c.stripes.iter().map(|&(slot, _)| slot).collect();
-                assert!(c.extents.iter().all(|e| live.contains(&e.slot)), "seed {seed}");
-                assert!(c.mappings.iter().all(|m| within_one_volume(m.lba, m.blocks)));
+                let pieces = c.images.pages.values().flat_map(|p| &p.pieces);
+                assert!(
+                    pieces.clone().all(|p| c.images.stripes.contains_key(&p.slot)),
+                    "seed {seed}"
+                );
+                let per_stripe = meta_stripe_bytes(&g) as u64;
+                assert!(pieces
+                    .clone()
+                    .all(|p| u64::from(p.offset) + u64::from(p.bytes) <= per_stripe));
             }
         }
     }
@@ -2061,12 +1935,12 @@ mod tests {
     }
 
     /// A checkpoint of more stripes than the superblock lists: the
-    /// superblock names its directory (version 4, the flag at 4088), and
-    /// the directory lists the stripes, checked by its digest.
+    /// superblock names its directory (the flag at 4088), and the
+    /// directory lists the stripes, checked by its digest.
     #[test]
     fn checkpoint_directories_round_trip_and_refuse_what_does_not_add_up() {
         let g = geometry();
-        let mut sb = member_superblock(Some(CheckpointRef {
+        let sb = member_superblock(Some(CheckpointRef {
             sequence: 77,
             bytes: 900 * 65536,
             first_stripe_sequence: 78,
@@ -2075,23 +1949,34 @@ mod tests {
             directory: true,
         }));
         let bytes = sb.encode();
-        assert_eq!(&bytes[0..12], b"TSRSUPER\x04\x00\x00\x00");
+        assert_eq!(&bytes[0..12], b"TSRSUPER\x05\x00\x00\x00");
         assert_eq!(&bytes[4088..4092], &1u32.to_le_bytes());
         assert_eq!(Superblock::decode(&bytes).unwrap(), sb);
         let c = sb.checkpoint.as_ref().unwrap();
         assert_eq!(c.body_stripes(65536), 900);
         assert_eq!(c.stripe_count(65536), 901);
-        // The flag without version 4, or version 4 without the flag, is refused.
+        // A flag other than 0 or 1 is refused.
         let mut bad = bytes.clone();
-        bad[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        bad[4088] = 2;
         seal_sector(&mut bad);
         assert!(matches!(Superblock::decode(&bad), Err(FormatError::Field { .. })));
-        sb.checkpoint.as_mut().unwrap().directory = false;
-        sb.checkpoint.as_mut().unwrap().bytes = 1000;
-        let mut bad = sb.encode();
-        bad[8..12].copy_from_slice(&SUPERBLOCK_VERSION_DIRECTORY.to_le_bytes());
-        seal_sector(&mut bad);
-        assert!(matches!(Superblock::decode(&bad), Err(FormatError::Field { .. })));
+        // Superblocks of versions 2 to 4 are refused by their version.
+        for old in 2u32..=4 {
+            let mut bad = bytes.clone();
+            bad[8..12].copy_from_slice(&old.to_le_bytes());
+            seal_sector(&mut bad);
+            let error = Superblock::decode(&bad).unwrap_err();
+            assert_eq!(
+                error,
+                FormatError::Version {
+                    what: "superblock",
+                    version: old
+                }
+            );
+            assert!(error
+                .to_string()
+                .contains(&format!("version {old}; this build reads version 5")));
+        }
 
         let slots: Vec<u64> = (0..900).map(|i| (i * 7) % g.slot_count()).collect();
         let directory = encode_checkpoint_directory(g.checksum, &slots);
@@ -2121,8 +2006,12 @@ mod tests {
         let c = checkpoint();
         let bytes = c.encode(a);
         assert_eq!(bytes.len(), checkpoint_bytes(a, 2, 3, 2, 2, 3));
-        assert_eq!(&bytes[..12], b"TSRCHKPT\x02\x00\x00\x00");
+        assert_eq!(&bytes[..12], b"TSRCHKPT\x05\x00\x00\x00");
         assert_eq!(&bytes[24..32], &1234u64.to_le_bytes());
+        assert_eq!(&bytes[48..64], &[2, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
+        // Map stripes after the window; page 9's second piece in map stripe 1.
+        assert_eq!(&bytes[64 + 32 + 24..64 + 32 + 24 + 8], &20u64.to_le_bytes());
+        assert_eq!(&bytes[bytes.len() - 12..bytes.len() - 8], &1u32.to_le_bytes());
         assert_eq!(Checkpoint::decode(&bytes, &g).unwrap(), c);
         let refused = |c: Checkpoint| Checkpoint::decode(&c.encode(a), &g).is_err();
         let mut bad = checkpoint();
@@ -2132,20 +2021,25 @@ mod tests {
         bad.window.push(1 << 40);
         assert!(refused(bad), "a window slot off the array");
         let mut bad = checkpoint();
-        bad.extents[0].slot = 5;
-        assert!(refused(bad), "an extent in a slot not listed");
+        bad.images.stripes.insert(7, 5);
+        assert!(refused(bad), "a map stripe that is also a live stripe");
         let mut bad = checkpoint();
-        bad.extents[0].blocks = EXTENT_BLOCKS_MAX as u32 + 1;
-        assert!(refused(bad), "an extent longer than any write makes");
+        bad.images.pages.get_mut(&9).unwrap().bytes = 301;
+        assert!(refused(bad), "pieces that do not add up to the image");
         let mut bad = checkpoint();
-        bad.mappings[0].target = CheckpointTarget::Data { extent: 0, skip: 3 };
-        assert!(refused(bad), "a mapping past its extent's end");
+        bad.images.pages.get_mut(&9).unwrap().pieces[0].offset = meta_stripe_bytes(&g) as u32 - 99;
+        assert!(refused(bad), "a piece past the end of its stripe");
         let mut bad = checkpoint();
-        bad.mappings[1].lba = 11;
-        assert!(refused(bad), "overlapping mappings");
+        bad.images.pages.get_mut(&3).unwrap().bytes = PAGE_IMAGE_BYTES_MAX as u32 + 1;
+        bad.images.pages.get_mut(&3).unwrap().pieces[0].bytes = PAGE_IMAGE_BYTES_MAX as u32 + 1;
+        assert!(refused(bad), "an image longer than any page makes");
         let mut bad = checkpoint();
-        bad.mappings[1].blocks = 4085;
-        assert!(refused(bad), "a mapping off the volume");
+        let page = bad.images.pages.remove(&3).unwrap();
+        bad.images.pages.insert(u64::MAX / 2, page);
+        assert!(refused(bad), "a page off the volumes");
         assert!(Checkpoint::decode(&bytes[..bytes.len() - 1], &g).is_err(), "truncated");
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(Checkpoint::decode(&longer, &g).is_err(), "trailing bytes");
     }
 }

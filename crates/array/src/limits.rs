@@ -96,9 +96,16 @@ pub const MAP_PAGE_BLOCKS: u64 = 512;
 const _: () = assert!(MAP_PAGE_BLOCKS <= u16::MAX as u64 && MAP_PAGE_BLOCKS >= EXTENT_BLOCKS_MAX as u64);
 const _: () = assert!(EXTENT_BLOCKS_MAX <= u8::MAX as usize);
 
-/// Mappings a checkpoint copies under one hold of the map's read lock:
-/// writers wait at most this long (about a millisecond) for it.
-pub const CHECKPOINT_MAPPINGS_PER_LOCK: usize = 16 << 10;
+/// Bytes of page images a checkpoint copies under one hold of the map's
+/// read lock, at least (a page is copied whole): writers wait about a
+/// millisecond for it at most.
+pub const CHECKPOINT_IMAGE_BYTES_PER_LOCK: usize = 1 << 20;
+
+/// A map stripe whose page images still named are fewer than this
+/// fraction of it has them rewritten by the next checkpoint, so that it
+/// is freed: map stripes hold at most this many times the images' bytes,
+/// plus the last checkpoint's.
+pub const MAP_STRIPE_LIVE_DIVISOR: usize = 4;
 
 /// Bytes of sealed stripes (all K+M chunks) not yet on the members, at
 /// most: writers wait below it, which bounds memory and keeps each

@@ -50,9 +50,9 @@
 //! shrink over three written places took 2 million entries before that);
 //! a lookup builds an `Extent` (~170 bytes) where it cloned an `Arc`.
 
-use crate::format::{codec_code, codec_from_code, Extent};
-use crate::limits::MAP_PAGE_BLOCKS;
-use std::collections::{BTreeMap, HashMap};
+use crate::format::{codec_code, codec_from_code, Extent, FormatError, Geometry};
+use crate::limits::{EXTENT_BLOCKS_MAX, MAP_PAGE_BLOCKS};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use tessera_checksum::Digest;
 
@@ -163,6 +163,8 @@ pub enum Rule<'a> {
     /// All of them, and the gaps between: a new write.
     Always,
     /// Those whose version is at most the new one, and the gaps: replay.
+    /// One that already points at the same record (a checkpoint's page
+    /// holding a write its window replays) is left as it is.
     IfNotNewer,
     /// Those that are still `target` at `version`, and no gaps: a
     /// relocation by garbage collection.
@@ -170,10 +172,10 @@ pub enum Rule<'a> {
 }
 
 impl Rule<'_> {
-    fn replaces(&self, existing: &Entry, version: u64) -> bool {
+    fn replaces(&self, existing: &Entry, version: u64, new: &Target) -> bool {
         match self {
             Rule::Always => true,
-            Rule::IfNotNewer => existing.version <= version,
+            Rule::IfNotNewer => existing.version < version || (existing.version == version && !existing.is(new)),
             Rule::IfStill { target, version } => existing.version == *version && existing.is(target),
         }
     }
@@ -426,7 +428,7 @@ impl Page {
                 pieces.take(self, target, (lo, version), cursor, from);
             }
             cursor = to;
-            if !rule.replaces(e, version) {
+            if !rule.replaces(e, version, target) {
                 pieces.entries.push(*e);
                 continue;
             }
@@ -472,21 +474,192 @@ impl Page {
     /// Rewrites the arena with only the words entries refer to, each
     /// record's once.
     fn compact(&mut self) {
-        let mut words = Vec::with_capacity(self.words_referred);
-        let mut moved: HashMap<u32, u32> = HashMap::new();
-        for e in &mut self.entries {
-            let count = e.word_count();
-            if count == 0 {
-                continue;
-            }
-            e.words = *moved.entry(e.words).or_insert_with(|| {
-                let at = words.len() as u32;
-                words.extend_from_slice(&self.words[e.words as usize..e.words as usize + count]);
-                at
-            });
+        let (words, at) = self.packed();
+        for (e, at) in self.entries.iter_mut().zip(at) {
+            e.words = at;
         }
         self.words = words;
     }
+
+    /// The words the entries refer to, each record's once, and where each
+    /// entry's start in them (0 for an entry without words).
+    fn packed(&self) -> (Vec<u32>, Vec<u32>) {
+        let mut words = Vec::with_capacity(self.words_referred);
+        let mut moved: HashMap<u32, u32> = HashMap::new();
+        let at = self
+            .entries
+            .iter()
+            .map(|e| {
+                let count = e.word_count();
+                if count == 0 {
+                    return 0;
+                }
+                *moved.entry(e.words).or_insert_with(|| {
+                    let at = words.len() as u32;
+                    words.extend_from_slice(&self.words[e.words as usize..e.words as usize + count]);
+                    at
+                })
+            })
+            .collect();
+        (words, at)
+    }
+
+    /// The page's image (FORMAT.md, "Map pages"), appended to `out`.
+    fn encode(&self, p: u64, out: &mut Vec<u8>) {
+        let (words, at) = self.packed();
+        out.reserve(image_bytes(self.entries.len(), words.len()));
+        out.extend_from_slice(&p.to_le_bytes());
+        out.extend_from_slice(&(self.entries.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(words.len() as u32).to_le_bytes());
+        for (e, at) in self.entries.iter().zip(at) {
+            out.extend_from_slice(&e.version.to_le_bytes());
+            out.extend_from_slice(&e.slot.to_le_bytes());
+            out.extend_from_slice(&e.offset.to_le_bytes());
+            out.extend_from_slice(&e.stored_bytes.to_le_bytes());
+            out.extend_from_slice(&at.to_le_bytes());
+            out.extend_from_slice(&e.start.to_le_bytes());
+            out.extend_from_slice(&e.blocks.to_le_bytes());
+            out.extend_from_slice(&[e.record_blocks, e.skip, e.crcs, e.codec, e.flags, e.digest_bytes, 0, 0]);
+        }
+        for word in words {
+            out.extend_from_slice(&word.to_le_bytes());
+        }
+    }
+
+    /// A page from its image, every field checked: against the geometry,
+    /// `live` (whether a slot holds a stripe the map may point into), and
+    /// the page's own entries (sorted, disjoint, inside the page, each
+    /// record's words inside the arena). Returns the page's number too.
+    fn decode(image: &[u8], geometry: &Geometry, live: &dyn Fn(u64) -> bool) -> Result<(u64, Page), FormatError> {
+        const WHAT: &str = "map page";
+        let field = |field, value: u64| FormatError::Field {
+            what: WHAT,
+            field,
+            value,
+        };
+        let get = |at: usize, n: usize| -> u64 {
+            let mut b = [0u8; 8];
+            b[..n].copy_from_slice(&image[at..at + n]);
+            u64::from_le_bytes(b)
+        };
+        if image.len() < IMAGE_HEADER_BYTES {
+            return Err(field("length", image.len() as u64));
+        }
+        let (p, count, word_count) = (get(0, 8), get(8, 4) as usize, get(12, 4) as usize);
+        if count == 0 || count > MAP_PAGE_BLOCKS as usize || word_count > count * IMAGE_WORDS_PER_ENTRY_MAX {
+            return Err(field("entries", count as u64));
+        }
+        if image.len() != image_bytes(count, word_count) {
+            return Err(field("length", image.len() as u64));
+        }
+        let first_key = p.saturating_mul(MAP_PAGE_BLOCKS);
+        if !crate::format::within_one_volume(first_key, MAP_PAGE_BLOCKS as u32) {
+            return Err(field("page", p));
+        }
+        let algorithm = geometry.checksum;
+        let words_at = IMAGE_HEADER_BYTES + count * IMAGE_ENTRY_BYTES;
+        let mut page = Page {
+            entries: Vec::with_capacity(count),
+            words: (0..word_count).map(|i| get(words_at + 4 * i, 4) as u32).collect(),
+            words_referred: 0,
+        };
+        let mut end = 0u16;
+        for i in 0..count {
+            let at = IMAGE_HEADER_BYTES + i * IMAGE_ENTRY_BYTES;
+            let b = &image[at + 32..at + 40];
+            let e = Entry {
+                version: get(at, 8),
+                slot: get(at + 8, 8),
+                offset: get(at + 16, 4) as u32,
+                stored_bytes: get(at + 20, 4) as u32,
+                words: get(at + 24, 4) as u32,
+                start: get(at + 28, 2) as u16,
+                blocks: get(at + 30, 2) as u16,
+                record_blocks: b[0],
+                skip: b[1],
+                crcs: b[2],
+                codec: b[3],
+                flags: b[4],
+                digest_bytes: b[5],
+            };
+            if e.start < end || e.blocks == 0 || u64::from(e.end()) > MAP_PAGE_BLOCKS {
+                return Err(field("start", u64::from(e.start)));
+            }
+            end = e.end();
+            if e.slot >= geometry.slot_count() || !live(e.slot) {
+                return Err(field("slot", e.slot));
+            }
+            if b[6..] != [0, 0] || e.flags & !(ZERO | DIGEST_IS_CRC) != 0 {
+                return Err(field("flags", u64::from(e.flags)));
+            }
+            if e.is_zero() {
+                let rest = [u64::from(e.offset), u64::from(e.stored_bytes), u64::from(e.words)];
+                if e.flags != ZERO || rest != [0; 3] || b[..4] != [0; 4] || e.digest_bytes != 0 {
+                    return Err(field("zero", e.slot));
+                }
+            } else {
+                check_record(&e, geometry).map_err(|(name, value)| field(name, value))?;
+                if e.flags & DIGEST_IS_CRC != 0 && algorithm != tessera_checksum::Algorithm::Crc32c {
+                    return Err(field("flags", u64::from(e.flags)));
+                }
+                if e.words as usize + e.word_count() > word_count {
+                    return Err(field("words", u64::from(e.words)));
+                }
+            }
+            page.words_referred += e.word_count();
+            page.entries.push(e);
+        }
+        Ok((p, page))
+    }
+}
+
+/// Bytes of a page image's header: page number u64 | entries u32 | words u32.
+const IMAGE_HEADER_BYTES: usize = 16;
+/// Bytes of an entry in a page image.
+const IMAGE_ENTRY_BYTES: usize = 40;
+/// Words one entry may refer to: the longest digest and a CRC for each
+/// block of the longest record.
+const IMAGE_WORDS_PER_ENTRY_MAX: usize = crate::format::DIGEST_FIELD_BYTES / 4 + EXTENT_BLOCKS_MAX;
+
+/// Bytes of a page image of `entries` entries and `words` words.
+fn image_bytes(entries: usize, words: usize) -> usize {
+    IMAGE_HEADER_BYTES + IMAGE_ENTRY_BYTES * entries + 4 * words
+}
+
+/// The most bytes images of `pages` pages holding `entries` entries in
+/// all may take: every entry with its own words, the most a record has.
+pub fn images_bytes_max(algorithm: tessera_checksum::Algorithm, pages: usize, entries: usize) -> usize {
+    let words = algorithm.digest_bytes().div_ceil(4) + EXTENT_BLOCKS_MAX;
+    pages * IMAGE_HEADER_BYTES + entries * (IMAGE_ENTRY_BYTES + 4 * words)
+}
+
+/// The checks of a data entry's record: its shape, codec, checksums and
+/// place in the stripe (the field at fault, and its value, if one fails).
+fn check_record(e: &Entry, geometry: &Geometry) -> Result<(), (&'static str, u64)> {
+    let record_blocks = usize::from(e.record_blocks);
+    if record_blocks == 0
+        || record_blocks > EXTENT_BLOCKS_MAX
+        || usize::from(e.skip) + usize::from(e.blocks) > record_blocks
+    {
+        return Err(("record_blocks", u64::from(e.record_blocks)));
+    }
+    if codec_from_code(e.codec, 0).is_none() {
+        return Err(("codec", u64::from(e.codec)));
+    }
+    let crcs = if e.codec == 0 { record_blocks } else { 0 };
+    if usize::from(e.crcs) != crcs {
+        return Err(("block_crcs", u64::from(e.crcs)));
+    }
+    if usize::from(e.digest_bytes) != geometry.checksum.digest_bytes() {
+        return Err(("digest_bytes", u64::from(e.digest_bytes)));
+    }
+    if e.flags & DIGEST_IS_CRC != 0 && (e.codec != 0 || e.crcs != 1) {
+        return Err(("flags", u64::from(e.flags)));
+    }
+    if u64::from(e.offset) + u64::from(e.stored_bytes) > geometry.data_area_bytes() as u64 || e.stored_bytes == 0 {
+        return Err(("offset", u64::from(e.offset)));
+    }
+    Ok(())
 }
 
 /// The entries that replace a page's overlapped ones, being built.
@@ -624,6 +797,9 @@ pub struct Map {
     len: usize,
     /// What `Page::bytes` adds up to over all pages.
     bytes: usize,
+    /// Pages changed (or emptied) since their image was last taken
+    /// (`take_dirty`): what the next checkpoint writes.
+    dirty: BTreeSet<u64>,
 }
 
 /// The page of key `lba`, and the key's place in it.
@@ -641,10 +817,68 @@ impl Map {
         self.len == 0
     }
 
-    pub fn clear(&mut self) {
-        self.pages.clear();
-        self.len = 0;
-        self.bytes = 0;
+    /// Pages holding mappings.
+    pub fn page_count(&self) -> usize {
+        self.pages.len()
+    }
+
+    /// The pages changed since the last call, which the caller writes
+    /// (or gives back with `mark_dirty` if it could not).
+    pub fn take_dirty(&mut self) -> BTreeSet<u64> {
+        std::mem::take(&mut self.dirty)
+    }
+
+    pub fn dirty_count(&self) -> usize {
+        self.dirty.len()
+    }
+
+    pub fn mark_dirty(&mut self, pages: impl IntoIterator<Item = u64>) {
+        self.dirty.extend(pages);
+    }
+
+    /// Appends page `p`'s image (FORMAT.md, "Map pages") to `out`: its
+    /// entries as they are held, then the words they refer to, each
+    /// record's once. False, appending nothing, if no page `p` is held.
+    pub fn encode_page(&self, p: u64, out: &mut Vec<u8>) -> bool {
+        let Some(page) = self.pages.get(&p) else {
+            return false;
+        };
+        page.encode(p, out);
+        true
+    }
+
+    /// Puts a page back from its image (opening from a checkpoint), every
+    /// field checked (`live`: whether a slot holds a stripe the map may
+    /// point into). The map must not hold that page yet. Returns the page
+    /// and what it maps, as gains, for the slot table; the page is clean.
+    pub fn load_page(
+        &mut self,
+        image: &[u8],
+        geometry: &Geometry,
+        live: &dyn Fn(u64) -> bool,
+    ) -> Result<(u64, Vec<Delta>), FormatError> {
+        let (p, mut page) = Page::decode(image, geometry, live)?;
+        if self.pages.contains_key(&p) {
+            return Err(FormatError::Field {
+                what: "map page",
+                field: "page",
+                value: p,
+            });
+        }
+        if page.words.len() > 2 * page.words_referred + 32 {
+            page.compact();
+        }
+        let base = p * MAP_PAGE_BLOCKS;
+        let gained = page.entries.iter().map(|e| e.delta(base, true)).collect();
+        self.len += page.entries.len();
+        self.bytes += page.bytes();
+        self.pages.insert(p, page);
+        Ok((p, gained))
+    }
+
+    /// Marks every page dirty (the durable images are gone).
+    pub fn mark_all_dirty(&mut self) {
+        self.dirty.extend(self.pages.keys().copied());
     }
 
     /// Bytes the map holds in memory: its pages' entries and arenas, and
@@ -692,7 +926,11 @@ impl Map {
             }
             let page = self.pages.entry(p).or_default();
             let before = if exists { page.bytes() } else { 0 };
+            let changes = gained.len() + lost.len();
             let change = page.insert(base, (key, hi), version, &piece, rule, &mut gained, &mut lost);
+            if gained.len() + lost.len() > changes {
+                self.dirty.insert(p);
+            }
             self.len = self.len.checked_add_signed(change).expect("the map counts its entries");
             let after = if page.entries.is_empty() {
                 self.pages.remove(&p);
@@ -733,6 +971,9 @@ impl Map {
             };
             for e in &page.entries[from..to] {
                 lost.push(e.delta(base, false));
+            }
+            if to > from {
+                self.dirty.insert(p);
             }
             let removed: usize = page.entries[from..to].iter().map(Entry::word_count).sum();
             page.words_referred -= removed;
@@ -835,6 +1076,79 @@ mod tests {
         })
     }
 
+    /// An array whose stripes can hold any record the tests make.
+    fn image_geometry(checksum: Algorithm) -> Geometry {
+        Geometry {
+            data: 1,
+            parity: 1,
+            members: 2,
+            chunk_bytes: 16 << 20,
+            rows: 1 << 20,
+            member_bytes: 1 << 45,
+            logical_bytes: 1 << 30,
+            checksum,
+            compression: None,
+            log_bytes: 0,
+            log_devices: 0,
+            log_device_bytes: 0,
+        }
+    }
+
+    /// Page images with bytes changed at random either load as a page
+    /// that passed every check, or are refused with an error; none panics.
+    #[test]
+    fn mangled_page_images_are_refused_without_panicking() {
+        use rand::{Rng, SeedableRng};
+        for algorithm in [Algorithm::Crc32c, Algorithm::Blake3] {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+            let mut map = Map::default();
+            for i in 0..300u32 {
+                let blocks = rng.gen_range(1..=16);
+                let lba = rng.gen_range(0..MAP_PAGE_BLOCKS - 16);
+                let extent = random_extent(&mut rng, algorithm, u64::from(i % 9), i * 4096, blocks);
+                map.insert(
+                    lba,
+                    blocks,
+                    u64::from(i),
+                    &Target::Data { extent, skip: 0 },
+                    Rule::Always,
+                );
+                if i % 7 == 0 {
+                    map.insert(lba, 3, u64::from(i), &Target::Zero { slot: 4 }, Rule::Always);
+                }
+            }
+            let mut image = Vec::new();
+            assert!(map.encode_page(0, &mut image));
+            assert!(!map.encode_page(1, &mut Vec::new()));
+            let g = image_geometry(algorithm);
+            let (mut accepted, mut refused) = (0, 0);
+            for seed in 0..3000u64 {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+                let mut bad = image.clone();
+                for _ in 0..rng.gen_range(1..=3) {
+                    let at = rng.gen_range(0..bad.len());
+                    bad[at] = rng.gen();
+                }
+                if seed % 5 == 0 {
+                    bad.truncate(rng.gen_range(0..bad.len()));
+                }
+                let outcome = std::panic::catch_unwind(|| Map::default().load_page(&bad, &g, &|s| s < 9).is_ok());
+                match outcome {
+                    Ok(true) => accepted += 1,
+                    Ok(false) => refused += 1,
+                    Err(_) => panic!("seed {seed}: the decoder panicked"),
+                }
+            }
+            // Digest and CRC bytes may take any value: some changes pass.
+            assert!(accepted > 0 && refused > 1000, "{accepted} accepted, {refused} refused");
+            // A slot the caller says holds no live stripe is refused.
+            assert!(Map::default().load_page(&image, &g, &|s| s != 4).is_err());
+            let mut twice = Map::default();
+            twice.load_page(&image, &g, &|_| true).unwrap();
+            assert!(twice.load_page(&image, &g, &|_| true).is_err(), "a page loaded twice");
+        }
+    }
+
     /// Random writes, replays, relocations and removals over a few pages,
     /// checked block by block against a plain model: every block maps to
     /// the record and version the model says, every record comes back
@@ -856,6 +1170,7 @@ mod tests {
             let mut model: Vec<Option<Held>> = vec![None; span as usize];
             let mut live: BTreeMap<(u64, Option<u32>), i64> = BTreeMap::new();
             let mut version = 0u64;
+            let mut images: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
             for op in 0..2500u32 {
                 let (lba, blocks, target_version, target, rule_kind) = match rng.gen_range(0..20) {
                     // A relocation of the record some block maps to now.
@@ -943,6 +1258,24 @@ mod tests {
                         model[from as usize..to as usize].fill(None);
                     }
                 }
+                if op % 3 == 2 {
+                    // A page not marked dirty since its image was taken
+                    // still encodes to the same bytes.
+                    let dirty = map.take_dirty();
+                    for p in 0..span.div_ceil(MAP_PAGE_BLOCKS) {
+                        let mut image = Vec::new();
+                        let held = map.encode_page(p, &mut image);
+                        let same = images.get(&p) == held.then_some(&image);
+                        assert!(
+                            same || dirty.contains(&p),
+                            "seed {seed} op {op}: page {p} changed unmarked"
+                        );
+                        match held {
+                            true => images.insert(p, image),
+                            false => images.remove(&p),
+                        };
+                    }
+                }
                 if op % 50 != 49 {
                     continue;
                 }
@@ -988,6 +1321,23 @@ mod tests {
                 assert_eq!(pieces, all, "seed {seed} op {op}: overlapping({from}, {to})");
                 let spans: Vec<u64> = map.overlapping(from, to).spans().map(|(s, _)| s).collect();
                 assert_eq!(spans, pieces, "seed {seed} op {op}: spans({from}, {to})");
+                // The pages' images load back into the same map.
+                let mut loaded = Map::default();
+                for p in 0..span.div_ceil(MAP_PAGE_BLOCKS) {
+                    let mut image = Vec::new();
+                    if map.encode_page(p, &mut image) {
+                        let (got, _) = loaded.load_page(&image, &image_geometry(algorithm), &|_| true).unwrap();
+                        assert_eq!(got, p);
+                    }
+                }
+                assert_eq!(ranges(&loaded), ranges(&map), "seed {seed} op {op}");
+                let targets = |m: &Map| m.iter().map(|(_, m)| format!("{:?}", m.target)).collect::<Vec<_>>();
+                assert_eq!(targets(&loaded), targets(&map), "seed {seed} op {op}");
+                assert_eq!(
+                    (loaded.len(), loaded.dirty_count()),
+                    (map.len(), 0),
+                    "loaded pages are clean"
+                );
             }
             // The arena holds no more than twice what is referred to.
             for page in map.pages.values() {

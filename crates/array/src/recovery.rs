@@ -24,9 +24,7 @@
 //!   in `status`.
 
 use crate::engine::Shared;
-use crate::format::{
-    CheckpointRef, CheckpointTarget, CheckpointView, ChunkHeader, Record, Stream, SUMMARY_HEADER_BYTES,
-};
+use crate::format::{Checkpoint, CheckpointRef, ChunkHeader, MapImages, Record, Stream, SUMMARY_HEADER_BYTES};
 use crate::map::{Location, Map, Rule, Target};
 use crate::slots::{SlotState, SlotTable};
 use crate::ArrayError;
@@ -130,6 +128,10 @@ impl Shared {
         index.map = Map::default();
         index.slots = SlotTable::new(self.geometry.checksum, self.geometry.slot_count());
         index.checkpoint_slots.clear();
+        index.map_stripes = 0;
+        drop(index);
+        *self.checkpoint_lock.lock().unwrap_or_else(|p| p.into_inner()) = MapImages::default();
+        let mut index = self.index_mut();
         index.drain_after_user.clear();
         index.user_open.clear();
         index.next_version = 1;
@@ -143,7 +145,7 @@ impl Shared {
         let (mut from, mut max_sequence, mut window) = (0, 0, None);
         // The slots to scan: the window's, none (fresh), or every one.
         let scan: Box<dyn Iterator<Item = u64>> = if let Some(reference) = reference {
-            let loaded = self.load_checkpoint(reference)?;
+            let loaded = self.load_checkpoint(reference, &mut recovery)?;
             from = reference.sequence;
             let stripes = reference.stripe_count(self.meta_stripe_bytes());
             max_sequence = reference.first_stripe_sequence + stripes as u64 - 1;
@@ -315,7 +317,7 @@ impl Shared {
 
     /// Loads the checkpoint `reference` names into the (empty) map and
     /// slot table; returns its window.
-    fn load_checkpoint(&self, reference: &CheckpointRef) -> Result<BTreeSet<u64>, ArrayError> {
+    fn load_checkpoint(&self, reference: &CheckpointRef, recovery: &mut Recovery) -> Result<BTreeSet<u64>, ArrayError> {
         let g = &self.geometry;
         let unreadable = |why: String| ArrayError::CheckpointUnreadable { why };
         let per_stripe = self.meta_stripe_bytes();
@@ -352,7 +354,8 @@ impl Shared {
             true => Ok(()),
             false => Err("its digest does not match".to_string()),
         })?;
-        let checkpoint = CheckpointView::parse(&bytes, g).map_err(|e| unreadable(e.to_string()))?;
+        let checkpoint = Checkpoint::decode(&bytes, g).map_err(|e| unreadable(e.to_string()))?;
+        drop(bytes);
         if checkpoint.sequence != reference.sequence {
             return Err(unreadable(format!(
                 "it says sequence {}, the superblock {}",
@@ -363,45 +366,131 @@ impl Shared {
         if meta.len() != listed.len() {
             return Err(unreadable("a slot holds two of its stripes".to_string()));
         }
+        let map_stripes = &checkpoint.images.stripes;
         let clash = checkpoint
             .stripes
             .iter()
             .map(|(slot, _)| slot)
+            .chain(map_stripes.keys())
             .chain(&checkpoint.window)
-            .find(|slot| meta.contains(slot));
+            .find(|slot| meta.contains(slot) || (checkpoint.window.contains(slot) && map_stripes.contains_key(slot)));
         if let Some(slot) = clash {
             return Err(unreadable(format!(
-                "slot {slot} is both the checkpoint's and listed in it"
+                "slot {slot} is listed twice (live, window, map stripe or the checkpoint's own)"
             )));
         }
-        let mut index = self.index_mut();
-        for &(slot, sequence) in &listed {
-            index.slots.set(slot, SlotState::Checkpoint, sequence);
-        }
-        for &(slot, sequence) in &checkpoint.stripes {
-            index.slots.set(slot, SlotState::Sealed, sequence);
-        }
-        // Each mapping's extent is decoded from the checkpoint's bytes as
-        // it goes into the map: a decoded copy of them all, or an `Arc`
-        // per extent kept for the whole load, would double its peak.
-        for m in checkpoint.mappings() {
-            // A fuzzy copy may hold a volume deleted while it was taken.
-            if !index.volumes.admits(m.lba, m.version) {
-                continue;
+        {
+            let mut index = self.index_mut();
+            let map_stripes = map_stripes.iter().map(|(&slot, &sequence)| (slot, sequence));
+            for (slot, sequence) in listed.iter().copied().chain(map_stripes) {
+                index.slots.set(slot, SlotState::Checkpoint, sequence);
             }
-            let target = match m.target {
-                CheckpointTarget::Zero { slot } => Target::Zero { slot },
-                CheckpointTarget::Data { extent, skip } => Target::Data {
-                    extent: Arc::new(checkpoint.extent(extent)),
-                    skip,
-                },
-            };
-            let deltas = index.map.insert(m.lba, m.blocks, m.version, &target, Rule::Always);
-            index.slots.account(&deltas);
+            for &(slot, sequence) in &checkpoint.stripes {
+                index.slots.set(slot, SlotState::Sealed, sequence);
+            }
         }
+        self.load_pages(&checkpoint.images, recovery)?;
+        let mut index = self.index_mut();
         index.next_version = checkpoint.next_version.max(1);
         index.checkpoint_slots = listed.iter().map(|&(slot, _)| slot).collect();
-        Ok(checkpoint.window.into_iter().collect())
+        index.map_stripes = map_stripes.len();
+        drop(index);
+        let window = checkpoint.window.iter().copied().collect();
+        *self.checkpoint_lock.lock().unwrap_or_else(|p| p.into_inner()) = checkpoint.images;
+        Ok(window)
+    }
+
+    /// Puts every page's image into the (empty) map, each checked by its
+    /// digest: the map stripes are read in the order they were written,
+    /// each once, and let go once no image still to load has a piece in
+    /// it. A stripe whose image does not match is rebuilt from its
+    /// chunks, checked one by one, and its bad chunks rewritten.
+    fn load_pages(&self, images: &MapImages, recovery: &mut Recovery) -> Result<(), ArrayError> {
+        let g = &self.geometry;
+        let unreadable = |why: String| ArrayError::CheckpointUnreadable { why };
+        let per_stripe = self.meta_stripe_bytes();
+        let mut order: Vec<(u64, u32, u64)> = images
+            .pages
+            .iter()
+            .map(|(&page, image)| (images.stripes[&image.pieces[0].slot], image.pieces[0].offset, page))
+            .collect();
+        order.sort_unstable();
+        let mut waiting: HashMap<u64, usize> = HashMap::new();
+        for piece in images.pages.values().flat_map(|image| &image.pieces) {
+            *waiting.entry(piece.slot).or_default() += 1;
+        }
+        // Each stripe's data area, and whether it was rebuilt.
+        let mut areas: HashMap<u64, (Vec<u8>, bool)> = HashMap::new();
+        let mut image_bytes = Vec::new();
+        for (_, _, page) in order {
+            let image = &images.pages[&page];
+            let mut rebuilt_all = false;
+            loop {
+                image_bytes.clear();
+                for piece in &image.pieces {
+                    let (area, _) = areas.entry(piece.slot).or_insert_with(|| {
+                        let mut area = vec![0u8; per_stripe];
+                        // A failed read leaves zeros: the digest fails, and
+                        // the stripe is rebuilt.
+                        let _ = self.read_area_into(piece.slot, 0, &mut area);
+                        (area, false)
+                    });
+                    let at = piece.offset as usize;
+                    image_bytes.extend_from_slice(&area[at..at + piece.bytes as usize]);
+                }
+                if g.checksum.digest(&image_bytes) == image.digest {
+                    break;
+                }
+                if rebuilt_all {
+                    return Err(unreadable(format!("map page {page}'s image does not match its digest")));
+                }
+                for piece in &image.pieces {
+                    let (area, rebuilt) = areas.get_mut(&piece.slot).expect("read just now");
+                    if *rebuilt {
+                        continue;
+                    }
+                    let stripe = self
+                        .rebuild_stripe(piece.slot, images.stripes[&piece.slot], true)
+                        .map_err(|e| unreadable(format!("map stripe in slot {}: {e}", piece.slot)))?;
+                    area.copy_from_slice(&stripe.area[..per_stripe]);
+                    *rebuilt = true;
+                    recovery.chunks_repaired += self.repair(piece.slot, &stripe).1;
+                }
+                rebuilt_all = true;
+            }
+            let mut index = self.index_mut();
+            let index = &mut *index;
+            let slots = &index.slots;
+            let (loaded, deltas) = index
+                .map
+                .load_page(&image_bytes, g, &|slot| slots.get(slot).state == SlotState::Sealed)
+                .map_err(|e| unreadable(format!("map page {page}: {e}")))?;
+            if loaded != page {
+                return Err(unreadable(format!("the image of map page {page} is page {loaded}'s")));
+            }
+            index.slots.account(&deltas);
+            // A page copied while its volume was deleted keeps records
+            // the volume's floor no longer admits.
+            let base = page * crate::limits::MAP_PAGE_BLOCKS;
+            let refused: Vec<(u64, u32)> = index
+                .map
+                .overlapping(base, base + crate::limits::MAP_PAGE_BLOCKS)
+                .filter(|(lba, m)| !index.volumes.admits(*lba, m.version))
+                .map(|(lba, m)| (lba, m.blocks))
+                .collect();
+            for (lba, blocks) in refused {
+                let lost = index.map.remove_from(lba, lba + u64::from(blocks));
+                index.slots.account(&lost);
+            }
+            for piece in &image.pieces {
+                let left = waiting.get_mut(&piece.slot).expect("counted above");
+                *left -= 1;
+                if *left == 0 {
+                    areas.remove(&piece.slot);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The summary of the stripe one of whose chunk `header`s was read.

@@ -141,6 +141,15 @@ pub struct Status {
     pub map_mappings: u64,
     #[serde(default)]
     pub map_bytes: u64,
+    /// Its pages (512 blocks of a volume each), those changed since the
+    /// last checkpoint (the next one writes their images), and the map
+    /// stripes holding the durable checkpoint's images.
+    #[serde(default)]
+    pub map_pages: u64,
+    #[serde(default)]
+    pub map_dirty_pages: u64,
+    #[serde(default)]
+    pub map_stripes: u64,
     /// Milliseconds writers spent waiting for the members to take more
     /// (the write bound), and for a free slot (sync, GC, checkpoint).
     pub writers_waited_for_members_ms: u64,
@@ -190,7 +199,13 @@ impl Shared {
                 degraded,
                 index.slots.mapped_data_blocks() * crate::format::BLOCK_BYTES as u64,
                 index.slots.stored_bytes(),
-                (index.map.len() as u64, index.map.bytes() as u64),
+                (
+                    index.map.len() as u64,
+                    index.map.bytes() as u64,
+                    index.map.page_count() as u64,
+                    index.map.dirty_count() as u64,
+                    index.map_stripes as u64,
+                ),
             )
         };
         let volumes = self.volume_statuses();
@@ -285,6 +300,9 @@ impl Shared {
             checkpoint_bytes_written: load(&c.checkpoint_bytes_written),
             map_mappings: map.0,
             map_bytes: map.1,
+            map_pages: map.2,
+            map_dirty_pages: map.3,
+            map_stripes: map.4,
             writers_waited_for_members_ms: load(&c.waited_for_members_us) / 1000,
             writers_waited_for_slot_ms: load(&c.waited_for_slot_us) / 1000,
             recovery: self.recovery.lock().unwrap_or_else(|p| p.into_inner()).clone(),

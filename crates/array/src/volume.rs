@@ -41,7 +41,7 @@
 //! and `scratch` (id 1, 64 MiB, created at version 812) has a table of
 //! count 2, 64 + 2 x 96 = 256 bytes, written as one 4 KiB sector to
 //! offset 256 KiB (or 512 KiB) of every healthy member, then synced;
-//! then the superblocks, version 3, with its CRC at offset 180. Block 5
+//! then the superblocks, with its CRC at offset 180. Block 5
 //! of `scratch` is map key 2^40 + 5, and an LBA of 2^40 + 5 in a stripe's
 //! summary or a log record.
 

@@ -415,10 +415,14 @@ impl Shared {
             }
         }
         // Slots that never hold live data: GC's reserve, the open stripes,
-        // the durable checkpoint and room for the next, and one more for
-        // the open stripes' tails.
-        let reserved_slots =
-            GC_RESERVE_SLOTS + self.open.len() + index.checkpoint_slots.len() + self.checkpoint_reserve(&index) + 1;
+        // the durable checkpoint (its root and map stripes) and room for
+        // the next, and one more for the open stripes' tails.
+        let reserved_slots = GC_RESERVE_SLOTS
+            + self.open.len()
+            + index.checkpoint_slots.len()
+            + index.map_stripes
+            + self.checkpoint_reserve(&index)
+            + 1;
         let slots = (index.slots.count() as usize).saturating_sub(reserved_slots) as u128;
         let capacity = (slots as f64 * self.fill_bytes as f64 * ADMIT_FRACTION) as u128 * u128::from(LIVE_SCALE);
         let live = index.slots.live_units();

@@ -169,7 +169,7 @@ impl Metrics {
         let map = Family::<KindLabels, Gauge>::default();
         registry.register(
             "map",
-            "The map in memory: mappings held, and the bytes they take",
+            "The map: mappings held in memory and the bytes they take, pages held and changed since the checkpoint, map stripes holding the checkpoint's page images",
             map.clone(),
         );
         let scrub = Family::<KindLabels, Gauge>::default();
@@ -274,6 +274,9 @@ impl Metrics {
         gauge(&self.written, "checkpoint", s.checkpoint_bytes_written);
         gauge(&self.map, "mappings", s.map_mappings);
         gauge(&self.map, "bytes", s.map_bytes);
+        gauge(&self.map, "pages", s.map_pages);
+        gauge(&self.map, "dirty_pages", s.map_dirty_pages);
+        gauge(&self.map, "stripes", s.map_stripes);
         self.scrub.clear();
         if let Some(scrub) = &s.scrub {
             gauge(&self.scrub, "total", scrub.stripes_total);

@@ -1,0 +1,237 @@
+//! The map's checkpoints write only the pages that changed since the last
+//! one; map stripes left mostly dead are rewritten and freed; the images
+//! come back exactly when the array opens (after a clean stop and after
+//! kill -9), and an image corrupted on M members is repaired from the
+//! other chunks, by opening and by scrub.
+
+mod common;
+use common::{create_options, named, open_list};
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use tessera_array::device::{Device, Faults, MemoryDevice};
+use tessera_array::format::{meta_stripe_bytes, Checkpoint, Geometry, Superblock, SECTOR_BYTES};
+use tessera_array::Array;
+
+const BLOCK: u64 = 4096;
+/// Blocks of a map page.
+const PAGE: u64 = 512;
+
+/// A block's contents: its number and a tag, so a block read from the
+/// wrong place or an older write is told apart.
+fn block(lba: u64, tag: u64) -> Vec<u8> {
+    let mut bytes = vec![0u8; BLOCK as usize];
+    for (i, word) in bytes.chunks_mut(8).enumerate() {
+        word.copy_from_slice(&(lba ^ (tag << 32) ^ (i as u64 * 0x9e37_79b9)).to_le_bytes());
+    }
+    bytes
+}
+
+fn verify(array: &Array, model: &BTreeMap<u64, u64>) {
+    let mut back = vec![0u8; BLOCK as usize];
+    for (&lba, &tag) in model {
+        array.read(lba * BLOCK, &mut back).unwrap();
+        assert!(back == block(lba, tag), "block {lba} (tag {tag})");
+    }
+    // A block never written, beside each of some written ones.
+    for &lba in model.keys().step_by(97) {
+        if !model.contains_key(&(lba + 1)) {
+            array.read((lba + 1) * BLOCK, &mut back).unwrap();
+            assert!(back.iter().all(|&b| b == 0), "block {} was never written", lba + 1);
+        }
+    }
+}
+
+fn write_random(array: &Array, model: &mut BTreeMap<u64, u64>, rng: &mut impl Rng, count: usize, pages: u64) {
+    for _ in 0..count {
+        let lba = rng.gen_range(0..pages * PAGE);
+        let tag = rng.gen::<u32>() as u64;
+        array.write(lba * BLOCK, &block(lba, tag), false).unwrap();
+        model.insert(lba, tag);
+    }
+}
+
+fn stripe_bytes(g: &Geometry) -> u64 {
+    (g.width() * (SECTOR_BYTES + g.chunk_bytes)) as u64
+}
+
+fn checkpoint_bytes(array: &Array) -> u64 {
+    array.status().unwrap().checkpoint_bytes_written
+}
+
+/// kill -9: the members stop taking writes at once; what they were given
+/// stays (the page cache), then the array opens again.
+fn kill_and_reopen(devices: &[Arc<MemoryDevice>], array: Array) -> Array {
+    let dead = Arc::new(AtomicBool::new(true));
+    for d in devices {
+        d.set_faults(Faults {
+            dead: Some(dead.clone()),
+            ..Faults::default()
+        });
+    }
+    drop(array);
+    for d in devices {
+        d.set_faults(Faults::default());
+        d.crash(d.pending_writes());
+    }
+    tessera_array::open(open_list(devices, &[])).unwrap()
+}
+
+#[test]
+fn a_checkpoint_writes_only_the_pages_that_changed() {
+    let devices: Vec<_> = (0..6).map(|_| Arc::new(MemoryDevice::new(128 << 20))).collect();
+    let options = tessera_array::CreateOptions {
+        logical_bytes: Some(8 << 30),
+        ..create_options(4, 2)
+    };
+    let array = tessera_array::create(named(&devices), &options).unwrap();
+    let g = array.geometry().clone();
+    let stripe = stripe_bytes(&g);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(25);
+    let mut model = BTreeMap::new();
+    // 30,000 random blocks over 1,024 pages (2 GiB): ~1.3 MB of images.
+    write_random(&array, &mut model, &mut rng, 30_000, 1024);
+    let before = checkpoint_bytes(&array);
+    array.checkpoint().unwrap();
+    let whole = checkpoint_bytes(&array) - before;
+    assert!(
+        whole >= 6 * stripe,
+        "the first checkpoint writes every page: {whole} bytes"
+    );
+    assert_eq!(array.status().unwrap().map_dirty_pages, 0);
+
+    // Nothing changed: the root alone.
+    let before = checkpoint_bytes(&array);
+    array.checkpoint().unwrap();
+    assert_eq!(checkpoint_bytes(&array) - before, stripe, "only the root");
+
+    // Twenty blocks of one page: its image and the root.
+    for i in 0..20 {
+        let lba = 7 * PAGE + i * 3;
+        array.write(lba * BLOCK, &block(lba, 1), false).unwrap();
+        model.insert(lba, 1);
+    }
+    assert_eq!(array.status().unwrap().map_dirty_pages, 1);
+    let before = checkpoint_bytes(&array);
+    array.checkpoint().unwrap();
+    let one_page = checkpoint_bytes(&array) - before;
+    assert_eq!(one_page, 2 * stripe, "one map stripe and the root");
+
+    // Many small rounds: map stripes whose images died are rewritten and
+    // freed, so they stay within a few times what the images need.
+    let per_stripe = meta_stripe_bytes(&g) as u64;
+    for _ in 0..40 {
+        write_random(&array, &mut model, &mut rng, 300, 1024);
+        array.checkpoint().unwrap();
+        let s = array.status().unwrap();
+        let images = s.map_mappings * 44 + s.map_pages * 16;
+        let bound = 4 * images.div_ceil(per_stripe) + 2;
+        assert!(
+            s.map_stripes <= bound,
+            "{} map stripes for {images} bytes of images",
+            s.map_stripes
+        );
+    }
+    verify(&array, &model);
+
+    // Back after a clean stop, and after kill -9 (the writes since the
+    // last checkpoint replayed over its pages).
+    let mappings = array.status().unwrap().map_mappings;
+    drop(array);
+    let array = tessera_array::open(open_list(&devices, &[])).unwrap();
+    let s = array.status().unwrap();
+    assert!(s.recovery.checkpoint_error.is_none(), "{:?}", s.recovery);
+    assert_eq!((s.map_mappings, s.map_dirty_pages), (mappings, 0));
+    verify(&array, &model);
+    write_random(&array, &mut model, &mut rng, 2_000, 1024);
+    array.flush().unwrap();
+    let array = kill_and_reopen(&devices, array);
+    let s = array.status().unwrap();
+    assert!(s.recovery.checkpoint_error.is_none(), "{:?}", s.recovery);
+    assert!(s.recovery.stripes_replayed > 0);
+    verify(&array, &model);
+}
+
+/// The data area of stripe `slot`, from its data chunks' payloads.
+fn data_area(devices: &[Arc<MemoryDevice>], g: &Geometry, slot: u64) -> Vec<u8> {
+    let mut area = vec![0u8; g.data_area_bytes()];
+    for (j, chunk) in area.chunks_mut(g.chunk_bytes).enumerate() {
+        let (member, row) = g.place(slot, j);
+        devices[member]
+            .read_at(chunk, g.row_offset(row) + SECTOR_BYTES as u64)
+            .unwrap();
+    }
+    area
+}
+
+/// The map stripes the durable checkpoint names, read from the members.
+fn map_stripes(devices: &[Arc<MemoryDevice>]) -> Vec<u64> {
+    let mut sector = vec![0u8; SECTOR_BYTES];
+    devices[0].read_at(&mut sector, 0).unwrap();
+    let superblock = Superblock::decode(&sector).unwrap();
+    let g = superblock.geometry.clone();
+    let reference = superblock.checkpoint.expect("a checkpoint");
+    assert!(!reference.directory);
+    let per_stripe = meta_stripe_bytes(&g);
+    let mut root = Vec::new();
+    for &slot in &reference.slots {
+        root.extend_from_slice(&data_area(devices, &g, slot)[..per_stripe]);
+    }
+    root.truncate(reference.bytes as usize);
+    let checkpoint = Checkpoint::decode(&root, &g).unwrap();
+    checkpoint.images.stripes.keys().copied().collect()
+}
+
+/// Flips a byte of the payload of chunk `j` of stripe `slot`.
+fn corrupt(devices: &[Arc<MemoryDevice>], g: &Geometry, slot: u64, j: usize) {
+    let (member, row) = g.place(slot, j);
+    let at = g.row_offset(row) + SECTOR_BYTES as u64 + 100;
+    let mut byte = [0u8; 1];
+    devices[member].read_at(&mut byte, at).unwrap();
+    byte[0] ^= 0x5a;
+    devices[member].write_at(&byte, at).unwrap();
+}
+
+#[test]
+fn a_map_stripe_corrupt_on_m_members_is_repaired_by_opening_and_by_scrub() {
+    let devices: Vec<_> = (0..6).map(|_| Arc::new(MemoryDevice::new(64 << 20))).collect();
+    let array = tessera_array::create(named(&devices), &create_options(4, 2)).unwrap();
+    let g = array.geometry().clone();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    let mut model = BTreeMap::new();
+    write_random(&array, &mut model, &mut rng, 5_000, 64);
+    array.checkpoint().unwrap();
+    drop(array);
+    let stripes = map_stripes(&devices);
+    assert!(!stripes.is_empty());
+    // Two data chunks of the first map stripe: M = 2, so it is rebuilt.
+    corrupt(&devices, &g, stripes[0], 0);
+    corrupt(&devices, &g, stripes[0], 1);
+    let array = tessera_array::open(open_list(&devices, &[])).unwrap();
+    let recovery = array.status().unwrap().recovery;
+    assert!(recovery.checkpoint_error.is_none(), "{recovery:?}");
+    assert!(recovery.chunks_repaired >= 2, "{recovery:?}");
+    assert!(
+        recovery.slots_scanned < g.slot_count(),
+        "from the checkpoint, not a scan"
+    );
+    verify(&array, &model);
+    drop(array);
+    // Repaired on the members: the next opening finds nothing wrong.
+    let array = tessera_array::open(open_list(&devices, &[])).unwrap();
+    assert_eq!(array.status().unwrap().recovery.chunks_repaired, 0);
+    // Corrupted while the array is open: scrub finds and repairs it.
+    let stripes = map_stripes(&devices);
+    corrupt(&devices, &g, stripes[0], 2);
+    corrupt(&devices, &g, stripes[0], 4);
+    let report = array.scrub().unwrap();
+    assert!(
+        report.chunks_repaired >= 2 && report.stripes_unrecoverable == 0,
+        "{report:?}"
+    );
+    drop(array);
+    let array = tessera_array::open(open_list(&devices, &[])).unwrap();
+    assert_eq!(array.status().unwrap().recovery.chunks_repaired, 0);
+    verify(&array, &model);
+}
