@@ -4,7 +4,8 @@
 # (QD16, no FLUSH) for TIMES its size, uniform and skewed (fio zipf:1.2),
 # with garbage collection's copies in stripes of their own (the default)
 # and mixed into the clients' open stripes (serve --no-gc-stream), in one
-# run; GC/user is bytes GC copied per client byte. WAF is
+# run; GC/user is bytes GC copied per client byte, ckpt/user the bytes of
+# checkpoint stripes (roots and map pages) per client byte. WAF is
 # member bytes per client byte over the overwrite phase alone (the server
 # restarts after the fill, which resets its counters); the full-stripe
 # floor is (K+M)/K * (chunk + 4 KiB header)/chunk.
@@ -19,7 +20,7 @@ uri="nbd+unix:///tessera?socket=$work/s.sock"
 
 echo "Tessera $k+$m on $n members of $member, 64 KiB chunks, default exported size; random 4 KiB overwrites of ${times}x the volume at QD16; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo "full-stripe floor: $(python3 -c "print(round(($k+$m)/$k*68/64,3))")"
-printf "%-10s %-10s %6s %8s %8s %12s %6s %9s\n" "pattern" "GC stream" "WAF" "GC/user" "victims" "checkpoints" "short" "IOPS"
+printf "%-10s %-10s %6s %8s %8s %12s %9s %6s %9s\n" "pattern" "GC stream" "WAF" "GC/user" "victims" "checkpoints" "ckpt/user" "short" "IOPS"
 for dist in ${PATTERNS:-random zipf:1.2}; do
   for gc in ${GC_MODES:-own none}; do
     rm -rf "$work/array"
@@ -41,7 +42,8 @@ for dist in ${PATTERNS:-random zipf:1.2}; do
     "$TESSERA" status "$work/array" --json | python3 -c "
 import json,sys
 s=json.load(sys.stdin); u=max(s['user_bytes_written'],1)
-print(f'{\"$dist\":<10} {\"$gc\":<10} {s[\"write_amplification\"]:6.2f} {s[\"gc_bytes_relocated\"]/u:8.2f} {s[\"gc_stripes_collected\"]:8} {s[\"checkpoints_written\"]:12} {s[\"short_stripes_sealed\"]:6} {\"$iops\":>9}')"
+c=s.get('checkpoint_bytes_written', 0)/u
+print(f'{\"$dist\":<10} {\"$gc\":<10} {s[\"write_amplification\"]:6.2f} {s[\"gc_bytes_relocated\"]/u:8.2f} {s[\"gc_stripes_collected\"]:8} {s[\"checkpoints_written\"]:12} {c:9.3f} {s[\"short_stripes_sealed\"]:6} {\"$iops\":>9}')"
     stop_server
   done
 done
