@@ -16,7 +16,8 @@
 //!    free slots (or, on a full array, the stripes garbage collection
 //!    will empty first). Under the same hold of the index, take the set of
 //!    pages changed since the last checkpoint (the dirty pages), with the
-//!    pages whose images sit in map stripes less than a quarter live.
+//!    pages whose images sit in the sparsest map stripes, where there are
+//!    more than twice (and one) as many as the images need.
 //!    No slot is freed until the checkpoint is done: the pages' images may
 //!    point into slots that drain meanwhile, and step 4 takes free slots.
 //! 2. Copy the dirty pages' images, some per short hold of the index's
@@ -47,7 +48,7 @@ use crate::engine::{Index, Resident, Shared};
 use crate::format::{self, Checkpoint, CheckpointRef, ImagePiece, MapImages, PageImage, Stream, CHECKPOINT_SLOTS_MAX};
 use crate::limits::{
     CHECKPOINT_IMAGE_BYTES_PER_LOCK, CHECKPOINT_WINDOW_DIVISOR, CHECKPOINT_WINDOW_MAX, CHECKPOINT_WINDOW_MIN,
-    MAP_STRIPE_LIVE_DIVISOR,
+    MAP_STRIPES_PER_NEEDED,
 };
 use crate::slots::SlotState;
 use crate::status::Counters;
@@ -186,17 +187,20 @@ impl Shared {
     }
 
     /// Step 1: the next window (allocation is narrowed to it meanwhile)
-    /// and the pages to write: the dirty ones, and those whose images are
-    /// in map stripes less than a quarter live (so that those are freed).
+    /// and the pages to write: the dirty ones, and, where the map stripes
+    /// are more than twice (and one) what the images need, those whose
+    /// images are in the sparsest of them (so that those are freed).
     fn choose_window(&self, start: u64, images: &MapImages) -> (BTreeSet<u64>, BTreeSet<u64>) {
         let size = self.window_slots() as usize;
         let per_stripe = self.meta_stripe_bytes() as u64;
         let mut live = images.live_bytes();
-        let sparse: BTreeSet<u64> = live
-            .iter()
-            .filter(|&(_, &bytes)| bytes < per_stripe / MAP_STRIPE_LIVE_DIVISOR as u64)
-            .map(|(&slot, _)| slot)
-            .collect();
+        // Past twice the stripes the images need (and one), the
+        // sparsest map stripes have their pages written again.
+        let needed = live.values().sum::<u64>().div_ceil(per_stripe) as usize;
+        let excess = live.len().saturating_sub(MAP_STRIPES_PER_NEEDED * needed + 1);
+        let mut by_live: Vec<(u64, u64)> = live.iter().map(|(&slot, &bytes)| (bytes, slot)).collect();
+        by_live.sort_unstable();
+        let sparse: BTreeSet<u64> = by_live.iter().take(excess).map(|&(_, slot)| slot).collect();
         let mut index = self.index_mut();
         let mut dirty = index.map.take_dirty();
         if !sparse.is_empty() {

@@ -101,11 +101,10 @@ const _: () = assert!(EXTENT_BLOCKS_MAX <= u8::MAX as usize);
 /// millisecond for it at most.
 pub const CHECKPOINT_IMAGE_BYTES_PER_LOCK: usize = 1 << 20;
 
-/// A map stripe whose page images still named are fewer than this
-/// fraction of it has them rewritten by the next checkpoint, so that it
-/// is freed: map stripes hold at most this many times the images' bytes,
-/// plus the last checkpoint's.
-pub const MAP_STRIPE_LIVE_DIVISOR: usize = 4;
+/// Map stripes a checkpoint lets stand per stripe the page images named
+/// need (and one more): past that, the next checkpoint writes again the
+/// pages whose images are in the sparsest, so that those are freed.
+pub const MAP_STRIPES_PER_NEEDED: usize = 2;
 
 /// Bytes of sealed stripes (all K+M chunks) not yet on the members, at
 /// most: writers wait below it, which bounds memory and keeps each
