@@ -37,6 +37,17 @@
 //!    and the new window the one allocation uses. If anything fails, the
 //!    pages taken are marked dirty again.
 //!
+//! For a spent window (`checkpoint_as_needed`), a checkpoint may be a
+//! root alone: steps 2 and 3 skipped, the last pages and their sequence
+//! named again, the window the new one with those of the roots since the
+//! pages (a stripe newer than that sequence is in one of them), the live
+//! stripes those the pages' checkpoint listed with those live now. It is
+//! while the changed pages would cost more than 1/20 of the client bytes
+//! written since the pages were, 8 in a row at most (replay reads those
+//! windows' headers): under uniform random overwrites every page changes
+//! within a window, and writing them all each time cost more than the
+//! data (`scripts/bench-waf.sh`).
+//!
 //! A root of more stripes than the superblock lists (480) is followed by
 //! its directory, which lists them; the superblock lists the directory's
 //! stripes. Without room for the checkpoint (no free slots, or a directory
@@ -47,15 +58,41 @@
 use crate::engine::{Index, Resident, Shared};
 use crate::format::{self, Checkpoint, CheckpointRef, ImagePiece, MapImages, PageImage, Stream, CHECKPOINT_SLOTS_MAX};
 use crate::limits::{
-    CHECKPOINT_IMAGE_BYTES_PER_LOCK, CHECKPOINT_WINDOW_DIVISOR, CHECKPOINT_WINDOW_MAX, CHECKPOINT_WINDOW_MIN,
-    MAP_STRIPES_PER_NEEDED,
+    CHECKPOINT_IMAGE_BYTES_PER_LOCK, CHECKPOINT_PAGES_COST_DIVISOR, CHECKPOINT_ROOTS_PER_PAGES_MAX,
+    CHECKPOINT_WINDOW_DIVISOR, CHECKPOINT_WINDOW_MAX, CHECKPOINT_WINDOW_MIN, MAP_STRIPES_PER_NEEDED,
 };
 use crate::slots::SlotState;
 use crate::status::Counters;
 use crate::stripe::OpenStripe;
 use crate::ArrayError;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
+
+/// What the checkpoint lock guards: where the durable checkpoint's page
+/// images are, and what has been written since the pages were last.
+#[derive(Default)]
+pub(crate) struct Durable {
+    pub images: MapImages,
+    /// Since the last checkpoint that wrote pages (in this process):
+    /// `None` after opening or a dropped checkpoint.
+    pub since: Option<SincePages>,
+}
+
+/// The roots written since the last checkpoint that wrote pages, each
+/// naming that checkpoint's pages and sequence with a longer window.
+pub(crate) struct SincePages {
+    /// The sequence the pages are as of.
+    pub sequence: u64,
+    /// That checkpoint's live stripes: its pages point nowhere else.
+    pub stripes: Vec<(u64, u64)>,
+    /// Every slot a stripe newer than `sequence` may be in: the windows
+    /// of the roots since.
+    pub replay: BTreeSet<u64>,
+    /// Roots written since that named no new pages.
+    pub roots: usize,
+    /// Client bytes written when it was taken.
+    pub user_bytes: u64,
+}
 
 /// The dirty pages' images, copied (step 2): their bytes back to back,
 /// and where each page's is (`None`: the page is empty now).
@@ -71,6 +108,10 @@ struct Written {
     root_slots: Vec<u64>,
     images: MapImages,
     emptied: Vec<u64>,
+    /// The slots its window names (where stripes newer than its sequence may be).
+    replay: BTreeSet<u64>,
+    /// Its live stripes.
+    stripes: Vec<(u64, u64)>,
 }
 
 impl Shared {
@@ -117,46 +158,85 @@ impl Shared {
     /// Writes a checkpoint of the map now: the pages changed since the
     /// last one, and a new root.
     pub fn checkpoint(&self) -> Result<(), ArrayError> {
+        self.take_checkpoint(false)
+    }
+
+    /// The checkpoint a spent window needs: a new root alone, naming the
+    /// last pages written with a window that grows, while writing the
+    /// changed pages would cost more than 1/20 of the client bytes
+    /// written since the pages were last written, for at most 8 roots
+    /// (so replay after a crash reads at most 8 windows' headers); else
+    /// the pages too.
+    pub(crate) fn checkpoint_as_needed(&self) -> Result<(), ArrayError> {
+        self.take_checkpoint(true)
+    }
+
+    fn take_checkpoint(&self, root_may_do: bool) -> Result<(), ArrayError> {
         self.members.check_writable()?;
-        let mut images = self.checkpoint_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut durable = self.checkpoint_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let durable = &mut *durable;
         let start = self.tracker.last_sequence();
-        let (mut window, dirty) = self.choose_window(start, &images);
+        let user_bytes = Counters::get(&self.counters.user_bytes_written);
+        let root_only = root_may_do
+            && durable.since.as_ref().is_some_and(|since| {
+                let index = self.index();
+                let per_page = index.map.bytes() / index.map.page_count().max(1);
+                let pages_cost = (index.map.dirty_count() * per_page) as u64;
+                since.roots < CHECKPOINT_ROOTS_PER_PAGES_MAX
+                    && pages_cost * CHECKPOINT_PAGES_COST_DIVISOR > user_bytes - since.user_bytes
+            });
+        let (mut window, dirty) = self.choose_window(start, &durable.images, !root_only);
         let copied = self.copy_pages(&dirty);
         let give_back = |error: ArrayError| {
             self.end_restriction();
             self.index_mut().map.mark_dirty(dirty.iter().copied());
             Err(error)
         };
-        // 3. Everything the copy points at is made durable.
-        let sealed: Vec<_> = (0..self.open.len()).filter_map(|lane| self.seal_lane(lane)).collect();
-        if let Err(error) = self
-            .submit(sealed)
-            .and_then(|()| self.sync_through(self.tracker.last_sequence()))
-        {
-            return give_back(error);
+        // 3. Everything the copy points at is made durable (a root alone
+        // names nothing new: the stripes it may not know of are in its
+        // window).
+        if !root_only {
+            let sealed: Vec<_> = (0..self.open.len()).filter_map(|lane| self.seal_lane(lane)).collect();
+            if let Err(error) = self
+                .submit(sealed)
+                .and_then(|()| self.sync_through(self.tracker.last_sequence()))
+            {
+                return give_back(error);
+            }
         }
         // Every stripe a page's image may point into: no slot is freed
         // while the checkpoint is taken, so each is still sealed or
-        // draining (a page left alone points only where the map does).
-        let stripes: Vec<(u64, u64)> = self
+        // draining (a page left alone points only where the map did when
+        // its image was taken: with a root alone, where the last pages'
+        // checkpoint said, or where the slot's newer stripe is now).
+        let mut stripes: BTreeMap<u64, u64> = self
             .index()
             .slots
             .iter()
             .filter(|(_, s)| matches!(s.state, SlotState::Sealed | SlotState::Draining))
             .map(|(slot, s)| (slot, s.sequence))
             .collect();
+        let (sequence, replay) = match durable.since.as_ref().filter(|_| root_only) {
+            Some(since) => {
+                for &(slot, sequence) in &since.stripes {
+                    stripes.entry(slot).or_insert(sequence);
+                }
+                (since.sequence, since.replay.clone())
+            }
+            None => (start, BTreeSet::new()),
+        };
         let checkpoint = Checkpoint {
-            sequence: start,
+            sequence,
             next_version: copied.next_version,
-            stripes,
+            stripes: stripes.into_iter().collect(),
             window: Vec::new(),
             images: MapImages::default(),
         };
-        match self.write_checkpoint(checkpoint, &mut window, &images, &copied) {
+        match self.write_checkpoint(checkpoint, &mut window, replay, &durable.images, &copied) {
             Ok(Some(written)) => {
                 let synced = self.tracker.lock().synced_through;
                 let mut index = self.index_mut();
-                index.slots.set_window(Some(window));
+                index.slots.set_window(Some(window.clone()));
                 index.slots.release_drained(synced);
                 let old = std::mem::replace(&mut index.checkpoint_slots, written.root_slots);
                 for slot in old.into_iter().chain(written.emptied) {
@@ -164,14 +244,31 @@ impl Shared {
                 }
                 index.map_stripes = written.images.stripes.len();
                 drop(index);
-                *images = written.images;
+                durable.images = written.images;
+                match durable.since.as_mut().filter(|_| root_only) {
+                    Some(since) => {
+                        since.replay = written.replay;
+                        since.roots += 1;
+                        Counters::add(&self.counters.checkpoints_root_only, 1);
+                    }
+                    None => {
+                        durable.since = Some(SincePages {
+                            sequence: start,
+                            stripes: written.stripes,
+                            replay: written.replay,
+                            roots: 0,
+                            user_bytes,
+                        })
+                    }
+                }
                 Counters::add(&self.counters.checkpoints_written, 1);
                 Ok(())
             }
             Ok(None) => {
                 // Pages taken and emptied are dirty again with the rest.
                 self.index_mut().map.mark_dirty(dirty.iter().copied());
-                self.drop_checkpoint(&mut images)
+                durable.since = None;
+                self.drop_checkpoint(&mut durable.images)
             }
             Err(error) => give_back(error),
         }
@@ -190,7 +287,7 @@ impl Shared {
     /// and the pages to write: the dirty ones, and, where the map stripes
     /// are more than twice (and one) what the images need, those whose
     /// images are in the sparsest of them (so that those are freed).
-    fn choose_window(&self, start: u64, images: &MapImages) -> (BTreeSet<u64>, BTreeSet<u64>) {
+    fn choose_window(&self, start: u64, images: &MapImages, pages: bool) -> (BTreeSet<u64>, BTreeSet<u64>) {
         let size = self.window_slots() as usize;
         let per_stripe = self.meta_stripe_bytes() as u64;
         let mut live = images.live_bytes();
@@ -202,8 +299,8 @@ impl Shared {
         by_live.sort_unstable();
         let sparse: BTreeSet<u64> = by_live.iter().take(excess).map(|&(_, slot)| slot).collect();
         let mut index = self.index_mut();
-        let mut dirty = index.map.take_dirty();
-        if !sparse.is_empty() {
+        let mut dirty = if pages { index.map.take_dirty() } else { BTreeSet::new() };
+        if pages && !sparse.is_empty() {
             dirty.extend(
                 images
                     .pages
@@ -316,6 +413,7 @@ impl Shared {
         &self,
         mut checkpoint: Checkpoint,
         window: &mut BTreeSet<u64>,
+        mut replay: BTreeSet<u64>,
         durable: &MapImages,
         copied: &Copied,
     ) -> Result<Option<Written>, ArrayError> {
@@ -356,8 +454,11 @@ impl Shared {
         for slot in &emptied {
             images.stripes.remove(slot);
         }
-        // The root's size, with placeholder slots for the new stripes.
-        checkpoint.window = window.iter().copied().collect();
+        // The root's size, with placeholder slots for the new stripes. Its
+        // window is the new one, and those of the roots since the pages
+        // (`replay`): stripes newer than its sequence may be in either.
+        replay.extend(window.iter().copied());
+        checkpoint.window = replay.iter().copied().collect();
         checkpoint.images = images;
         let fresh_pieces: usize = fresh.iter().map(|(_, image)| image.pieces.len()).sum();
         let root_bytes = |checkpoint: &Checkpoint| {
@@ -406,10 +507,13 @@ impl Shared {
         // Slots taken from the window leave it, and the root says so (it
         // only shrinks, so it needs no more stripes).
         // (Every one is removed: `any` would stop at the first.)
-        let taken_from_window = meta.iter().filter(|slot| window.remove(slot)).count();
+        let taken_from_window = meta
+            .iter()
+            .filter(|slot| window.remove(slot) | replay.remove(slot))
+            .count();
         let (mut body, mut directory) = (body, directory);
         if taken_from_window > 0 {
-            checkpoint.window = window.iter().copied().collect();
+            checkpoint.window = replay.iter().copied().collect();
             (body, directory) = checkpoint_stripes(algorithm, per_stripe, root_bytes(&checkpoint))
                 .expect("a root whose window shrank needs no more stripes");
             let spare = meta.split_off(image_stripes + body + directory);
@@ -489,6 +593,8 @@ impl Shared {
             root_slots: root.to_vec(),
             images: checkpoint.images,
             emptied,
+            replay,
+            stripes: checkpoint.stripes,
         }))
     }
 

@@ -251,7 +251,7 @@ pub(crate) struct Shared {
     pub gc_lock: Mutex<()>,
     /// One checkpoint at a time; held across its I/O. It guards where
     /// the durable checkpoint's page images are.
-    pub checkpoint_lock: Mutex<crate::format::MapImages>,
+    pub checkpoint_lock: Mutex<crate::checkpoint::Durable>,
     pub maintenance: crate::maintenance::Signal,
     pub recovery: Mutex<Recovery>,
     /// Each volume's gate, by id (`crate::volume::Gate`).
@@ -477,7 +477,7 @@ impl Array {
             spares: Mutex::new(Spares::default()),
             admitted: Mutex::new(0),
             gc_lock: Mutex::new(()),
-            checkpoint_lock: Mutex::new(crate::format::MapImages::default()),
+            checkpoint_lock: Mutex::new(crate::checkpoint::Durable::default()),
             maintenance: crate::maintenance::Signal::default(),
             recovery: Mutex::new(Recovery::default()),
             gates: Mutex::new(gates),
@@ -573,6 +573,15 @@ impl Array {
     /// start reads it and few headers).
     pub fn checkpoint(&self) -> Result<(), ArrayError> {
         self.shared.checkpoint()
+    }
+
+    /// Writes the checkpoint a spent window needs (what the engine does
+    /// when one runs out): a new root alone, with a longer window, while
+    /// the changed pages would cost more than 1/20 of the client bytes
+    /// since they were last written (at most 8 in a row); else the pages
+    /// too.
+    pub fn checkpoint_as_needed(&self) -> Result<(), ArrayError> {
+        self.shared.checkpoint_as_needed()
     }
 
     /// Marks member `index` failed (as if pulled) and records it in the

@@ -101,6 +101,16 @@ const _: () = assert!(EXTENT_BLOCKS_MAX <= u8::MAX as usize);
 /// millisecond for it at most.
 pub const CHECKPOINT_IMAGE_BYTES_PER_LOCK: usize = 1 << 20;
 
+/// A checkpoint for a spent window writes the changed pages only once
+/// that costs at most 1/this of the client bytes written since the pages
+/// were last written; until then it writes a new root alone, naming the
+/// same pages with a longer window.
+pub const CHECKPOINT_PAGES_COST_DIVISOR: u64 = 20;
+
+/// Roots alone written in a row at most: replay after a crash reads the
+/// chunk headers of this many windows at most (and one more).
+pub const CHECKPOINT_ROOTS_PER_PAGES_MAX: usize = 8;
+
 /// Map stripes a checkpoint lets stand per stripe the page images named
 /// need (and one more): past that, the next checkpoint writes again the
 /// pages whose images are in the sparsest, so that those are freed.

@@ -81,7 +81,7 @@ impl Shared {
             }
             if self.needs_checkpoint() {
                 // A failure is reported when a writer needs the checkpoint.
-                let _ = self.checkpoint();
+                let _ = self.checkpoint_as_needed();
             }
             for _ in 0..GC_ROUNDS_PER_WAKE {
                 if self.maintenance.stopped() || !self.needs_gc() {

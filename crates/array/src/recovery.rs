@@ -130,7 +130,7 @@ impl Shared {
         index.checkpoint_slots.clear();
         index.map_stripes = 0;
         drop(index);
-        *self.checkpoint_lock.lock().unwrap_or_else(|p| p.into_inner()) = MapImages::default();
+        *self.checkpoint_lock.lock().unwrap_or_else(|p| p.into_inner()) = crate::checkpoint::Durable::default();
         let mut index = self.index_mut();
         index.drain_after_user.clear();
         index.user_open.clear();
@@ -396,7 +396,12 @@ impl Shared {
         index.map_stripes = map_stripes.len();
         drop(index);
         let window = checkpoint.window.iter().copied().collect();
-        *self.checkpoint_lock.lock().unwrap_or_else(|p| p.into_inner()) = checkpoint.images;
+        // The next checkpoint writes pages: this process knows nothing of
+        // the roots since (their windows are in this one's).
+        *self.checkpoint_lock.lock().unwrap_or_else(|p| p.into_inner()) = crate::checkpoint::Durable {
+            images: checkpoint.images,
+            since: None,
+        };
         Ok(window)
     }
 

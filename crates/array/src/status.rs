@@ -38,6 +38,7 @@ pub struct Counters {
     pub checkpoints_forced: AtomicU64,
     pub checkpoints_dropped: AtomicU64,
     pub checkpoint_bytes_written: AtomicU64,
+    pub checkpoints_root_only: AtomicU64,
     pub log_blocks_written: AtomicU64,
     pub log_bytes_written: AtomicU64,
     pub flushes_logged: AtomicU64,
@@ -52,6 +53,10 @@ pub struct Counters {
 impl Counters {
     pub fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
     }
 }
 
@@ -131,6 +136,11 @@ pub struct Status {
     /// every slot until the next one is written).
     pub checkpoints_forced: u64,
     pub checkpoints_dropped: u64,
+    /// Of `checkpoints_written`, those that wrote a new root alone (the
+    /// pages of the last, a longer window), the changed pages costing
+    /// more than 1/20 of the client bytes since they were last written.
+    #[serde(default)]
+    pub checkpoints_root_only: u64,
     /// Bytes of checkpoint stripes (the map's durable copy, with parity)
     /// written to the members: the map's share of `member_bytes_written`,
     /// beside `user_bytes_written` and `gc_bytes_relocated`.
@@ -297,6 +307,7 @@ impl Shared {
             checkpoints_written: load(&c.checkpoints_written),
             checkpoints_forced: load(&c.checkpoints_forced),
             checkpoints_dropped: load(&c.checkpoints_dropped),
+            checkpoints_root_only: load(&c.checkpoints_root_only),
             checkpoint_bytes_written: load(&c.checkpoint_bytes_written),
             map_mappings: map.0,
             map_bytes: map.1,

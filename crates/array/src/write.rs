@@ -891,7 +891,7 @@ impl Shared {
             index.slots.free_count() > index.slots.usable_count() + self.checkpoint_reserve(&index)
         };
         if outside {
-            self.checkpoint()?;
+            self.checkpoint_as_needed()?;
             if room(self) {
                 return Ok(());
             }
@@ -926,7 +926,7 @@ impl Shared {
         // them all until the next checkpoint is written).
         if !outside && self.index().slots.window().is_some() {
             Counters::add(&self.counters.checkpoints_forced, 1);
-            self.checkpoint()?;
+            self.checkpoint_as_needed()?;
             if room(self) || collect()? {
                 return Ok(());
             }

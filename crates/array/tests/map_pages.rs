@@ -153,6 +153,61 @@ fn a_checkpoint_writes_only_the_pages_that_changed() {
     verify(&array, &model);
 }
 
+#[test]
+fn a_spent_window_writes_a_root_alone_until_the_pages_are_worth_writing() {
+    let devices: Vec<_> = (0..6).map(|_| Arc::new(MemoryDevice::new(128 << 20))).collect();
+    let options = tessera_array::CreateOptions {
+        logical_bytes: Some(8 << 30),
+        ..create_options(4, 2)
+    };
+    let array = tessera_array::create(named(&devices), &options).unwrap();
+    let stripe = stripe_bytes(array.geometry());
+    let mut rng = rand::rngs::StdRng::seed_from_u64(26);
+    let mut model = BTreeMap::new();
+    write_random(&array, &mut model, &mut rng, 30_000, 1024);
+    array.checkpoint().unwrap();
+    let pages_at = array.status().unwrap().checkpoint_sequence;
+    // 300 random writes dirty ~260 of 1,024 pages: writing them (~400 KB)
+    // costs more than 1/20 of the 1.2 MB written. A root alone, eight
+    // times; the ninth writes the pages.
+    for round in 1..=9u64 {
+        write_random(&array, &mut model, &mut rng, 300, 1024);
+        let before = array.status().unwrap();
+        assert!(before.map_dirty_pages > 200, "{}", before.map_dirty_pages);
+        array.checkpoint_as_needed().unwrap();
+        let s = array.status().unwrap();
+        if round <= 8 {
+            assert_eq!(s.checkpoints_root_only, round);
+            assert_eq!(s.checkpoint_bytes_written - before.checkpoint_bytes_written, stripe);
+            assert_eq!(s.map_dirty_pages, before.map_dirty_pages, "no page written");
+            assert_eq!(s.checkpoint_sequence, pages_at, "the pages' sequence stays");
+        } else {
+            assert_eq!(s.checkpoints_root_only, 8);
+            assert_eq!(s.map_dirty_pages, 0);
+            assert!(s.checkpoint_sequence > pages_at);
+        }
+    }
+    // Roots alone again, then kill -9: replay reads every window since
+    // the pages, and nothing FLUSHed is lost.
+    for _ in 0..3 {
+        write_random(&array, &mut model, &mut rng, 300, 1024);
+        array.checkpoint_as_needed().unwrap();
+    }
+    assert_eq!(array.status().unwrap().checkpoints_root_only, 11);
+    write_random(&array, &mut model, &mut rng, 300, 1024);
+    array.flush().unwrap();
+    let array = kill_and_reopen(&devices, array);
+    let s = array.status().unwrap();
+    assert!(s.recovery.checkpoint_error.is_none(), "{:?}", s.recovery);
+    verify(&array, &model);
+    // And the first checkpoint after opening writes the pages.
+    array.checkpoint_as_needed().unwrap();
+    assert_eq!(array.status().unwrap().map_dirty_pages, 0);
+    drop(array);
+    let array = tessera_array::open(open_list(&devices, &[])).unwrap();
+    verify(&array, &model);
+}
+
 /// The data area of stripe `slot`, from its data chunks' payloads.
 fn data_area(devices: &[Arc<MemoryDevice>], g: &Geometry, slot: u64) -> Vec<u8> {
     let mut area = vec![0u8; g.data_area_bytes()];

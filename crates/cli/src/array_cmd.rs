@@ -1052,7 +1052,7 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
     let r_n = |key: &str| r[key].as_u64().unwrap_or(0);
     let sequence = |value: &serde_json::Value| value.as_u64().map_or("none".to_string(), |s| s.to_string());
     println!(
-        "metadata: map of {} mappings in {} pages ({} changed since the checkpoint), {} of memory; checkpoint at sequence {}, its page images in {} map stripes ({} written since start, {} forced for room, {} dropped, {} of checkpoint stripes written); opening took {} ms from checkpoint {}, {} slots scanned, {} stripes replayed, {} torn stripes dropped, {} chunks repaired",
+        "metadata: map of {} mappings in {} pages ({} changed since the checkpoint), {} of memory; checkpoint at sequence {}, its page images in {} map stripes ({} written since start, {} of them a root alone, {} forced for room, {} dropped, {} of checkpoint stripes written); opening took {} ms from checkpoint {}, {} slots scanned, {} stripes replayed, {} torn stripes dropped, {} chunks repaired",
         n("map_mappings"),
         n("map_pages"),
         n("map_dirty_pages"),
@@ -1060,6 +1060,7 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
         sequence(&status["checkpoint_sequence"]),
         n("map_stripes"),
         n("checkpoints_written"),
+        n("checkpoints_root_only"),
         n("checkpoints_forced"),
         n("checkpoints_dropped"),
         human(n("checkpoint_bytes_written")),
