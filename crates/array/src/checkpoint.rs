@@ -94,8 +94,9 @@ pub(crate) struct SincePages {
     pub user_bytes: u64,
 }
 
-/// The dirty pages' images, copied (step 2): their bytes back to back,
-/// and where each page's is (`None`: the page is empty now).
+/// The dirty pages' images, copied (step 2) and compressed as stored:
+/// their bytes back to back, and where each page's is (`None`: the page
+/// is empty now).
 struct Copied {
     next_version: u64,
     bytes: Vec<u8>,
@@ -377,7 +378,7 @@ impl Shared {
     }
 
     /// Step 2: the images of the pages `dirty` names, copied a megabyte
-    /// or so per hold of the index's read lock.
+    /// or so per hold of the index's read lock, then compressed.
     fn copy_pages(&self, dirty: &BTreeSet<u64>) -> Copied {
         let mut copied = Copied {
             next_version: 0,
@@ -401,6 +402,16 @@ impl Shared {
         if dirty.is_empty() {
             copied.next_version = self.index().next_version;
         }
+        // Compressed as stored, outside the lock.
+        let mut stored = Vec::with_capacity(copied.bytes.len() / 2);
+        for (_, range) in &mut copied.pages {
+            if let Some(r) = range {
+                let at = stored.len();
+                stored.extend_from_slice(&format::store_page_image(&copied.bytes[r.clone()]));
+                *r = at..stored.len();
+            }
+        }
+        copied.bytes = stored;
         copied
     }
 
@@ -481,8 +492,13 @@ impl Shared {
             // slot drains free while allocation is restricted), so one in
             // the window may be taken (it then leaves the window).
             // Outside the window first, on healthy members first.
+            // Nor one the root lists as live: a root alone lists the slots
+            // the pages pointed into, some since freed (replay moves their
+            // blocks to where they are now).
             let mut free: Vec<u64> = Vec::with_capacity(count);
             let window: &BTreeSet<u64> = window;
+            let live = &checkpoint.stripes;
+            let listed = move |s: u64| live.binary_search_by_key(&s, |&(slot, _)| slot).is_ok();
             for in_window in [false, true] {
                 let wanted = count - free.len();
                 let more = self.healthy_first(
@@ -490,7 +506,7 @@ impl Shared {
                         index
                             .slots
                             .free_slots()
-                            .filter(move |&s| !self.pins.pinned(s) && window.contains(&s) == in_window)
+                            .filter(move |&s| !self.pins.pinned(s) && window.contains(&s) == in_window && !listed(s))
                     },
                     wanted,
                 );

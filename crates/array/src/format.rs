@@ -942,6 +942,56 @@ const CHECKPOINT_PIECE_BYTES: usize = 12;
 pub const PAGE_IMAGE_BYTES_MAX: usize =
     16 + crate::limits::MAP_PAGE_BLOCKS as usize * (40 + DIGEST_FIELD_BYTES + 4 * EXTENT_BLOCKS_MAX);
 
+/// Bytes before a stored page image's compressed bytes.
+pub const STORED_IMAGE_HEADER_BYTES: usize = 8;
+/// The most bytes a stored page image takes: it is kept raw where
+/// compressing would not make it smaller.
+pub const STORED_IMAGE_BYTES_MAX: usize = PAGE_IMAGE_BYTES_MAX + STORED_IMAGE_HEADER_BYTES;
+/// How page images are compressed: zstd at level 1 takes a random
+/// block's 44 bytes to ~15 (`scripts/bench-waf.sh`, PERFORMANCE.md).
+const IMAGE_CODEC: Codec = Codec::Zstd { level: 1 };
+
+/// A page image as a checkpoint stores it: its raw length u32, its codec
+/// u8 (0 raw, or zstd's code), 3 reserved bytes, then its bytes,
+/// compressed where that makes them smaller.
+pub fn store_page_image(image: &[u8]) -> Vec<u8> {
+    let compressed = IMAGE_CODEC.compress(image).ok().filter(|c| c.len() < image.len());
+    let (code, bytes) = match &compressed {
+        Some(c) => (codec_code(Some(IMAGE_CODEC)).0, &c[..]),
+        None => (0, image),
+    };
+    let mut out = Vec::with_capacity(STORED_IMAGE_HEADER_BYTES + bytes.len());
+    out.extend_from_slice(&(image.len() as u32).to_le_bytes());
+    out.extend_from_slice(&[code, 0, 0, 0]);
+    out.extend_from_slice(bytes);
+    out
+}
+
+/// The page image a stored one holds (its digest already matched).
+pub fn load_page_image(stored: &[u8]) -> Result<Vec<u8>, FormatError> {
+    const WHAT: &str = "stored map page";
+    let field = |field, value: u64| FormatError::Field {
+        what: WHAT,
+        field,
+        value,
+    };
+    if stored.len() < STORED_IMAGE_HEADER_BYTES || stored[5..8] != [0, 0, 0] {
+        return Err(field("length", stored.len() as u64));
+    }
+    let raw = get_u32(stored, 0) as usize;
+    if raw > PAGE_IMAGE_BYTES_MAX {
+        return Err(field("raw_bytes", raw as u64));
+    }
+    let bytes = &stored[STORED_IMAGE_HEADER_BYTES..];
+    match stored[4] {
+        0 if bytes.len() == raw => Ok(bytes.to_vec()),
+        code if code != 0 && code == codec_code(Some(IMAGE_CODEC)).0 => IMAGE_CODEC
+            .decompress(bytes, raw)
+            .map_err(|_| field("compressed", bytes.len() as u64)),
+        code => Err(field("codec", u64::from(code))),
+    }
+}
+
 /// Bytes of checkpoint (or directory, or map pages) a Meta stripe holds:
 /// its data area less an empty summary.
 pub fn meta_stripe_bytes(geometry: &Geometry) -> usize {
@@ -1148,7 +1198,7 @@ impl Checkpoint {
             }
             last_page = Some(page);
             let (image_bytes, piece_count) = (get_u32(e, 8), get_u32(e, 12) as usize);
-            if image_bytes < 16 || image_bytes as usize > PAGE_IMAGE_BYTES_MAX {
+            if (image_bytes as usize) < STORED_IMAGE_HEADER_BYTES || image_bytes as usize > STORED_IMAGE_BYTES_MAX {
                 return Err(field("image_bytes", u64::from(image_bytes)));
             }
             if piece_count == 0 || piece_count > image_bytes as usize {
@@ -2000,6 +2050,40 @@ mod tests {
         ));
     }
 
+    /// A stored page image gives back its image, compressed or raw; a
+    /// wrong length, codec or compressed byte is refused, never a panic.
+    #[test]
+    fn stored_page_images_round_trip_and_refuse_damage() {
+        let image: Vec<u8> = (0..20_000u32).flat_map(|i| (i % 97).to_le_bytes()).collect();
+        let stored = store_page_image(&image);
+        assert!(stored.len() < image.len() / 4, "compressed: {}", stored.len());
+        assert_eq!(stored[4], 2, "zstd");
+        assert_eq!(load_page_image(&stored).unwrap(), image);
+        let noise: Vec<u8> = (0..3000u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        let raw = store_page_image(&noise);
+        assert_eq!((raw[4], raw.len()), (0, noise.len() + 8), "kept raw");
+        assert_eq!(load_page_image(&raw).unwrap(), noise);
+        let mut bad = stored.clone();
+        bad[0..4].copy_from_slice(&(PAGE_IMAGE_BYTES_MAX as u32 + 1).to_le_bytes());
+        assert!(load_page_image(&bad).is_err(), "too long to be a page");
+        let mut bad = stored.clone();
+        bad[4] = 9;
+        assert!(load_page_image(&bad).is_err(), "unknown codec");
+        let mut bad = raw.clone();
+        bad.pop();
+        assert!(load_page_image(&bad).is_err(), "raw of the wrong length");
+        for at in [8, 20, stored.len() / 2, stored.len() - 1] {
+            let mut bad = stored.clone();
+            bad[at] ^= 0x41;
+            if let Ok(back) = load_page_image(&bad) {
+                assert_eq!(back.len(), image.len());
+            }
+        }
+        assert!(load_page_image(&stored[..5]).is_err());
+    }
+
     #[test]
     fn checkpoint_round_trips_and_refuses_what_does_not_add_up() {
         let (a, g) = (Algorithm::Blake3, geometry());
@@ -2030,8 +2114,8 @@ mod tests {
         bad.images.pages.get_mut(&9).unwrap().pieces[0].offset = meta_stripe_bytes(&g) as u32 - 99;
         assert!(refused(bad), "a piece past the end of its stripe");
         let mut bad = checkpoint();
-        bad.images.pages.get_mut(&3).unwrap().bytes = PAGE_IMAGE_BYTES_MAX as u32 + 1;
-        bad.images.pages.get_mut(&3).unwrap().pieces[0].bytes = PAGE_IMAGE_BYTES_MAX as u32 + 1;
+        bad.images.pages.get_mut(&3).unwrap().bytes = STORED_IMAGE_BYTES_MAX as u32 + 1;
+        bad.images.pages.get_mut(&3).unwrap().pieces[0].bytes = STORED_IMAGE_BYTES_MAX as u32 + 1;
         assert!(refused(bad), "an image longer than any page makes");
         let mut bad = checkpoint();
         let page = bad.images.pages.remove(&3).unwrap();

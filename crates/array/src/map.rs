@@ -627,10 +627,12 @@ fn image_bytes(entries: usize, words: usize) -> usize {
 }
 
 /// The most bytes images of `pages` pages holding `entries` entries in
-/// all may take: every entry with its own words, the most a record has.
+/// all may take as stored: every entry with its own words, the most a
+/// record has, none compressed.
 pub fn images_bytes_max(algorithm: tessera_checksum::Algorithm, pages: usize, entries: usize) -> usize {
     let words = algorithm.digest_bytes().div_ceil(4) + EXTENT_BLOCKS_MAX;
-    pages * IMAGE_HEADER_BYTES + entries * (IMAGE_ENTRY_BYTES + 4 * words)
+    let stored = crate::format::STORED_IMAGE_HEADER_BYTES;
+    pages * (IMAGE_HEADER_BYTES + stored) + entries * (IMAGE_ENTRY_BYTES + 4 * words)
 }
 
 /// The checks of a data entry's record: its shape, codec, checksums and

@@ -463,12 +463,14 @@ impl Shared {
                 }
                 rebuilt_all = true;
             }
+            let raw = crate::format::load_page_image(&image_bytes)
+                .map_err(|e| unreadable(format!("map page {page}: {e}")))?;
             let mut index = self.index_mut();
             let index = &mut *index;
             let slots = &index.slots;
             let (loaded, deltas) = index
                 .map
-                .load_page(&image_bytes, g, &|slot| slots.get(slot).state == SlotState::Sealed)
+                .load_page(&raw, g, &|slot| slots.get(slot).state == SlotState::Sealed)
                 .map_err(|e| unreadable(format!("map page {page}: {e}")))?;
             if loaded != page {
                 return Err(unreadable(format!("the image of map page {page} is page {loaded}'s")));

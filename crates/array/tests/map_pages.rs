@@ -90,13 +90,14 @@ fn a_checkpoint_writes_only_the_pages_that_changed() {
     let stripe = stripe_bytes(&g);
     let mut rng = rand::rngs::StdRng::seed_from_u64(25);
     let mut model = BTreeMap::new();
-    // 30,000 random blocks over 1,024 pages (2 GiB): ~1.3 MB of images.
+    // 30,000 random blocks over 1,024 pages (2 GiB): ~1.3 MB of images,
+    // ~0.5 MB compressed.
     write_random(&array, &mut model, &mut rng, 30_000, 1024);
     let before = checkpoint_bytes(&array);
     array.checkpoint().unwrap();
     let whole = checkpoint_bytes(&array) - before;
     assert!(
-        whole >= 6 * stripe,
+        whole >= 3 * stripe,
         "the first checkpoint writes every page: {whole} bytes"
     );
     assert_eq!(array.status().unwrap().map_dirty_pages, 0);
