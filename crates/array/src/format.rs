@@ -2059,9 +2059,11 @@ mod tests {
         assert!(stored.len() < image.len() / 4, "compressed: {}", stored.len());
         assert_eq!(stored[4], 2, "zstd");
         assert_eq!(load_page_image(&stored).unwrap(), image);
-        let noise: Vec<u8> = (0..3000u32)
-            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
-            .collect();
+        let mut noise = vec![0u8; 3000];
+        rand::Rng::fill(
+            &mut <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(5),
+            &mut noise[..],
+        );
         let raw = store_page_image(&noise);
         assert_eq!((raw[4], raw.len()), (0, noise.len() + 8), "kept raw");
         assert_eq!(load_page_image(&raw).unwrap(), noise);
