@@ -185,6 +185,10 @@ pub struct LogRecovery {
     /// Blocks from the newest one's tail on, replayed.
     pub blocks_replayed: u64,
     pub records_replayed: u64,
+    /// Records of those blocks already mapped at their version or newer
+    /// (the stripe they went to was sealed after all): not written again.
+    #[serde(default)]
+    pub records_already_mapped: u64,
     /// Why the replayed records could not be written to the members (the
     /// array then refuses writes and serves them from memory).
     pub replay_failed: Option<String>,
@@ -588,11 +592,22 @@ impl Shared {
         w.next_sequence = newest + 1;
         drop(w);
         let mut pieces = Vec::new();
-        for (_, (_, records)) in blocks.range(tail..) {
-            found.blocks_replayed += 1;
-            for (record, bytes) in records {
-                found.records_replayed += 1;
-                pieces.push(replayed_piece(record, bytes));
+        {
+            // A record mapped at its version or a newer one is in a
+            // stripe already (the stripe it went to was sealed after
+            // all, or its blocks were written again): not written again.
+            let index = self.index();
+            for (_, (_, records)) in blocks.range(tail..) {
+                found.blocks_replayed += 1;
+                for (record, bytes) in records {
+                    let end = record.lba + u64::from(record.blocks);
+                    if index.map.mapped_at_least(record.lba, end, record.version) {
+                        found.records_already_mapped += 1;
+                        continue;
+                    }
+                    found.records_replayed += 1;
+                    pieces.push(replayed_piece(record, bytes));
+                }
             }
         }
         // No admission: this was admitted before the crash.

@@ -561,3 +561,36 @@ fn a_replay_that_cannot_reach_k_members_keeps_the_log_and_serves_it() {
         );
     }
 }
+
+/// After a clean stop (a checkpoint sealed the stripe the logged writes
+/// went to), opening finds the log's last blocks but writes nothing: their
+/// records are mapped at their versions already. Before, every opening
+/// wrote them again into a new stripe.
+#[test]
+fn opening_after_a_clean_stop_does_not_write_logged_records_again() {
+    let devices = members(6);
+    let array = create(&devices, &options(None, None));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let mut model = BTreeMap::new();
+    for _ in 0..5 {
+        let lba = rng.gen_range(0..2000u64);
+        let data = blocks(&mut rng, 1, false);
+        array.write(lba * BLOCK_BYTES as u64, &data, false).unwrap();
+        array.flush().unwrap();
+        model.insert(lba, data);
+    }
+    assert!(array.status().unwrap().log.unwrap().flushes_logged > 0);
+    array.checkpoint().unwrap();
+    drop(array);
+    for _ in 0..2 {
+        let array = reopen_without(&devices, &[]);
+        let s = array.status().unwrap();
+        let log = s.recovery.log.clone().unwrap();
+        assert!(log.blocks_found > 0, "{log:?}");
+        assert_eq!(log.records_replayed, 0, "{log:?}");
+        assert_eq!(log.records_already_mapped, 5, "{log:?}");
+        assert_eq!(s.stripes_sealed, 0, "opening wrote nothing");
+        check_model(&array, &model);
+        drop(array);
+    }
+}
