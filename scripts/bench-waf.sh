@@ -8,7 +8,8 @@
 # checkpoint stripes (roots and map pages) per client byte. WAF is
 # member bytes per client byte over the overwrite phase alone (the server
 # restarts after the fill, which resets its counters); the full-stripe
-# floor is (K+M)/K * (chunk + 4 KiB header)/chunk.
+# floor is (K+M)/K * (chunk + 4 KiB header)/chunk. Then the server is
+# killed (kill -9) and `tessera status` times the opening.
 #
 #   [TESSERA=path/to/tessera] [PATTERNS="random zipf:1.2"] [GC_MODES="own none"] \
 #     scripts/bench-waf.sh [K M N] [MEMBER_SIZE] [TIMES]
@@ -20,7 +21,7 @@ uri="nbd+unix:///tessera?socket=$work/s.sock"
 
 echo "Tessera $k+$m on $n members of $member, 64 KiB chunks, default exported size; random 4 KiB overwrites of ${times}x the volume at QD16; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo "full-stripe floor: $(python3 -c "print(round(($k+$m)/$k*68/64,3))")"
-printf "%-10s %-10s %6s %8s %8s %12s %9s %6s %9s\n" "pattern" "GC stream" "WAF" "GC/user" "victims" "checkpoints" "ckpt/user" "short" "IOPS"
+printf "%-10s %-10s %6s %8s %8s %12s %9s %6s %9s  %s\n" "pattern" "GC stream" "WAF" "GC/user" "victims" "checkpoints" "ckpt/user" "short" "IOPS" "open after kill -9"
 for dist in ${PATTERNS:-random zipf:1.2}; do
   for gc in ${GC_MODES:-own none}; do
     rm -rf "$work/array"
@@ -43,7 +44,18 @@ for dist in ${PATTERNS:-random zipf:1.2}; do
 import json,sys
 s=json.load(sys.stdin); u=max(s['user_bytes_written'],1)
 c=s.get('checkpoint_bytes_written', 0)/u
-print(f'{\"$dist\":<10} {\"$gc\":<10} {s[\"write_amplification\"]:6.2f} {s[\"gc_bytes_relocated\"]/u:8.2f} {s[\"gc_stripes_collected\"]:8} {s[\"checkpoints_written\"]:12} {c:9.3f} {s[\"short_stripes_sealed\"]:6} {\"$iops\":>9}')"
-    stop_server
+print(f'{\"$dist\":<10} {\"$gc\":<10} {s[\"write_amplification\"]:6.2f} {s[\"gc_bytes_relocated\"]/u:8.2f} {s[\"gc_stripes_collected\"]:8} {str(s[\"checkpoints_written\"]) + (\" (\" + str(s[\"checkpoints_dropped\"]) + \" dropped)\" if s.get(\"checkpoints_dropped\") else \"\"):>12} {c:9.3f} {s[\"short_stripes_sealed\"]:6} {\"$iops\":>9}', end='  ')"
+    # Killed as a crash would, then opened: the replay the last
+    # checkpoint leaves (its window's headers, the stripes newer than it).
+    kill_server
+    start=$(date +%s.%N)
+    "$TESSERA" status "$work/array" --json >"$work/status.json"
+    end=$(date +%s.%N)
+    python3 - "$start" "$end" "$work/status.json" <<'PY'
+import json, sys
+start, end, path = sys.argv[1:]
+r = json.load(open(path))["recovery"]
+print(f"{float(end) - float(start):.2f} s ({r['stripes_replayed']} stripes replayed, {r['slots_scanned']} slots scanned)")
+PY
   done
 done

@@ -107,8 +107,9 @@ pub const CHECKPOINT_IMAGE_BYTES_PER_LOCK: usize = 1 << 20;
 /// same pages with a longer window.
 pub const CHECKPOINT_PAGES_COST_DIVISOR: u64 = 20;
 
-/// Roots alone written in a row at most: replay after a crash reads the
-/// chunk headers of this many windows at most (and one more).
+/// Roots alone written in a row at most (each also only while at most a
+/// window's worth of stripes were sealed since the pages were written,
+/// which is what bounds replay after a crash).
 pub const CHECKPOINT_ROOTS_PER_PAGES_MAX: usize = 8;
 
 /// Map stripes a checkpoint lets stand per stripe the page images named
