@@ -47,9 +47,9 @@
 //! were sealed since, 8 in a row at most: under uniform random
 //! overwrites every page changes within a window, and writing them all
 //! each time cost more than the data (`scripts/bench-waf.sh`). The bound
-//! on the stripes is the bound on replay after a crash: with eight
-//! windows allowed whatever they held, opening a full 8+2 array of 10 x
-//! 1 GiB after kill -9 replayed every stripe (12.9 s, against 4.0 s).
+//! on the stripes is the bound on replay after a crash: the stripes a
+//! root alone leaves to replay are at most a window's worth, and what
+//! the next window adds.
 //!
 //! A root of more stripes than the superblock lists (480) is followed by
 //! its directory, which lists them; the superblock lists the directory's

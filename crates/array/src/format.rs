@@ -936,11 +936,17 @@ const CHECKPOINT_HEADER_BYTES: usize = 64;
 const CHECKPOINT_PAGE_BYTES: usize = 16;
 const CHECKPOINT_PIECE_BYTES: usize = 12;
 
-/// The most bytes a map page's image takes (`crate::map` encodes them):
-/// a 16-byte header, 512 entries of 40 bytes, and the most words they
-/// may refer to.
-pub const PAGE_IMAGE_BYTES_MAX: usize =
-    16 + crate::limits::MAP_PAGE_BLOCKS as usize * (40 + DIGEST_FIELD_BYTES + 4 * EXTENT_BLOCKS_MAX);
+/// A map page's image (`crate::map` encodes and checks them): its header
+/// (page number u64 | entries u32 | words u32), each entry's bytes, and
+/// the most 32-bit words an entry may refer to (the longest digest, a CRC
+/// for each block of the longest record).
+pub const PAGE_IMAGE_HEADER_BYTES: usize = 16;
+pub const PAGE_IMAGE_ENTRY_BYTES: usize = 40;
+pub const PAGE_IMAGE_WORDS_PER_ENTRY_MAX: usize = DIGEST_FIELD_BYTES / 4 + EXTENT_BLOCKS_MAX;
+/// The most bytes a page image takes: every key its own entry, each with
+/// the most words.
+pub const PAGE_IMAGE_BYTES_MAX: usize = PAGE_IMAGE_HEADER_BYTES
+    + crate::limits::MAP_PAGE_BLOCKS as usize * (PAGE_IMAGE_ENTRY_BYTES + 4 * PAGE_IMAGE_WORDS_PER_ENTRY_MAX);
 
 /// Bytes before a stored page image's compressed bytes.
 pub const STORED_IMAGE_HEADER_BYTES: usize = 8;
@@ -948,7 +954,8 @@ pub const STORED_IMAGE_HEADER_BYTES: usize = 8;
 /// compressing would not make it smaller.
 pub const STORED_IMAGE_BYTES_MAX: usize = PAGE_IMAGE_BYTES_MAX + STORED_IMAGE_HEADER_BYTES;
 /// How page images are compressed: zstd at level 1 takes a random
-/// block's 44 bytes to ~15 (`scripts/bench-waf.sh`, PERFORMANCE.md).
+/// block's 44 bytes to under 20
+/// (`map::tests::a_random_block_costs_an_entry_and_a_word`).
 const IMAGE_CODEC: Codec = Codec::Zstd { level: 1 };
 
 /// A page image as a checkpoint stores it: its raw length u32, its codec
@@ -1198,7 +1205,7 @@ impl Checkpoint {
             }
             last_page = Some(page);
             let (image_bytes, piece_count) = (get_u32(e, 8), get_u32(e, 12) as usize);
-            if (image_bytes as usize) < STORED_IMAGE_HEADER_BYTES || image_bytes as usize > STORED_IMAGE_BYTES_MAX {
+            if (image_bytes as usize) <= STORED_IMAGE_HEADER_BYTES || image_bytes as usize > STORED_IMAGE_BYTES_MAX {
                 return Err(field("image_bytes", u64::from(image_bytes)));
             }
             if piece_count == 0 || piece_count > image_bytes as usize {

@@ -479,14 +479,18 @@ impl Shared {
             // A page copied while its volume was deleted keeps records
             // the volume's floor no longer admits.
             let base = page * crate::limits::MAP_PAGE_BLOCKS;
-            let refused: Vec<(u64, u32)> = index
+            // (Looked at by location: a target would be built, and an
+            // `Extent` allocated, for every entry opened.)
+            let refused: Vec<u64> = index
                 .map
                 .overlapping(base, base + crate::limits::MAP_PAGE_BLOCKS)
-                .filter(|(lba, m)| !index.volumes.admits(*lba, m.version))
-                .map(|(lba, m)| (lba, m.blocks))
+                .locations()
+                .filter(|(lba, at)| !index.volumes.admits(*lba, at.version))
+                .map(|(lba, _)| lba)
                 .collect();
-            for (lba, blocks) in refused {
-                let lost = index.map.remove_from(lba, lba + u64::from(blocks));
+            for lba in refused {
+                // The one mapping that starts there.
+                let lost = index.map.remove_from(lba, lba + 1);
                 index.slots.account(&lost);
             }
             for piece in &image.pieces {

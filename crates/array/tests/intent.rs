@@ -515,15 +515,7 @@ fn a_replay_that_cannot_reach_k_members_keeps_the_log_and_serves_it() {
     let array = create(&devices, &options(None, None));
     array.fail_member(0).unwrap();
     array.fail_member(1).unwrap();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    let mut model = BTreeMap::new();
-    for _ in 0..6u64 {
-        let lba = rng.gen_range(0..2000u64);
-        let data = blocks(&mut rng, 1, false);
-        array.write(lba * BLOCK_BYTES as u64, &data, false).unwrap();
-        array.flush().unwrap();
-        model.insert(lba, data);
-    }
+    let model = write_flushed(&array, 7, 6);
     assert!(array.status().unwrap().log.unwrap().flushes_logged > 0);
     // kill -9: what was written stays; member 5's filesystem is then
     // full: its data area takes no new stripe.
@@ -570,15 +562,7 @@ fn a_replay_that_cannot_reach_k_members_keeps_the_log_and_serves_it() {
 fn opening_after_a_clean_stop_does_not_write_logged_records_again() {
     let devices = members(6);
     let array = create(&devices, &options(None, None));
-    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
-    let mut model = BTreeMap::new();
-    for _ in 0..5 {
-        let lba = rng.gen_range(0..2000u64);
-        let data = blocks(&mut rng, 1, false);
-        array.write(lba * BLOCK_BYTES as u64, &data, false).unwrap();
-        array.flush().unwrap();
-        model.insert(lba, data);
-    }
+    let model = write_flushed(&array, 3, 5);
     assert!(array.status().unwrap().log.unwrap().flushes_logged > 0);
     array.checkpoint().unwrap();
     drop(array);

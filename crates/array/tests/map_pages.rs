@@ -5,12 +5,11 @@
 //! other chunks, by opening and by scrub.
 
 mod common;
-use common::{create_options, named, open_list};
+use common::{create_options, kill_and_reopen, named, open_list};
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use tessera_array::device::{Device, Faults, MemoryDevice};
+use tessera_array::device::{Device, MemoryDevice};
 use tessera_array::format::{meta_stripe_bytes, Checkpoint, Geometry, Superblock, SECTOR_BYTES};
 use tessera_array::Array;
 
@@ -60,32 +59,20 @@ fn checkpoint_bytes(array: &Array) -> u64 {
     array.status().unwrap().checkpoint_bytes_written
 }
 
-/// kill -9: the members stop taking writes at once; what they were given
-/// stays (the page cache), then the array opens again.
-fn kill_and_reopen(devices: &[Arc<MemoryDevice>], array: Array) -> Array {
-    let dead = Arc::new(AtomicBool::new(true));
-    for d in devices {
-        d.set_faults(Faults {
-            dead: Some(dead.clone()),
-            ..Faults::default()
-        });
-    }
-    drop(array);
-    for d in devices {
-        d.set_faults(Faults::default());
-        d.crash(d.pending_writes());
-    }
-    tessera_array::open(open_list(devices, &[])).unwrap()
-}
-
-#[test]
-fn a_checkpoint_writes_only_the_pages_that_changed() {
+/// 4+2 on six 128 MiB members in memory, exported thin at 8 GiB.
+fn thin_4_plus_2() -> (Vec<Arc<MemoryDevice>>, Array) {
     let devices: Vec<_> = (0..6).map(|_| Arc::new(MemoryDevice::new(128 << 20))).collect();
     let options = tessera_array::CreateOptions {
         logical_bytes: Some(8 << 30),
         ..create_options(4, 2)
     };
     let array = tessera_array::create(named(&devices), &options).unwrap();
+    (devices, array)
+}
+
+#[test]
+fn a_checkpoint_writes_only_the_pages_that_changed() {
+    let (devices, array) = thin_4_plus_2();
     let g = array.geometry().clone();
     let stripe = stripe_bytes(&g);
     let mut rng = rand::rngs::StdRng::seed_from_u64(25);
@@ -156,12 +143,7 @@ fn a_checkpoint_writes_only_the_pages_that_changed() {
 
 #[test]
 fn a_spent_window_writes_a_root_alone_until_the_pages_are_worth_writing() {
-    let devices: Vec<_> = (0..6).map(|_| Arc::new(MemoryDevice::new(128 << 20))).collect();
-    let options = tessera_array::CreateOptions {
-        logical_bytes: Some(8 << 30),
-        ..create_options(4, 2)
-    };
-    let array = tessera_array::create(named(&devices), &options).unwrap();
+    let (devices, array) = thin_4_plus_2();
     let stripe = stripe_bytes(array.geometry());
     let mut rng = rand::rngs::StdRng::seed_from_u64(26);
     let mut model = BTreeMap::new();

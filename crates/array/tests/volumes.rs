@@ -5,11 +5,11 @@
 //! growing finds zeros; bad requests change nothing.
 
 mod common;
-use common::{create_options, named, open_list};
+use common::{create_options, kill_and_reopen, named, open_list};
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use tessera_array::device::{Faults, MemoryDevice};
+use tessera_array::device::MemoryDevice;
 use tessera_array::{Array, ArrayError};
 
 const MEMBER_BYTES: u64 = 16 << 20;
@@ -31,24 +31,6 @@ fn read(volume: &tessera_array::Volume, offset: u64, len: usize) -> Vec<u8> {
     let mut buf = vec![0u8; len];
     volume.read(offset, &mut buf).unwrap();
     buf
-}
-
-/// kill -9: the members stop taking writes at once; what they were given
-/// stays (the page cache), then the array opens again.
-fn kill_and_reopen(devices: &[Arc<MemoryDevice>], array: Array) -> Array {
-    let dead = Arc::new(AtomicBool::new(true));
-    for d in devices {
-        d.set_faults(Faults {
-            dead: Some(dead.clone()),
-            ..Faults::default()
-        });
-    }
-    drop(array);
-    for d in devices {
-        d.set_faults(Faults::default());
-        d.crash(d.pending_writes());
-    }
-    tessera_array::open(open_list(devices, &[])).unwrap()
 }
 
 #[test]

@@ -1,8 +1,9 @@
 //! Helpers shared by the array's integration tests (each uses some).
 #![allow(dead_code)]
 
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use tessera_array::device::{Device, MemoryDevice};
+use tessera_array::device::{Device, Faults, MemoryDevice};
 use tessera_array::format::{ChunkHeader, Geometry, SECTOR_BYTES};
 
 /// The members as the array names them: m0, m1, ...
@@ -22,6 +23,24 @@ pub fn open_list(devices: &[Arc<MemoryDevice>], missing: &[usize]) -> Vec<(Strin
         .enumerate()
         .map(|(i, (name, device))| (name, (!missing.contains(&i)).then_some(device)))
         .collect()
+}
+
+/// kill -9: the members stop taking writes at once; what they were given
+/// stays (the page cache), then the array opens again.
+pub fn kill_and_reopen(devices: &[Arc<MemoryDevice>], array: tessera_array::Array) -> tessera_array::Array {
+    let dead = Arc::new(AtomicBool::new(true));
+    for d in devices {
+        d.set_faults(Faults {
+            dead: Some(dead.clone()),
+            ..Faults::default()
+        });
+    }
+    drop(array);
+    for d in devices {
+        d.set_faults(Faults::default());
+        d.crash(d.pending_writes());
+    }
+    tessera_array::open(open_list(devices, &[])).unwrap()
 }
 
 /// Every chunk header on `devices` that decodes: (member, offset, header).
