@@ -6,6 +6,7 @@
 #   scripts/bench-metadata.sh [BLOCKS ...]          (default: 1M 2M 4M)
 #   DATA=random scripts/bench-metadata.sh 1M        (incompressible data)
 #   TESSERA=/path/to/old/tessera scripts/bench-metadata.sh 4M   (another build)
+#   MAP_CACHE=8M scripts/bench-metadata.sh 1M       (`serve --map-cache 8M`)
 #
 # For each count N: a new 8+2 array on 10 sparse member files, exported
 # thin at 64 GiB; fio writes N distinct 4 KiB blocks at random (each once,
@@ -13,7 +14,9 @@
 # `tessera status` times the opening; a new server's RSS right after
 # opening (no I/O yet), less that of the same array empty, per block (and
 # what the map says it holds, per block: `map_bytes` in status); a
-# few FLUSHed writes and kill -9; the opening time again.
+# the server's RSS after reading every block back at random (QD32, the
+# map cache filled: bounded by `--map-cache`, MAP_CACHE); a few FLUSHed
+# writes and kill -9; the opening time again.
 #
 # By default the blocks hold a repeated byte pattern and the array
 # compresses with lz4, so that 4 M blocks (16 GiB written) take ~0.5 GiB
@@ -51,7 +54,9 @@ fio_pattern() {
 
 cpu=$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)
 echo "8+2 on 10 sparse member files, exported 64 GiB, $data data$([ "$data" = pattern ] && echo ', lz4'); $(nproc) x $cpu"
-printf '%-9s %8s %8s %10s %8s %9s %9s %8s %-70s %s\n' blocks "RSS MB" "peak MB" "opened MB" "B/block" "map B/bl" checkpts "ckpt MB" "open after a clean stop" "open after kill -9"
+cache_args=()
+[ -z "${MAP_CACHE:-}" ] || { cache_args=(--map-cache "$MAP_CACHE"); echo "serve --map-cache $MAP_CACHE"; }
+printf '%-9s %8s %8s %10s %8s %9s %8s %9s %8s %-70s %s\n' blocks "RSS MB" "peak MB" "opened MB" "B/block" "map B/bl" "read MB" checkpts "ckpt MB" "open after a clean stop" "open after kill -9"
 for n in "$@"; do
   blocks=$(count "$n")
   rm -rf "$work/array"
@@ -64,7 +69,7 @@ for n in "$@"; do
   fi
   "$tessera" create --data 8 --parity 2 --dir "$work/array" --devices 10 --device-size "$device_size" \
     --compress "$compress" --size 64G >/dev/null
-  serve
+  serve "${cache_args[@]}"
   empty=$(rss_mb)
   uri="nbd+unix:///tessera?socket=$work/s.sock"
   fio --name=random --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=32 \
@@ -78,12 +83,15 @@ for n in "$@"; do
   [ "$mapped" -eq "$blocks" ] || echo "warning: $mapped blocks mapped, not $blocks" >&2
   stop_server
   clean=$(opening)
-  serve
+  serve "${cache_args[@]}"
   opened=$(rss_mb)
+  fio --name=read --ioengine=nbd --uri="$uri" --rw=randread --bs=4k --iodepth=32 \
+      --size=$(( blocks * 4096 )) >"$work/fio.log" 2>&1 || { cat "$work/fio.log" >&2; exit 1; }
+  read_rss=$(rss_mb)
   fio --name=few --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=8 --size=$(( blocks * 4096 )) \
       --number_ios=2000 --fsync=64 $(fio_pattern) >/dev/null 2>&1
   kill_server
   killed=$(opening)
-  printf '%-9s %8d %8d %10d %8d %9s %9s %8s %-70s %s\n' "$n" "$rss" "$hwm" "$opened" \
-    $(( (opened - empty) * 1048576 / blocks )) "$map_per_block" "$checkpoints" "$checkpoint_mb" "$clean" "$killed"
+  printf '%-9s %8d %8d %10d %8d %9s %8d %9s %8s %-70s %s\n' "$n" "$rss" "$hwm" "$opened" \
+    $(( (opened - empty) * 1048576 / blocks )) "$map_per_block" "$read_rss" "$checkpoints" "$checkpoint_mb" "$clean" "$killed"
 done

@@ -59,7 +59,9 @@
 //! written again by the next checkpoint.
 
 use crate::engine::{Index, Resident, Shared};
-use crate::format::{self, Checkpoint, CheckpointRef, ImagePiece, MapImages, PageImage, Stream, CHECKPOINT_SLOTS_MAX};
+use crate::format::{
+    self, Checkpoint, CheckpointRef, ImagePiece, MapCounts, MapImages, PageImage, Stream, CHECKPOINT_SLOTS_MAX,
+};
 use crate::limits::{
     CHECKPOINT_IMAGE_BYTES_PER_LOCK, CHECKPOINT_PAGES_COST_DIVISOR, CHECKPOINT_ROOTS_PER_PAGES_MAX,
     CHECKPOINT_WINDOW_DIVISOR, CHECKPOINT_WINDOW_MAX, CHECKPOINT_WINDOW_MIN, MAP_STRIPES_PER_NEEDED,
@@ -86,6 +88,9 @@ pub(crate) struct Durable {
 pub(crate) struct SincePages {
     /// The sequence the pages are as of.
     pub sequence: u64,
+    /// The next write version and the slot table's counts then.
+    pub next_version: u64,
+    pub counts: MapCounts,
     /// That checkpoint's live stripes: its pages point nowhere else.
     pub stripes: Vec<(u64, u64)>,
     /// Every slot a stripe newer than `sequence` may be in: the windows
@@ -97,11 +102,22 @@ pub(crate) struct SincePages {
     pub user_bytes: u64,
 }
 
-/// The dirty pages' images, copied (step 2) and compressed as stored:
-/// their bytes back to back, and where each page's is (`None`: the page
-/// is empty now).
-struct Copied {
+/// What a checkpoint takes under one hold of the index (step 1): its
+/// window, the dirty pages (whose images the map keeps as they are
+/// now), the clean pages whose images move out of sparse map stripes,
+/// and the next write version and the slot table's counts as of then.
+struct Taken {
+    window: BTreeSet<u64>,
+    dirty: BTreeSet<u64>,
+    moved: BTreeSet<u64>,
     next_version: u64,
+    counts: MapCounts,
+}
+
+/// The pages' images, copied (step 2) and compressed as stored: their
+/// bytes back to back, and where each page's is (`None`: the page was
+/// empty).
+struct Copied {
     bytes: Vec<u8>,
     pages: Vec<(u64, Option<Range<usize>>)>,
 }
@@ -116,6 +132,9 @@ struct Written {
     replay: BTreeSet<u64>,
     /// Its live stripes.
     stripes: Vec<(u64, u64)>,
+    /// Its next write version and counts.
+    next_version: u64,
+    counts: MapCounts,
 }
 
 impl Shared {
@@ -137,8 +156,11 @@ impl Shared {
     pub(crate) fn checkpoint_reserve(&self, index: &Index) -> usize {
         let g = &self.geometry;
         let per_stripe = self.meta_stripe_bytes();
-        let pages = index.map.page_count();
-        let images = crate::map::images_bytes_max(g.checksum, pages, index.map.len());
+        let resident = index.map.page_count();
+        let pages = resident + index.map.evicted_count();
+        // Evicted pages are clean: only moved, at their stored size.
+        let images =
+            crate::map::images_bytes_max(g.checksum, resident, index.map.len()) + index.map.evicted_bytes() as usize;
         let image_stripes = images.div_ceil(per_stripe);
         let used = index.slots.count() as usize - index.slots.free_count();
         let root = format::checkpoint_bytes(
@@ -148,6 +170,7 @@ impl Shared {
             used + image_stripes,
             pages,
             pages + image_stripes,
+            (used, crate::volume::VOLUME_COUNT_MAX),
         );
         image_stripes
             + checkpoint_stripes(g.checksum, per_stripe, root).map_or(0, |(body, directory)| body + directory)
@@ -162,7 +185,18 @@ impl Shared {
     /// Writes a checkpoint of the map now: the pages changed since the
     /// last one, and a new root.
     pub fn checkpoint(&self) -> Result<(), ArrayError> {
+        // The open stripes sealed first, so that the checkpoint's pages
+        // hold what they hold and opening has nothing to replay (a clean
+        // stop's checkpoint: opening then reads the root alone).
+        self.seal_and_sync_open()?;
         self.take_checkpoint(false)
+    }
+
+    /// Seals the open stripes and syncs through the last one.
+    fn seal_and_sync_open(&self) -> Result<(), ArrayError> {
+        let sealed: Vec<_> = (0..self.open.len()).filter_map(|lane| self.seal_lane(lane)).collect();
+        self.submit(sealed)
+            .and_then(|()| self.sync_through(self.tracker.last_sequence()))
     }
 
     /// The checkpoint a spent window needs: a new root alone, naming the
@@ -207,22 +241,28 @@ impl Shared {
                     && start - since.sequence <= self.window_slots()
                     && pages_cost * CHECKPOINT_PAGES_COST_DIVISOR > user_bytes - since.user_bytes
             });
-        let (mut window, dirty) = self.choose_window(start, &durable.images, !root_only);
-        let copied = self.copy_pages(&dirty);
+        let taken = self.choose_window(start, &durable.images, !root_only);
+        let Taken {
+            mut window,
+            dirty,
+            moved,
+            next_version,
+            counts,
+        } = taken;
         let give_back = |error: ArrayError| {
             self.end_restriction();
             self.index_mut().map.mark_dirty(dirty.iter().copied());
             Err(error)
         };
+        let copied = match self.copy_pages(&dirty, &moved, &durable.images) {
+            Ok(copied) => copied,
+            Err(error) => return give_back(error),
+        };
         // 3. Everything the copy points at is made durable (a root alone
         // names nothing new: the stripes it may not know of are in its
         // window).
         if !root_only {
-            let sealed: Vec<_> = (0..self.open.len()).filter_map(|lane| self.seal_lane(lane)).collect();
-            if let Err(error) = self
-                .submit(sealed)
-                .and_then(|()| self.sync_through(self.tracker.last_sequence()))
-            {
+            if let Err(error) = self.seal_and_sync_open() {
                 return give_back(error);
             }
         }
@@ -238,21 +278,27 @@ impl Shared {
             .filter(|(_, s)| matches!(s.state, SlotState::Sealed | SlotState::Draining))
             .map(|(slot, s)| (slot, s.sequence))
             .collect();
-        let (sequence, replay) = match durable.since.as_ref().filter(|_| root_only) {
+        let (sequence, replay, next_version, counts) = match durable.since.as_ref().filter(|_| root_only) {
             Some(since) => {
                 for &(slot, sequence) in &since.stripes {
                     stripes.entry(slot).or_insert(sequence);
                 }
-                (since.sequence, since.replay.clone())
+                (
+                    since.sequence,
+                    since.replay.clone(),
+                    since.next_version,
+                    since.counts.clone(),
+                )
             }
-            None => (start, BTreeSet::new()),
+            None => (start, BTreeSet::new(), next_version, counts),
         };
         let checkpoint = Checkpoint {
             sequence,
-            next_version: copied.next_version,
+            next_version,
             stripes: stripes.into_iter().collect(),
             window: Vec::new(),
             images: MapImages::default(),
+            counts,
         };
         match self.write_checkpoint(checkpoint, &mut window, replay, &durable.images, &copied) {
             Ok(Some(written)) => {
@@ -265,6 +311,12 @@ impl Shared {
                     index.slots.free(slot);
                 }
                 index.map_stripes = written.images.stripes.len();
+                // The pages written are as their new images say, unless
+                // they changed since they were taken (dirty again).
+                for (page, _) in &copied.pages {
+                    index.map.set_image(*page, written.images.pages.get(page).cloned());
+                }
+                self.evict_pages(&mut index);
                 drop(index);
                 durable.images = written.images;
                 match durable.since.as_mut().filter(|_| root_only) {
@@ -276,6 +328,8 @@ impl Shared {
                     None => {
                         durable.since = Some(SincePages {
                             sequence: start,
+                            next_version: written.next_version,
+                            counts: written.counts,
                             stripes: written.stripes,
                             replay: written.replay,
                             roots: 0,
@@ -308,7 +362,7 @@ impl Shared {
     /// and the pages to write: the dirty ones, and, where the map stripes
     /// are more than twice (and one) what the images need, those whose
     /// images are in the sparsest of them (so that those are freed).
-    fn choose_window(&self, start: u64, images: &MapImages, pages: bool) -> (BTreeSet<u64>, BTreeSet<u64>) {
+    fn choose_window(&self, start: u64, images: &MapImages, pages: bool) -> Taken {
         let size = self.window_slots() as usize;
         let per_stripe = self.meta_stripe_bytes() as u64;
         let mut live = images.live_bytes();
@@ -320,18 +374,31 @@ impl Shared {
         by_live.sort_unstable();
         let sparse: BTreeSet<u64> = by_live.iter().take(excess).map(|&(_, slot)| slot).collect();
         let mut index = self.index_mut();
-        let mut dirty = if pages { index.map.take_dirty() } else { BTreeSet::new() };
-        if pages && !sparse.is_empty() {
-            dirty.extend(
-                images
-                    .pages
-                    .iter()
-                    .filter(|(_, image)| image.pieces.iter().any(|piece| sparse.contains(&piece.slot)))
-                    .map(|(&page, _)| page),
-            );
-        }
+        let dirty = if pages { index.map.take_dirty() } else { BTreeSet::new() };
+        // Clean pages in sparse map stripes: their images are copied as
+        // they are stored.
+        let moved: BTreeSet<u64> = match pages && !sparse.is_empty() {
+            true => images
+                .pages
+                .iter()
+                .filter(|(page, image)| {
+                    !dirty.contains(page) && image.pieces.iter().any(|piece| sparse.contains(&piece.slot))
+                })
+                .map(|(&page, _)| page)
+                .collect(),
+            false => BTreeSet::new(),
+        };
+        // The dirty pages are copied as they are now, whatever changes
+        // them before they are; the counts are what they add up to.
+        let (next_version, counts) = match pages {
+            true => {
+                index.map.begin_snapshot(&dirty);
+                (index.next_version, index.slots.counts())
+            }
+            false => (0, MapCounts::default()),
+        };
         // The map stripes this checkpoint empties.
-        for image in dirty.iter().filter_map(|page| images.pages.get(page)) {
+        for image in dirty.iter().chain(&moved).filter_map(|page| images.pages.get(page)) {
             for piece in &image.pieces {
                 *live.get_mut(&piece.slot).expect("a piece is in a listed map stripe") -= u64::from(piece.bytes);
             }
@@ -381,7 +448,13 @@ impl Shared {
             window.extend(victims);
         }
         index.slots.restrict_usable(&window);
-        (window, dirty)
+        Taken {
+            window,
+            dirty,
+            moved,
+            next_version,
+            counts,
+        }
     }
 
     /// Up to `count` of the slots `slots` yields, those on healthy members
@@ -397,42 +470,48 @@ impl Shared {
         picked
     }
 
-    /// Step 2: the images of the pages `dirty` names, copied a megabyte
-    /// or so per hold of the index's read lock, then compressed.
-    fn copy_pages(&self, dirty: &BTreeSet<u64>) -> Copied {
-        let mut copied = Copied {
-            next_version: 0,
-            bytes: Vec::new(),
-            pages: Vec::with_capacity(dirty.len()),
-        };
-        let mut pages = dirty.iter().copied().peekable();
-        while pages.peek().is_some() {
+    /// Step 2: the images of the pages `dirty` names, as they were when
+    /// taken, copied a megabyte or so per hold of the index's read lock,
+    /// then compressed; and the stored images of the pages `moved` names,
+    /// read from their map stripes.
+    fn copy_pages(
+        &self,
+        dirty: &BTreeSet<u64>,
+        moved: &BTreeSet<u64>,
+        images: &MapImages,
+    ) -> Result<Copied, ArrayError> {
+        let mut raw = Vec::new();
+        let mut pages: Vec<(u64, Option<Range<usize>>)> = Vec::with_capacity(dirty.len() + moved.len());
+        let mut left = dirty.iter().copied().peekable();
+        while left.peek().is_some() {
             let index = self.index();
-            copied.next_version = index.next_version;
-            let hold_start = copied.bytes.len();
-            for page in pages.by_ref() {
-                let at = copied.bytes.len();
-                let held = index.map.encode_page(page, &mut copied.bytes);
-                copied.pages.push((page, held.then_some(at..copied.bytes.len())));
-                if copied.bytes.len() - hold_start >= CHECKPOINT_IMAGE_BYTES_PER_LOCK {
+            let hold_start = raw.len();
+            for page in left.by_ref() {
+                let at = raw.len();
+                let held = index.map.snapshot_image(page, &mut raw);
+                pages.push((page, held.then_some(at..raw.len())));
+                if raw.len() - hold_start >= CHECKPOINT_IMAGE_BYTES_PER_LOCK {
                     break;
                 }
             }
         }
-        if dirty.is_empty() {
-            copied.next_version = self.index().next_version;
-        }
+        self.index().map.end_snapshot();
         // Compressed as stored, outside the lock.
-        let mut stored = Vec::with_capacity(copied.bytes.len() / 2);
-        for (_, range) in &mut copied.pages {
+        let mut stored = Vec::with_capacity(raw.len() / 2);
+        for (_, range) in &mut pages {
             if let Some(r) = range {
                 let at = stored.len();
-                stored.extend_from_slice(&format::store_page_image(&copied.bytes[r.clone()]));
+                stored.extend_from_slice(&format::store_page_image(&raw[r.clone()]));
                 *r = at..stored.len();
             }
         }
-        copied.bytes = stored;
-        copied
+        for &page in moved {
+            let image = &images.pages[&page];
+            let at = stored.len();
+            stored.extend_from_slice(&self.read_page_image(page, image)?);
+            pages.push((page, Some(at..stored.len())));
+        }
+        Ok(Copied { bytes: stored, pages })
     }
 
     /// Step 4: the copied images into map stripes and the root into Meta
@@ -500,6 +579,7 @@ impl Shared {
                 checkpoint.images.stripes.len() + image_stripes,
                 checkpoint.images.pages.len() + fresh.len(),
                 checkpoint.images.piece_count() + fresh_pieces,
+                (checkpoint.counts.slots.len(), checkpoint.counts.volumes.len()),
             )
         };
         let Some((body, directory)) = checkpoint_stripes(algorithm, per_stripe, root_bytes(&checkpoint)) else {
@@ -567,7 +647,7 @@ impl Shared {
             for piece in &mut image.pieces {
                 piece.slot = meta[piece.slot as usize];
             }
-            checkpoint.images.pages.insert(page, image);
+            checkpoint.images.pages.insert(page, std::sync::Arc::new(image));
         }
         let bytes = checkpoint.encode(algorithm);
         let root = &meta[image_stripes..];
@@ -631,15 +711,18 @@ impl Shared {
             emptied,
             replay,
             stripes: checkpoint.stripes,
+            next_version: checkpoint.next_version,
+            counts: checkpoint.counts,
         }))
     }
 
     /// Makes the superblocks say there is no checkpoint, so that any free
-    /// slot may be written: recovery will scan them all. The durable
-    /// images (`images`) are given up: every page is dirty again.
+    /// slot may be written: recovery will scan them all. The pages'
+    /// images stay where they are (an evicted page has no other copy),
+    /// for the next checkpoint to name again; only the root's slots are
+    /// given back.
     fn drop_checkpoint(&self, durable: &mut Durable) -> Result<(), ArrayError> {
         durable.since = None;
-        let images = &mut durable.images;
         let mut superblock = self.members.superblock();
         if superblock.checkpoint.is_some() {
             let mut template = superblock.clone();
@@ -652,15 +735,9 @@ impl Shared {
         let mut index = self.index_mut();
         index.slots.set_window(None);
         index.slots.release_drained(synced);
-        let stripes = std::mem::take(images).stripes;
-        for slot in std::mem::take(&mut index.checkpoint_slots)
-            .into_iter()
-            .chain(stripes.into_keys())
-        {
+        for slot in std::mem::take(&mut index.checkpoint_slots) {
             index.slots.free(slot);
         }
-        index.map_stripes = 0;
-        index.map.mark_all_dirty();
         Ok(())
     }
 }

@@ -66,6 +66,11 @@ pub struct EngineOptions {
     /// (on this host or another) has the array open (`serve --force`): for
     /// a host that died with the array open, once it is known to be down.
     pub ignore_activity: bool,
+    /// Bytes of map pages kept in memory (`serve --map-cache`): past it,
+    /// clean pages are evicted, least recently used first. Dirty pages
+    /// stay until a checkpoint writes them, so the map may pass it by
+    /// what changed since the last one.
+    pub map_cache_bytes: usize,
 }
 
 impl Default for EngineOptions {
@@ -73,6 +78,7 @@ impl Default for EngineOptions {
         EngineOptions {
             accel: None,
             reconstruct_cache_bytes: RECONSTRUCT_CACHE_BYTES_DEFAULT,
+            map_cache_bytes: crate::limits::MAP_CACHE_BYTES_DEFAULT,
             background: true,
             user_lanes: None,
             member_errors_max: crate::limits::MEMBER_ERRORS_MAX_DEFAULT,
@@ -256,6 +262,10 @@ pub(crate) struct Shared {
     pub recovery: Mutex<Recovery>,
     /// Each volume's gate, by id (`crate::volume::Gate`).
     pub gates: Mutex<HashMap<u32, Arc<crate::volume::Gate>>>,
+    /// Map pages pinned in memory (`pages::PagePins`), and by how many.
+    /// Taken under the index's lock (either side) when pinning or
+    /// evicting; alone when unpinning.
+    pub page_pins: Mutex<HashMap<u64, u32>>,
     /// One volume operation (create, resize, delete) at a time; held
     /// across its superblock writes.
     pub volume_lock: Mutex<()>,
@@ -481,6 +491,7 @@ impl Array {
             maintenance: crate::maintenance::Signal::default(),
             recovery: Mutex::new(Recovery::default()),
             gates: Mutex::new(gates),
+            page_pins: Mutex::new(HashMap::new()),
             volume_lock: Mutex::new(()),
             intent: geometry
                 .has_log()
@@ -625,8 +636,9 @@ impl Array {
     /// Checks that the map, the slots' live counts and the free set agree;
     /// tests call it between operations.
     pub fn check(&self) -> Result<(), String> {
-        let index = self.shared.index();
-        index.slots.check(&index.map)
+        self.shared
+            .with_every_page(|index| index.slots.check(&index.map))
+            .map_err(|e| e.to_string())?
     }
 
     /// The accelerator the array uses.

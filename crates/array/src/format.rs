@@ -60,13 +60,15 @@ const _: () = assert!(DATA_START as usize >= SECTOR_BYTES);
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"TSRSUPER";
 pub const CHUNK_MAGIC: [u8; 8] = *b"TSRCHUNK";
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"TSRCHKPT";
-/// Version 5: the map's checkpoint is a root naming page images in map
+/// Version 6: the root carries the slot table's counts as of its pages,
+/// so that opening need not read the pages (version 5 added them up from
+/// every page at opening). Version 5: the map's checkpoint is a root naming page images in map
 /// stripes, written as pages change (versions 2 to 4 wrote the whole map
 /// each time; the superblocks of version 3 and 4 named a volume table and
 /// a checkpoint directory, which version 5 has as fields). Version 2
 /// added the version of the write to every record, a CRC32C per 4 KiB
 /// block to raw extents. Arrays of any other version are refused by it.
-pub const FORMAT_VERSION: u32 = 5;
+pub const FORMAT_VERSION: u32 = 6;
 /// The CRC32C of a sector covers its first 4092 bytes and sits in the last 4.
 const CRC_OFFSET: usize = SECTOR_BYTES - 4;
 
@@ -704,6 +706,14 @@ impl Record {
         }
     }
 
+    /// The map keys it covers: [first, end).
+    pub fn keys(&self) -> (u64, u64) {
+        match self {
+            Record::Data { lba, extent, .. } => (*lba, lba + u64::from(extent.blocks)),
+            Record::Zero { lba, blocks, .. } => (*lba, lba + u64::from(*blocks)),
+        }
+    }
+
     pub fn set_version(&mut self, to: u64) {
         match self {
             Record::Data { version, .. } | Record::Zero { version, .. } => *version = to,
@@ -913,8 +923,24 @@ pub struct PageImage {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MapImages {
     pub stripes: std::collections::BTreeMap<u64, u64>,
-    pub pages: std::collections::BTreeMap<u64, PageImage>,
+    /// Shared with the map, which keeps an evicted page as its image.
+    pub pages: std::collections::BTreeMap<u64, std::sync::Arc<PageImage>>,
 }
+
+/// The slot table's counts as of a checkpoint's pages: what the pages'
+/// mappings add up to, by slot and by volume. Opening takes them as they
+/// are (and replay changes them as it changes the pages), instead of
+/// reading every page to add them up.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MapCounts {
+    /// Slot, live bytes times LIVE_SCALE, map pieces pointing into it;
+    /// in slot order, none with nothing.
+    pub slots: Vec<(u64, u64, u32)>,
+    /// By volume id: mapped data blocks, stored bytes times LIVE_SCALE.
+    pub volumes: Vec<(u64, u128)>,
+}
+const COUNTS_SLOT_BYTES: usize = 20;
+const COUNTS_VOLUME_BYTES: usize = 24;
 
 impl MapImages {
     /// Bytes of images each map stripe holds that a page still names.
@@ -931,7 +957,7 @@ impl MapImages {
     }
 }
 
-const CHECKPOINT_HEADER_BYTES: usize = 64;
+const CHECKPOINT_HEADER_BYTES: usize = 80;
 /// A page's entry in a checkpoint, before its digest and pieces.
 const CHECKPOINT_PAGE_BYTES: usize = 16;
 const CHECKPOINT_PIECE_BYTES: usize = 12;
@@ -1014,8 +1040,11 @@ pub fn checkpoint_bytes(
     map_stripes: usize,
     pages: usize,
     pieces: usize,
+    (counted, volumes): (usize, usize),
 ) -> usize {
     CHECKPOINT_HEADER_BYTES
+        + COUNTS_SLOT_BYTES * counted
+        + COUNTS_VOLUME_BYTES * volumes
         + 16 * stripes
         + 8 * window
         + 16 * map_stripes
@@ -1042,7 +1071,10 @@ pub fn checkpoint_bytes(
 ///   0 magic "TSRCHKPT"   8 version u32   12 reserved u32
 ///  16 sequence u64      24 next write version u64
 ///  32 live stripes u64  40 window slots u64   48 map stripes u64   56 pages u64
-///  64 live stripes: slot u64 | sequence u64
+///  64 counted slots u64 72 counted volumes u64
+///  80 counted slots: slot u64 | live bytes x LIVE_SCALE u64 | pieces u32
+///     counted volumes: data blocks u64 | stored bytes x LIVE_SCALE u128
+///     live stripes: slot u64 | sequence u64
 ///     window: slot u64
 ///     map stripes: slot u64 | sequence u64
 ///     pages: page u64 | image bytes u32 | pieces u32 | digest [D] of the image
@@ -1057,6 +1089,8 @@ pub struct Checkpoint {
     pub stripes: Vec<(u64, u64)>,
     pub window: Vec<u64>,
     pub images: MapImages,
+    /// The slot table's counts as of `sequence`, what the pages add up to.
+    pub counts: MapCounts,
 }
 
 impl Checkpoint {
@@ -1068,6 +1102,7 @@ impl Checkpoint {
             self.images.stripes.len(),
             self.images.pages.len(),
             self.images.piece_count(),
+            (self.counts.slots.len(), self.counts.volumes.len()),
         )
     }
 
@@ -1085,8 +1120,19 @@ impl Checkpoint {
             self.window.len() as u64,
             images.stripes.len() as u64,
             images.pages.len() as u64,
+            self.counts.slots.len() as u64,
+            self.counts.volumes.len() as u64,
         ] {
             out.extend_from_slice(&n.to_le_bytes());
+        }
+        for &(slot, live, pieces) in &self.counts.slots {
+            out.extend_from_slice(&slot.to_le_bytes());
+            out.extend_from_slice(&live.to_le_bytes());
+            out.extend_from_slice(&pieces.to_le_bytes());
+        }
+        for &(blocks, stored) in &self.counts.volumes {
+            out.extend_from_slice(&blocks.to_le_bytes());
+            out.extend_from_slice(&stored.to_le_bytes());
         }
         let pairs = |out: &mut Vec<u8>, pairs: &mut dyn Iterator<Item = (u64, u64)>| {
             for (slot, sequence) in pairs {
@@ -1145,11 +1191,18 @@ impl Checkpoint {
         let algorithm = geometry.checksum;
         let count = |offset: usize| usize::try_from(get_u64(bytes, offset)).unwrap_or(usize::MAX);
         let (stripes, window, map_stripes, pages) = (count(32), count(40), count(48), count(56));
+        let (counted, volumes) = (count(64), count(72));
         let slots = geometry.slot_count();
         // Every entry takes bytes: counts past the length are refused
         // before they are multiplied.
-        let too_many = [stripes, window, map_stripes].iter().any(|&n| n as u64 > slots) || pages > bytes.len();
-        if too_many || checkpoint_bytes(algorithm, stripes, window, map_stripes, pages, 0) > bytes.len() {
+        let too_many = [stripes, window, map_stripes, counted]
+            .iter()
+            .any(|&n| n as u64 > slots)
+            || pages > bytes.len()
+            || volumes > crate::volume::VOLUME_COUNT_MAX;
+        if too_many
+            || checkpoint_bytes(algorithm, stripes, window, map_stripes, pages, 0, (counted, volumes)) > bytes.len()
+        {
             return Err(field("length", bytes.len() as u64));
         }
         let mut at = CHECKPOINT_HEADER_BYTES;
@@ -1164,7 +1217,22 @@ impl Checkpoint {
             stripes: Vec::with_capacity(stripes),
             window: Vec::with_capacity(window),
             images: MapImages::default(),
+            counts: MapCounts::default(),
         };
+        for _ in 0..counted {
+            let e = next(COUNTS_SLOT_BYTES)?;
+            let (slot, live, pieces) = (get_u64(e, 0), get_u64(e, 8), get_u32(e, 16));
+            let in_order = checkpoint.counts.slots.last().is_none_or(|&(last, _, _)| last < slot);
+            if slot >= slots || !in_order || pieces == 0 {
+                return Err(field("counted_slot", slot));
+            }
+            checkpoint.counts.slots.push((slot, live, pieces));
+        }
+        for _ in 0..volumes {
+            let e = next(COUNTS_VOLUME_BYTES)?;
+            let stored = u128::from(get_u64(e, 8)) | (u128::from(get_u64(e, 16)) << 64);
+            checkpoint.counts.volumes.push((get_u64(e, 0), stored));
+        }
         let mut seen = std::collections::BTreeSet::new();
         for _ in 0..stripes {
             let e = next(16)?;
@@ -1235,11 +1303,11 @@ impl Checkpoint {
             }
             checkpoint.images.pages.insert(
                 page,
-                PageImage {
+                std::sync::Arc::new(PageImage {
                     bytes: image_bytes,
                     digest,
                     pieces,
-                },
+                }),
             );
         }
         if at != bytes.len() {
@@ -1642,7 +1710,7 @@ mod tests {
         }
         assert!(sb.is_failed(5) && !sb.is_failed(3));
         // Golden: magic, version, index, members, K, M, chunk, codes, rows, failed bit 5.
-        assert_eq!(&bytes[0..12], b"TSRSUPER\x05\x00\x00\x00");
+        assert_eq!(&bytes[0..12], b"TSRSUPER\x06\x00\x00\x00");
         assert_eq!(
             &bytes[48..68],
             &[3, 0, 0, 0, 7, 0, 0, 0, 4, 0, 0, 0, 2, 0, 0, 0, 0, 0, 1, 0]
@@ -1697,7 +1765,7 @@ mod tests {
         encode_log_block([9; 16], 5, 3, &records, &mut block);
         // 64 + 3 x 96 + 4096 + 900 bytes, in 512-byte sectors.
         assert_eq!(block.len(), 5632);
-        assert_eq!(&block[..12], b"TSRLOGBK\x05\x00\x00\x00");
+        assert_eq!(&block[..12], b"TSRLOGBK\x06\x00\x00\x00");
         let mut longer = block.to_vec();
         longer.extend_from_slice(&[0xff; 1024]);
         let (header, decoded) = decode_log_block(&longer, &g).unwrap();
@@ -1852,19 +1920,19 @@ mod tests {
         images.stripes.insert(30, 102);
         images.pages.insert(
             3,
-            PageImage {
+            std::sync::Arc::new(PageImage {
                 bytes: 5000,
                 digest: a.digest(b"page 3"),
                 pieces: vec![piece(20, 0, 5000)],
-            },
+            }),
         );
         images.pages.insert(
             9,
-            PageImage {
+            std::sync::Arc::new(PageImage {
                 bytes: 300,
                 digest: a.digest(b"page 9"),
                 pieces: vec![piece(20, 262_000, 100), piece(30, 0, 200)],
-            },
+            }),
         );
         Checkpoint {
             sequence: 99,
@@ -1872,6 +1940,10 @@ mod tests {
             stripes: vec![(4, 90), (7, 98)],
             window: vec![1, 2, 3],
             images,
+            counts: MapCounts {
+                slots: vec![(4, 77 << 20, 12), (7, 5 << 20, 1)],
+                volumes: vec![(13, 1 << 70)],
+            },
         }
     }
 
@@ -2006,7 +2078,7 @@ mod tests {
             directory: true,
         }));
         let bytes = sb.encode();
-        assert_eq!(&bytes[0..12], b"TSRSUPER\x05\x00\x00\x00");
+        assert_eq!(&bytes[0..12], b"TSRSUPER\x06\x00\x00\x00");
         assert_eq!(&bytes[4088..4092], &1u32.to_le_bytes());
         assert_eq!(Superblock::decode(&bytes).unwrap(), sb);
         let c = sb.checkpoint.as_ref().unwrap();
@@ -2017,8 +2089,8 @@ mod tests {
         bad[4088] = 2;
         seal_sector(&mut bad);
         assert!(matches!(Superblock::decode(&bad), Err(FormatError::Field { .. })));
-        // Superblocks of versions 2 to 4 are refused by their version.
-        for old in 2u32..=4 {
+        // Superblocks of versions 2 to 5 are refused by their version.
+        for old in 2u32..=5 {
             let mut bad = bytes.clone();
             bad[8..12].copy_from_slice(&old.to_le_bytes());
             seal_sector(&mut bad);
@@ -2032,7 +2104,7 @@ mod tests {
             );
             assert!(error
                 .to_string()
-                .contains(&format!("version {old}; this build reads version 5")));
+                .contains(&format!("version {old}; this build reads version 6")));
         }
 
         let slots: Vec<u64> = (0..900).map(|i| (i * 7) % g.slot_count()).collect();
@@ -2098,12 +2170,17 @@ mod tests {
         let (a, g) = (Algorithm::Blake3, geometry());
         let c = checkpoint();
         let bytes = c.encode(a);
-        assert_eq!(bytes.len(), checkpoint_bytes(a, 2, 3, 2, 2, 3));
-        assert_eq!(&bytes[..12], b"TSRCHKPT\x05\x00\x00\x00");
+        assert_eq!(bytes.len(), checkpoint_bytes(a, 2, 3, 2, 2, 3, (2, 1)));
+        assert_eq!(&bytes[..12], b"TSRCHKPT\x06\x00\x00\x00");
         assert_eq!(&bytes[24..32], &1234u64.to_le_bytes());
         assert_eq!(&bytes[48..64], &[2, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(&bytes[64..80], &[2, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);
+        // The counts first: slot 4's live bytes, volume 0's stored bytes.
+        assert_eq!(&bytes[88..96], &(77u64 << 20).to_le_bytes());
+        assert_eq!(&bytes[120 + 8..120 + 24], &(1u128 << 70).to_le_bytes());
         // Map stripes after the window; page 9's second piece in map stripe 1.
-        assert_eq!(&bytes[64 + 32 + 24..64 + 32 + 24 + 8], &20u64.to_le_bytes());
+        let map_stripes = 80 + 2 * 20 + 24 + 32 + 24;
+        assert_eq!(&bytes[map_stripes..map_stripes + 8], &20u64.to_le_bytes());
         assert_eq!(&bytes[bytes.len() - 12..bytes.len() - 8], &1u32.to_le_bytes());
         assert_eq!(Checkpoint::decode(&bytes, &g).unwrap(), c);
         let refused = |c: Checkpoint| Checkpoint::decode(&c.encode(a), &g).is_err();
@@ -2117,14 +2194,25 @@ mod tests {
         bad.images.stripes.insert(7, 5);
         assert!(refused(bad), "a map stripe that is also a live stripe");
         let mut bad = checkpoint();
-        bad.images.pages.get_mut(&9).unwrap().bytes = 301;
+        bad.counts.slots.swap(0, 1);
+        assert!(refused(bad), "counts out of slot order");
+        let mut bad = checkpoint();
+        bad.counts.slots[0].2 = 0;
+        assert!(refused(bad), "a slot counted with no pieces");
+        let mut bad = checkpoint();
+        bad.counts.volumes = vec![(0, 0); crate::volume::VOLUME_COUNT_MAX + 1];
+        assert!(refused(bad), "more volumes than there may be");
+        let mut bad = checkpoint();
+        std::sync::Arc::make_mut(bad.images.pages.get_mut(&9).unwrap()).bytes = 301;
         assert!(refused(bad), "pieces that do not add up to the image");
         let mut bad = checkpoint();
-        bad.images.pages.get_mut(&9).unwrap().pieces[0].offset = meta_stripe_bytes(&g) as u32 - 99;
+        std::sync::Arc::make_mut(bad.images.pages.get_mut(&9).unwrap()).pieces[0].offset =
+            meta_stripe_bytes(&g) as u32 - 99;
         assert!(refused(bad), "a piece past the end of its stripe");
         let mut bad = checkpoint();
-        bad.images.pages.get_mut(&3).unwrap().bytes = STORED_IMAGE_BYTES_MAX as u32 + 1;
-        bad.images.pages.get_mut(&3).unwrap().pieces[0].bytes = STORED_IMAGE_BYTES_MAX as u32 + 1;
+        let page = std::sync::Arc::make_mut(bad.images.pages.get_mut(&3).unwrap());
+        page.bytes = STORED_IMAGE_BYTES_MAX as u32 + 1;
+        page.pieces[0].bytes = STORED_IMAGE_BYTES_MAX as u32 + 1;
         assert!(refused(bad), "an image longer than any page makes");
         let mut bad = checkpoint();
         let page = bad.images.pages.remove(&3).unwrap();

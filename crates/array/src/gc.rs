@@ -127,6 +127,10 @@ impl Shared {
             s.sequence
         };
         let (mut area, records) = self.stripe_contents(victim, sequence)?;
+        // The pages its records are in stay in memory until the copies
+        // are mapped.
+        let ranges: Vec<(u64, u64)> = records.iter().map(Record::keys).collect();
+        let _pages = self.pin_pages(&ranges)?;
         let live = self.live_pieces(victim, &records);
         for piece in live {
             let stored = match &piece.target {

@@ -592,6 +592,13 @@ impl Shared {
         w.next_sequence = newest + 1;
         drop(w);
         let mut pieces = Vec::new();
+        // The pages the records land in stay in memory until mapped.
+        let ranges: Vec<(u64, u64)> = blocks
+            .range(tail..)
+            .flat_map(|(_, (_, records))| records.iter())
+            .map(|(record, _)| (record.lba, record.lba + u64::from(record.blocks)))
+            .collect();
+        let _pages = self.pin_pages(&ranges)?;
         {
             // A record mapped at its version or a newer one is in a
             // stripe already (the stripe it went to was sealed after

@@ -30,6 +30,7 @@ pub mod limits;
 mod maintenance;
 pub mod map;
 mod members;
+mod pages;
 mod read;
 mod rebuild;
 mod recovery;
@@ -151,6 +152,11 @@ pub enum ArrayError {
     TooFewChunks { slot: u64, good: usize, need: usize },
     #[error("the map checkpoint cannot be used: {why}")]
     CheckpointUnreadable { why: String },
+    #[error("map page {page} cannot be used: {source}; its map stripes could not give back a good image (more members lost or damaged than the parity covers)")]
+    MapPage {
+        page: u64,
+        source: crate::format::FormatError,
+    },
     #[error("no member holds the volume table the superblocks name (CRC {crc:08x}): the volumes cannot be opened; bring back the members that were set aside")]
     VolumeTableUnreadable { crc: u32 },
     #[error("there is no volume {name:?}")]

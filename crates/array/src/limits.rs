@@ -93,6 +93,9 @@ pub const CHECKPOINT_WINDOW_LOW_DIVISOR: u64 = 2;
 /// entries moves at most ~20 KiB, and a write of one extent touches at
 /// most two pages. Pages are the unit the map is held in (`map.rs`).
 pub const MAP_PAGE_BLOCKS: u64 = 512;
+/// Bytes of map pages `serve` keeps in memory by default (`--map-cache`):
+/// about 12 M randomly written blocks (48 GiB of them) at 44 bytes each.
+pub const MAP_CACHE_BYTES_DEFAULT: usize = 512 << 20;
 const _: () = assert!(MAP_PAGE_BLOCKS <= u16::MAX as u64 && MAP_PAGE_BLOCKS >= EXTENT_BLOCKS_MAX as u64);
 const _: () = assert!(EXTENT_BLOCKS_MAX <= u8::MAX as usize);
 

@@ -79,7 +79,10 @@ impl Shared {
                 // A failure is reported when a writer or FLUSH syncs.
                 let _ = self.sync_through(sequence);
             }
-            if self.needs_checkpoint() {
+            if self.dirty_pages_over_cache() {
+                // Only written pages can leave the cache.
+                let _ = self.checkpoint();
+            } else if self.needs_checkpoint() {
                 // A failure is reported when a writer needs the checkpoint.
                 let _ = self.checkpoint_as_needed();
             }

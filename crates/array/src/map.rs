@@ -51,12 +51,13 @@
 //! a lookup builds an `Extent` (~170 bytes) where it cloned an `Arc`.
 
 use crate::format::{
-    codec_code, codec_from_code, Extent, FormatError, Geometry, PAGE_IMAGE_ENTRY_BYTES as IMAGE_ENTRY_BYTES,
+    codec_code, codec_from_code, Extent, FormatError, Geometry, PageImage, PAGE_IMAGE_ENTRY_BYTES as IMAGE_ENTRY_BYTES,
     PAGE_IMAGE_HEADER_BYTES as IMAGE_HEADER_BYTES, PAGE_IMAGE_WORDS_PER_ENTRY_MAX as IMAGE_WORDS_PER_ENTRY_MAX,
 };
 use crate::limits::{EXTENT_BLOCKS_MAX, MAP_PAGE_BLOCKS};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use tessera_checksum::Digest;
 
 /// Where a range of blocks is.
@@ -315,6 +316,13 @@ struct Page {
     /// The sum of the entries' word counts (pieces of one record count
     /// once each, so this overstates what is live, never understates).
     words_referred: usize,
+    /// The page's durable image, while the page is as that image says
+    /// (set by the checkpoint that wrote it, or by loading it): what
+    /// lets a clean page be evicted.
+    image: Option<Arc<PageImage>>,
+    /// The map's clock when the page was last looked at (for eviction,
+    /// least recently used first).
+    used: AtomicU64,
 }
 
 impl Page {
@@ -586,7 +594,7 @@ impl Page {
         let mut page = Page {
             entries: Vec::with_capacity(count),
             words: (0..word_count).map(|i| get(words_at + 4 * i, 4) as u32).collect(),
-            words_referred: 0,
+            ..Page::default()
         };
         let mut end = 0u16;
         for i in 0..count {
@@ -742,6 +750,8 @@ pub struct Overlapping<'a> {
     /// The page being read: its first key, the page, the next entry.
     current: Option<(u64, &'a Page, usize)>,
     done: bool,
+    /// The map's clock, for the pages looked at.
+    now: u64,
 }
 
 impl<'a> Overlapping<'a> {
@@ -791,6 +801,10 @@ impl<'a> Overlapping<'a> {
             };
             self.done = p == self.last_page;
             self.next_page = p + 1;
+            // Written only when it changes: readers share the page's line.
+            if page.used.load(Ordering::Relaxed) != self.now {
+                page.used.store(self.now, Ordering::Relaxed);
+            }
             let from = if p == self.first.0 {
                 page.first_ending_after(self.first.1)
             } else {
@@ -811,14 +825,48 @@ impl Iterator for Overlapping<'_> {
 
 #[derive(Default)]
 pub struct Map {
+    /// The pages held in memory (resident).
     pages: BTreeMap<u64, Page>,
-    /// Entries in all pages.
+    /// Pages held only as their durable image: evicted, or not looked at
+    /// since the array opened. Never dirty.
+    evicted: BTreeMap<u64, Arc<PageImage>>,
+    /// Stored bytes of the evicted pages' images.
+    evicted_bytes: u64,
+    /// Entries in the resident pages.
     len: usize,
-    /// What `Page::bytes` adds up to over all pages.
+    /// What `Page::bytes` adds up to over the resident pages.
     bytes: usize,
     /// Pages changed (or emptied) since their image was last taken
     /// (`take_dirty`): what the next checkpoint writes.
     dirty: BTreeSet<u64>,
+    /// A checkpoint's copy of the pages it took, as they were when it
+    /// took them (`begin_snapshot`).
+    snapshot: Mutex<Option<Snapshot>>,
+    /// Ticks once per load or eviction: pages looked at since share a tick.
+    clock: AtomicU64,
+}
+
+/// The pages a checkpoint took and has not copied yet: a page is copied
+/// as it was when taken, by the first of the checkpoint (from the page)
+/// or a change to it (which keeps its image first).
+#[derive(Default)]
+struct Snapshot {
+    pending: BTreeSet<u64>,
+    /// Images kept before a change: `None` for a page that was empty.
+    kept: HashMap<u64, Option<Vec<u8>>>,
+}
+
+/// A page decoded from its image outside every lock, to be installed
+/// (`Map::install`).
+pub struct LoadedPage {
+    page: u64,
+    body: Page,
+}
+
+impl LoadedPage {
+    pub fn page(&self) -> u64 {
+        self.page
+    }
 }
 
 /// The page of key `lba`, and the key's place in it.
@@ -914,6 +962,200 @@ impl Map {
         self.dirty.extend(self.pages.keys().copied());
     }
 
+    /// Pages held only as their image (evicted, or not loaded since opening).
+    pub fn evicted_count(&self) -> usize {
+        self.evicted.len()
+    }
+
+    /// Stored bytes of the evicted pages' images.
+    pub fn evicted_bytes(&self) -> u64 {
+        self.evicted_bytes
+    }
+
+    /// Every page held only as its image: an opening's map (`open_from`)
+    /// before anything is looked at. The map must be empty.
+    pub fn open_from(&mut self, images: &BTreeMap<u64, Arc<PageImage>>) {
+        assert!(
+            self.pages.is_empty() && self.evicted.is_empty(),
+            "opened into an empty map"
+        );
+        self.evicted = images.clone();
+        self.evicted_bytes = images.values().map(|image| u64::from(image.bytes)).sum();
+    }
+
+    /// The pages of keys [lba, end) held only as their image, with it.
+    pub fn missing(&self, lba: u64, end: u64) -> Vec<(u64, Arc<PageImage>)> {
+        if end <= lba || self.evicted.is_empty() {
+            return Vec::new();
+        }
+        let (first, last) = (lba / MAP_PAGE_BLOCKS, (end - 1) / MAP_PAGE_BLOCKS);
+        self.evicted.range(first..=last).map(|(&p, i)| (p, i.clone())).collect()
+    }
+
+    /// Every page held only as its image.
+    pub fn all_missing(&self) -> Vec<(u64, Arc<PageImage>)> {
+        self.evicted.iter().map(|(&p, i)| (p, i.clone())).collect()
+    }
+
+    /// The pages in memory that hold keys of [lba, end).
+    pub fn resident_in(&self, lba: u64, end: u64) -> impl Iterator<Item = u64> + '_ {
+        let (first, last) = match end > lba {
+            true => (lba / MAP_PAGE_BLOCKS, (end - 1) / MAP_PAGE_BLOCKS),
+            false => (1, 0),
+        };
+        self.pages
+            .range(first..=last.max(first))
+            .map(|(&p, _)| p)
+            .filter(move |&p| p <= last)
+    }
+
+    /// A page from its image (as `format::load_page_image` gives it back),
+    /// decoded and checked outside every lock; the slots it points into
+    /// are checked when it is installed.
+    pub fn decode_image(image: &[u8], geometry: &Geometry) -> Result<LoadedPage, FormatError> {
+        let (page, body) = Page::decode(image, geometry, &|_| true)?;
+        Ok(LoadedPage { page, body })
+    }
+
+    /// Puts a page held only as `image` back in memory, clean: `Ok(false)`
+    /// (and nothing done) if that is no longer how the page is held
+    /// (another thread loaded it, or a checkpoint moved its image); an
+    /// error if it points into a slot `live` refuses.
+    pub fn install(
+        &mut self,
+        loaded: LoadedPage,
+        image: &Arc<PageImage>,
+        live: &dyn Fn(u64) -> bool,
+    ) -> Result<bool, FormatError> {
+        let LoadedPage { page: p, mut body } = loaded;
+        if !self.evicted.get(&p).is_some_and(|held| Arc::ptr_eq(held, image)) {
+            return Ok(false);
+        }
+        if let Some(e) = body.entries.iter().find(|e| !live(e.slot)) {
+            return Err(FormatError::Field {
+                what: "map page",
+                field: "slot",
+                value: e.slot,
+            });
+        }
+        if body.words.len() > 2 * body.words_referred + 32 {
+            body.compact();
+        }
+        self.evicted.remove(&p);
+        self.evicted_bytes -= u64::from(image.bytes);
+        body.image = Some(image.clone());
+        body.used = AtomicU64::new(self.clock.fetch_add(1, Ordering::Relaxed) + 1);
+        self.len += body.entries.len();
+        self.bytes += body.bytes();
+        self.pages.insert(p, body);
+        Ok(true)
+    }
+
+    /// Page `p`'s durable image is now `image` (a checkpoint wrote it, or
+    /// moved it): kept with the page, or as the page if it is evicted.
+    pub fn set_image(&mut self, p: u64, image: Option<Arc<PageImage>>) {
+        if let Some(page) = self.pages.get_mut(&p) {
+            // One changed since is not as the image says.
+            if !self.dirty.contains(&p) {
+                page.image = image;
+            }
+        } else if let Some(held) = self.evicted.get_mut(&p) {
+            let image = image.expect("an evicted page keeps an image");
+            self.evicted_bytes = self.evicted_bytes - u64::from(held.bytes) + u64::from(image.bytes);
+            *held = image;
+        }
+    }
+
+    /// Evicts clean pages with a durable image, least recently looked at
+    /// first, none that `pinned` names, until the resident pages hold at
+    /// most `limit` bytes (or a few less, so that it is not done at every
+    /// load). Returns the pages evicted.
+    pub fn evict(&mut self, limit: usize, pinned: &dyn Fn(u64) -> bool) -> usize {
+        if self.bytes <= limit {
+            return 0;
+        }
+        let target = limit - limit / 8;
+        let pending = self.snapshot.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        let mut candidates: Vec<(u64, u64)> = self
+            .pages
+            .iter()
+            .filter(|(p, page)| {
+                page.image.is_some()
+                    && !self.dirty.contains(p)
+                    && !pending.as_ref().is_some_and(|s| s.pending.contains(p))
+                    && !pinned(**p)
+            })
+            .map(|(&p, page)| (page.used.load(Ordering::Relaxed), p))
+            .collect();
+        *self.snapshot.get_mut().unwrap_or_else(|p| p.into_inner()) = pending;
+        candidates.sort_unstable();
+        let mut evicted = 0;
+        for (_, p) in candidates {
+            if self.bytes <= target {
+                break;
+            }
+            let page = self.pages.remove(&p).expect("listed just now");
+            let image = page.image.clone().expect("only pages with an image");
+            self.bytes -= page.bytes();
+            self.len -= page.entries.len();
+            self.evicted_bytes += u64::from(image.bytes);
+            self.evicted.insert(p, image);
+            evicted += 1;
+        }
+        self.clock.fetch_add(1, Ordering::Relaxed);
+        evicted
+    }
+
+    /// Takes a snapshot of `pages` (a checkpoint's dirty pages, just
+    /// taken): `snapshot_image` gives each as it is now, whatever changes
+    /// it before being copied.
+    pub fn begin_snapshot(&mut self, pages: &BTreeSet<u64>) {
+        *self.snapshot.get_mut().unwrap_or_else(|p| p.into_inner()) = Some(Snapshot {
+            pending: pages.clone(),
+            kept: HashMap::new(),
+        });
+    }
+
+    /// Appends page `p`'s image as it was when the snapshot was taken;
+    /// false (nothing appended) if it was empty then.
+    pub fn snapshot_image(&self, p: u64, out: &mut Vec<u8>) -> bool {
+        let mut snapshot = self.snapshot.lock().unwrap_or_else(|p| p.into_inner());
+        let snapshot = snapshot.as_mut().expect("a snapshot is being copied");
+        if let Some(kept) = snapshot.kept.remove(&p) {
+            return kept.is_some_and(|image| {
+                out.extend_from_slice(&image);
+                true
+            });
+        }
+        assert!(snapshot.pending.remove(&p), "page {p} copied twice, or not taken");
+        self.encode_page(p, out)
+    }
+
+    /// Ends the snapshot (every page taken copied, or the checkpoint gave up).
+    pub fn end_snapshot(&self) {
+        *self.snapshot.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// Keeps page `p`'s image before it changes, if a snapshot still
+    /// wants it as it was.
+    fn preserve(&mut self, p: u64) {
+        let Some(snapshot) = self.snapshot.get_mut().unwrap_or_else(|p| p.into_inner()).as_mut() else {
+            return;
+        };
+        if !snapshot.pending.remove(&p) {
+            return;
+        }
+        let mut image = Vec::new();
+        let kept = match self.pages.get(&p) {
+            Some(page) => {
+                page.encode(p, &mut image);
+                Some(image)
+            }
+            None => None,
+        };
+        snapshot.kept.insert(p, kept);
+    }
+
     /// Bytes the map holds in memory: its pages' entries and arenas, and
     /// the index of pages.
     pub fn bytes(&self) -> usize {
@@ -936,6 +1178,7 @@ impl Map {
             end,
             current: None,
             done: end <= lba,
+            now: self.clock.load(Ordering::Relaxed),
         }
     }
 
@@ -952,17 +1195,23 @@ impl Map {
             let page_end = (base + MAP_PAGE_BLOCKS).min(end);
             let hi = (page_end - base) as u16;
             let piece = target.advanced_by(cursor - lba);
+            assert!(
+                !self.evicted.contains_key(&p),
+                "map page {p} changed while not in memory (not loaded and pinned first)"
+            );
             let exists = self.pages.contains_key(&p);
             if !exists && !rule.fills_gaps() {
                 cursor = page_end;
                 continue;
             }
+            self.preserve(p);
             let page = self.pages.entry(p).or_default();
             let before = if exists { page.bytes() } else { 0 };
             let changes = gained.len() + lost.len();
             let change = page.insert(base, (key, hi), version, &piece, rule, &mut gained, &mut lost);
             if gained.len() + lost.len() > changes {
                 self.dirty.insert(p);
+                page.image = None;
             }
             self.len = self.len.checked_add_signed(change).expect("the map counts its entries");
             let after = if page.entries.is_empty() {
@@ -987,8 +1236,13 @@ impl Map {
         }
         let (first, key) = page_of(lba);
         let (last, last_key) = page_of(end - 1);
+        assert!(
+            self.evicted.range(first..=last).next().is_none(),
+            "map pages removed from while not in memory"
+        );
         let pages: Vec<u64> = self.pages.range(first..=last).map(|(&p, _)| p).collect();
         for p in pages {
+            self.preserve(p);
             let page = self.pages.get_mut(&p).expect("listed just now");
             self.bytes -= page.bytes();
             let base = p * MAP_PAGE_BLOCKS;
@@ -1007,6 +1261,7 @@ impl Map {
             }
             if to > from {
                 self.dirty.insert(p);
+                page.image = None;
             }
             let removed: usize = page.entries[from..to].iter().map(Entry::word_count).sum();
             page.words_referred -= removed;

@@ -69,12 +69,11 @@ impl Shared {
         let (first, end) = (offset / block, (offset + len).div_ceil(block));
         let mut pinned = Pinned::new(&self.pins);
         let mut stripes: Vec<(u64, u64)> = Vec::new();
-        {
-            let index = self.index();
+        self.with_pages(&[(first, end)], |index| {
             for (_, mapping) in index.map.overlapping(first, end) {
                 if let Target::Data { extent, .. } = &mapping.target {
                     let fresh = !stripes.iter().any(|&(slot, _)| slot == extent.slot);
-                    if let Where::Members { sequence } = where_is(&index, extent.slot) {
+                    if let Where::Members { sequence } = where_is(index, extent.slot) {
                         if fresh && !self.data_readable(extent.slot) {
                             pinned.add(extent.slot);
                             stripes.push((extent.slot, sequence));
@@ -82,7 +81,7 @@ impl Shared {
                     }
                 }
             }
-        }
+        })?;
         // More than the cache holds would push out the first ones rebuilt.
         for &(slot, sequence) in stripes.iter().take(self.cache.capacity()) {
             self.rebuilt_area(slot, sequence)?;
@@ -96,20 +95,19 @@ impl Shared {
         let end = lba + (out.len() / BLOCK_BYTES) as u64;
         let mut pinned = Pinned::new(&self.pins);
         let mut plan: Vec<Piece> = Vec::new();
-        {
-            let index = self.index();
+        self.with_pages(&[(lba, end)], |index| {
             for (start, mapping) in index.map.overlapping(lba, end) {
                 let (lo, hi) = (start.max(lba), (start + u64::from(mapping.blocks)).min(end));
                 if let Target::Data { extent, skip } = &mapping.target {
                     pinned.add(extent.slot);
-                    let at = where_is(&index, extent.slot);
+                    let at = where_is(index, extent.slot);
                     let skip = skip + (lo - start) as u32;
                     plan.push((lo, hi, Some((extent.clone(), skip, at))));
                 } else {
                     plan.push((lo, hi, None));
                 }
             }
-        }
+        })?;
         // Stripes this read wants most of: rebuilt whole if degraded (and
         // kept for the next reads); of the others only the ranges wanted
         // are read or decoded. "Most" is by what reading the ranges would

@@ -24,7 +24,7 @@
 //!   in `status`.
 
 use crate::engine::Shared;
-use crate::format::{Checkpoint, CheckpointRef, ChunkHeader, MapImages, Record, Stream, SUMMARY_HEADER_BYTES};
+use crate::format::{Checkpoint, CheckpointRef, ChunkHeader, Record, Stream, SUMMARY_HEADER_BYTES};
 use crate::map::{Location, Map, Rule, Target};
 use crate::slots::{SlotState, SlotTable};
 use crate::ArrayError;
@@ -118,6 +118,9 @@ impl Shared {
         if self.intent.is_some() {
             recovery.log = Some(self.replay_log()?);
         }
+        // Pages replay pinned (and the log's, looked at to see whether
+        // its records are mapped) go, past the cache's size.
+        self.evict_pages(&mut self.index_mut());
         recovery.milliseconds = started.elapsed().as_millis() as u64;
         *self.recovery.lock().unwrap_or_else(|p| p.into_inner()) = recovery;
         Ok(())
@@ -145,7 +148,7 @@ impl Shared {
         let (mut from, mut max_sequence, mut window) = (0, 0, None);
         // The slots to scan: the window's, none (fresh), or every one.
         let scan: Box<dyn Iterator<Item = u64>> = if let Some(reference) = reference {
-            let loaded = self.load_checkpoint(reference, &mut recovery)?;
+            let loaded = self.load_checkpoint(reference)?;
             from = reference.sequence;
             let stripes = reference.stripe_count(self.meta_stripe_bytes());
             max_sequence = reference.first_stripe_sequence + stripes as u64 - 1;
@@ -203,10 +206,13 @@ impl Shared {
         }
         stripes.sort_by_key(|s| s.0);
         recovery.stripes_replayed = stripes.len() as u64;
-        let mut index = self.index_mut();
         let mut replayed_slots = HashSet::new();
         let mut fresh: HashSet<Location> = HashSet::new();
         for (sequence, slot, records) in stripes {
+            // The pages the stripe's records land in, in memory.
+            let ranges: Vec<(u64, u64)> = records.iter().map(Record::keys).collect();
+            let _pages = self.pin_pages(&ranges)?;
+            let mut index = self.index_mut();
             index.slots.set(slot, SlotState::Sealed, sequence);
             replayed_slots.insert(slot);
             for record in records {
@@ -241,6 +247,8 @@ impl Shared {
         // The checkpoint's copy of the map must not point into a slot that
         // now holds a newer stripe: every such block was overwritten by a
         // replayed write. If one is left, the checkpoint is not trusted.
+        // (Checked over the pages in memory: those replay changed.)
+        let mut index = self.index_mut();
         let stale = index.map.iter().locations().find_map(|(lba, at)| {
             (at.offset.is_some() && replayed_slots.contains(&at.slot) && !fresh.contains(&at)).then_some((lba, at.slot))
         });
@@ -317,7 +325,7 @@ impl Shared {
 
     /// Loads the checkpoint `reference` names into the (empty) map and
     /// slot table; returns its window.
-    fn load_checkpoint(&self, reference: &CheckpointRef, recovery: &mut Recovery) -> Result<BTreeSet<u64>, ArrayError> {
+    fn load_checkpoint(&self, reference: &CheckpointRef) -> Result<BTreeSet<u64>, ArrayError> {
         let g = &self.geometry;
         let unreadable = |why: String| ArrayError::CheckpointUnreadable { why };
         let per_stripe = self.meta_stripe_bytes();
@@ -379,22 +387,50 @@ impl Shared {
                 "slot {slot} is listed twice (live, window, map stripe or the checkpoint's own)"
             )));
         }
-        {
+        // The pages stay on the members until something looks at them;
+        // the slot table takes the counts they add up to.
+        let stale_volume_pages: Vec<u64> = {
             let mut index = self.index_mut();
-            let map_stripes = map_stripes.iter().map(|(&slot, &sequence)| (slot, sequence));
-            for (slot, sequence) in listed.iter().copied().chain(map_stripes) {
+            let in_map_stripes = map_stripes.iter().map(|(&slot, &sequence)| (slot, sequence));
+            for (slot, sequence) in listed.iter().copied().chain(in_map_stripes) {
                 index.slots.set(slot, SlotState::Checkpoint, sequence);
             }
             for &(slot, sequence) in &checkpoint.stripes {
                 index.slots.set(slot, SlotState::Sealed, sequence);
             }
+            index.slots.restore_counts(&checkpoint.counts).map_err(unreadable)?;
+            index.map.open_from(&checkpoint.images.pages);
+            index.next_version = checkpoint.next_version.max(1);
+            index.checkpoint_slots = listed.iter().map(|&(slot, _)| slot).collect();
+            index.map_stripes = map_stripes.len();
+            // Pages of volumes deleted (or created again) since the pages
+            // were taken hold records no volume admits: they are read now,
+            // and those records dropped, so that their slots drain.
+            let floors = &index.volumes;
+            checkpoint
+                .images
+                .pages
+                .keys()
+                .copied()
+                .filter(|&page| {
+                    let key = page * crate::limits::MAP_PAGE_BLOCKS;
+                    !floors.admits(key, checkpoint.next_version.saturating_sub(1))
+                })
+                .collect()
+        };
+        let stale: Vec<_> = {
+            let index = self.index();
+            stale_volume_pages
+                .iter()
+                .flat_map(|&page| {
+                    let key = page * crate::limits::MAP_PAGE_BLOCKS;
+                    index.map.missing(key, key + 1)
+                })
+                .collect()
+        };
+        for batch in stale.chunks(64) {
+            self.install_pages(batch.to_vec())?;
         }
-        self.load_pages(&checkpoint.images, recovery)?;
-        let mut index = self.index_mut();
-        index.next_version = checkpoint.next_version.max(1);
-        index.checkpoint_slots = listed.iter().map(|&(slot, _)| slot).collect();
-        index.map_stripes = map_stripes.len();
-        drop(index);
         let window = checkpoint.window.iter().copied().collect();
         // The next checkpoint writes pages: this process knows nothing of
         // the roots since (their windows are in this one's).
@@ -403,105 +439,6 @@ impl Shared {
             since: None,
         };
         Ok(window)
-    }
-
-    /// Puts every page's image into the (empty) map, each checked by its
-    /// digest: the map stripes are read in the order they were written,
-    /// each once, and let go once no image still to load has a piece in
-    /// it. A stripe whose image does not match is rebuilt from its
-    /// chunks, checked one by one, and its bad chunks rewritten.
-    fn load_pages(&self, images: &MapImages, recovery: &mut Recovery) -> Result<(), ArrayError> {
-        let g = &self.geometry;
-        let unreadable = |why: String| ArrayError::CheckpointUnreadable { why };
-        let per_stripe = self.meta_stripe_bytes();
-        let mut order: Vec<(u64, u32, u64)> = images
-            .pages
-            .iter()
-            .map(|(&page, image)| (images.stripes[&image.pieces[0].slot], image.pieces[0].offset, page))
-            .collect();
-        order.sort_unstable();
-        let mut waiting: HashMap<u64, usize> = HashMap::new();
-        for piece in images.pages.values().flat_map(|image| &image.pieces) {
-            *waiting.entry(piece.slot).or_default() += 1;
-        }
-        // Each stripe's data area, and whether it was rebuilt.
-        let mut areas: HashMap<u64, (Vec<u8>, bool)> = HashMap::new();
-        let mut image_bytes = Vec::new();
-        for (_, _, page) in order {
-            let image = &images.pages[&page];
-            let mut rebuilt_all = false;
-            loop {
-                image_bytes.clear();
-                for piece in &image.pieces {
-                    let (area, _) = areas.entry(piece.slot).or_insert_with(|| {
-                        let mut area = vec![0u8; per_stripe];
-                        // A failed read leaves zeros: the digest fails, and
-                        // the stripe is rebuilt.
-                        let _ = self.read_area_into(piece.slot, 0, &mut area);
-                        (area, false)
-                    });
-                    let at = piece.offset as usize;
-                    image_bytes.extend_from_slice(&area[at..at + piece.bytes as usize]);
-                }
-                if g.checksum.digest(&image_bytes) == image.digest {
-                    break;
-                }
-                if rebuilt_all {
-                    return Err(unreadable(format!("map page {page}'s image does not match its digest")));
-                }
-                for piece in &image.pieces {
-                    let (area, rebuilt) = areas.get_mut(&piece.slot).expect("read just now");
-                    if *rebuilt {
-                        continue;
-                    }
-                    let stripe = self
-                        .rebuild_stripe(piece.slot, images.stripes[&piece.slot], true)
-                        .map_err(|e| unreadable(format!("map stripe in slot {}: {e}", piece.slot)))?;
-                    area.copy_from_slice(&stripe.area[..per_stripe]);
-                    *rebuilt = true;
-                    recovery.chunks_repaired += self.repair(piece.slot, &stripe).1;
-                }
-                rebuilt_all = true;
-            }
-            let raw = crate::format::load_page_image(&image_bytes)
-                .map_err(|e| unreadable(format!("map page {page}: {e}")))?;
-            let mut index = self.index_mut();
-            let index = &mut *index;
-            let slots = &index.slots;
-            let (loaded, deltas) = index
-                .map
-                .load_page(&raw, g, &|slot| slots.get(slot).state == SlotState::Sealed)
-                .map_err(|e| unreadable(format!("map page {page}: {e}")))?;
-            if loaded != page {
-                return Err(unreadable(format!("the image of map page {page} is page {loaded}'s")));
-            }
-            index.slots.account(&deltas);
-            // A page copied while its volume was deleted keeps records
-            // the volume's floor no longer admits.
-            let base = page * crate::limits::MAP_PAGE_BLOCKS;
-            // (Looked at by location: a target would be built, and an
-            // `Extent` allocated, for every entry opened.)
-            let refused: Vec<u64> = index
-                .map
-                .overlapping(base, base + crate::limits::MAP_PAGE_BLOCKS)
-                .locations()
-                .filter(|(lba, at)| !index.volumes.admits(*lba, at.version))
-                .map(|(lba, _)| lba)
-                .collect();
-            for lba in refused {
-                // The one mapping that starts there.
-                let lost = index.map.remove_from(lba, lba + 1);
-                index.slots.account(&lost);
-            }
-            for piece in &image.pieces {
-                let left = waiting.get_mut(&piece.slot).expect("counted above");
-                *left -= 1;
-                if *left == 0 {
-                    areas.remove(&piece.slot);
-                }
-            }
-        }
-        Ok(())
     }
 
     /// The summary of the stripe one of whose chunk `header`s was read.

@@ -287,6 +287,39 @@ impl SlotTable {
         self.free.iter()
     }
 
+    /// What the map's mappings add up to now, by slot and by volume: what
+    /// a checkpoint's root keeps with the pages it took at the same time.
+    pub fn counts(&self) -> format::MapCounts {
+        format::MapCounts {
+            slots: self
+                .slots
+                .iter()
+                .filter(|(_, s)| s.pieces > 0)
+                .map(|(slot, s)| (slot, s.live, s.pieces))
+                .collect(),
+            volumes: self.by_volume.clone(),
+        }
+    }
+
+    /// Takes a root's counts (opening: the table holds no mapping yet);
+    /// every slot counted must be sealed already.
+    pub fn restore_counts(&mut self, counts: &format::MapCounts) -> Result<(), String> {
+        assert_eq!(self.live_total, 0, "counts restored into an empty table");
+        for &(slot, live, pieces) in &counts.slots {
+            let s = self.get_mut(slot);
+            if s.state != SlotState::Sealed {
+                return Err(format!("it counts live data in slot {slot}, which is {:?}", s.state));
+            }
+            s.live = live;
+            s.pieces = pieces;
+            self.live_total += u128::from(live);
+        }
+        self.by_volume = counts.volumes.clone();
+        self.stored_total = counts.volumes.iter().map(|&(_, stored)| stored).sum();
+        self.mapped_data_blocks = counts.volumes.iter().map(|&(blocks, _)| blocks).sum();
+        Ok(())
+    }
+
     /// Applies the map's deltas; returns the sealed slots they emptied
     /// (now `Draining`, waiting for `drain_after`).
     pub fn account(&mut self, deltas: &[Delta]) -> Vec<u64> {
@@ -591,6 +624,19 @@ impl SlotTable {
             if self.is_usable(slot) && !free {
                 return Err(format!("slot {slot} is usable but not free"));
             }
+        }
+        let volumes = |v: &[(u64, u128)]| -> Vec<(u64, u128)> {
+            let mut v = v.to_vec();
+            while v.last() == Some(&(0, 0)) {
+                v.pop();
+            }
+            v
+        };
+        if volumes(&self.by_volume) != volumes(&expected.by_volume) {
+            return Err(format!(
+                "volumes: counted {:?}, the map says {:?}",
+                self.by_volume, expected.by_volume
+            ));
         }
         if (self.live_total, self.mapped_data_blocks) != (expected.live_total, expected.mapped_data_blocks) {
             return Err(format!(

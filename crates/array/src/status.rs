@@ -18,6 +18,11 @@ use std::sync::Arc;
 pub struct Counters {
     /// Reads, writes, zeroes and FLUSHes clients asked for.
     pub client_requests: AtomicU64,
+    /// Lookups that found every map page they needed in memory, pages
+    /// read from their images, pages evicted.
+    pub map_page_hits: AtomicU64,
+    pub map_page_misses: AtomicU64,
+    pub map_pages_evicted: AtomicU64,
     pub user_bytes_written: AtomicU64,
     /// Shared with the member I/O threads, which add what they write.
     pub member_bytes_written: Arc<AtomicU64>,
@@ -151,7 +156,23 @@ pub struct Status {
     pub map_mappings: u64,
     #[serde(default)]
     pub map_bytes: u64,
-    /// Its pages (512 blocks of a volume each), those changed since the
+    /// The map cache: its size (`serve --map-cache`), the pages held only
+    /// on the members (evicted, or not read since opening) and their
+    /// stored bytes, lookups that found their pages in memory, pages read
+    /// in, pages evicted.
+    #[serde(default)]
+    pub map_cache_bytes: u64,
+    #[serde(default)]
+    pub map_pages_on_members: u64,
+    #[serde(default)]
+    pub map_bytes_on_members: u64,
+    #[serde(default)]
+    pub map_page_hits: u64,
+    #[serde(default)]
+    pub map_page_misses: u64,
+    #[serde(default)]
+    pub map_pages_evicted: u64,
+    /// Its pages in memory (512 blocks of a volume each), those changed since the
     /// last checkpoint (the next one writes their images), and the map
     /// stripes holding the durable checkpoint's images.
     #[serde(default)]
@@ -215,6 +236,8 @@ impl Shared {
                     index.map.page_count() as u64,
                     index.map.dirty_count() as u64,
                     index.map_stripes as u64,
+                    index.map.evicted_count() as u64,
+                    index.map.evicted_bytes(),
                 ),
             )
         };
@@ -314,6 +337,12 @@ impl Shared {
             map_pages: map.2,
             map_dirty_pages: map.3,
             map_stripes: map.4,
+            map_cache_bytes: self.options.map_cache_bytes as u64,
+            map_pages_on_members: map.5,
+            map_bytes_on_members: map.6,
+            map_page_hits: load(&c.map_page_hits),
+            map_page_misses: load(&c.map_page_misses),
+            map_pages_evicted: load(&c.map_pages_evicted),
             writers_waited_for_members_ms: load(&c.waited_for_members_us) / 1000,
             writers_waited_for_slot_ms: load(&c.waited_for_slot_us) / 1000,
             recovery: self.recovery.lock().unwrap_or_else(|p| p.into_inner()).clone(),

@@ -95,7 +95,7 @@ impl Volume {
     /// space (never written, trimmed, or zeroed). What NBD's
     /// `base:allocation` reports.
     pub fn allocation(&self, offset: u64, len: u64) -> Result<Vec<(u64, bool)>, ArrayError> {
-        self.within(offset, len, |at| Ok(self.shared.allocation(at, len)))
+        self.within(offset, len, |at| self.shared.allocation(at, len))
     }
 }
 
@@ -150,7 +150,7 @@ impl Shared {
 
     /// Which of key-space bytes [offset, offset+len) are stored (see
     /// [`Volume::allocation`]).
-    fn allocation(&self, offset: u64, len: u64) -> Vec<(u64, bool)> {
+    fn allocation(&self, offset: u64, len: u64) -> Result<Vec<(u64, bool)>, ArrayError> {
         let end = offset + len;
         let block = BLOCK_BYTES as u64;
         let (first, last) = (offset / block, end.div_ceil(block));
@@ -165,17 +165,18 @@ impl Shared {
                 _ => runs.push((to - from, stored)),
             }
         };
-        let index = self.index();
-        let mut at = first;
-        for (start, mapping) in index.map.overlapping(first, last) {
-            let stop = start + u64::from(mapping.blocks);
-            push(at, start.max(at), false);
-            let stored = matches!(mapping.target, crate::map::Target::Data { .. });
-            push(start.max(at), stop.min(last), stored);
-            at = stop.min(last);
-        }
-        push(at, last, false);
-        runs
+        self.with_pages(&[(first, last)], |index| {
+            let mut at = first;
+            for (start, mapping) in index.map.overlapping(first, last) {
+                let stop = start + u64::from(mapping.blocks);
+                push(at, start.max(at), false);
+                let stored = matches!(mapping.target, crate::map::Target::Data { .. });
+                push(start.max(at), stop.min(last), stored);
+                at = stop.min(last);
+            }
+            push(at, last, false);
+        })?;
+        Ok(runs)
     }
 }
 
@@ -288,6 +289,10 @@ impl Array {
         *size = None;
         drop(size);
         shared.gates.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        // Every page of the volume in memory, to be emptied (what they
+        // point into is counted down).
+        let whole = (volume::key(id, 0), volume::key(id + 1, 0));
+        let _pages = shared.pin_pages(&[whole])?;
         let mut index = shared.index_mut();
         index.volumes = floors;
         let deltas = index.map.remove_from(volume::key(id, 0), volume::key(id + 1, 0));

@@ -129,6 +129,11 @@ impl Piece<'_> {
     }
 }
 
+/// The key ranges pieces cover.
+pub(crate) fn piece_ranges(pieces: &[Piece<'_>]) -> Vec<(u64, u64)> {
+    pieces.iter().map(|p| (p.lba, p.lba + u64::from(p.blocks))).collect()
+}
+
 pub(crate) fn block_crcs(bytes: &[u8]) -> format::BlockCrcs {
     bytes.chunks(BLOCK_BYTES).map(tessera_checksum::crc32c).collect()
 }
@@ -342,6 +347,8 @@ impl Shared {
 
     /// Admits, packs, seals and submits pieces of `stream`.
     pub(crate) fn store(&self, stream: Stream, pieces: Vec<Piece<'_>>) -> Result<(), ArrayError> {
+        // The pages the pieces land in stay in memory until mapped.
+        let _pages = self.pin_pages(&piece_ranges(&pieces))?;
         let pieces = self.drop_needless_zeros(pieces);
         if pieces.is_empty() {
             return Ok(());

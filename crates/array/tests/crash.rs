@@ -159,18 +159,24 @@ fn create(devices: &[Arc<MemoryDevice>], seed: u64, logical_bytes: Option<u64>) 
         logical_bytes,
         log_bytes: None,
     };
-    tessera_array::create_with(named(devices), &options, engine())
+    tessera_array::create_with(named(devices), &options, engine(seed))
         .unwrap_or_else(|e| panic!("seed {seed}: create: {e}"))
 }
 
-fn engine() -> EngineOptions {
+/// Odd seeds keep a map cache of 64 KiB (a few pages): pages are evicted
+/// and read back all the time, and the crash finds some half-written.
+fn engine(seed: u64) -> EngineOptions {
     EngineOptions {
         user_lanes: Some(THREADS),
+        map_cache_bytes: match seed % 2 {
+            1 => 64 << 10,
+            _ => EngineOptions::default().map_cache_bytes,
+        },
         ..EngineOptions::default()
     }
 }
 
-fn run(seed: u64, met: &mut (u64, u64)) {
+fn run(seed: u64, met: &mut (u64, u64, u64)) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let devices: Vec<Arc<MemoryDevice>> = (0..6).map(|_| Arc::new(MemoryDevice::new(MEMBER_BYTES))).collect();
     let default = create(&devices, seed, None).logical_bytes();
@@ -230,6 +236,7 @@ fn run(seed: u64, met: &mut (u64, u64)) {
         let before = array.status().unwrap_or_else(|e| panic!("{context}: status: {e}"));
         met.0 += before.gc_rounds;
         met.1 += before.checkpoints_written;
+        met.2 += before.map_pages_evicted;
         // What the dead process still does reaches nothing.
         drop(array);
         // Odd rounds: kill -9 (what was written is in the page cache and
@@ -244,7 +251,7 @@ fn run(seed: u64, met: &mut (u64, u64)) {
             };
             d.crash(keep);
         }
-        array = tessera_array::open_with(open_list(&devices, &[]), engine())
+        array = tessera_array::open_with(open_list(&devices, &[]), engine(seed))
             .unwrap_or_else(|e| panic!("{context}: reopening: {e}"));
         let status = array.status().unwrap_or_else(|e| panic!("{context}: status: {e}"));
         for client in &mut clients {
@@ -265,10 +272,13 @@ fn run(seed: u64, met: &mut (u64, u64)) {
 #[test]
 fn nothing_flushed_is_lost_when_killed_under_collection() {
     // (garbage collection rounds, checkpoints written)
-    let mut met = (0, 0);
+    let mut met = (0, 0, 0);
     for seed in common::seeds("TESSERA_CRASH_SEEDS", SEEDS_DEFAULT) {
         run(seed, &mut met);
     }
-    eprintln!("garbage collection rounds, checkpoints: {met:?}");
-    assert!(met.0 > 0 && met.1 > 0, "no collection or no checkpoint: {met:?}");
+    eprintln!("garbage collection rounds, checkpoints, map pages evicted: {met:?}");
+    assert!(
+        met.0 > 0 && met.1 > 0 && met.2 > 0,
+        "no collection, no checkpoint or no page evicted: {met:?}"
+    );
 }

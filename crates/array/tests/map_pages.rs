@@ -2,16 +2,18 @@
 //! one; map stripes left mostly dead are rewritten and freed; the images
 //! come back exactly when the array opens (after a clean stop and after
 //! kill -9), and an image corrupted on M members is repaired from the
-//! other chunks, by opening and by scrub.
+//! other chunks, by a read and by scrub. A map eight times its cache
+//! reads back exactly, its pages evicted and read again, and the array
+//! opens without reading them.
 
 mod common;
-use common::{create_options, kill_and_reopen, named, open_list};
+use common::{create_options, kill_and_reopen, kill_and_reopen_with, named, open_list};
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tessera_array::device::{Device, MemoryDevice};
 use tessera_array::format::{meta_stripe_bytes, Checkpoint, Geometry, Superblock, SECTOR_BYTES};
-use tessera_array::Array;
+use tessera_array::{Array, EngineOptions};
 
 const BLOCK: u64 = 4096;
 /// Blocks of a map page.
@@ -125,13 +127,20 @@ fn a_checkpoint_writes_only_the_pages_that_changed() {
 
     // Back after a clean stop, and after kill -9 (the writes since the
     // last checkpoint replayed over its pages).
-    let mappings = array.status().unwrap().map_mappings;
+    let (mappings, pages) = {
+        let s = array.status().unwrap();
+        (s.map_mappings, s.map_pages + s.map_pages_on_members)
+    };
     drop(array);
     let array = tessera_array::open(open_list(&devices, &[])).unwrap();
     let s = array.status().unwrap();
     assert!(s.recovery.checkpoint_error.is_none(), "{:?}", s.recovery);
-    assert_eq!((s.map_mappings, s.map_dirty_pages), (mappings, 0));
+    // Opened without reading a page: each is read when first looked at.
+    assert_eq!((s.map_pages, s.map_pages_on_members), (0, pages));
     verify(&array, &model);
+    let s = array.status().unwrap();
+    assert_eq!((s.map_mappings, s.map_pages, s.map_dirty_pages), (mappings, pages, 0));
+    assert_eq!(s.map_page_misses, pages);
     write_random(&array, &mut model, &mut rng, 2_000, 1024);
     array.flush().unwrap();
     let array = kill_and_reopen(&devices, array);
@@ -232,7 +241,7 @@ fn corrupt(devices: &[Arc<MemoryDevice>], g: &Geometry, slot: u64, j: usize) {
 }
 
 #[test]
-fn a_map_stripe_corrupt_on_m_members_is_repaired_by_opening_and_by_scrub() {
+fn a_map_stripe_corrupt_on_m_members_is_repaired_by_a_read_and_by_scrub() {
     let devices: Vec<_> = (0..6).map(|_| Arc::new(MemoryDevice::new(64 << 20))).collect();
     let array = tessera_array::create(named(&devices), &create_options(4, 2)).unwrap();
     let g = array.geometry().clone();
@@ -249,16 +258,19 @@ fn a_map_stripe_corrupt_on_m_members_is_repaired_by_opening_and_by_scrub() {
     let array = tessera_array::open(open_list(&devices, &[])).unwrap();
     let recovery = array.status().unwrap().recovery;
     assert!(recovery.checkpoint_error.is_none(), "{recovery:?}");
-    assert!(recovery.chunks_repaired >= 2, "{recovery:?}");
     assert!(
         recovery.slots_scanned < g.slot_count(),
         "from the checkpoint, not a scan"
     );
+    // The pages are read when looked at: the bad stripe is rebuilt then,
+    // and its chunks rewritten.
     verify(&array, &model);
+    assert!(array.status().unwrap().chunks_repaired >= 2);
     drop(array);
-    // Repaired on the members: the next opening finds nothing wrong.
+    // Repaired on the members: reading every page again finds nothing wrong.
     let array = tessera_array::open(open_list(&devices, &[])).unwrap();
-    assert_eq!(array.status().unwrap().recovery.chunks_repaired, 0);
+    verify(&array, &model);
+    assert_eq!(array.status().unwrap().chunks_repaired, 0);
     // Corrupted while the array is open: scrub finds and repairs it.
     let stripes = map_stripes(&devices);
     corrupt(&devices, &g, stripes[0], 2);
@@ -270,6 +282,62 @@ fn a_map_stripe_corrupt_on_m_members_is_repaired_by_opening_and_by_scrub() {
     );
     drop(array);
     let array = tessera_array::open(open_list(&devices, &[])).unwrap();
-    assert_eq!(array.status().unwrap().recovery.chunks_repaired, 0);
     verify(&array, &model);
+    assert_eq!(array.status().unwrap().chunks_repaired, 0);
+}
+
+/// A map about eight times the cache: after a checkpoint the cache holds
+/// at most its size; every block reads back (pages evicted and read
+/// again); writes that dirty more than the cache make the background
+/// write them so they can go; after a clean stop and after kill -9 the
+/// array opens without reading a page it does not need, and reads back
+/// exactly.
+#[test]
+fn a_map_eight_times_its_cache_reads_back_exactly() {
+    let cache = 96 << 10;
+    let engine = || EngineOptions {
+        map_cache_bytes: cache,
+        ..EngineOptions::default()
+    };
+    let devices: Vec<_> = (0..6).map(|_| Arc::new(MemoryDevice::new(64 << 20))).collect();
+    let array = tessera_array::create_with(named(&devices), &create_options(4, 2), engine()).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let mut model = BTreeMap::new();
+    write_random(&array, &mut model, &mut rng, 20_000, 64);
+    array.checkpoint().unwrap();
+    let s = array.status().unwrap();
+    let map = s.map_mappings * 44;
+    assert!(s.map_bytes <= cache as u64, "{} bytes of pages kept", s.map_bytes);
+    assert!(s.map_bytes_on_members > 0 && s.map_pages_on_members > 0, "{s:?}");
+    verify(&array, &model);
+    let s = array.status().unwrap();
+    assert!(s.map_bytes <= cache as u64, "{} bytes of pages kept", s.map_bytes);
+    assert!(s.map_page_misses > s.map_pages + s.map_pages_on_members, "{s:?}");
+    // The whole map, counted once the check brings every page in.
+    array.check().unwrap();
+    let whole = array.status().unwrap().map_bytes;
+    assert!(
+        whole >= 6 * cache as u64,
+        "the map ({whole} bytes, {map} in entries) is not much larger than its cache"
+    );
+    // More random writes than the cache holds dirty: the background
+    // writes the pages, and they go.
+    write_random(&array, &mut model, &mut rng, 20_000, 64);
+    array.flush().unwrap();
+    verify(&array, &model);
+    drop(array);
+    let array = tessera_array::open_with(open_list(&devices, &[]), engine()).unwrap();
+    let s = array.status().unwrap();
+    assert!(s.recovery.checkpoint_error.is_none(), "{:?}", s.recovery);
+    assert!(s.map_bytes <= cache as u64 + (64 << 10), "{s:?}");
+    verify(&array, &model);
+    array.check().unwrap();
+    write_random(&array, &mut model, &mut rng, 5_000, 64);
+    array.flush().unwrap();
+    let array = kill_and_reopen_with(&devices, array, engine());
+    let s = array.status().unwrap();
+    assert!(s.recovery.checkpoint_error.is_none(), "{:?}", s.recovery);
+    verify(&array, &model);
+    array.check().unwrap();
+    assert!(array.status().unwrap().map_pages_evicted > 0);
 }

@@ -25,10 +25,10 @@ const SEEDS_DEFAULT: std::ops::Range<u64> = 0..6;
 
 /// Opens the array; a member whose superblocks both fell to the faults is
 /// left out (it is one of the M faulty ones), as an operator would.
-fn open(devices: &[Arc<MemoryDevice>], seed: u64) -> Array {
+fn open(devices: &[Arc<MemoryDevice>], seed: u64, engine: &EngineOptions) -> Array {
     let mut skip: Vec<usize> = Vec::new();
     for _ in 0..=devices.len() {
-        match tessera_array::open_with(open_list(devices, &skip), EngineOptions::default()) {
+        match tessera_array::open_with(open_list(devices, &skip), engine.clone()) {
             Ok(array) => return array,
             Err(ArrayError::NotAMember { name, .. }) => skip.push(name[1..].parse().expect("m<index>")),
             Err(error) => panic!("seed {seed}: reopening: {error}"),
@@ -108,6 +108,8 @@ struct Met {
     checksum_errors: u64,
     reconstructed_reads: u64,
     members_failed: u64,
+    pages_evicted: u64,
+    page_misses: u64,
 }
 
 fn run(seed: u64, met: &mut Met) {
@@ -128,11 +130,18 @@ fn run(seed: u64, met: &mut Met) {
     };
     // One to four user stripes open at once (small arrays get one by
     // default): writers of the four threads fill different ones.
+    // Half the seeds with a map cache of one byte: every page not pinned
+    // is evicted at every load and after every checkpoint, and read back
+    // from its map stripe when next looked at.
     let engine = EngineOptions {
         user_lanes: Some(rng.gen_range(1..=4)),
+        map_cache_bytes: match seed % 2 {
+            1 => 1,
+            _ => EngineOptions::default().map_cache_bytes,
+        },
         ..EngineOptions::default()
     };
-    let array = tessera_array::create_with(named(&devices), &options, engine)
+    let array = tessera_array::create_with(named(&devices), &options, engine.clone())
         .unwrap_or_else(|e| panic!("seed {seed}: create: {e}"));
     // Members 0 and 1 turn faulty; all of them are slow at random.
     for (i, device) in devices.iter().enumerate() {
@@ -184,8 +193,10 @@ fn run(seed: u64, met: &mut Met) {
     met.checksum_errors += status.checksum_errors;
     met.reconstructed_reads += status.reconstructed_reads;
     met.members_failed += status.members_unavailable as u64;
+    met.pages_evicted += status.map_pages_evicted;
+    met.page_misses += status.map_page_misses;
     drop(array);
-    let array = open(&devices, seed);
+    let array = open(&devices, seed, &engine);
     array
         .check()
         .unwrap_or_else(|e| panic!("seed {seed}: invariant after reopening: {e}"));
@@ -202,5 +213,9 @@ fn concurrent_clients_on_faulty_members_match_the_model() {
     assert!(
         met.gc_rounds > 0 && met.checksum_errors > 0 && met.reconstructed_reads > 0 && met.members_failed > 0,
         "the faults or the collection never happened: {met:?}"
+    );
+    assert!(
+        met.pages_evicted > 0 && met.page_misses > 0,
+        "no map page was evicted and read back: {met:?}"
     );
 }

@@ -489,6 +489,8 @@ pub struct Serve {
     pub socket_mode: u32,
     pub accel: tessera_accel::Kind,
     pub reconstruct_cache_bytes: usize,
+    /// Bytes of map pages kept in memory (`serve --map-cache`).
+    pub map_cache_bytes: usize,
     pub member_errors_max: u64,
     /// Where to serve Prometheus metrics (`serve --metrics`).
     pub metrics: Option<String>,
@@ -548,6 +550,7 @@ pub fn serve(mut s: Serve) -> Result<()> {
     let engine = EngineOptions {
         accel: Some(tessera_accel::select(s.accel)?),
         reconstruct_cache_bytes: s.reconstruct_cache_bytes,
+        map_cache_bytes: s.map_cache_bytes,
         member_errors_max: s.member_errors_max,
         discard_missing_log: s.discard_missing_log,
         ignore_activity: s.ignore_activity,
@@ -1052,7 +1055,18 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
     let r_n = |key: &str| r[key].as_u64().unwrap_or(0);
     let sequence = |value: &serde_json::Value| value.as_u64().map_or("none".to_string(), |s| s.to_string());
     println!(
-        "metadata: map of {} mappings in {} pages ({} changed since the checkpoint), {} of memory; checkpoint at sequence {}, its page images in {} map stripes ({} written since start, {} of them a root alone, {} forced for room, {} dropped, {} of checkpoint stripes written); opening took {} ms from checkpoint {}, {} slots scanned, {} stripes replayed, {} torn stripes dropped, {} chunks repaired",
+        "map cache: {} of {} used by {} pages in memory, {} pages ({}) only on the members; {} lookups found their pages, {} pages read in, {} evicted",
+        human(n("map_bytes")),
+        human(n("map_cache_bytes")),
+        n("map_pages"),
+        n("map_pages_on_members"),
+        human(n("map_bytes_on_members")),
+        n("map_page_hits"),
+        n("map_page_misses"),
+        n("map_pages_evicted")
+    );
+    println!(
+        "metadata: map of {} mappings in {} pages in memory ({} changed since the checkpoint), {} of memory; checkpoint at sequence {}, its page images in {} map stripes ({} written since start, {} of them a root alone, {} forced for room, {} dropped, {} of checkpoint stripes written); opening took {} ms from checkpoint {}, {} slots scanned, {} stripes replayed, {} torn stripes dropped, {} chunks repaired",
         n("map_mappings"),
         n("map_pages"),
         n("map_dirty_pages"),

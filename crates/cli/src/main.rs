@@ -145,6 +145,11 @@ enum Command {
         /// Bytes of rebuilt stripes kept for degraded reads (at least 64 stripes).
         #[arg(long, value_parser = size::parse, default_value = "256M")]
         reconstruct_cache: u64,
+        /// Bytes of map pages kept in memory; the rest stay on the
+        /// members and are read when needed. Pages changed since the last
+        /// checkpoint stay too, until it writes them.
+        #[arg(long, value_parser = size::parse, default_value = "512M")]
+        map_cache: u64,
         /// NBD connections served at once; more are closed at once.
         #[arg(long, default_value_t = 64)]
         max_connections: usize,
@@ -586,6 +591,7 @@ fn main() -> Result<()> {
             socket_mode,
             accel,
             reconstruct_cache,
+            map_cache,
             max_connections,
             max_bytes_in_flight,
             workers,
@@ -610,6 +616,7 @@ fn main() -> Result<()> {
                 socket_mode,
                 accel,
                 reconstruct_cache_bytes: usize::try_from(reconstruct_cache)?,
+                map_cache_bytes: usize::try_from(map_cache)?,
                 member_errors_max,
                 metrics,
                 discard_missing_log,

@@ -169,7 +169,7 @@ impl Metrics {
         let map = Family::<KindLabels, Gauge>::default();
         registry.register(
             "map",
-            "The map: mappings held in memory and the bytes they take, pages held and changed since the checkpoint, map stripes holding the checkpoint's page images",
+            "The map: mappings held in memory and the bytes they take, pages held and changed since the checkpoint, map stripes holding the checkpoint's page images; the map cache's size, pages only on the members and their bytes, lookups that found their pages, pages read in and evicted",
             map.clone(),
         );
         let scrub = Family::<KindLabels, Gauge>::default();
@@ -277,6 +277,12 @@ impl Metrics {
         gauge(&self.map, "pages", s.map_pages);
         gauge(&self.map, "dirty_pages", s.map_dirty_pages);
         gauge(&self.map, "stripes", s.map_stripes);
+        gauge(&self.map, "cache_bytes", s.map_cache_bytes);
+        gauge(&self.map, "pages_on_members", s.map_pages_on_members);
+        gauge(&self.map, "bytes_on_members", s.map_bytes_on_members);
+        gauge(&self.map, "page_hits", s.map_page_hits);
+        gauge(&self.map, "page_misses", s.map_page_misses);
+        gauge(&self.map, "pages_evicted", s.map_pages_evicted);
         self.scrub.clear();
         if let Some(scrub) = &s.scrub {
             gauge(&self.scrub, "total", scrub.stripes_total);

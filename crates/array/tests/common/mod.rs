@@ -28,6 +28,15 @@ pub fn open_list(devices: &[Arc<MemoryDevice>], missing: &[usize]) -> Vec<(Strin
 /// kill -9: the members stop taking writes at once; what they were given
 /// stays (the page cache), then the array opens again.
 pub fn kill_and_reopen(devices: &[Arc<MemoryDevice>], array: tessera_array::Array) -> tessera_array::Array {
+    kill_and_reopen_with(devices, array, tessera_array::EngineOptions::default())
+}
+
+/// `kill_and_reopen`, opening with `engine`.
+pub fn kill_and_reopen_with(
+    devices: &[Arc<MemoryDevice>],
+    array: tessera_array::Array,
+    engine: tessera_array::EngineOptions,
+) -> tessera_array::Array {
     let dead = Arc::new(AtomicBool::new(true));
     for d in devices {
         d.set_faults(Faults {
@@ -40,7 +49,7 @@ pub fn kill_and_reopen(devices: &[Arc<MemoryDevice>], array: tessera_array::Arra
         d.set_faults(Faults::default());
         d.crash(d.pending_writes());
     }
-    tessera_array::open(open_list(devices, &[])).unwrap()
+    tessera_array::open_with(open_list(devices, &[]), engine).unwrap()
 }
 
 /// Every chunk header on `devices` that decodes: (member, offset, header).

@@ -1,0 +1,313 @@
+//! The map's pages in and out of memory: a page held only as its durable
+//! image (evicted, or not looked at since the array opened) is read from
+//! its map stripe when a request needs it, outside every lock; pages a
+//! write or a collection will change are pinned from before it looks at
+//! them until it has changed them; past the cache's size, clean pages
+//! are evicted, least recently looked at first.
+//!
+//! # Guarantees
+//!
+//! - A page is evicted only while it is as its durable image says (the
+//!   map drops a page's image when it changes), never while pinned, and
+//!   never while a checkpoint still has to copy it.
+//! - A page is installed only if its image is still the one it was read
+//!   from (a checkpoint may have moved it meanwhile) and checks: its
+//!   digest (a stripe that fails it is rebuilt and repaired, as data is),
+//!   every field, every slot it points into sealed.
+//! - No lock is held while an image is read: the map stripes a load
+//!   reads are pinned (as a reader pins data stripes), so none is
+//!   rewritten under it.
+//! - Records of a volume deleted after the page's image was written are
+//!   dropped as the page is installed, and the slot table told.
+
+use crate::engine::{Index, Shared};
+use crate::format::PageImage;
+use crate::map::{LoadedPage, Map};
+use crate::slots::{Pinned, SlotState};
+use crate::status::Counters;
+use crate::ArrayError;
+use std::sync::Arc;
+
+/// Pages pinned in memory for as long as this lives.
+pub(crate) struct PagePins<'a> {
+    shared: &'a Shared,
+    pages: Vec<u64>,
+}
+
+impl Drop for PagePins<'_> {
+    fn drop(&mut self) {
+        let mut pins = self.shared.page_pins.lock().unwrap_or_else(|p| p.into_inner());
+        for page in &self.pages {
+            let count = pins.get_mut(page).expect("a pinned page is counted");
+            *count -= 1;
+            if *count == 0 {
+                pins.remove(page);
+            }
+        }
+    }
+}
+
+impl Shared {
+    /// Runs `f` under the index's lock once every page holding keys of
+    /// `ranges` is in memory (under the write side if it had to load
+    /// some, so that none is evicted before `f` has looked).
+    pub(crate) fn with_pages<R>(&self, ranges: &[(u64, u64)], f: impl FnOnce(&Index) -> R) -> Result<R, ArrayError> {
+        let f = std::cell::Cell::new(Some(f));
+        let run = |index: &Index| f.take().expect("called once")(index);
+        self.resident_then(ranges, &run)
+    }
+
+    /// `then` under the index's lock once every page of `ranges` is in
+    /// memory: under the read side if they all were, else under the
+    /// write side that installed the last of them.
+    fn resident_then<R>(&self, ranges: &[(u64, u64)], then: &dyn Fn(&Index) -> R) -> Result<R, ArrayError> {
+        loop {
+            let missing = {
+                let index = self.index();
+                let missing = missing(&index.map, ranges);
+                if missing.is_empty() {
+                    Counters::add(&self.counters.map_page_hits, 1);
+                    return Ok(then(&index));
+                }
+                missing
+            };
+            let mut done = None;
+            self.bring_in(missing, ranges, &mut |index| done = Some(then(index)))?;
+            if let Some(done) = done {
+                return Ok(done);
+            }
+        }
+    }
+
+    /// Pins every page holding keys of `ranges` in memory (loading those
+    /// that are not) until the pins are dropped.
+    pub(crate) fn pin_pages(&self, ranges: &[(u64, u64)]) -> Result<PagePins<'_>, ArrayError> {
+        self.resident_then(ranges, &|index| self.pin(index, ranges))
+    }
+
+    /// Pins the pages of `ranges` (all in memory, the index's lock held).
+    fn pin(&self, index: &Index, ranges: &[(u64, u64)]) -> PagePins<'_> {
+        // Every page number of a range of a few pages (one that does not
+        // exist yet may be made, written and evicted by others before
+        // this maps into it); of a longer one (a TRIM of a whole device),
+        // the pages that exist.
+        let pages: Vec<u64> = ranges
+            .iter()
+            .flat_map(|&(lba, end)| -> Box<dyn Iterator<Item = u64> + '_> {
+                let (first, last) = (lba / PAGE, end.saturating_sub(1) / PAGE);
+                match end > lba && last - first < PINNED_PAGES_PER_RANGE_MAX {
+                    true => Box::new(first..=last),
+                    false => Box::new(index.map.resident_in(lba, end)),
+                }
+            })
+            .collect();
+        let mut pins = self.page_pins.lock().unwrap_or_else(|p| p.into_inner());
+        for &page in &pages {
+            *pins.entry(page).or_default() += 1;
+        }
+        PagePins { shared: self, pages }
+    }
+
+    /// Runs `check` under the index's lock with every page in memory,
+    /// whatever the cache's size (the engine's check, which compares the
+    /// whole map with the slot table).
+    pub(crate) fn with_every_page<R>(&self, check: impl FnOnce(&Index) -> R) -> Result<R, ArrayError> {
+        // Background checkpoints may evict between loading and looking:
+        // looked at again, a few times at most while clients are quiet.
+        for _ in 0..64 {
+            let missing = self.index().map.all_missing();
+            if missing.is_empty() {
+                let index = self.index();
+                if index.map.evicted_count() == 0 {
+                    return Ok(check(&index));
+                }
+                continue;
+            }
+            for batch in missing.chunks(64) {
+                self.install_pages(batch.to_vec())?;
+            }
+        }
+        Err(ArrayError::MapPage {
+            page: 0,
+            source: crate::format::FormatError::Field {
+                what: "map",
+                field: "evicted while checked",
+                value: 0,
+            },
+        })
+    }
+
+    /// Reads, checks and installs the pages `missing` names; then, under
+    /// the same hold of the index's write lock, runs `then` if every page
+    /// of `ranges` is in memory; then evicts what the cache has no room
+    /// for.
+    fn bring_in(
+        &self,
+        missing: Vec<(u64, Arc<PageImage>)>,
+        ranges: &[(u64, u64)],
+        then: &mut dyn FnMut(&Index),
+    ) -> Result<(), ArrayError> {
+        let loaded = self.read_pages(missing)?;
+        let mut index = self.index_mut();
+        self.install_loaded(&mut index, loaded)?;
+        if self::missing(&index.map, ranges).is_empty() {
+            then(&index);
+        }
+        self.evict_pages(&mut index);
+        Ok(())
+    }
+
+    /// Brings the pages `missing` names in, evicting none.
+    pub(crate) fn install_pages(&self, missing: Vec<(u64, Arc<PageImage>)>) -> Result<(), ArrayError> {
+        let loaded = self.read_pages(missing)?;
+        self.install_loaded(&mut self.index_mut(), loaded)
+    }
+
+    /// Evicts clean pages, none pinned, past the cache's size.
+    pub(crate) fn evict_pages(&self, index: &mut Index) {
+        let pins = self.page_pins.lock().unwrap_or_else(|p| p.into_inner());
+        let evicted = index
+            .map
+            .evict(self.options.map_cache_bytes, &|page| pins.contains_key(&page));
+        Counters::add(&self.counters.map_pages_evicted, evicted as u64);
+    }
+
+    /// Whether the pages changed since the last checkpoint fill more than
+    /// half the cache: only a checkpoint that writes them lets them go.
+    pub(crate) fn dirty_pages_over_cache(&self) -> bool {
+        let index = self.index();
+        let map = &index.map;
+        let per_page = map.bytes() / map.page_count().max(1);
+        map.bytes() > self.options.map_cache_bytes && map.dirty_count() * per_page > self.options.map_cache_bytes / 2
+    }
+
+    /// The pages `missing` names, read from their map stripes (pinned
+    /// meanwhile) and decoded, outside every lock; those a checkpoint
+    /// moved meanwhile are left out (the caller looks again).
+    fn read_pages(&self, missing: Vec<(u64, Arc<PageImage>)>) -> Result<Vec<(LoadedPage, Arc<PageImage>)>, ArrayError> {
+        let g = &self.geometry;
+        let mut pinned = Pinned::new(&self.pins);
+        {
+            let _index = self.index();
+            for (_, image) in &missing {
+                for piece in &image.pieces {
+                    pinned.add(piece.slot);
+                }
+            }
+        }
+        let mut loaded = Vec::with_capacity(missing.len());
+        for (page, image) in missing {
+            let stored = match self.read_page_image(page, &image) {
+                Ok(stored) => stored,
+                Err(_) if !self.still_held_as(page, &image) => continue,
+                Err(error) => return Err(error),
+            };
+            let bad = |source| ArrayError::MapPage { page, source };
+            let raw = crate::format::load_page_image(&stored).map_err(bad)?;
+            let body = Map::decode_image(&raw, g).map_err(bad)?;
+            if body.page() != page {
+                return Err(bad(crate::format::FormatError::Field {
+                    what: "map page",
+                    field: "page",
+                    value: body.page(),
+                }));
+            }
+            loaded.push((body, image));
+        }
+        Ok(loaded)
+    }
+
+    /// Installs pages read (those still held as the images they were
+    /// read from), dropping the records of volumes deleted since.
+    fn install_loaded(&self, index: &mut Index, loaded: Vec<(LoadedPage, Arc<PageImage>)>) -> Result<(), ArrayError> {
+        for (body, image) in loaded {
+            let page = body.page();
+            let slots = &index.slots;
+            let installed = index
+                .map
+                .install(body, &image, &|slot| slots.get(slot).state == SlotState::Sealed)
+                .map_err(|source| ArrayError::MapPage { page, source })?;
+            if !installed {
+                continue;
+            }
+            Counters::add(&self.counters.map_page_misses, 1);
+            let (base, end) = (page * PAGE, (page + 1) * PAGE);
+            let refused: Vec<u64> = index
+                .map
+                .overlapping(base, end)
+                .locations()
+                .filter(|(lba, at)| !index.volumes.admits(*lba, at.version))
+                .map(|(lba, _)| lba)
+                .collect();
+            for lba in refused {
+                let lost = index.map.remove_from(lba, lba + 1);
+                let emptied = index.slots.account(&lost);
+                let after = index.last_sealed;
+                for slot in emptied {
+                    crate::write::drain_emptied(index, slot, after);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether page `page` is still held only as `image`.
+    fn still_held_as(&self, page: u64, image: &Arc<PageImage>) -> bool {
+        let index = self.index();
+        let held = index.map.missing(page * PAGE, page * PAGE + 1);
+        held.iter().any(|(_, held)| Arc::ptr_eq(held, image))
+    }
+
+    /// A page's stored image, as its digest says it is: read from its
+    /// map stripes' data chunks, or, if that fails, from the stripes
+    /// rebuilt and checked chunk by chunk (their bad chunks rewritten).
+    pub(crate) fn read_page_image(&self, page: u64, image: &PageImage) -> Result<Vec<u8>, ArrayError> {
+        let algorithm = self.geometry.checksum;
+        let mut bytes = vec![0u8; image.bytes as usize];
+        let mut at = 0;
+        let direct = image.pieces.iter().all(|piece| {
+            let len = piece.bytes as usize;
+            let ok = self.read_area_into(piece.slot, piece.offset as usize, &mut bytes[at..at + len]);
+            at += len;
+            ok
+        });
+        if direct && algorithm.digest(&bytes) == image.digest {
+            return Ok(bytes);
+        }
+        let mut at = 0;
+        let mut rebuilt = std::collections::HashSet::new();
+        for piece in &image.pieces {
+            let len = piece.bytes as usize;
+            let sequence = self.index().slots.get(piece.slot).sequence;
+            let stripe = self.rebuild_stripe(piece.slot, sequence, true)?;
+            let from = piece.offset as usize;
+            bytes[at..at + len].copy_from_slice(&stripe.area[from..from + len]);
+            if rebuilt.insert(piece.slot) {
+                self.repair(piece.slot, &stripe);
+            }
+            at += len;
+        }
+        if algorithm.digest(&bytes) != image.digest {
+            return Err(ArrayError::MapPage {
+                page,
+                source: crate::format::FormatError::Crc { what: "map page image" },
+            });
+        }
+        Ok(bytes)
+    }
+}
+
+const PAGE: u64 = crate::limits::MAP_PAGE_BLOCKS;
+/// Past this many pages, a range pins only the pages that exist.
+const PINNED_PAGES_PER_RANGE_MAX: u64 = 4096;
+
+/// The pages of `ranges` held only as their image.
+fn missing(map: &Map, ranges: &[(u64, u64)]) -> Vec<(u64, Arc<PageImage>)> {
+    if map.evicted_count() == 0 {
+        return Vec::new();
+    }
+    let mut missing: Vec<(u64, Arc<PageImage>)> = ranges.iter().flat_map(|&(lba, end)| map.missing(lba, end)).collect();
+    missing.sort_unstable_by_key(|(page, _)| *page);
+    missing.dedup_by_key(|(page, _)| *page);
+    missing
+}
