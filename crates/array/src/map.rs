@@ -44,6 +44,12 @@
 //! apart by (slot, offset, version): a slot is rewritten only once nothing
 //! maps into it.
 //!
+//! A page is resident, or held only as its durable image (evicted, or
+//! not read since opening: `crate::pages` reads it back when a request
+//! needs it). A resident page keeps its image while it is unchanged; a
+//! change drops it, so only a page that is as its image says is evicted.
+//! Changing a page that is not resident is a bug the map panics on.
+//!
 //! What this costs beyond a `BTreeMap` of ranges: a range of zeros is an
 //! entry in every page it covers, so zeros are recorded only over runs
 //! of blocks written before (`Shared::drop_needless_zeros`: a 4 TiB
