@@ -105,13 +105,13 @@ pub(crate) struct SincePages {
 /// What a checkpoint takes under one hold of the index (step 1): its
 /// window, the dirty pages (whose images the map keeps as they are
 /// now), the clean pages whose images move out of sparse map stripes,
-/// and the next write version and the slot table's counts as of then.
+/// and the next write version and the slot table's counts as of then
+/// (`None` for a root alone, which names the last pages' again).
 struct Taken {
     window: BTreeSet<u64>,
     dirty: BTreeSet<u64>,
     moved: BTreeSet<u64>,
-    next_version: u64,
-    counts: MapCounts,
+    as_of: Option<(u64, MapCounts)>,
 }
 
 /// The pages' images, copied (step 2) and compressed as stored: their
@@ -122,19 +122,15 @@ struct Copied {
     pages: Vec<(u64, Option<Range<usize>>)>,
 }
 
-/// What a durable checkpoint left to do: the root's slots, where the
-/// images are now, and the map stripes no image is in any more.
+/// What a durable checkpoint left to do: the root written (where the
+/// images are now, its live stripes and counts) and its slots, and the
+/// map stripes no image is in any more.
 struct Written {
+    root: Checkpoint,
     root_slots: Vec<u64>,
-    images: MapImages,
     emptied: Vec<u64>,
     /// The slots its window names (where stripes newer than its sequence may be).
     replay: BTreeSet<u64>,
-    /// Its live stripes.
-    stripes: Vec<(u64, u64)>,
-    /// Its next write version and counts.
-    next_version: u64,
-    counts: MapCounts,
 }
 
 impl Shared {
@@ -246,8 +242,7 @@ impl Shared {
             mut window,
             dirty,
             moved,
-            next_version,
-            counts,
+            as_of,
         } = taken;
         let give_back = |error: ArrayError| {
             self.end_restriction();
@@ -278,19 +273,16 @@ impl Shared {
             .filter(|(_, s)| matches!(s.state, SlotState::Sealed | SlotState::Draining))
             .map(|(slot, s)| (slot, s.sequence))
             .collect();
-        let (sequence, replay, next_version, counts) = match durable.since.as_ref().filter(|_| root_only) {
-            Some(since) => {
+        let (sequence, replay, (next_version, counts)) = match (as_of, durable.since.as_ref()) {
+            (Some(as_of), _) => (start, BTreeSet::new(), as_of),
+            (None, Some(since)) => {
                 for &(slot, sequence) in &since.stripes {
                     stripes.entry(slot).or_insert(sequence);
                 }
-                (
-                    since.sequence,
-                    since.replay.clone(),
-                    since.next_version,
-                    since.counts.clone(),
-                )
+                let as_of = (since.next_version, since.counts.clone());
+                (since.sequence, since.replay.clone(), as_of)
             }
-            None => (start, BTreeSet::new(), next_version, counts),
+            (None, None) => unreachable!("a root alone names pages written before"),
         };
         let checkpoint = Checkpoint {
             sequence,
@@ -310,15 +302,16 @@ impl Shared {
                 for slot in old.into_iter().chain(written.emptied) {
                     index.slots.free(slot);
                 }
-                index.map_stripes = written.images.stripes.len();
+                let root = written.root;
+                index.map_stripes = root.images.stripes.len();
                 // The pages written are as their new images say, unless
                 // they changed since they were taken (dirty again).
                 for (page, _) in &copied.pages {
-                    index.map.set_image(*page, written.images.pages.get(page).cloned());
+                    index.map.set_image(*page, root.images.pages.get(page).cloned());
                 }
                 self.evict_pages(&mut index);
                 drop(index);
-                durable.images = written.images;
+                durable.images = root.images;
                 match durable.since.as_mut().filter(|_| root_only) {
                     Some(since) => {
                         since.replay = written.replay;
@@ -327,10 +320,10 @@ impl Shared {
                     }
                     None => {
                         durable.since = Some(SincePages {
-                            sequence: start,
-                            next_version: written.next_version,
-                            counts: written.counts,
-                            stripes: written.stripes,
+                            sequence: root.sequence,
+                            next_version: root.next_version,
+                            counts: root.counts,
+                            stripes: root.stripes,
                             replay: written.replay,
                             roots: 0,
                             user_bytes,
@@ -390,13 +383,10 @@ impl Shared {
         };
         // The dirty pages are copied as they are now, whatever changes
         // them before they are; the counts are what they add up to.
-        let (next_version, counts) = match pages {
-            true => {
-                index.map.begin_snapshot(&dirty);
-                (index.next_version, index.slots.counts())
-            }
-            false => (0, MapCounts::default()),
-        };
+        let as_of = pages.then(|| {
+            index.map.begin_snapshot(&dirty);
+            (index.next_version, index.slots.counts())
+        });
         // The map stripes this checkpoint empties.
         for image in dirty.iter().chain(&moved).filter_map(|page| images.pages.get(page)) {
             for piece in &image.pieces {
@@ -452,8 +442,7 @@ impl Shared {
             window,
             dirty,
             moved,
-            next_version,
-            counts,
+            as_of,
         }
     }
 
@@ -707,12 +696,9 @@ impl Shared {
         }
         Ok(Some(Written {
             root_slots: root.to_vec(),
-            images: checkpoint.images,
+            root: checkpoint,
             emptied,
             replay,
-            stripes: checkpoint.stripes,
-            next_version: checkpoint.next_version,
-            counts: checkpoint.counts,
         }))
     }
 

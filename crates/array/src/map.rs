@@ -934,40 +934,6 @@ impl Map {
         true
     }
 
-    /// Puts a page back from its image (opening from a checkpoint), every
-    /// field checked (`live`: whether a slot holds a stripe the map may
-    /// point into). The map must not hold that page yet. Returns the page
-    /// and what it maps, as gains, for the slot table; the page is clean.
-    pub fn load_page(
-        &mut self,
-        image: &[u8],
-        geometry: &Geometry,
-        live: &dyn Fn(u64) -> bool,
-    ) -> Result<(u64, Vec<Delta>), FormatError> {
-        let (p, mut page) = Page::decode(image, geometry, live)?;
-        if self.pages.contains_key(&p) {
-            return Err(FormatError::Field {
-                what: "map page",
-                field: "page",
-                value: p,
-            });
-        }
-        if page.words.len() > 2 * page.words_referred + 32 {
-            page.compact();
-        }
-        let base = p * MAP_PAGE_BLOCKS;
-        let gained = page.entries.iter().map(|e| e.delta(base, true)).collect();
-        self.len += page.entries.len();
-        self.bytes += page.bytes();
-        self.pages.insert(p, page);
-        Ok((p, gained))
-    }
-
-    /// Marks every page dirty (the durable images are gone).
-    pub fn mark_all_dirty(&mut self) {
-        self.dirty.extend(self.pages.keys().copied());
-    }
-
     /// Pages held only as their image (evicted, or not loaded since opening).
     pub fn evicted_count(&self) -> usize {
         self.evicted.len()
@@ -1081,19 +1047,18 @@ impl Map {
             return 0;
         }
         let target = limit - limit / 8;
-        let pending = self.snapshot.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        // A page with an image is clean, and no checkpoint still has to
+        // copy it: a change drops the image, and a checkpoint takes only
+        // changed pages (its `set_image` gives those theirs back).
         let mut candidates: Vec<(u64, u64)> = self
             .pages
             .iter()
-            .filter(|(p, page)| {
-                page.image.is_some()
-                    && !self.dirty.contains(p)
-                    && !pending.as_ref().is_some_and(|s| s.pending.contains(p))
-                    && !pinned(**p)
+            .filter(|(p, page)| page.image.is_some() && !pinned(**p))
+            .map(|(&p, page)| {
+                debug_assert!(!self.dirty.contains(&p), "page {p} dirty with an image");
+                (page.used.load(Ordering::Relaxed), p)
             })
-            .map(|(&p, page)| (page.used.load(Ordering::Relaxed), p))
             .collect();
-        *self.snapshot.get_mut().unwrap_or_else(|p| p.into_inner()) = pending;
         candidates.sort_unstable();
         let mut evicted = 0;
         for (_, p) in candidates {
@@ -1310,6 +1275,35 @@ mod tests {
         }
     }
 
+    /// A map holding the pages `images` are of, each installed as when
+    /// it is read back from the members (every field checked, `live`
+    /// for the slots it points into).
+    fn load(images: &[&[u8]], g: &Geometry, live: &dyn Fn(u64) -> bool) -> Result<Map, FormatError> {
+        let decoded = images
+            .iter()
+            .map(|image| Map::decode_image(image, g))
+            .collect::<Result<Vec<_>, _>>()?;
+        let held: BTreeMap<u64, Arc<PageImage>> = decoded
+            .iter()
+            .zip(images)
+            .map(|(page, image)| {
+                let image = PageImage {
+                    bytes: image.len() as u32,
+                    digest: Algorithm::Crc32c.digest(image),
+                    pieces: Vec::new(),
+                };
+                (page.page(), Arc::new(image))
+            })
+            .collect();
+        let mut map = Map::default();
+        map.open_from(&held);
+        for page in decoded {
+            let image = held[&page.page()].clone();
+            assert!(map.install(page, &image, live)?, "each page installed once");
+        }
+        Ok(map)
+    }
+
     /// (start, blocks, version, slot, skip) of every mapping.
     fn ranges(map: &Map) -> Vec<(u64, u32, u64, u64, u32)> {
         map.iter()
@@ -1426,7 +1420,7 @@ mod tests {
                 if seed % 5 == 0 {
                     bad.truncate(rng.gen_range(0..bad.len()));
                 }
-                let outcome = std::panic::catch_unwind(|| Map::default().load_page(&bad, &g, &|s| s < 9).is_ok());
+                let outcome = std::panic::catch_unwind(|| load(&[&bad], &g, &|s| s < 9).is_ok());
                 match outcome {
                     Ok(true) => accepted += 1,
                     Ok(false) => refused += 1,
@@ -1436,10 +1430,19 @@ mod tests {
             // Digest and CRC bytes may take any value: some changes pass.
             assert!(accepted > 0 && refused > 1000, "{accepted} accepted, {refused} refused");
             // A slot the caller says holds no live stripe is refused.
-            assert!(Map::default().load_page(&image, &g, &|s| s != 4).is_err());
+            assert!(load(&[&image], &g, &|s| s != 4).is_err());
+            // Installed once: a second copy read meanwhile is left out.
+            let held = Arc::new(PageImage {
+                bytes: image.len() as u32,
+                digest: Algorithm::Crc32c.digest(&image),
+                pieces: Vec::new(),
+            });
             let mut twice = Map::default();
-            twice.load_page(&image, &g, &|_| true).unwrap();
-            assert!(twice.load_page(&image, &g, &|_| true).is_err(), "a page loaded twice");
+            twice.open_from(&BTreeMap::from([(0, held.clone())]));
+            for installed in [true, false] {
+                let page = Map::decode_image(&image, &g).unwrap();
+                assert_eq!(twice.install(page, &held, &|_| true), Ok(installed));
+            }
         }
     }
 
@@ -1569,6 +1572,35 @@ mod tests {
                             false => images.remove(&p),
                         };
                     }
+                    // Clean now: each page gets its image, and sometimes
+                    // every page not pinned is evicted and read back.
+                    let held: BTreeMap<u64, Arc<PageImage>> = images
+                        .iter()
+                        .map(|(&p, image)| {
+                            let image = PageImage {
+                                bytes: image.len() as u32,
+                                digest: Algorithm::Crc32c.digest(image),
+                                pieces: Vec::new(),
+                            };
+                            (p, Arc::new(image))
+                        })
+                        .collect();
+                    for (&p, image) in &held {
+                        map.set_image(p, Some(image.clone()));
+                    }
+                    if op % 9 == 8 {
+                        let before = ranges(&map);
+                        let pinned = |p: u64| p.is_multiple_of(3);
+                        let evicted = map.evict(0, &pinned);
+                        let expected = held.keys().filter(|&&p| !pinned(p)).count();
+                        assert_eq!(evicted, expected, "seed {seed} op {op}: evicted");
+                        assert_eq!(map.page_count(), held.len() - expected, "seed {seed} op {op}");
+                        for (p, image) in map.all_missing() {
+                            let page = Map::decode_image(&images[&p], &image_geometry(algorithm)).unwrap();
+                            assert_eq!(map.install(page, &image, &|_| true), Ok(true));
+                        }
+                        assert_eq!(ranges(&map), before, "seed {seed} op {op}: read back");
+                    }
                 }
                 if op % 50 != 49 {
                     continue;
@@ -1616,14 +1648,14 @@ mod tests {
                 let spans: Vec<u64> = map.overlapping(from, to).spans().map(|(s, _)| s).collect();
                 assert_eq!(spans, pieces, "seed {seed} op {op}: spans({from}, {to})");
                 // The pages' images load back into the same map.
-                let mut loaded = Map::default();
-                for p in 0..span.div_ceil(MAP_PAGE_BLOCKS) {
-                    let mut image = Vec::new();
-                    if map.encode_page(p, &mut image) {
-                        let (got, _) = loaded.load_page(&image, &image_geometry(algorithm), &|_| true).unwrap();
-                        assert_eq!(got, p);
-                    }
-                }
+                let images: Vec<Vec<u8>> = (0..span.div_ceil(MAP_PAGE_BLOCKS))
+                    .filter_map(|p| {
+                        let mut image = Vec::new();
+                        map.encode_page(p, &mut image).then_some(image)
+                    })
+                    .collect();
+                let images: Vec<&[u8]> = images.iter().map(Vec::as_slice).collect();
+                let loaded = load(&images, &image_geometry(algorithm), &|_| true).unwrap();
                 assert_eq!(ranges(&loaded), ranges(&map), "seed {seed} op {op}");
                 let targets = |m: &Map| m.iter().map(|(_, m)| format!("{:?}", m.target)).collect::<Vec<_>>();
                 assert_eq!(targets(&loaded), targets(&map), "seed {seed} op {op}");
@@ -1725,6 +1757,37 @@ mod tests {
     /// (`regressions.rs::relocated_copies_never_replace_newer_writes_at_recovery`
     /// read wrong blocks 2 times in 40 while only slot, offset and
     /// version were compared.)
+    /// A checkpoint's snapshot gives each page taken as it was when
+    /// taken, whether a change came first (the page kept before it) or
+    /// not; a page that was empty then gives nothing.
+    #[test]
+    fn a_snapshot_gives_pages_as_they_were_when_taken() {
+        let mut map = Map::default();
+        map.insert(0, 4, 1, &data(&extent(1, 4)), Rule::Always);
+        map.insert(600, 1, 2, &data(&extent(2, 1)), Rule::Always);
+        let taken = map.take_dirty();
+        let taken: BTreeSet<u64> = taken.into_iter().chain([2]).collect();
+        let image = |map: &Map, p: u64| {
+            let mut out = Vec::new();
+            map.encode_page(p, &mut out).then_some(out)
+        };
+        let (page0, page1) = (image(&map, 0), image(&map, 1));
+        map.begin_snapshot(&taken);
+        // Pages 0 and 2 change before they are copied; page 1 does not.
+        map.insert(1, 1, 3, &data(&extent(3, 1)), Rule::Always);
+        map.insert(1024, 1, 4, &data(&extent(4, 1)), Rule::Always);
+        let copied = |p: u64| {
+            let mut out = Vec::new();
+            map.snapshot_image(p, &mut out).then_some(out)
+        };
+        assert_eq!(copied(0), page0, "page 0 as taken, not as changed");
+        assert_eq!(copied(1), page1);
+        assert_eq!(copied(2), None, "page 2 was empty when taken");
+        map.end_snapshot();
+        assert_ne!(image(&map, 0), page0, "the change is in the map");
+        assert_eq!(map.dirty_count(), 2);
+    }
+
     #[test]
     fn replay_replaces_a_same_versioned_record_placed_otherwise() {
         let mut map = Map::default();

@@ -110,31 +110,20 @@ impl Shared {
 
     /// Runs `check` under the index's lock with every page in memory,
     /// whatever the cache's size (the engine's check, which compares the
-    /// whole map with the slot table).
+    /// whole map with the slot table): the pages are read with no lock
+    /// held, then installed and looked at under one hold of the write
+    /// side, so none is evicted between (one a checkpoint moved
+    /// meanwhile is read again).
     pub(crate) fn with_every_page<R>(&self, check: impl FnOnce(&Index) -> R) -> Result<R, ArrayError> {
-        // Background checkpoints may evict between loading and looking:
-        // looked at again, a few times at most while clients are quiet.
-        for _ in 0..64 {
+        loop {
             let missing = self.index().map.all_missing();
-            if missing.is_empty() {
-                let index = self.index();
-                if index.map.evicted_count() == 0 {
-                    return Ok(check(&index));
-                }
-                continue;
-            }
-            for batch in missing.chunks(64) {
-                self.install_pages(batch.to_vec())?;
+            let loaded = self.read_pages(missing)?;
+            let mut index = self.index_mut();
+            self.install_loaded(&mut index, loaded)?;
+            if index.map.evicted_count() == 0 {
+                return Ok(check(&index));
             }
         }
-        Err(ArrayError::MapPage {
-            page: 0,
-            source: crate::format::FormatError::Field {
-                what: "map",
-                field: "evicted while checked",
-                value: 0,
-            },
-        })
     }
 
     /// Reads, checks and installs the pages `missing` names; then, under

@@ -389,7 +389,7 @@ impl Shared {
         }
         // The pages stay on the members until something looks at them;
         // the slot table takes the counts they add up to.
-        let stale_volume_pages: Vec<u64> = {
+        let stale_volume_pages: Vec<(u64, Arc<crate::format::PageImage>)> = {
             let mut index = self.index_mut();
             let in_map_stripes = map_stripes.iter().map(|(&slot, &sequence)| (slot, sequence));
             for (slot, sequence) in listed.iter().copied().chain(in_map_stripes) {
@@ -410,25 +410,15 @@ impl Shared {
             checkpoint
                 .images
                 .pages
-                .keys()
-                .copied()
-                .filter(|&page| {
+                .iter()
+                .filter(|(&page, _)| {
                     let key = page * crate::limits::MAP_PAGE_BLOCKS;
                     !floors.admits(key, checkpoint.next_version.saturating_sub(1))
                 })
+                .map(|(&page, image)| (page, image.clone()))
                 .collect()
         };
-        let stale: Vec<_> = {
-            let index = self.index();
-            stale_volume_pages
-                .iter()
-                .flat_map(|&page| {
-                    let key = page * crate::limits::MAP_PAGE_BLOCKS;
-                    index.map.missing(key, key + 1)
-                })
-                .collect()
-        };
-        for batch in stale.chunks(64) {
+        for batch in stale_volume_pages.chunks(64) {
             self.install_pages(batch.to_vec())?;
         }
         let window = checkpoint.window.iter().copied().collect();
