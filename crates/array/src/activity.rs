@@ -40,8 +40,8 @@
 //! host through the device.
 
 use crate::device::{AlignedBuf, Device};
+use crate::error::ArrayError;
 use crate::format::SECTOR_BYTES;
-use crate::ArrayError;
 use std::collections::HashSet;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;

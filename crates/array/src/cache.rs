@@ -14,8 +14,8 @@
 //!   rebuild each stripe about once. Entries in use outlive eviction.
 
 use crate::device::AlignedBuf;
+use crate::error::ArrayError;
 use crate::limits::RECONSTRUCT_CACHE_STRIPES_MIN;
-use crate::ArrayError;
 use lru::LruCache;
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex, OnceLock};

@@ -59,6 +59,7 @@
 //! written again by the next checkpoint.
 
 use crate::engine::{Index, Resident, Shared};
+use crate::error::ArrayError;
 use crate::format::{
     self, Checkpoint, CheckpointRef, ImagePiece, MapCounts, MapImages, PageImage, Stream, CHECKPOINT_SLOTS_MAX,
 };
@@ -69,7 +70,6 @@ use crate::limits::{
 use crate::slots::SlotState;
 use crate::status::Counters;
 use crate::stripe::OpenStripe;
-use crate::ArrayError;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 
@@ -185,6 +185,7 @@ impl Shared {
         // hold what they hold and opening has nothing to replay (a clean
         // stop's checkpoint: opening then reads the root alone).
         self.seal_and_sync_open()?;
+        self.retire_log()?;
         self.take_checkpoint(false)
     }
 

@@ -16,6 +16,7 @@
 
 use crate::cache::ReconstructCache;
 use crate::device::AlignedBuf;
+use crate::error::ArrayError;
 use crate::format::{Geometry, Stream, Superblock, BLOCK_BYTES, SECTOR_BYTES};
 use crate::io::MemberIo;
 use crate::limits::{
@@ -28,7 +29,6 @@ use crate::recovery::Recovery;
 use crate::slots::{Pins, SlotTable};
 use crate::status::{Counters, Status};
 use crate::stripe::OpenStripe;
-use crate::ArrayError;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use tessera_accel::Accelerator;
@@ -392,7 +392,7 @@ impl Array {
         superblock: Superblock,
         members: Vec<Member>,
         options: EngineOptions,
-        rejected: Vec<crate::Rejected>,
+        rejected: Vec<crate::open::Rejected>,
         log_devices: Vec<crate::intent::LogDevice>,
         fresh: bool,
     ) -> Result<Array, ArrayError> {
@@ -421,12 +421,12 @@ impl Array {
         });
         let counters = Counters::default();
         let devices = members.iter().map(|m| m.device.clone()).collect();
-        let io =
-            MemberIo::start(&geometry, devices, counters.member_bytes_written.clone()).map_err(|e| ArrayError::Io {
-                member: 0,
-                name: "member I/O threads".to_string(),
-                source: e,
-            })?;
+        let io = MemberIo::start(&geometry, devices, counters.member_bytes_written.clone()).map_err(|source| {
+            ArrayError::ThreadStart {
+                what: "member I/O threads",
+                source,
+            }
+        })?;
         let slot_count = geometry.slot_count();
         let io_pool = rayon::ThreadPoolBuilder::new()
             .num_threads(
@@ -549,12 +549,12 @@ impl Array {
         self.default.read(offset, buf)
     }
 
-    /// [`Volume::prefetch`](crate::Volume::prefetch) on the default volume.
+    /// [`Volume::prefetch`](crate::volumes::Volume::prefetch) on the default volume.
     pub fn prefetch(&self, offset: u64, len: u64) -> Result<(), ArrayError> {
         self.default.prefetch(offset, len)
     }
 
-    /// [`Volume::allocation`](crate::Volume::allocation) on the default volume.
+    /// [`Volume::allocation`](crate::volumes::Volume::allocation) on the default volume.
     pub fn allocation(&self, offset: u64, len: u64) -> Result<Vec<(u64, bool)>, ArrayError> {
         self.default.allocation(offset, len)
     }

@@ -19,6 +19,7 @@
 
 use crate::device::AlignedBuf;
 use crate::engine::Shared;
+use crate::error::ArrayError;
 use crate::format::{ChunkHeader, Extent, Record, Stream, BLOCK_BYTES, SECTOR_BYTES};
 use crate::limits::{
     GC_FREE_TARGET_DIVISOR, GC_FREE_TARGET_MAX, GC_FREE_TARGET_MIN, GC_RESERVE_SLOTS, GC_ROUND_GARBAGE,
@@ -28,7 +29,6 @@ use crate::map::Target;
 use crate::slots::{Pinned, SlotState};
 use crate::status::Counters;
 use crate::write::{Claim, Origin, Piece, Stored};
-use crate::ArrayError;
 use std::sync::Arc;
 
 /// A live piece of a victim: blocks, the version they hold, where.
@@ -281,10 +281,11 @@ impl Shared {
 
 #[cfg(test)]
 mod tests {
+    use crate::create::CreateOptions;
     use crate::device::{Device, MemoryDevice};
+    use crate::engine::EngineOptions;
     use crate::map::Target;
     use crate::slots::SlotState;
-    use crate::{CreateOptions, EngineOptions};
     use std::sync::Arc;
 
     /// A GC copy overwritten by a client write that is still in the open
@@ -311,7 +312,7 @@ mod tests {
             background: false,
             ..EngineOptions::default()
         };
-        let array = crate::create_with(devices, &options, engine).unwrap();
+        let array = crate::create::create_with(devices, &options, engine).unwrap();
         let shared = &array.shared;
         array.write(0, &[1u8; 4096], true).unwrap();
         let victim = match shared

@@ -26,9 +26,9 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use crate::engine::{Array, Shared};
+use crate::error::ArrayError;
 use crate::repair::Throttle;
 use crate::slots::SlotState;
-use crate::ArrayError;
 
 /// Stripes relocated between two syncs.
 const HEAL_BATCH: usize = 8;

@@ -28,13 +28,13 @@
 
 use crate::device::{AlignedBuf, Device};
 use crate::engine::Shared;
+use crate::error::ArrayError;
 use crate::format::{
     self, LogDeviceHeader, LogRecord, Record, Stream, Superblock, LOG_DEVICE_AREA_START, SECTOR_BYTES,
 };
 use crate::slots::SlotState;
 use crate::status::Counters;
 use crate::write::{Claim, Origin, Piece, Stored};
-use crate::ArrayError;
 use serde::Serialize;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, VecDeque};
@@ -87,6 +87,9 @@ struct Writer {
     /// Where the search for the next block's members starts (rotates).
     next_member: usize,
     buffer: AlignedBuf,
+    /// Whether an opening would replay nothing: no block written since
+    /// the newest one whose tail is itself (`Shared::retire_log`).
+    retired: bool,
 }
 
 #[derive(Default)]
@@ -207,6 +210,7 @@ impl IntentLog {
                 live: VecDeque::new(),
                 next_member: 0,
                 buffer: AlignedBuf::default(),
+                retired: true,
             }),
             live_bytes: AtomicU64::new(0),
             devices,
@@ -325,6 +329,7 @@ impl Shared {
             ring.head = offset + len;
         }
         w.next_member = (w.next_member + 1) % w.rings.len();
+        w.retired = false;
         w.live.push_back(LiveBlock {
             sequence,
             bytes: len,
@@ -334,6 +339,59 @@ impl Shared {
         log.live_bytes.fetch_add(len * targets.len() as u64, Ordering::Relaxed);
         Counters::add(&self.counters.log_blocks_written, 1);
         Counters::add(&self.counters.flushes_logged, 1);
+        Ok(())
+    }
+
+    /// Once every record logged so far is in a sealed and synced stripe
+    /// (a clean stop, the end of a replay), writes a block with no records
+    /// whose tail is itself, so that the next opening, which replays from
+    /// the newest block's tail, replays nothing and reads no map page for
+    /// it. Does nothing if a block is still needed or nothing was logged
+    /// since the last one; refused while writes are. A failed write
+    /// leaves the blocks to be replayed again (they are mapped already,
+    /// so nothing is written twice).
+    pub(crate) fn retire_log(&self) -> Result<(), ArrayError> {
+        let Some(log) = &self.intent else {
+            return Ok(());
+        };
+        // Synced stripes are on K members only while writes are not
+        // refused: once members are lost past the parity, the log is the
+        // only whole copy of what it holds, and is kept.
+        self.members.check_writable()?;
+        let mut w = log.writer();
+        self.reclaim(log, &mut w);
+        if w.retired || !w.live.is_empty() {
+            return Ok(());
+        }
+        let sequence = w.next_sequence;
+        let mut buffer = std::mem::take(&mut w.buffer);
+        format::encode_log_block(self.array_uuid, sequence, sequence, &[] as &[Taken], &mut buffer);
+        let len = buffer.len() as u64;
+        let Some(targets) = self.placement(log, &w, len) else {
+            w.buffer = buffer;
+            return Ok(());
+        };
+        let failures = self.write_copies(log, &buffer, &targets);
+        w.buffer = buffer;
+        let written = len * (targets.len() - failures.len()) as u64;
+        if log.devices.is_empty() {
+            Counters::add(&self.counters.member_bytes_written, written);
+        }
+        Counters::add(&self.counters.log_bytes_written, written);
+        w.next_sequence += 1;
+        if !failures.is_empty() {
+            Counters::add(&self.counters.log_write_failures, 1);
+            for (target, error) in &failures {
+                self.fail_log_target(log, *target, error);
+            }
+            return Ok(());
+        }
+        // Dead from the start: placed after the newest block, never
+        // counted live.
+        for &(target, offset) in &targets {
+            w.rings[target].head = offset + len;
+        }
+        w.retired = true;
         Ok(())
     }
 
@@ -590,6 +648,7 @@ impl Shared {
             return Ok(found);
         };
         w.next_sequence = newest + 1;
+        w.retired = blocks.range(tail..).all(|(_, (_, records))| records.is_empty());
         drop(w);
         let mut pieces = Vec::new();
         // The pages the records land in stay in memory until mapped.
@@ -604,7 +663,7 @@ impl Shared {
             // stripe already (the stripe it went to was sealed after
             // all, or its blocks were written again): not written again.
             let index = self.index();
-            for (_, (_, records)) in blocks.range(tail..) {
+            for (_, (_, records)) in blocks.range(tail..).filter(|(_, (_, records))| !records.is_empty()) {
                 found.blocks_replayed += 1;
                 for (record, bytes) in records {
                     let end = record.lba + u64::from(record.blocks);
@@ -623,6 +682,9 @@ impl Shared {
             .and_then(|sealed| self.submit(sealed))
             .and_then(|_| self.seal_user_lanes())
             .and_then(|_| self.sync_through(self.tracker.last_sequence()));
+        // What was replayed is sealed and synced: the next opening need
+        // not look at it again.
+        let replayed = replayed.and_then(|()| self.retire_log());
         match replayed {
             // Members failed past the parity while the records were
             // written: the stripes that hold them stay in memory and are
@@ -631,7 +693,7 @@ impl Shared {
             // refused, saying why, for the operator to bring the members
             // back; the next opening replays them again.
             Err(ArrayError::WritesRefused { why }) => {
-                found.replay_failed = Some(why);
+                found.replay_failed = Some(why.to_string());
                 Ok(found)
             }
             other => other.map(|()| found),
@@ -727,7 +789,7 @@ pub(crate) fn find_log_devices(
     superblock: &Superblock,
     given: &[(String, Arc<dyn Device>)],
     discard: bool,
-    rejected: &mut Vec<crate::Rejected>,
+    rejected: &mut Vec<crate::open::Rejected>,
 ) -> Result<Vec<LogDevice>, ArrayError> {
     let g = &superblock.geometry;
     let mut devices: Vec<LogDevice> = (0..g.log_devices)
@@ -767,7 +829,7 @@ pub(crate) fn find_log_devices(
                 devices[h.index].name = name.clone();
                 devices[h.index].device = Some(device.clone());
             }
-            Err(why) => rejected.push(crate::Rejected {
+            Err(why) => rejected.push(crate::open::Rejected {
                 name: name.clone(),
                 why: format!("{name} is not one of the array's log devices: {why}"),
             }),
@@ -777,7 +839,7 @@ pub(crate) fn find_log_devices(
     if !expected.is_empty() && expected.iter().all(|d| d.device.is_none()) && !discard {
         let names: Vec<&str> = expected.iter().map(|d| d.name.as_str()).collect();
         return Err(ArrayError::LogDevicesMissing {
-            why: format!("{} missing{}", names.join(", "), crate::rejections(rejected)),
+            why: format!("{} missing{}", names.join(", "), crate::open::rejections(rejected)),
         });
     }
     for d in &devices {

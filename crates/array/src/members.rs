@@ -16,8 +16,8 @@
 //!   (once the members are back) is the way out.
 
 use crate::device::Device;
-use crate::format::{Superblock, SECTOR_BYTES};
-use crate::ArrayError;
+use crate::error::{ArrayError, Lost};
+use crate::format::{FormatError, Superblock, SECTOR_BYTES};
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
@@ -128,9 +128,9 @@ pub struct Members {
     /// superblock writes.
     superblock: Mutex<Superblock>,
     /// Why the array refuses writes, once more than M members are gone.
-    lost: OnceLock<String>,
+    lost: OnceLock<Lost>,
     /// Devices given at open that are not members of this array.
-    rejected: Vec<crate::Rejected>,
+    rejected: Vec<crate::open::Rejected>,
     /// Read and checksum errors after which a member is failed (0: never).
     errors_max: u64,
 }
@@ -193,7 +193,7 @@ impl Members {
     pub fn new(
         members: Vec<Member>,
         superblock: Superblock,
-        rejected: Vec<crate::Rejected>,
+        rejected: Vec<crate::open::Rejected>,
         errors_max: u64,
     ) -> Members {
         Members {
@@ -342,7 +342,7 @@ impl Members {
     }
 
     /// Devices `open` was given but left out, and why.
-    pub fn rejected(&self) -> &[crate::Rejected] {
+    pub fn rejected(&self) -> &[crate::open::Rejected] {
         &self.rejected
     }
 
@@ -389,14 +389,14 @@ impl Members {
     }
 
     /// Why writes are refused, once they are.
-    pub fn lost(&self) -> Option<&str> {
-        self.lost.get().map(String::as_str)
+    pub fn lost(&self) -> Option<&Lost> {
+        self.lost.get()
     }
 
     /// Fails with the reason writes are refused, if they are.
     pub fn check_writable(&self) -> Result<(), ArrayError> {
         match self.lost() {
-            Some(why) => Err(ArrayError::WritesRefused { why: why.to_string() }),
+            Some(why) => Err(ArrayError::WritesRefused { why: why.clone() }),
             None => Ok(()),
         }
     }
@@ -442,7 +442,7 @@ impl Members {
             // is one it holds (the array's current one is not).
             MemberState::Stale if mark_it => {
                 if let Some(device) = self.device(index) {
-                    if let Ok(mut own) = crate::read_superblock(device.as_ref()) {
+                    if let Ok(mut own) = read_superblock(device.as_ref()) {
                         own.set_failed(index);
                         let _ = write_superblocks(&own, &[(index, own.member_uuid, device)]);
                     }
@@ -503,11 +503,13 @@ impl Members {
         self.entries[index].errors.write.fetch_add(1, Ordering::Relaxed);
         let result = self.fail(index);
         if let Err(ArrayError::TooManyFailed { failed, parity }) = &result {
-            let _ = self.lost.set(format!(
-                "member {index} ({}) failed ({error}) with {} already unavailable: {failed} is more than the {parity} parity covers",
-                self.name(index),
-                failed - 1
-            ));
+            let _ = self.lost.set(Lost::MemberFailed {
+                member: index,
+                name: self.name(index),
+                error: Arc::new(std::io::Error::new(error.kind(), error.to_string())),
+                already: failed - 1,
+                parity: *parity,
+            });
             return self.check_writable();
         }
         result
@@ -535,8 +537,9 @@ impl Members {
     /// in a next generation written to the rest; more failures than the
     /// parity covers are an error, with the array's superblock unchanged.
     pub fn publish_locked(&self, current: &mut Superblock, mut template: Superblock) -> Result<(), ArrayError> {
-        // Each round fails one more member, so this ends by the parity.
-        for _ in 0..=self.parity {
+        // Each round fails one more member or returns, and failing one
+        // past the parity returns: this ends within parity + 1 rounds.
+        loop {
             template.generation = current.generation.max(template.generation) + 1;
             let targets = self.superblock_targets();
             let failures = write_superblocks(&template, &targets);
@@ -545,19 +548,15 @@ impl Members {
                 return Ok(());
             };
             if let Err(e) = self.mark_failed(member) {
-                let _ = self.lost.set(format!(
-                    "the superblock of member {member} ({}) could not be written ({error}) and no more members may fail",
-                    self.name(member)
-                ));
+                let _ = self.lost.set(Lost::SuperblockUnwritten {
+                    member,
+                    name: self.name(member),
+                    error: Arc::new(error),
+                });
                 return Err(e);
             }
             template.set_failed(member);
         }
-        Err(io_error(
-            0,
-            &self.name(0),
-            std::io::Error::other("superblock writes kept failing"),
-        ))
     }
 
     /// Erases a chunk header sector on a healthy member (best effort: a
@@ -565,6 +564,27 @@ impl Members {
     pub fn erase_sector(&self, member: usize, offset: u64) {
         if let Some(device) = self.readable(member) {
             let _ = device.write_at(&[0u8; SECTOR_BYTES], offset);
+        }
+    }
+}
+
+/// Reads a member's superblock: the primary, or the backup at the end.
+/// The superblock of a member (the primary, or the backup at its end if
+/// the primary does not decode).
+pub fn read_superblock(device: &dyn Device) -> Result<Superblock, FormatError> {
+    let mut sector = vec![0u8; SECTOR_BYTES];
+    let primary = device
+        .read_at(&mut sector, 0)
+        .map_err(|_| FormatError::Crc { what: "superblock" })
+        .and_then(|()| Superblock::decode(&sector));
+    match primary {
+        Ok(sb) => Ok(sb),
+        Err(error) => {
+            let size = device.size();
+            if size < SECTOR_BYTES as u64 || device.read_at(&mut sector, size - SECTOR_BYTES as u64).is_err() {
+                return Err(error);
+            }
+            Superblock::decode(&sector).map_err(|_| error)
         }
     }
 }

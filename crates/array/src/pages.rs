@@ -21,11 +21,11 @@
 //!   dropped as the page is installed, and the slot table told.
 
 use crate::engine::{Index, Shared};
+use crate::error::ArrayError;
 use crate::format::PageImage;
 use crate::map::{LoadedPage, Map};
 use crate::slots::{Pinned, SlotState};
 use crate::status::Counters;
-use crate::ArrayError;
 use std::sync::Arc;
 
 /// Pages pinned in memory for as long as this lives.

@@ -19,12 +19,12 @@
 
 use crate::device::AlignedBuf;
 use crate::engine::{block_range, Resident, Shared};
+use crate::error::ArrayError;
 use crate::format::{Extent, BLOCK_BYTES, SECTOR_BYTES};
 use crate::map::Target;
 use crate::slots::Pinned;
 use crate::status::Counters;
 use crate::stripe::{self, RebuildError, Rebuilt};
-use crate::ArrayError;
 use std::sync::Arc;
 use tessera_checksum::Algorithm;
 

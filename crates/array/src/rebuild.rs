@@ -59,13 +59,13 @@ use std::time::{Duration, Instant};
 use crate::device::{AlignedBuf, Device};
 use crate::engine::Array;
 use crate::engine::Shared;
+use crate::error::ArrayError;
 use crate::format::ChunkHeader;
 use crate::format::SECTOR_BYTES;
 use crate::members::MemberState;
 use crate::repair::{stripes_on_members, Throttle};
 use crate::slots::{Pinned, SlotState};
 use crate::stripe::Which;
-use crate::ArrayError;
 
 /// Stripes a rebuild works on at once.
 const REBUILD_BATCH: usize = 8;
@@ -195,7 +195,7 @@ impl Array {
             .rebuild_progress
             .begin(report)
             .map_err(|other| ArrayError::RebuildRunning { index: other.member })?;
-        let found = crate::read_superblock(device.as_ref()).ok();
+        let found = crate::members::read_superblock(device.as_ref()).ok();
         let trusted = found
             .as_ref()
             .filter(|_| options.keep_current || resume.is_some())

@@ -24,10 +24,10 @@
 //!   in `status`.
 
 use crate::engine::Shared;
+use crate::error::ArrayError;
 use crate::format::{Checkpoint, CheckpointRef, ChunkHeader, Record, Stream, SUMMARY_HEADER_BYTES};
 use crate::map::{Location, Map, Rule, Target};
 use crate::slots::{SlotState, SlotTable};
-use crate::ArrayError;
 use serde::Serialize;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;

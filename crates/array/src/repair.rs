@@ -17,11 +17,11 @@
 
 use crate::device::AlignedBuf;
 use crate::engine::Shared;
+use crate::error::ArrayError;
 use crate::format::SECTOR_BYTES;
 use crate::slots::{Pinned, SlotState};
 use crate::status::Counters;
 use crate::stripe::Rebuilt;
-use crate::ArrayError;
 use serde::Serialize;
 
 /// What a scrub found.

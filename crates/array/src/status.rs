@@ -80,7 +80,7 @@ pub struct Status {
     pub members_unavailable: usize,
     /// Devices given at open that were left out (not this array's
     /// members, or damaged), and why.
-    pub devices_rejected: Vec<crate::Rejected>,
+    pub devices_rejected: Vec<crate::open::Rejected>,
     /// The scrub running now, its report so far (`null`: none runs).
     pub scrub: Option<crate::repair::ScrubReport>,
     /// The rebuild running now, its report so far (`null`: none runs).
@@ -291,7 +291,7 @@ impl Shared {
             scrub: self.scrub_progress.get(),
             rebuild: self.rebuild_progress.get(),
             heal: self.heal_progress.get(),
-            writes_refused: members.lost().map(str::to_string),
+            writes_refused: members.lost().map(ToString::to_string),
             stripes_total: g.slot_count(),
             stripes_used: used,
             stripes_free: free,

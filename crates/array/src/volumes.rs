@@ -16,9 +16,9 @@
 //!   deleted, and none reaches a volume deleted.
 
 use crate::engine::{Array, Shared};
+use crate::error::ArrayError;
 use crate::format::BLOCK_BYTES;
 use crate::volume::{self, Gate, VolumeEntry, VolumeStatus, VolumeTable, VOLUME_BYTES_MAX, VOLUME_COUNT_MAX};
-use crate::ArrayError;
 use std::sync::Arc;
 
 /// One volume of an open array: its requests, at offsets within it.

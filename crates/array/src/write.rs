@@ -23,6 +23,7 @@
 //!   are covered by the next, one sync for all of them.
 
 use crate::engine::{stripe_bytes, Resident, Shared};
+use crate::error::ArrayError;
 use crate::format::{self, Extent, Record, Stream, BLOCK_BYTES};
 use crate::io::{StripeDone, StripeWrite};
 use crate::limits::{ADMIT_FRACTION, EXTENT_BLOCKS_MAX, GC_RESERVE_SLOTS, LIVE_SCALE, MAP_PAGE_BLOCKS};
@@ -30,7 +31,6 @@ use crate::map::{Rule, Target};
 use crate::slots::SlotState;
 use crate::status::Counters;
 use crate::stripe::{self, Built, OpenStripe, StripeInfo};
-use crate::ArrayError;
 use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::sync::Arc;

@@ -1,0 +1,178 @@
+//! The engine's errors: what went wrong, typed, with what to do about it.
+
+use crate::create::SLOTS_MIN;
+use crate::format::{self, FormatError, MEMBER_COUNT_MAX};
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ArrayError {
+    #[error("{0}")]
+    Codec(tessera_ec::EcError),
+    #[error("accelerator: {0}")]
+    Accel(tessera_accel::AccelError),
+    #[error("compression failed: {0}")]
+    Compress(tessera_compress::CompressError),
+    #[error("I/O error on member {member} ({name}): {source}")]
+    Io {
+        member: usize,
+        name: String,
+        source: std::io::Error,
+    },
+    #[error("the engine could not start its {what}: {source}; the system is short of threads or memory")]
+    ThreadStart { what: &'static str, source: std::io::Error },
+    #[error("bad geometry: {0}")]
+    Geometry(#[from] GeometryError),
+    #[error("log device {name}: {why}")]
+    LogDevice { name: String, why: String },
+    #[error("no log device of the array can be read ({why}): the last FLUSHed writes may be only there. Bring one back, or open with the missing log discarded (serve --discard-missing-log) to go on without them")]
+    LogDevicesMissing { why: String },
+    #[error("{name} is not a member of a Tessera array: {source}")]
+    NotAMember { name: String, source: FormatError },
+    #[error("{name} belongs to another array ({found}), not {expected}")]
+    ForeignMember {
+        name: String,
+        found: String,
+        expected: String,
+    },
+    #[error("{first} and {second} both claim to be member {index}")]
+    DuplicateMember {
+        index: usize,
+        first: String,
+        second: String,
+    },
+    #[error("{name} disagrees with the other members about the array's geometry")]
+    WrongMember { name: String },
+    #[error("{unavailable} members are missing or failed, more than the {parity} parity can cover: the array cannot be opened{why}")]
+    TooManyUnavailable {
+        unavailable: usize,
+        parity: usize,
+        /// The devices left out, and why ("; ..." each).
+        why: String,
+    },
+    #[error(
+        "none of the {listed} devices listed holds a superblock of a Tessera array: the array cannot be opened{why}"
+    )]
+    NoMemberFound {
+        listed: usize,
+        /// The devices left out, and why ("; ..." each).
+        why: String,
+    },
+    #[error("{name} is in use: the array is open elsewhere (process {pid}: {why}); stop it first, or, if it is truly gone (a host that died), open with --force")]
+    ActiveElsewhere { name: String, pid: u32, why: String },
+    #[error("a scrub is already running on this array")]
+    ScrubRunning,
+    #[error("a heal is already running on this array")]
+    HealRunning,
+    #[error("heal needs more members than a stripe is wide: {members} members, stripes of {width}; replace the member instead")]
+    NoRoomToHeal { members: usize, width: usize },
+    #[error("member {index} is healthy: there is nothing to rebuild (fail it first to replace its device)")]
+    MemberHealthy { index: usize },
+    #[error("the device for member {index} holds {size} bytes; members need {need}")]
+    DeviceTooSmall { index: usize, size: u64, need: u64 },
+    #[error("member {index} is being rebuilt already")]
+    RebuildRunning { index: usize },
+    #[error("the rebuild of member {index} stopped: its device failed, or it was failed by hand; it stays failed")]
+    RebuildStopped { index: usize },
+    #[error(
+        "the devices are split evenly between arrays {first} and {second} ({count} each): list one array's members"
+    )]
+    SplitMembers {
+        first: String,
+        second: String,
+        count: usize,
+    },
+    #[error("failing another member would leave {failed} failed with only {parity} parity: refused")]
+    TooManyFailed { failed: usize, parity: usize },
+    #[error("writes are refused: {why}; reads go on where they can. Restart the array once the members are back")]
+    WritesRefused { why: Lost },
+    #[error("there is no member {index}: the array has {members}")]
+    NoSuchMember { index: usize, members: usize },
+    #[error("{offset}+{len} is outside the volume of {size} bytes")]
+    OutOfRange { offset: u64, len: u64, size: u64 },
+    #[error("the array is full: live data fills it; trim or overwrite data, or create a larger array")]
+    NoSpace,
+    #[error("stripe in slot {slot} cannot be read: fewer than K good chunks or a bad checksum")]
+    Unreadable { slot: u64 },
+    #[error("stripe in slot {slot} has {good} good chunks, fewer than the {need} needed")]
+    TooFewChunks { slot: u64, good: usize, need: usize },
+    #[error("the map checkpoint cannot be used: {why}")]
+    CheckpointUnreadable { why: String },
+    #[error("map page {page} cannot be used: {source}; its map stripes could not give back a good image (more members lost or damaged than the parity covers)")]
+    MapPage {
+        page: u64,
+        source: crate::format::FormatError,
+    },
+    #[error("no member holds the volume table the superblocks name (CRC {crc:08x}): the volumes cannot be opened; bring back the members that were set aside")]
+    VolumeTableUnreadable { crc: u32 },
+    #[error("there is no volume {name:?}")]
+    NoSuchVolume { name: String },
+    #[error("a volume named {name:?} exists already")]
+    VolumeExists { name: String },
+    #[error(
+        "{name:?} cannot be a volume's name: 1 to 64 letters, digits and '-', '_', '.', ':', not starting with '.'"
+    )]
+    BadVolumeName { name: String },
+    #[error("a volume of {bytes} bytes is refused: a volume is 4 KiB to 4 PiB, in whole 4 KiB blocks")]
+    BadVolumeSize { bytes: u64 },
+    #[error("the array has {count} volumes, the most it can hold")]
+    TooManyVolumes { count: usize },
+    #[error("the default volume ({name:?}) cannot be deleted")]
+    DefaultVolume { name: String },
+    #[error("volume {name:?} was deleted")]
+    VolumeGone { name: String },
+}
+
+/// Why an array stopped taking writes, for good until it is opened again:
+/// a member failed, or a superblock could not be written, past the parity.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum Lost {
+    #[error("member {member} ({name}) failed ({error}) with {already} already unavailable: {} is more than the {parity} parity covers", already + 1)]
+    MemberFailed {
+        member: usize,
+        name: String,
+        error: Arc<std::io::Error>,
+        already: usize,
+        parity: usize,
+    },
+    #[error("the superblock of member {member} ({name}) could not be written ({error}) and no more members may fail")]
+    SuperblockUnwritten {
+        member: usize,
+        name: String,
+        error: Arc<std::io::Error>,
+    },
+}
+
+/// Why `create` refuses a geometry (the shape, the members' size, the
+/// sizes asked for), with what to change.
+#[derive(Debug, thiserror::Error)]
+pub enum GeometryError {
+    #[error("K={data}, M={parity}: need K >= 1 and K+M <= 256")]
+    Shape { data: usize, parity: usize },
+    #[error("{members} members for K+M={width}: need K+M <= N <= {MEMBER_COUNT_MAX}")]
+    MemberCount { members: usize, width: usize },
+    #[error(
+        "chunk size {bytes}: use a multiple of 4 KiB from {} to {}",
+        format::CHUNK_BYTES_MIN,
+        format::CHUNK_BYTES_MAX
+    )]
+    ChunkSize { bytes: usize },
+    #[error("a log of {log_bytes} bytes does not fit members of {member_bytes} bytes")]
+    LogTooLarge { log_bytes: u64, member_bytes: u64 },
+    #[error(
+        "members of {member_bytes} bytes hold {slots} stripes of {chunk_bytes}-byte chunks; need at least {SLOTS_MIN}: use larger members or smaller chunks"
+    )]
+    TooFewStripes {
+        member_bytes: u64,
+        slots: u64,
+        chunk_bytes: usize,
+    },
+    #[error("a stripe's data area of {data_area_bytes} bytes holds no 4 KiB block and its summary: use larger chunks")]
+    NoRoomForABlock { data_area_bytes: usize },
+    #[error("logical size {bytes}: use a positive multiple of 4 KiB")]
+    LogicalSize { bytes: u64 },
+    #[error(
+        "logical size {bytes}: at most {} bytes (4 PiB, the largest volume: a volume is 2^40 blocks)",
+        format::LOGICAL_BYTES_MAX
+    )]
+    LogicalTooLarge { bytes: u64 },
+}

@@ -1,0 +1,197 @@
+//! Opening an array from devices in any order: which array most of them
+//! belong to, which are its members, and which are left out and why.
+
+use crate::device::Device;
+use crate::engine::{Array, EngineOptions};
+use crate::error::ArrayError;
+use crate::format::Superblock;
+use crate::members::{read_superblock, Member, MemberState};
+use crate::{activity, engine, intent, volume};
+use std::sync::Arc;
+
+/// A member found at open: its name, device and superblock.
+type Found = (String, Arc<dyn Device>, Superblock);
+
+/// Opens an array from its members, in any order; `None` is a member that
+/// could not be found. The array is the one most of the devices belong
+/// to; a device that is not one of its members (no superblock, another
+/// array's, another geometry, too short) is left out and reported
+/// ([`Array::rejected`]), counted with the missing. Opens degraded with up
+/// to M unavailable, refuses more, and refuses two devices that claim the
+/// same member.
+pub fn open(devices: Vec<(String, Option<Arc<dyn Device>>)>) -> Result<Array, ArrayError> {
+    open_with(devices, EngineOptions::default())
+}
+
+/// [`open`], run with `engine` options.
+pub fn open_with(devices: Vec<(String, Option<Arc<dyn Device>>)>, engine: EngineOptions) -> Result<Array, ArrayError> {
+    let mut rejected: Vec<Rejected> = Vec::new();
+    let mut found: Vec<Found> = Vec::new();
+    let listed = devices.len();
+    for (name, device) in devices {
+        let Some(device) = device else { continue };
+        match read_superblock(device.as_ref()) {
+            Ok(sb) => found.push((name, device, sb)),
+            Err(source) => {
+                let why = ArrayError::NotAMember {
+                    name: name.clone(),
+                    source,
+                }
+                .to_string();
+                rejected.push(Rejected { name, why });
+            }
+        }
+    }
+    // Which array: the one most devices belong to, so that one foreign
+    // device (however new its superblock) cannot pass for the array and
+    // make the real members look foreign.
+    let mut votes: Vec<([u8; 16], usize)> = Vec::new();
+    for (_, _, sb) in &found {
+        match votes.iter_mut().find(|(uuid, _)| *uuid == sb.array_uuid) {
+            Some((_, count)) => *count += 1,
+            None => votes.push((sb.array_uuid, 1)),
+        }
+    }
+    votes.sort_by_key(|&(_, count)| std::cmp::Reverse(count));
+    if let [(first, count), (second, tied), ..] = votes[..] {
+        if count == tied {
+            return Err(ArrayError::SplitMembers {
+                first: engine::hex(&first),
+                second: engine::hex(&second),
+                count,
+            });
+        }
+    }
+    let newest = found
+        .iter()
+        .filter(|(_, _, sb)| votes.first().is_some_and(|(uuid, _)| sb.array_uuid == *uuid))
+        .max_by_key(|(_, _, sb)| sb.generation)
+        .map(|(_, _, sb)| sb.clone())
+        .ok_or_else(|| ArrayError::NoMemberFound {
+            listed,
+            why: rejections(&rejected),
+        })?;
+    let geometry = &newest.geometry;
+    let mut members: Vec<Option<Found>> = (0..geometry.members).map(|_| None).collect();
+    for (name, device, sb) in found {
+        let why = if sb.array_uuid != newest.array_uuid {
+            Some(
+                ArrayError::ForeignMember {
+                    name: name.clone(),
+                    found: engine::hex(&sb.array_uuid),
+                    expected: engine::hex(&newest.array_uuid),
+                }
+                .to_string(),
+            )
+        } else if sb.geometry != *geometry {
+            Some(ArrayError::WrongMember { name: name.clone() }.to_string())
+        } else if device.size() < geometry.member_bytes {
+            Some(format!(
+                "{name} is {} bytes, shorter than the array's members ({} bytes): truncated?",
+                device.size(),
+                geometry.member_bytes
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            rejected.push(Rejected { name, why });
+            continue;
+        }
+        let index = sb.member_index;
+        if let Some((first, _, _)) = &members[index] {
+            return Err(ArrayError::DuplicateMember {
+                index,
+                first: first.clone(),
+                second: name,
+            });
+        }
+        members[index] = Some((name, device, sb));
+    }
+    let members: Vec<Member> = members
+        .into_iter()
+        .enumerate()
+        .map(|(index, slot)| match slot {
+            Some((name, device, sb)) => Member {
+                name,
+                uuid: sb.member_uuid,
+                // Recorded failed: taken out by hand (its own superblock
+                // says so too), or gone and come back.
+                state: match (newest.is_failed(index), sb.is_failed(index)) {
+                    (false, _) => MemberState::Healthy,
+                    (true, true) => MemberState::Failed,
+                    (true, false) => MemberState::Stale,
+                },
+                device: Some(device),
+            },
+            None => Member {
+                name: format!("member {index}"),
+                uuid: [0; 16],
+                device: None,
+                state: if newest.is_failed(index) {
+                    MemberState::Failed
+                } else {
+                    MemberState::Missing
+                },
+            },
+        })
+        .collect();
+    let unavailable = members.iter().filter(|m| m.state != MemberState::Healthy).count();
+    if unavailable > geometry.parity {
+        return Err(ArrayError::TooManyUnavailable {
+            unavailable,
+            parity: geometry.parity,
+            why: rejections(&rejected),
+        });
+    }
+    let log_devices =
+        intent::find_log_devices(&newest, &engine.log_devices, engine.discard_missing_log, &mut rejected)?;
+    // Recorded failed once the array is up (a no-op for those already).
+    let missing_logs: Vec<usize> = (0..log_devices.len())
+        .filter(|&i| log_devices[i].device.is_none())
+        .collect();
+    if !engine.ignore_activity {
+        let present: Vec<(String, Arc<dyn Device>)> = members
+            .iter()
+            .filter_map(|m| m.device.clone().map(|d| (m.name.clone(), d)))
+            .collect();
+        activity::check_idle(&present, newest.array_uuid, activity::ACTIVITY_WATCH)?;
+    }
+    let newest = volume_table(newest, &members)?;
+    let array = Array::assemble(newest, members, engine, rejected, log_devices, false)?;
+    array.shared.members.record_missing()?;
+    for index in missing_logs {
+        array.shared.members.record_log_failed(index)?;
+    }
+    Ok(array)
+}
+
+/// The superblock with the volume table it names, read from the first
+/// member that holds a copy with its CRC.
+fn volume_table(mut superblock: Superblock, members: &[Member]) -> Result<Superblock, ArrayError> {
+    if superblock.volume_table_crc == 0 {
+        return Ok(superblock);
+    }
+    let table = members
+        .iter()
+        .filter(|m| m.state == MemberState::Healthy)
+        .filter_map(|m| m.device.as_ref())
+        .find_map(|d| volume::VolumeTable::read_from(d.as_ref(), &superblock.array_uuid, superblock.volume_table_crc))
+        .ok_or(ArrayError::VolumeTableUnreadable {
+            crc: superblock.volume_table_crc,
+        })?;
+    superblock.volume_table = Some(Arc::new(table));
+    Ok(superblock)
+}
+
+/// A device given to `open` that is not used: which, and why.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Rejected {
+    pub name: String,
+    pub why: String,
+}
+
+/// The rejections, for an error message.
+pub(crate) fn rejections(rejected: &[Rejected]) -> String {
+    rejected.iter().map(|r| format!("; {}", r.why)).collect()
+}
