@@ -18,6 +18,13 @@
 //!   the watch.
 //! - The same records are the fence a failover between hosts needs: the
 //!   host that takes over watches the old one's sequence stop first.
+//! - A clean stop ([`Heartbeat::close_clean`]) marks them clean as of its
+//!   checkpoint, synced, once nothing can be written after it. Opening
+//!   trusts that mark ([`clean_at`]) only if every member it reads says so,
+//!   for the checkpoint the superblocks name, and then reads no stripe
+//!   header; its first record, which says the array is open, is synced
+//!   before anything else is written, so a mark never outlives the
+//!   opening that follows it.
 //!
 //! # Format (one 4 KiB sector at 64 KiB into each member, before row 0)
 //!
@@ -33,7 +40,11 @@
 //! | 52 | zero, u32 |
 //! | 56 | boot id of the host, 16 bytes |
 //! | 72 | Unix time of the write, ms, u64 |
-//! | 80 | CRC32C of bytes 0..80, u32 |
+//! | 80 | clean stop: the checkpoint sequence it left, u64 (flag bit 1) |
+//! | 88 | CRC32C of bytes 0..88, u32 |
+//!
+//! Version 1 records (before the clean mark) had their CRC at 80; they are
+//! read as not clean.
 //!
 //! Written with the member's direct I/O where it has it, without a sync:
 //! another process on the host sees it through the page cache, another
@@ -57,9 +68,11 @@ pub const ACTIVITY_INTERVAL: Duration = Duration::from_millis(500);
 /// so a writer a little late still shows.
 pub const ACTIVITY_WATCH: Duration = Duration::from_millis(2000);
 const MAGIC: [u8; 8] = *b"TSRALIVE";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 const FLAG_CLOSED: u32 = 1;
-const CRC_OFFSET: usize = 80;
+const FLAG_CLEAN: u32 = 2;
+const CRC_OFFSET: usize = 88;
+const CRC_OFFSET_V1: usize = 80;
 
 /// One member's record.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,6 +84,9 @@ pub struct Record {
     pub boot_id: [u8; 16],
     pub unix_ms: u64,
     pub closed: bool,
+    /// Left by a clean stop: the sequence of the checkpoint it wrote last,
+    /// with nothing written after it.
+    pub clean_at: Option<u64>,
 }
 
 impl Record {
@@ -78,13 +94,15 @@ impl Record {
         let mut s = AlignedBuf::zeroed(SECTOR_BYTES);
         s[0..8].copy_from_slice(&MAGIC);
         s[8..12].copy_from_slice(&VERSION.to_le_bytes());
-        s[12..16].copy_from_slice(&(if self.closed { FLAG_CLOSED } else { 0 }).to_le_bytes());
+        let flags = if self.closed { FLAG_CLOSED } else { 0 } | if self.clean_at.is_some() { FLAG_CLEAN } else { 0 };
+        s[12..16].copy_from_slice(&flags.to_le_bytes());
         s[16..32].copy_from_slice(&self.array_uuid);
         s[32..40].copy_from_slice(&self.opening.to_le_bytes());
         s[40..48].copy_from_slice(&self.sequence.to_le_bytes());
         s[48..52].copy_from_slice(&self.pid.to_le_bytes());
         s[56..72].copy_from_slice(&self.boot_id);
         s[72..80].copy_from_slice(&self.unix_ms.to_le_bytes());
+        s[80..88].copy_from_slice(&self.clean_at.unwrap_or(0).to_le_bytes());
         let crc = tessera_checksum::crc32c(&s[..CRC_OFFSET]);
         s[CRC_OFFSET..CRC_OFFSET + 4].copy_from_slice(&crc.to_le_bytes());
         s
@@ -94,12 +112,18 @@ impl Record {
     pub fn decode(s: &[u8]) -> Option<Record> {
         let u32_at = |at: usize| u32::from_le_bytes(s[at..at + 4].try_into().expect("4 bytes"));
         let u64_at = |at: usize| u64::from_le_bytes(s[at..at + 8].try_into().expect("8 bytes"));
-        if s.len() < CRC_OFFSET + 4 || s[0..8] != MAGIC || u32_at(8) != VERSION {
+        if s.len() < CRC_OFFSET + 4 || s[0..8] != MAGIC {
             return None;
         }
-        if tessera_checksum::crc32c(&s[..CRC_OFFSET]) != u32_at(CRC_OFFSET) {
+        let crc_at = match u32_at(8) {
+            1 => CRC_OFFSET_V1,
+            VERSION => CRC_OFFSET,
+            _ => return None,
+        };
+        if tessera_checksum::crc32c(&s[..crc_at]) != u32_at(crc_at) {
             return None;
         }
+        let flags = u32_at(12);
         Some(Record {
             array_uuid: s[16..32].try_into().expect("16 bytes"),
             opening: u64_at(32),
@@ -107,7 +131,8 @@ impl Record {
             pid: u32_at(48),
             boot_id: s[56..72].try_into().expect("16 bytes"),
             unix_ms: u64_at(72),
-            closed: u32_at(12) & FLAG_CLOSED != 0,
+            closed: flags & FLAG_CLOSED != 0,
+            clean_at: (crc_at == CRC_OFFSET && flags & FLAG_CLEAN != 0).then(|| u64_at(80)),
         })
     }
 }
@@ -174,6 +199,23 @@ fn stale(record: &Record) -> bool {
     !process_exists(record.pid)
 }
 
+/// The checkpoint a clean stop left, if every one of `members` holds a
+/// record of array `array_uuid` saying so, all for the same checkpoint:
+/// then no stripe was written after it. A member without a record, or
+/// with an older one (it was away), says nothing is known.
+pub fn clean_at(members: &[Arc<dyn Device>], array_uuid: [u8; 16]) -> Option<u64> {
+    let mut at = None;
+    for device in members {
+        let record = read(device.as_ref()).filter(|r| r.array_uuid == array_uuid && r.closed)?;
+        let sequence = record.clean_at?;
+        if at.is_some_and(|a| a != sequence) {
+            return None;
+        }
+        at = Some(sequence);
+    }
+    at
+}
+
 /// Refuses to go on if another opening of array `array_uuid` is alive on
 /// any of `members` (name, device): a record that is fresh on this host,
 /// or one whose sequence moves while it is watched for `watch`.
@@ -223,23 +265,58 @@ pub fn check_idle(
 /// The thread that keeps an open array's records moving, and marks them
 /// closed when the array is dropped.
 pub struct Heartbeat {
-    state: Arc<(Mutex<bool>, Condvar)>,
+    beats: Arc<Beats>,
     thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// What the heartbeat thread and its handle share. The record is copied
+/// out under the lock and written with none held: a beat that overtakes
+/// [`Heartbeat::close_clean`] only clears the clean mark, which is safe.
+struct Beats {
+    /// Stopped, and the record as it is to be written next.
+    state: Mutex<(bool, Record)>,
+    wake: Condvar,
+    /// The members the array may write now.
+    devices: Box<dyn Fn() -> Vec<Arc<dyn Device>> + Send + Sync>,
+}
+
+impl Beats {
+    /// Advances the record (closed, or marked clean, as `change` says) and
+    /// writes it to every member; with `sync`, durably.
+    fn beat(&self, change: impl FnOnce(&mut Record), sync: bool) {
+        let record = {
+            let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let record = &mut state.1;
+            change(record);
+            record.sequence += 1;
+            record.unix_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            record.clone()
+        };
+        for device in (self.devices)() {
+            // A member that fails this write fails its next data write
+            // too, and is failed then.
+            let _ = write(device.as_ref(), &record).and_then(|()| if sync { device.sync() } else { Ok(()) });
+        }
+    }
 }
 
 impl Heartbeat {
     /// Starts advancing the records of array `array_uuid` on the members
-    /// `devices` returns (those it may write now) every interval.
+    /// `devices` returns (those it may write now) every interval. The
+    /// first record, which clears a clean stop's mark, is synced before
+    /// this returns, so before the array writes anything.
     pub fn start(
         array_uuid: [u8; 16],
-        devices: impl Fn() -> Vec<Arc<dyn Device>> + Send + 'static,
+        devices: impl Fn() -> Vec<Arc<dyn Device>> + Send + Sync + 'static,
     ) -> std::io::Result<Heartbeat> {
         let opening: u64 = rand::random();
         live_openings()
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(opening);
-        let mut record = Record {
+        let record = Record {
             array_uuid,
             opening,
             sequence: 0,
@@ -247,57 +324,63 @@ impl Heartbeat {
             boot_id: boot_id(),
             unix_ms: 0,
             closed: false,
+            clean_at: None,
         };
-        let state = Arc::new((Mutex::new(false), Condvar::new()));
-        let shared = state.clone();
-        let beat = move |record: &mut Record| {
-            record.sequence += 1;
-            record.unix_ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64);
-            for device in devices() {
-                // A member that fails this write fails its next data
-                // write too, and is failed then.
-                let _ = write(device.as_ref(), record);
-            }
-        };
-        beat(&mut record);
+        let beats = Arc::new(Beats {
+            state: Mutex::new((false, record)),
+            wake: Condvar::new(),
+            devices: Box::new(devices),
+        });
+        beats.beat(|_| {}, true);
+        let shared = beats.clone();
         let thread = std::thread::Builder::new()
             .name("tessera-activity".to_string())
             .spawn(move || {
-                let (stopped, wake) = &*shared;
-                let mut guard = stopped.lock().unwrap_or_else(|p| p.into_inner());
-                while !*guard {
-                    guard = wake
+                let mut guard = shared.state.lock().unwrap_or_else(|p| p.into_inner());
+                while !guard.0 {
+                    guard = shared
+                        .wake
                         .wait_timeout(guard, ACTIVITY_INTERVAL)
                         .unwrap_or_else(|p| p.into_inner())
                         .0;
-                    if *guard {
+                    if guard.0 {
                         break;
                     }
                     drop(guard);
-                    beat(&mut record);
-                    guard = stopped.lock().unwrap_or_else(|p| p.into_inner());
+                    shared.beat(|_| {}, false);
+                    guard = shared.state.lock().unwrap_or_else(|p| p.into_inner());
                 }
                 drop(guard);
-                record.closed = true;
-                beat(&mut record);
+                shared.beat(|r| r.closed = true, false);
                 live_openings()
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .remove(&opening);
             })?;
         Ok(Heartbeat {
-            state,
+            beats,
             thread: Some(thread),
         })
+    }
+
+    /// A clean stop: marks the records closed and clean as of checkpoint
+    /// `sequence`, synced. The caller has made sure that nothing was
+    /// written after that checkpoint and that nothing will be.
+    pub fn close_clean(&self, sequence: u64) {
+        self.beats.beat(
+            |r| {
+                r.closed = true;
+                r.clean_at = Some(sequence);
+            },
+            true,
+        );
     }
 }
 
 impl Drop for Heartbeat {
     fn drop(&mut self) {
-        *self.state.0.lock().unwrap_or_else(|p| p.into_inner()) = true;
-        self.state.1.notify_one();
+        self.beats.state.lock().unwrap_or_else(|p| p.into_inner()).0 = true;
+        self.beats.wake.notify_one();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -318,6 +401,7 @@ mod tests {
             boot_id: [3; 16],
             unix_ms: 1_700_000_000_000,
             closed: true,
+            clean_at: Some(77),
         };
         let mut bytes = record.encode();
         assert_eq!(Record::decode(&bytes), Some(record));

@@ -189,6 +189,27 @@ impl Shared {
         self.take_checkpoint(false)
     }
 
+    /// The sequence of the durable checkpoint, if no stripe was sealed
+    /// after its own and writes are not refused for lost members: then
+    /// the members hold nothing newer than it.
+    pub(crate) fn nothing_after_checkpoint(&self) -> Option<u64> {
+        let reference = self.members.superblock().checkpoint.clone()?;
+        let last = reference.first_stripe_sequence + reference.stripe_count(self.meta_stripe_bytes()) as u64 - 1;
+        (self.members.lost().is_none() && self.tracker.last_sequence() == last).then_some(reference.sequence)
+    }
+
+    /// A clean stop's checkpoint: the open stripes sealed and synced, the
+    /// log retired, and a new checkpoint unless no stripe was sealed since
+    /// the durable one (an array opened only to be looked at writes none).
+    pub(crate) fn checkpoint_to_close(&self) -> Result<(), ArrayError> {
+        self.seal_and_sync_open()?;
+        self.retire_log()?;
+        if self.nothing_after_checkpoint().is_some() {
+            return Ok(());
+        }
+        self.take_checkpoint(false)
+    }
+
     /// Seals the open stripes and syncs through the last one.
     fn seal_and_sync_open(&self) -> Result<(), ArrayError> {
         let sealed: Vec<_> = (0..self.open.len()).filter_map(|lane| self.seal_lane(lane)).collect();

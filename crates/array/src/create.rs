@@ -6,6 +6,7 @@ use crate::engine::{Array, EngineOptions};
 use crate::error::{ArrayError, GeometryError};
 use crate::format::{self, Geometry, Superblock, BLOCK_BYTES, MEMBER_COUNT_MAX, SECTOR_BYTES};
 use crate::members::{Member, MemberState};
+use crate::recovery::Start;
 use crate::write::extent_blocks_max;
 use crate::{intent, limits, members, write};
 use std::sync::Arc;
@@ -207,5 +208,5 @@ pub fn create_with(
             source,
         });
     }
-    Array::assemble(superblock, members, engine, Vec::new(), log_devices, true)
+    Array::assemble(superblock, members, engine, Vec::new(), log_devices, Start::Fresh)
 }

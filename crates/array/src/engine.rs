@@ -282,7 +282,7 @@ pub struct Array {
     background: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Keeps the members' activity records moving; dropped last, after
     /// the member threads stopped, it marks them closed.
-    _heartbeat: Option<crate::activity::Heartbeat>,
+    heartbeat: crate::activity::Heartbeat,
 }
 
 fn poisoned<T>(guard: std::sync::PoisonError<T>) -> T {
@@ -394,7 +394,7 @@ impl Array {
         options: EngineOptions,
         rejected: Vec<crate::open::Rejected>,
         log_devices: Vec<crate::intent::LogDevice>,
-        fresh: bool,
+        start: crate::recovery::Start,
     ) -> Result<Array, ArrayError> {
         let geometry = superblock.geometry.clone();
         let volume_table = superblock
@@ -518,9 +518,9 @@ impl Array {
             shared,
             default,
             background: Mutex::new(None),
-            _heartbeat: Some(heartbeat),
+            heartbeat,
         };
-        array.shared.recover(fresh)?;
+        array.shared.recover(start)?;
         if array.shared.options.background {
             let shared = array.shared.clone();
             let thread = std::thread::Builder::new()
@@ -647,15 +647,47 @@ impl Array {
     }
 }
 
-impl Drop for Array {
-    /// Stops background work, then lets the member threads write what was
-    /// sealed, as a clean shutdown must; what is still in open stripes is
-    /// dropped, as a crash would (callers flush first).
-    fn drop(&mut self) {
+impl Array {
+    fn stop_background(&self) {
         self.shared.maintenance.stop();
         if let Some(thread) = self.background.lock().unwrap_or_else(poisoned).take() {
             let _ = thread.join();
         }
+    }
+
+    /// A clean stop: stops the background work, waits for the client
+    /// requests in flight, refuses every write and FLUSH after them
+    /// (`ArrayError::Closed`; reads go on), seals and syncs the open
+    /// stripes and writes a checkpoint. If no stripe was sealed after that
+    /// checkpoint, the members' activity records say so, synced, and the
+    /// next opening reads no stripe header (`Recovery::clean_stop`).
+    /// Callers stop their own writers first (a rebuild, a heal): one that
+    /// seals a stripe after the check costs the next opening its scan at
+    /// worst, never data.
+    pub fn close(&self) -> Result<(), ArrayError> {
+        self.stop_background();
+        let shared = &self.shared;
+        let _volumes = shared.volume_lock.lock().unwrap_or_else(poisoned);
+        let mut gates: Vec<Arc<crate::volume::Gate>> =
+            shared.gates.lock().unwrap_or_else(poisoned).values().cloned().collect();
+        gates.sort_by_key(|g| g.id);
+        let _requests: Vec<_> = gates.iter().map(|g| g.size.write().unwrap_or_else(poisoned)).collect();
+        let checkpointed = shared.checkpoint_to_close();
+        shared.members.close_for_writes();
+        checkpointed?;
+        if let Some(sequence) = shared.nothing_after_checkpoint() {
+            self.heartbeat.close_clean(sequence);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Array {
+    /// Stops background work, then lets the member threads write what was
+    /// sealed, as a clean shutdown must; what is still in open stripes is
+    /// dropped, as a crash would (callers flush first, or close).
+    fn drop(&mut self) {
+        self.stop_background();
         self.shared.io.stop();
     }
 }

@@ -85,6 +85,8 @@ pub enum ArrayError {
     TooManyFailed { failed: usize, parity: usize },
     #[error("writes are refused: {why}; reads go on where they can. Restart the array once the members are back")]
     WritesRefused { why: Lost },
+    #[error("the array was closed: it takes no more writes; open it again")]
+    Closed,
     #[error("there is no member {index}: the array has {members}")]
     NoSuchMember { index: usize, members: usize },
     #[error("{offset}+{len} is outside the volume of {size} bytes")]

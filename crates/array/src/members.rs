@@ -19,7 +19,7 @@ use crate::device::Device;
 use crate::error::{ArrayError, Lost};
 use crate::format::{FormatError, Superblock, SECTOR_BYTES};
 use serde::Serialize;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -129,6 +129,8 @@ pub struct Members {
     superblock: Mutex<Superblock>,
     /// Why the array refuses writes, once more than M members are gone.
     lost: OnceLock<Lost>,
+    /// Closed (`Array::close`): writes are refused, reads go on.
+    closed: AtomicBool,
     /// Devices given at open that are not members of this array.
     rejected: Vec<crate::open::Rejected>,
     /// Read and checksum errors after which a member is failed (0: never).
@@ -212,6 +214,7 @@ impl Members {
                 .collect(),
             superblock: Mutex::new(superblock),
             lost: OnceLock::new(),
+            closed: AtomicBool::new(false),
         }
     }
 
@@ -395,10 +398,18 @@ impl Members {
 
     /// Fails with the reason writes are refused, if they are.
     pub fn check_writable(&self) -> Result<(), ArrayError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(ArrayError::Closed);
+        }
         match self.lost() {
             Some(why) => Err(ArrayError::WritesRefused { why: why.clone() }),
             None => Ok(()),
         }
+    }
+
+    /// Refuses every write and FLUSH from now on: the array was closed.
+    pub fn close_for_writes(&self) {
+        self.closed.store(true, Ordering::Release);
     }
 
     /// The superblock lock; held across superblock writes.

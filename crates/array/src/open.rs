@@ -6,6 +6,7 @@ use crate::engine::{Array, EngineOptions};
 use crate::error::ArrayError;
 use crate::format::Superblock;
 use crate::members::{read_superblock, Member, MemberState};
+use crate::recovery::Start;
 use crate::{activity, engine, intent, volume};
 use std::sync::Arc;
 
@@ -157,8 +158,18 @@ pub fn open_with(devices: Vec<(String, Option<Arc<dyn Device>>)>, engine: Engine
             .collect();
         activity::check_idle(&present, newest.array_uuid, activity::ACTIVITY_WATCH)?;
     }
+    // Read before the array writes its own records, which clear the mark.
+    let readable: Vec<Arc<dyn Device>> = members
+        .iter()
+        .filter(|m| m.state == MemberState::Healthy)
+        .filter_map(|m| m.device.clone())
+        .collect();
+    let start = match activity::clean_at(&readable, newest.array_uuid) {
+        Some(sequence) => Start::Clean(sequence),
+        None => Start::Unknown,
+    };
     let newest = volume_table(newest, &members)?;
-    let array = Array::assemble(newest, members, engine, rejected, log_devices, false)?;
+    let array = Array::assemble(newest, members, engine, rejected, log_devices, start)?;
     array.shared.members.record_missing()?;
     for index in missing_logs {
         array.shared.members.record_log_failed(index)?;

@@ -46,9 +46,27 @@ pub struct Recovery {
     pub torn_stripes_dropped: u64,
     /// Chunks of kept stripes that were missing or bad, and rewritten.
     pub chunks_repaired: u64,
+    /// A clean stop left the checkpoint, and nothing after it: no stripe
+    /// header was read.
+    #[serde(default)]
+    pub clean_stop: bool,
     /// What the intent log held (`None`: the array has no log).
     pub log: Option<crate::intent::LogRecovery>,
     pub milliseconds: u64,
+}
+
+/// What opening knows of the members before recovery reads them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Start {
+    /// Just created: its superblocks are the first thing written to its
+    /// members, so no stripe of this array is anywhere.
+    Fresh,
+    /// Every member says a clean stop left the checkpoint of this
+    /// sequence and wrote nothing after it (`activity::clean_at`).
+    Clean(u64),
+    /// Anything may be there: the checkpoint's window (or every slot) is
+    /// scanned.
+    Unknown,
 }
 
 /// What a replay found, for the steps after it.
@@ -61,19 +79,18 @@ struct Replayed {
 
 impl Shared {
     /// Rebuilds the map and the slot table, then syncs, so that new
-    /// stripes may say everything before them is durable. A `fresh` array
-    /// (just created: its superblocks are the first thing written to its
-    /// members) has no stripes, and no slot is scanned for them; a
-    /// member's older contents belong to no array of this UUID anyway.
-    pub(crate) fn recover(&self, fresh: bool) -> Result<(), ArrayError> {
+    /// stripes may say everything before them is durable. No slot is
+    /// scanned for a fresh array (a member's older contents belong to no
+    /// array of this UUID anyway), nor after a clean stop.
+    pub(crate) fn recover(&self, start: Start) -> Result<(), ArrayError> {
         let started = std::time::Instant::now();
         let reference = self.members.superblock().checkpoint.clone();
-        let replayed = match self.replay(reference.as_ref(), fresh) {
+        let replayed = match self.replay(reference.as_ref(), start) {
             Err(error @ ArrayError::CheckpointUnreadable { .. }) => {
                 // Every stripe is self-describing: a full scan still finds
                 // every acknowledged write.
                 self.reset_index();
-                let mut replayed = self.replay(None, false)?;
+                let mut replayed = self.replay(None, Start::Unknown)?;
                 replayed.recovery.checkpoint_error = Some(error.to_string());
                 replayed
             }
@@ -141,8 +158,9 @@ impl Shared {
     }
 
     /// Loads the checkpoint (if any) and replays the stripes newer than it
-    /// in its window (or every slot; none if `fresh`).
-    fn replay(&self, reference: Option<&CheckpointRef>, fresh: bool) -> Result<Replayed, ArrayError> {
+    /// in its window (or every slot; none if fresh, or if a clean stop
+    /// left this checkpoint).
+    fn replay(&self, reference: Option<&CheckpointRef>, start: Start) -> Result<Replayed, ArrayError> {
         let g = &self.geometry;
         let mut recovery = Recovery::default();
         let (mut from, mut max_sequence, mut window) = (0, 0, None);
@@ -152,10 +170,15 @@ impl Shared {
             from = reference.sequence;
             let stripes = reference.stripe_count(self.meta_stripe_bytes());
             max_sequence = reference.first_stripe_sequence + stripes as u64 - 1;
-            let scan: Vec<u64> = loaded.iter().copied().collect();
+            recovery.clean_stop = start == Start::Clean(reference.sequence);
+            let scan: Vec<u64> = if recovery.clean_stop {
+                Vec::new()
+            } else {
+                loaded.iter().copied().collect()
+            };
             window = Some(loaded);
             Box::new(scan.into_iter())
-        } else if fresh {
+        } else if start == Start::Fresh {
             Box::new(std::iter::empty())
         } else {
             Box::new(0..g.slot_count())

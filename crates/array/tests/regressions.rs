@@ -693,6 +693,7 @@ fn an_array_open_elsewhere_is_refused_by_its_activity_records() {
         boot_id: [0xee; 16],
         unix_ms: 0,
         closed: false,
+        clean_at: None,
     };
     for d in &devices {
         activity::write(d.as_ref(), &foreign(1)).unwrap();

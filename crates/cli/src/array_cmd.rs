@@ -128,6 +128,7 @@ fn create_in_dir(c: &Create) -> Result<()> {
     }
     std::fs::write(&list, lines.join("\n") + "\n")?;
     let s = array.status()?;
+    array.close()?;
     println!(
         "created {}+{} on {} members in {}: {} stripes of {} KiB chunks, {} usable, exported as {} (checksum {}, compression {})",
         s.data,
@@ -648,7 +649,7 @@ pub fn serve(mut s: Serve) -> Result<()> {
         let _ = healer.join();
     }
     eprintln!("tessera: shutting down: flushing and writing a map checkpoint");
-    array.checkpoint()?;
+    array.close()?;
     let _ = std::fs::remove_file(&control_path);
     if let Some(path) = socket {
         let _ = std::fs::remove_file(path);
@@ -884,7 +885,15 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
         Some(text) => serde_json::from_str(&text)?,
         None => {
             let _lock = lock(dir)?;
-            serde_json::to_value(open(dir)?.status()?)?
+            let array = open(dir)?;
+            let status = serde_json::to_value(array.status()?)?;
+            // Closed cleanly, so that the next opening reads no stripe
+            // header either; an array that refuses writes cannot be, and
+            // its status is still worth showing.
+            if let Err(error) = array.close() {
+                eprintln!("tessera: not closed cleanly: {error}");
+            }
+            status
         }
     };
     if json {
@@ -1184,10 +1193,12 @@ pub(crate) fn served_or_here<R: serde::de::DeserializeOwned>(
         None => {
             let _lock = lock(dir)?;
             let array = open(dir)?;
-            Ok(here(&array, &mut |report| {
+            let report = here(&array, &mut |report| {
                 show(progress, report);
                 true
-            })?)
+            })?;
+            array.close()?;
+            Ok(report)
         }
     }
 }

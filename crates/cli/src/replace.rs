@@ -513,7 +513,7 @@ pub fn replace(dir: &Path, request: Request, detach: bool) -> Result<()> {
     })?;
     progress.finish();
     // A clean stop: the next open reads the checkpoint.
-    array.checkpoint()?;
+    array.close()?;
     println!("{}", summary(index, &report));
     Ok(())
 }

@@ -82,7 +82,7 @@ pub fn volume(dir: &Path, request: &Request, json: bool) -> Result<()> {
             let _lock = lock(dir)?;
             let array = open(dir)?;
             let text = request.run(&array)?;
-            array.checkpoint()?;
+            array.close()?;
             text
         }
     };

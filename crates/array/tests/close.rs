@@ -1,0 +1,123 @@
+//! A clean stop (`Array::close`): the next opening reads no stripe header,
+//! and the mark it leaves never outlives the opening after it.
+
+mod common;
+use common::{named, open_list, written_4_plus_2_on};
+use rand::{Rng, SeedableRng};
+use std::sync::Arc;
+use tessera_array::device::MemoryDevice;
+use tessera_array::{Array, ArrayError};
+
+fn reopen(devices: &[Arc<MemoryDevice>], missing: &[usize]) -> Array {
+    tessera_array::open_with(open_list(devices, missing), tessera_array::EngineOptions::default()).unwrap()
+}
+
+/// Power loss: what the members were not made to sync is gone.
+fn power_loss(array: Array, devices: &[Arc<MemoryDevice>]) {
+    drop(array);
+    for d in devices {
+        d.crash(0);
+    }
+}
+
+fn read(array: &Array, offset: u64, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    array.read(offset, &mut out).unwrap();
+    out
+}
+
+/// After `close`, opening scans no slot and everything reads back; after
+/// an opening that writes and FLUSHes, then loses power, the mark is gone
+/// (the opening's own activity record, synced first, cleared it) and the
+/// window is scanned, so the FLUSHed writes come back. With the opening's
+/// first record left out (seen), the stale mark skipped the scan and lost
+/// them.
+#[test]
+fn a_clean_close_skips_the_scan_once_and_only_once() {
+    let (devices, array, data) = written_4_plus_2_on(6, 64 << 20, 1, 3 << 20);
+    array.close().unwrap();
+    drop(array);
+    let array = reopen(&devices, &[]);
+    let recovery = array.status().unwrap().recovery;
+    assert!(recovery.clean_stop, "{recovery:?}");
+    assert_eq!(recovery.slots_scanned, 0, "{recovery:?}");
+    assert_eq!(read(&array, 0, data.len()), data);
+    array.check().unwrap();
+
+    // Written and FLUSHed after a clean opening, then power loss.
+    let mut more = vec![0u8; 1 << 20];
+    rand::rngs::StdRng::seed_from_u64(2).fill(&mut more[..]);
+    let at = 5 << 20;
+    array.write(at, &more, false).unwrap();
+    array.flush().unwrap();
+    power_loss(array, &devices);
+    let array = reopen(&devices, &[]);
+    let recovery = array.status().unwrap().recovery;
+    assert!(!recovery.clean_stop, "{recovery:?}");
+    assert!(recovery.slots_scanned > 0, "{recovery:?}");
+    assert_eq!(read(&array, at, more.len()), more, "FLUSHed after a clean opening");
+    assert_eq!(read(&array, 0, data.len()), data);
+    array.check().unwrap();
+}
+
+/// A clean stop refuses writes and FLUSH after it (reads go on); an array
+/// opened only to be looked at and closed writes no new checkpoint.
+#[test]
+fn close_refuses_later_writes_and_looking_writes_no_checkpoint() {
+    let (devices, array, data) = written_4_plus_2_on(6, 64 << 20, 3, 1 << 20);
+    array.close().unwrap();
+    assert!(matches!(array.write(0, &[1u8; 4096], false), Err(ArrayError::Closed)));
+    assert!(matches!(array.flush(), Err(ArrayError::Closed)));
+    assert_eq!(read(&array, 0, data.len()), data);
+    let checkpoint = array.status().unwrap().checkpoint_sequence;
+    drop(array);
+    for _ in 0..2 {
+        let array = reopen(&devices, &[]);
+        let status = array.status().unwrap();
+        assert!(status.recovery.clean_stop, "{:?}", status.recovery);
+        array.close().unwrap();
+        assert_eq!(array.status().unwrap().checkpoint_sequence, checkpoint);
+        assert_eq!(array.status().unwrap().checkpoints_written, 0);
+    }
+}
+
+/// The mark is trusted only if every healthy member holds it, for the
+/// checkpoint the superblocks name: one member whose record names another
+/// checkpoint, or has no mark, means a scan. A member that was away is
+/// stale and not asked (its chunks are not read either).
+#[test]
+fn the_mark_counts_only_where_every_healthy_member_holds_it() {
+    use tessera_array::activity;
+    let devices: Vec<_> = (0..6).map(|_| Arc::new(MemoryDevice::new(64 << 20))).collect();
+    let array = tessera_array::create(named(&devices), &common::create_options(4, 2)).unwrap();
+    array.write(0, &[7u8; 1 << 20], false).unwrap();
+    array.close().unwrap();
+    drop(array);
+    // Member 5 away while the array is written and closed again.
+    let array = reopen(&devices, &[5]);
+    assert!(array.status().unwrap().recovery.clean_stop);
+    array.write(1 << 20, &[8u8; 1 << 20], false).unwrap();
+    array.close().unwrap();
+    drop(array);
+    let array = reopen(&devices, &[]);
+    assert!(array.status().unwrap().recovery.clean_stop);
+    assert_eq!(read(&array, 0, 1 << 20), vec![7u8; 1 << 20]);
+    assert_eq!(read(&array, 1 << 20, 1 << 20), vec![8u8; 1 << 20]);
+    array.close().unwrap();
+    drop(array);
+    for change in [
+        |r: &mut activity::Record| r.clean_at = r.clean_at.map(|s| s - 1),
+        |r: &mut activity::Record| r.clean_at = None,
+    ] {
+        let mut record = activity::read(devices[0].as_ref()).expect("a record");
+        let kept = record.clone();
+        change(&mut record);
+        activity::write(devices[0].as_ref(), &record).unwrap();
+        let array = reopen(&devices, &[]);
+        let recovery = array.status().unwrap().recovery;
+        assert!(!recovery.clean_stop && recovery.slots_scanned > 0, "{recovery:?}");
+        assert_eq!(read(&array, 1 << 20, 1 << 20), vec![8u8; 1 << 20]);
+        drop(array);
+        activity::write(devices[0].as_ref(), &kept).unwrap();
+    }
+}
