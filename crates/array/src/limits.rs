@@ -190,3 +190,9 @@ pub const LOG_BYTES_MIN: u64 = 1 << 20;
 /// of the log is bounded by the open stripes (a few times their data
 /// areas), and opening reads the whole area.
 pub const LOG_DEVICE_BYTES_DEFAULT_MAX: u64 = 256 << 20;
+
+/// Slots whose chunk headers recovery reads at once, in parallel on the
+/// I/O pool: a window's worth (it is at most about twice
+/// `CHECKPOINT_WINDOW_MAX`), and a full scan of a huge array holds one
+/// batch's results at a time.
+pub const SCAN_BATCH_SLOTS: usize = 16_384;

@@ -69,6 +69,14 @@ pub(crate) enum Start {
     Unknown,
 }
 
+/// One scanned slot's chunk headers, folded (`Shared::scan_slot`).
+#[derive(Default)]
+struct SlotScan {
+    max_sequence: u64,
+    synced_through: u64,
+    newest: Option<ChunkHeader>,
+}
+
 /// What a replay found, for the steps after it.
 struct Replayed {
     recovery: Recovery,
@@ -143,6 +151,32 @@ impl Shared {
         Ok(())
     }
 
+    /// What the chunk headers of `slot` say: the newest sequence any of
+    /// this array's holds, the newest "synced through" of those newer
+    /// than `from` (user and GC stripes'), and the newest of them.
+    fn scan_slot(&self, slot: u64, from: u64) -> SlotScan {
+        let mut found = SlotScan::default();
+        for j in 0..self.geometry.width() {
+            let Some(header) = self.read_header(slot, j) else {
+                continue;
+            };
+            if header.array_uuid != self.array_uuid || header.slot != slot || header.index != j {
+                continue;
+            }
+            found.max_sequence = found.max_sequence.max(header.sequence);
+            if header.sequence <= from {
+                continue;
+            }
+            if header.stream != Stream::Meta {
+                found.synced_through = found.synced_through.max(header.synced_through);
+            }
+            if found.newest.as_ref().is_none_or(|best| best.sequence < header.sequence) {
+                found.newest = Some(header);
+            }
+        }
+        found
+    }
+
     fn reset_index(&self) {
         let mut index = self.index_mut();
         index.map = Map::default();
@@ -184,28 +218,31 @@ impl Shared {
             Box::new(0..g.slot_count())
         };
         recovery.checkpoint_sequence = reference.map(|r| r.sequence);
-        // Pass 1: the headers of every chunk in the scanned slots.
+        // Pass 1: the headers of every chunk in the scanned slots, read on
+        // the I/O pool (the reads only wait on the members), each slot's
+        // folded to what the passes after need.
+        // In batches, so that a full scan of a huge array holds one batch.
+        let mut scan = scan;
         let mut newest: HashMap<u64, ChunkHeader> = HashMap::new();
         let mut synced_through = from;
-        for slot in scan {
-            recovery.slots_scanned += 1;
-            for j in 0..g.width() {
-                let Some(header) = self.read_header(slot, j) else {
-                    continue;
-                };
-                if header.array_uuid != self.array_uuid || header.slot != slot || header.index != j {
-                    continue;
-                }
-                max_sequence = max_sequence.max(header.sequence);
-                if header.sequence <= from {
-                    continue;
-                }
-                if header.stream != Stream::Meta {
-                    synced_through = synced_through.max(header.synced_through);
-                }
-                let best = newest.entry(slot).or_insert_with(|| header.clone());
-                if best.sequence < header.sequence {
-                    *best = header;
+        loop {
+            let batch: Vec<u64> = scan.by_ref().take(crate::limits::SCAN_BATCH_SLOTS).collect();
+            if batch.is_empty() {
+                break;
+            }
+            recovery.slots_scanned += batch.len() as u64;
+            let scanned: Vec<(u64, SlotScan)> = self.io_pool.install(|| {
+                use rayon::prelude::*;
+                batch
+                    .par_iter()
+                    .map(|&slot| (slot, self.scan_slot(slot, from)))
+                    .collect()
+            });
+            for (slot, found) in scanned {
+                max_sequence = max_sequence.max(found.max_sequence);
+                synced_through = synced_through.max(found.synced_through);
+                if let Some(header) = found.newest {
+                    newest.insert(slot, header);
                 }
             }
         }
