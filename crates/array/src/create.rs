@@ -99,19 +99,13 @@ pub fn plan(
             smallest.size().saturating_sub(format::LOG_DEVICE_AREA_START) / SECTOR_BYTES as u64 * SECTOR_BYTES as u64;
         let area = asked.unwrap_or(room.min(limits::LOG_DEVICE_BYTES_DEFAULT_MAX));
         if log_devices.len() > format::LOG_DEVICES_MAX {
-            return Err(ArrayError::LogDevice {
-                name,
-                why: format!("{} log devices: at most {}", log_devices.len(), format::LOG_DEVICES_MAX),
-            });
+            return Err(GeometryError::TooManyLogDevices {
+                count: log_devices.len(),
+            }
+            .into());
         }
         if area < limits::LOG_BYTES_MIN || area > room || area / SECTOR_BYTES as u64 > u64::from(u32::MAX) {
-            return Err(ArrayError::LogDevice {
-                name,
-                why: format!(
-                    "a log area of {area} bytes does not fit it ({room} bytes after its header), or is under {} bytes",
-                    limits::LOG_BYTES_MIN
-                ),
-            });
+            return Err(GeometryError::LogDeviceArea { name, area, room }.into());
         }
         geometry.log_devices = log_devices.len();
         geometry.log_device_bytes = area;

@@ -240,13 +240,8 @@ pub(crate) struct Shared {
     /// or rebuild go out in parallel on it.
     pub io_pool: rayon::ThreadPool,
     pub cache: ReconstructCache,
-    /// The running scrub's report so far, for `status`; `None` when none
-    /// runs (one runs at a time).
-    pub scrub_progress: crate::repair::Running<crate::repair::ScrubReport>,
-    /// The running rebuild's report so far (one runs at a time).
-    pub rebuild_progress: crate::repair::Running<crate::rebuild::RebuildReport>,
-    /// The running heal's report so far (one runs at a time).
-    pub heal_progress: crate::repair::Running<crate::heal::HealReport>,
+    /// The scrub, rebuild and heal running now, one of each at most.
+    pub jobs: crate::repair::Jobs,
     pub counters: Counters,
     /// Read-modify-writes of partial blocks, by block number.
     pub partial: Vec<Mutex<()>>,
@@ -262,10 +257,8 @@ pub(crate) struct Shared {
     pub recovery: Mutex<Recovery>,
     /// Each volume's gate, by id (`crate::volume::Gate`).
     pub gates: Mutex<HashMap<u32, Arc<crate::volume::Gate>>>,
-    /// Map pages pinned in memory (`pages::PagePins`), and by how many.
-    /// Taken under the index's lock (either side) when pinning or
-    /// evicting; alone when unpinning.
-    pub page_pins: Mutex<HashMap<u64, u32>>,
+    /// Map pages pinned in memory, and by how many.
+    pub page_pins: crate::pages::PinTable,
     /// One volume operation (create, resize, delete) at a time; held
     /// across its superblock writes.
     pub volume_lock: Mutex<()>,
@@ -479,9 +472,7 @@ impl Array {
             io,
             io_pool,
             cache,
-            scrub_progress: Default::default(),
-            rebuild_progress: Default::default(),
-            heal_progress: Default::default(),
+            jobs: Default::default(),
             counters,
             partial: (0..PARTIAL_WRITE_LOCK_COUNT).map(|_| Mutex::new(())).collect(),
             spares: Mutex::new(Spares::default()),
@@ -491,7 +482,7 @@ impl Array {
             maintenance: crate::maintenance::Signal::default(),
             recovery: Mutex::new(Recovery::default()),
             gates: Mutex::new(gates),
-            page_pins: Mutex::new(HashMap::new()),
+            page_pins: Default::default(),
             volume_lock: Mutex::new(()),
             intent: geometry
                 .has_log()

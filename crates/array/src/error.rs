@@ -2,6 +2,8 @@
 
 use crate::create::SLOTS_MIN;
 use crate::format::{self, FormatError, MEMBER_COUNT_MAX};
+use crate::open::Rejections;
+use crate::slots::SlotState;
 use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
@@ -22,10 +24,10 @@ pub enum ArrayError {
     ThreadStart { what: &'static str, source: std::io::Error },
     #[error("bad geometry: {0}")]
     Geometry(#[from] GeometryError),
-    #[error("log device {name}: {why}")]
-    LogDevice { name: String, why: String },
+    #[error("log device {name} could not be written: {source}")]
+    LogDeviceWrite { name: String, source: std::io::Error },
     #[error("no log device of the array can be read ({why}): the last FLUSHed writes may be only there. Bring one back, or open with the missing log discarded (serve --discard-missing-log) to go on without them")]
-    LogDevicesMissing { why: String },
+    LogDevicesMissing { why: LogsMissing },
     #[error("{name} is not a member of a Tessera array: {source}")]
     NotAMember { name: String, source: FormatError },
     #[error("{name} belongs to another array ({found}), not {expected}")]
@@ -46,16 +48,16 @@ pub enum ArrayError {
     TooManyUnavailable {
         unavailable: usize,
         parity: usize,
-        /// The devices left out, and why ("; ..." each).
-        why: String,
+        /// The devices left out, and why.
+        why: Rejections,
     },
     #[error(
         "none of the {listed} devices listed holds a superblock of a Tessera array: the array cannot be opened{why}"
     )]
     NoMemberFound {
         listed: usize,
-        /// The devices left out, and why ("; ..." each).
-        why: String,
+        /// The devices left out, and why.
+        why: Rejections,
     },
     #[error("{name} is in use: the array is open elsewhere (process {pid}: {why}); stop it first, or, if it is truly gone (a host that died), open with --force")]
     ActiveElsewhere { name: String, pid: u32, why: String },
@@ -98,7 +100,7 @@ pub enum ArrayError {
     #[error("stripe in slot {slot} has {good} good chunks, fewer than the {need} needed")]
     TooFewChunks { slot: u64, good: usize, need: usize },
     #[error("the map checkpoint cannot be used: {why}")]
-    CheckpointUnreadable { why: String },
+    CheckpointUnreadable { why: CheckpointFault },
     #[error("map page {page} cannot be used: {source}; its map stripes could not give back a good image (more members lost or damaged than the parity covers)")]
     MapPage {
         page: u64,
@@ -144,6 +146,39 @@ pub enum Lost {
     },
 }
 
+/// Why no log device can be used at open.
+#[derive(Debug, thiserror::Error)]
+pub enum LogsMissing {
+    #[error("{} could not be read", names.join(", "))]
+    Unreadable { names: Vec<String> },
+    #[error("{} missing{rejected}", names.join(", "))]
+    NotFound { names: Vec<String>, rejected: Rejections },
+}
+
+/// Why a map checkpoint cannot be used: recovery then reads every
+/// stripe's summary instead, and says why in `status`.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointFault {
+    #[error("{0}")]
+    Format(#[from] FormatError),
+    #[error("its digest does not match")]
+    Digest,
+    #[error("{total} bytes cannot fill {stripes} stripes")]
+    Length { total: usize, stripes: usize },
+    #[error("its stripe in slot {slot} cannot be rebuilt: {source}")]
+    Stripe { slot: u64, source: Box<ArrayError> },
+    #[error("it says sequence {found}, the superblock {expected}")]
+    Sequence { found: u64, expected: u64 },
+    #[error("a slot holds two of its stripes")]
+    OwnSlotTwice,
+    #[error("slot {slot} is listed twice (live, window, map stripe or the checkpoint's own)")]
+    ListedTwice { slot: u64 },
+    #[error("it counts live data in slot {slot}, which is {state:?}")]
+    CountsUnsealed { slot: u64, state: SlotState },
+    #[error("it maps block {lba} into slot {slot}, which holds a newer stripe")]
+    Stale { lba: u64, slot: u64 },
+}
+
 /// Why `create` refuses a geometry (the shape, the members' size, the
 /// sizes asked for), with what to change.
 #[derive(Debug, thiserror::Error)]
@@ -170,6 +205,10 @@ pub enum GeometryError {
     },
     #[error("a stripe's data area of {data_area_bytes} bytes holds no 4 KiB block and its summary: use larger chunks")]
     NoRoomForABlock { data_area_bytes: usize },
+    #[error("{count} log devices: at most {}", format::LOG_DEVICES_MAX)]
+    TooManyLogDevices { count: usize },
+    #[error("log device {name}: a log area of {area} bytes does not fit it ({room} bytes after its header), or is under {} bytes", crate::limits::LOG_BYTES_MIN)]
+    LogDeviceArea { name: String, area: u64, room: u64 },
     #[error("logical size {bytes}: use a positive multiple of 4 KiB")]
     LogicalSize { bytes: u64 },
     #[error(

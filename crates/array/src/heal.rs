@@ -69,7 +69,7 @@ impl Array {
 
     /// The heal running now, its report so far (`None`: none runs).
     pub fn heal_progress(&self) -> Option<HealReport> {
-        self.shared.heal_progress.get()
+        self.shared.jobs.heal.get()
     }
 }
 
@@ -117,7 +117,7 @@ impl Shared {
             stripes_total: victims.len() as u64,
             ..HealReport::default()
         };
-        let Ok(_running) = self.heal_progress.begin(report) else {
+        let Ok(_running) = self.jobs.heal.begin(report) else {
             return Err(ArrayError::HealRunning);
         };
         let mut throttle = Throttle::new(rate, rate);
@@ -148,7 +148,7 @@ impl Shared {
             report.bytes_relocated += copied;
             report.stripes_done += batch.len() as u64;
             report.milliseconds = started.elapsed().as_millis() as u64;
-            self.heal_progress.set(report);
+            self.jobs.heal.set(report);
             throttle.step(copied, &self.counters);
             if !progress(&report) {
                 report.stopped = true;

@@ -638,7 +638,12 @@ impl Shared {
         }
         if usable > 0 && unreadable.len() == usable && !self.options.discard_missing_log {
             return Err(ArrayError::LogDevicesMissing {
-                why: "every one failed to read".to_string(),
+                why: crate::error::LogsMissing::Unreadable {
+                    names: unreadable
+                        .iter()
+                        .map(|&(target, _)| log.devices[target].name.clone())
+                        .collect(),
+                },
             });
         }
         for (target, error) in unreadable {
@@ -767,9 +772,9 @@ pub(crate) fn format_log_devices(
         device
             .write_at(&header.encode(), 0)
             .and_then(|()| device.sync())
-            .map_err(|e| ArrayError::LogDevice {
+            .map_err(|source| ArrayError::LogDeviceWrite {
                 name: name.clone(),
-                why: e.to_string(),
+                source,
             })?;
         devices.push(LogDevice {
             name: name.clone(),
@@ -839,7 +844,10 @@ pub(crate) fn find_log_devices(
     if !expected.is_empty() && expected.iter().all(|d| d.device.is_none()) && !discard {
         let names: Vec<&str> = expected.iter().map(|d| d.name.as_str()).collect();
         return Err(ArrayError::LogDevicesMissing {
-            why: format!("{} missing{}", names.join(", "), crate::open::rejections(rejected)),
+            why: crate::error::LogsMissing::NotFound {
+                names: names.iter().map(|n| n.to_string()).collect(),
+                rejected: crate::open::Rejections(rejected.clone()),
+            },
         });
     }
     for d in &devices {

@@ -51,11 +51,11 @@ mod write;
 
 pub use create::{create, create_with, plan, CreateOptions};
 pub use engine::{hex, Array, EngineOptions};
-pub use error::{ArrayError, GeometryError};
+pub use error::{ArrayError, CheckpointFault, GeometryError, LogsMissing, Lost};
 pub use heal::HealReport;
 pub use intent::{LogRecovery, LogStatus};
 pub use members::{read_superblock, Member, MemberState};
-pub use open::{open, open_with, Rejected};
+pub use open::{open, open_with, Rejected, Rejections};
 pub use rebuild::{RebuildOptions, RebuildReport, RebuildResume};
 pub use recovery::Recovery;
 pub use repair::ScrubReport;

@@ -70,7 +70,7 @@ pub fn open_with(devices: Vec<(String, Option<Arc<dyn Device>>)>, engine: Engine
         .map(|(_, _, sb)| sb.clone())
         .ok_or_else(|| ArrayError::NoMemberFound {
             listed,
-            why: rejections(&rejected),
+            why: Rejections(rejected.clone()),
         })?;
     let geometry = &newest.geometry;
     let mut members: Vec<Option<Found>> = (0..geometry.members).map(|_| None).collect();
@@ -142,7 +142,7 @@ pub fn open_with(devices: Vec<(String, Option<Arc<dyn Device>>)>, engine: Engine
         return Err(ArrayError::TooManyUnavailable {
             unavailable,
             parity: geometry.parity,
-            why: rejections(&rejected),
+            why: Rejections(rejected.clone()),
         });
     }
     let log_devices =
@@ -202,7 +202,12 @@ pub struct Rejected {
     pub why: String,
 }
 
-/// The rejections, for an error message.
-pub(crate) fn rejections(rejected: &[Rejected]) -> String {
-    rejected.iter().map(|r| format!("; {}", r.why)).collect()
+/// The devices left out, in an error: each reason after "; ".
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Rejections(pub Vec<Rejected>);
+
+impl std::fmt::Display for Rejections {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.iter().try_for_each(|r| write!(f, "; {}", r.why))
+    }
 }

@@ -28,6 +28,18 @@ use crate::slots::{Pinned, SlotState};
 use crate::status::Counters;
 use std::sync::Arc;
 
+/// Map pages pinned in memory (`PagePins`), and by how many. Taken under
+/// the index's lock (either side) when pinning or evicting; alone when
+/// unpinning.
+#[derive(Default)]
+pub(crate) struct PinTable(std::sync::Mutex<std::collections::HashMap<u64, u32>>);
+
+impl PinTable {
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, u32>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 /// Pages pinned in memory for as long as this lives.
 pub(crate) struct PagePins<'a> {
     shared: &'a Shared,
@@ -36,7 +48,7 @@ pub(crate) struct PagePins<'a> {
 
 impl Drop for PagePins<'_> {
     fn drop(&mut self) {
-        let mut pins = self.shared.page_pins.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pins = self.shared.page_pins.lock();
         for page in &self.pages {
             let count = pins.get_mut(page).expect("a pinned page is counted");
             *count -= 1;
@@ -101,7 +113,7 @@ impl Shared {
                 }
             })
             .collect();
-        let mut pins = self.page_pins.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pins = self.page_pins.lock();
         for &page in &pages {
             *pins.entry(page).or_default() += 1;
         }
@@ -154,7 +166,7 @@ impl Shared {
 
     /// Evicts clean pages, none pinned, past the cache's size.
     pub(crate) fn evict_pages(&self, index: &mut Index) {
-        let pins = self.page_pins.lock().unwrap_or_else(|p| p.into_inner());
+        let pins = self.page_pins.lock();
         let evicted = index
             .map
             .evict(self.options.map_cache_bytes, &|page| pins.contains_key(&page));

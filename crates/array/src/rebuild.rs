@@ -153,7 +153,7 @@ impl Array {
 
     /// The rebuild running now, its report so far (`None`: none runs).
     pub fn rebuild_progress(&self) -> Option<RebuildReport> {
-        self.shared.rebuild_progress.get()
+        self.shared.jobs.rebuild.get()
     }
 
     /// Member `index`'s state now.
@@ -192,7 +192,8 @@ impl Array {
             ..RebuildReport::default()
         };
         let _running = shared
-            .rebuild_progress
+            .jobs
+            .rebuild
             .begin(report)
             .map_err(|other| ArrayError::RebuildRunning { index: other.member })?;
         let found = crate::members::read_superblock(device.as_ref()).ok();
@@ -221,7 +222,7 @@ impl Array {
         report.stripes_trusted = held.len() as u64;
         report.stripes_done = report.stripes_trusted;
         report.stripes_total = report.stripes_trusted + stripes.len() as u64;
-        shared.rebuild_progress.set(report);
+        shared.jobs.rebuild.set(report);
         let run = Run {
             index,
             device: &device,
@@ -328,7 +329,7 @@ impl Shared {
                 report.chunks_current += job.done.chunks_current;
                 report.stripes_done += 1;
                 report.milliseconds = started.elapsed().as_millis() as u64;
-                self.rebuild_progress.set(*report);
+                self.jobs.rebuild.set(*report);
                 throttle.step(job.done.bytes_written, &self.counters);
                 let go_on = progress(report);
                 // Saved now and then, and where a stop leaves it.

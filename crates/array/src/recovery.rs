@@ -24,7 +24,7 @@
 //!   in `status`.
 
 use crate::engine::Shared;
-use crate::error::ArrayError;
+use crate::error::{ArrayError, CheckpointFault};
 use crate::format::{Checkpoint, CheckpointRef, ChunkHeader, Record, Stream, SUMMARY_HEADER_BYTES};
 use crate::map::{Location, Map, Rule, Target};
 use crate::slots::{SlotState, SlotTable};
@@ -314,7 +314,7 @@ impl Shared {
         });
         if let Some((lba, slot)) = stale {
             return Err(ArrayError::CheckpointUnreadable {
-                why: format!("it maps block {lba} into slot {slot}, which holds a newer stripe"),
+                why: CheckpointFault::Stale { lba, slot },
             });
         }
         // What nothing points at is free; everything replayed is durable.
@@ -342,7 +342,7 @@ impl Shared {
         &self,
         stripes: &[(u64, u64)],
         total: usize,
-        parse: impl Fn(&[u8]) -> Result<T, String>,
+        parse: impl Fn(&[u8]) -> Result<T, CheckpointFault>,
     ) -> Result<T, ArrayError> {
         let bytes = self.read_meta_bytes(stripes, total, |b| parse(b).map(|_| ()))?;
         parse(&bytes).map_err(|why| ArrayError::CheckpointUnreadable { why })
@@ -356,12 +356,15 @@ impl Shared {
         &self,
         stripes: &[(u64, u64)],
         total: usize,
-        good: impl Fn(&[u8]) -> Result<(), String>,
+        good: impl Fn(&[u8]) -> Result<(), CheckpointFault>,
     ) -> Result<Vec<u8>, ArrayError> {
-        let unreadable = |why: String| ArrayError::CheckpointUnreadable { why };
+        let unreadable = |why: CheckpointFault| ArrayError::CheckpointUnreadable { why };
         let per_stripe = self.meta_stripe_bytes();
         if total > stripes.len() * per_stripe || total <= (stripes.len().max(1) - 1) * per_stripe {
-            return Err(unreadable(format!("{total} bytes in {} stripes", stripes.len())));
+            return Err(unreadable(CheckpointFault::Length {
+                total,
+                stripes: stripes.len(),
+            }));
         }
         let length = |i: usize| (total - i * per_stripe).min(per_stripe);
         let mut bytes = vec![0u8; total];
@@ -373,9 +376,12 @@ impl Shared {
             return Ok(bytes);
         }
         for (i, &(slot, sequence)) in stripes.iter().enumerate() {
-            let rebuilt = self
-                .rebuild_stripe(slot, sequence, true)
-                .map_err(|e| unreadable(e.to_string()))?;
+            let rebuilt = self.rebuild_stripe(slot, sequence, true).map_err(|e| {
+                unreadable(CheckpointFault::Stripe {
+                    slot,
+                    source: Box::new(e),
+                })
+            })?;
             let at = i * per_stripe;
             bytes[at..at + length(i)].copy_from_slice(&rebuilt.area[..length(i)]);
         }
@@ -387,7 +393,7 @@ impl Shared {
     /// slot table; returns its window.
     fn load_checkpoint(&self, reference: &CheckpointRef) -> Result<BTreeSet<u64>, ArrayError> {
         let g = &self.geometry;
-        let unreadable = |why: String| ArrayError::CheckpointUnreadable { why };
+        let unreadable = |why: CheckpointFault| ArrayError::CheckpointUnreadable { why };
         let per_stripe = self.meta_stripe_bytes();
         let total = reference.bytes as usize;
         let body = reference.body_stripes(per_stripe);
@@ -398,7 +404,7 @@ impl Shared {
             let directory: Vec<(u64, u64)> = reference.slots.iter().copied().zip(first..).collect();
             let bytes = crate::format::checkpoint_directory_bytes(g.checksum, body);
             let slots = self.read_meta_stripes(&directory, bytes, |b| {
-                crate::format::decode_checkpoint_directory(b, g, body).map_err(|e| e.to_string())
+                crate::format::decode_checkpoint_directory(b, g, body).map_err(CheckpointFault::from)
             })?;
             slots
                 .into_iter()
@@ -420,19 +426,19 @@ impl Shared {
         };
         let bytes = self.read_meta_bytes(own, total, |b| match g.checksum.digest(b) == reference.digest {
             true => Ok(()),
-            false => Err("its digest does not match".to_string()),
+            false => Err(CheckpointFault::Digest),
         })?;
-        let checkpoint = Checkpoint::decode(&bytes, g).map_err(|e| unreadable(e.to_string()))?;
+        let checkpoint = Checkpoint::decode(&bytes, g).map_err(|e| unreadable(e.into()))?;
         drop(bytes);
         if checkpoint.sequence != reference.sequence {
-            return Err(unreadable(format!(
-                "it says sequence {}, the superblock {}",
-                checkpoint.sequence, reference.sequence
-            )));
+            return Err(unreadable(CheckpointFault::Sequence {
+                found: checkpoint.sequence,
+                expected: reference.sequence,
+            }));
         }
         let meta: BTreeSet<u64> = listed.iter().map(|&(slot, _)| slot).collect();
         if meta.len() != listed.len() {
-            return Err(unreadable("a slot holds two of its stripes".to_string()));
+            return Err(unreadable(CheckpointFault::OwnSlotTwice));
         }
         let map_stripes = &checkpoint.images.stripes;
         let clash = checkpoint
@@ -443,9 +449,7 @@ impl Shared {
             .chain(&checkpoint.window)
             .find(|slot| meta.contains(slot) || (checkpoint.window.contains(slot) && map_stripes.contains_key(slot)));
         if let Some(slot) = clash {
-            return Err(unreadable(format!(
-                "slot {slot} is listed twice (live, window, map stripe or the checkpoint's own)"
-            )));
+            return Err(unreadable(CheckpointFault::ListedTwice { slot: *slot }));
         }
         // The pages stay on the members until something looks at them;
         // the slot table takes the counts they add up to.

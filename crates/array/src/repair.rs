@@ -84,6 +84,15 @@ impl Throttle {
     }
 }
 
+/// The long jobs that run one at a time (a scrub, a rebuild, a heal),
+/// each with its report so far, for `status`.
+#[derive(Default)]
+pub(crate) struct Jobs {
+    pub scrub: Running<ScrubReport>,
+    pub rebuild: Running<crate::rebuild::RebuildReport>,
+    pub heal: Running<crate::heal::HealReport>,
+}
+
 /// The report of background work running now (a scrub, a rebuild), for
 /// `status`; `None` when none runs, which is also what lets one begin.
 #[derive(Default)]
@@ -193,14 +202,14 @@ impl Shared {
             stripes_total: stripes.len() as u64,
             ..ScrubReport::default()
         };
-        let Ok(_running) = self.scrub_progress.begin(report) else {
+        let Ok(_running) = self.jobs.scrub.begin(report) else {
             return Err(ArrayError::ScrubRunning);
         };
         let mut throttle = Throttle::new(rate, rate);
         for (slot, _) in stripes {
             let read_before = report.bytes_read;
             self.scrub_slot(slot, &mut report);
-            self.scrub_progress.set(report);
+            self.jobs.scrub.set(report);
             throttle.step(report.bytes_read - read_before, &self.counters);
             if !progress(&report) {
                 report.stopped = true;

@@ -303,12 +303,12 @@ impl SlotTable {
 
     /// Takes a root's counts (opening: the table holds no mapping yet);
     /// every slot counted must be sealed already.
-    pub fn restore_counts(&mut self, counts: &format::MapCounts) -> Result<(), String> {
+    pub fn restore_counts(&mut self, counts: &format::MapCounts) -> Result<(), crate::error::CheckpointFault> {
         assert_eq!(self.live_total, 0, "counts restored into an empty table");
         for &(slot, live, pieces) in &counts.slots {
             let s = self.get_mut(slot);
             if s.state != SlotState::Sealed {
-                return Err(format!("it counts live data in slot {slot}, which is {:?}", s.state));
+                return Err(crate::error::CheckpointFault::CountsUnsealed { slot, state: s.state });
             }
             s.live = live;
             s.pieces = pieces;
