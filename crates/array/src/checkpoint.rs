@@ -189,13 +189,17 @@ impl Shared {
         self.take_checkpoint(false)
     }
 
-    /// The sequence of the durable checkpoint, if no stripe was sealed
-    /// after its own and writes are not refused for lost members: then
-    /// the members hold nothing newer than it.
+    /// The sequence of the durable checkpoint, if its map holds every
+    /// data stripe sealed (none is newer than the sequence it is as of: a
+    /// root alone is as of older pages, and the stripes since are in its
+    /// window to be replayed), no stripe at all was sealed after its own,
+    /// and writes are not refused for lost members: then the members hold
+    /// nothing its map lacks.
     pub(crate) fn nothing_after_checkpoint(&self) -> Option<u64> {
         let reference = self.members.superblock().checkpoint.clone()?;
         let last = reference.first_stripe_sequence + reference.stripe_count(self.meta_stripe_bytes()) as u64 - 1;
-        (self.members.lost().is_none() && self.tracker.last_sequence() == last).then_some(reference.sequence)
+        let mapped = self.index().last_data_sealed <= reference.sequence;
+        (mapped && self.members.lost().is_none() && self.tracker.last_sequence() == last).then_some(reference.sequence)
     }
 
     /// A clean stop's checkpoint: the open stripes sealed and synced, the

@@ -124,6 +124,9 @@ pub(crate) struct Index {
     pub user_serial_next: u64,
     /// The newest sequence sealed so far.
     pub last_sealed: u64,
+    /// The newest user or GC stripe's sequence (not a checkpoint's): a
+    /// clean stop's checkpoint must be as of this or later.
+    pub last_data_sealed: u64,
     /// Which volumes' records are mapped (`crate::volume::Floors`).
     pub volumes: crate::volume::Floors,
 }
@@ -453,6 +456,7 @@ impl Array {
                 user_open: HashMap::new(),
                 user_serial_next: 1,
                 last_sealed: 0,
+                last_data_sealed: 0,
                 volumes: crate::volume::Floors::of(&volume_table),
             }),
             pins: Pins::new(slot_count),

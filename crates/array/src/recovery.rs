@@ -125,6 +125,13 @@ impl Shared {
         {
             let mut index = self.index_mut();
             index.last_sealed = max_sequence;
+            // After a clean stop no data stripe is newer than the
+            // checkpoint; else any may be, as far as a later clean stop
+            // knows.
+            index.last_data_sealed = match (recovery.clean_stop, recovery.checkpoint_sequence) {
+                (true, Some(sequence)) => sequence,
+                _ => max_sequence,
+            };
             // Writes to a volume created after the last write recovery saw
             // must still be newer than the volume.
             index.next_version = index.next_version.max(index.volumes.newest() + 1);

@@ -727,6 +727,9 @@ impl Shared {
         let empty = index.slots.sealed(open.slot, sequence, state);
         index.resident.insert(open.slot, Resident::Sealed(area.clone()));
         index.last_sealed = index.last_sealed.max(sequence);
+        if open.stream != Stream::Meta {
+            index.last_data_sealed = index.last_data_sealed.max(sequence);
+        }
         // A slot emptied here (by this stripe's records, or this stripe
         // itself, all it took overwritten while it was open) may hold the
         // last durable copy of blocks whose newer writes are in a user
