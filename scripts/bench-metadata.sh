@@ -7,9 +7,10 @@
 #   DATA=random scripts/bench-metadata.sh 1M        (incompressible data)
 #   TESSERA=/path/to/old/tessera scripts/bench-metadata.sh 4M   (another build)
 #   MAP_CACHE=8M scripts/bench-metadata.sh 1M       (`serve --map-cache 8M`)
+#   SIZE=1T scripts/bench-metadata.sh 4M            (a thin export of 1 TiB)
 #
 # For each count N: a new 8+2 array on 10 sparse member files, exported
-# thin at 64 GiB; fio writes N distinct 4 KiB blocks at random (each once,
+# thin at 64 GiB (SIZE); fio writes N distinct 4 KiB blocks at random (each once,
 # QD32) over the first N x 4 KiB; then the server's RSS; a clean stop;
 # `tessera status` times the opening; a new server's RSS right after
 # opening (no I/O yet), less that of the same array empty, per block (and
@@ -28,6 +29,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -gt 0 ] || set -- 1M 2M 4M
 data=${DATA:-pattern}
+size=${SIZE:-64G}
 # TESSERA=path/to/tessera measures another build (an older one, to compare).
 export SOCKET_WAIT_S=60
 source scripts/bench-lib.sh
@@ -53,7 +55,7 @@ fio_pattern() {
 }
 
 cpu=$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)
-echo "8+2 on 10 sparse member files, exported 64 GiB, $data data$([ "$data" = pattern ] && echo ', lz4'); $(nproc) x $cpu"
+echo "8+2 on 10 sparse member files, exported $size, $data data$([ "$data" = pattern ] && echo ', lz4'); $(nproc) x $cpu"
 cache_args=()
 [ -z "${MAP_CACHE:-}" ] || { cache_args=(--map-cache "$MAP_CACHE"); echo "serve --map-cache $MAP_CACHE"; }
 printf '%-9s %8s %8s %10s %8s %9s %8s %9s %8s %-70s %s\n' blocks "RSS MB" "peak MB" "opened MB" "B/block" "map B/bl" "read MB" checkpts "ckpt MB" "open after a clean stop" "open after kill -9"
@@ -68,7 +70,7 @@ for n in "$@"; do
     compress=lz4
   fi
   "$tessera" create --data 8 --parity 2 --dir "$work/array" --devices 10 --device-size "$device_size" \
-    --compress "$compress" --size 64G >/dev/null
+    --compress "$compress" --size "$size" >/dev/null
   serve "${cache_args[@]}"
   empty=$(rss_mb)
   uri="nbd+unix:///tessera?socket=$work/s.sock"
