@@ -302,22 +302,10 @@ impl Shared {
         let sequence = w.next_sequence;
         w.next_sequence += 1;
         let tail = w.live.front().map_or(sequence, |b| b.sequence);
-        let mut buffer = std::mem::take(&mut w.buffer);
-        format::encode_log_block(self.array_uuid, sequence, tail, &taken, &mut buffer);
-        let len = buffer.len() as u64;
+        format::encode_log_block(self.array_uuid, sequence, tail, &taken, &mut w.buffer);
+        let len = w.buffer.len() as u64;
         let targets = self.placement(log, &w, len).expect("take_unlogged logs only what fits");
-        let failures = self.write_copies(log, &buffer, &targets);
-        w.buffer = buffer;
-        let written = len * (targets.len() - failures.len()) as u64;
-        if log.devices.is_empty() {
-            Counters::add(&self.counters.member_bytes_written, written);
-        }
-        Counters::add(&self.counters.log_bytes_written, written);
-        if !failures.is_empty() {
-            Counters::add(&self.counters.log_write_failures, 1);
-            for (target, error) in &failures {
-                self.fail_log_target(log, *target, error);
-            }
+        if !self.write_block(log, &mut w, &targets) {
             drop(w);
             let sealed = self.seal_user_lanes()?;
             Counters::add(&self.counters.log_stripes_sealed_instead, sealed as u64);
@@ -364,26 +352,13 @@ impl Shared {
             return Ok(());
         }
         let sequence = w.next_sequence;
-        let mut buffer = std::mem::take(&mut w.buffer);
-        format::encode_log_block(self.array_uuid, sequence, sequence, &[] as &[Taken], &mut buffer);
-        let len = buffer.len() as u64;
+        format::encode_log_block(self.array_uuid, sequence, sequence, &[] as &[Taken], &mut w.buffer);
+        let len = w.buffer.len() as u64;
         let Some(targets) = self.placement(log, &w, len) else {
-            w.buffer = buffer;
             return Ok(());
         };
-        let failures = self.write_copies(log, &buffer, &targets);
-        w.buffer = buffer;
-        let written = len * (targets.len() - failures.len()) as u64;
-        if log.devices.is_empty() {
-            Counters::add(&self.counters.member_bytes_written, written);
-        }
-        Counters::add(&self.counters.log_bytes_written, written);
         w.next_sequence += 1;
-        if !failures.is_empty() {
-            Counters::add(&self.counters.log_write_failures, 1);
-            for (target, error) in &failures {
-                self.fail_log_target(log, *target, error);
-            }
+        if !self.write_block(log, &mut w, &targets) {
             return Ok(());
         }
         // Dead from the start: placed after the newest block, never
@@ -393,6 +368,26 @@ impl Shared {
         }
         w.retired = true;
         Ok(())
+    }
+
+    /// Writes the block encoded in `w.buffer` to `targets` and counts it;
+    /// a target whose write or sync fails is failed. Whether every copy
+    /// was written.
+    fn write_block(&self, log: &IntentLog, w: &mut Writer, targets: &[(usize, u64)]) -> bool {
+        let failures = self.write_copies(log, &w.buffer, targets);
+        let written = w.buffer.len() as u64 * (targets.len() - failures.len()) as u64;
+        if log.devices.is_empty() {
+            Counters::add(&self.counters.member_bytes_written, written);
+        }
+        Counters::add(&self.counters.log_bytes_written, written);
+        if failures.is_empty() {
+            return true;
+        }
+        Counters::add(&self.counters.log_write_failures, 1);
+        for (target, error) in &failures {
+            self.fail_log_target(log, *target, error);
+        }
+        false
     }
 
     /// Drops the blocks at the front whose stripes are all sealed and
