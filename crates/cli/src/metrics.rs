@@ -35,6 +35,16 @@ pub enum Op {
 }
 
 impl Op {
+    const ALL: [Op; 7] = [
+        Op::Read,
+        Op::Write,
+        Op::Flush,
+        Op::Trim,
+        Op::WriteZeroes,
+        Op::Cache,
+        Op::BlockStatus,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             Op::Read => "read",
@@ -114,6 +124,11 @@ impl Metrics {
             "Client requests answered with an error",
             errors.clone(),
         );
+        // Served at 0 from the start, so that a rate or an alert over
+        // them reads 0, not nothing, before the first error.
+        for op in Op::ALL {
+            errors.get_or_create(&OpLabels { op });
+        }
         let bytes = Family::<OpLabels, Counter>::default();
         registry.register("client_bytes", "Bytes client requests covered", bytes.clone());
         let latency = Family::<OpLabels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram);

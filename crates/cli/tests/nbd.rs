@@ -1944,7 +1944,70 @@ fn prometheus_metrics_count_requests_and_show_member_states() {
         metric(&text, "tessera_stripes{kind=\"degraded\"}") as u64,
         metric(&text, "tessera_stripes{kind=\"used\"}") as u64
     );
+    dashboard_names_only_what_is_served(&text);
     server.stop();
+}
+
+/// Every series the Grafana dashboard in `examples/` queries is one the
+/// server exports: each metric it names has a `# TYPE` line in `text` (a
+/// counter's `_total`, a histogram's `_bucket`, `_sum` and `_count` taken
+/// back to the family), and each `kind="..."` it selects has a sample,
+/// but for the scrub's and rebuild's, absent while none runs.
+fn dashboard_names_only_what_is_served(text: &str) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/grafana/tessera-dashboard.json");
+    let dashboard: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let exprs: Vec<String> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().iter())
+        .map(|t| t["expr"].as_str().unwrap().to_string())
+        .collect();
+    assert!(exprs.len() >= 10, "{} queries", exprs.len());
+    let mut checked = 0;
+    for expr in &exprs {
+        let mut rest = expr.as_str();
+        while let Some(at) = rest.find("tessera_") {
+            let name: String = rest[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            rest = &rest[at + name.len()..];
+            let family = ["_total", "_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix))
+                .unwrap_or(&name);
+            // The scrub's and the rebuild's are served only while one
+            // runs: those are looked for where the server registers them.
+            let idle = ["tessera_scrub_stripes", "tessera_rebuild"].contains(&family);
+            let registered = |family: &str| {
+                let source =
+                    std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/metrics.rs"))
+                        .unwrap();
+                source.contains(&format!("\"{}\",", family.trim_start_matches("tessera_")))
+            };
+            assert!(
+                text.contains(&format!("# TYPE {family} ")) || (idle && registered(family)),
+                "the dashboard's {name} ({expr}) is not served:\n{text}"
+            );
+            let kind = rest
+                .strip_prefix('{')
+                .and_then(|m| m.split('}').next())
+                .and_then(|m| m.split("kind=\"").nth(1))
+                .and_then(|k| k.split('"').next());
+            if let Some(kind) = kind.filter(|_| !idle) {
+                let served = text
+                    .lines()
+                    .any(|l| l.starts_with(&format!("{name}{{")) && l.contains(&format!("kind=\"{kind}\"")));
+                assert!(
+                    served,
+                    "the dashboard's {name}{{kind=\"{kind}\"}} is not served:\n{text}"
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 20, "{checked} series checked");
 }
 
 #[test]
