@@ -127,7 +127,7 @@ impl Metrics {
         // Served at 0 from the start, so that a rate or an alert over
         // them reads 0, not nothing, before the first error.
         for op in Op::ALL {
-            errors.get_or_create(&OpLabels { op });
+            errors.get_or_create(&OpLabels { op }).inc_by(0);
         }
         let bytes = Family::<OpLabels, Counter>::default();
         registry.register("client_bytes", "Bytes client requests covered", bytes.clone());
