@@ -558,15 +558,24 @@ pub fn serve(mut s: Serve) -> Result<()> {
         gc_stream: s.gc_stream,
         ..EngineOptions::default()
     };
-    let array = Arc::new(open_with(dir, engine)?);
     let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(signal, stop.clone())?;
-    }
+    // The control socket answers from the start: while the array opens,
+    // that it is opening and for how long (not "in use by another
+    // process").
     let control_path = dir.join(CONTROL_SOCKET);
     let _ = std::fs::remove_file(&control_path);
     let control = UnixListener::bind(&control_path).with_context(|| format!("binding {}", control_path.display()))?;
+    let _control_file = RemoveOnDrop(control_path.clone());
     set_mode(&control_path, 0o600)?;
+    let ready: Arc<std::sync::OnceLock<Ready>> = Arc::default();
+    {
+        let (ready, stop, since) = (ready.clone(), stop.clone(), Instant::now());
+        std::thread::spawn(move || control_loop(control, ready, since, stop));
+    }
+    let array = Arc::new(open_with(dir, engine)?);
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, stop.clone())?;
+    }
     // A rebuild a shutdown or crash stopped goes on now; else stale
     // members are resynced.
     let rebuilder = Arc::new(Rebuilder::new(dir, array.clone(), stop.clone(), s.auto_resync));
@@ -579,10 +588,7 @@ pub fn serve(mut s: Serve) -> Result<()> {
         .auto_heal
         .then(|| crate::heal::spawn_healer(array.clone(), stop.clone(), crate::replace::DEFAULT_BUSY_RATE))
         .transpose()?;
-    {
-        let (array, stop, rebuilder) = (array.clone(), stop.clone(), rebuilder.clone());
-        std::thread::spawn(move || control_loop(control, array, rebuilder, stop));
-    }
+    let _ = ready.set((array.clone(), rebuilder.clone()));
     let listener = listener(passed, listen, socket.map(|p| (p, s.socket_mode)), s.tls.is_some())?;
     let url = listener.uri("tessera", s.tls.is_some())?;
     let status = array.status()?;
@@ -650,7 +656,6 @@ pub fn serve(mut s: Serve) -> Result<()> {
     }
     eprintln!("tessera: shutting down: flushing and writing a map checkpoint");
     array.close()?;
-    let _ = std::fs::remove_file(&control_path);
     if let Some(path) = socket {
         let _ = std::fs::remove_file(path);
     }
@@ -687,9 +692,22 @@ struct Readers {
     waiting: std::collections::VecDeque<(u64, UnixStream)>,
 }
 
+/// The served array and its rebuilder, once the array is open.
+type Ready = (Arc<Array>, Arc<Rebuilder>);
+
+/// Removes a file when dropped (the control socket, however `serve` ends).
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// Answers requests on the control socket (see [`control_client`]), each
-/// client on its own thread, its request due within [`CONTROL_TIMEOUT`].
-fn control_loop(listener: UnixListener, array: Arc<Array>, rebuilder: Arc<Rebuilder>, stop: Arc<AtomicBool>) {
+/// client on its own thread, its request due within [`CONTROL_TIMEOUT`];
+/// until `ready` is set, with how long the array has been opening.
+fn control_loop(listener: UnixListener, ready: Arc<std::sync::OnceLock<Ready>>, since: Instant, stop: Arc<AtomicBool>) {
     let busy = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let readers = Arc::new(Mutex::new(Readers::default()));
     for stream in listener.incoming() {
@@ -722,7 +740,7 @@ fn control_loop(listener: UnixListener, array: Arc<Array>, rebuilder: Arc<Rebuil
             id
         };
         busy.fetch_add(1, Ordering::SeqCst);
-        let (array, busy, rebuilder, readers) = (array.clone(), busy.clone(), rebuilder.clone(), readers.clone());
+        let (ready, busy, readers) = (ready.clone(), busy.clone(), readers.clone());
         let deadline = Instant::now() + CONTROL_TIMEOUT;
         std::thread::spawn(move || {
             let request = read_request(&stream, deadline);
@@ -731,8 +749,16 @@ fn control_loop(listener: UnixListener, array: Arc<Array>, rebuilder: Arc<Rebuil
                 .unwrap_or_else(|p| p.into_inner())
                 .waiting
                 .retain(|(other, _)| *other != id);
-            if let Some(line) = request {
-                control_client(&stream, &line, &array, &rebuilder);
+            match (request, ready.get()) {
+                (Some(line), Some((array, rebuilder))) => control_client(&stream, &line, array, rebuilder),
+                (Some(_), None) => {
+                    let answer = format!(
+                        "error: the server is still opening the array ({:.0} s so far); ask again once it serves\n",
+                        since.elapsed().as_secs_f64()
+                    );
+                    let _ = (&stream).write_all(answer.as_bytes());
+                }
+                (None, _) => {}
             }
             busy.fetch_sub(1, Ordering::SeqCst);
         });
@@ -1249,6 +1275,31 @@ pub fn fail(dir: &Path, index: usize) -> Result<()> {
 mod tests {
     use super::nbd_errno;
     use tessera_array::ArrayError;
+
+    /// While the array opens, the control socket says so, and how long it
+    /// has taken, instead of leaving `status` to find the directory
+    /// locked by "another process".
+    #[test]
+    fn the_control_socket_says_the_array_is_still_opening() {
+        use std::io::{BufRead, Write};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(super::CONTROL_SOCKET);
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let ready = std::sync::Arc::default();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let since = std::time::Instant::now();
+        std::thread::spawn(move || super::control_loop(listener, ready, since, stop));
+        let mut stream = std::os::unix::net::UnixStream::connect(&path).unwrap();
+        stream.write_all(b"status\n").unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(&stream).read_line(&mut line).unwrap();
+        assert!(
+            line.starts_with("error: the server is still opening the array ("),
+            "{line}"
+        );
+        let answer = super::ask_server(dir.path(), "status").unwrap_err().to_string();
+        assert!(answer.contains("still opening"), "{answer}");
+    }
 
     #[test]
     fn array_errors_reach_nbd_clients_as_their_errno() {
