@@ -146,11 +146,11 @@ impl LiveBlock {
 }
 
 /// What the log holds and has done, for `status`.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct LogStatus {
     /// Where the log is: "members" (M+1 copies of each block) or
     /// "devices" (a copy on each log device).
-    pub on: &'static str,
+    pub on: String,
     /// The log devices, if any, with their state.
     pub devices: Vec<LogDeviceStatus>,
     /// Bytes of each member's or log device's log area.
@@ -173,15 +173,15 @@ pub struct LogStatus {
 }
 
 /// A log device in `status`.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct LogDeviceStatus {
     pub name: String,
     /// "healthy", "failed" or "missing".
-    pub state: &'static str,
+    pub state: String,
 }
 
 /// What opening found in the log.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct LogRecovery {
     /// Valid blocks found, all copies.
     pub blocks_found: u64,
@@ -711,13 +711,13 @@ impl Shared {
             (Some(_), false) => "healthy",
         };
         Some(LogStatus {
-            on: if log.devices.is_empty() { "members" } else { "devices" },
+            on: if log.devices.is_empty() { "members" } else { "devices" }.to_string(),
             devices: log
                 .devices
                 .iter()
                 .map(|d| LogDeviceStatus {
                     name: d.name.clone(),
-                    state: state(d),
+                    state: state(d).to_string(),
                 })
                 .collect(),
             area_bytes: self.log_area(log).1,

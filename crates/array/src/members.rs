@@ -22,7 +22,7 @@ use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")] // as `name` spells it
 pub enum MemberState {
     Healthy,
@@ -109,7 +109,7 @@ struct ErrorCounts {
 }
 
 /// One member's error counters, for `status`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct MemberErrors {
     /// Reads that failed (EIO, or the device gone).
     pub read_errors: u64,

@@ -196,7 +196,7 @@ fn volume_table(mut superblock: Superblock, members: &[Member]) -> Result<Superb
 }
 
 /// A device given to `open` that is not used: which, and why.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Rejected {
     pub name: String,
     pub why: String,

@@ -33,7 +33,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 /// What opening the array found and did, for `status`.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct Recovery {
     /// The checkpoint recovery started from (`None`: none, every slot
     /// scanned).

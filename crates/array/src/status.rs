@@ -66,7 +66,7 @@ impl Counters {
 }
 
 /// What `tessera status` reports.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct Status {
     pub array_uuid: String,
     pub data: usize,
@@ -188,7 +188,7 @@ pub struct Status {
     pub recovery: Recovery,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct MemberStatus {
     pub index: usize,
     pub name: String,
@@ -197,7 +197,7 @@ pub struct MemberStatus {
     pub errors: crate::members::MemberErrors,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct AcceleratorStatus {
     pub name: String,
     /// What the backend runs on (a GPU's name; a fallback and its reason).

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tessera_array::device::{Device, FileDevice};
-use tessera_array::{Array, ArrayError, CreateOptions, EngineOptions};
+use tessera_array::{Array, ArrayError, CreateOptions, EngineOptions, Status};
 use tessera_nbd::Failure;
 
 use crate::metrics::{Metrics, Op};
@@ -907,12 +907,12 @@ fn ask_server_with(dir: &Path, request: &str, mut on_progress: impl FnMut(&str))
 }
 
 pub fn status(dir: &Path, json: bool) -> Result<()> {
-    let status: serde_json::Value = match ask_server(dir, "status")? {
-        Some(text) => serde_json::from_str(&text)?,
+    let status: Status = match ask_server(dir, "status")? {
+        Some(text) => serde_json::from_str(&text).context("the server's status")?,
         None => {
             let _lock = lock(dir)?;
             let array = open(dir)?;
-            let status = serde_json::to_value(array.status()?)?;
+            let status = array.status()?;
             // Closed cleanly, so that the next opening reads no stripe
             // header either; an array that refuses writes cannot be, and
             // its status is still worth showing.
@@ -923,32 +923,41 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
         }
     };
     if json {
-        println!("{status}");
+        println!("{}", serde_json::to_string(&status)?);
         return Ok(());
     }
-    let n = |key: &str| status[key].as_u64().unwrap_or(0);
-    let f = |key: &str| status[key].as_f64().unwrap_or(0.0);
+    print_status(&status);
+    Ok(())
+}
+
+/// `tessera status` for people: the typed report, field by field.
+fn print_status(s: &Status) {
     println!(
         "array {}: {}+{}, {} KiB chunks, checksum {}, compression {}",
-        status["array_uuid"].as_str().unwrap_or("?"),
-        n("data"),
-        n("parity"),
-        n("chunk_bytes") >> 10,
-        status["checksum"].as_str().unwrap_or("?"),
-        status["compression"].as_str().unwrap_or("?")
+        s.array_uuid,
+        s.data,
+        s.parity,
+        s.chunk_bytes >> 10,
+        s.checksum,
+        s.compression
     );
-    for m in status["members"].as_array().into_iter().flatten() {
-        let count = |key: &str| m[key].as_u64().unwrap_or(0);
-        let errors = ["read_errors", "write_errors", "checksum_errors", "chunks_repaired"]
-            .iter()
-            .filter(|key| count(key) > 0)
-            .map(|key| format!("{} {}", key.replace('_', " "), count(key)))
-            .collect::<Vec<_>>();
+    for m in &s.members {
+        let e = &m.errors;
+        let errors = [
+            ("read errors", e.read_errors),
+            ("write errors", e.write_errors),
+            ("checksum errors", e.checksum_errors),
+            ("chunks repaired", e.chunks_repaired),
+        ]
+        .iter()
+        .filter(|(_, count)| *count > 0)
+        .map(|(what, count)| format!("{what} {count}"))
+        .collect::<Vec<_>>();
         println!(
             "  member {:>3}  {:<8} {}{}",
-            m["index"],
-            m["state"].as_str().unwrap_or("?"),
-            m["name"].as_str().unwrap_or("?"),
+            m.index,
+            m.state.name(),
+            m.name,
             if errors.is_empty() {
                 String::new()
             } else {
@@ -956,174 +965,153 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
             }
         );
     }
-    for rejected in status["devices_rejected"].as_array().into_iter().flatten() {
-        println!("  left out: {}", rejected["why"].as_str().unwrap_or("?"));
+    for rejected in &s.devices_rejected {
+        println!("  left out: {}", rejected.why);
     }
-    if let Some(why) = status["writes_refused"].as_str() {
+    if let Some(why) = &s.writes_refused {
         println!("WRITES REFUSED: {why}");
     }
-    let rebuild = &status["rebuild"];
-    if !rebuild.is_null() {
-        let count = |key: &str| rebuild[key].as_u64().unwrap_or(0);
+    let percent = |done: u64, total: u64| 100.0 * done as f64 / total.max(1) as f64;
+    if let Some(r) = &s.rebuild {
         println!(
             "rebuilding member {}: {} of {} stripes ({:.0}%), {} chunks written, {} kept",
-            count("member"),
-            count("stripes_done"),
-            count("stripes_total"),
-            100.0 * count("stripes_done") as f64 / count("stripes_total").max(1) as f64,
-            count("chunks_written"),
-            count("chunks_current")
+            r.member,
+            r.stripes_done,
+            r.stripes_total,
+            percent(r.stripes_done, r.stripes_total),
+            r.chunks_written,
+            r.chunks_current
         );
     }
-    let heal = &status["heal"];
-    if !heal.is_null() {
-        let count = |key: &str| heal[key].as_u64().unwrap_or(0);
+    if let Some(h) = &s.heal {
         println!(
             "healing: {} of {} degraded stripes ({:.0}%), {} moved to healthy members ({})",
-            count("stripes_done"),
-            count("stripes_total"),
-            100.0 * count("stripes_done") as f64 / count("stripes_total").max(1) as f64,
-            count("stripes_healed"),
-            human(count("bytes_relocated"))
+            h.stripes_done,
+            h.stripes_total,
+            percent(h.stripes_done, h.stripes_total),
+            h.stripes_healed,
+            human(h.bytes_relocated)
         );
     }
-    let scrub = &status["scrub"];
-    if !scrub.is_null() {
-        let count = |key: &str| scrub[key].as_u64().unwrap_or(0);
+    if let Some(scrub) = &s.scrub {
         println!(
             "scrub running: {} of {} stripes checked, {} bad chunks found, {} repaired",
-            count("stripes_checked"),
-            count("stripes_total"),
-            count("chunks_bad"),
-            count("chunks_repaired")
+            scrub.stripes_checked, scrub.stripes_total, scrub.chunks_bad, scrub.chunks_repaired
         );
     }
-    let accel = &status["accelerator"];
-    let detail = accel["detail"].as_str().filter(|d| !d.is_empty());
+    let accel = &s.accelerator;
     println!(
         "accelerator {}{}: {} stripes sealed, {} rebuilt, {} on the device",
-        accel["name"].as_str().unwrap_or("?"),
-        detail.map_or(String::new(), |d| format!(" ({d})")),
-        accel["stripes_sealed"].as_u64().unwrap_or(0),
-        accel["stripes_reconstructed"].as_u64().unwrap_or(0),
-        human(accel["bytes_on_device"].as_u64().unwrap_or(0))
+        accel.name,
+        if accel.detail.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", accel.detail)
+        },
+        accel.stripes_sealed,
+        accel.stripes_reconstructed,
+        human(accel.bytes_on_device)
     );
     println!(
         "stripes: {} used of {} ({} free), {} degraded",
-        n("stripes_used"),
-        n("stripes_total"),
-        n("stripes_free"),
-        n("stripes_degraded")
+        s.stripes_used, s.stripes_total, s.stripes_free, s.stripes_degraded
     );
     println!(
         "capacity: raw {}, usable {}, logical {}; mapped {} stored as {} (compression ratio {:.2})",
-        human(n("raw_bytes")),
-        human(n("usable_bytes")),
-        human(n("logical_bytes")),
-        human(n("mapped_bytes")),
-        human(n("stored_bytes")),
-        f("compression_ratio")
+        human(s.raw_bytes),
+        human(s.usable_bytes),
+        human(s.logical_bytes),
+        human(s.mapped_bytes),
+        human(s.stored_bytes),
+        s.compression_ratio
     );
     println!(
         "since start: {} written by clients, {} to members (write amplification {:.2}); {} stripes sealed, {} short (FLUSH); {} FLUSHes, {} syncs",
-        human(n("user_bytes_written")),
-        human(n("member_bytes_written")),
-        f("write_amplification"),
-        n("stripes_sealed"),
-        n("short_stripes_sealed"),
-        n("flushes"),
-        n("syncs")
+        human(s.user_bytes_written),
+        human(s.member_bytes_written),
+        s.write_amplification,
+        s.stripes_sealed,
+        s.short_stripes_sealed,
+        s.flushes,
+        s.syncs
     );
-    let log = &status["log"];
-    if log.is_object() {
-        let l = |key: &str| log[key].as_u64().unwrap_or(0);
-        let devices: Vec<String> = log["devices"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|d| {
-                format!(
-                    "{} ({})",
-                    d["name"].as_str().unwrap_or("?"),
-                    d["state"].as_str().unwrap_or("?")
-                )
-            })
-            .collect();
-        let where_log = if devices.is_empty() {
-            "on each member".to_string()
-        } else {
-            format!("on each log device: {}", devices.join(", "))
-        };
-        println!(
-            "intent log: {} {}, {} live; {} FLUSHes logged in {} blocks ({} written, write amplification {:.2} of the {:.2}); {} stripes sealed instead, {} failed log writes",
-            human(l("area_bytes")),
-            where_log,
-            human(l("live_bytes")),
-            l("flushes_logged"),
-            l("blocks_written"),
-            human(l("bytes_written")),
-            f("write_amplification_log"),
-            f("write_amplification"),
-            l("stripes_sealed_instead"),
-            l("write_failures")
-        );
-    } else {
-        println!("intent log: none (FLUSH seals short stripes)");
+    match &s.log {
+        Some(log) => {
+            let devices: Vec<String> = log
+                .devices
+                .iter()
+                .map(|d| format!("{} ({})", d.name, d.state))
+                .collect();
+            let where_log = if devices.is_empty() {
+                "on each member".to_string()
+            } else {
+                format!("on each log device: {}", devices.join(", "))
+            };
+            println!(
+                "intent log: {} {}, {} live; {} FLUSHes logged in {} blocks ({} written, write amplification {:.2} of the {:.2}); {} stripes sealed instead, {} failed log writes",
+                human(log.area_bytes),
+                where_log,
+                human(log.live_bytes),
+                log.flushes_logged,
+                log.blocks_written,
+                human(log.bytes_written),
+                s.write_amplification_log,
+                s.write_amplification,
+                log.stripes_sealed_instead,
+                log.write_failures
+            );
+        }
+        None => println!("intent log: none (FLUSH seals short stripes)"),
     }
     println!(
         "garbage collection: {} rounds, {} stripes emptied, {} relocated; writers waited {} ms for members, {} ms for a free slot",
-        n("gc_rounds"),
-        n("gc_stripes_collected"),
-        human(n("gc_bytes_relocated")),
-        n("writers_waited_for_members_ms"),
-        n("writers_waited_for_slot_ms")
+        s.gc_rounds,
+        s.gc_stripes_collected,
+        human(s.gc_bytes_relocated),
+        s.writers_waited_for_members_ms,
+        s.writers_waited_for_slot_ms
     );
     println!(
         "errors: {} bad chunks found, {} repaired; {} reads reconstructed (from {} stripes rebuilt), {} unrecoverable",
-        n("checksum_errors"),
-        n("chunks_repaired"),
-        n("reconstructed_reads"),
-        n("stripes_reconstructed"),
-        n("unrecoverable_reads")
+        s.checksum_errors, s.chunks_repaired, s.reconstructed_reads, s.stripes_reconstructed, s.unrecoverable_reads
     );
-    let r = &status["recovery"];
-    let r_n = |key: &str| r[key].as_u64().unwrap_or(0);
-    let sequence = |value: &serde_json::Value| value.as_u64().map_or("none".to_string(), |s| s.to_string());
     println!(
         "map cache: {} of {} used by {} pages in memory, {} pages ({}) only on the members; {} lookups found their pages, {} pages read in, {} evicted",
-        human(n("map_bytes")),
-        human(n("map_cache_bytes")),
-        n("map_pages"),
-        n("map_pages_on_members"),
-        human(n("map_bytes_on_members")),
-        n("map_page_hits"),
-        n("map_page_misses"),
-        n("map_pages_evicted")
+        human(s.map_bytes),
+        human(s.map_cache_bytes),
+        s.map_pages,
+        s.map_pages_on_members,
+        human(s.map_bytes_on_members),
+        s.map_page_hits,
+        s.map_page_misses,
+        s.map_pages_evicted
     );
+    let sequence = |value: Option<u64>| value.map_or("none".to_string(), |s| s.to_string());
+    let r = &s.recovery;
     println!(
-        "metadata: map of {} mappings in {} pages in memory ({} changed since the checkpoint), {} of memory; checkpoint at sequence {}, its page images in {} map stripes ({} written since start, {} of them a root alone, {} forced for room, {} dropped, {} of checkpoint stripes written); opening took {} ms from checkpoint {}, {} slots scanned, {} stripes replayed, {} torn stripes dropped, {} chunks repaired",
-        n("map_mappings"),
-        n("map_pages"),
-        n("map_dirty_pages"),
-        human(n("map_bytes")),
-        sequence(&status["checkpoint_sequence"]),
-        n("map_stripes"),
-        n("checkpoints_written"),
-        n("checkpoints_root_only"),
-        n("checkpoints_forced"),
-        n("checkpoints_dropped"),
-        human(n("checkpoint_bytes_written")),
-        r_n("milliseconds"),
-        sequence(&r["checkpoint_sequence"]),
-        r_n("slots_scanned"),
-        r_n("stripes_replayed"),
-        r_n("torn_stripes_dropped"),
-        r_n("chunks_repaired")
+        "metadata: map of {} mappings in {} pages in memory ({} changed since the checkpoint), {} of memory; checkpoint at sequence {}, its page images in {} map stripes ({} written since start, {} of them a root alone, {} forced for room, {} dropped, {} of checkpoint stripes written); opening took {} ms from checkpoint {}{}, {} slots scanned, {} stripes replayed, {} torn stripes dropped, {} chunks repaired",
+        s.map_mappings,
+        s.map_pages,
+        s.map_dirty_pages,
+        human(s.map_bytes),
+        sequence(s.checkpoint_sequence),
+        s.map_stripes,
+        s.checkpoints_written,
+        s.checkpoints_root_only,
+        s.checkpoints_forced,
+        s.checkpoints_dropped,
+        human(s.checkpoint_bytes_written),
+        r.milliseconds,
+        sequence(r.checkpoint_sequence),
+        if r.clean_stop { " (after a clean stop)" } else { "" },
+        r.slots_scanned,
+        r.stripes_replayed,
+        r.torn_stripes_dropped,
+        r.chunks_repaired
     );
-    if let Some(error) = r["checkpoint_error"].as_str() {
+    if let Some(error) = &r.checkpoint_error {
         println!("  the checkpoint could not be used ({error}); every slot was scanned instead");
     }
-    Ok(())
 }
 
 /// How long work over every stripe (`scrub`, `replace`) shows its
