@@ -11,7 +11,8 @@ use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::ptr::NonNull;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// Alignment of the memory this crate hands to direct I/O.
 pub const IO_ALIGN: usize = 4096;
@@ -161,6 +162,97 @@ pub trait Device: Send + Sync {
     fn sync(&self) -> io::Result<()>;
     /// Size in bytes.
     fn size(&self) -> u64;
+}
+
+/// I/O done on one member (or volume), counted as it completes:
+/// operations and bytes, reads and writes (`tessera iostat` shows their
+/// rates).
+#[derive(Debug, Default)]
+pub struct IoCounts {
+    reads: AtomicU64,
+    read_bytes: AtomicU64,
+    writes: AtomicU64,
+    write_bytes: AtomicU64,
+}
+
+/// [`IoCounts`] read at one instant, for `status`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct IoTotals {
+    pub reads: u64,
+    pub read_bytes: u64,
+    pub writes: u64,
+    pub write_bytes: u64,
+}
+
+impl IoCounts {
+    /// Counts one read (`write` false) or write of `bytes` that succeeded.
+    pub fn add(&self, write: bool, bytes: usize) {
+        let (ops, total) = match write {
+            false => (&self.reads, &self.read_bytes),
+            true => (&self.writes, &self.write_bytes),
+        };
+        ops.fetch_add(1, Ordering::Relaxed);
+        total.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    pub fn totals(&self) -> IoTotals {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        IoTotals {
+            reads: load(&self.reads),
+            read_bytes: load(&self.read_bytes),
+            writes: load(&self.writes),
+            write_bytes: load(&self.write_bytes),
+        }
+    }
+}
+
+/// A member's device with its I/O counted into its member's
+/// [`IoCounts`] (which outlive a device replaced by a rebuild).
+pub struct Counted {
+    inner: Arc<dyn Device>,
+    counts: Arc<IoCounts>,
+}
+
+impl Counted {
+    pub fn wrap(inner: Arc<dyn Device>, counts: Arc<IoCounts>) -> Arc<dyn Device> {
+        Arc::new(Counted { inner, counts })
+    }
+}
+
+impl Device for Counted {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.inner.read_at(buf, offset)?;
+        self.counts.add(false, buf.len());
+        Ok(())
+    }
+
+    fn read_vectored_at(&self, pieces: &mut [&mut [u8]], offset: u64) -> io::Result<()> {
+        let bytes = pieces.iter().map(|p| p.len()).sum();
+        self.inner.read_vectored_at(pieces, offset)?;
+        self.counts.add(false, bytes);
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.inner.write_at(buf, offset)?;
+        self.counts.add(true, buf.len());
+        Ok(())
+    }
+
+    fn write_vectored_at(&self, pieces: &[&[u8]], offset: u64) -> io::Result<()> {
+        let bytes = pieces.iter().map(|p| p.len()).sum();
+        self.inner.write_vectored_at(pieces, offset)?;
+        self.counts.add(true, bytes);
+        Ok(())
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        self.inner.sync()
+    }
+
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
 }
 
 /// A file or block device.

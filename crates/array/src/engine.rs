@@ -416,7 +416,11 @@ impl Array {
             ..Policy::default()
         });
         let counters = Counters::default();
-        let devices = members.iter().map(|m| m.device.clone()).collect();
+        let array_uuid = superblock.array_uuid;
+        // The members' devices count their I/O; the writers get the
+        // counted ones.
+        let members = Members::new(members, superblock, rejected, options.member_errors_max);
+        let devices = (0..members.count()).map(|i| members.device(i)).collect();
         let io = MemberIo::start(&geometry, devices, counters.member_bytes_written.clone()).map_err(|source| {
             ArrayError::ThreadStart {
                 what: "member I/O threads",
@@ -435,7 +439,6 @@ impl Array {
                 source: std::io::Error::other(e),
             })?;
         let cache = ReconstructCache::new(options.reconstruct_cache_bytes, geometry.data_area_bytes());
-        let array_uuid = superblock.array_uuid;
         let fill_bytes = crate::write::stripe_fill_bytes(&geometry, policy.as_ref());
         let shared = Arc::new_cyclic(|me| Shared {
             fill_bytes,
@@ -444,7 +447,7 @@ impl Array {
             array_uuid,
             accel,
             policy,
-            members: Members::new(members, superblock, rejected, options.member_errors_max),
+            members,
             index: RwLock::new(Index {
                 map: Map::default(),
                 slots: SlotTable::new(geometry.checksum, slot_count),

@@ -15,7 +15,7 @@
 //!   durable. Reads go on where K good chunks remain. Reopening the array
 //!   (once the members are back) is the way out.
 
-use crate::device::Device;
+use crate::device::{Counted, Device, IoCounts, IoTotals};
 use crate::error::{ArrayError, Lost};
 use crate::format::{FormatError, Superblock, SECTOR_BYTES};
 use serde::Serialize;
@@ -97,6 +97,8 @@ struct Entry {
     device: RwLock<Option<Arc<dyn Device>>>,
     state: AtomicU8,
     errors: ErrorCounts,
+    /// Its I/O since the array was opened (its device counts into it).
+    io: Arc<IoCounts>,
 }
 
 /// What went wrong on one member since the array was opened.
@@ -204,12 +206,16 @@ impl Members {
             parity: superblock.geometry.parity,
             entries: members
                 .into_iter()
-                .map(|m| Entry {
-                    name: Mutex::new(m.name),
-                    uuid: Mutex::new(m.uuid),
-                    device: RwLock::new(m.device),
-                    state: AtomicU8::new(m.state.code()),
-                    errors: ErrorCounts::default(),
+                .map(|m| {
+                    let io = Arc::new(IoCounts::default());
+                    Entry {
+                        name: Mutex::new(m.name),
+                        uuid: Mutex::new(m.uuid),
+                        device: RwLock::new(m.device.map(|d| Counted::wrap(d, io.clone()))),
+                        state: AtomicU8::new(m.state.code()),
+                        errors: ErrorCounts::default(),
+                        io,
+                    }
                 })
                 .collect(),
             superblock: Mutex::new(superblock),
@@ -264,6 +270,11 @@ impl Members {
         }
     }
 
+    /// Member `index`'s I/O since the array was opened.
+    pub fn io(&self, index: usize) -> IoTotals {
+        self.entries[index].io.totals()
+    }
+
     /// The device member `index` was opened with, whatever its state.
     pub fn device(&self, index: usize) -> Option<Arc<dyn Device>> {
         self.entries[index]
@@ -303,6 +314,7 @@ impl Members {
             MemberState::Rebuilding => return Err(ArrayError::RebuildRunning { index }),
             MemberState::Failed | MemberState::Missing | MemberState::Stale => {}
         }
+        let device = Counted::wrap(device, self.entries[index].io.clone());
         attach(&device);
         *self.entries[index].device.write().unwrap_or_else(|p| p.into_inner()) = Some(device);
         if let Some(name) = name {

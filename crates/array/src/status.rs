@@ -195,6 +195,10 @@ pub struct MemberStatus {
     pub state: MemberState,
     #[serde(flatten)]
     pub errors: crate::members::MemberErrors,
+    /// Its reads and writes since the array was opened (chunks, log
+    /// blocks, superblocks): what `tessera iostat` shows the rates of.
+    #[serde(default)]
+    pub io: crate::device::IoTotals,
 }
 
 #[derive(Clone, Debug, Serialize, serde::Deserialize)]
@@ -283,6 +287,7 @@ impl Shared {
                         name: members.name(index),
                         state,
                         errors,
+                        io: members.io(index),
                     }
                 })
                 .collect(),

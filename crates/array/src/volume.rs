@@ -278,6 +278,8 @@ impl Floors {
 pub struct Gate {
     pub id: u32,
     pub size: RwLock<Option<u64>>,
+    /// The volume's client reads and writes since the array was opened.
+    pub io: crate::device::IoCounts,
 }
 
 impl Gate {
@@ -285,6 +287,7 @@ impl Gate {
         Arc::new(Gate {
             id,
             size: RwLock::new(Some(bytes)),
+            io: Default::default(),
         })
     }
 }
@@ -299,6 +302,10 @@ pub struct VolumeStatus {
     pub mapped_bytes: u64,
     /// Bytes those blocks take in stripes (after compression).
     pub stored_bytes: u64,
+    /// Its clients' reads and writes of data since the array was opened
+    /// (not TRIM, WRITE_ZEROES or FLUSH).
+    #[serde(default)]
+    pub io: crate::device::IoTotals,
 }
 
 #[cfg(test)]

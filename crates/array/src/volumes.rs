@@ -60,13 +60,17 @@ impl Volume {
     /// Reads `buf.len()` bytes at byte `offset` of the volume.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ArrayError> {
         self.shared.client_request();
-        self.within(offset, buf.len() as u64, |at| self.shared.read(at, buf))
+        self.within(offset, buf.len() as u64, |at| self.shared.read(at, buf))?;
+        self.gate.io.add(false, buf.len());
+        Ok(())
     }
 
     /// Writes `data` at byte `offset`; with `fua`, returns once it is durable.
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ArrayError> {
         self.shared.client_request();
-        self.within(offset, data.len() as u64, |at| self.shared.write(at, data, fua))
+        self.within(offset, data.len() as u64, |at| self.shared.write(at, data, fua))?;
+        self.gate.io.add(true, data.len());
+        Ok(())
     }
 
     /// Makes `len` bytes at `offset` read as zeros and frees their space
@@ -122,6 +126,13 @@ impl Shared {
     /// Every volume, by id, with what it maps and stores.
     pub(crate) fn volume_statuses(&self) -> Vec<VolumeStatus> {
         let table = self.volume_table();
+        let io: std::collections::HashMap<u32, crate::device::IoTotals> = self
+            .gates
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(&id, gate)| (id, gate.io.totals()))
+            .collect();
         let index = self.index();
         table
             .entries
@@ -134,6 +145,7 @@ impl Shared {
                     bytes: e.bytes,
                     mapped_bytes: blocks * BLOCK_BYTES as u64,
                     stored_bytes,
+                    io: io.get(&e.id).copied().unwrap_or_default(),
                 }
             })
             .collect()

@@ -930,6 +930,85 @@ pub fn status(dir: &Path, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// `tessera iostat`: the served array's status taken every `seconds`,
+/// and the rates between two of them printed, per volume (its clients'
+/// reads and writes of data) and per member (chunks, log blocks and
+/// superblocks), `count` times or until interrupted.
+pub fn iostat(dir: &Path, seconds: f64, count: Option<u64>) -> Result<()> {
+    if !(seconds.is_finite() && seconds > 0.0) {
+        bail!("the interval must be a positive number of seconds, not {seconds}");
+    }
+    let take = || -> Result<(Status, Instant)> {
+        let text = ask_server(dir, "status")?.with_context(|| {
+            format!(
+                "no server serves {}: iostat shows a served array's rates (start `tessera serve {}`)",
+                dir.display(),
+                dir.display()
+            )
+        })?;
+        Ok((
+            serde_json::from_str(&text).context("the server's status")?,
+            Instant::now(),
+        ))
+    };
+    let mut before = take()?;
+    let mut printed = 0;
+    while count.is_none_or(|c| printed < c) {
+        std::thread::sleep(std::time::Duration::from_secs_f64(seconds));
+        let now = take()?;
+        print!(
+            "{}",
+            iostat_report(&before.0, &now.0, now.1.duration_since(before.1).as_secs_f64())
+        );
+        std::io::stdout().flush()?;
+        before = now;
+        printed += 1;
+    }
+    Ok(())
+}
+
+/// The rates between two statuses `seconds` apart, as `iostat` prints
+/// them: one line per volume and per member.
+fn iostat_report(before: &Status, now: &Status, seconds: f64) -> String {
+    use tessera_array::device::IoTotals;
+    let rate = |now: u64, before: u64| now.saturating_sub(before) as f64 / seconds;
+    let line = |what: &str, now: &IoTotals, before: &IoTotals| {
+        format!(
+            "{what:<40} {:>10.0} {:>10.0} {:>10.1} {:>10.1}\n",
+            rate(now.reads, before.reads),
+            rate(now.writes, before.writes),
+            rate(now.read_bytes, before.read_bytes) / 1e6,
+            rate(now.write_bytes, before.write_bytes) / 1e6
+        )
+    };
+    let mut out = format!(
+        "{:<40} {:>10} {:>10} {:>10} {:>10}\n",
+        format!("over {seconds:.1} s"),
+        "reads/s",
+        "writes/s",
+        "read MB/s",
+        "write MB/s"
+    );
+    for volume in &now.volumes {
+        let was = before
+            .volumes
+            .iter()
+            .find(|v| v.id == volume.id)
+            .map_or(IoTotals::default(), |v| v.io);
+        out += &line(&format!("volume {}", volume.name), &volume.io, &was);
+    }
+    for member in &now.members {
+        let was = before
+            .members
+            .iter()
+            .find(|m| m.index == member.index)
+            .map_or(IoTotals::default(), |m| m.io);
+        let what = format!("  member {} {} ({})", member.index, member.name, member.state.name());
+        out += &line(&what, &member.io, &was);
+    }
+    out
+}
+
 /// `tessera status` for people: the typed report, field by field.
 fn print_status(s: &Status) {
     println!(

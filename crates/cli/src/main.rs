@@ -220,6 +220,16 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Reads and writes per second of the served array in DIR, per volume and per member, every SECONDS (like `zpool iostat -v`).
+    Iostat {
+        dir: PathBuf,
+        /// Seconds between reports.
+        #[arg(default_value_t = 1.0)]
+        seconds: f64,
+        /// Reports to print, then stop (default: until Ctrl-C).
+        #[arg(long)]
+        count: Option<u64>,
+    },
     /// Mark member I failed, as if pulled; a served array goes on degraded.
     Fail {
         dir: PathBuf,
@@ -697,6 +707,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Command::Status { dir, json } => array_cmd::status(&dir, json),
+        Command::Iostat { dir, seconds, count } => array_cmd::iostat(&dir, seconds, count),
         Command::Fail { dir, index } => array_cmd::fail(&dir, index),
         Command::Volume { action } => {
             use volume_cmd::Request;

@@ -2569,3 +2569,49 @@ fn volumes_are_exports_by_name_made_and_deleted_while_another_is_served() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("cannot be a volume's name"));
     server.stop();
 }
+
+/// `tessera iostat` reports the rates of a served array per volume and per
+/// member: a write of 8 MiB during its interval shows at the volume and
+/// on the members (more there: parity); on a stopped array it says a
+/// server is needed.
+#[test]
+fn iostat_shows_the_writes_of_its_interval_per_volume_and_member() {
+    let (tmp, dir, server) = create_and_serve(&[]);
+    let cwd = tmp.path();
+    let iostat = {
+        let dir = dir.clone();
+        std::thread::spawn(move || tessera(&["iostat", dir.to_str().unwrap(), "4", "--count", "1"]))
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let mut data = vec![0u8; 8 << 20];
+    rand::rngs::StdRng::seed_from_u64(21).fill(&mut data[..]);
+    write_export(&server.uri(), cwd, &data);
+    let out = iostat.join().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let columns = |prefix: &str| -> Vec<f64> {
+        let line = text
+            .lines()
+            .find(|l| l.trim_start().starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} line in\n{text}"));
+        line.split_whitespace()
+            .rev()
+            .take(4)
+            .map(|v| v.parse().unwrap())
+            .collect()
+    };
+    // Columns from the right: write MB/s, read MB/s, writes/s, reads/s.
+    let volume = columns("volume tessera");
+    let written = volume[0] * 4.0;
+    assert!((7.0..=9.0).contains(&written), "{written} MB written in\n{text}");
+    let members: f64 = (0..6).map(|i| columns(&format!("member {i} "))[0]).sum();
+    assert!(members * 4.0 > written * 1.2, "members wrote {members} MB/s in\n{text}");
+    server.stop();
+    let out = tessera(&["iostat", dir.to_str().unwrap(), "1", "--count", "1"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no server serves"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
