@@ -245,6 +245,8 @@ pub(crate) struct Shared {
     pub cache: ReconstructCache,
     /// The scrub, rebuild and heal running now, one of each at most.
     pub jobs: crate::repair::Jobs,
+    /// What happened since the array was opened.
+    pub events: Arc<crate::events::Events>,
     pub counters: Counters,
     /// Read-modify-writes of partial blocks, by block number.
     pub partial: Vec<Mutex<()>>,
@@ -419,7 +421,8 @@ impl Array {
         let array_uuid = superblock.array_uuid;
         // The members' devices count their I/O; the writers get the
         // counted ones.
-        let members = Members::new(members, superblock, rejected, options.member_errors_max);
+        let events = Arc::new(crate::events::Events::default());
+        let members = Members::new(members, superblock, rejected, options.member_errors_max, events.clone());
         let devices = (0..members.count()).map(|i| members.device(i)).collect();
         let io = MemberIo::start(&geometry, devices, counters.member_bytes_written.clone()).map_err(|source| {
             ArrayError::ThreadStart {
@@ -480,6 +483,7 @@ impl Array {
             io_pool,
             cache,
             jobs: Default::default(),
+            events,
             counters,
             partial: (0..PARTIAL_WRITE_LOCK_COUNT).map(|_| Mutex::new(())).collect(),
             spares: Mutex::new(Spares::default()),
@@ -519,6 +523,15 @@ impl Array {
             heartbeat,
         };
         array.shared.recover(start)?;
+        {
+            let r = array.shared.recovery.lock().unwrap_or_else(poisoned).clone();
+            array.shared.events.record(crate::events::What::Opened {
+                milliseconds: r.milliseconds,
+                clean_stop: r.clean_stop,
+                slots_scanned: r.slots_scanned,
+                stripes_replayed: r.stripes_replayed,
+            });
+        }
         if array.shared.options.background {
             let shared = array.shared.clone();
             let thread = std::thread::Builder::new()
@@ -673,10 +686,20 @@ impl Array {
         let checkpointed = shared.checkpoint_to_close();
         shared.members.close_for_writes();
         checkpointed?;
-        if let Some(sequence) = shared.nothing_after_checkpoint() {
+        let clean = shared.nothing_after_checkpoint();
+        if let Some(sequence) = clean {
             self.heartbeat.close_clean(sequence);
         }
+        shared
+            .events
+            .record(crate::events::What::Closed { clean: clean.is_some() });
         Ok(())
+    }
+
+    /// What happened since the array was opened, oldest first (the
+    /// newest `events::EVENTS_MAX`).
+    pub fn events(&self) -> Vec<crate::events::Event> {
+        self.shared.events.list()
     }
 }
 

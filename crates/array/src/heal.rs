@@ -161,6 +161,11 @@ impl Shared {
         }
         report.stripes_degraded = self.degraded_stripes().len() as u64;
         report.milliseconds = started.elapsed().as_millis() as u64;
+        self.events.record(crate::events::What::HealEnded {
+            stripes_healed: report.stripes_healed,
+            stripes_degraded: report.stripes_degraded,
+            stopped: report.stopped,
+        });
         Ok(report)
     }
 }

@@ -26,6 +26,7 @@ mod create;
 pub mod device;
 mod engine;
 mod error;
+pub mod events;
 pub mod format;
 mod gc;
 mod heal;

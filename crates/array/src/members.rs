@@ -17,6 +17,7 @@
 
 use crate::device::{Counted, Device, IoCounts, IoTotals};
 use crate::error::{ArrayError, Lost};
+use crate::events::{Events, What};
 use crate::format::{FormatError, Superblock, SECTOR_BYTES};
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -133,6 +134,8 @@ pub struct Members {
     lost: OnceLock<Lost>,
     /// Closed (`Array::close`): writes are refused, reads go on.
     closed: AtomicBool,
+    /// Where member failures and refused writes are told.
+    events: Arc<Events>,
     /// Devices given at open that are not members of this array.
     rejected: Vec<crate::open::Rejected>,
     /// Read and checksum errors after which a member is failed (0: never).
@@ -199,8 +202,10 @@ impl Members {
         superblock: Superblock,
         rejected: Vec<crate::open::Rejected>,
         errors_max: u64,
+        events: Arc<Events>,
     ) -> Members {
         Members {
+            events,
             rejected,
             errors_max,
             parity: superblock.geometry.parity,
@@ -419,6 +424,15 @@ impl Members {
         }
     }
 
+    /// Refuses writes from now on, for `why` (the first reason stays),
+    /// and tells the history.
+    fn refuse_writes(&self, why: Lost) {
+        let told = why.to_string();
+        if self.lost.set(why).is_ok() {
+            self.events.record(What::WritesRefused { why: told });
+        }
+    }
+
     /// Refuses every write and FLUSH from now on: the array was closed.
     pub fn close_for_writes(&self) {
         self.closed.store(true, Ordering::Release);
@@ -481,6 +495,11 @@ impl Members {
         let mut template = sb.clone();
         template.set_failed(index);
         self.publish_locked(&mut sb, template)?;
+        self.events.record(What::MemberFailed {
+            member: index,
+            name: self.name(index),
+            by_hand: mark_it,
+        });
         if let (true, Some(device)) = (mark_it, self.device(index)) {
             // Under the lock, so the checkpoint it names is one published
             // while it was healthy (a resync trusts it; see rebuild.rs).
@@ -526,7 +545,7 @@ impl Members {
         self.entries[index].errors.write.fetch_add(1, Ordering::Relaxed);
         let result = self.fail(index);
         if let Err(ArrayError::TooManyFailed { failed, parity }) = &result {
-            let _ = self.lost.set(Lost::MemberFailed {
+            self.refuse_writes(Lost::MemberFailed {
                 member: index,
                 name: self.name(index),
                 error: Arc::new(std::io::Error::new(error.kind(), error.to_string())),
@@ -571,7 +590,7 @@ impl Members {
                 return Ok(());
             };
             if let Err(e) = self.mark_failed(member) {
-                let _ = self.lost.set(Lost::SuperblockUnwritten {
+                self.refuse_writes(Lost::SuperblockUnwritten {
                     member,
                     name: self.name(member),
                     error: Arc::new(error),

@@ -60,6 +60,7 @@ use crate::device::{AlignedBuf, Device};
 use crate::engine::Array;
 use crate::engine::Shared;
 use crate::error::ArrayError;
+use crate::events::What;
 use crate::format::ChunkHeader;
 use crate::format::SECTOR_BYTES;
 use crate::members::MemberState;
@@ -212,6 +213,18 @@ impl Array {
             .begin_rebuild(index, options.name.clone(), device.clone(), |device| {
                 shared.io.attach(index, device.clone())
             })?;
+        shared.events.record(What::RebuildStarted {
+            member: index,
+            name: shared.members.name(index),
+        });
+        let ended = |report: &RebuildReport, error: Option<&ArrayError>| {
+            shared.events.record(What::RebuildEnded {
+                member: index,
+                stripes_done: report.stripes_done,
+                stripes_total: report.stripes_total,
+                error: error.map(ToString::to_string),
+            })
+        };
         let start_sequence = shared.tracker.last_sequence() + 1;
         // Those sealed before, once written, are the work.
         shared.wait_written(start_sequence - 1);
@@ -235,10 +248,12 @@ impl Array {
             Ok(false) => {
                 // Stopped by the caller: failed again, as it began.
                 let _ = shared.members.fail(index);
+                ended(&report, None);
                 return Ok(report);
             }
             Err(error) => {
                 let _ = shared.members.fail(index);
+                ended(&report, Some(&error));
                 return Err(error);
             }
         }
@@ -252,8 +267,10 @@ impl Array {
             .and_then(|()| shared.members.end_rebuild(index, rand::random()));
         if let Err(error) = finish {
             let _ = shared.members.fail(index);
+            ended(&report, Some(&error));
             return Err(error);
         }
+        ended(&report, None);
         Ok(report)
     }
 }

@@ -216,6 +216,12 @@ impl Shared {
                 break;
             }
         }
+        self.events.record(crate::events::What::ScrubEnded {
+            stripes_checked: report.stripes_checked,
+            chunks_bad: report.chunks_bad,
+            chunks_repaired: report.chunks_repaired,
+            stopped: report.stopped,
+        });
         Ok(report)
     }
 

@@ -818,6 +818,7 @@ fn control_client(stream: &UnixStream, line: &str, array: &Array, rebuilder: &Re
             .status()
             .map_err(|e| e.to_string())
             .and_then(|s| serde_json::to_string(&s).map_err(|e| e.to_string())),
+        ["events"] => serde_json::to_string(&array.events()).map_err(|e| e.to_string()),
         ["fail", index] => match index.parse::<usize>() {
             Ok(i) => array
                 .fail_member(i)
@@ -838,7 +839,7 @@ fn control_client(stream: &UnixStream, line: &str, array: &Array, rebuilder: &Re
             Err(_) => Err(format!("'{rate}' is not a rate in bytes a second")),
         },
         _ => Err(
-            "unknown request: use 'status', 'fail I', 'scrub RATE', 'heal RATE', 'volume ...', 'replace {json}' or 'rebuild'"
+            "unknown request: use 'status', 'events', 'fail I', 'scrub RATE', 'heal RATE', 'volume ...', 'replace {json}' or 'rebuild'"
                 .to_string(),
         ),
     };
@@ -1007,6 +1008,32 @@ fn iostat_report(before: &Status, now: &Status, seconds: f64) -> String {
         out += &line(&what, &member.io, &was);
     }
     out
+}
+
+/// `tessera events`: what happened to the served array since it was
+/// opened, oldest first, one line each (UTC), or as one JSON array.
+pub fn events(dir: &Path, json: bool) -> Result<()> {
+    let text = ask_server(dir, "events")?.with_context(|| {
+        format!(
+            "no server serves {}: the history is the server's, since it opened the array",
+            dir.display()
+        )
+    })?;
+    let events: Vec<tessera_array::events::Event> = serde_json::from_str(&text).context("the server's events")?;
+    if json {
+        println!("{}", serde_json::to_string(&events)?);
+        return Ok(());
+    }
+    for event in &events {
+        println!("{}  {}", utc(event.unix_ms), event.what);
+    }
+    Ok(())
+}
+
+/// The time of Unix milliseconds, RFC 3339 in UTC.
+fn utc(unix_ms: u64) -> String {
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(unix_ms);
+    humantime::format_rfc3339_millis(at).to_string()
 }
 
 /// `tessera status` for people: the typed report, field by field.

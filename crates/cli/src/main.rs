@@ -230,6 +230,13 @@ enum Command {
         #[arg(long)]
         count: Option<u64>,
     },
+    /// What happened to the served array in DIR since it was opened (members failed, rebuilds, scrubs, heals), oldest first.
+    Events {
+        dir: PathBuf,
+        /// Print one JSON array.
+        #[arg(long)]
+        json: bool,
+    },
     /// Mark member I failed, as if pulled; a served array goes on degraded.
     Fail {
         dir: PathBuf,
@@ -708,6 +715,7 @@ fn main() -> Result<()> {
         }
         Command::Status { dir, json } => array_cmd::status(&dir, json),
         Command::Iostat { dir, seconds, count } => array_cmd::iostat(&dir, seconds, count),
+        Command::Events { dir, json } => array_cmd::events(&dir, json),
         Command::Fail { dir, index } => array_cmd::fail(&dir, index),
         Command::Volume { action } => {
             use volume_cmd::Request;

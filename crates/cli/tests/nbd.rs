@@ -2615,3 +2615,33 @@ fn iostat_shows_the_writes_of_its_interval_per_volume_and_member() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `tessera events` tells a served array's history: its opening, a member
+/// failed by hand, a scrub; as JSON and as lines; and on a stopped array
+/// that only a server has one.
+#[test]
+fn events_tell_what_happened_since_the_array_was_opened() {
+    let (tmp, dir, server) = create_and_serve(&[]);
+    copy_in_and_out(&server.uri(), tmp.path(), 1 << 20, 5);
+    let d = dir.to_str().unwrap();
+    assert!(tessera(&["fail", d, "--device", "2"]).status.success());
+    let scrub = tessera(&["scrub", d]);
+    assert!(scrub.status.success(), "{}", String::from_utf8_lossy(&scrub.stderr));
+    let out = tessera(&["events", d, "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let events: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let kinds: Vec<&str> = events.iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["opened", "member_failed", "scrub_ended"], "{events:?}");
+    assert_eq!(events[1]["member"], 2);
+    assert_eq!(events[1]["by_hand"], true);
+    assert!(events[2]["stripes_checked"].as_u64().unwrap() > 0, "{events:?}");
+    let times: Vec<u64> = events.iter().map(|e| e["unix_ms"].as_u64().unwrap()).collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+    let text = String::from_utf8(tessera(&["events", d]).stdout).unwrap();
+    assert!(text.contains("member 2 (") && text.contains("failed by hand"), "{text}");
+    assert!(text.contains("scrub done:"), "{text}");
+    server.stop();
+    let out = tessera(&["events", d]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no server serves"));
+}
