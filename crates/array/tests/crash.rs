@@ -70,15 +70,15 @@ impl Client {
     fn run(
         &mut self,
         array: &Array,
-        dead: &AtomicBool,
+        (dead, stop): (&AtomicBool, &AtomicBool),
         rng: &mut rand::rngs::StdRng,
         flush_every: usize,
         context: &str,
     ) {
         let count = self.allowed.len() as u64;
-        // Bounded: the killer ends the round long before this.
+        // Bounded: the killer (or the stop) ends the round long before this.
         for op in 0..100_000 {
-            if dead.load(Ordering::SeqCst) {
+            if dead.load(Ordering::SeqCst) || stop.load(Ordering::SeqCst) {
                 return;
             }
             if op % (flush_every + 1) == flush_every {
@@ -224,15 +224,35 @@ fn run(seed: u64, met: &mut (u64, u64, u64)) {
         }
         let lifetime = std::time::Duration::from_millis(rng.gen_range(20..400));
         let flush_every = WRITES_PER_FLUSH[round % WRITES_PER_FLUSH.len()];
+        // Every third round ends in a clean stop (the clients stopped, a
+        // FLUSH, `close`), then power loss: the opening after must skip
+        // the scan and still find every block's last write.
+        let clean = round % 3 == 2;
+        let stop = AtomicBool::new(false);
         std::thread::scope(|scope| {
             for (t, client) in clients.iter_mut().enumerate() {
-                let (array, dead, context) = (&array, &*dead, &context);
+                let (array, flags, context) = (&array, (&*dead, &stop), &context);
                 let mut rng = rand::rngs::StdRng::seed_from_u64(seed * 1000 + round as u64 * 10 + t as u64);
-                scope.spawn(move || client.run(array, dead, &mut rng, flush_every, &format!("{context} client {t}")));
+                scope.spawn(move || client.run(array, flags, &mut rng, flush_every, &format!("{context} client {t}")));
             }
             std::thread::sleep(lifetime);
-            dead.store(true, Ordering::SeqCst);
+            match clean {
+                true => stop.store(true, Ordering::SeqCst),
+                false => dead.store(true, Ordering::SeqCst),
+            }
         });
+        if clean {
+            array
+                .flush()
+                .unwrap_or_else(|e| panic!("{context}: flush before the stop: {e}"));
+            for client in &mut clients {
+                for a in &mut client.allowed {
+                    let last = *a.tags.last().expect("never empty");
+                    a.tags = vec![last];
+                }
+            }
+            array.close().unwrap_or_else(|e| panic!("{context}: close: {e}"));
+        }
         let before = array.status().unwrap_or_else(|e| panic!("{context}: status: {e}"));
         met.0 += before.gc_rounds;
         met.1 += before.checkpoints_written;
@@ -254,6 +274,10 @@ fn run(seed: u64, met: &mut (u64, u64, u64)) {
         array = tessera_array::open_with(open_list(&devices, &[]), engine(seed))
             .unwrap_or_else(|e| panic!("{context}: reopening: {e}"));
         let status = array.status().unwrap_or_else(|e| panic!("{context}: status: {e}"));
+        assert_eq!(
+            status.recovery.clean_stop, clean,
+            "{context}: a clean stop is what lets the opening skip the scan, and only it"
+        );
         for client in &mut clients {
             client.check(&array, &context);
         }
