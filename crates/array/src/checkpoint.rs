@@ -216,7 +216,9 @@ impl Shared {
 
     /// Seals the open stripes and syncs through the last one.
     fn seal_and_sync_open(&self) -> Result<(), ArrayError> {
-        let sealed: Vec<_> = (0..self.open.len()).filter_map(|lane| self.seal_lane(lane)).collect();
+        let sealed: Vec<_> = (0..self.writes.open.len())
+            .filter_map(|lane| self.seal_lane(lane))
+            .collect();
         self.submit(sealed)
             .and_then(|()| self.sync_through(self.tracker.last_sequence()))
     }

@@ -20,8 +20,8 @@ use crate::error::ArrayError;
 use crate::format::{Geometry, Stream, Superblock, BLOCK_BYTES, SECTOR_BYTES};
 use crate::io::MemberIo;
 use crate::limits::{
-    IO_POOL_THREADS_MAX, IO_POOL_THREADS_MIN, IO_POOL_THREADS_PER_MEMBER, PARTIAL_WRITE_LOCK_COUNT,
-    RECONSTRUCT_CACHE_BYTES_DEFAULT, WRITE_BYTES_IN_FLIGHT_MAX,
+    IO_POOL_THREADS_MAX, IO_POOL_THREADS_MIN, IO_POOL_THREADS_PER_MEMBER, RECONSTRUCT_CACHE_BYTES_DEFAULT,
+    WRITE_BYTES_IN_FLIGHT_MAX,
 };
 use crate::map::Map;
 use crate::members::{Member, Members};
@@ -210,16 +210,6 @@ impl Tracker {
     }
 }
 
-/// Spare buffers, so sealing and rebuilding allocate little.
-#[derive(Default)]
-pub(crate) struct Spares {
-    pub areas: Vec<AlignedBuf>,
-    pub built: Vec<crate::stripe::Built>,
-}
-
-/// Spares kept at most of each kind.
-const SPARES_MAX: usize = 64;
-
 pub(crate) struct Shared {
     /// This engine, for the stripes it hands to the member threads.
     pub me: Weak<Shared>,
@@ -235,8 +225,9 @@ pub(crate) struct Shared {
     pub members: Members,
     pub index: RwLock<Index>,
     pub pins: Pins,
-    /// The open stripes: the user lanes, then the GC stream's (last).
-    pub open: Vec<Mutex<Option<OpenStripe>>>,
+    /// The write path's state: open stripes, partial-block locks, spare
+    /// buffers, admitted bytes.
+    pub writes: crate::write::Writes,
     pub tracker: Tracker,
     pub io: MemberIo,
     /// Threads that only wait on members: the chunk reads of one request
@@ -248,11 +239,6 @@ pub(crate) struct Shared {
     /// What happened since the array was opened.
     pub events: Arc<crate::events::Events>,
     pub counters: Counters,
-    /// Read-modify-writes of partial blocks, by block number.
-    pub partial: Vec<Mutex<()>>,
-    pub spares: Mutex<Spares>,
-    /// Live bytes (times LIVE_SCALE) admitted for writes not yet mapped.
-    pub admitted: Mutex<u128>,
     /// One garbage collection round at a time; held across its I/O.
     pub gc_lock: Mutex<()>,
     /// One checkpoint at a time; held across its I/O. It guards where
@@ -303,17 +289,17 @@ impl Shared {
 
     /// The open stripe of `lane` (see `open`), locked.
     pub fn open_lane(&self, lane: usize) -> MutexGuard<'_, Option<OpenStripe>> {
-        self.open[lane].lock().unwrap_or_else(poisoned)
+        self.writes.open[lane].lock().unwrap_or_else(poisoned)
     }
 
     /// The GC stream's lane.
     pub fn gc_lane(&self) -> usize {
-        self.open.len() - 1
+        self.writes.open.len() - 1
     }
 
     /// The user lanes.
     pub fn user_lanes(&self) -> std::ops::Range<usize> {
-        0..self.open.len() - 1
+        0..self.writes.open.len() - 1
     }
 
     /// The lane a writer of `stream` at block `lba` fills, locked. User
@@ -331,15 +317,15 @@ impl Shared {
         (lane, self.open_lane(lane))
     }
 
-    pub fn spares(&self) -> MutexGuard<'_, Spares> {
-        self.spares.lock().unwrap_or_else(poisoned)
+    pub fn spares(&self) -> MutexGuard<'_, crate::write::Spares> {
+        self.writes.spares.lock().unwrap_or_else(poisoned)
     }
 
     /// Keeps a data area for the next open stripe, if it is not shared.
     pub fn recycle_area(&self, area: Arc<AlignedBuf>) {
         if let Ok(area) = Arc::try_unwrap(area) {
             let mut spares = self.spares();
-            if spares.areas.len() < SPARES_MAX {
+            if spares.areas.len() < crate::write::SPARES_MAX {
                 spares.areas.push(area);
             }
         }
@@ -466,12 +452,6 @@ impl Array {
                 volumes: crate::volume::Floors::of(&volume_table),
             }),
             pins: Pins::new(slot_count),
-            open: (0..=options
-                .user_lanes
-                .unwrap_or_else(|| crate::limits::user_lanes(slot_count))
-                .clamp(1, crate::limits::USER_LANES_MAX))
-                .map(|_| Mutex::new(None))
-                .collect(),
             tracker: Tracker {
                 state: Mutex::new(TrackerState {
                     next_sequence: 1,
@@ -485,9 +465,14 @@ impl Array {
             jobs: Default::default(),
             events,
             counters,
-            partial: (0..PARTIAL_WRITE_LOCK_COUNT).map(|_| Mutex::new(())).collect(),
-            spares: Mutex::new(Spares::default()),
-            admitted: Mutex::new(0),
+            // The user lanes, and the GC stream's.
+            writes: crate::write::Writes::new(
+                options
+                    .user_lanes
+                    .unwrap_or_else(|| crate::limits::user_lanes(slot_count))
+                    .clamp(1, crate::limits::USER_LANES_MAX)
+                    + 1,
+            ),
             gc_lock: Mutex::new(()),
             checkpoint_lock: Mutex::new(crate::checkpoint::Durable::default()),
             maintenance: crate::maintenance::Signal::default(),

@@ -26,17 +26,51 @@ use crate::engine::{stripe_bytes, Resident, Shared};
 use crate::error::ArrayError;
 use crate::format::{self, Extent, Record, Stream, BLOCK_BYTES};
 use crate::io::{StripeDone, StripeWrite};
-use crate::limits::{ADMIT_FRACTION, EXTENT_BLOCKS_MAX, GC_RESERVE_SLOTS, LIVE_SCALE, MAP_PAGE_BLOCKS};
+use crate::limits::{
+    ADMIT_FRACTION, EXTENT_BLOCKS_MAX, GC_RESERVE_SLOTS, LIVE_SCALE, MAP_PAGE_BLOCKS, PARTIAL_WRITE_LOCK_COUNT,
+};
 use crate::map::{Rule, Target};
 use crate::slots::SlotState;
 use crate::status::Counters;
 use crate::stripe::{self, Built, OpenStripe, StripeInfo};
 use std::borrow::Cow;
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tessera_checksum::{Algorithm, Digest};
 use tessera_compress::policy::{Blob, Hint};
 
+/// The write path's own state, which `Shared` holds.
+pub(crate) struct Writes {
+    /// The open stripes: the user lanes, then the GC stream's (last).
+    pub open: Vec<Mutex<Option<OpenStripe>>>,
+    /// Read-modify-writes of partial blocks, by block number.
+    pub partial: Vec<Mutex<()>>,
+    pub spares: Mutex<Spares>,
+    /// Live bytes (times LIVE_SCALE) admitted for writes not yet mapped.
+    pub admitted: Mutex<u128>,
+}
+
+impl Writes {
+    /// `lanes` open stripes (the GC stream's included).
+    pub fn new(lanes: usize) -> Writes {
+        Writes {
+            open: (0..lanes).map(|_| Mutex::new(None)).collect(),
+            partial: (0..PARTIAL_WRITE_LOCK_COUNT).map(|_| Mutex::new(())).collect(),
+            spares: Mutex::new(Spares::default()),
+            admitted: Mutex::new(0),
+        }
+    }
+}
+
+/// Spare buffers, so sealing and rebuilding allocate little.
+#[derive(Default)]
+pub(crate) struct Spares {
+    pub areas: Vec<crate::device::AlignedBuf>,
+    pub built: Vec<Built>,
+}
+
+/// Spares kept at most of each kind.
+pub(crate) const SPARES_MAX: usize = 64;
 /// Blocks per extent for a geometry: a raw extent of this many blocks,
 /// with its summary entry, always fits an empty stripe.
 pub fn extent_blocks_max(geometry: &crate::format::Geometry) -> usize {
@@ -166,7 +200,7 @@ pub(crate) struct Admitted<'a> {
 
 impl Drop for Admitted<'_> {
     fn drop(&mut self) {
-        *self.shared.admitted.lock().unwrap_or_else(|p| p.into_inner()) -= self.units;
+        *self.shared.writes.admitted.lock().unwrap_or_else(|p| p.into_inner()) -= self.units;
     }
 }
 
@@ -202,13 +236,13 @@ impl Shared {
 
     /// The partial-write locks of blocks `first` and `last`, in order.
     fn lock_partial(&self, first: u64, last: u64) -> Vec<std::sync::MutexGuard<'_, ()>> {
-        let n = self.partial.len() as u64;
+        let n = self.writes.partial.len() as u64;
         let mut locks = vec![(first % n) as usize, (last % n) as usize];
         locks.sort_unstable();
         locks.dedup();
         locks
             .into_iter()
-            .map(|i| self.partial[i].lock().unwrap_or_else(|p| p.into_inner()))
+            .map(|i| self.writes.partial[i].lock().unwrap_or_else(|p| p.into_inner()))
             .collect()
     }
 
@@ -425,7 +459,7 @@ impl Shared {
         // the durable checkpoint (its root and map stripes) and room for
         // the next, and one more for the open stripes' tails.
         let reserved_slots = GC_RESERVE_SLOTS
-            + self.open.len()
+            + self.writes.open.len()
             + index.checkpoint_slots.len()
             + index.map_stripes
             + self.checkpoint_reserve(&index)
@@ -447,7 +481,7 @@ impl Shared {
             .sum::<u128>()
             * u128::from(LIVE_SCALE);
         let units = incoming.saturating_sub(overwritten + entries);
-        let mut admitted = self.admitted.lock().unwrap_or_else(|p| p.into_inner());
+        let mut admitted = self.writes.admitted.lock().unwrap_or_else(|p| p.into_inner());
         // A write that adds nothing net is always taken, even when the
         // reserves grew past what is live.
         if units > 0 && live + *admitted + units > capacity {
