@@ -103,16 +103,15 @@ impl Shared {
         // exist yet may be made, written and evicted by others before
         // this maps into it); of a longer one (a TRIM of a whole device),
         // the pages that exist.
-        let pages: Vec<u64> = ranges
-            .iter()
-            .flat_map(|&(lba, end)| -> Box<dyn Iterator<Item = u64> + '_> {
-                let (first, last) = (lba / PAGE, end.saturating_sub(1) / PAGE);
-                match end > lba && last - first < PINNED_PAGES_PER_RANGE_MAX {
-                    true => Box::new(first..=last),
-                    false => Box::new(index.map.resident_in(lba, end)),
-                }
-            })
-            .collect();
+        let mut pages = Vec::new();
+        for &(lba, end) in ranges {
+            let (first, last) = (lba / PAGE, end.saturating_sub(1) / PAGE);
+            if end > lba && last - first < PINNED_PAGES_PER_RANGE_MAX {
+                pages.extend(first..=last);
+            } else {
+                pages.extend(index.map.resident_in(lba, end));
+            }
+        }
         let mut pins = self.page_pins.lock();
         for &page in &pages {
             *pins.entry(page).or_default() += 1;

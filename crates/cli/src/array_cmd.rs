@@ -990,22 +990,23 @@ fn iostat_report(before: &Status, now: &Status, seconds: f64) -> String {
         "read MB/s",
         "write MB/s"
     );
-    for volume in &now.volumes {
-        let was = before
-            .volumes
-            .iter()
-            .find(|v| v.id == volume.id)
-            .map_or(IoTotals::default(), |v| v.io);
-        out += &line(&format!("volume {}", volume.name), &volume.io, &was);
-    }
-    for member in &now.members {
-        let was = before
-            .members
-            .iter()
-            .find(|m| m.index == member.index)
-            .map_or(IoTotals::default(), |m| m.io);
-        let what = format!("  member {} {} ({})", member.index, member.name, member.state.name());
-        out += &line(&what, &member.io, &was);
+    // Each volume, then each member: (what it is, as shown, its I/O); a
+    // member's state may change between the two, its place does not.
+    let rows = |s: &Status| -> Vec<(String, String, IoTotals)> {
+        let volumes = s.volumes.iter().map(|v| {
+            let what = format!("volume {}", v.name);
+            (what.clone(), what, v.io)
+        });
+        let members = s.members.iter().map(|m| {
+            let what = format!("  member {} {}", m.index, m.name);
+            (what.clone(), format!("{what} ({})", m.state.name()), m.io)
+        });
+        volumes.chain(members).collect()
+    };
+    let was: std::collections::HashMap<String, IoTotals> =
+        rows(before).into_iter().map(|(what, _, io)| (what, io)).collect();
+    for (what, shown, io) in rows(now) {
+        out += &line(&shown, &io, &was.get(&what).copied().unwrap_or_default());
     }
     out
 }

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Two builds of tessera alternating in one loop, so that the machine's
+# drift lands on both alike: round by round, OLD then NEW, each on a fresh
+# array, and each result printed as it comes.
+#
+#   scripts/bench-ab.sh OLD NEW degraded [ROUNDS]   (default 3 rounds)
+#   scripts/bench-ab.sh OLD NEW fastlog [ROUNDS]    (default 4 rounds)
+#
+# degraded: 8+2 on ten 1 GiB files, 1 GiB written by fio, two healthy
+#   passes of `nbdcopy --connections=4 --requests=64 URI null:`, members 0
+#   and 1 failed with `tessera fail`, three degraded passes; the page cache
+#   dropped before each pass (needs root). MB/s per pass.
+# fastlog: 8+2 on ten 256 MiB files with the intent log on a 64 MiB tmpfs
+#   device, fio 4 KiB randwrite QD1 --fsync=1 for 8 s; IOPS, and the
+#   server's CPU ticks (user + system) over its life.
+set -euo pipefail
+[ $# -ge 3 ] || { echo "usage: $0 OLD NEW degraded|fastlog [ROUNDS]" >&2; exit 2; }
+old=$1; new=$2; mode=$3
+case "$mode" in
+  degraded) rounds=${4:-3} ;;
+  fastlog) rounds=${4:-4} ;;
+  *) echo "mode: degraded or fastlog" >&2; exit 2 ;;
+esac
+work=""; fast=""; pid=""
+cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$work" "$fast"; }
+trap cleanup EXIT
+
+serve() { # tessera
+  "$1" serve "$work/array" --socket "$work/s.sock" 2>/dev/null & pid=$!
+  for _ in $(seq 200); do [ -S "$work/s.sock" ] && return; sleep 0.05; done
+  echo "no socket" >&2; exit 1
+}
+stop() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""; }
+# MB/s of one pass of nbdcopy over 1 GiB, from a cold page cache.
+copy_mbs() {
+  sync; echo 3 >/proc/sys/vm/drop_caches
+  local start end
+  start=$(date +%s.%N)
+  nbdcopy --connections=4 --requests=64 "nbd+unix:///?socket=$work/s.sock" null:
+  end=$(date +%s.%N)
+  python3 -c "print(round(1024 / ($end - $start)))"
+}
+
+echo "$mode: $old against $new, $rounds rounds; $(nproc) x $(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)"
+for round in $(seq "$rounds"); do
+  for which in old new; do
+    tessera=${!which}
+    work=$(mktemp -d "${TMPDIR:-/var/tmp}/tessera-ab.XXXXXX")
+    case "$mode" in
+      degraded)
+        "$tessera" create --data 8 --parity 2 --dir "$work/array" --devices 10 --device-size 1G --size 1G >/dev/null
+        serve "$tessera"
+        fio --name=fill --ioengine=nbd --uri="nbd+unix:///?socket=$work/s.sock" --rw=write --bs=1M \
+            --iodepth=16 --size=1G >/dev/null 2>&1
+        healthy="$(copy_mbs) $(copy_mbs)"
+        "$tessera" fail --device 0 "$work/array" >/dev/null
+        "$tessera" fail --device 1 "$work/array" >/dev/null
+        degraded="$(copy_mbs) $(copy_mbs) $(copy_mbs)"
+        echo "round $round $which: healthy MB/s $healthy; 2 members failed MB/s $degraded"
+        ;;
+      fastlog)
+        fast=$(mktemp -d /dev/shm/tessera-ab.XXXXXX)
+        "$tessera" create --data 8 --parity 2 --dir "$work/array" --devices 10 --device-size 256M \
+          --log-device "$fast/log" --log-size 64M >/dev/null
+        serve "$tessera"
+        iops=$(fio --name=fsync --ioengine=nbd --uri="nbd+unix:///tessera?socket=$work/s.sock" --rw=randwrite \
+            --bs=4k --iodepth=1 --fsync=1 --size=128M --time_based --runtime=8 --randseed=7 --output-format=json \
+            2>/dev/null | python3 -c "import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index('{'):]); print(round(j['jobs'][0]['write']['iops']))")
+        ticks=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+        echo "round $round $which: $iops IOPS, server CPU ticks $ticks"
+        ;;
+    esac
+    stop
+    rm -rf "$work" "$fast"; work=""; fast=""
+  done
+done
