@@ -68,7 +68,7 @@ pub const CHECKPOINT_MAGIC: [u8; 8] = *b"TSRCHKPT";
 /// a checkpoint directory, which version 5 has as fields). Version 2
 /// added the version of the write to every record, a CRC32C per 4 KiB
 /// block to raw extents. Arrays of any other version are refused by it.
-pub const FORMAT_VERSION: u32 = 6;
+pub const FORMAT_VERSION: u32 = 7;
 /// The CRC32C of a sector covers its first 4092 bytes and sits in the last 4.
 const CRC_OFFSET: usize = SECTOR_BYTES - 4;
 
@@ -963,15 +963,19 @@ const CHECKPOINT_PAGE_BYTES: usize = 16;
 const CHECKPOINT_PIECE_BYTES: usize = 12;
 
 /// A map page's image (`crate::map` encodes and checks them): its header
-/// (page number u64 | entries u32 | words u32), each entry's bytes, and
-/// the most 32-bit words an entry may refer to (the longest digest, a CRC
-/// for each block of the longest record).
+/// (page number u64 | entries u32 | words u32), its column table (a base
+/// u64, a shift u8 and a width u8 for each of an entry's 13 fields), the
+/// most bytes a packed entry takes (every field as wide as its type: 38),
+/// and the most 32-bit words an entry may refer to (the longest digest, a
+/// CRC for each block of the longest record).
 pub const PAGE_IMAGE_HEADER_BYTES: usize = 16;
+pub const PAGE_IMAGE_COLUMNS_BYTES: usize = 130;
 pub const PAGE_IMAGE_ENTRY_BYTES: usize = 40;
 pub const PAGE_IMAGE_WORDS_PER_ENTRY_MAX: usize = DIGEST_FIELD_BYTES / 4 + EXTENT_BLOCKS_MAX;
 /// The most bytes a page image takes: every key its own entry, each with
 /// the most words.
 pub const PAGE_IMAGE_BYTES_MAX: usize = PAGE_IMAGE_HEADER_BYTES
+    + PAGE_IMAGE_COLUMNS_BYTES
     + crate::limits::MAP_PAGE_BLOCKS as usize * (PAGE_IMAGE_ENTRY_BYTES + 4 * PAGE_IMAGE_WORDS_PER_ENTRY_MAX);
 
 /// Bytes before a stored page image's compressed bytes.
@@ -979,9 +983,9 @@ pub const STORED_IMAGE_HEADER_BYTES: usize = 8;
 /// The most bytes a stored page image takes: it is kept raw where
 /// compressing would not make it smaller.
 pub const STORED_IMAGE_BYTES_MAX: usize = PAGE_IMAGE_BYTES_MAX + STORED_IMAGE_HEADER_BYTES;
-/// How page images are compressed: zstd at level 1 takes a random
-/// block's 44 bytes to under 20
-/// (`map::tests::a_random_block_costs_an_entry_and_a_word`).
+/// How page images are compressed: zstd at level 1 (packed entries gain
+/// little, a page's words and sparse pages' shared fields more:
+/// `map::tests::a_random_block_costs_13_bytes_of_image_and_stored`).
 const IMAGE_CODEC: Codec = Codec::Zstd { level: 1 };
 
 /// A page image as a checkpoint stores it: its raw length u32, its codec
@@ -1710,7 +1714,7 @@ mod tests {
         }
         assert!(sb.is_failed(5) && !sb.is_failed(3));
         // Golden: magic, version, index, members, K, M, chunk, codes, rows, failed bit 5.
-        assert_eq!(&bytes[0..12], b"TSRSUPER\x06\x00\x00\x00");
+        assert_eq!(&bytes[0..12], b"TSRSUPER\x07\x00\x00\x00");
         assert_eq!(
             &bytes[48..68],
             &[3, 0, 0, 0, 7, 0, 0, 0, 4, 0, 0, 0, 2, 0, 0, 0, 0, 0, 1, 0]
@@ -1765,7 +1769,7 @@ mod tests {
         encode_log_block([9; 16], 5, 3, &records, &mut block);
         // 64 + 3 x 96 + 4096 + 900 bytes, in 512-byte sectors.
         assert_eq!(block.len(), 5632);
-        assert_eq!(&block[..12], b"TSRLOGBK\x06\x00\x00\x00");
+        assert_eq!(&block[..12], b"TSRLOGBK\x07\x00\x00\x00");
         let mut longer = block.to_vec();
         longer.extend_from_slice(&[0xff; 1024]);
         let (header, decoded) = decode_log_block(&longer, &g).unwrap();
@@ -2078,7 +2082,7 @@ mod tests {
             directory: true,
         }));
         let bytes = sb.encode();
-        assert_eq!(&bytes[0..12], b"TSRSUPER\x06\x00\x00\x00");
+        assert_eq!(&bytes[0..12], b"TSRSUPER\x07\x00\x00\x00");
         assert_eq!(&bytes[4088..4092], &1u32.to_le_bytes());
         assert_eq!(Superblock::decode(&bytes).unwrap(), sb);
         let c = sb.checkpoint.as_ref().unwrap();
@@ -2089,8 +2093,8 @@ mod tests {
         bad[4088] = 2;
         seal_sector(&mut bad);
         assert!(matches!(Superblock::decode(&bad), Err(FormatError::Field { .. })));
-        // Superblocks of versions 2 to 5 are refused by their version.
-        for old in 2u32..=5 {
+        // Superblocks of versions 2 to 6 are refused by their version.
+        for old in 2u32..=6 {
             let mut bad = bytes.clone();
             bad[8..12].copy_from_slice(&old.to_le_bytes());
             seal_sector(&mut bad);
@@ -2104,7 +2108,7 @@ mod tests {
             );
             assert!(error
                 .to_string()
-                .contains(&format!("version {old}; this build reads version 6")));
+                .contains(&format!("version {old}; this build reads version 7")));
         }
 
         let slots: Vec<u64> = (0..900).map(|i| (i * 7) % g.slot_count()).collect();
@@ -2171,7 +2175,7 @@ mod tests {
         let c = checkpoint();
         let bytes = c.encode(a);
         assert_eq!(bytes.len(), checkpoint_bytes(a, 2, 3, 2, 2, 3, (2, 1)));
-        assert_eq!(&bytes[..12], b"TSRCHKPT\x06\x00\x00\x00");
+        assert_eq!(&bytes[..12], b"TSRCHKPT\x07\x00\x00\x00");
         assert_eq!(&bytes[24..32], &1234u64.to_le_bytes());
         assert_eq!(&bytes[48..64], &[2, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(&bytes[64..80], &[2, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);

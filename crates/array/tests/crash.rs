@@ -163,13 +163,13 @@ fn create(devices: &[Arc<MemoryDevice>], seed: u64, logical_bytes: Option<u64>) 
         .unwrap_or_else(|e| panic!("seed {seed}: create: {e}"))
 }
 
-/// Odd seeds keep a map cache of 64 KiB (a few pages): pages are evicted
+/// Odd seeds keep a map cache of 16 KiB (a few pages): pages are evicted
 /// and read back all the time, and the crash finds some half-written.
 fn engine(seed: u64) -> EngineOptions {
     EngineOptions {
         user_lanes: Some(THREADS),
         map_cache_bytes: match seed % 2 {
-            1 => 64 << 10,
+            1 => 16 << 10,
             _ => EngineOptions::default().map_cache_bytes,
         },
         ..EngineOptions::default()

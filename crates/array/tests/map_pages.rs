@@ -294,7 +294,7 @@ fn a_map_stripe_corrupt_on_m_members_is_repaired_by_a_read_and_by_scrub() {
 /// exactly.
 #[test]
 fn a_map_eight_times_its_cache_reads_back_exactly() {
-    let cache = 96 << 10;
+    let cache = 24 << 10;
     let engine = || EngineOptions {
         map_cache_bytes: cache,
         ..EngineOptions::default()
@@ -306,7 +306,7 @@ fn a_map_eight_times_its_cache_reads_back_exactly() {
     write_random(&array, &mut model, &mut rng, 20_000, 64);
     array.checkpoint().unwrap();
     let s = array.status().unwrap();
-    let map = s.map_mappings * 44;
+    let map = s.map_mappings * 13;
     assert!(s.map_bytes <= cache as u64, "{} bytes of pages kept", s.map_bytes);
     assert!(s.map_bytes_on_members > 0 && s.map_pages_on_members > 0, "{s:?}");
     verify(&array, &model);

@@ -1,0 +1,552 @@
+//! A page's entries, packed: each field of an [`Entry`] kept in as few
+//! bits as the page's own values need.
+//!
+//! An `Entry` is 40 bytes so that every shape of record fits it; a page
+//! of randomly written raw blocks needs far less. Every entry of a page
+//! has the same layout: a column per field, each with a base, a shift
+//! and a width in bits, the entry `stride` whole bytes. A field is kept
+//! as `(value - base) >> shift` in `width` bits; a field every entry
+//! shares takes no bits at all.
+//!
+//! ```text
+//!  a page of 512 random raw blocks (CRC32C), 1 M blocks written:
+//!  start 9 bits | version - base 22 | slot 15 | offset >> 12 8 | words 11
+//!  = 65 bits, a stride of 9 bytes (40 unpacked); blocks, stored bytes,
+//!  codec, skip... are the same in every entry and take none
+//! ```
+//!
+//! Entries are read one at a time by index, so a search stays a binary
+//! search. Replacing a run of entries moves the bytes after it, as a
+//! `Vec` would; a new entry that does not fit the layout (a version past
+//! the headroom, a field no entry had before) repacks the page with a
+//! layout that fits them all: O(page), and rare, since the columns that
+//! grow (version, slot, offset, words) are given twice the range their
+//! values span.
+
+use super::Entry;
+use crate::limits::MAP_PAGE_BLOCKS;
+
+const COLUMNS: usize = 13;
+/// Read and written 16 bytes at a time: a field of at most 64 bits that
+/// starts at any bit of a byte fits.
+const PAD: usize = 16;
+
+/// One field's place in a packed entry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Column {
+    base: u64,
+    shift: u8,
+    width: u8,
+    /// Bit offset in the entry.
+    at: u16,
+}
+
+impl Column {
+    fn fits(&self, value: u64) -> bool {
+        let Some(d) = value.checked_sub(self.base) else {
+            return false;
+        };
+        d & low_bits(self.shift) == 0 && (d >> self.shift) <= low_bits(self.width)
+    }
+}
+
+/// A mask of the low `n` bits (n <= 64).
+fn low_bits(n: u8) -> u64 {
+    if n >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << n) - 1
+    }
+}
+
+fn bits(x: u64) -> u8 {
+    (64 - x.leading_zeros()) as u8
+}
+
+/// How a column's layout is chosen from the values it must hold.
+#[derive(Clone, Copy)]
+enum Fit {
+    /// From the smallest value, exactly as wide as the values span.
+    Exact,
+    /// From the smallest value, twice the span: versions only grow.
+    Rising,
+    /// From zero, twice the largest value: slots, offsets, arena words.
+    FromZero,
+    /// A key in the page: from zero, as wide as the page's last key.
+    Key,
+}
+
+/// Bytes of an image's column table: a base u64, a shift u8 and a width
+/// u8 for each field.
+use crate::format::{PAGE_IMAGE_COLUMNS_BYTES as IMAGE_COLUMNS_BYTES, PAGE_IMAGE_ENTRY_BYTES};
+const _: () = assert!(IMAGE_COLUMNS_BYTES == COLUMNS * 10);
+
+/// The bits of each field's type, in column order.
+const FIELD_BITS: [u8; COLUMNS] = [64, 64, 32, 32, 32, 16, 16, 8, 8, 8, 8, 8, 8];
+// The most bytes a packed entry takes in an image: every field as wide
+// as its type (38).
+const _: () = {
+    let mut sum = 0;
+    let mut k = 0;
+    while k < COLUMNS {
+        sum += FIELD_BITS[k] as usize;
+        k += 1;
+    }
+    assert!(sum.div_ceil(8) <= PAGE_IMAGE_ENTRY_BYTES);
+};
+const FIELD_NAMES: [&str; COLUMNS] = [
+    "version",
+    "slot",
+    "offset",
+    "stored_bytes",
+    "words",
+    "start",
+    "blocks",
+    "record_blocks",
+    "skip",
+    "crcs",
+    "codec",
+    "flags",
+    "digest_bytes",
+];
+
+const FITS: [Fit; COLUMNS] = [
+    Fit::Rising,   // version
+    Fit::FromZero, // slot
+    Fit::FromZero, // offset
+    Fit::Exact,    // stored_bytes
+    Fit::FromZero, // words
+    Fit::Key,      // start
+    Fit::Exact,    // blocks
+    Fit::Exact,    // record_blocks
+    Fit::Exact,    // skip
+    Fit::Exact,    // crcs
+    Fit::Exact,    // codec
+    Fit::Exact,    // flags
+    Fit::Exact,    // digest_bytes
+];
+
+fn fields(e: &Entry) -> [u64; COLUMNS] {
+    [
+        e.version,
+        e.slot,
+        u64::from(e.offset),
+        u64::from(e.stored_bytes),
+        u64::from(e.words),
+        u64::from(e.start),
+        u64::from(e.blocks),
+        u64::from(e.record_blocks),
+        u64::from(e.skip),
+        u64::from(e.crcs),
+        u64::from(e.codec),
+        u64::from(e.flags),
+        u64::from(e.digest_bytes),
+    ]
+}
+
+fn entry(f: [u64; COLUMNS]) -> Entry {
+    // Every value was an entry's field of that type when it was packed.
+    Entry {
+        version: f[0],
+        slot: f[1],
+        offset: f[2] as u32,
+        stored_bytes: f[3] as u32,
+        words: f[4] as u32,
+        start: f[5] as u16,
+        blocks: f[6] as u16,
+        record_blocks: f[7] as u8,
+        skip: f[8] as u8,
+        crcs: f[9] as u8,
+        codec: f[10] as u8,
+        flags: f[11] as u8,
+        digest_bytes: f[12] as u8,
+    }
+}
+
+/// The entries of a page, in order, packed.
+#[derive(Default)]
+pub(super) struct Entries {
+    columns: [Column; COLUMNS],
+    /// Bytes an entry takes (0 while the layout is unset).
+    stride: usize,
+    len: usize,
+    /// `len * stride` bytes of entries, then `PAD` zero bytes (once the
+    /// page has held an entry).
+    bytes: Vec<u8>,
+}
+
+impl Entries {
+    pub(super) fn from_slice(entries: &[Entry]) -> Entries {
+        let mut packed = Entries::default();
+        packed.repack(entries);
+        packed
+    }
+
+    /// `entries` packed as tightly as their values allow, with no room
+    /// to grow: an image's layout.
+    pub(super) fn exact(entries: &[Entry]) -> Entries {
+        let mut packed = Entries::default();
+        packed.pack(entries, false);
+        packed
+    }
+
+    /// The image's part (FORMAT.md, "Map pages"): the column table, then
+    /// the packed entries.
+    pub(super) fn write_image(&self, out: &mut Vec<u8>) {
+        for c in &self.columns {
+            out.extend_from_slice(&c.base.to_le_bytes());
+            out.extend_from_slice(&[c.shift, c.width]);
+        }
+        out.extend_from_slice(&self.bytes[..self.len * self.stride]);
+    }
+
+    /// `count` entries from an image's column table and packed entries
+    /// at the start of `image`, and the bytes they took; the field at
+    /// fault (and its value) if the table or a value does not fit an
+    /// entry.
+    pub(super) fn read_image(image: &[u8], count: usize) -> Result<(Vec<Entry>, usize), (&'static str, u64)> {
+        if image.len() < IMAGE_COLUMNS_BYTES {
+            return Err(("length", image.len() as u64));
+        }
+        let mut packed = Entries::default();
+        let mut at = 0u16;
+        for (k, c) in packed.columns.iter_mut().enumerate() {
+            let b = &image[10 * k..10 * k + 10];
+            let (base, shift, width) = (u64::from_le_bytes(b[..8].try_into().expect("8 bytes")), b[8], b[9]);
+            if shift >= 64 || width > FIELD_BITS[k] {
+                return Err(("column", k as u64));
+            }
+            *c = Column { base, shift, width, at };
+            at += u16::from(width);
+        }
+        packed.stride = usize::from(at).div_ceil(8).max(1);
+        let body = count * packed.stride;
+        if image.len() < IMAGE_COLUMNS_BYTES + body {
+            return Err(("length", image.len() as u64));
+        }
+        packed.len = count;
+        packed.bytes = Vec::with_capacity(body + PAD);
+        packed
+            .bytes
+            .extend_from_slice(&image[IMAGE_COLUMNS_BYTES..IMAGE_COLUMNS_BYTES + body]);
+        packed.bytes.resize(body + PAD, 0);
+        let mut entries = Vec::with_capacity(count);
+        for i in 0..count {
+            let mut f = [0u64; COLUMNS];
+            for (k, (value, c)) in f.iter_mut().zip(&packed.columns).enumerate() {
+                let d = if c.width == 0 {
+                    0
+                } else {
+                    packed.read(
+                        i,
+                        &Column {
+                            base: 0,
+                            shift: 0,
+                            ..*c
+                        },
+                    )
+                };
+                *value = d
+                    .checked_shl(u32::from(c.shift))
+                    .filter(|v| v >> c.shift == d)
+                    .and_then(|v| v.checked_add(c.base))
+                    .filter(|v| bits(*v) <= FIELD_BITS[k])
+                    .ok_or((FIELD_NAMES[k], d))?;
+            }
+            entries.push(entry(f));
+        }
+        Ok((entries, IMAGE_COLUMNS_BYTES + body))
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes held on the heap.
+    pub(super) fn heap_bytes(&self) -> usize {
+        self.bytes.capacity()
+    }
+
+    fn read(&self, i: usize, c: &Column) -> u64 {
+        if c.width == 0 {
+            return c.base;
+        }
+        let bit = i * self.stride * 8 + usize::from(c.at);
+        let at = bit / 8;
+        let raw = u128::from_le_bytes(self.bytes[at..at + PAD].try_into().expect("PAD bytes"));
+        let d = (raw >> (bit % 8)) as u64 & low_bits(c.width);
+        c.base + (d << c.shift)
+    }
+
+    pub(super) fn get(&self, i: usize) -> Entry {
+        assert!(i < self.len, "entry {i} of {}", self.len);
+        let mut f = [0u64; COLUMNS];
+        for (value, c) in f.iter_mut().zip(&self.columns) {
+            *value = self.read(i, c);
+        }
+        entry(f)
+    }
+
+    pub(super) fn get_opt(&self, i: usize) -> Option<Entry> {
+        (i < self.len).then(|| self.get(i))
+    }
+
+    fn start(&self, i: usize) -> u16 {
+        self.read(i, &self.columns[5]) as u16
+    }
+
+    fn end(&self, i: usize) -> u16 {
+        self.start(i) + self.read(i, &self.columns[6]) as u16
+    }
+
+    /// The index of the first entry whose start is not below `key`.
+    pub(super) fn first_starting_at_or_after(&self, key: u16) -> usize {
+        partition(self.len, |i| self.start(i) < key)
+    }
+
+    /// The index of the first entry that starts after `key`.
+    pub(super) fn first_starting_after(&self, key: u16) -> usize {
+        partition(self.len, |i| self.start(i) <= key)
+    }
+
+    /// The index of the first entry that ends after `key`.
+    pub(super) fn first_ending_after(&self, key: u16) -> usize {
+        partition(self.len, |i| self.end(i) <= key)
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = Entry> + '_ {
+        (0..self.len).map(|i| self.get(i))
+    }
+
+    pub(super) fn to_vec(&self) -> Vec<Entry> {
+        self.iter().collect()
+    }
+
+    fn write(&mut self, i: usize, e: &Entry) {
+        let from = i * self.stride;
+        self.bytes[from..from + self.stride].fill(0);
+        for (value, c) in fields(e).into_iter().zip(self.columns) {
+            if c.width == 0 {
+                continue;
+            }
+            let bit = from * 8 + usize::from(c.at);
+            let at = bit / 8;
+            let slot: &mut [u8; PAD] = (&mut self.bytes[at..at + PAD]).try_into().expect("PAD bytes");
+            let d = u128::from((value - c.base) >> c.shift) << (bit % 8);
+            *slot = (u128::from_le_bytes(*slot) | d).to_le_bytes();
+        }
+    }
+
+    /// Replaces the entries in `range` with `with`, as `Vec::splice`.
+    pub(super) fn splice(&mut self, range: std::ops::Range<usize>, with: &[Entry]) {
+        assert!(range.start <= range.end && range.end <= self.len);
+        let fits = self.stride > 0
+            && with
+                .iter()
+                .all(|e| fields(e).iter().zip(&self.columns).all(|(v, c)| c.fits(*v)));
+        if !fits {
+            let mut all = Vec::with_capacity(self.len - range.len() + with.len());
+            all.extend((0..range.start).map(|i| self.get(i)));
+            all.extend_from_slice(with);
+            all.extend((range.end..self.len).map(|i| self.get(i)));
+            self.repack(&all);
+            return;
+        }
+        let len = self.len - range.len() + with.len();
+        let want = len * self.stride + PAD;
+        if want > self.bytes.len() {
+            if want > self.bytes.capacity() {
+                // An eighth more, not double: pages are many and small.
+                let more = (want - self.bytes.len()).max(self.bytes.capacity() / 8);
+                self.bytes.reserve_exact(more);
+            }
+            self.bytes.resize(want, 0);
+        }
+        let tail = (range.end * self.stride)..(self.len * self.stride);
+        self.bytes.copy_within(tail, (range.start + with.len()) * self.stride);
+        for (k, e) in with.iter().enumerate() {
+            self.write(range.start + k, e);
+        }
+        self.bytes[len * self.stride..].fill(0);
+        self.bytes.truncate(len * self.stride + PAD);
+        self.len = len;
+        if self.bytes.capacity() > 2 * self.bytes.len() + 64 {
+            self.bytes.shrink_to_fit();
+        }
+    }
+
+    /// Lays the page out anew for `entries`, with room for the columns
+    /// that grow.
+    pub(super) fn repack(&mut self, entries: &[Entry]) {
+        self.pack(entries, true);
+    }
+
+    /// Lays the page out for `entries` (every field of them fits), with
+    /// the growing columns' `headroom` or exactly.
+    fn pack(&mut self, entries: &[Entry], headroom: bool) {
+        let mut low = [u64::MAX; COLUMNS];
+        let mut high = [0u64; COLUMNS];
+        let mut seen = [0u64; COLUMNS];
+        for e in entries {
+            for (k, v) in fields(e).into_iter().enumerate() {
+                low[k] = low[k].min(v);
+                high[k] = high[k].max(v);
+            }
+        }
+        let fit = |k: usize| if headroom { FITS[k] } else { Fit::Exact };
+        for e in entries {
+            for (k, v) in fields(e).into_iter().enumerate() {
+                let base = if matches!(fit(k), Fit::FromZero | Fit::Key) {
+                    0
+                } else {
+                    low[k]
+                };
+                seen[k] |= v - base;
+            }
+        }
+        let mut at = 0u16;
+        for k in 0..COLUMNS {
+            let base = match fit(k) {
+                _ if entries.is_empty() => 0,
+                Fit::FromZero | Fit::Key => 0,
+                Fit::Exact | Fit::Rising => low[k],
+            };
+            let shift = match fit(k) {
+                Fit::Key => 0,
+                _ if seen[k] == 0 => 0,
+                _ => seen[k].trailing_zeros() as u8,
+            };
+            let span = high[k].saturating_sub(base) >> shift;
+            let width = match fit(k) {
+                Fit::Exact => bits(span),
+                Fit::Rising | Fit::FromZero => (bits(span) + 1).min(64),
+                Fit::Key => bits(MAP_PAGE_BLOCKS - 1).max(bits(span)),
+            };
+            self.columns[k] = Column { base, shift, width, at };
+            at += u16::from(width);
+        }
+        self.stride = usize::from(at).div_ceil(8).max(1);
+        self.len = entries.len();
+        self.bytes = vec![0; self.len * self.stride + PAD];
+        for (i, e) in entries.iter().enumerate() {
+            self.write(i, e);
+        }
+    }
+}
+
+/// The first index in [0, len) where `below` turns false (it is true for
+/// a prefix), as `slice::partition_point`.
+fn partition(len: usize, below: impl Fn(usize) -> bool) -> usize {
+    let (mut lo, mut hi) = (0, len);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if below(mid) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(start: u16, version: u64, slot: u64, offset: u32, words: u32) -> Entry {
+        Entry {
+            version,
+            slot,
+            offset,
+            stored_bytes: 4096,
+            words,
+            start,
+            blocks: 1,
+            record_blocks: 1,
+            skip: 0,
+            crcs: 1,
+            codec: 0,
+            flags: super::super::DIGEST_IS_CRC,
+            digest_bytes: 4,
+        }
+    }
+
+    fn same(a: &Entry, b: &Entry) -> bool {
+        fields(a) == fields(b)
+    }
+
+    #[test]
+    fn random_raw_blocks_pack_into_a_few_bytes_each() {
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let entries: Vec<Entry> = (0..512u16)
+            .map(|i| {
+                raw(
+                    i,
+                    1_000_000 + next() % 1_000_000,
+                    next() % 16_000,
+                    (next() % 128) as u32 * 4096,
+                    u32::from(i),
+                )
+            })
+            .collect();
+        let packed = Entries::from_slice(&entries);
+        assert!(packed.stride <= 9, "stride {}", packed.stride);
+        for (i, e) in entries.iter().enumerate() {
+            assert!(same(&packed.get(i), e), "entry {i}");
+        }
+    }
+
+    #[test]
+    fn a_misfit_repacks_and_every_entry_survives() {
+        let mut entries: Vec<Entry> = (0..100u16)
+            .map(|i| raw(i * 2, 10 + u64::from(i), 3, 0, u32::from(i)))
+            .collect();
+        let mut packed = Entries::from_slice(&entries);
+        let stride = packed.stride;
+        // Fits: the same shapes, a newer version within the headroom.
+        let fits = raw(1, 150, 2, 0, 7);
+        packed.splice(1..1, &[fits]);
+        entries.insert(1, fits);
+        assert_eq!(packed.stride, stride);
+        // A zero entry, a huge version, a compressed record: repacked.
+        let mut odd = raw(3, u64::MAX - 1, 1 << 40, 12_345, u32::MAX);
+        odd.codec = 2;
+        odd.crcs = 0;
+        odd.flags = 0;
+        odd.blocks = 1;
+        packed.splice(2..4, &[odd]);
+        entries.splice(2..4, [odd]);
+        assert!(packed.stride > stride);
+        packed.splice(10..30, &[]);
+        entries.drain(10..30);
+        assert_eq!(packed.len(), entries.len());
+        for (i, e) in entries.iter().enumerate() {
+            assert!(
+                same(&packed.get(i), e),
+                "entry {i}: {:?} against {:?}",
+                packed.get(i),
+                e
+            );
+        }
+        assert_eq!(
+            packed.first_starting_at_or_after(20),
+            entries.partition_point(|e| e.start < 20)
+        );
+        assert_eq!(
+            packed.first_ending_after(21),
+            entries.partition_point(|e| e.end() <= 21)
+        );
+        packed.splice(0..packed.len(), &[]);
+        assert!(packed.is_empty());
+    }
+}
