@@ -5,6 +5,7 @@
 #
 #   scripts/bench-ab.sh OLD NEW degraded [ROUNDS]   (default 3 rounds)
 #   scripts/bench-ab.sh OLD NEW fastlog [ROUNDS]    (default 4 rounds)
+#   scripts/bench-ab.sh OLD NEW random [ROUNDS]     (default 3 rounds)
 #
 # degraded: 8+2 on ten 1 GiB files, 1 GiB written by fio, two healthy
 #   passes of `nbdcopy --connections=4 --requests=64 URI null:`, members 0
@@ -13,13 +14,18 @@
 # fastlog: 8+2 on ten 256 MiB files with the intent log on a 64 MiB tmpfs
 #   device, fio 4 KiB randwrite QD1 --fsync=1 for 8 s; IOPS, and the
 #   server's CPU ticks (user + system) over its life.
+# random: 8+2 on ten 1 GiB files, fio 4 KiB randwrite QD32 over 2 GiB
+#   (every block once: 524,288 map entries in 1,024 full pages), then
+#   4 KiB randread QD32 for 15 s; IOPS of each, and the server's CPU
+#   ticks over its life.
 set -euo pipefail
-[ $# -ge 3 ] || { echo "usage: $0 OLD NEW degraded|fastlog [ROUNDS]" >&2; exit 2; }
+[ $# -ge 3 ] || { echo "usage: $0 OLD NEW degraded|fastlog|random [ROUNDS]" >&2; exit 2; }
 old=$1; new=$2; mode=$3
 case "$mode" in
   degraded) rounds=${4:-3} ;;
   fastlog) rounds=${4:-4} ;;
-  *) echo "mode: degraded or fastlog" >&2; exit 2 ;;
+  random) rounds=${4:-3} ;;
+  *) echo "mode: degraded, fastlog or random" >&2; exit 2 ;;
 esac
 work=""; fast=""; pid=""
 cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$work" "$fast"; }
@@ -39,6 +45,11 @@ copy_mbs() {
   nbdcopy --connections=4 --requests=64 "nbd+unix:///?socket=$work/s.sock" null:
   end=$(date +%s.%N)
   python3 -c "print(round(1024 / ($end - $start)))"
+}
+
+# fio's IOPS for direction $1, from its JSON on stdin.
+json_iops() {
+  python3 -c "import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index('{'):]); print(round(j['jobs'][0]['$1']['iops']))"
 }
 
 echo "$mode: $old against $new, $rounds rounds; $(nproc) x $(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)"
@@ -68,6 +79,17 @@ for round in $(seq "$rounds"); do
             2>/dev/null | python3 -c "import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index('{'):]); print(round(j['jobs'][0]['write']['iops']))")
         ticks=$(awk '{print $14 + $15}' "/proc/$pid/stat")
         echo "round $round $which: $iops IOPS, server CPU ticks $ticks"
+        ;;
+      random)
+        "$tessera" create --data 8 --parity 2 --dir "$work/array" --devices 10 --device-size 1G --size 4G >/dev/null
+        serve "$tessera"
+        uri="nbd+unix:///?socket=$work/s.sock"
+        write=$(fio --name=w --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=32 --size=2G \
+            --randseed=7 --output-format=json 2>/dev/null | json_iops write)
+        read=$(fio --name=r --ioengine=nbd --uri="$uri" --rw=randread --bs=4k --iodepth=32 --size=2G \
+            --time_based --runtime=15 --randseed=9 --output-format=json 2>/dev/null | json_iops read)
+        ticks=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+        echo "round $round $which: randwrite $write IOPS, randread $read IOPS, server CPU ticks $ticks"
         ;;
     esac
     stop

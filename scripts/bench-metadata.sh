@@ -14,9 +14,12 @@
 # QD32) over the first N x 4 KiB; then the server's RSS; a clean stop;
 # `tessera status` times the opening; a new server's RSS right after
 # opening (no I/O yet), less that of the same array empty, per block (and
-# what the map says it holds, per block: `map_bytes` in status); a
-# the server's RSS after reading every block back at random (QD32, the
-# map cache filled: bounded by `--map-cache`, MAP_CACHE); a few FLUSHed
+# what the map says it holds, per block: `map_bytes` in status); the
+# server's RSS after reading every block back at random (QD32, the map
+# cache filled: bounded by `--map-cache`, MAP_CACHE), and that less the
+# RSS of the same array empty, per block ("read B/bl"), and the IOPS of
+# that read and of a second pass like it ("read IOPS 1/2": the first
+# reads every page in; with MAP_CACHE below the map, both do); a few FLUSHed
 # writes and kill -9; the opening time again.
 #
 # By default the blocks hold a repeated byte pattern and the array
@@ -58,7 +61,7 @@ cpu=$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)
 echo "8+2 on 10 sparse member files, exported $size, $data data$([ "$data" = pattern ] && echo ', lz4'); $(nproc) x $cpu"
 cache_args=()
 [ -z "${MAP_CACHE:-}" ] || { cache_args=(--map-cache "$MAP_CACHE"); echo "serve --map-cache $MAP_CACHE"; }
-printf '%-9s %8s %8s %10s %8s %9s %8s %9s %8s %-70s %s\n' blocks "RSS MB" "peak MB" "opened MB" "B/block" "map B/bl" "read MB" checkpts "ckpt MB" "open after a clean stop" "open after kill -9"
+printf '%-9s %8s %8s %10s %8s %9s %8s %10s %14s %9s %8s %-70s %s\n' blocks "RSS MB" "peak MB" "opened MB" "B/block" "map B/bl" "read MB" "read B/bl" "read IOPS 1/2" checkpts "ckpt MB" "open after a clean stop" "open after kill -9"
 for n in "$@"; do
   blocks=$(count "$n")
   rm -rf "$work/array"
@@ -87,13 +90,18 @@ for n in "$@"; do
   clean=$(opening)
   serve "${cache_args[@]}"
   opened=$(rss_mb)
-  fio --name=read --ioengine=nbd --uri="$uri" --rw=randread --bs=4k --iodepth=32 \
-      --size=$(( blocks * 4096 )) >"$work/fio.log" 2>&1 || { cat "$work/fio.log" >&2; exit 1; }
+  read_iops=""
+  for pass in 1 2; do
+    fio --name=read --ioengine=nbd --uri="$uri" --rw=randread --bs=4k --iodepth=32 \
+        --size=$(( blocks * 4096 )) --output-format=json >"$work/fio.log" 2>&1 || { cat "$work/fio.log" >&2; exit 1; }
+    read_iops="$read_iops${read_iops:+/}$(json_expr "round(j['jobs'][0]['read']['iops'])" <"$work/fio.log")"
+  done
   read_rss=$(rss_mb)
   fio --name=few --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=8 --size=$(( blocks * 4096 )) \
       --number_ios=2000 --fsync=64 $(fio_pattern) >/dev/null 2>&1
   kill_server
   killed=$(opening)
-  printf '%-9s %8d %8d %10d %8d %9s %8d %9s %8s %-70s %s\n' "$n" "$rss" "$hwm" "$opened" \
-    $(( (opened - empty) * 1048576 / blocks )) "$map_per_block" "$read_rss" "$checkpoints" "$checkpoint_mb" "$clean" "$killed"
+  printf '%-9s %8d %8d %10d %8d %9s %8d %10d %14s %9s %8s %-70s %s\n' "$n" "$rss" "$hwm" "$opened" \
+    $(( (opened - empty) * 1048576 / blocks )) "$map_per_block" "$read_rss" $(( (read_rss - empty) * 1048576 / blocks )) "$read_iops" \
+    "$checkpoints" "$checkpoint_mb" "$clean" "$killed"
 done

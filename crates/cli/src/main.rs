@@ -32,6 +32,28 @@ pub(crate) fn give_back_freed_memory() {
     // pages; it takes nothing of ours.
     unsafe { libmimalloc_sys::mi_collect(true) }
 }
+/// mimalloc commits each arena (1 GiB) whole by default where the system
+/// overcommits, and asks for transparent huge pages: the pages the
+/// server touches then come in 2 MiB at a time, so RSS grew in steps
+/// unrelated to what it held (an empty array's server held 27 MB, 12 MB
+/// with arenas committed on demand; after reading 1 M random blocks back,
+/// 59-66 MB against 33: `scripts/bench-metadata.sh`, PERFORMANCE.md).
+/// The option must be set before the first arena is reserved, which is
+/// the first allocation Rust makes, before `main`: so it is set by a
+/// constructor, which the loader runs before Rust's runtime starts.
+#[cfg(target_os = "linux")]
+#[used]
+#[link_section = ".init_array"]
+static COMMIT_ALLOCATOR_MEMORY_ON_DEMAND: extern "C" fn() = {
+    extern "C" fn commit_on_demand() {
+        const ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
+        // SAFETY: sets one of the allocator's options, before anything
+        // has allocated through it.
+        unsafe { libmimalloc_sys::mi_option_set(ARENA_EAGER_COMMIT, 0) }
+    }
+    commit_on_demand
+};
+
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use tessera_ec::{Codec, Kernel, MatrixKind};
