@@ -985,7 +985,7 @@ pub const STORED_IMAGE_HEADER_BYTES: usize = 8;
 pub const STORED_IMAGE_BYTES_MAX: usize = PAGE_IMAGE_BYTES_MAX + STORED_IMAGE_HEADER_BYTES;
 /// How page images are compressed: zstd at level 1 (packed entries gain
 /// little, a page's words and sparse pages' shared fields more:
-/// `map::tests::a_random_block_costs_13_bytes_of_image_and_stored`).
+/// `map::tests::a_random_block_costs_11_bytes_of_image_and_stored`).
 const IMAGE_CODEC: Codec = Codec::Zstd { level: 1 };
 
 /// A page image as a checkpoint stores it: its raw length u32, its codec

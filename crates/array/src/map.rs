@@ -24,23 +24,24 @@
 //! each). A page keeps its mappings as entries sorted by first block,
 //! each naming its record inline (slot, offset, stored bytes, codec,
 //! version: an [`Entry`], 40 bytes), packed field by field in as few bits
-//! as the page's own values need (`entries.rs`: 8 or 9 bytes for a
-//! random raw block), and the variable part of the records (the digest,
-//! a raw record's CRC per block) in one arena of 32-bit words beside
-//! them, shared by the pieces a cut record leaves. A randomly written raw
-//! 4 KiB block costs one packed entry and one word (its digest, in
-//! CRC32C, is its block's CRC, kept once): about 13 bytes, where an entry
-//! in a `BTreeMap` pointing at a shared `Arc<Extent>` cost ~250, and an
-//! unpacked entry 44. The arena is compacted when more than half of it is
-//! no longer referred to. A page's image (FORMAT.md, "Map pages") is
-//! packed the same way, without the headroom memory keeps.
+//! as the page's own values need (`entries.rs`), and the variable part of
+//! the records (the digest, a raw record's CRC per block) in one arena of
+//! 32-bit words beside them, shared by the pieces a cut record leaves; a
+//! record with only one word (a raw block's CRC, a compressed record's
+//! CRC32C) has it in its entry instead. A randomly written raw 4 KiB
+//! block costs one packed entry, its CRC included: 10-11 bytes, where an
+//! entry in a `BTreeMap` pointing at a shared `Arc<Extent>` cost ~250,
+//! and an unpacked entry and its word 44. The arena is compacted when
+//! more than half of it is no longer referred to. A page's image
+//! (FORMAT.md, "Map pages") is packed the same way, without the headroom
+//! memory keeps.
 //!
 //! ```text
 //!  page 7 (keys 3584..4096)
-//!  entries: [start 0, 1 block, v 90, slot 12 @ 81920, words 0]
-//!           [start 1, 15 blocks, v 41, slot 3 @ 0, skip 1, words 1]  <- the tail of a
+//!  entries: [start 0, 1 block, v 90, slot 12 @ 81920, word: its crc]
+//!           [start 1, 15 blocks, v 41, slot 3 @ 0, skip 1, words 0]  <- the tail of a
 //!           [start 16, 3 blocks, zero, slot 9]                           16-block record
-//!  words:   [crc] [digest, crc x16]
+//!  words:   [digest, crc x16]
 //! ```
 //!
 //! A lookup rebuilds the `Target` (an `Extent` in an `Arc`) from the entry
@@ -243,8 +244,18 @@ impl Entry {
         self.flags & ZERO != 0
     }
 
-    /// Words of the arena the record takes: the digest (unless it is the
-    /// CRC), a raw record's CRCs.
+    /// Words of the arena the entry takes: its record's words, unless it
+    /// has only one, which the entry holds itself (`words`).
+    fn arena_words(&self) -> usize {
+        match self.word_count() {
+            1 => 0,
+            n => n,
+        }
+    }
+
+    /// Words the record has: the digest (unless it is the CRC), a raw
+    /// record's CRCs. One (a raw block's CRC, a compressed record's
+    /// CRC32C) is held in the entry, not the arena.
     fn word_count(&self) -> usize {
         if self.is_zero() {
             return 0;
@@ -354,7 +365,11 @@ impl Page {
         if e.is_zero() {
             return Target::Zero { slot: e.slot };
         }
-        let rest = &self.words[e.words as usize..e.words as usize + e.word_count()];
+        let held = [e.words];
+        let rest = match e.word_count() {
+            1 => &held[..],
+            n => &self.words[e.words as usize..e.words as usize + n],
+        };
         // As on the members, the codec without its level: only compressing
         // needs one.
         let codec = codec_from_code(e.codec, 0).expect("the map keeps only codecs it was given");
@@ -428,16 +443,19 @@ impl Page {
             digest_bytes: u8::try_from(digest.len()).expect("a digest has at most 64 bytes"),
             ..entry
         };
+        let digest_words = digest.chunks(4).filter(|_| !digest_is_crc).map(|c| {
+            let mut word = [0u8; 4];
+            word[..c.len()].copy_from_slice(c);
+            u32::from_le_bytes(word)
+        });
+        let mut words = digest_words.chain(extent.block_crcs.iter().copied());
+        if entry.word_count() == 1 {
+            entry.words = words.next().expect("one word");
+            return entry;
+        }
         let at = self.words.len();
         grow(&mut self.words, entry.word_count());
-        if !digest_is_crc {
-            self.words.extend(digest.chunks(4).map(|c| {
-                let mut word = [0u8; 4];
-                word[..c.len()].copy_from_slice(c);
-                u32::from_le_bytes(word)
-            }));
-        }
-        self.words.extend_from_slice(&extent.block_crcs);
+        self.words.extend(words);
         debug_assert_eq!(self.words.len() - at, entry.word_count());
         entry
     }
@@ -500,8 +518,8 @@ impl Page {
                 true,
             ));
         }
-        let removed: usize = old.iter().map(Entry::word_count).sum();
-        let added: usize = pieces.entries.iter().map(Entry::word_count).sum();
+        let removed: usize = old.iter().map(Entry::arena_words).sum();
+        let added: usize = pieces.entries.iter().map(Entry::arena_words).sum();
         self.words_referred = self.words_referred + added - removed;
         let change = pieces.entries.len() as isize - old.len() as isize;
         self.entries.splice(first..last, &pieces.entries);
@@ -523,8 +541,9 @@ impl Page {
         self.words = words;
     }
 
-    /// The words the entries refer to, each record's once, and where each
-    /// entry's start in them (0 for an entry without words).
+    /// The words the entries refer to in the arena, each record's once,
+    /// and where each entry's start in them (0 for an entry without words;
+    /// the word itself for an entry that holds its one word).
     fn packed(&self) -> (Vec<u32>, Vec<u32>) {
         let mut words = Vec::with_capacity(self.words_referred);
         let mut moved: HashMap<u32, u32> = HashMap::new();
@@ -533,8 +552,10 @@ impl Page {
             .iter()
             .map(|e| {
                 let count = e.word_count();
-                if count == 0 {
-                    return 0;
+                match count {
+                    0 => return 0,
+                    1 => return e.words,
+                    _ => {}
                 }
                 *moved.entry(e.words).or_insert_with(|| {
                     let at = words.len() as u32;
@@ -589,7 +610,7 @@ impl Page {
         if count == 0 || count > MAP_PAGE_BLOCKS as usize || word_count > count * IMAGE_WORDS_PER_ENTRY_MAX {
             return Err(field("entries", count as u64));
         }
-        let (entries, packed_bytes) =
+        let (entries, packed, packed_bytes) =
             Entries::read_image(&image[IMAGE_HEADER_BYTES..], count).map_err(|(name, value)| field(name, value))?;
         let words_at = IMAGE_HEADER_BYTES + packed_bytes;
         if image.len() != words_at + 4 * word_count {
@@ -627,13 +648,15 @@ impl Page {
                 if e.flags & DIGEST_IS_CRC != 0 && algorithm != tessera_checksum::Algorithm::Crc32c {
                     return Err(field("flags", u64::from(e.flags)));
                 }
-                if e.words as usize + e.word_count() > word_count {
+                if e.arena_words() > 0 && e.words as usize + e.arena_words() > word_count {
                     return Err(field("words", u64::from(e.words)));
                 }
             }
-            page.words_referred += e.word_count();
+            page.words_referred += e.arena_words();
         }
-        page.entries = Entries::from_slice(&entries);
+        // Held as the image packs it (a change that does not fit its
+        // layout repacks it with room to grow).
+        page.entries = packed;
         Ok((p, page))
     }
 }
@@ -880,6 +903,12 @@ impl Map {
         self.pages.len()
     }
 
+    /// The oldest version a mapping of page `p` holds (`None` if the page
+    /// is not in memory or empty).
+    pub fn oldest_version(&self, p: u64) -> Option<u64> {
+        self.pages.get(&p).and_then(|page| page.entries.oldest_version())
+    }
+
     /// The pages changed since the last call, which the caller writes
     /// (or gives back with `mark_dirty` if it could not).
     pub fn take_dirty(&mut self) -> BTreeSet<u64> {
@@ -988,11 +1017,11 @@ impl Map {
         if !self.evicted.get(&p).is_some_and(|held| Arc::ptr_eq(held, image)) {
             return Ok(false);
         }
-        if let Some(e) = body.entries.iter().find(|e| !live(e.slot)) {
+        if let Some(slot) = body.entries.slots().find(|&slot| !live(slot)) {
             return Err(FormatError::Field {
                 what: "map page",
                 field: "slot",
-                value: e.slot,
+                value: slot,
             });
         }
         if body.words.len() > 2 * body.words_referred + 32 {
@@ -1220,7 +1249,7 @@ impl Map {
                 self.dirty.insert(p);
                 page.image = None;
             }
-            let removed: usize = gone.iter().map(Entry::word_count).sum();
+            let removed: usize = gone.iter().map(Entry::arena_words).sum();
             page.words_referred -= removed;
             page.entries.splice(from..to, &[]);
             self.len -= to - from;
@@ -1685,18 +1714,18 @@ mod tests {
             map.insert(lba, 1, version, &Target::Data { extent, skip: 0 }, Rule::Always);
         }
         let per_block = map.bytes() as f64 / (pages * MAP_PAGE_BLOCKS) as f64;
-        // An entry packed in 9 bytes (entries.rs), its CRC a word, the
+        // An entry packed in 11 bytes (entries.rs) with its CRC, the
         // arrays' spare eighth, the page's own share.
         assert!(per_block < 16.0, "{per_block:.1} bytes per block");
     }
 
     /// What a page image costs a randomly written raw block, as encoded
-    /// (packed: 11.7 bytes) and as a checkpoint stores it (zstd 1: 11.4; 44
+    /// (packed: 10.6 bytes) and as a checkpoint stores it (zstd 1: 10.4; 44
     /// and 16 before format version 7): 20,000 writes at
     /// random over 64 pages, each of a random slot, offset, CRC and a
     /// version of its own, as uniform random overwrites leave them.
     #[test]
-    fn a_random_block_costs_13_bytes_of_image_and_stored() {
+    fn a_random_block_costs_11_bytes_of_image_and_stored() {
         use rand::{Rng, SeedableRng};
         let mut rng = rand::rngs::StdRng::seed_from_u64(1);
         let mut map = Map::default();
@@ -1724,7 +1753,7 @@ mod tests {
         let entries = map.len() as f64;
         let (raw, stored) = (raw as f64 / entries, stored as f64 / entries);
         eprintln!("{raw:.1} bytes a block encoded, {stored:.1} stored");
-        assert!(raw < 13.5 && stored < 13.5, "{raw:.1} encoded, {stored:.1} stored");
+        assert!(raw < 11.0 && stored < 11.0, "{raw:.1} encoded, {stored:.1} stored");
     }
 
     #[test]

@@ -232,6 +232,13 @@ impl Shared {
             }
             Counters::add(&self.counters.map_page_misses, 1);
             let (base, end) = (page * PAGE, (page + 1) * PAGE);
+            // A page lies in one volume: where every mapping is newer
+            // than the volume's floor (as all are, but where a volume was
+            // deleted and its keys used again since), none is refused.
+            let floor = index.volumes.floor(base);
+            if floor.is_some_and(|floor| index.map.oldest_version(page).is_none_or(|oldest| oldest >= floor)) {
+                continue;
+            }
             let refused: Vec<u64> = index
                 .map
                 .overlapping(base, end)

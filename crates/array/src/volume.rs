@@ -258,6 +258,12 @@ impl Floors {
         }
     }
 
+    /// The oldest version a record at map key `key` may have to be its
+    /// volume's; `None` if that volume is not a current one.
+    pub fn floor(&self, key: u64) -> Option<u64> {
+        self.created.get(&volume_of(key)).copied()
+    }
+
     /// Whether a record at map key `key` with `version` is a current volume's.
     pub fn admits(&self, key: u64, version: u64) -> bool {
         self.created

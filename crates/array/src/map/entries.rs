@@ -176,6 +176,7 @@ pub(super) struct Entries {
 }
 
 impl Entries {
+    #[cfg(test)]
     pub(super) fn from_slice(entries: &[Entry]) -> Entries {
         let mut packed = Entries::default();
         packed.repack(entries);
@@ -200,11 +201,23 @@ impl Entries {
         out.extend_from_slice(&self.bytes[..self.len * self.stride]);
     }
 
+    /// Each entry's slot, from the slot column alone.
+    pub(super) fn slots(&self) -> impl Iterator<Item = u64> + '_ {
+        (0..self.len).map(|i| self.read(i, &self.columns[1]))
+    }
+
+    /// The smallest version among the entries (`None` if there are none),
+    /// from the version column alone.
+    pub(super) fn oldest_version(&self) -> Option<u64> {
+        (0..self.len).map(|i| self.read(i, &self.columns[0])).min()
+    }
+
     /// `count` entries from an image's column table and packed entries
-    /// at the start of `image`, and the bytes they took; the field at
-    /// fault (and its value) if the table or a value does not fit an
-    /// entry.
-    pub(super) fn read_image(image: &[u8], count: usize) -> Result<(Vec<Entry>, usize), (&'static str, u64)> {
+    /// at the start of `image`, both unpacked and packed as the image has
+    /// them, and the bytes they took; the field at fault (and its value)
+    /// if the table or a value does not fit an entry.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn read_image(image: &[u8], count: usize) -> Result<(Vec<Entry>, Entries, usize), (&'static str, u64)> {
         if image.len() < IMAGE_COLUMNS_BYTES {
             return Err(("length", image.len() as u64));
         }
@@ -230,32 +243,47 @@ impl Entries {
             .bytes
             .extend_from_slice(&image[IMAGE_COLUMNS_BYTES..IMAGE_COLUMNS_BYTES + body]);
         packed.bytes.resize(body + PAD, 0);
+        // A field is `base + (d << shift)`, d below 2^width; where even
+        // the largest d gives a value of the field's type, no entry needs
+        // its value checked (a writer's exact table, nearly always).
+        let checked = |k: usize, d: u64| -> Result<u64, (&'static str, u64)> {
+            let c = &packed.columns[k];
+            d.checked_shl(u32::from(c.shift))
+                .filter(|v| v >> c.shift == d)
+                .and_then(|v| v.checked_add(c.base))
+                .filter(|v| bits(*v) <= FIELD_BITS[k])
+                .ok_or((FIELD_NAMES[k], d))
+        };
+        let mut safe = [false; COLUMNS];
+        for (k, c) in packed.columns.iter().enumerate() {
+            safe[k] = checked(k, low_bits(c.width)).is_ok();
+            if c.width == 0 && !safe[k] {
+                return Err((FIELD_NAMES[k], c.base));
+            }
+        }
         let mut entries = Vec::with_capacity(count);
         for i in 0..count {
             let mut f = [0u64; COLUMNS];
             for (k, (value, c)) in f.iter_mut().zip(&packed.columns).enumerate() {
-                let d = if c.width == 0 {
-                    0
+                *value = if safe[k] {
+                    packed.read(i, c)
                 } else {
-                    packed.read(
-                        i,
-                        &Column {
-                            base: 0,
-                            shift: 0,
-                            ..*c
-                        },
-                    )
+                    checked(
+                        k,
+                        packed.read(
+                            i,
+                            &Column {
+                                base: 0,
+                                shift: 0,
+                                ..*c
+                            },
+                        ),
+                    )?
                 };
-                *value = d
-                    .checked_shl(u32::from(c.shift))
-                    .filter(|v| v >> c.shift == d)
-                    .and_then(|v| v.checked_add(c.base))
-                    .filter(|v| bits(*v) <= FIELD_BITS[k])
-                    .ok_or((FIELD_NAMES[k], d))?;
             }
             entries.push(entry(f));
         }
-        Ok((entries, IMAGE_COLUMNS_BYTES + body))
+        Ok((entries, packed, IMAGE_COLUMNS_BYTES + body))
     }
 
     pub(super) fn len(&self) -> usize {
@@ -423,7 +451,7 @@ impl Entries {
             let span = high[k].saturating_sub(base) >> shift;
             let width = match fit(k) {
                 Fit::Exact => bits(span),
-                Fit::Rising | Fit::FromZero => (bits(span) + 1).min(64),
+                Fit::Rising | Fit::FromZero => (bits(span) + 1).min(FIELD_BITS[k]),
                 Fit::Key => bits(MAP_PAGE_BLOCKS - 1).max(bits(span)),
             };
             self.columns[k] = Column { base, shift, width, at };
@@ -504,6 +532,46 @@ mod tests {
         for (i, e) in entries.iter().enumerate() {
             assert!(same(&packed.get(i), e), "entry {i}");
         }
+    }
+
+    #[test]
+    fn images_round_trip_and_refuse_values_past_their_types() {
+        // Flags of 100 and 255: an exact column from 100, 8 bits wide, whose
+        // largest code (100 + 255) is past a u8, so each value is checked.
+        let mut entries: Vec<Entry> = (0..40u16).map(|i| raw(i, 7 + u64::from(i), 3, 0, 9)).collect();
+        entries[3].flags = 100;
+        entries[4].flags = 255;
+        entries[5].version = u64::MAX;
+        entries[6].slot = 0;
+        let mut image = Vec::new();
+        Entries::exact(&entries).write_image(&mut image);
+        let (back, packed, used) = Entries::read_image(&image, entries.len()).unwrap();
+        assert_eq!(used, image.len());
+        for (i, e) in entries.iter().enumerate() {
+            assert!(same(&back[i], e) && same(&packed.get(i), e), "entry {i}");
+        }
+        // The same table with a flag's code raised past 255: refused.
+        let flags_column = 11;
+        let at: u16 = {
+            let packed = Entries::exact(&entries);
+            packed.columns[flags_column].at
+        };
+        let stride = Entries::exact(&entries).stride;
+        let mut bad = image.clone();
+        let bit = 4 * stride * 8 + usize::from(at);
+        for b in 0..8 {
+            let k = bit + b;
+            bad[IMAGE_COLUMNS_BYTES + k / 8] |= 1 << (k % 8);
+        }
+        assert_eq!(Entries::read_image(&bad, entries.len()).err(), Some(("flags", 255)));
+        // A width past its field's type, a shift of 64, a short image.
+        let mut wide = image.clone();
+        wide[10 * flags_column + 9] = 9;
+        assert!(Entries::read_image(&wide, entries.len()).is_err());
+        let mut shifted = image.clone();
+        shifted[10 * 2 + 8] = 64;
+        assert!(Entries::read_image(&shifted, entries.len()).is_err());
+        assert!(Entries::read_image(&image[..image.len() - 1], entries.len()).is_err());
     }
 
     #[test]
