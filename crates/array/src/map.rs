@@ -656,7 +656,11 @@ impl Page {
         }
         // Held as the image packs it (a change that does not fit its
         // layout repacks it with room to grow).
-        page.entries = packed;
+        page.entries = if packed.len() < entries::OWN_LAYOUT_ENTRIES_MIN {
+            Entries::from_slice(&entries)
+        } else {
+            packed
+        };
         Ok((p, page))
     }
 }

@@ -15,6 +15,11 @@
 //!  codec, skip... are the same in every entry and take none
 //! ```
 //!
+//! A page of fewer than `OWN_LAYOUT_ENTRIES_MIN` entries in memory
+//! takes no table of its own: it shares `WIDE` (every field as wide as
+//! its type, 38 bytes an entry), since a table (208 bytes) would cost
+//! more than packing saves on so few.
+//!
 //! Entries are read one at a time by index, so a search stays a binary
 //! search. Replacing a run of entries moves the bytes after it, as a
 //! `Vec` would; a new entry that does not fit the layout (a version past
@@ -76,55 +81,76 @@ enum Fit {
     Key,
 }
 
-/// Bytes of an image's column table: a base u64, a shift u8 and a width
-/// u8 for each field.
 use crate::format::{PAGE_IMAGE_COLUMNS_BYTES as IMAGE_COLUMNS_BYTES, PAGE_IMAGE_ENTRY_BYTES};
+// An image's column table: a base u64, a shift u8 and a width u8 for
+// each field.
 const _: () = assert!(IMAGE_COLUMNS_BYTES == COLUMNS * 10);
 
-/// The bits of each field's type, in column order.
-const FIELD_BITS: [u8; COLUMNS] = [64, 64, 32, 32, 32, 16, 16, 8, 8, 8, 8, 8, 8];
+/// An entry's field as a column: its name (in errors), the bits of its
+/// type, how its layout is chosen.
+struct Field {
+    name: &'static str,
+    bits: u8,
+    fit: Fit,
+}
+
+/// Entries from which a page in memory has a layout of its own: its
+/// table takes 208 bytes (13 columns of 16), which packing saves on
+/// about eight entries (a random raw block: 11 bytes packed, 38 wide).
+pub(super) const OWN_LAYOUT_ENTRIES_MIN: usize = 8;
+
+/// Every field as wide as its type, from zero: the layout of a page of
+/// fewer than `OWN_LAYOUT_ENTRIES_MIN` entries, shared by all of them.
+const WIDE: [Column; COLUMNS] = {
+    let mut columns = [Column {
+        base: 0,
+        shift: 0,
+        width: 0,
+        at: 0,
+    }; COLUMNS];
+    let (mut k, mut at) = (0, 0u16);
+    while k < COLUMNS {
+        columns[k].width = FIELDS[k].bits;
+        columns[k].at = at;
+        at += FIELDS[k].bits as u16;
+        k += 1;
+    }
+    columns
+};
+const WIDE_STRIDE: usize = {
+    let last = &WIDE[COLUMNS - 1];
+    (last.at as usize + last.width as usize).div_ceil(8)
+};
+
+/// The fields in column order (as `fields` and `entry` take them).
+#[rustfmt::skip]
+const FIELDS: [Field; COLUMNS] = [
+    Field { name: "version", bits: 64, fit: Fit::Rising },
+    Field { name: "slot", bits: 64, fit: Fit::FromZero },
+    Field { name: "offset", bits: 32, fit: Fit::FromZero },
+    Field { name: "stored_bytes", bits: 32, fit: Fit::Exact },
+    Field { name: "words", bits: 32, fit: Fit::FromZero },
+    Field { name: "start", bits: 16, fit: Fit::Key },
+    Field { name: "blocks", bits: 16, fit: Fit::Exact },
+    Field { name: "record_blocks", bits: 8, fit: Fit::Exact },
+    Field { name: "skip", bits: 8, fit: Fit::Exact },
+    Field { name: "crcs", bits: 8, fit: Fit::Exact },
+    Field { name: "codec", bits: 8, fit: Fit::Exact },
+    Field { name: "flags", bits: 8, fit: Fit::Exact },
+    Field { name: "digest_bytes", bits: 8, fit: Fit::Exact },
+];
+
 // The most bytes a packed entry takes in an image: every field as wide
 // as its type (38).
 const _: () = {
     let mut sum = 0;
     let mut k = 0;
     while k < COLUMNS {
-        sum += FIELD_BITS[k] as usize;
+        sum += FIELDS[k].bits as usize;
         k += 1;
     }
     assert!(sum.div_ceil(8) <= PAGE_IMAGE_ENTRY_BYTES);
 };
-const FIELD_NAMES: [&str; COLUMNS] = [
-    "version",
-    "slot",
-    "offset",
-    "stored_bytes",
-    "words",
-    "start",
-    "blocks",
-    "record_blocks",
-    "skip",
-    "crcs",
-    "codec",
-    "flags",
-    "digest_bytes",
-];
-
-const FITS: [Fit; COLUMNS] = [
-    Fit::Rising,   // version
-    Fit::FromZero, // slot
-    Fit::FromZero, // offset
-    Fit::Exact,    // stored_bytes
-    Fit::FromZero, // words
-    Fit::Key,      // start
-    Fit::Exact,    // blocks
-    Fit::Exact,    // record_blocks
-    Fit::Exact,    // skip
-    Fit::Exact,    // crcs
-    Fit::Exact,    // codec
-    Fit::Exact,    // flags
-    Fit::Exact,    // digest_bytes
-];
 
 fn fields(e: &Entry) -> [u64; COLUMNS] {
     [
@@ -166,7 +192,10 @@ fn entry(f: [u64; COLUMNS]) -> Entry {
 /// The entries of a page, in order, packed.
 #[derive(Default)]
 pub(super) struct Entries {
-    columns: [Column; COLUMNS],
+    /// The page's own layout; `None`: every field as wide as its type
+    /// (`WIDE`), which a page of few entries takes (its own table would
+    /// cost more than it saves).
+    own: Option<Box<[Column; COLUMNS]>>,
     /// Bytes an entry takes (0 while the layout is unset).
     stride: usize,
     len: usize,
@@ -176,7 +205,7 @@ pub(super) struct Entries {
 }
 
 impl Entries {
-    #[cfg(test)]
+    /// `entries` laid out as memory holds them (room to grow).
     pub(super) fn from_slice(entries: &[Entry]) -> Entries {
         let mut packed = Entries::default();
         packed.repack(entries);
@@ -194,7 +223,7 @@ impl Entries {
     /// The image's part (FORMAT.md, "Map pages"): the column table, then
     /// the packed entries.
     pub(super) fn write_image(&self, out: &mut Vec<u8>) {
-        for c in &self.columns {
+        for c in self.columns() {
             out.extend_from_slice(&c.base.to_le_bytes());
             out.extend_from_slice(&[c.shift, c.width]);
         }
@@ -203,13 +232,13 @@ impl Entries {
 
     /// Each entry's slot, from the slot column alone.
     pub(super) fn slots(&self) -> impl Iterator<Item = u64> + '_ {
-        (0..self.len).map(|i| self.read(i, &self.columns[1]))
+        (0..self.len).map(|i| self.read(i, &self.columns()[1]))
     }
 
     /// The smallest version among the entries (`None` if there are none),
     /// from the version column alone.
     pub(super) fn oldest_version(&self) -> Option<u64> {
-        (0..self.len).map(|i| self.read(i, &self.columns[0])).min()
+        (0..self.len).map(|i| self.read(i, &self.columns()[0])).min()
     }
 
     /// `count` entries from an image's column table and packed entries
@@ -223,15 +252,17 @@ impl Entries {
         }
         let mut packed = Entries::default();
         let mut at = 0u16;
-        for (k, c) in packed.columns.iter_mut().enumerate() {
+        let mut columns = [Column::default(); COLUMNS];
+        for (k, c) in columns.iter_mut().enumerate() {
             let b = &image[10 * k..10 * k + 10];
             let (base, shift, width) = (u64::from_le_bytes(b[..8].try_into().expect("8 bytes")), b[8], b[9]);
-            if shift >= 64 || width > FIELD_BITS[k] {
+            if shift >= 64 || width > FIELDS[k].bits {
                 return Err(("column", k as u64));
             }
             *c = Column { base, shift, width, at };
             at += u16::from(width);
         }
+        packed.own = Some(Box::new(columns));
         packed.stride = usize::from(at).div_ceil(8).max(1);
         let body = count * packed.stride;
         if image.len() < IMAGE_COLUMNS_BYTES + body {
@@ -247,24 +278,24 @@ impl Entries {
         // the largest d gives a value of the field's type, no entry needs
         // its value checked (a writer's exact table, nearly always).
         let checked = |k: usize, d: u64| -> Result<u64, (&'static str, u64)> {
-            let c = &packed.columns[k];
+            let c = &packed.columns()[k];
             d.checked_shl(u32::from(c.shift))
                 .filter(|v| v >> c.shift == d)
                 .and_then(|v| v.checked_add(c.base))
-                .filter(|v| bits(*v) <= FIELD_BITS[k])
-                .ok_or((FIELD_NAMES[k], d))
+                .filter(|v| bits(*v) <= FIELDS[k].bits)
+                .ok_or((FIELDS[k].name, d))
         };
         let mut safe = [false; COLUMNS];
-        for (k, c) in packed.columns.iter().enumerate() {
+        for (k, c) in packed.columns().iter().enumerate() {
             safe[k] = checked(k, low_bits(c.width)).is_ok();
             if c.width == 0 && !safe[k] {
-                return Err((FIELD_NAMES[k], c.base));
+                return Err((FIELDS[k].name, c.base));
             }
         }
         let mut entries = Vec::with_capacity(count);
         for i in 0..count {
             let mut f = [0u64; COLUMNS];
-            for (k, (value, c)) in f.iter_mut().zip(&packed.columns).enumerate() {
+            for (k, (value, c)) in f.iter_mut().zip(packed.columns()).enumerate() {
                 *value = if safe[k] {
                     packed.read(i, c)
                 } else {
@@ -290,6 +321,10 @@ impl Entries {
         self.len
     }
 
+    fn columns(&self) -> &[Column; COLUMNS] {
+        self.own.as_deref().unwrap_or(&WIDE)
+    }
+
     pub(super) fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -297,6 +332,10 @@ impl Entries {
     /// Bytes held on the heap.
     pub(super) fn heap_bytes(&self) -> usize {
         self.bytes.capacity()
+            + self
+                .own
+                .as_ref()
+                .map_or(0, |_| std::mem::size_of::<[Column; COLUMNS]>())
     }
 
     fn read(&self, i: usize, c: &Column) -> u64 {
@@ -313,7 +352,7 @@ impl Entries {
     pub(super) fn get(&self, i: usize) -> Entry {
         assert!(i < self.len, "entry {i} of {}", self.len);
         let mut f = [0u64; COLUMNS];
-        for (value, c) in f.iter_mut().zip(&self.columns) {
+        for (value, c) in f.iter_mut().zip(self.columns()) {
             *value = self.read(i, c);
         }
         entry(f)
@@ -324,11 +363,11 @@ impl Entries {
     }
 
     fn start(&self, i: usize) -> u16 {
-        self.read(i, &self.columns[5]) as u16
+        self.read(i, &self.columns()[5]) as u16
     }
 
     fn end(&self, i: usize) -> u16 {
-        self.start(i) + self.read(i, &self.columns[6]) as u16
+        self.start(i) + self.read(i, &self.columns()[6]) as u16
     }
 
     /// The index of the first entry whose start is not below `key`.
@@ -357,7 +396,8 @@ impl Entries {
     fn write(&mut self, i: usize, e: &Entry) {
         let from = i * self.stride;
         self.bytes[from..from + self.stride].fill(0);
-        for (value, c) in fields(e).into_iter().zip(self.columns) {
+        let columns = *self.columns();
+        for (value, c) in fields(e).into_iter().zip(columns) {
             if c.width == 0 {
                 continue;
             }
@@ -372,10 +412,13 @@ impl Entries {
     /// Replaces the entries in `range` with `with`, as `Vec::splice`.
     pub(super) fn splice(&mut self, range: std::ops::Range<usize>, with: &[Entry]) {
         assert!(range.start <= range.end && range.end <= self.len);
+        let len = self.len - range.len() + with.len();
+        // A page that grows past a few entries gets a table of its own.
         let fits = self.stride > 0
+            && (self.own.is_some() || len < OWN_LAYOUT_ENTRIES_MIN)
             && with
                 .iter()
-                .all(|e| fields(e).iter().zip(&self.columns).all(|(v, c)| c.fits(*v)));
+                .all(|e| fields(e).iter().zip(self.columns()).all(|(v, c)| c.fits(*v)));
         if !fits {
             let mut all = Vec::with_capacity(self.len - range.len() + with.len());
             all.extend((0..range.start).map(|i| self.get(i)));
@@ -384,7 +427,6 @@ impl Entries {
             self.repack(&all);
             return;
         }
-        let len = self.len - range.len() + with.len();
         let want = len * self.stride + PAD;
         if want > self.bytes.len() {
             if want > self.bytes.capacity() {
@@ -425,7 +467,7 @@ impl Entries {
                 high[k] = high[k].max(v);
             }
         }
-        let fit = |k: usize| if headroom { FITS[k] } else { Fit::Exact };
+        let fit = |k: usize| if headroom { FIELDS[k].fit } else { Fit::Exact };
         for e in entries {
             for (k, v) in fields(e).into_iter().enumerate() {
                 let base = if matches!(fit(k), Fit::FromZero | Fit::Key) {
@@ -436,6 +478,7 @@ impl Entries {
                 seen[k] |= v - base;
             }
         }
+        let mut columns = [Column::default(); COLUMNS];
         let mut at = 0u16;
         for k in 0..COLUMNS {
             let base = match fit(k) {
@@ -451,13 +494,19 @@ impl Entries {
             let span = high[k].saturating_sub(base) >> shift;
             let width = match fit(k) {
                 Fit::Exact => bits(span),
-                Fit::Rising | Fit::FromZero => (bits(span) + 1).min(FIELD_BITS[k]),
+                Fit::Rising | Fit::FromZero => (bits(span) + 1).min(FIELDS[k].bits),
                 Fit::Key => bits(MAP_PAGE_BLOCKS - 1).max(bits(span)),
             };
-            self.columns[k] = Column { base, shift, width, at };
+            columns[k] = Column { base, shift, width, at };
             at += u16::from(width);
         }
-        self.stride = usize::from(at).div_ceil(8).max(1);
+        if headroom && entries.len() < OWN_LAYOUT_ENTRIES_MIN {
+            self.own = None;
+            self.stride = WIDE_STRIDE;
+        } else {
+            self.own = Some(Box::new(columns));
+            self.stride = usize::from(at).div_ceil(8).max(1);
+        }
         self.len = entries.len();
         self.bytes = vec![0; self.len * self.stride + PAD];
         for (i, e) in entries.iter().enumerate() {
@@ -554,7 +603,7 @@ mod tests {
         let flags_column = 11;
         let at: u16 = {
             let packed = Entries::exact(&entries);
-            packed.columns[flags_column].at
+            packed.columns()[flags_column].at
         };
         let stride = Entries::exact(&entries).stride;
         let mut bad = image.clone();
