@@ -626,12 +626,13 @@ impl Page {
             ..Page::default()
         };
         let mut end = 0u16;
+        let slots = geometry.slot_count();
         for e in &entries {
             if e.start < end || e.blocks == 0 || u64::from(e.end()) > MAP_PAGE_BLOCKS {
                 return Err(field("start", u64::from(e.start)));
             }
             end = e.end();
-            if e.slot >= geometry.slot_count() || !live(e.slot) {
+            if e.slot >= slots || !live(e.slot) {
                 return Err(field("slot", e.slot));
             }
             if e.flags & !(ZERO | DIGEST_IS_CRC) != 0 {
