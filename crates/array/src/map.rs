@@ -610,7 +610,7 @@ impl Page {
         if count == 0 || count > MAP_PAGE_BLOCKS as usize || word_count > count * IMAGE_WORDS_PER_ENTRY_MAX {
             return Err(field("entries", count as u64));
         }
-        let (entries, packed, packed_bytes) =
+        let (entries, packed_bytes) =
             Entries::read_image(&image[IMAGE_HEADER_BYTES..], count).map_err(|(name, value)| field(name, value))?;
         let words_at = IMAGE_HEADER_BYTES + packed_bytes;
         if image.len() != words_at + 4 * word_count {
@@ -627,7 +627,7 @@ impl Page {
         };
         let mut end = 0u16;
         let slots = geometry.slot_count();
-        for e in &entries {
+        for e in entries.iter() {
             if e.start < end || e.blocks == 0 || u64::from(e.end()) > MAP_PAGE_BLOCKS {
                 return Err(field("start", u64::from(e.start)));
             }
@@ -645,7 +645,7 @@ impl Page {
                     return Err(field("zero", e.slot));
                 }
             } else {
-                check_record(e, geometry).map_err(|(name, value)| field(name, value))?;
+                check_record(&e, geometry).map_err(|(name, value)| field(name, value))?;
                 if e.flags & DIGEST_IS_CRC != 0 && algorithm != tessera_checksum::Algorithm::Crc32c {
                     return Err(field("flags", u64::from(e.flags)));
                 }
@@ -656,12 +656,8 @@ impl Page {
             page.words_referred += e.arena_words();
         }
         // Held as the image packs it (a change that does not fit its
-        // layout repacks it with room to grow).
-        page.entries = if packed.len() < entries::OWN_LAYOUT_ENTRIES_MIN {
-            Entries::from_slice(&entries)
-        } else {
-            packed
-        };
+        // layout repacks it with room to grow), or wide if it has few.
+        page.entries = entries;
         Ok((p, page))
     }
 }
@@ -908,10 +904,12 @@ impl Map {
         self.pages.len()
     }
 
-    /// The oldest version a mapping of page `p` holds (`None` if the page
-    /// is not in memory or empty).
-    pub fn oldest_version(&self, p: u64) -> Option<u64> {
-        self.pages.get(&p).and_then(|page| page.entries.oldest_version())
+    /// Whether every mapping of page `p` (in memory) is of a version at
+    /// least `floor`.
+    pub fn versions_at_least(&self, p: u64, floor: u64) -> bool {
+        self.pages
+            .get(&p)
+            .is_none_or(|page| page.entries.versions_at_least(floor))
     }
 
     /// The pages changed since the last call, which the caller writes

@@ -236,7 +236,7 @@ impl Shared {
             // than the volume's floor (as all are, but where a volume was
             // deleted and its keys used again since), none is refused.
             let floor = index.volumes.floor(base);
-            if floor.is_some_and(|floor| index.map.oldest_version(page).is_none_or(|oldest| oldest >= floor)) {
+            if floor.is_some_and(|floor| index.map.versions_at_least(page, floor)) {
                 continue;
             }
             let refused: Vec<u64> = index

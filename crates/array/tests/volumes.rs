@@ -159,6 +159,36 @@ fn a_deleted_volume_frees_its_space_and_never_shows_through_a_new_one() {
     array.check().unwrap();
 }
 
+/// The deleted volume's records in a checkpoint's page images: pages are
+/// read when first needed after the crash, and every mapping older than
+/// the new volume (which took the deleted one's id) must be dropped as
+/// it is read in, though the page is the new volume's.
+#[test]
+fn a_deleted_volume_s_checkpointed_pages_never_show_through_a_new_one() {
+    let (devices, array) = array();
+    let gone = array.create_volume("gone", 8 * MIB).unwrap();
+    gone.write(0, &pattern(11, 6 * MIB as usize), false).unwrap();
+    array.flush().unwrap();
+    array.checkpoint().unwrap();
+    array.delete_volume("gone").unwrap();
+    let fresh = array.create_volume("fresh", 8 * MIB).unwrap();
+    // Half of one page of the new volume written, the rest of it and the
+    // pages after it left as the deleted volume's images hold them.
+    let pf = pattern(12, MIB as usize / 2);
+    fresh.write(MIB, &pf, false).unwrap();
+    fresh.flush().unwrap();
+    drop((gone, fresh));
+    let array = kill_and_reopen(&devices, array);
+    let fresh = array.volume("fresh").unwrap();
+    let mut want = vec![0u8; 6 * MIB as usize];
+    want[MIB as usize..MIB as usize + pf.len()].copy_from_slice(&pf);
+    assert!(
+        read(&fresh, 0, 6 * MIB as usize) == want,
+        "the deleted volume shows through"
+    );
+    array.check().unwrap();
+}
+
 #[test]
 fn shrinking_then_growing_finds_zeros_after_a_crash_too() {
     let (devices, array) = array();

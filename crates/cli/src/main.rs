@@ -37,19 +37,27 @@ pub(crate) fn give_back_freed_memory() {
 /// server touches then come in 2 MiB at a time, so RSS grew in steps
 /// unrelated to what it held (an empty array's server held 27 MB, 12 MB
 /// with arenas committed on demand; after reading 1 M random blocks back,
-/// 59-66 MB against 33: `scripts/bench-metadata.sh`, PERFORMANCE.md).
+/// 56 MB against 28: `scripts/bench-map-rss.sh`, PERFORMANCE.md).
 /// The option must be set before the first arena is reserved, which is
 /// the first allocation Rust makes, before `main`: so it is set by a
 /// constructor, which the loader runs before Rust's runtime starts.
+/// Where `MIMALLOC_ARENA_EAGER_COMMIT` is in the environment it is left
+/// to mimalloc (setting the option would override it): how its default
+/// is measured against this (`scripts/bench-map-rss.sh`).
 #[cfg(target_os = "linux")]
 #[used]
 #[link_section = ".init_array"]
 static COMMIT_ALLOCATOR_MEMORY_ON_DEMAND: extern "C" fn() = {
     extern "C" fn commit_on_demand() {
         const ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
-        // SAFETY: sets one of the allocator's options, before anything
-        // has allocated through it.
-        unsafe { libmimalloc_sys::mi_option_set(ARENA_EAGER_COMMIT, 0) }
+        // SAFETY: getenv reads the environment, which nothing changes
+        // before main; the option is set before anything has allocated
+        // through the allocator.
+        unsafe {
+            if libc::getenv(c"MIMALLOC_ARENA_EAGER_COMMIT".as_ptr()).is_null() {
+                libmimalloc_sys::mi_option_set(ARENA_EAGER_COMMIT, 0);
+            }
+        }
     }
     commit_on_demand
 };

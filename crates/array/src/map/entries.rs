@@ -10,9 +10,10 @@
 //!
 //! ```text
 //!  a page of 512 random raw blocks (CRC32C), 1 M blocks written:
-//!  start 9 bits | version - base 22 | slot 15 | offset >> 12 8 | words 11
-//!  = 65 bits, a stride of 9 bytes (40 unpacked); blocks, stored bytes,
-//!  codec, skip... are the same in every entry and take none
+//!  start 9 bits | version - base 22 | slot 15 | offset >> 12 8 | CRC 32
+//!  = 86 bits, a stride of 11 bytes (40 unpacked, and the CRC in the
+//!  page's arena); blocks, stored bytes, codec, skip... are the same in
+//!  every entry and take none
 //! ```
 //!
 //! A page of fewer than `OWN_LAYOUT_ENTRIES_MIN` entries in memory
@@ -32,6 +33,11 @@ use super::Entry;
 use crate::limits::MAP_PAGE_BLOCKS;
 
 const COLUMNS: usize = 13;
+/// Columns read on their own (the order of `FIELDS`).
+const VERSION: usize = 0;
+const SLOT: usize = 1;
+const START: usize = 5;
+const BLOCKS: usize = 6;
 /// Read and written 16 bytes at a time: a field of at most 64 bits that
 /// starts at any bit of a byte fits.
 const PAD: usize = 16;
@@ -97,7 +103,7 @@ struct Field {
 /// Entries from which a page in memory has a layout of its own: its
 /// table takes 208 bytes (13 columns of 16), which packing saves on
 /// about eight entries (a random raw block: 11 bytes packed, 38 wide).
-pub(super) const OWN_LAYOUT_ENTRIES_MIN: usize = 8;
+const OWN_LAYOUT_ENTRIES_MIN: usize = 8;
 
 /// Every field as wide as its type, from zero: the layout of a page of
 /// fewer than `OWN_LAYOUT_ENTRIES_MIN` entries, shared by all of them.
@@ -232,27 +238,28 @@ impl Entries {
 
     /// Each entry's slot, from the slot column alone.
     pub(super) fn slots(&self) -> impl Iterator<Item = u64> + '_ {
-        (0..self.len).map(|i| self.read(i, &self.columns()[1]))
+        (0..self.len).map(|i| self.read(i, &self.columns()[SLOT]))
     }
 
-    /// The smallest version among the entries (`None` if there are none),
-    /// from the version column alone.
-    pub(super) fn oldest_version(&self) -> Option<u64> {
-        (0..self.len).map(|i| self.read(i, &self.columns()[0])).min()
+    /// Whether every entry's version is at least `floor`: at once where
+    /// the version column's base is (no value is below its base), else
+    /// from the column.
+    pub(super) fn versions_at_least(&self, floor: u64) -> bool {
+        let c = &self.columns()[VERSION];
+        c.base >= floor || (0..self.len).all(|i| self.read(i, c) >= floor)
     }
 
     /// `count` entries from an image's column table and packed entries
-    /// at the start of `image`, both unpacked and packed as the image has
-    /// them, and the bytes they took; the field at fault (and its value)
-    /// if the table or a value does not fit an entry.
-    #[allow(clippy::type_complexity)]
-    pub(super) fn read_image(image: &[u8], count: usize) -> Result<(Vec<Entry>, Entries, usize), (&'static str, u64)> {
+    /// at the start of `image`, as memory holds them, and the bytes they
+    /// took; the field at fault (and its value) if the table or a value
+    /// does not fit an entry. (What the values mean is the caller's to
+    /// check.)
+    pub(super) fn read_image(image: &[u8], count: usize) -> Result<(Entries, usize), (&'static str, u64)> {
         if image.len() < IMAGE_COLUMNS_BYTES {
             return Err(("length", image.len() as u64));
         }
-        let mut packed = Entries::default();
-        let mut at = 0u16;
         let mut columns = [Column::default(); COLUMNS];
+        let mut at = 0u16;
         for (k, c) in columns.iter_mut().enumerate() {
             let b = &image[10 * k..10 * k + 10];
             let (base, shift, width) = (u64::from_le_bytes(b[..8].try_into().expect("8 bytes")), b[8], b[9]);
@@ -262,59 +269,49 @@ impl Entries {
             *c = Column { base, shift, width, at };
             at += u16::from(width);
         }
-        packed.own = Some(Box::new(columns));
-        packed.stride = usize::from(at).div_ceil(8).max(1);
-        let body = count * packed.stride;
+        let stride = usize::from(at).div_ceil(8).max(1);
+        let body = count * stride;
         if image.len() < IMAGE_COLUMNS_BYTES + body {
             return Err(("length", image.len() as u64));
         }
-        packed.len = count;
-        packed.bytes = Vec::with_capacity(body + PAD);
-        packed
-            .bytes
-            .extend_from_slice(&image[IMAGE_COLUMNS_BYTES..IMAGE_COLUMNS_BYTES + body]);
-        packed.bytes.resize(body + PAD, 0);
-        // A field is `base + (d << shift)`, d below 2^width; where even
-        // the largest d gives a value of the field's type, no entry needs
-        // its value checked (a writer's exact table, nearly always).
-        let checked = |k: usize, d: u64| -> Result<u64, (&'static str, u64)> {
-            let c = &packed.columns()[k];
-            d.checked_shl(u32::from(c.shift))
-                .filter(|v| v >> c.shift == d)
-                .and_then(|v| v.checked_add(c.base))
-                .filter(|v| bits(*v) <= FIELDS[k].bits)
-                .ok_or((FIELDS[k].name, d))
+        let mut bytes = Vec::with_capacity(body + PAD);
+        bytes.extend_from_slice(&image[IMAGE_COLUMNS_BYTES..IMAGE_COLUMNS_BYTES + body]);
+        bytes.resize(body + PAD, 0);
+        let packed = Entries {
+            own: Some(Box::new(columns)),
+            stride,
+            len: count,
+            bytes,
         };
-        let mut safe = [false; COLUMNS];
-        for (k, c) in packed.columns().iter().enumerate() {
-            safe[k] = checked(k, low_bits(c.width)).is_ok();
-            if c.width == 0 && !safe[k] {
-                return Err((FIELDS[k].name, c.base));
+        // A field is `base + (d << shift)`, d below 2^width. Where even the
+        // largest d gives a value of the field's type (a writer's exact
+        // table, nearly always), no entry needs its value checked; else
+        // each entry's is, before anything reads it.
+        for (k, c) in columns.iter().enumerate() {
+            let fits = |d: u64| {
+                d.checked_shl(u32::from(c.shift))
+                    .filter(|v| v >> c.shift == d)
+                    .and_then(|v| v.checked_add(c.base))
+                    .is_some_and(|v| bits(v) <= FIELDS[k].bits)
+            };
+            if fits(low_bits(c.width)) {
+                continue;
+            }
+            let raw = Column {
+                base: 0,
+                shift: 0,
+                ..*c
+            };
+            if let Some(d) = (0..count).map(|i| packed.read(i, &raw)).find(|&d| !fits(d)) {
+                return Err((FIELDS[k].name, d));
             }
         }
-        let mut entries = Vec::with_capacity(count);
-        for i in 0..count {
-            let mut f = [0u64; COLUMNS];
-            for (k, (value, c)) in f.iter_mut().zip(packed.columns()).enumerate() {
-                *value = if safe[k] {
-                    packed.read(i, c)
-                } else {
-                    checked(
-                        k,
-                        packed.read(
-                            i,
-                            &Column {
-                                base: 0,
-                                shift: 0,
-                                ..*c
-                            },
-                        ),
-                    )?
-                };
-            }
-            entries.push(entry(f));
-        }
-        Ok((entries, packed, IMAGE_COLUMNS_BYTES + body))
+        // A page of few entries shares the wide layout.
+        let held = match count < OWN_LAYOUT_ENTRIES_MIN {
+            true => Entries::from_slice(&packed.to_vec()),
+            false => packed,
+        };
+        Ok((held, IMAGE_COLUMNS_BYTES + body))
     }
 
     pub(super) fn len(&self) -> usize {
@@ -322,7 +319,7 @@ impl Entries {
     }
 
     fn columns(&self) -> &[Column; COLUMNS] {
-        self.own.as_deref().unwrap_or(&WIDE)
+        layout(&self.own)
     }
 
     pub(super) fn is_empty(&self) -> bool {
@@ -363,11 +360,11 @@ impl Entries {
     }
 
     fn start(&self, i: usize) -> u16 {
-        self.read(i, &self.columns()[5]) as u16
+        self.read(i, &self.columns()[START]) as u16
     }
 
     fn end(&self, i: usize) -> u16 {
-        self.start(i) + self.read(i, &self.columns()[6]) as u16
+        self.start(i) + self.read(i, &self.columns()[BLOCKS]) as u16
     }
 
     /// The index of the first entry whose start is not below `key`.
@@ -396,8 +393,7 @@ impl Entries {
     fn write(&mut self, i: usize, e: &Entry) {
         let from = i * self.stride;
         self.bytes[from..from + self.stride].fill(0);
-        let columns = *self.columns();
-        for (value, c) in fields(e).into_iter().zip(columns) {
+        for (value, c) in fields(e).into_iter().zip(layout(&self.own)) {
             if c.width == 0 {
                 continue;
             }
@@ -515,6 +511,11 @@ impl Entries {
     }
 }
 
+/// The columns of a page whose own table is `own`.
+fn layout(own: &Option<Box<[Column; COLUMNS]>>) -> &[Column; COLUMNS] {
+    own.as_deref().unwrap_or(&WIDE)
+}
+
 /// The first index in [0, len) where `below` turns false (it is true for
 /// a prefix), as `slice::partition_point`.
 fn partition(len: usize, below: impl Fn(usize) -> bool) -> usize {
@@ -572,12 +573,15 @@ mod tests {
                     1_000_000 + next() % 1_000_000,
                     next() % 16_000,
                     (next() % 128) as u32 * 4096,
-                    u32::from(i),
+                    // The block's CRC, held in the entry.
+                    next() as u32,
                 )
             })
             .collect();
         let packed = Entries::from_slice(&entries);
-        assert!(packed.stride <= 9, "stride {}", packed.stride);
+        // start 9 bits, version 21, slot 15, offset >> 12 8, CRC 32.
+        assert!(packed.stride <= 11, "stride {}", packed.stride);
+        assert!(Entries::exact(&entries).stride <= 11);
         for (i, e) in entries.iter().enumerate() {
             assert!(same(&packed.get(i), e), "entry {i}");
         }
@@ -594,10 +598,19 @@ mod tests {
         entries[6].slot = 0;
         let mut image = Vec::new();
         Entries::exact(&entries).write_image(&mut image);
-        let (back, packed, used) = Entries::read_image(&image, entries.len()).unwrap();
+        let (back, used) = Entries::read_image(&image, entries.len()).unwrap();
         assert_eq!(used, image.len());
         for (i, e) in entries.iter().enumerate() {
-            assert!(same(&back[i], e) && same(&packed.get(i), e), "entry {i}");
+            assert!(same(&back.get(i), e), "entry {i}");
+        }
+        // A page of few entries is read back into the shared wide layout.
+        let few = &entries[..OWN_LAYOUT_ENTRIES_MIN - 1];
+        let mut small = Vec::new();
+        Entries::exact(few).write_image(&mut small);
+        let (back, _) = Entries::read_image(&small, few.len()).unwrap();
+        assert!(back.own.is_none() && back.stride == WIDE_STRIDE);
+        for (i, e) in few.iter().enumerate() {
+            assert!(same(&back.get(i), e), "entry {i} of a small page");
         }
         // The same table with a flag's code raised past 255: refused.
         let flags_column = 11;
