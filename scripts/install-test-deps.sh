@@ -9,8 +9,9 @@ set -euo pipefail
 # and the reference server the array is tested against; fuse2fs and
 # e2fsprogs (mkfs.ext4, e2fsck, debugfs): ext4 through nbdfuse; openssl:
 # the TLS tests' certificates; python3: socket activation as systemd does it;
-# python3-pip: fetches NVRTC (below).
-packages=(libisal-dev libisal2 libssl-dev pkg-config zstd lz4 b3sum openssl gzip python3
+# python3-pip: fetches NVRTC (below); curl and chromium-headless-shell: the
+# HTTP API and the dashboard, tested as a browser renders it.
+packages=(libisal-dev libisal2 libssl-dev pkg-config zstd lz4 b3sum openssl gzip python3 curl chromium-headless-shell
   python3-pip fonts-dejavu-core libnbd-bin nbdkit qemu-utils fio fuse2fs e2fsprogs)
 missing=()
 for p in "${packages[@]}"; do

@@ -1,29 +1,26 @@
-//! `tessera create | serve | status | fail`: an array in a directory.
+//! `tessera create | status | iostat | events | scrub | fail`: an array
+//! in a directory.
 //!
 //! DIR holds `members` (one member path per line, relative to DIR or
 //! absolute; the superblocks, not this list, say which member is which),
 //! the member files `create --devices` made, and while served, `serve.lock`
-//! and `control.sock`, through which `status` and `fail` reach the server.
+//! and `control.sock`, through which these commands reach the server
+//! (`crate::api`).
 
 use anyhow::{bail, Context, Result};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 use tessera_array::device::{Device, FileDevice};
-use tessera_array::{Array, ArrayError, CreateOptions, EngineOptions, Status};
-use tessera_nbd::Failure;
+use tessera_array::{Array, CreateOptions, EngineOptions, Status};
 
-use crate::metrics::{Metrics, Op};
-use crate::replace::Rebuilder;
+use crate::api::{self, Answer, Request};
 
 pub(crate) const MEMBERS_FILE: &str = "members";
 /// The array's log devices, one path a line, if it has any.
 const LOG_DEVICES_FILE: &str = "log-devices";
 const LOCK_FILE: &str = "serve.lock";
-const CONTROL_SOCKET: &str = "control.sock";
 
 pub struct Create {
     pub data: usize,
@@ -304,7 +301,7 @@ pub(crate) fn listed_lines(dir: &Path) -> Result<Vec<String>> {
 }
 
 /// [`open`], run with `engine` options.
-fn open_with(dir: &Path, engine: EngineOptions) -> Result<Array> {
+pub(crate) fn open_with(dir: &Path, engine: EngineOptions) -> Result<Array> {
     let list = dir.join(MEMBERS_FILE);
     let text = std::fs::read_to_string(&list)
         .with_context(|| format!("{} is not an array directory (no {})", dir.display(), list.display()))?;
@@ -347,115 +344,6 @@ fn open_listed(dir: &Path, text: &str, what: &str) -> Result<Vec<Listed>> {
     Ok(found)
 }
 
-/// An export: one volume of the array, with errors logged and mapped to
-/// NBD errnos, and each request counted and timed when metrics are on.
-struct ArrayExport {
-    volume: tessera_array::Volume,
-    metrics: Option<Arc<Metrics>>,
-}
-
-/// The exports: the array's volumes by name, the default one first (and
-/// for the empty name), as they are when a client asks.
-struct Volumes {
-    array: Arc<Array>,
-    metrics: Option<Arc<Metrics>>,
-    dir: String,
-}
-
-impl tessera_nbd::Catalog<ArrayExport> for Volumes {
-    fn list(&self) -> Vec<(String, String)> {
-        self.array
-            .volumes()
-            .into_iter()
-            .map(|v| {
-                let description = format!("Tessera array {}, volume {}", self.dir, v.name);
-                (v.name, description)
-            })
-            .collect()
-    }
-
-    fn open(&self, name: &str) -> Option<Arc<ArrayExport>> {
-        let name = if name.is_empty() {
-            tessera_array::volume::DEFAULT_VOLUME_NAME
-        } else {
-            name
-        };
-        let volume = self.array.volume(name).ok()?;
-        Some(Arc::new(ArrayExport {
-            volume,
-            metrics: self.metrics.clone(),
-        }))
-    }
-}
-
-impl ArrayExport {
-    /// Runs a request of `bytes` (`op`): timed and counted when metrics
-    /// are on, its error logged and mapped to the NBD errno.
-    fn run<T>(&self, op: Op, bytes: u64, request: impl FnOnce() -> Result<T, ArrayError>) -> Result<T, Failure> {
-        let result = match &self.metrics {
-            Some(metrics) => {
-                let started = Instant::now();
-                let result = request();
-                metrics.record(op, bytes, started, result.is_ok());
-                result
-            }
-            None => request(),
-        };
-        result.map_err(|e| {
-            eprintln!("tessera: {} failed: {e}", op.name().replace('_', " "));
-            Failure {
-                errno: nbd_errno(&e),
-                message: Some(e.to_string()),
-            }
-        })
-    }
-}
-
-/// The errno an NBD client sees for an error of the array: EINVAL for a
-/// range outside the volume, ENOSPC for a full array, ENODEV for a volume
-/// deleted under it (as a pulled device), EIO for the rest.
-fn nbd_errno(error: &tessera_array::ArrayError) -> u32 {
-    use tessera_array::ArrayError;
-    match error {
-        ArrayError::OutOfRange { .. } => 22,
-        ArrayError::NoSpace => 28,
-        ArrayError::VolumeGone { .. } => 19,
-        _ => 5,
-    }
-}
-
-impl tessera_nbd::Export for ArrayExport {
-    fn size(&self) -> u64 {
-        self.volume.size()
-    }
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Failure> {
-        self.run(Op::Read, buf.len() as u64, || self.volume.read(offset, buf))
-    }
-    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), Failure> {
-        self.run(Op::Write, data.len() as u64, || self.volume.write(offset, data, fua))
-    }
-    fn flush(&self) -> Result<(), Failure> {
-        self.run(Op::Flush, 0, || self.volume.flush())
-    }
-    fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), Failure> {
-        self.run(Op::Trim, len, || self.volume.write_zeroes(offset, len, fua))
-    }
-    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), Failure> {
-        self.run(Op::WriteZeroes, len, || self.volume.write_zeroes(offset, len, fua))
-    }
-    fn cache(&self, offset: u64, len: u64) -> Result<(), Failure> {
-        self.run(Op::Cache, len, || self.volume.prefetch(offset, len))
-    }
-    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<(u64, u32)>, Failure> {
-        let runs = self.run(Op::BlockStatus, len, || self.volume.allocation(offset, len))?;
-        let hole = tessera_nbd::STATE_HOLE | tessera_nbd::STATE_ZERO;
-        Ok(runs
-            .into_iter()
-            .map(|(bytes, stored)| (bytes, if stored { 0 } else { hole }))
-            .collect())
-    }
-}
-
 pub(crate) fn lock(dir: &Path) -> Result<std::fs::File> {
     // Checked first, so that a mistyped directory is left as it was.
     if !dir.join(MEMBERS_FILE).is_file() {
@@ -481,435 +369,9 @@ pub(crate) fn lock(dir: &Path) -> Result<std::fs::File> {
     Ok(file)
 }
 
-pub struct Serve {
-    pub dir: PathBuf,
-    pub listen: Option<String>,
-    pub socket: Option<PathBuf>,
-    /// Mode of the `--socket` file (0600 by default: clients get the
-    /// whole array).
-    pub socket_mode: u32,
-    pub accel: tessera_accel::Kind,
-    pub reconstruct_cache_bytes: usize,
-    /// Bytes of map pages kept in memory (`serve --map-cache`).
-    pub map_cache_bytes: usize,
-    pub member_errors_max: u64,
-    /// Where to serve Prometheus metrics (`serve --metrics`).
-    pub metrics: Option<String>,
-    /// Open even if no log device can be read (`serve --discard-missing-log`).
-    pub discard_missing_log: bool,
-    /// Open even if the array looks open elsewhere (`serve --force`).
-    pub ignore_activity: bool,
-    /// GC copies in stripes of their own (off: `serve --no-gc-stream`).
-    pub gc_stream: bool,
-    /// Stale members resynced at start (off: `serve --no-auto-resync`).
-    pub auto_resync: bool,
-    /// Degraded stripes healed onto healthy members in the background
-    /// (off: `serve --no-auto-heal`).
-    pub auto_heal: bool,
-    pub limits: tessera_nbd::Limits,
-    pub tls: Option<tessera_nbd::Tls>,
-}
-
-/// Where to listen: a socket systemd passed (socket activation), else
-/// `--socket`, else `--listen` (default 127.0.0.1:10809).
-fn listener(
-    passed: Option<tessera_nbd::Listener>,
-    listen: Option<&str>,
-    socket: Option<(&Path, u32)>,
-    tls: bool,
-) -> Result<tessera_nbd::Listener> {
-    if let Some(passed) = passed {
-        if listen.is_some() || socket.is_some() {
-            bail!("systemd passed a listening socket (LISTEN_FDS): drop --listen and --socket");
-        }
-        return Ok(passed);
-    }
-    if let Some((path, mode)) = socket {
-        let _ = std::fs::remove_file(path);
-        let l = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
-        set_mode(path, mode)?;
-        return Ok(tessera_nbd::Listener::Unix(l));
-    }
-    let address = listen.unwrap_or("127.0.0.1:10809");
-    let l = std::net::TcpListener::bind(address).with_context(|| format!("listening on {address}"))?;
-    let local = l.local_addr()?;
-    if !local.ip().is_loopback() && !tls {
-        eprintln!(
-            "tessera: warning: listening on {local} without TLS: anyone who can reach it can read and \
-             write the whole array; bind to 127.0.0.1, use a Unix socket or --tls-certificates/--tls-psk \
-             unless the network is trusted"
-        );
-    }
-    Ok(tessera_nbd::Listener::Tcp(l))
-}
-
-pub fn serve(mut s: Serve) -> Result<()> {
-    // Taken first, before anything opened could be given its descriptor.
-    let passed = tessera_nbd::Listener::from_systemd().context("taking the socket systemd passed")?;
-    let (dir, listen, socket) = (s.dir.as_path(), s.listen.as_deref(), s.socket.as_deref());
-    let _lock = lock(dir)?;
-    let engine = EngineOptions {
-        accel: Some(tessera_accel::select(s.accel)?),
-        reconstruct_cache_bytes: s.reconstruct_cache_bytes,
-        map_cache_bytes: s.map_cache_bytes,
-        member_errors_max: s.member_errors_max,
-        discard_missing_log: s.discard_missing_log,
-        ignore_activity: s.ignore_activity,
-        gc_stream: s.gc_stream,
-        ..EngineOptions::default()
-    };
-    let stop = Arc::new(AtomicBool::new(false));
-    // The control socket answers from the start: while the array opens,
-    // that it is opening and for how long (not "in use by another
-    // process").
-    let control_path = dir.join(CONTROL_SOCKET);
-    let _ = std::fs::remove_file(&control_path);
-    let control = UnixListener::bind(&control_path).with_context(|| format!("binding {}", control_path.display()))?;
-    let _control_file = RemoveOnDrop(control_path.clone());
-    set_mode(&control_path, 0o600)?;
-    let ready: Arc<std::sync::OnceLock<Ready>> = Arc::default();
-    {
-        let (ready, stop, since) = (ready.clone(), stop.clone(), Instant::now());
-        std::thread::spawn(move || control_loop(control, ready, since, stop));
-    }
-    let array = Arc::new(open_with(dir, engine)?);
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(signal, stop.clone())?;
-    }
-    // A rebuild a shutdown or crash stopped goes on now; else stale
-    // members are resynced.
-    let rebuilder = Arc::new(Rebuilder::new(dir, array.clone(), stop.clone(), s.auto_resync));
-    if let Err(e) = rebuilder.resume() {
-        eprintln!("tessera: the unfinished rebuild cannot go on: {e:#}");
-    }
-    // Stripes left short by a member that is out are healed onto the
-    // others, where there are more members than a stripe is wide.
-    let healer = s
-        .auto_heal
-        .then(|| crate::heal::spawn_healer(array.clone(), stop.clone(), crate::replace::DEFAULT_BUSY_RATE))
-        .transpose()?;
-    let _ = ready.set((array.clone(), rebuilder.clone()));
-    let listener = listener(passed, listen, socket.map(|p| (p, s.socket_mode)), s.tls.is_some())?;
-    let url = listener.uri("tessera", s.tls.is_some())?;
-    let status = array.status()?;
-    for rejected in &status.devices_rejected {
-        eprintln!("tessera: warning: left out of the array: {}", rejected.why);
-    }
-    let r = &status.recovery;
-    eprintln!(
-        "tessera: opened in {} ms: {}, {} slots scanned, {} stripes replayed, {} torn stripes dropped",
-        r.milliseconds,
-        r.checkpoint_sequence
-            .map_or("no checkpoint".to_string(), |c| format!("checkpoint at sequence {c}")),
-        r.slots_scanned,
-        r.stripes_replayed,
-        r.torn_stripes_dropped
-    );
-    if let Some(error) = &r.checkpoint_error {
-        eprintln!("tessera: the checkpoint could not be used ({error}); every slot was scanned instead");
-    }
-    if let Some(why) = r.log.as_ref().and_then(|log| log.replay_failed.as_ref()) {
-        eprintln!("tessera: warning: the intent log's records could not be written to the members ({why}); they are served from memory and replayed again at the next start");
-    }
-    if let Some(why) = &status.writes_refused {
-        eprintln!("tessera: warning: WRITES REFUSED: {why}; reads go on; bring members back, then restart");
-    }
-    eprintln!(
-        "tessera: serving {} ({}+{}, {} exported, {} of {} members available, accelerator {}) at {url}",
-        dir.display(),
-        status.data,
-        status.parity,
-        human(status.logical_bytes),
-        status.members.len() - status.members_unavailable,
-        status.members.len(),
-        match status.accelerator.detail.as_str() {
-            "" => status.accelerator.name.clone(),
-            detail => format!("{}: {detail}", status.accelerator.name),
-        }
-    );
-    eprintln!("tessera: connect with e.g. `nbdinfo {url}` or `qemu-img info {url}`; stop with Ctrl-C");
-    let metrics = match &s.metrics {
-        Some(address) => {
-            let metrics = Arc::new(Metrics::new());
-            let bound = crate::metrics::serve(address, metrics.clone(), array.clone())?;
-            eprintln!("tessera: metrics at http://{bound}/metrics");
-            Some(metrics)
-        }
-        None => None,
-    };
-    let volumes = Volumes {
-        array: array.clone(),
-        metrics,
-        dir: dir.display().to_string(),
-    };
-    let mut server = tessera_nbd::Server::with_catalog(Arc::new(volumes), s.limits);
-    if let Some(tls) = s.tls.take() {
-        server = server.with_tls(tls);
-    }
-    let server = Arc::new(server);
-    let result = tessera_nbd::run(server, listener, stop.clone());
-    // The rebuild stops at its next stripe (it goes on at the next start).
-    stop.store(true, Ordering::Relaxed);
-    rebuilder.join();
-    if let Some(healer) = healer {
-        let _ = healer.join();
-    }
-    eprintln!("tessera: shutting down: flushing and writing a map checkpoint");
-    array.close()?;
-    if let Some(path) = socket {
-        let _ = std::fs::remove_file(path);
-    }
-    result?;
-    eprintln!("tessera: stopped cleanly");
-    Ok(())
-}
-
-/// How long a control client has to send its whole request (from the
-/// moment it connects), and then to take each answer; a slow or silent
-/// one is dropped, and others are served meanwhile.
-const CONTROL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
-/// Control clients served at once. A client arriving when all are taken
-/// makes room by closing the one that has waited longest without sending
-/// its request (a slow or silent client), so a few of those cannot lock
-/// the operator out; only clients whose requests run (a scrub streaming
-/// its progress) make it wait, told to retry.
-const CONTROL_CLIENTS_MAX: usize = 8;
-
-/// Sets the mode of a socket this server created: its owner only unless
-/// told otherwise (NBD clients get the whole array, the control socket
-/// can fail members).
-fn set_mode(path: &Path, mode: u32) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .with_context(|| format!("setting the mode of {} to {mode:o}", path.display()))
-}
-
-/// Control clients connected and not yet done sending their request: the
-/// ones a newcomer may close to make room, oldest first.
-#[derive(Default)]
-struct Readers {
-    next_id: u64,
-    waiting: std::collections::VecDeque<(u64, UnixStream)>,
-}
-
-/// The served array and its rebuilder, once the array is open.
-type Ready = (Arc<Array>, Arc<Rebuilder>);
-
-/// Removes a file when dropped (the control socket, however `serve` ends).
-struct RemoveOnDrop(PathBuf);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-/// Answers requests on the control socket (see [`control_client`]), each
-/// client on its own thread, its request due within [`CONTROL_TIMEOUT`];
-/// until `ready` is set, with how long the array has been opening.
-fn control_loop(listener: UnixListener, ready: Arc<std::sync::OnceLock<Ready>>, since: Instant, stop: Arc<AtomicBool>) {
-    let busy = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let readers = Arc::new(Mutex::new(Readers::default()));
-    for stream in listener.incoming() {
-        if stop.load(Ordering::Relaxed) {
-            return;
-        }
-        let Ok(stream) = stream else { continue };
-        let _ = stream.set_write_timeout(Some(CONTROL_TIMEOUT));
-        if busy.load(Ordering::SeqCst) >= CONTROL_CLIENTS_MAX {
-            // Room is made by closing the slowest reader; its thread ends
-            // at once (its read fails), so at most twice the maximum run.
-            let oldest = readers.lock().unwrap_or_else(|p| p.into_inner()).waiting.pop_front();
-            match oldest {
-                Some((_, slow)) => {
-                    let _ = slow.shutdown(std::net::Shutdown::Both);
-                }
-                None => {
-                    let _ = (&stream).write_all(b"error: the server is busy with other control clients; try again\n");
-                    continue;
-                }
-            }
-        }
-        let id = {
-            let mut r = readers.lock().unwrap_or_else(|p| p.into_inner());
-            let id = r.next_id;
-            r.next_id += 1;
-            if let Ok(copy) = stream.try_clone() {
-                r.waiting.push_back((id, copy));
-            }
-            id
-        };
-        busy.fetch_add(1, Ordering::SeqCst);
-        let (ready, busy, readers) = (ready.clone(), busy.clone(), readers.clone());
-        let deadline = Instant::now() + CONTROL_TIMEOUT;
-        std::thread::spawn(move || {
-            let request = read_request(&stream, deadline);
-            readers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .waiting
-                .retain(|(other, _)| *other != id);
-            match (request, ready.get()) {
-                (Some(line), Some((array, rebuilder))) => control_client(&stream, &line, array, rebuilder),
-                (Some(_), None) => {
-                    let answer = format!(
-                        "error: the server is still opening the array ({:.0} s so far); ask again once it serves\n",
-                        since.elapsed().as_secs_f64()
-                    );
-                    let _ = (&stream).write_all(answer.as_bytes());
-                }
-                (None, _) => {}
-            }
-            busy.fetch_sub(1, Ordering::SeqCst);
-        });
-    }
-}
-
-/// One request line, whole by `deadline` (a client that trickles bytes
-/// gets no more time than a silent one); `None` if it is not.
-fn read_request(stream: &UnixStream, deadline: Instant) -> Option<String> {
-    let mut line = Vec::new();
-    let mut buffer = [0u8; 1024];
-    // Each pass reads at least one byte or returns.
-    loop {
-        let left = deadline.checked_duration_since(Instant::now())?;
-        if left.is_zero() {
-            return None;
-        }
-        stream.set_read_timeout(Some(left)).ok()?;
-        let n = (&*stream).read(&mut buffer).ok()?;
-        if n == 0 {
-            return None;
-        }
-        line.extend_from_slice(&buffer[..n]);
-        if let Some(end) = line.iter().position(|&b| b == b'\n') {
-            line.truncate(end + 1);
-            return String::from_utf8(line).ok();
-        }
-        if line.len() as u64 > CONTROL_REQUEST_BYTES_MAX {
-            return None;
-        }
-    }
-}
-
-/// Longest request line a control client may send.
-const CONTROL_REQUEST_BYTES_MAX: u64 = 8192;
-
-/// One control request, one line each way: `status`, `fail I`, `scrub
-/// RATE` and `heal RATE` (progress lines, then the report), `replace {json}` (starts a
-/// rebuild, see `replace::Request`) and `rebuild` (how it goes).
-fn control_client(stream: &UnixStream, line: &str, array: &Array, rebuilder: &Rebuilder) {
-    // Answers that take long (a scrub's) have their own time to be read.
-    let _ = stream.set_read_timeout(Some(CONTROL_TIMEOUT));
-    if let Some(json) = line.strip_prefix("replace ") {
-        let reply = serde_json::from_str::<crate::replace::Request>(json)
-            .map_err(anyhow::Error::from)
-            .and_then(|request| rebuilder.start(&request));
-        let text = match reply {
-            Ok(()) => "ok".to_string(),
-            Err(e) => format!("error: {e:#}"),
-        };
-        let _ = (&*stream).write_all((text + "\n").as_bytes());
-        return;
-    }
-    let reply = match line.split_whitespace().collect::<Vec<_>>().as_slice() {
-        ["rebuild"] => serde_json::to_string(&rebuilder.progress()).map_err(|e| e.to_string()),
-        ["status"] => array
-            .status()
-            .map_err(|e| e.to_string())
-            .and_then(|s| serde_json::to_string(&s).map_err(|e| e.to_string())),
-        ["events"] => serde_json::to_string(&array.events()).map_err(|e| e.to_string()),
-        ["fail", index] => match index.parse::<usize>() {
-            Ok(i) => array
-                .fail_member(i)
-                .map(|()| "ok".to_string())
-                .map_err(|e| e.to_string()),
-            Err(_) => Err(format!("'{index}' is not a member index")),
-        },
-        ["scrub", rate] => match rate.parse::<u64>() {
-            Ok(rate) => streamed(stream, |progress| {
-                array.scrub_with((rate > 0).then_some(rate), progress)
-            }),
-            Err(_) => Err(format!("'{rate}' is not a rate in bytes a second")),
-        },
-        ["volume", words @ ..] => crate::volume_cmd::Request::parse(words)
-            .and_then(|request| request.run(array).map_err(|e| e.to_string())),
-        ["heal", rate] => match rate.parse::<u64>() {
-            Ok(rate) => streamed(stream, |progress| array.heal_with((rate > 0).then_some(rate), progress)),
-            Err(_) => Err(format!("'{rate}' is not a rate in bytes a second")),
-        },
-        _ => Err(
-            "unknown request: use 'status', 'events', 'fail I', 'scrub RATE', 'heal RATE', 'volume ...', 'replace {json}' or 'rebuild'"
-                .to_string(),
-        ),
-    };
-    let text = match reply {
-        Ok(text) => text,
-        Err(e) => format!("error: {e}"),
-    };
-    let _ = (&*stream).write_all((text + "\n").as_bytes());
-}
-
-/// Runs long work (a scrub, a heal) for a control client, sending it a
-/// `progress` line (the report so far, JSON) every second; the work stops
-/// if the client goes away. Returns the final report as JSON.
-fn streamed<R: serde::Serialize>(
-    stream: &UnixStream,
-    work: impl FnOnce(&mut dyn FnMut(&R) -> bool) -> Result<R, tessera_array::ArrayError>,
-) -> Result<String, String> {
-    let mut last = Instant::now();
-    let mut progress = |report: &R| {
-        if last.elapsed() < PROGRESS_INTERVAL {
-            return true;
-        }
-        last = Instant::now();
-        let line = format!("progress {}\n", serde_json::to_string(report).unwrap_or_default());
-        (&*stream).write_all(line.as_bytes()).is_ok()
-    };
-    let report = work(&mut progress).map_err(|e| e.to_string())?;
-    serde_json::to_string(&report).map_err(|e| e.to_string())
-}
-
-/// How often long work reports its progress.
-const PROGRESS_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Sends one request to a running server; `None` if none is running.
-pub(crate) fn ask_server(dir: &Path, request: &str) -> Result<Option<String>> {
-    ask_server_with(dir, request, |_| {})
-}
-
-/// [`ask_server`], handing each progress line the server sends first to
-/// `on_progress`.
-fn ask_server_with(dir: &Path, request: &str, mut on_progress: impl FnMut(&str)) -> Result<Option<String>> {
-    let Ok(mut stream) = UnixStream::connect(dir.join(CONTROL_SOCKET)) else {
-        return Ok(None);
-    };
-    // A status of a huge array takes a while; a server that says nothing
-    // for this long is stuck, and saying so beats hanging.
-    stream.set_read_timeout(Some(std::time::Duration::from_secs(60)))?;
-    stream.write_all(format!("{request}\n").as_bytes())?;
-    let mut reader = BufReader::new(&stream);
-    let mut line = String::new();
-    // Long work sends progress lines before its answer.
-    loop {
-        line.clear();
-        reader
-            .read_line(&mut line)
-            .with_context(|| format!("the server serving {} did not answer '{request}'", dir.display()))?;
-        match line.strip_prefix("progress ") {
-            Some(progress) => on_progress(progress.trim()),
-            None => break,
-        }
-    }
-    if let Some(error) = line.strip_prefix("error: ") {
-        bail!("{}", error.trim());
-    }
-    Ok(Some(line.trim().to_string()))
-}
-
 pub fn status(dir: &Path, json: bool) -> Result<()> {
-    let status: Status = match ask_server(dir, "status")? {
-        Some(text) => serde_json::from_str(&text).context("the server's status")?,
+    let status: Status = match api::ask_for(dir, &Request::Status, status_of)? {
+        Some(status) => status,
         None => {
             let _lock = lock(dir)?;
             let array = open(dir)?;
@@ -940,17 +402,14 @@ pub fn iostat(dir: &Path, seconds: f64, count: Option<u64>) -> Result<()> {
         bail!("the interval must be a positive number of seconds, not {seconds}");
     }
     let take = || -> Result<(Status, Instant)> {
-        let text = ask_server(dir, "status")?.with_context(|| {
+        let status = api::ask_for(dir, &Request::Status, status_of)?.with_context(|| {
             format!(
                 "no server serves {}: iostat shows a served array's rates (start `tessera serve {}`)",
                 dir.display(),
                 dir.display()
             )
         })?;
-        Ok((
-            serde_json::from_str(&text).context("the server's status")?,
-            Instant::now(),
-        ))
+        Ok((status, Instant::now()))
     };
     let mut before = take()?;
     let mut printed = 0;
@@ -1014,13 +473,16 @@ fn iostat_report(before: &Status, now: &Status, seconds: f64) -> String {
 /// `tessera events`: what happened to the served array since it was
 /// opened, oldest first, one line each (UTC), or as one JSON array.
 pub fn events(dir: &Path, json: bool) -> Result<()> {
-    let text = ask_server(dir, "events")?.with_context(|| {
+    let take = |answer| match answer {
+        Answer::Events(events) => Some(events),
+        _ => None,
+    };
+    let events = api::ask_for(dir, &Request::Events, take)?.with_context(|| {
         format!(
             "no server serves {}: the history is the server's, since it opened the array",
             dir.display()
         )
     })?;
-    let events: Vec<tessera_array::events::Event> = serde_json::from_str(&text).context("the server's events")?;
     if json {
         println!("{}", serde_json::to_string(&events)?);
         return Ok(());
@@ -1256,7 +718,7 @@ impl Progress {
             bar.set_message(message);
             return;
         }
-        if self.last.elapsed() < PROGRESS_INTERVAL {
+        if self.last.elapsed() < crate::api::PROGRESS_INTERVAL {
             return;
         }
         self.last = Instant::now();
@@ -1294,23 +756,31 @@ impl Progress {
     }
 }
 
+/// The status in an answer.
+fn status_of(answer: Answer) -> Option<Status> {
+    match answer {
+        Answer::Status(status) => Some(*status),
+        _ => None,
+    }
+}
+
 /// Long work with a progress report (`R`): asked of the server that
 /// serves `dir` with `request`, if one does, else run by `here` on the
 /// array opened here; each report so far shown by `show`.
-pub(crate) fn served_or_here<R: serde::de::DeserializeOwned>(
+pub(crate) fn served_or_here<R: api::LongWork>(
     dir: &Path,
-    request: &str,
+    request: &Request,
     progress: &mut Progress,
     show: fn(&mut Progress, &R),
     here: impl FnOnce(&Array, &mut dyn FnMut(&R) -> bool) -> Result<R, tessera_array::ArrayError>,
 ) -> Result<R> {
-    let answer = ask_server_with(dir, request, |line| {
-        if let Ok(report) = serde_json::from_str::<R>(line) {
+    let answer = api::ask(dir, request, |report| {
+        if let Some(report) = R::from_progress(report) {
             show(progress, &report);
         }
     })?;
     match answer {
-        Some(text) => Ok(serde_json::from_str(&text)?),
+        Some(answer) => R::from_answer(answer).context("the server answered with another kind of report"),
         None => {
             let _lock = lock(dir)?;
             let array = open(dir)?;
@@ -1330,7 +800,7 @@ pub fn scrub(dir: &Path, rate: u64, json: bool) -> Result<()> {
     let mut progress = Progress::new("scrub");
     let report = served_or_here(
         dir,
-        &format!("scrub {rate}"),
+        &Request::Scrub { rate },
         &mut progress,
         Progress::scrub,
         |array, shown| array.scrub_with((rate > 0).then_some(rate), shown),
@@ -1356,7 +826,7 @@ pub fn scrub(dir: &Path, rate: u64, json: bool) -> Result<()> {
 }
 
 pub fn fail(dir: &Path, index: usize) -> Result<()> {
-    if ask_server(dir, &format!("fail {index}"))?.is_some() {
+    if api::ask(dir, &Request::Fail { member: index }, |_| {})?.is_some() {
         println!("member {index} marked failed; the served array goes on degraded");
         return Ok(());
     }
@@ -1364,49 +834,4 @@ pub fn fail(dir: &Path, index: usize) -> Result<()> {
     open(dir)?.fail_member(index)?;
     println!("member {index} marked failed");
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::nbd_errno;
-    use tessera_array::ArrayError;
-
-    /// While the array opens, the control socket says so, and how long it
-    /// has taken, instead of leaving `status` to find the directory
-    /// locked by "another process".
-    #[test]
-    fn the_control_socket_says_the_array_is_still_opening() {
-        use std::io::{BufRead, Write};
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(super::CONTROL_SOCKET);
-        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
-        let ready = std::sync::Arc::default();
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let since = std::time::Instant::now();
-        std::thread::spawn(move || super::control_loop(listener, ready, since, stop));
-        let mut stream = std::os::unix::net::UnixStream::connect(&path).unwrap();
-        stream.write_all(b"status\n").unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(&stream).read_line(&mut line).unwrap();
-        assert!(
-            line.starts_with("error: the server is still opening the array ("),
-            "{line}"
-        );
-        let answer = super::ask_server(dir.path(), "status").unwrap_err().to_string();
-        assert!(answer.contains("still opening"), "{answer}");
-    }
-
-    #[test]
-    fn array_errors_reach_nbd_clients_as_their_errno() {
-        let gone = ArrayError::VolumeGone { name: "v".to_string() };
-        let range = ArrayError::OutOfRange {
-            offset: 0,
-            len: 1,
-            size: 0,
-        };
-        assert_eq!(nbd_errno(&gone), 19);
-        assert_eq!(nbd_errno(&range), 22);
-        assert_eq!(nbd_errno(&ArrayError::NoSpace), 28);
-        assert_eq!(nbd_errno(&ArrayError::Unreadable { slot: 3 }), 5);
-    }
 }

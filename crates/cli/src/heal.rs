@@ -32,7 +32,7 @@ pub fn heal(dir: &std::path::Path, rate: u64, json: bool) -> Result<()> {
     let mut progress = Progress::new("heal");
     let report = served_or_here(
         dir,
-        &format!("heal {rate}"),
+        &crate::api::Request::Heal { rate },
         &mut progress,
         Progress::heal,
         |array, shown| array.heal_with((rate > 0).then_some(rate), shown),

@@ -2,6 +2,7 @@
 //! calls into the library crates; output meant for tools is JSON on stdout,
 //! progress and diagnostics go to stderr.
 
+mod api;
 mod array_cmd;
 mod bench_array;
 mod bench_data;
@@ -10,6 +11,7 @@ mod ec_files;
 mod heal;
 mod metrics;
 mod replace;
+mod serve;
 mod size;
 mod tco;
 mod volume_cmd;
@@ -217,6 +219,22 @@ enum Command {
         /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9810).
         #[arg(long)]
         metrics: Option<String>,
+        /// Serve the dashboard and the control API over HTTP at ADDR (e.g.
+        /// 127.0.0.1:9811). Read-only unless --http-token-file is given;
+        /// an address other than loopback needs TLS and a token.
+        #[arg(long)]
+        http: Option<String>,
+        /// PEM certificate (chain) for HTTPS on --http.
+        #[arg(long, requires = "http", requires = "http_tls_key")]
+        http_tls_cert: Option<PathBuf>,
+        /// PEM private key of --http-tls-cert.
+        #[arg(long, requires = "http_tls_cert")]
+        http_tls_key: Option<PathBuf>,
+        /// File whose first line is the token an HTTP client sends
+        /// (`Authorization: Bearer TOKEN`) to change the array (fail,
+        /// scrub, heal, replace, volumes); 16 characters at least.
+        #[arg(long, requires = "http")]
+        http_token_file: Option<PathBuf>,
         /// Open even if no log device of the array can be read, giving up
         /// the FLUSHed writes that only they held (without it, refused).
         #[arg(long)]
@@ -649,6 +667,10 @@ fn main() -> Result<()> {
             tls_verify_peer,
             member_errors_max,
             metrics,
+            http,
+            http_tls_cert,
+            http_tls_key,
+            http_token_file,
             discard_missing_log,
             force,
             no_gc_stream,
@@ -656,7 +678,17 @@ fn main() -> Result<()> {
             no_auto_heal,
         } => {
             let defaults = tessera_nbd::Limits::default();
-            array_cmd::serve(array_cmd::Serve {
+            let http = http
+                .map(|address| {
+                    serve::http::Options::from_flags(
+                        address,
+                        http_tls_cert.as_deref(),
+                        http_tls_key.as_deref(),
+                        http_token_file.as_deref(),
+                    )
+                })
+                .transpose()?;
+            serve::serve(serve::Serve {
                 dir,
                 listen,
                 socket,
@@ -679,6 +711,7 @@ fn main() -> Result<()> {
                     ..defaults
                 },
                 tls: tls_settings(tls, tls_certificates, tls_psk, tls_verify_peer)?,
+                http,
             })
         }
         Command::Bench(BenchCommand::Array {
@@ -748,26 +781,27 @@ fn main() -> Result<()> {
         Command::Events { dir, json } => array_cmd::events(&dir, json),
         Command::Fail { dir, index } => array_cmd::fail(&dir, index),
         Command::Volume { action } => {
+            use api::VolumeChange;
             use volume_cmd::Request;
             let (dir, request, json) = match action {
                 VolumeAction::Create(v) => (
                     v.dir,
-                    Request::Create {
+                    Request::Change(VolumeChange::Create {
                         name: v.name,
                         bytes: v.size,
-                    },
+                    }),
                     v.json,
                 ),
                 VolumeAction::List { dir, json } => (dir, Request::List, json),
                 VolumeAction::Resize(v) => (
                     v.dir,
-                    Request::Resize {
+                    Request::Change(VolumeChange::Resize {
                         name: v.name,
                         bytes: v.size,
-                    },
+                    }),
                     v.json,
                 ),
-                VolumeAction::Delete { dir, name, json } => (dir, Request::Delete { name }, json),
+                VolumeAction::Delete { dir, name, json } => (dir, Request::Change(VolumeChange::Delete { name }), json),
             };
             volume_cmd::volume(&dir, &request, json)
         }

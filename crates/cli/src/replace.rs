@@ -17,7 +17,8 @@ use std::sync::{Arc, Mutex};
 use tessera_array::device::{Device, FileDevice};
 use tessera_array::{Array, MemberState, RebuildOptions, RebuildReport, RebuildResume};
 
-use crate::array_cmd::{ask_server, human, listed_lines, lock, open, refuse_if_in_use, Progress, MEMBERS_FILE};
+use crate::api::{self, Answer};
+use crate::array_cmd::{human, listed_lines, lock, open, refuse_if_in_use, Progress, MEMBERS_FILE};
 
 /// The rebuild under way, if any.
 pub const REBUILD_FILE: &str = "rebuild.json";
@@ -38,8 +39,9 @@ pub struct Job {
     pub resume: Option<RebuildResume>,
 }
 
-/// What a control client asks for with `replace {json}`.
-#[derive(Debug, Serialize, Deserialize)]
+/// What a control client asks for with a `replace` request.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Request {
     pub member: usize,
     /// An absolute path; `None`: the member's own device.
@@ -300,8 +302,8 @@ pub struct Outcome {
     pub report: RebuildReport,
 }
 
-/// What `rebuild` on the control socket answers.
-#[derive(Debug, Default, Serialize, Deserialize)]
+/// What a `rebuild` request answers.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct RebuildState {
     pub running: Option<RebuildReport>,
     pub last: Option<Outcome>,
@@ -472,7 +474,7 @@ pub fn replace(dir: &Path, request: Request, detach: bool) -> Result<()> {
         with: request.with.as_deref().map(absolute).transpose()?,
         ..request
     };
-    if ask_server(dir, &format!("replace {}", serde_json::to_string(&request)?))?.is_some() {
+    if api::ask(dir, &api::Request::Replace(request.clone()), |_| {})?.is_some() {
         if detach {
             println!("rebuilding member {index} in the server; `tessera status` shows how far it is");
             return Ok(());
@@ -484,11 +486,14 @@ pub fn replace(dir: &Path, request: Request, detach: bool) -> Result<()> {
         // Ends when the server reports this rebuild's end, or stops.
         loop {
             std::thread::sleep(POLL_INTERVAL);
-            let Some(text) = ask_server(dir, "rebuild")? else {
+            let take = |answer| match answer {
+                Answer::Rebuild(state) => Some(state),
+                _ => None,
+            };
+            let Some(state) = api::ask_for(dir, &api::Request::Rebuild, take)? else {
                 progress.finish();
                 bail!("the server stopped; the rebuild goes on when the array is served again");
             };
-            let state: RebuildState = serde_json::from_str(&text)?;
             match (state.running, state.last) {
                 (Some(report), _) if report.member == index => show(&mut progress, &report),
                 (None, Some(last)) if last.member == index => {

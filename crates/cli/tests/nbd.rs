@@ -2172,7 +2172,7 @@ fn serve_resyncs_a_stale_member_by_itself_and_leaves_one_failed_by_hand_to_onlin
     let server = Served::start(&dir, &socket);
     let status = wait_for_state(&dir, 2, "healthy");
     assert_eq!(status["members"][4]["state"], "failed", "{status}");
-    let last: serde_json::Value = serde_json::from_str(&control(&dir, "rebuild")).unwrap();
+    let last = control(&dir, "rebuild");
     let report = &last["last"]["report"];
     assert!(
         last["last"]["done"] == true
@@ -2313,18 +2313,22 @@ fn saved_rebuild(dir: &Path) -> serde_json::Value {
     panic!("no rebuild saved where it was in 20 s");
 }
 
-/// Sends one request to the control socket of the array in `dir`; the
-/// answer's last line.
-fn control(dir: &Path, request: &str) -> String {
+/// Sends the API request `name` (one with no body: "status",
+/// "rebuild") to the control socket of the array in `dir`, as a client
+/// of the API would; its answer.
+fn control(dir: &Path, name: &str) -> serde_json::Value {
     use std::io::{BufRead, Write};
     let mut stream = std::os::unix::net::UnixStream::connect(dir.join("control.sock")).unwrap();
     stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let request = serde_json::json!({"version": 1, "request": name});
     stream.write_all(format!("{request}\n").as_bytes()).unwrap();
     let mut last = String::new();
     for line in std::io::BufReader::new(stream).lines() {
         last = line.unwrap();
     }
-    last
+    let reply: serde_json::Value = serde_json::from_str(&last).unwrap();
+    assert_eq!(reply["version"], 1, "{reply}");
+    reply["answer"][name].clone()
 }
 
 /// fio on `uri` as job `name`: 16 KiB random writes over `size` bytes
@@ -2429,7 +2433,7 @@ fn a_served_array_rebuilds_a_member_while_fio_verifies_and_a_kill_9_resumes_it()
     let server = Served::start(&dir, &socket);
     let mut last = serde_json::Value::Null;
     for _ in 0..1200 {
-        last = serde_json::from_str::<serde_json::Value>(&control(&dir, "rebuild")).unwrap()["last"].clone();
+        last = control(&dir, "rebuild")["last"].clone();
         if !last.is_null() {
             break;
         }
@@ -2644,4 +2648,349 @@ fn events_tell_what_happened_since_the_array_was_opened() {
     let out = tessera(&["events", d]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no server serves"));
+}
+
+/// `curl` of `url` with `args` more: (HTTP status, body).
+fn curl(url: &str, args: &[&str], cwd: &Path) -> (u16, String) {
+    let mut all = vec!["-s", "-S", "--max-time", "60", "-w", "\n%{http_code}"];
+    all.extend_from_slice(args);
+    all.push(url);
+    let out = run("curl", &all, cwd);
+    let (body, code) = out.rsplit_once('\n').unwrap();
+    (code.parse().unwrap(), body.to_string())
+}
+
+/// An API request POSTed to the HTTP server at `base` with `token` (or
+/// none): (HTTP status, the reply).
+fn post(
+    base: &str,
+    request: &serde_json::Value,
+    token: Option<&str>,
+    extra: &[&str],
+    cwd: &Path,
+) -> (u16, serde_json::Value) {
+    let body = serde_json::json!({"version": 1, "request": request}).to_string();
+    let authorization = token.map(|t| format!("Authorization: Bearer {t}"));
+    let mut args = vec![
+        "-X",
+        "POST",
+        "-H",
+        "Content-Type: application/json",
+        "--data-binary",
+        &body,
+    ];
+    if let Some(header) = &authorization {
+        args.extend_from_slice(&["-H", header]);
+    }
+    args.extend_from_slice(extra);
+    let (code, text) = curl(&format!("{base}api/v1"), &args, cwd);
+    (
+        code,
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")),
+    )
+}
+
+/// The dashboard at `url` as headless Chromium renders it once its
+/// script has polled the API a few times: the DOM, and a screenshot kept
+/// as `name`.png in the tests' artifacts (target/tmp).
+fn browse(url: &str, name: &str, extra: &[&str], cwd: &Path) -> String {
+    let common = [
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--virtual-time-budget=6000",
+    ];
+    let mut args: Vec<&str> = common.to_vec();
+    args.extend_from_slice(extra);
+    let screenshot = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.png"));
+    let _ = std::fs::remove_file(&screenshot);
+    let shot = format!("--screenshot={}", screenshot.display());
+    let mut shooting = args.clone();
+    shooting.extend_from_slice(&["--window-size=1400,1100", &shot, url]);
+    run("chromium-headless-shell", &shooting, cwd);
+    let png = std::fs::read(&screenshot).unwrap();
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "a screenshot of the page"
+    );
+    args.extend_from_slice(&["--dump-dom", url]);
+    run("chromium-headless-shell", &args, cwd)
+}
+
+/// The text of the element with id `id` in `dom`, tags dropped.
+fn text_of(dom: &str, id: &str) -> String {
+    let at = dom
+        .find(&format!("id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no #{id} in the page:\n{dom}"));
+    let open = dom[..at].rfind('<').unwrap();
+    let tag: String = dom[open + 1..]
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric())
+        .collect();
+    let end = at + dom[at..].find(&format!("</{tag}>")).unwrap();
+    let mut text = String::new();
+    let mut in_tag = false;
+    for c in dom[at..end].chars().skip_while(|&c| c != '>').skip(1) {
+        match c {
+            '<' => in_tag = true,
+            '>' => {
+                in_tag = false;
+                text.push(' ');
+            }
+            c if !in_tag => text.push(c),
+            _ => {}
+        }
+    }
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The dashboard in a real browser (headless Chromium) shows a failed
+/// member being rebuilt, the rebuild's progress and the history; it
+/// agrees with `status`, `iostat` and `volume list` on the same array;
+/// the HTTP API refuses changes without the token, and bad requests, by
+/// kind, changing nothing.
+#[test]
+fn the_dashboard_shows_a_rebuild_under_way_and_agrees_with_status_and_iostat() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cwd = tmp.path();
+    let dir = cwd.join("array");
+    create(&dir, &[]);
+    let address = free_address();
+    let base = format!("http://{address}/");
+    let token = "dashboard-test-token-0123456789";
+    std::fs::write(cwd.join("token"), format!("{token}\n")).unwrap();
+    let socket = cwd.join("nbd.sock");
+    let server = Served::start_with(
+        &dir,
+        &socket,
+        &[
+            "--http",
+            &address,
+            "--http-token-file",
+            cwd.join("token").to_str().unwrap(),
+        ],
+    );
+    let d = dir.to_str().unwrap();
+    // Member 2 fails, 24 MiB are written without it, and its resync is
+    // slowed to 256 KiB/s so that it is under way while we look.
+    let out = tessera(&["fail", d, "--device", "2"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut data = vec![0u8; 24 << 20];
+    rand::rngs::StdRng::seed_from_u64(27).fill(&mut data[..]);
+    write_export(&server.uri(), cwd, &data);
+    let out = tessera(&[
+        "online",
+        d,
+        "--device",
+        "2",
+        "--rate",
+        "256K",
+        "--busy-rate",
+        "256K",
+        "--detach",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let status = wait_for_state(&dir, 2, "rebuilding");
+    assert!(!status["rebuild"].is_null(), "{status}");
+
+    let dom = browse(&base, "dashboard-rebuilding", &[], cwd);
+    let health = text_of(&dom, "health");
+    assert!(health.starts_with("DEGRADED: 1 member out"), "{health}");
+    assert!(dom.contains(r#"data-state="rebuilding" id="member-2""#), "{dom}");
+    let jobs = text_of(&dom, "jobs");
+    assert!(
+        jobs.starts_with("Rebuild of member 2: ") && jobs.contains("stripes ("),
+        "{jobs}"
+    );
+    let events = text_of(&dom, "events");
+    assert!(
+        events.contains("member 2 (")
+            && events.contains("failed by hand")
+            && events.contains("rebuild of member 2 onto"),
+        "{events}"
+    );
+
+    // The CLI (control socket), the HTTP API and the page agree.
+    let cli = status_json(&dir);
+    let (code, http) = curl(&format!("{base}api/v1/status"), &[], cwd);
+    assert_eq!(code, 200, "{http}");
+    let http: serde_json::Value = serde_json::from_str(&http).unwrap();
+    let http = &http["answer"]["status"];
+    let iostat = tessera(&["iostat", d, "0.5", "--count", "1"]);
+    assert!(iostat.status.success(), "{}", String::from_utf8_lossy(&iostat.stderr));
+    let iostat = String::from_utf8_lossy(&iostat.stdout).into_owned();
+    for (i, member) in cli["members"].as_array().unwrap().iter().enumerate() {
+        let (name, state) = (member["name"].as_str().unwrap(), member["state"].as_str().unwrap());
+        assert_eq!(http["members"][i]["name"], name);
+        assert_eq!(http["members"][i]["state"], state);
+        let row = text_of(&dom, &format!("member-{i}"));
+        assert!(row.starts_with(&format!("{i} {name} {state} ")), "{row}");
+        assert!(iostat.contains(&format!("member {i} {name} ({state})")), "{iostat}");
+    }
+    for field in [
+        "array_uuid",
+        "data",
+        "parity",
+        "usable_bytes",
+        "mapped_bytes",
+        "volumes",
+    ] {
+        assert_eq!(cli[field], http[field], "{field}");
+    }
+    assert!(text_of(&dom, "uuid") == cli["array_uuid"].as_str().unwrap());
+    let listed = tessera(&["volume", "list", d]);
+    let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+    let line = listed.lines().find(|l| l.starts_with("tessera ")).unwrap();
+    assert_eq!(
+        text_of(&dom, "volume-tessera").split(' ').collect::<Vec<_>>(),
+        line.split_whitespace().collect::<Vec<_>>(),
+        "the page's volume row and `volume list`"
+    );
+    assert!(iostat.contains("volume tessera"), "{iostat}");
+
+    // Changes need the token; refused ones change nothing.
+    let fail3 = serde_json::json!({"fail": {"member": 3}});
+    for (presented, kind) in [
+        (None, "unauthorized"),
+        (Some("wrong-token-wrong-token"), "unauthorized"),
+    ] {
+        let (code, reply) = post(&base, &fail3, presented, &[], cwd);
+        assert_eq!((code, reply["error"]["kind"].as_str()), (401, Some(kind)), "{reply}");
+    }
+    let (code, reply) = post(
+        &base,
+        &serde_json::json!({"volume": {"create": {"name": "web", "bytes": 1 << 20}}}),
+        Some(token),
+        &[],
+        cwd,
+    );
+    assert_eq!(code, 200, "{reply}");
+    assert!(
+        reply["answer"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["name"] == "web"),
+        "{reply}"
+    );
+    // Bad requests, by kind.
+    let (code, reply) = curl(&format!("{base}api/v1/nothing"), &[], cwd);
+    assert_eq!(code, 404, "{reply}");
+    let bodies: [(&str, u16, &str); 4] = [
+        (r#"{"version":1,"request":"status","extra":1}"#, 400, "bad_request"),
+        (r#"{"version":9,"request":"status"}"#, 400, "unsupported_version"),
+        (
+            r#"{"version":1,"request":{"fail":{"member":"three"}}}"#,
+            400,
+            "bad_request",
+        ),
+        ("not json", 400, "bad_request"),
+    ];
+    for (body, status, kind) in bodies {
+        let (code, text) = curl(&format!("{base}api/v1"), &["-X", "POST", "--data-binary", body], cwd);
+        let reply: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            (code, reply["error"]["kind"].as_str()),
+            (status, Some(kind)),
+            "{body}: {reply}"
+        );
+    }
+    let big = cwd.join("big.json");
+    std::fs::write(
+        &big,
+        format!(
+            r#"{{"version":1,"request":{{"volume":{{"delete":{{"name":"{}"}}}}}}}}"#,
+            "w".repeat(70_000)
+        ),
+    )
+    .unwrap();
+    let at_big = format!("@{}", big.display());
+    let (code, text) = curl(
+        &format!("{base}api/v1"),
+        &[
+            "-X",
+            "POST",
+            "-H",
+            &format!("Authorization: Bearer {token}"),
+            "--data-binary",
+            &at_big,
+        ],
+        cwd,
+    );
+    assert_eq!(code, 413, "{text}");
+    let after = status_json(&dir);
+    assert_eq!(
+        after["members"][3]["state"], "healthy",
+        "a refused request changed nothing"
+    );
+    let names: Vec<&str> = after["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["tessera", "web"]);
+    server.stop();
+}
+
+/// Over HTTPS with a token: the page renders in the browser, changes need
+/// the token, plain HTTP gets nowhere; and an address other than loopback
+/// without TLS is refused before anything is served.
+#[test]
+fn the_dashboard_over_tls_with_a_token() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cwd = tmp.path();
+    let dir = cwd.join("array");
+    create(&dir, &[]);
+    let d = dir.to_str().unwrap();
+    let socket = cwd.join("nbd.sock");
+    let out = tessera(&["serve", d, "--socket", socket.to_str().unwrap(), "--http", "0.0.0.0:0"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("needs TLS"), "{stderr}");
+    let (pki, _) = make_certificates(cwd);
+    let token = "tls-dashboard-token-abcdefghij";
+    std::fs::write(cwd.join("token"), token).unwrap();
+    let address = free_address();
+    let (cert, key) = (pki.join("server-cert.pem"), pki.join("server-key.pem"));
+    let server = Served::start_with(
+        &dir,
+        &socket,
+        &[
+            "--http",
+            &address,
+            "--http-tls-cert",
+            cert.to_str().unwrap(),
+            "--http-tls-key",
+            key.to_str().unwrap(),
+            "--http-token-file",
+            cwd.join("token").to_str().unwrap(),
+        ],
+    );
+    let base = format!("https://{address}/");
+    let dom = browse(&base, "dashboard-tls", &["--ignore-certificate-errors"], cwd);
+    assert_eq!(text_of(&dom, "health"), "HEALTHY");
+    let ca = pki.join("ca-cert.pem");
+    let tls = ["--cacert", ca.to_str().unwrap()];
+    let scrub = serde_json::json!({"scrub": {"rate": 0}});
+    let (code, reply) = post(&base, &scrub, None, &tls, cwd);
+    assert_eq!(
+        (code, reply["error"]["kind"].as_str()),
+        (401, Some("unauthorized")),
+        "{reply}"
+    );
+    let (code, reply) = post(&base, &scrub, Some(token), &tls, cwd);
+    assert_eq!(code, 200, "{reply}");
+    assert!(
+        reply["answer"]["scrub"]["stripes_checked"].as_u64().is_some(),
+        "{reply}"
+    );
+    let plain = Command::new("curl")
+        .args(["-s", "--max-time", "10", &format!("http://{address}/api/v1/status")])
+        .output()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&plain.stdout).contains("\"answer\""),
+        "plain HTTP is not answered on the TLS port"
+    );
+    server.stop();
 }
