@@ -9,7 +9,57 @@ use anyhow::{bail, Context, Result};
 use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use tessera_ec::Codec;
+use tessera_ec::{Codec, Kernel, MatrixKind};
+
+#[derive(clap::Args)]
+pub struct Shape {
+    /// Data shards (K).
+    #[arg(long)]
+    pub data: usize,
+    /// Parity shards (M).
+    #[arg(long)]
+    pub parity: usize,
+    /// Encoding matrix: cauchy (any K+M <= 256) or vandermonde (ISA-L's gf_gen_rs_matrix).
+    #[arg(long, default_value = "cauchy")]
+    pub matrix: MatrixKind,
+    /// Force a kernel: reference, avx2, avx2-gfni, avx512, avx512-gfni (default: the fastest; also TESSERA_EC_KERNEL).
+    #[arg(long)]
+    pub kernel: Option<Kernel>,
+}
+
+impl Shape {
+    pub fn codec(&self) -> Result<Codec> {
+        let codec = Codec::new(self.data, self.parity, self.matrix)?;
+        Ok(match self.kernel {
+            Some(kernel) => codec.with_kernel(kernel)?,
+            None => codec,
+        })
+    }
+}
+
+#[derive(clap::Subcommand)]
+pub enum EcCommand {
+    /// Write parity files K..K+M-1 from data files 0..K-1 in DIR.
+    Encode {
+        #[command(flatten)]
+        shape: Shape,
+        dir: PathBuf,
+    },
+    /// Recreate every missing file among 0..K+M-1 in DIR.
+    Decode {
+        #[command(flatten)]
+        shape: Shape,
+        dir: PathBuf,
+    },
+}
+
+/// Runs `ec encode` or `ec decode`.
+pub fn run(command: EcCommand) -> Result<()> {
+    match command {
+        EcCommand::Encode { shape, dir } => encode(&shape.codec()?, &dir),
+        EcCommand::Decode { shape, dir } => decode(&shape.codec()?, &dir),
+    }
+}
 
 /// Bytes of each shard processed per step.
 const CHUNK_BYTES: usize = 1 << 20;

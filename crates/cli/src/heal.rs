@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tessera_array::{Array, HealReport, MemberState};
 
-use crate::array_cmd::{human, served_or_here, Progress};
+use crate::array_dir::{human, served_or_here, Progress};
 
 /// How often the server's healer looks at the members.
 const LOOK_INTERVAL: Duration = Duration::from_secs(1);
@@ -28,7 +28,20 @@ fn summary(report: &HealReport) -> String {
 
 /// `tessera heal`: through the server if one runs, else on the array
 /// opened here; progress on stderr, the summary at the end.
-pub fn heal(dir: &std::path::Path, rate: u64, json: bool) -> Result<()> {
+/// `tessera heal`'s flags.
+#[derive(clap::Args)]
+pub struct Args {
+    pub dir: std::path::PathBuf,
+    /// Bytes a second to copy at most (0: no limit).
+    #[arg(long, value_parser = crate::size::parse, default_value = "0")]
+    pub rate: u64,
+    /// Print the summary as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let (dir, rate, json) = (args.dir.as_path(), args.rate, args.json);
     let mut progress = Progress::new("heal");
     let report = served_or_here(
         dir,

@@ -18,7 +18,7 @@ use tessera_array::device::{Device, FileDevice};
 use tessera_array::{Array, MemberState, RebuildOptions, RebuildReport, RebuildResume};
 
 use crate::api::{self, Answer};
-use crate::array_cmd::{human, listed_lines, lock, open, refuse_if_in_use, Progress, MEMBERS_FILE};
+use crate::array_dir::{human, listed_lines, lock, open, refuse_if_in_use, Progress, MEMBERS_FILE};
 
 /// The rebuild under way, if any.
 pub const REBUILD_FILE: &str = "rebuild.json";
@@ -39,16 +39,66 @@ pub struct Job {
     pub resume: Option<RebuildResume>,
 }
 
-/// What a control client asks for with a `replace` request.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// A rebuild to start: `tessera replace`'s flags, and the API's `replace`
+/// request (where `with` is an absolute path).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, clap::Args)]
 #[serde(deny_unknown_fields)]
 pub struct Request {
+    #[arg(long = "device", value_name = "INDEX")]
     pub member: usize,
-    /// An absolute path; `None`: the member's own device.
+    /// The new device or file (created at the members' size if it does
+    /// not exist); default: the member's own, if it is there.
+    #[arg(long)]
     pub with: Option<PathBuf>,
+    /// Bytes a second to write at most while clients are idle (0: no limit).
+    #[arg(long, value_parser = crate::size::parse, default_value = "0")]
     pub rate: u64,
+    /// Bytes a second to write at most while clients do I/O (0: as --rate).
+    #[arg(long, value_parser = crate::size::parse, default_value = "32M")]
     pub busy_rate: u64,
+    /// Use a --with device even if it holds data or another array's superblock.
+    #[arg(long)]
     pub force: bool,
+}
+
+/// `tessera replace`'s flags.
+#[derive(clap::Args)]
+pub struct Replace {
+    pub dir: PathBuf,
+    #[command(flatten)]
+    pub request: Request,
+    /// On a served array, return once the rebuild has started.
+    #[arg(long)]
+    pub detach: bool,
+}
+
+/// `tessera online`'s flags: a replace onto the member's own device.
+#[derive(clap::Args)]
+pub struct Online {
+    pub dir: PathBuf,
+    #[arg(long = "device", value_name = "INDEX")]
+    pub member: usize,
+    /// Bytes a second to write at most while clients are idle (0: no limit).
+    #[arg(long, value_parser = crate::size::parse, default_value = "0")]
+    pub rate: u64,
+    /// Bytes a second to write at most while clients do I/O (0: as --rate).
+    #[arg(long, value_parser = crate::size::parse, default_value = "32M")]
+    pub busy_rate: u64,
+    /// On a served array, return once the resync has started.
+    #[arg(long)]
+    pub detach: bool,
+}
+
+impl Online {
+    pub fn request(&self) -> Request {
+        Request {
+            member: self.member,
+            with: None,
+            rate: self.rate,
+            busy_rate: self.busy_rate,
+            force: false,
+        }
+    }
 }
 
 pub fn load_job(dir: &Path) -> Result<Option<Job>> {

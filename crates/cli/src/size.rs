@@ -1,6 +1,11 @@
 //! Byte sizes on the command line: `4096`, `64K`, `1M`, `4G`, `1T` (powers of
 //! 1024; `KiB`, `MB` and lower case are read the same way).
 
+/// A size that must fit this machine's address space (a buffer's, a cache's).
+pub fn parse_usize(text: &str) -> Result<usize, String> {
+    usize::try_from(parse(text)?).map_err(|_| format!("'{text}' is too large for this machine"))
+}
+
 pub fn parse(text: &str) -> Result<u64, String> {
     let trimmed = text.trim();
     let digits_end = trimmed.find(|c: char| !c.is_ascii_digit()).unwrap_or(trimmed.len());

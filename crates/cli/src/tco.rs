@@ -126,17 +126,27 @@ fn load(source: &str) -> Result<Scenario> {
     Scenario::example(source).with_context(|| format!("'{source}' is neither a file nor a built-in example"))
 }
 
-pub struct Options<'a> {
-    pub scenario: Option<&'a str>,
-    pub compare: &'a [String],
-    pub overrides: &'a Overrides,
+/// `tessera tco`'s flags.
+#[derive(Args)]
+pub struct Options {
+    /// A scenario: a TOML file, or a built-in example (snia-baseline, snia-csd-3.84, snia-csd-15.36).
+    pub scenario: Option<String>,
+    /// Two scenarios (files or examples) side by side, with B's saving over A.
+    #[arg(long, num_args = 2, value_names = ["A", "B"])]
+    pub compare: Vec<String>,
+    #[command(flatten)]
+    pub overrides: Box<Overrides>,
+    /// Print the scenario (after flags) as TOML, a starting point for a file of your own.
+    #[arg(long)]
     pub print_toml: bool,
+    /// Print one JSON object: {"inputs": ..., "report": ...}.
+    #[arg(long)]
     pub json: bool,
 }
 
 pub fn run(options: &Options) -> Result<()> {
     if options.compare.is_empty() {
-        let Some(source) = options.scenario else {
+        let Some(source) = options.scenario.as_deref() else {
             anyhow::bail!(
                 "name a scenario: a TOML file or a built-in example ({}), or --compare A B",
                 EXAMPLES.map(|(n, _)| n).join(", ")
@@ -159,7 +169,7 @@ pub fn run(options: &Options) -> Result<()> {
         options.scenario.is_none() && !options.print_toml,
         "--compare takes its two scenarios itself; give no other scenario"
     );
-    let [a, b] = options.compare else {
+    let [a, b] = options.compare.as_slice() else {
         anyhow::bail!("--compare takes two scenarios");
     };
     let (a, b) = (options.overrides.apply(load(a)?)?, options.overrides.apply(load(b)?)?);

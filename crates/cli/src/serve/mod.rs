@@ -18,39 +18,179 @@ use std::time::Instant;
 use tessera_array::EngineOptions;
 
 use crate::api::{Served, CONTROL_SOCKET};
-use crate::array_cmd::{human, lock, open_with};
+use crate::array_dir::{human, lock, open_with};
 use crate::metrics::Metrics;
 use crate::replace::Rebuilder;
 
+/// `tessera serve`'s flags.
+#[derive(clap::Args)]
 pub struct Serve {
     pub dir: PathBuf,
+    /// TCP address to listen on (default 127.0.0.1:10809).
+    #[arg(long, conflicts_with = "socket")]
     pub listen: Option<String>,
+    /// Unix socket to listen on instead of TCP.
+    #[arg(long)]
     pub socket: Option<PathBuf>,
-    /// Mode of the `--socket` file (0600 by default: clients get the
-    /// whole array).
+    /// Mode of the --socket file, in octal (0660 lets its group in).
+    #[arg(long, default_value = "600", value_parser = parse_mode, requires = "socket")]
     pub socket_mode: u32,
+    /// Backend for parity, rebuilds and hashes: auto, cpu or cuda.
+    #[arg(long, default_value = "auto")]
     pub accel: tessera_accel::Kind,
+    /// Bytes of rebuilt stripes kept for degraded reads (at least 64 stripes).
+    #[arg(long = "reconstruct-cache", value_name = "SIZE", value_parser = crate::size::parse_usize, default_value = "256M")]
     pub reconstruct_cache_bytes: usize,
-    /// Bytes of map pages kept in memory (`serve --map-cache`).
+    /// Bytes of map pages kept in memory; the rest stay on the
+    /// members and are read when needed. Pages changed since the last
+    /// checkpoint stay too, until it writes them.
+    #[arg(long = "map-cache", value_name = "SIZE", value_parser = crate::size::parse_usize, default_value = "512M")]
     pub map_cache_bytes: usize,
+    /// NBD connections served at once; more are closed at once.
+    #[arg(long, default_value_t = 64)]
+    pub max_connections: usize,
+    /// Request bytes (read replies, write payloads) all connections
+    /// together may hold; one connection holds at most 64M.
+    #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_usize, default_value = "1G")]
+    pub max_bytes_in_flight: usize,
+    /// Threads carrying out requests, shared by all connections
+    /// (default: 4 per core, at least 16).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Close a connection that has sent nothing for this many seconds
+    /// with nothing in flight (0: never; guests and the kernel client
+    /// may stay idle for hours).
+    #[arg(long, default_value_t = 0)]
+    pub idle_timeout: u64,
+    /// TLS: off, on (clients choose) or require. Default: require
+    /// when --tls-certificates or --tls-psk is given, else off.
+    #[arg(long)]
+    pub tls: Option<TlsMode>,
+    /// Directory with server-cert.pem, server-key.pem (and ca-cert.pem
+    /// for --tls-verify-peer), as qemu-nbd and nbdkit lay it out.
+    #[arg(long, conflicts_with = "tls_psk")]
+    pub tls_certificates: Option<PathBuf>,
+    /// Pre-shared keys file in psktool's format (`identity:hexkey` lines).
+    #[arg(long)]
+    pub tls_psk: Option<PathBuf>,
+    /// Require a client certificate signed by ca-cert.pem.
+    #[arg(long, requires = "tls_certificates")]
+    pub tls_verify_peer: bool,
+    /// Fail a member once it has shown this many read and checksum
+    /// errors since the server started, if the parity covers it (0: never).
+    #[arg(long, default_value_t = tessera_array::limits::MEMBER_ERRORS_MAX_DEFAULT)]
     pub member_errors_max: u64,
-    /// Where to serve Prometheus metrics (`serve --metrics`).
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9810).
+    #[arg(long)]
     pub metrics: Option<String>,
-    /// Open even if no log device can be read (`serve --discard-missing-log`).
+    /// Serve the dashboard and the control API over HTTP at ADDR (e.g.
+    /// 127.0.0.1:9811). Read-only unless --http-token-file is given;
+    /// an address other than loopback needs TLS and a token.
+    #[arg(long)]
+    pub http: Option<String>,
+    /// PEM certificate (chain) for HTTPS on --http.
+    #[arg(long, requires = "http", requires = "http_tls_key")]
+    pub http_tls_cert: Option<PathBuf>,
+    /// PEM private key of --http-tls-cert.
+    #[arg(long, requires = "http_tls_cert")]
+    pub http_tls_key: Option<PathBuf>,
+    /// File whose first line is the token an HTTP client sends
+    /// (`Authorization: Bearer TOKEN`) to change the array (fail,
+    /// scrub, heal, replace, volumes); 16 characters at least.
+    #[arg(long, requires = "http")]
+    pub http_token_file: Option<PathBuf>,
+    /// Open even if no log device of the array can be read, giving up
+    /// the FLUSHed writes that only they held (without it, refused).
+    #[arg(long)]
     pub discard_missing_log: bool,
-    /// Open even if the array looks open elsewhere (`serve --force`).
+    /// Open even if the members' activity records show the array open
+    /// elsewhere (another host that died with it open: only once that
+    /// host is known to be down; two writers corrupt the array)
+    #[arg(long = "force")]
     pub ignore_activity: bool,
-    /// GC copies in stripes of their own (off: `serve --no-gc-stream`).
-    pub gc_stream: bool,
-    /// Stale members resynced at start (off: `serve --no-auto-resync`).
-    pub auto_resync: bool,
-    /// Degraded stripes healed onto healthy members in the background
-    /// (off: `serve --no-auto-heal`).
-    pub auto_heal: bool,
-    pub limits: tessera_nbd::Limits,
-    pub tls: Option<tessera_nbd::Tls>,
-    /// Where to serve the API and the dashboard over HTTP (`serve --http`).
-    pub http: Option<http::Options>,
+    /// Put garbage collection's copies into the client stripes open at
+    /// the time (GC's own stripes only where none is) instead of
+    /// stripes of their own: for measuring what the separation saves
+    /// (scripts/bench-waf.sh).
+    #[arg(long)]
+    pub no_gc_stream: bool,
+    /// Leave stale members (present but out of date: away while the
+    /// array went on, or failed for errors) out instead of resyncing
+    /// them at start; `tessera online` resyncs one when asked.
+    #[arg(long)]
+    pub no_auto_resync: bool,
+    /// Leave stripes with a chunk on a member that is out where they
+    /// are, instead of healing them onto the healthy members in the
+    /// background (arrays with more members than a stripe is wide).
+    #[arg(long)]
+    pub no_auto_heal: bool,
+}
+
+impl Serve {
+    /// The NBD server's bounds.
+    fn limits(&self) -> tessera_nbd::Limits {
+        let defaults = tessera_nbd::Limits::default();
+        tessera_nbd::Limits {
+            max_connections: self.max_connections,
+            total_bytes: self.max_bytes_in_flight,
+            workers: self.workers.unwrap_or(defaults.workers),
+            idle_timeout: (self.idle_timeout > 0).then(|| std::time::Duration::from_secs(self.idle_timeout)),
+            ..defaults
+        }
+    }
+
+    /// The TLS the NBD server offers; `None` for plaintext.
+    fn nbd_tls(&self) -> Result<Option<tessera_nbd::Tls>> {
+        let credentials = self.tls_certificates.is_some() || self.tls_psk.is_some();
+        let mode = self
+            .tls
+            .unwrap_or(if credentials { TlsMode::Require } else { TlsMode::Off });
+        let required = match mode {
+            TlsMode::Off if credentials => {
+                bail!("--tls off with --tls-certificates or --tls-psk: drop one or the other")
+            }
+            TlsMode::Off => return Ok(None),
+            _ if !credentials => bail!("--tls on or require needs --tls-certificates DIR or --tls-psk FILE"),
+            TlsMode::On => false,
+            TlsMode::Require => true,
+        };
+        Ok(Some(match (&self.tls_certificates, &self.tls_psk) {
+            (Some(dir), _) => tessera_nbd::Tls::x509(dir, self.tls_verify_peer, required)?,
+            (None, Some(file)) => tessera_nbd::Tls::psk(file, required)?,
+            (None, None) => unreachable!("credentials were checked above"),
+        }))
+    }
+
+    /// How HTTP is served, if it is.
+    fn http_options(&self) -> Result<Option<http::Options>> {
+        self.http
+            .clone()
+            .map(|address| {
+                http::Options::from_flags(
+                    address,
+                    self.http_tls_cert.as_deref(),
+                    self.http_tls_key.as_deref(),
+                    self.http_token_file.as_deref(),
+                )
+            })
+            .transpose()
+    }
+}
+
+/// `--tls`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TlsMode {
+    Off,
+    On,
+    Require,
+}
+
+/// A file mode in octal, at most 0777.
+fn parse_mode(text: &str) -> Result<u32, String> {
+    u32::from_str_radix(text, 8)
+        .ok()
+        .filter(|&mode| mode <= 0o777)
+        .ok_or_else(|| format!("'{text}' is not a file mode in octal (like 600 or 0660)"))
 }
 
 /// Where to listen: a socket systemd passed (socket activation), else
@@ -86,10 +226,12 @@ fn listener(
     Ok(tessera_nbd::Listener::Tcp(l))
 }
 
-pub fn serve(mut s: Serve) -> Result<()> {
+pub fn serve(s: Serve) -> Result<()> {
     // Taken first, before anything opened could be given its descriptor.
     let passed = tessera_nbd::Listener::from_systemd().context("taking the socket systemd passed")?;
     let (dir, listen, socket) = (s.dir.as_path(), s.listen.as_deref(), s.socket.as_deref());
+    // Flags checked before anything is opened or bound.
+    let (limits, tls, http) = (s.limits(), s.nbd_tls()?, s.http_options()?);
     let _lock = lock(dir)?;
     let engine = EngineOptions {
         accel: Some(tessera_accel::select(s.accel)?),
@@ -98,7 +240,7 @@ pub fn serve(mut s: Serve) -> Result<()> {
         member_errors_max: s.member_errors_max,
         discard_missing_log: s.discard_missing_log,
         ignore_activity: s.ignore_activity,
-        gc_stream: s.gc_stream,
+        gc_stream: !s.no_gc_stream,
         ..EngineOptions::default()
     };
     let stop = Arc::new(AtomicBool::new(false));
@@ -119,7 +261,7 @@ pub fn serve(mut s: Serve) -> Result<()> {
             .spawn(move || control::control_loop(control, ready, since, stop))?;
     }
     // So does HTTP: the dashboard shows the array opening.
-    if let Some(options) = s.http.take() {
+    if let Some(options) = http {
         let bound = http::serve(options, ready.clone(), since)?;
         eprintln!("tessera: dashboard and API at {bound}");
     }
@@ -129,14 +271,13 @@ pub fn serve(mut s: Serve) -> Result<()> {
     }
     // A rebuild a shutdown or crash stopped goes on now; else stale
     // members are resynced.
-    let rebuilder = Arc::new(Rebuilder::new(dir, array.clone(), stop.clone(), s.auto_resync));
+    let rebuilder = Arc::new(Rebuilder::new(dir, array.clone(), stop.clone(), !s.no_auto_resync));
     if let Err(e) = rebuilder.resume() {
         eprintln!("tessera: the unfinished rebuild cannot go on: {e:#}");
     }
     // Stripes left short by a member that is out are healed onto the
     // others, where there are more members than a stripe is wide.
-    let healer = s
-        .auto_heal
+    let healer = (!s.no_auto_heal)
         .then(|| crate::heal::spawn_healer(array.clone(), stop.clone(), crate::replace::DEFAULT_BUSY_RATE))
         .transpose()?;
     let latency = Arc::new(crate::api::LatencyCounters::default());
@@ -145,8 +286,8 @@ pub fn serve(mut s: Serve) -> Result<()> {
         rebuilder: rebuilder.clone(),
         latency: latency.clone(),
     });
-    let listener = listener(passed, listen, socket.map(|p| (p, s.socket_mode)), s.tls.is_some())?;
-    let url = listener.uri("tessera", s.tls.is_some())?;
+    let listener = listener(passed, listen, socket.map(|p| (p, s.socket_mode)), tls.is_some())?;
+    let url = listener.uri("tessera", tls.is_some())?;
     let status = array.status()?;
     for rejected in &status.devices_rejected {
         eprintln!("tessera: warning: left out of the array: {}", rejected.why);
@@ -199,8 +340,8 @@ pub fn serve(mut s: Serve) -> Result<()> {
         latency,
         dir: dir.display().to_string(),
     };
-    let mut server = tessera_nbd::Server::with_catalog(Arc::new(volumes), s.limits);
-    if let Some(tls) = s.tls.take() {
+    let mut server = tessera_nbd::Server::with_catalog(Arc::new(volumes), limits);
+    if let Some(tls) = tls {
         server = server.with_tls(tls);
     }
     let server = Arc::new(server);

@@ -4,11 +4,69 @@
 //! the array opened here.
 
 use anyhow::Result;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use tessera_array::VolumeStatus;
 
 use crate::api::{self, Answer, VolumeChange};
-use crate::array_cmd::{human, lock, open};
+use crate::array_dir::{human, lock, open};
+
+/// A volume and a size for it (`volume create`, `volume resize`).
+#[derive(clap::Args)]
+pub struct VolumeSize {
+    pub dir: PathBuf,
+    pub name: String,
+    #[arg(long, value_parser = crate::size::parse)]
+    pub size: u64,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `tessera volume ...`.
+#[derive(clap::Subcommand)]
+pub enum Action {
+    /// A new volume of SIZE; it reads as zeros and takes no space until written.
+    Create(VolumeSize),
+    /// Every volume, with its size and what it maps and stores.
+    List {
+        dir: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// A new size: growing adds zeros, shrinking discards the blocks cut off.
+    Resize(VolumeSize),
+    /// Deletes a volume and its data (garbage collection frees the space).
+    Delete {
+        dir: PathBuf,
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Runs `tessera volume ACTION`.
+pub fn run(action: Action) -> Result<()> {
+    let (dir, request, json) = match action {
+        Action::Create(v) => (
+            v.dir,
+            Request::Change(VolumeChange::Create {
+                name: v.name,
+                bytes: v.size,
+            }),
+            v.json,
+        ),
+        Action::List { dir, json } => (dir, Request::List, json),
+        Action::Resize(v) => (
+            v.dir,
+            Request::Change(VolumeChange::Resize {
+                name: v.name,
+                bytes: v.size,
+            }),
+            v.json,
+        ),
+        Action::Delete { dir, name, json } => (dir, Request::Change(VolumeChange::Delete { name }), json),
+    };
+    volume(&dir, &request, json)
+}
 
 /// What to do to the volumes: list them, or a change (the API's).
 #[derive(Clone, Debug)]
@@ -27,7 +85,7 @@ impl Request {
     }
 }
 
-pub fn volume(dir: &Path, request: &Request, json: bool) -> Result<()> {
+fn volume(dir: &Path, request: &Request, json: bool) -> Result<()> {
     let take = |answer| match answer {
         Answer::Volumes(volumes) => Some(volumes),
         _ => None,

@@ -1,0 +1,45 @@
+//! `tessera events`: what happened to a served array since it opened.
+
+use anyhow::{Context, Result};
+use std::path::PathBuf;
+
+use crate::api::{self, Answer, Request};
+
+/// `tessera events`: what happened to the served array since it was
+/// opened, oldest first, one line each (UTC), or as one JSON array.
+/// `tessera events`'s flags.
+#[derive(clap::Args)]
+pub struct Args {
+    pub dir: PathBuf,
+    /// Print one JSON array.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let (dir, json) = (args.dir.as_path(), args.json);
+    let take = |answer| match answer {
+        Answer::Events(events) => Some(events),
+        _ => None,
+    };
+    let events = api::ask_for(dir, &Request::Events, take)?.with_context(|| {
+        format!(
+            "no server serves {}: the history is the server's, since it opened the array",
+            dir.display()
+        )
+    })?;
+    if json {
+        println!("{}", serde_json::to_string(&events)?);
+        return Ok(());
+    }
+    for event in &events {
+        println!("{}  {}", utc(event.unix_ms), event.what);
+    }
+    Ok(())
+}
+
+/// The time of Unix milliseconds, RFC 3339 in UTC.
+fn utc(unix_ms: u64) -> String {
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(unix_ms);
+    humantime::format_rfc3339_millis(at).to_string()
+}

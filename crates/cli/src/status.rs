@@ -1,0 +1,235 @@
+//! `tessera status`: the array's report, from its server or from the
+//! array opened here, printed or as JSON.
+
+use anyhow::Result;
+use std::path::PathBuf;
+use tessera_array::Status;
+
+use crate::api::{self, Answer, Request};
+use crate::array_dir::{human, lock, open};
+
+/// `tessera status`'s flags.
+#[derive(clap::Args)]
+pub struct Args {
+    pub dir: PathBuf,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let (dir, json) = (args.dir.as_path(), args.json);
+    let status: Status = match api::ask_for(dir, &Request::Status, status_of)? {
+        Some(status) => status,
+        None => {
+            let _lock = lock(dir)?;
+            let array = open(dir)?;
+            let status = array.status()?;
+            // Closed cleanly, so that the next opening reads no stripe
+            // header either; an array that refuses writes cannot be, and
+            // its status is still worth showing.
+            if let Err(error) = array.close() {
+                eprintln!("tessera: not closed cleanly: {error}");
+            }
+            status
+        }
+    };
+    if json {
+        println!("{}", serde_json::to_string(&status)?);
+        return Ok(());
+    }
+    print_status(&status);
+    Ok(())
+}
+
+/// The status in an answer.
+pub(crate) fn status_of(answer: Answer) -> Option<Status> {
+    match answer {
+        Answer::Status(status) => Some(*status),
+        _ => None,
+    }
+}
+
+/// `tessera status` for people: the typed report, field by field.
+fn print_status(s: &Status) {
+    println!(
+        "array {}: {}+{}, {} KiB chunks, checksum {}, compression {}",
+        s.array_uuid,
+        s.data,
+        s.parity,
+        s.chunk_bytes >> 10,
+        s.checksum,
+        s.compression
+    );
+    for m in &s.members {
+        let e = &m.errors;
+        let errors = [
+            ("read errors", e.read_errors),
+            ("write errors", e.write_errors),
+            ("checksum errors", e.checksum_errors),
+            ("chunks repaired", e.chunks_repaired),
+        ]
+        .iter()
+        .filter(|(_, count)| *count > 0)
+        .map(|(what, count)| format!("{what} {count}"))
+        .collect::<Vec<_>>();
+        println!(
+            "  member {:>3}  {:<8} {}{}",
+            m.index,
+            m.state.name(),
+            m.name,
+            if errors.is_empty() {
+                String::new()
+            } else {
+                format!("  ({})", errors.join(", "))
+            }
+        );
+    }
+    for rejected in &s.devices_rejected {
+        println!("  left out: {}", rejected.why);
+    }
+    if let Some(why) = &s.writes_refused {
+        println!("WRITES REFUSED: {why}");
+    }
+    let percent = |done: u64, total: u64| 100.0 * done as f64 / total.max(1) as f64;
+    if let Some(r) = &s.rebuild {
+        println!(
+            "rebuilding member {}: {} of {} stripes ({:.0}%), {} chunks written, {} kept",
+            r.member,
+            r.stripes_done,
+            r.stripes_total,
+            percent(r.stripes_done, r.stripes_total),
+            r.chunks_written,
+            r.chunks_current
+        );
+    }
+    if let Some(h) = &s.heal {
+        println!(
+            "healing: {} of {} degraded stripes ({:.0}%), {} moved to healthy members ({})",
+            h.stripes_done,
+            h.stripes_total,
+            percent(h.stripes_done, h.stripes_total),
+            h.stripes_healed,
+            human(h.bytes_relocated)
+        );
+    }
+    if let Some(scrub) = &s.scrub {
+        println!(
+            "scrub running: {} of {} stripes checked, {} bad chunks found, {} repaired",
+            scrub.stripes_checked, scrub.stripes_total, scrub.chunks_bad, scrub.chunks_repaired
+        );
+    }
+    let accel = &s.accelerator;
+    println!(
+        "accelerator {}{}: {} stripes sealed, {} rebuilt, {} on the device",
+        accel.name,
+        if accel.detail.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", accel.detail)
+        },
+        accel.stripes_sealed,
+        accel.stripes_reconstructed,
+        human(accel.bytes_on_device)
+    );
+    println!(
+        "stripes: {} used of {} ({} free), {} degraded",
+        s.stripes_used, s.stripes_total, s.stripes_free, s.stripes_degraded
+    );
+    println!(
+        "capacity: raw {}, usable {}, logical {}; mapped {} stored as {} (compression ratio {:.2})",
+        human(s.raw_bytes),
+        human(s.usable_bytes),
+        human(s.logical_bytes),
+        human(s.mapped_bytes),
+        human(s.stored_bytes),
+        s.compression_ratio
+    );
+    println!(
+        "since start: {} written by clients, {} to members (write amplification {:.2}); {} stripes sealed, {} short (FLUSH); {} FLUSHes, {} syncs",
+        human(s.user_bytes_written),
+        human(s.member_bytes_written),
+        s.write_amplification,
+        s.stripes_sealed,
+        s.short_stripes_sealed,
+        s.flushes,
+        s.syncs
+    );
+    match &s.log {
+        Some(log) => {
+            let devices: Vec<String> = log
+                .devices
+                .iter()
+                .map(|d| format!("{} ({})", d.name, d.state))
+                .collect();
+            let where_log = if devices.is_empty() {
+                "on each member".to_string()
+            } else {
+                format!("on each log device: {}", devices.join(", "))
+            };
+            println!(
+                "intent log: {} {}, {} live; {} FLUSHes logged in {} blocks ({} written, write amplification {:.2} of the {:.2}); {} stripes sealed instead, {} failed log writes",
+                human(log.area_bytes),
+                where_log,
+                human(log.live_bytes),
+                log.flushes_logged,
+                log.blocks_written,
+                human(log.bytes_written),
+                s.write_amplification_log,
+                s.write_amplification,
+                log.stripes_sealed_instead,
+                log.write_failures
+            );
+        }
+        None => println!("intent log: none (FLUSH seals short stripes)"),
+    }
+    println!(
+        "garbage collection: {} rounds, {} stripes emptied, {} relocated; writers waited {} ms for members, {} ms for a free slot",
+        s.gc_rounds,
+        s.gc_stripes_collected,
+        human(s.gc_bytes_relocated),
+        s.writers_waited_for_members_ms,
+        s.writers_waited_for_slot_ms
+    );
+    println!(
+        "errors: {} bad chunks found, {} repaired; {} reads reconstructed (from {} stripes rebuilt), {} unrecoverable",
+        s.checksum_errors, s.chunks_repaired, s.reconstructed_reads, s.stripes_reconstructed, s.unrecoverable_reads
+    );
+    println!(
+        "map cache: {} of {} used by {} pages in memory, {} pages ({}) only on the members; {} lookups found their pages, {} pages read in, {} evicted",
+        human(s.map_bytes),
+        human(s.map_cache_bytes),
+        s.map_pages,
+        s.map_pages_on_members,
+        human(s.map_bytes_on_members),
+        s.map_page_hits,
+        s.map_page_misses,
+        s.map_pages_evicted
+    );
+    let sequence = |value: Option<u64>| value.map_or("none".to_string(), |s| s.to_string());
+    let r = &s.recovery;
+    println!(
+        "metadata: map of {} mappings in {} pages in memory ({} changed since the checkpoint), {} of memory; checkpoint at sequence {}, its page images in {} map stripes ({} written since start, {} of them a root alone, {} forced for room, {} dropped, {} of checkpoint stripes written); opening took {} ms from checkpoint {}{}, {} slots scanned, {} stripes replayed, {} torn stripes dropped, {} chunks repaired",
+        s.map_mappings,
+        s.map_pages,
+        s.map_dirty_pages,
+        human(s.map_bytes),
+        sequence(s.checkpoint_sequence),
+        s.map_stripes,
+        s.checkpoints_written,
+        s.checkpoints_root_only,
+        s.checkpoints_forced,
+        s.checkpoints_dropped,
+        human(s.checkpoint_bytes_written),
+        r.milliseconds,
+        sequence(r.checkpoint_sequence),
+        if r.clean_stop { " (after a clean stop)" } else { "" },
+        r.slots_scanned,
+        r.stripes_replayed,
+        r.torn_stripes_dropped,
+        r.chunks_repaired
+    );
+    if let Some(error) = &r.checkpoint_error {
+        println!("  the checkpoint could not be used ({error}); every slot was scanned instead");
+    }
+}
