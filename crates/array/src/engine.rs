@@ -686,6 +686,12 @@ impl Array {
     pub fn events(&self) -> Vec<crate::events::Event> {
         self.shared.events.list()
     }
+
+    /// The events recorded after the first `seen` since opening (those
+    /// still kept), and how many have been: see `events::Events::since`.
+    pub fn events_since(&self, seen: u64) -> (Vec<crate::events::Event>, u64) {
+        self.shared.events.since(seen)
+    }
 }
 
 impl Drop for Array {

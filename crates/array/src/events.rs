@@ -125,28 +125,41 @@ impl std::fmt::Display for What {
 
 /// The history.
 #[derive(Default)]
-pub struct Events(Mutex<VecDeque<Event>>);
+pub struct Events(Mutex<Kept>);
+
+#[derive(Default)]
+struct Kept {
+    events: VecDeque<Event>,
+    /// Events recorded since the array was opened, those dropped included.
+    recorded: u64,
+}
 
 impl Events {
     pub fn record(&self, what: What) {
         let unix_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        let mut events = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if events.len() == EVENTS_MAX {
-            events.pop_front();
+        let mut kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if kept.events.len() == EVENTS_MAX {
+            kept.events.pop_front();
         }
-        events.push_back(Event { unix_ms, what });
+        kept.events.push_back(Event { unix_ms, what });
+        kept.recorded += 1;
     }
 
     /// Every event kept, oldest first.
     pub fn list(&self) -> Vec<Event> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .cloned()
-            .collect()
+        self.since(0).0
+    }
+
+    /// The events kept of those recorded after the first `seen`, oldest
+    /// first, and how many have been recorded: what to ask for next time
+    /// (a reader that falls more than `EVENTS_MAX` behind misses some).
+    pub fn since(&self, seen: u64) -> (Vec<Event>, u64) {
+        let kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let first = kept.recorded - kept.events.len() as u64;
+        let skip = seen.saturating_sub(first).min(kept.events.len() as u64) as usize;
+        (kept.events.iter().skip(skip).cloned().collect(), kept.recorded)
     }
 }
 
@@ -176,5 +189,15 @@ mod tests {
         assert!(json.contains("\"kind\":\"rebuild_started\""), "{json}");
         assert_eq!(serde_json::from_str::<Event>(&json).unwrap(), list[0]);
         assert_eq!(list[0].what.to_string(), "rebuild of member 3 onto m3 started");
+        // Read from where a reader left off: none twice, none missed
+        // while it keeps up.
+        let (newest, recorded) = events.since(EVENTS_MAX as u64 + 1);
+        assert_eq!((newest.len(), recorded), (2, EVENTS_MAX as u64 + 3));
+        assert_eq!(newest, list[EVENTS_MAX - 2..]);
+        events.record(What::Closed { clean: true });
+        let (newer, recorded) = events.since(recorded);
+        assert_eq!((newer.len(), recorded), (1, EVENTS_MAX as u64 + 4));
+        assert_eq!(events.since(recorded).0, []);
+        assert_eq!(events.since(0).0.len(), EVENTS_MAX, "fallen behind: what is kept");
     }
 }

@@ -254,11 +254,21 @@ pub fn parse(bytes: &[u8]) -> Result<Request, ApiError> {
 }
 
 /// What the server serves requests from: the array and its rebuilder,
-/// and the clients' latency.
+/// the clients' latency, and the history in the array's directory.
 pub struct Served {
     pub array: std::sync::Arc<Array>,
     pub rebuilder: std::sync::Arc<Rebuilder>,
     pub latency: std::sync::Arc<LatencyCounters>,
+    pub dir: std::path::PathBuf,
+    /// Held while appending to the history file (never across array I/O).
+    pub history: std::sync::Arc<std::sync::Mutex<crate::history::History>>,
+}
+
+impl Served {
+    /// Appends what the array recorded since the last time to the history.
+    pub fn save_history(&self) -> anyhow::Result<()> {
+        self.history.lock().unwrap_or_else(|p| p.into_inner()).save(&self.array)
+    }
 }
 
 /// Carries out `request` on the served array; long work hands its report
@@ -272,7 +282,14 @@ pub fn answer(
     let array = &served.array;
     Ok(match request {
         Request::Status => Answer::Status(Box::new(array.status()?)),
-        Request::Events => Answer::Events(array.events()),
+        Request::Events => {
+            // Saved first, so that the file holds everything to now.
+            let history = served
+                .save_history()
+                .and_then(|()| crate::history::read(&served.dir))
+                .map_err(|e| ApiError::new(ErrorKind::Failed, format!("{e:#}")))?;
+            Answer::Events(history)
+        }
         Request::Rebuild => Answer::Rebuild(served.rebuilder.progress()),
         Request::Volumes => Answer::Volumes(array.volumes()),
         Request::Latency => Answer::Latency(served.latency.totals()),

@@ -253,7 +253,7 @@ pub(crate) fn served_or_here<R: api::LongWork>(
                 show(progress, report);
                 true
             })?;
-            array.close()?;
+            crate::history::close_and_save(dir, &array)?;
             Ok(report)
         }
     }

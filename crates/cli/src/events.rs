@@ -1,12 +1,13 @@
-//! `tessera events`: what happened to a served array since it opened.
+//! `tessera events`: what happened to the array, oldest first, one line
+//! each (UTC), or as one JSON array: asked of its server, which keeps
+//! the history in the directory (`crate::history`) and adds what is not
+//! there yet, or read from the directory when none serves it.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use std::path::PathBuf;
 
 use crate::api::{self, Answer, Request};
 
-/// `tessera events`: what happened to the served array since it was
-/// opened, oldest first, one line each (UTC), or as one JSON array.
 /// `tessera events`'s flags.
 #[derive(clap::Args)]
 pub struct Args {
@@ -22,12 +23,13 @@ pub fn run(args: &Args) -> Result<()> {
         Answer::Events(events) => Some(events),
         _ => None,
     };
-    let events = api::ask_for(dir, &Request::Events, take)?.with_context(|| {
-        format!(
-            "no server serves {}: the history is the server's, since it opened the array",
-            dir.display()
-        )
-    })?;
+    let events = match api::ask_for(dir, &Request::Events, take)? {
+        Some(events) => events,
+        None => {
+            crate::array_dir::listed_lines(dir)?;
+            crate::history::read(dir)?
+        }
+    };
     if json {
         println!("{}", serde_json::to_string(&events)?);
         return Ok(());

@@ -21,7 +21,9 @@ pub fn run(args: &Args) -> Result<()> {
         return Ok(());
     }
     let _lock = lock(dir)?;
-    open(dir)?.fail_member(index)?;
+    let array = open(dir)?;
+    array.fail_member(index)?;
+    crate::history::close_and_save(dir, &array)?;
     println!("member {index} marked failed");
     Ok(())
 }

@@ -26,8 +26,6 @@ fn summary(report: &HealReport) -> String {
     )
 }
 
-/// `tessera heal`: through the server if one runs, else on the array
-/// opened here; progress on stderr, the summary at the end.
 /// `tessera heal`'s flags.
 #[derive(clap::Args)]
 pub struct Args {
@@ -40,6 +38,8 @@ pub struct Args {
     pub json: bool,
 }
 
+/// `tessera heal`: through the server if one runs, else on the array
+/// opened here; progress on stderr, the summary at the end.
 pub fn run(args: &Args) -> Result<()> {
     let (dir, rate, json) = (args.dir.as_path(), args.rate, args.json);
     let mut progress = Progress::new("heal");

@@ -10,10 +10,6 @@ use tessera_array::Status;
 use crate::api::{self, Request};
 use crate::status::status_of;
 
-/// `tessera iostat`: the served array's status taken every `seconds`,
-/// and the rates between two of them printed, per volume (its clients'
-/// reads and writes of data) and per member (chunks, log blocks and
-/// superblocks), `count` times or until interrupted.
 /// `tessera iostat`'s flags.
 #[derive(clap::Args)]
 pub struct Args {
@@ -26,6 +22,10 @@ pub struct Args {
     pub count: Option<u64>,
 }
 
+/// `tessera iostat`: the served array's status taken every `seconds`,
+/// and the rates between two of them printed, per volume (its clients'
+/// reads and writes of data) and per member (chunks, log blocks and
+/// superblocks), `count` times or until interrupted.
 pub fn run(args: &Args) -> Result<()> {
     let (dir, seconds, count) = (args.dir.as_path(), args.seconds, args.count);
     if !(seconds.is_finite() && seconds > 0.0) {

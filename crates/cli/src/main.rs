@@ -14,6 +14,7 @@ mod ec_files;
 mod events;
 mod fail;
 mod heal;
+mod history;
 mod iostat;
 mod metrics;
 mod replace;

@@ -568,7 +568,7 @@ pub fn replace(dir: &Path, request: Request, detach: bool) -> Result<()> {
     })?;
     progress.finish();
     // A clean stop: the next open reads the checkpoint.
-    array.close()?;
+    crate::history::close_and_save(dir, &array)?;
     println!("{}", summary(index, &report));
     Ok(())
 }

@@ -6,8 +6,6 @@ use std::path::PathBuf;
 use crate::api::Request;
 use crate::array_dir::{human, served_or_here, Progress};
 
-/// `tessera scrub`: through the server if one runs, else on the array
-/// opened here; progress on stderr, the summary at the end.
 /// `tessera scrub`'s flags.
 #[derive(clap::Args)]
 pub struct Args {
@@ -20,6 +18,8 @@ pub struct Args {
     pub json: bool,
 }
 
+/// `tessera scrub`: through the server if one runs, else on the array
+/// opened here; progress on stderr, the summary at the end.
 pub fn run(args: &Args) -> Result<()> {
     let (dir, rate, json) = (args.dir.as_path(), args.rate, args.json);
     let mut progress = Progress::new("scrub");

@@ -99,7 +99,10 @@ fn volume(dir: &Path, request: &Request, json: bool) -> Result<()> {
                 change.apply(&array)?;
             }
             let volumes = array.volumes();
-            array.close()?;
+            match request {
+                Request::Change(_) => crate::history::close_and_save(dir, &array)?,
+                Request::List => array.close()?,
+            }
             volumes
         }
     };

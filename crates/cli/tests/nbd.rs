@@ -2994,3 +2994,53 @@ fn the_dashboard_over_tls_with_a_token() {
     );
     server.stop();
 }
+
+/// The kinds of `tessera events DIR --json`, oldest first.
+fn event_kinds(dir: &Path) -> Vec<String> {
+    let out = tessera(&["events", dir.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let events: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let times: Vec<u64> = events.iter().map(|e| e["unix_ms"].as_u64().unwrap()).collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "oldest first: {times:?}");
+    events.iter().map(|e| e["kind"].as_str().unwrap().to_string()).collect()
+}
+
+/// The history outlives the server: what one run recorded (a member
+/// failed by hand, the clean stop) reads back with no server running, an
+/// offline scrub adds its end, and the next run answers all of it with
+/// its own opening.
+#[test]
+fn the_history_outlives_the_server_and_offline_commands_add_to_it() {
+    let (tmp, dir, server) = create_and_serve(&[]);
+    let d = dir.to_str().unwrap();
+    let out = tessera(&["fail", d, "--device", "1"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    server.stop();
+    assert_eq!(event_kinds(&dir), ["opened", "member_failed", "closed"]);
+    let out = tessera(&["scrub", d, "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        event_kinds(&dir),
+        ["opened", "member_failed", "closed", "opened", "scrub_ended", "closed"]
+    );
+    let server = Served::start(&dir, &tmp.path().join("nbd.sock"));
+    let served: Vec<String> = control(&dir, "events")
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        served,
+        [
+            "opened",
+            "member_failed",
+            "closed",
+            "opened",
+            "scrub_ended",
+            "closed",
+            "opened"
+        ]
+    );
+    server.stop();
+}

@@ -177,6 +177,9 @@ impl Serve {
     }
 }
 
+/// How often the server appends the array's new events to its history.
+const HISTORY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// `--tls`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum TlsMode {
@@ -281,11 +284,32 @@ pub fn serve(s: Serve) -> Result<()> {
         .then(|| crate::heal::spawn_healer(array.clone(), stop.clone(), crate::replace::DEFAULT_BUSY_RATE))
         .transpose()?;
     let latency = Arc::new(crate::api::LatencyCounters::default());
+    let history = Arc::new(std::sync::Mutex::new(crate::history::History::new(dir)));
     let _ = ready.set(Served {
         array: array.clone(),
         rebuilder: rebuilder.clone(),
         latency: latency.clone(),
+        dir: dir.to_path_buf(),
+        history: history.clone(),
     });
+    // The history reaches the directory about once a second.
+    {
+        let (served, stop) = (ready.clone(), stop.clone());
+        std::thread::Builder::new().name("history".to_string()).spawn(move || {
+            let mut failed = false;
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(HISTORY_INTERVAL);
+                if let Some(served) = served.get() {
+                    // Said once, not every second.
+                    let saved = served.save_history();
+                    if let (Err(e), false) = (&saved, failed) {
+                        eprintln!("tessera: the history is not being kept: {e:#}");
+                    }
+                    failed = saved.is_err();
+                }
+            }
+        })?;
+    }
     let listener = listener(passed, listen, socket.map(|p| (p, s.socket_mode)), tls.is_some())?;
     let url = listener.uri("tessera", tls.is_some())?;
     let status = array.status()?;
@@ -353,7 +377,12 @@ pub fn serve(s: Serve) -> Result<()> {
         let _ = healer.join();
     }
     eprintln!("tessera: shutting down: flushing and writing a map checkpoint");
-    array.close()?;
+    let closed = array.close();
+    // The stop's events too (its clean stop).
+    if let Err(e) = history.lock().unwrap_or_else(|p| p.into_inner()).save(&array) {
+        eprintln!("tessera: the history could not be kept: {e:#}");
+    }
+    closed?;
     if let Some(path) = socket {
         let _ = std::fs::remove_file(path);
     }
