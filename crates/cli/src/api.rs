@@ -18,6 +18,8 @@ use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
 use tessera_array::events::Event;
 use tessera_array::{Array, HealReport, ScrubReport, Status, VolumeStatus};
 
@@ -64,6 +66,18 @@ pub enum Request {
     Replace(crate::replace::Request),
     /// Creates, resizes or deletes a volume.
     Volume(VolumeChange),
+    /// Stops a running scrub, heal or rebuild (a rebuild stopped so goes
+    /// on at the next start of the server, or when asked for again).
+    Stop { job: Job },
+}
+
+/// The long work a `stop` request names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Job {
+    Scrub,
+    Heal,
+    Rebuild,
 }
 
 /// A change to the array's volumes.
@@ -73,6 +87,16 @@ pub enum VolumeChange {
     Create { name: String, bytes: u64 },
     Resize { name: String, bytes: u64 },
     Delete { name: String },
+}
+
+impl Job {
+    pub fn name(self) -> &'static str {
+        match self {
+            Job::Scrub => "scrub",
+            Job::Heal => "heal",
+            Job::Rebuild => "rebuild",
+        }
+    }
 }
 
 impl Request {
@@ -262,6 +286,11 @@ pub struct Served {
     pub dir: std::path::PathBuf,
     /// Held while appending to the history file (never across array I/O).
     pub history: std::sync::Arc<std::sync::Mutex<crate::history::History>>,
+    /// Set by a `stop` request: the running scrub's or heal's next
+    /// progress report ends it (the server's own healer's too). Cleared
+    /// when one starts.
+    pub stop_scrub: Arc<AtomicBool>,
+    pub stop_heal: Arc<AtomicBool>,
 }
 
 impl Served {
@@ -298,12 +327,29 @@ pub fn answer(
             Answer::Done
         }
         Request::Scrub { rate } => {
-            let mut paced = paced(progress, Progress::Scrub);
+            served.stop_scrub.store(false, Relaxed);
+            let mut paced = paced(progress, Progress::Scrub, &served.stop_scrub);
             Answer::Scrub(array.scrub_with((*rate > 0).then_some(*rate), &mut paced)?)
         }
         Request::Heal { rate } => {
-            let mut paced = paced(progress, Progress::Heal);
+            served.stop_heal.store(false, Relaxed);
+            let mut paced = paced(progress, Progress::Heal, &served.stop_heal);
             Answer::Heal(array.heal_with((*rate > 0).then_some(*rate), &mut paced)?)
+        }
+        Request::Stop { job } => {
+            let status = array.status()?;
+            let running = match job {
+                Job::Scrub => status.scrub.is_some() && !served.stop_scrub.swap(true, Relaxed),
+                Job::Heal => status.heal.is_some() && !served.stop_heal.swap(true, Relaxed),
+                Job::Rebuild => served.rebuilder.pause(),
+            };
+            if !running {
+                return Err(ApiError::new(
+                    ErrorKind::Failed,
+                    format!("no {} is running (or it is stopping already)", job.name()),
+                ));
+            }
+            Answer::Done
         }
         Request::Replace(request) => {
             served
@@ -319,13 +365,18 @@ pub fn answer(
     })
 }
 
-/// `progress`, handed a report at most once a second.
+/// `progress`, handed a report at most once a second; the work stops
+/// when it returns false or `stop` is set.
 fn paced<'a, R: Clone + 'a>(
     progress: &'a mut dyn FnMut(Progress) -> bool,
     wrap: fn(R) -> Progress,
+    stop: &'a std::sync::atomic::AtomicBool,
 ) -> impl FnMut(&R) -> bool + 'a {
     let mut last = std::time::Instant::now();
     move |report: &R| {
+        if stop.load(Relaxed) {
+            return false;
+        }
         if last.elapsed() < PROGRESS_INTERVAL {
             return true;
         }
@@ -528,6 +579,9 @@ mod tests {
                 bytes: 2 << 30,
             }),
             Request::Volume(VolumeChange::Delete { name: "vm1".into() }),
+            Request::Stop { job: Job::Scrub },
+            Request::Stop { job: Job::Heal },
+            Request::Stop { job: Job::Rebuild },
         ]
     }
 

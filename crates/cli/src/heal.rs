@@ -74,10 +74,12 @@ fn out_members(array: &Array) -> Vec<usize> {
 /// rebuilt or resynced, which would restore them anyway) and data
 /// stripes have a chunk on them, heals at `rate`, once for each set of
 /// members out (again if it gave way to a rebuild). Stops with `stop`,
-/// and gives way to a rebuild that starts.
+/// gives way to a rebuild that starts, and stops when `stop_heal` is set
+/// (an operator's `stop` request), not to heal for the same members again.
 pub fn spawn_healer(
     array: Arc<Array>,
     stop: Arc<AtomicBool>,
+    stop_heal: Arc<AtomicBool>,
     rate: u64,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
@@ -103,15 +105,18 @@ pub fn spawn_healer(
                 eprintln!(
                     "tessera: {degraded} stripes are short of full redundancy: healing them onto healthy members"
                 );
+                stop_heal.store(false, Ordering::Relaxed);
                 let result = array.heal_with(Some(rate), |_| {
-                    !stop.load(Ordering::Relaxed) && array.rebuild_progress().is_none()
+                    !stop.load(Ordering::Relaxed)
+                        && !stop_heal.load(Ordering::Relaxed)
+                        && array.rebuild_progress().is_none()
                 });
                 // A heal that gave way to a rebuild goes on if that one
                 // fails (the same members are out after it).
                 match result {
                     Ok(report) => {
                         eprintln!("tessera: {}", summary(&report));
-                        if !report.stopped {
+                        if !report.stopped || stop_heal.load(Ordering::Relaxed) {
                             healed_for = out;
                         }
                     }

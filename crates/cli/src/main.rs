@@ -23,6 +23,7 @@ mod scrub;
 mod serve;
 mod size;
 mod status;
+mod stop;
 mod tco;
 mod volume;
 
@@ -121,6 +122,10 @@ enum Command {
     /// or failed by hand): only the stripes written while it was out are
     /// rebuilt onto it. `replace --device I` without --with, by another name.
     Online(replace::Online),
+    /// Stop the scrub, heal or rebuild the server of the array in DIR is
+    /// running (a rebuild stopped goes on at the server's next start, or
+    /// with `replace`/`online` again).
+    Stop(stop::Args),
     /// Erasure-code shard files in a directory.
     #[command(subcommand)]
     Ec(ec_files::EcCommand),
@@ -178,6 +183,7 @@ fn main() -> Result<()> {
         Command::Heal(a) => heal::run(&a),
         Command::Replace(r) => replace::replace(&r.dir, r.request, r.detach),
         Command::Online(o) => replace::replace(&o.dir, o.request(), o.detach),
+        Command::Stop(a) => stop::run(&a),
         Command::Ec(command) => ec_files::run(command),
         Command::Bench(command) => bench::run(command),
         Command::Resilience(r) => resilience::run(&r),

@@ -295,7 +295,7 @@ pub fn run(
 fn rebuild_one(
     dir: &Path,
     array: &Array,
-    stop: &AtomicBool,
+    (stop, paused): (&AtomicBool, &AtomicBool),
     last: &Mutex<Option<Outcome>>,
     job: Job,
     device: Arc<dyn Device>,
@@ -313,7 +313,7 @@ fn rebuild_one(
     let mut latest = RebuildReport::default();
     let result = run(dir, array, job, device, |report| {
         latest = *report;
-        !stop.load(Ordering::Relaxed)
+        !stop.load(Ordering::Relaxed) && !paused.load(Ordering::Relaxed)
     });
     let outcome = match result {
         Ok((report, true)) => Outcome {
@@ -326,7 +326,7 @@ fn rebuild_one(
             member: index,
             done: false,
             message: format!(
-                "the rebuild of member {index} stopped at {} of {} stripes; it goes on when the array is served again",
+                "the rebuild of member {index} stopped at {} of {} stripes; it goes on when the array is served again, or with `tessera replace`",
                 report.stripes_done, report.stripes_total
             ),
             report,
@@ -364,6 +364,9 @@ pub struct Rebuilder {
     dir: PathBuf,
     array: Arc<Array>,
     stop: Arc<AtomicBool>,
+    /// Set to stop the running rebuild alone (`Rebuilder::pause`); the
+    /// next start clears it.
+    paused: Arc<AtomicBool>,
     /// Stale members are resynced by themselves, one after the other.
     auto_resync: bool,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -403,6 +406,7 @@ impl Rebuilder {
             dir: dir.to_path_buf(),
             array,
             stop,
+            paused: Arc::default(),
             auto_resync,
             thread: Mutex::new(None),
             last: Arc::new(Mutex::new(None)),
@@ -426,10 +430,12 @@ impl Rebuilder {
     fn spawn(&self, thread: &mut Option<std::thread::JoinHandle<()>>, first: (Job, Arc<dyn Device>)) {
         // A follower must not take an earlier rebuild's end for this one's.
         *self.last.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        let (dir, array, stop, last, auto_resync) = (
+        self.paused.store(false, Ordering::Relaxed);
+        let (dir, array, stop, paused, last, auto_resync) = (
             self.dir.clone(),
             self.array.clone(),
             self.stop.clone(),
+            self.paused.clone(),
             self.last.clone(),
             self.auto_resync,
         );
@@ -439,8 +445,8 @@ impl Rebuilder {
                 let mut tried = vec![first.0.member];
                 let mut next = Some(first);
                 while let Some((job, device)) = next.take() {
-                    rebuild_one(&dir, &array, &stop, &last, job, device);
-                    if auto_resync && !stop.load(Ordering::Relaxed) {
+                    rebuild_one(&dir, &array, (&stop, &paused), &last, job, device);
+                    if auto_resync && !stop.load(Ordering::Relaxed) && !paused.load(Ordering::Relaxed) {
                         next = next_stale(&dir, &array, &mut tried);
                     }
                 }
@@ -449,6 +455,18 @@ impl Rebuilder {
             Ok(handle) => *thread = Some(handle),
             Err(e) => eprintln!("tessera: cannot start the rebuild thread: {e}"),
         }
+    }
+
+    /// Stops the running rebuild at its next stripe, where it is saved
+    /// (`DIR/rebuild.json`): it goes on at the next start of the server,
+    /// or when started again. False if none runs.
+    pub fn pause(&self) -> bool {
+        let thread = self.thread.lock().unwrap_or_else(|p| p.into_inner());
+        let running = thread.as_ref().is_some_and(|t| !t.is_finished());
+        if running {
+            self.paused.store(true, Ordering::Relaxed);
+        }
+        running
     }
 
     /// Goes on with the rebuild `DIR/rebuild.json` records, if any; else,

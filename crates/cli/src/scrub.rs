@@ -35,7 +35,8 @@ pub fn run(args: &Args) -> Result<()> {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "scrub done: {} stripes checked, {} read; {} bad chunks found, {} repaired; {} stripes with wrong parity; {} unrecoverable",
+            "scrub {}: {} stripes checked, {} read; {} bad chunks found, {} repaired; {} stripes with wrong parity; {} unrecoverable",
+            if report.stopped { "stopped" } else { "done" },
             report.stripes_checked,
             human(report.bytes_read),
             report.chunks_bad,

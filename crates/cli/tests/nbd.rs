@@ -2930,6 +2930,47 @@ fn the_dashboard_shows_a_rebuild_under_way_and_agrees_with_status_and_iostat() {
         .map(|v| v["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["tessera", "web"]);
+
+    // Jobs stop when asked: the rebuild (with the CLI), then a scrub
+    // (over HTTP, with the token) while its client waits for it.
+    let out = tessera(&["stop", d, "rebuild"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut last = serde_json::Value::Null;
+    for _ in 0..400 {
+        last = control(&dir, "rebuild")["last"].clone();
+        if !last.is_null() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        last["done"] == false && last["message"].as_str().unwrap().contains("stopped at"),
+        "{last}"
+    );
+    let out = tessera(&["stop", d, "rebuild"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no rebuild is running"),
+        "{out:?}"
+    );
+    let scrub = {
+        let d = d.to_string();
+        std::thread::spawn(move || tessera(&["scrub", &d, "--rate", "64K", "--json"]))
+    };
+    for _ in 0..400 {
+        if !status_json(&dir)["scrub"].is_null() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    let stop = serde_json::json!({"stop": {"job": "scrub"}});
+    let (code, reply) = post(&base, &stop, None, &[], cwd);
+    assert_eq!(code, 401, "{reply}");
+    let (code, reply) = post(&base, &stop, Some(token), &[], cwd);
+    assert_eq!((code, &reply["answer"]), (200, &serde_json::json!("done")), "{reply}");
+    let out = scrub.join().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["stopped"], true, "{report}");
     server.stop();
 }
 

@@ -280,8 +280,16 @@ pub fn serve(s: Serve) -> Result<()> {
     }
     // Stripes left short by a member that is out are healed onto the
     // others, where there are more members than a stripe is wide.
+    let stop_heal = Arc::new(AtomicBool::new(false));
     let healer = (!s.no_auto_heal)
-        .then(|| crate::heal::spawn_healer(array.clone(), stop.clone(), crate::replace::DEFAULT_BUSY_RATE))
+        .then(|| {
+            crate::heal::spawn_healer(
+                array.clone(),
+                stop.clone(),
+                stop_heal.clone(),
+                crate::replace::DEFAULT_BUSY_RATE,
+            )
+        })
         .transpose()?;
     let latency = Arc::new(crate::api::LatencyCounters::default());
     let history = Arc::new(std::sync::Mutex::new(crate::history::History::new(dir)));
@@ -291,6 +299,8 @@ pub fn serve(s: Serve) -> Result<()> {
         latency: latency.clone(),
         dir: dir.to_path_buf(),
         history: history.clone(),
+        stop_scrub: Arc::default(),
+        stop_heal,
     });
     // The history reaches the directory about once a second.
     {
