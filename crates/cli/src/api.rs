@@ -55,6 +55,8 @@ pub enum Request {
     Volumes,
     /// How long client requests took, by operation, since the server started.
     Latency,
+    /// The Prometheus metrics (OpenMetrics text), where `serve --metrics` is on.
+    Metrics,
     /// Marks member `member` failed; the array goes on degraded.
     Fail { member: usize },
     /// Checks every stripe, repairing what it can; `rate` bytes a second
@@ -105,7 +107,12 @@ impl Request {
     pub fn changes_array(&self) -> bool {
         !matches!(
             self,
-            Request::Status | Request::Events | Request::Rebuild | Request::Volumes | Request::Latency
+            Request::Status
+                | Request::Events
+                | Request::Rebuild
+                | Request::Volumes
+                | Request::Latency
+                | Request::Metrics
         )
     }
 
@@ -118,6 +125,7 @@ impl Request {
             "rebuild" => Request::Rebuild,
             "volumes" => Request::Volumes,
             "latency" => Request::Latency,
+            "metrics" => Request::Metrics,
             _ => return None,
         })
     }
@@ -132,6 +140,8 @@ pub enum Answer {
     Rebuild(RebuildState),
     Volumes(Vec<VolumeStatus>),
     Latency(Latency),
+    /// OpenMetrics text, as a scrape of `serve --metrics` gets it.
+    Metrics(String),
     Scrub(ScrubReport),
     Heal(HealReport),
     /// Done, with nothing to report (a member failed, a rebuild started).
@@ -291,6 +301,8 @@ pub struct Served {
     /// when one starts.
     pub stop_scrub: Arc<AtomicBool>,
     pub stop_heal: Arc<AtomicBool>,
+    /// The Prometheus metrics, where `serve --metrics` turned them on.
+    pub metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl Served {
@@ -322,6 +334,15 @@ pub fn answer(
         Request::Rebuild => Answer::Rebuild(served.rebuilder.progress()),
         Request::Volumes => Answer::Volumes(array.volumes()),
         Request::Latency => Answer::Latency(served.latency.totals()),
+        Request::Metrics => match &served.metrics {
+            Some(metrics) => Answer::Metrics(metrics.scrape(array).map_err(|e| ApiError::new(ErrorKind::Array, e))?),
+            None => {
+                return Err(ApiError::new(
+                    ErrorKind::Failed,
+                    "metrics are off: serve with --metrics ADDR to count them",
+                ))
+            }
+        },
         Request::Fail { member } => {
             array.fail_member(*member)?;
             Answer::Done
@@ -560,6 +581,7 @@ mod tests {
             Request::Rebuild,
             Request::Volumes,
             Request::Latency,
+            Request::Metrics,
             Request::Fail { member: 3 },
             Request::Scrub { rate: 1 << 20 },
             Request::Heal { rate: 0 },

@@ -1945,6 +1945,13 @@ fn prometheus_metrics_count_requests_and_show_member_states() {
         metric(&text, "tessera_stripes{kind=\"used\"}") as u64
     );
     dashboard_names_only_what_is_served(&text);
+    // The API gives the same text.
+    let through_api = control(&dir, "metrics");
+    let through_api = through_api.as_str().unwrap();
+    assert!(
+        metric(through_api, "tessera_client_bytes_total{op=\"write\"}") == (1 << 20) as f64,
+        "{through_api}"
+    );
     server.stop();
 }
 
@@ -2876,6 +2883,8 @@ fn the_dashboard_shows_a_rebuild_under_way_and_agrees_with_status_and_iostat() {
     // Bad requests, by kind.
     let (code, reply) = curl(&format!("{base}api/v1/nothing"), &[], cwd);
     assert_eq!(code, 404, "{reply}");
+    let (code, reply) = curl(&format!("{base}api/v1/metrics"), &[], cwd);
+    assert!(code == 500 && reply.contains("metrics are off"), "{reply}");
     let bodies: [(&str, u16, &str); 4] = [
         (r#"{"version":1,"request":"status","extra":1}"#, 400, "bad_request"),
         (r#"{"version":9,"request":"status"}"#, 400, "unsupported_version"),

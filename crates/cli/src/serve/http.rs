@@ -2,7 +2,7 @@
 //!
 //! - `GET /`: the dashboard (one static page, embedded in the binary; it
 //!   reads the API below every second and needs nothing from the internet).
-//! - `GET /api/v1/status`, `/events`, `/rebuild`, `/volumes`, `/latency`:
+//! - `GET /api/v1/status`, `/events`, `/rebuild`, `/volumes`, `/latency`, `/metrics`:
 //!   the requests that change nothing, each answered as a [`Reply`].
 //! - `POST /api/v1`: any request, its body an [`Envelope`](crate::api::Envelope)
 //!   as on the control socket; long work answers when it ends (its
@@ -135,7 +135,9 @@ fn respond(mut request: tiny_http::Request, ready: &OnceLock<Served>, since: Ins
                 Some(request) => carry_out(&request, ready, since),
                 None => Err(ApiError::new(
                     ErrorKind::NotFound,
-                    format!("no GET /api/v1/{name}: status, events, rebuild, volumes or latency; or POST /api/v1"),
+                    format!(
+                        "no GET /api/v1/{name}: status, events, rebuild, volumes, latency or metrics; or POST /api/v1"
+                    ),
                 )),
             };
             json(reply)

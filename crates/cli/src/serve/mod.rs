@@ -292,6 +292,7 @@ pub fn serve(s: Serve) -> Result<()> {
         })
         .transpose()?;
     let latency = Arc::new(crate::api::LatencyCounters::default());
+    let metrics = s.metrics.is_some().then(|| Arc::new(Metrics::new()));
     let history = Arc::new(std::sync::Mutex::new(crate::history::History::new(dir)));
     let _ = ready.set(Served {
         array: array.clone(),
@@ -301,6 +302,7 @@ pub fn serve(s: Serve) -> Result<()> {
         history: history.clone(),
         stop_scrub: Arc::default(),
         stop_heal,
+        metrics: metrics.clone(),
     });
     // The history reaches the directory about once a second.
     {
@@ -359,15 +361,10 @@ pub fn serve(s: Serve) -> Result<()> {
         }
     );
     eprintln!("tessera: connect with e.g. `nbdinfo {url}` or `qemu-img info {url}`; stop with Ctrl-C");
-    let metrics = match &s.metrics {
-        Some(address) => {
-            let metrics = Arc::new(Metrics::new());
-            let bound = crate::metrics::serve(address, metrics.clone(), array.clone())?;
-            eprintln!("tessera: metrics at http://{bound}/metrics");
-            Some(metrics)
-        }
-        None => None,
-    };
+    if let (Some(address), Some(metrics)) = (&s.metrics, &metrics) {
+        let bound = crate::metrics::serve(address, metrics.clone(), array.clone())?;
+        eprintln!("tessera: metrics at http://{bound}/metrics");
+    }
     let volumes = exports::Volumes {
         array: array.clone(),
         metrics,
