@@ -87,6 +87,11 @@ pub enum BenchCommand {
         /// Minimum seconds per measurement.
         #[arg(long, default_value_t = 0.3)]
         seconds: f64,
+        /// How a stripe's shards lie in memory: area (4 KiB-aligned, one
+        /// after the other, as the array holds them) or skewed (each 320
+        /// bytes further into its page than the last).
+        #[arg(long, value_enum, default_value = "area")]
+        layout: bench_ec::Layout,
         /// cpu, or cuda to add the GPU's figures: PCIe both ways, the
         /// kernel on device-resident data, and the backend end to end.
         #[arg(long, default_value = "cpu")]
@@ -210,6 +215,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
             threads,
             rounds,
             seconds,
+            layout,
             accel,
             gpu_batch,
             json,
@@ -225,6 +231,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
                 matrix: shape.matrix,
                 rounds,
                 seconds,
+                layout,
             })?;
             let gpu = match gpu {
                 Some(gpu) => {
@@ -408,11 +415,12 @@ fn print_ec_report(r: &bench_ec::Report) {
         None => "  (ISA-L not installed)".to_string(),
     };
     println!(
-        "{}+{} {} matrix, {} B shards, {} stripes ({} MiB), {} thread(s), kernel {}, on {}",
+        "{}+{} {} matrix, {} B shards ({:?} layout), {} stripes ({} MiB), {} thread(s), kernel {}, on {}",
         r.data,
         r.parity,
         r.matrix,
         r.shard_bytes,
+        r.layout,
         r.stripes,
         r.working_set_bytes >> 20,
         r.threads,

@@ -237,6 +237,68 @@ mod tests {
         );
     }
 
+    /// As `run`, with every buffer a slice of one area at `stride` bytes
+    /// from the next, from `shift` bytes past a 4 KiB boundary: a stride
+    /// that is a multiple of 4 KiB puts every buffer at the same offset in
+    /// its page, as a stripe's chunks are (the kernels then take the
+    /// inputs a few at a time).
+    fn run_in_area(
+        kernel: Kernel,
+        seed: u64,
+        (rows, columns, len): (usize, usize, usize),
+        accumulate: bool,
+        stride: usize,
+        shift: usize,
+    ) {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let coefficients: Vec<u8> = (0..rows * columns).map(|_| rng.gen()).collect();
+        let coefficients = Coefficients::new(rows, columns, coefficients);
+        let buffers = rows + columns;
+        let mut area = vec![0u8; buffers * stride + 8192];
+        let start = area.as_ptr().align_offset(4096) + shift;
+        rng.fill(&mut area[..]);
+        let before = area.clone();
+        let ranges: Vec<std::ops::Range<usize>> = (0..buffers)
+            .map(|i| start + i * stride..start + i * stride + len)
+            .collect();
+        let mut expected: Vec<Vec<u8>> = ranges[columns..].iter().map(|r| before[r.clone()].to_vec()).collect();
+        {
+            let inputs: Vec<&[u8]> = ranges[..columns].iter().map(|r| &before[r.clone()]).collect();
+            let mut outs: Vec<&mut [u8]> = expected.iter_mut().map(|v| v.as_mut_slice()).collect();
+            reference::dot(&coefficients, &inputs, &mut outs, accumulate);
+        }
+        let (input_area, output_area) = area.split_at_mut(start + columns * stride);
+        let inputs: Vec<&[u8]> = ranges[..columns].iter().map(|r| &input_area[r.clone()]).collect();
+        let mut outputs: Vec<&mut [u8]> = output_area[..rows * stride]
+            .chunks_mut(stride)
+            .map(|c| &mut c[..len])
+            .collect();
+        dot(kernel, &coefficients, &inputs, &mut outputs, accumulate);
+        let actual: Vec<Vec<u8>> = outputs.iter().map(|o| o.to_vec()).collect();
+        assert!(
+            expected == actual,
+            "kernel {} differs from reference in an area: seed {seed} rows {rows} columns {columns} len {len} accumulate {accumulate} stride {stride} shift {shift}",
+            kernel.name()
+        );
+    }
+
+    #[test]
+    fn every_kernel_matches_reference_on_buffers_sharing_their_page_offset() {
+        for kernel in Kernel::ALL.into_iter().filter(|k| k.is_available()) {
+            let mut seed = 1_000;
+            for rows in [1, 2, 3, 4, 5, 6, 7, 8, 9, 16] {
+                for columns in [1, 2, 3, 4, 5, 7, 10, 17, 33] {
+                    for (len, stride, shift) in [(4096, 4096, 0), (8000, 8192, 1), (300, 4096, 64), (65, 12288, 3)] {
+                        for accumulate in [false, true] {
+                            seed += 1;
+                            run_in_area(kernel, seed, (rows, columns, len), accumulate, stride, shift);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn reference_is_the_definition() {
         let coefficients = Coefficients::new(1, 2, vec![3, 5]);

@@ -1,10 +1,25 @@
 //! SIMD kernels for x86-64: AVX2 and AVX-512 nibble lookups, AVX2 and
 //! AVX-512 GFNI.
 //!
-//! One tiled driver (`tiled`) serves all three; a kernel supplies only its
+//! One tiled driver (`tiled`) serves all four; a kernel supplies only its
 //! vector type and its multiply-accumulate step through `Lanes`. The driver is
 //! inlined into a `#[target_feature]` entry point per kernel, so the
 //! intrinsics compile to the instructions of that kernel alone.
+//!
+//! Three choices the speed depends on, each measured (`tessera bench ec`,
+//! `scripts/bench-ec-isa.sh`, docs/PERFORMANCE.md; on a 2-core AMD EPYC Zen
+//! 4, which runs all four kernels, so the AVX2 ones were tuned there, not
+//! on an AVX2-only CPU):
+//! - the in-registers loop takes several vectors of each input per step
+//!   (`UNROLL`), so each coefficient loaded is applied to all of them: one
+//!   broadcast per affine product held AVX2+GFNI at 2/3 of ISA-L (10+4:
+//!   19.5 GB/s, ISA-L 30), four vectors a step brought it to 33;
+//! - one group of rows (M at most the group) runs over the whole length at
+//!   once; tiles only help when later groups read the inputs again;
+//! - where every buffer starts at the same offset in its 4 KiB page (a
+//!   stripe's chunks in one area, as the array holds them), the inputs go
+//!   in passes of four (`passes`): with all K+M buffers' lines of a column
+//!   in one set of an 8-way L1, 8+2 ran at 43 GB/s, 63 in passes.
 
 // Indexed loops over the const G rows keep the register arrays explicit.
 #![allow(clippy::needless_range_loop)]
@@ -33,6 +48,11 @@ trait Lanes {
     const WIDTH: usize;
     /// Output rows kept in registers at once.
     const GROUP_MAX: usize;
+    /// Bytes of one coefficient's table.
+    const TABLE_BYTES: usize;
+    /// Vectors of each input the in-registers loop takes per step: each
+    /// coefficient loaded (broadcast) once is applied to all of them.
+    const UNROLL: usize;
     unsafe fn zero() -> Self::Vector;
     unsafe fn load(from: *const u8) -> Self::Vector;
     unsafe fn store(to: *mut u8, value: Self::Vector);
@@ -70,7 +90,7 @@ macro_rules! vector_io {
 /// A GFNI kernel of one vector width: a product is one affine transform of
 /// the input by the coefficient's 8x8 bit matrix, broadcast to every lane.
 macro_rules! gfni_lanes {
-    ($name:ident, $vector:ty, $width:expr, $group:expr, $set1:ident, $affine:ident, $xor:ident,
+    ($name:ident, $vector:ty, $width:expr, $group:expr, $unroll:expr, $set1:ident, $affine:ident, $xor:ident,
      ($zero:ident, $load:ident, $store:ident)) => {
         impl Lanes for $name {
             type Vector = $vector;
@@ -78,6 +98,8 @@ macro_rules! gfni_lanes {
             type Table = $vector;
             const WIDTH: usize = $width;
             const GROUP_MAX: usize = $group;
+            const UNROLL: usize = $unroll;
+            const TABLE_BYTES: usize = 8;
 
             vector_io!($vector, $zero, $load, $store);
             #[inline(always)]
@@ -103,6 +125,18 @@ macro_rules! gfni_lanes {
     };
 }
 
+/// The most vectors of each input a step of the in-registers loop takes
+/// (fewer where more rows take the registers: `run_in_registers`). The
+/// nibble kernels keep each input as two vectors and each table as two,
+/// so AVX2's sixteen registers take two; the others four.
+const UNROLL_AVX2: usize = 2;
+const UNROLL_AVX512: usize = 4;
+/// Rows a group of AVX2+GFNI holds: six accumulators (twelve at two
+/// vectors a step), the input and a matrix in sixteen registers.
+const GROUP_AVX2_GFNI: usize = 6;
+const UNROLL_AVX2_GFNI: usize = 4;
+const UNROLL_AVX512_GFNI: usize = 4;
+
 struct Avx2;
 struct Avx2Gfni;
 struct Avx512;
@@ -115,6 +149,8 @@ impl Lanes for Avx2 {
     const WIDTH: usize = 32;
     // Eight table registers of sixteen, leaving room for the input and temporaries.
     const GROUP_MAX: usize = 4;
+    const UNROLL: usize = UNROLL_AVX2;
+    const TABLE_BYTES: usize = 32;
 
     vector_io!(__m256i, _mm256_setzero_si256, _mm256_loadu_si256, _mm256_storeu_si256);
     #[inline(always)]
@@ -153,6 +189,8 @@ impl Lanes for Avx512 {
     const WIDTH: usize = 64;
     // Sixteen table registers of thirty-two.
     const GROUP_MAX: usize = 8;
+    const UNROLL: usize = UNROLL_AVX512;
+    const TABLE_BYTES: usize = 32;
 
     vector_io!(__m512i, _mm512_setzero_si512, _mm512_loadu_si512, _mm512_storeu_si512);
     #[inline(always)]
@@ -196,7 +234,8 @@ gfni_lanes!(
     Avx2Gfni,
     __m256i,
     32,
-    6,
+    GROUP_AVX2_GFNI,
+    UNROLL_AVX2_GFNI,
     _mm256_set1_epi64x,
     _mm256_gf2p8affine_epi64_epi8,
     _mm256_xor_si256,
@@ -207,6 +246,7 @@ gfni_lanes!(
     __m512i,
     64,
     8,
+    UNROLL_AVX512_GFNI,
     _mm512_set1_epi64,
     _mm512_gf2p8affine_epi64_epi8,
     _mm512_xor_si512,
@@ -275,9 +315,14 @@ unsafe fn tiled<L: Lanes>(
     accumulate: bool,
 ) -> usize {
     let done = len / L::WIDTH * L::WIDTH;
-    let tile = tile_bytes(c.columns, L::WIDTH);
+    // One group of rows reads each input once whatever the tile: no tiles.
+    let tile = match c.rows <= L::GROUP_MAX {
+        true => done.max(L::WIDTH),
+        false => tile_bytes(c.columns, L::WIDTH),
+    };
     let tables = L::tables(c);
     let streaming = c.columns * c.rows.min(L::GROUP_MAX) > IN_REGISTERS_TABLES_MAX;
+    let pass = passes(inputs, outputs);
     let mut start = 0;
     while start < done {
         let end = (start + tile).min(done);
@@ -297,7 +342,7 @@ unsafe fn tiled<L: Lanes>(
                     if streaming {
                         rows.run_streaming::<L, $g>(inputs, outputs, start, end, accumulate, prefetch)
                     } else {
-                        rows.run_in_registers::<L, $g>(inputs, outputs, start, end, accumulate)
+                        rows.run_in_passes::<L, $g>(inputs, outputs, start, end, accumulate, pass)
                     }
                 };
             }
@@ -319,7 +364,43 @@ unsafe fn tiled<L: Lanes>(
     done
 }
 
+/// Inputs per pass of the in-registers loop: all of them, unless every
+/// buffer starts at the same offset in a 4 KiB page (a stripe's chunks in
+/// one area, as the array holds them): then a column's lines of all of
+/// them fall in one set of the L1 cache, and past its ways they evict
+/// each other, so the inputs go in passes of a few, the outputs taken
+/// up again by each.
+fn passes(inputs: &[*const u8], outputs: &[*mut u8]) -> usize {
+    let page = |p: usize| p & 4095;
+    let first = page(inputs[0] as usize);
+    let aliased =
+        inputs.iter().all(|&p| page(p as usize) == first) && outputs.iter().all(|&p| page(p as usize) == first);
+    match aliased {
+        true => PASS_INPUTS_ALIASED,
+        false => usize::MAX,
+    }
+}
+
+/// Inputs a pass takes where buffers share their page offset. Tried 3, 4
+/// and 6 on 8+2, 10+4, 16+4 and 20+4 (area layout, Zen 4): 3 lost 5-15%
+/// everywhere; 6 matched 4 on AVX-512+GFNI and lost up to 11% on AVX2
+/// and AVX2+GFNI.
+const PASS_INPUTS_ALIASED: usize = 4;
+
+/// U vectors of an input from `offset`, prepared. (A function, not a
+/// closure: a closure is compiled without the caller's target features,
+/// and its intrinsics become calls, 20x slower.)
+#[inline(always)]
+unsafe fn load_input<L: Lanes, const U: usize>(input: *const u8, offset: usize) -> [L::Input; U] {
+    let mut x = [L::prepare(L::load(input.add(offset))); U];
+    for u in 1..U {
+        x[u] = L::prepare(L::load(input.add(offset + u * L::WIDTH)));
+    }
+    x
+}
+
 /// A group of consecutive output rows, computed together in registers.
+#[derive(Clone, Copy)]
 struct Rows {
     tables: *const u8,
     rows: usize,
@@ -327,10 +408,32 @@ struct Rows {
 }
 
 impl Rows {
-    /// For each 64-byte column, runs every input through the G rows with the
-    /// accumulators in registers, loading each table as it goes. Best when a
-    /// group's tables (K x G x 32 bytes) sit in L1 and K streams are few
-    /// enough for the hardware prefetcher.
+    /// `run_in_registers` over the inputs `pass` at a time.
+    #[inline(always)]
+    unsafe fn run_in_passes<L: Lanes, const G: usize>(
+        &self,
+        inputs: &[*const u8],
+        outputs: &[*mut u8],
+        start: usize,
+        end: usize,
+        accumulate: bool,
+        pass: usize,
+    ) {
+        for (i, chunk) in inputs.chunks(pass).enumerate() {
+            let rows = Rows {
+                tables: self.tables.add(i * pass * self.rows * L::TABLE_BYTES),
+                ..*self
+            };
+            rows.run_in_registers::<L, G>(chunk, outputs, start, end, accumulate || i > 0);
+        }
+    }
+
+    /// For each column of `L::UNROLL` vectors, runs every input through
+    /// the G rows with the accumulators in registers, loading each table
+    /// as it goes and applying it to every vector of the column. Best
+    /// when a group's tables (K x G x 32 bytes) sit in L1 and K streams
+    /// are few enough for the hardware prefetcher. A tail narrower than
+    /// the column is done a vector at a time.
     #[inline(always)]
     unsafe fn run_in_registers<L: Lanes, const G: usize>(
         &self,
@@ -340,26 +443,72 @@ impl Rows {
         end: usize,
         accumulate: bool,
     ) {
-        let outputs = &outputs[self.first..self.first + G];
         let mut offset = start;
-        while offset < end {
-            let mut acc = [L::zero(); G];
-            if accumulate {
-                for g in 0..G {
-                    acc[g] = L::load(outputs[g].add(offset));
+        macro_rules! columns {
+            ($u:literal) => {
+                while offset + $u * L::WIDTH <= end {
+                    self.column::<L, G, $u>(inputs, outputs, offset, accumulate);
+                    offset += $u * L::WIDTH;
                 }
-            }
-            for (j, input) in inputs.iter().enumerate() {
-                let x = L::prepare(L::load(input.add(offset)));
-                let base = j * self.rows + self.first;
+            };
+        }
+        // Fewer rows leave registers for more vectors of each input.
+        match (L::UNROLL, G) {
+            (1, _) => {}
+            (2, _) => columns!(2),
+            (_, 1 | 2) => columns!(4),
+            (_, 3) => columns!(3),
+            _ => columns!(2),
+        }
+        columns!(1);
+    }
+
+    /// One column of U vectors at `offset` through the G rows.
+    #[inline(always)]
+    unsafe fn column<L: Lanes, const G: usize, const U: usize>(
+        &self,
+        inputs: &[*const u8],
+        outputs: &[*mut u8],
+        offset: usize,
+        accumulate: bool,
+    ) {
+        let outputs = &outputs[self.first..self.first + G];
+        // The first input's products start the sums, unless the outputs do.
+        let mut acc = [[L::zero(); U]; G];
+        let first = match accumulate {
+            true => {
                 for g in 0..G {
-                    acc[g] = L::mul_xor(acc[g], x, L::load_table(self.tables, base + g));
+                    for u in 0..U {
+                        acc[g][u] = L::load(outputs[g].add(offset + u * L::WIDTH));
+                    }
                 }
+                0
             }
+            false => {
+                let x = load_input::<L, U>(inputs[0], offset);
+                for g in 0..G {
+                    let table = L::load_table(self.tables, self.first + g);
+                    for u in 0..U {
+                        acc[g][u] = L::mul(x[u], table);
+                    }
+                }
+                1
+            }
+        };
+        for j in first..inputs.len() {
+            let x = load_input::<L, U>(inputs[j], offset);
+            let base = j * self.rows + self.first;
             for g in 0..G {
-                L::store(outputs[g].add(offset), acc[g]);
+                let table = L::load_table(self.tables, base + g);
+                for u in 0..U {
+                    acc[g][u] = L::mul_xor(acc[g][u], x[u], table);
+                }
             }
-            offset += L::WIDTH;
+        }
+        for g in 0..G {
+            for u in 0..U {
+                L::store(outputs[g].add(offset + u * L::WIDTH), acc[g][u]);
+            }
         }
     }
 
