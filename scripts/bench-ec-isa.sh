@@ -16,13 +16,16 @@
 #   [ROUNDS=3] [SECONDS_EACH=0.3] [SHAPES="4+2 8+2 ..."] [LAYOUTS="area skewed"] scripts/bench-ec-isa.sh
 #
 # Shapes: in cache (64 KiB shards, one stripe as the working set) 4+2,
-# 8+2, 10+4, 12+4, 16+4, 20+4, 32+8; from memory (1 MiB shards, 256 MiB
-# working set) 92+8 and 200+16. Prints a table, the CPU named first.
+# 8+2, 10+4, 12+4, 16+4, 20+4, 32+8 (suffix c); wide stripes of 64 KiB
+# shards, one stripe (6-14 MiB: in L3 where it is large enough), 92+8 and
+# 200+16 (suffix l, SHAPES entries 92+8@l); and from memory (1 MiB shards,
+# 256 MiB working set) 92+8 and 200+16 (suffix m, 92+8@m). Prints a
+# table, the CPU named first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${ROUNDS:-3}
 seconds=${SECONDS_EACH:-0.3}
-shapes=${SHAPES:-"4+2 8+2 10+4 12+4 16+4 20+4 32+8 92+8@m 200+16@m"}
+shapes=${SHAPES:-"4+2 8+2 10+4 12+4 16+4 20+4 32+8 92+8@l 200+16@l 92+8@m 200+16@m"}
 layouts=${LAYOUTS:-"area skewed"}
 command -v nasm >/dev/null || { echo "nasm is needed to build ISA-L (apt-get install nasm)" >&2; exit 1; }
 cargo build --release -q -p tessera
@@ -134,6 +137,7 @@ for isa in "${isas[@]}"; do
   for shape in $shapes; do
     case $shape in
       *@m) kind=memory; shape=${shape%@m}; shard=$((1 << 20)); set=$((256 << 20)) ;;
+      *@l) kind=l3; shape=${shape%@l}; shard=65536; set=0 ;;
       *) kind=cache; shard=65536; set=0 ;;
     esac
     k=${shape%+*}; m=${shape#*+}

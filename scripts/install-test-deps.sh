@@ -10,9 +10,12 @@ set -euo pipefail
 # e2fsprogs (mkfs.ext4, e2fsck, debugfs): ext4 through nbdfuse; openssl:
 # the TLS tests' certificates; python3: socket activation as systemd does it;
 # python3-pip: fetches NVRTC (below); curl and chromium-headless-shell: the
-# HTTP API and the dashboard, tested as a browser renders it.
+# HTTP API and the dashboard, tested as a browser renders it;
+# qemu-user, gcc-aarch64-linux-gnu and libc6-dev-arm64-cross: the erasure
+# code's NEON kernel, built for aarch64 and tested under qemu-aarch64.
 packages=(libisal-dev libisal2 libssl-dev pkg-config zstd lz4 b3sum openssl gzip python3 curl chromium-headless-shell
-  python3-pip fonts-dejavu-core libnbd-bin nbdkit qemu-utils fio fuse2fs e2fsprogs)
+  python3-pip fonts-dejavu-core libnbd-bin nbdkit qemu-utils fio fuse2fs e2fsprogs
+  qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -38,4 +41,10 @@ if [ ! -e "$nvrtc/nvidia/cuda_nvrtc/lib/libnvrtc.so.12" ]; then
     nvidia-cuda-nvrtc-cu12==12.9.86
   python3 -m zipfile -e "$nvrtc"/wheel/*.whl "$nvrtc"
   rm -rf "$nvrtc/wheel"
+fi
+
+# The Rust standard library for aarch64, for the NEON kernel's tests.
+if ! rustup target list --installed 2>/dev/null | grep -qx aarch64-unknown-linux-gnu; then
+  echo "adding the aarch64-unknown-linux-gnu Rust target" >&2
+  rustup target add aarch64-unknown-linux-gnu
 fi

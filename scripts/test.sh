@@ -13,3 +13,10 @@ export TESSERA_REQUIRE_NVRTC=1
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
 cargo test --workspace --release
+# The erasure code's kernels for aarch64 (NEON), checked byte for byte
+# against the reference under qemu-aarch64 (the crate's own tests; ISA-L's
+# comparisons need the x86 library and run above).
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu"
+cargo clippy -p tessera-ec --lib --release --target aarch64-unknown-linux-gnu -- -D warnings
+cargo test -p tessera-ec --lib --release --target aarch64-unknown-linux-gnu

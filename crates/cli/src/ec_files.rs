@@ -22,7 +22,7 @@ pub struct Shape {
     /// Encoding matrix: cauchy (any K+M <= 256) or vandermonde (ISA-L's gf_gen_rs_matrix).
     #[arg(long, default_value = "cauchy")]
     pub matrix: MatrixKind,
-    /// Force a kernel: reference, avx2, avx2-gfni, avx512, avx512-gfni (default: the fastest; also TESSERA_EC_KERNEL).
+    /// Force a kernel: reference, neon, avx2, avx2-gfni, avx512, avx512-gfni (default: the fastest; also TESSERA_EC_KERNEL).
     #[arg(long)]
     pub kernel: Option<Kernel>,
 }

@@ -17,7 +17,7 @@ pub enum EcError {
     },
     #[error("unknown matrix '{name}': use cauchy or vandermonde")]
     UnknownMatrix { name: String },
-    #[error("unknown kernel '{name}': use reference, avx2, avx2-gfni, avx512 or avx512-gfni")]
+    #[error("unknown kernel '{name}': use reference, neon, avx2, avx2-gfni, avx512 or avx512-gfni")]
     UnknownKernel { name: String },
     #[error("kernel {name} needs CPU features this machine lacks")]
     KernelUnavailable { name: &'static str },

@@ -16,6 +16,8 @@
 //! input tile from memory once, later groups find it in cache, and each output
 //! tile is written once.
 
+#[cfg(target_arch = "aarch64")]
+mod neon;
 mod reference;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -28,6 +30,8 @@ use crate::EcError;
 pub enum Kernel {
     /// Portable byte-at-a-time code: the definition the others are tested against.
     Reference,
+    /// 16-byte `tbl` nibble lookups (aarch64 NEON).
+    Neon,
     /// 32-byte `vpshufb` nibble lookups (AVX2).
     Avx2,
     /// 32-byte GF(2) affine transforms (AVX2 with GFNI, no AVX-512: Intel's
@@ -44,8 +48,9 @@ pub const KERNEL_ENV: &str = "TESSERA_EC_KERNEL";
 
 impl Kernel {
     /// Every kernel, slowest first.
-    pub const ALL: [Kernel; 5] = [
+    pub const ALL: [Kernel; 6] = [
         Kernel::Reference,
+        Kernel::Neon,
         Kernel::Avx2,
         Kernel::Avx2Gfni,
         Kernel::Avx512,
@@ -56,6 +61,7 @@ impl Kernel {
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Reference => "reference",
+            Kernel::Neon => "neon",
             Kernel::Avx2 => "avx2",
             Kernel::Avx2Gfni => "avx2-gfni",
             Kernel::Avx512 => "avx512",
@@ -67,6 +73,8 @@ impl Kernel {
     pub fn is_available(self) -> bool {
         match self {
             Kernel::Reference => true,
+            #[cfg(target_arch = "aarch64")]
+            Kernel::Neon => std::arch::is_aarch64_feature_detected!("neon"),
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => std::arch::is_x86_feature_detected!("avx2"),
             #[cfg(target_arch = "x86_64")]
@@ -77,6 +85,8 @@ impl Kernel {
             }
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx512Gfni => Kernel::Avx512.is_available() && std::arch::is_x86_feature_detected!("gfni"),
+            #[cfg(not(target_arch = "aarch64"))]
+            Kernel::Neon => false,
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
@@ -132,6 +142,8 @@ pub struct Coefficients {
     columns: usize,
     coefficients: Vec<u8>,
     nibble_tables: Vec<[u8; 32]>,
+    /// The GFNI kernels' form (x86 only).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     affine_matrices: Vec<u64>,
 }
 
@@ -188,19 +200,19 @@ pub fn dot(kernel: Kernel, coefficients: &Coefficients, inputs: &[&[u8]], output
     if outputs.is_empty() || len == 0 {
         return;
     }
+    assert!(
+        kernel.is_available(),
+        "kernel {} forced on a CPU without it",
+        kernel.name()
+    );
     let done = match kernel {
         Kernel::Reference => 0,
+        #[cfg(target_arch = "aarch64")]
+        Kernel::Neon => neon::dot(coefficients, inputs, outputs, accumulate),
         #[cfg(target_arch = "x86_64")]
-        _ => {
-            assert!(
-                kernel.is_available(),
-                "kernel {} forced on a CPU without it",
-                kernel.name()
-            );
-            x86::dot(kernel, coefficients, inputs, outputs, accumulate)
-        }
+        _ => x86::dot(kernel, coefficients, inputs, outputs, accumulate),
         #[cfg(not(target_arch = "x86_64"))]
-        _ => unreachable!("no SIMD kernel is available off x86-64"),
+        _ => unreachable!("an x86 kernel is never available here"),
     };
     assert!(done <= len);
     if done < len {
@@ -333,6 +345,39 @@ mod tests {
                 seed += 1;
                 run(kernel, seed, rows, columns, len, false);
             }
+        }
+    }
+
+    /// The kernel chosen by default is one this CPU runs, and every other
+    /// is refused by name where the CPU lacks it: a build that picked
+    /// AVX-512 on an AVX2 machine would die of SIGILL at the first stripe.
+    #[test]
+    fn the_default_kernel_is_one_the_cpu_has() {
+        let best = Kernel::best();
+        assert!(best.is_available(), "{} chosen without the CPU's support", best.name());
+        // The fastest available: none later in the list is available.
+        let after = Kernel::ALL.iter().skip_while(|&&k| k != best).skip(1);
+        assert!(
+            after.clone().all(|k| !k.is_available()),
+            "{} is not the fastest available",
+            best.name()
+        );
+        #[cfg(target_arch = "x86_64")]
+        {
+            assert_eq!(Kernel::Avx2.is_available(), std::arch::is_x86_feature_detected!("avx2"));
+            assert!(!Kernel::Neon.is_available());
+            assert_ne!(best, Kernel::Reference, "every x86-64 CPU these tests run on has AVX2");
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            assert_eq!(best, Kernel::Neon);
+            assert!(Kernel::ALL.iter().filter(|k| k.is_available()).count() == 2);
+        }
+        for kernel in Kernel::ALL.into_iter().filter(|k| !k.is_available()) {
+            assert!(matches!(
+                Kernel::select(kernel.name()),
+                Err(EcError::KernelUnavailable { .. })
+            ));
         }
     }
 

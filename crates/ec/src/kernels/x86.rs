@@ -16,10 +16,16 @@
 //!   19.5 GB/s, ISA-L 30), four vectors a step brought it to 33;
 //! - one group of rows (M at most the group) runs over the whole length at
 //!   once; tiles only help when later groups read the inputs again;
-//! - where every buffer starts at the same offset in its 4 KiB page (a
-//!   stripe's chunks in one area, as the array holds them), the inputs go
-//!   in passes of four (`passes`): with all K+M buffers' lines of a column
-//!   in one set of an 8-way L1, 8+2 ran at 43 GB/s, 63 in passes.
+//! - the inputs go in passes, the outputs taken up again by each: of four
+//!   where every buffer starts at the same offset in its 4 KiB page (a
+//!   stripe's chunks in one area, as the array holds them: all K+M
+//!   buffers' lines of a column then fall in one set of an 8-way L1; 8+2
+//!   ran at 43 GB/s, 63 in passes), else of sixteen. With passes, this
+//!   one loop beat the streaming loop the wide stripes had used (each
+//!   input in turn through the outputs) everywhere it was tried: 92+8 of
+//!   64 KiB shards (in L3) 5.4 -> 14.8 GB/s (AVX-512+GFNI, area), 200+16
+//!   3.0 -> 7.3; from memory (1 MiB shards) 4.4 -> 9.8; so that loop is
+//!   gone.
 
 // Indexed loops over the const G rows keep the register arrays explicit.
 #![allow(clippy::needless_range_loop)]
@@ -27,11 +33,6 @@
 use super::{Coefficients, Kernel};
 use std::arch::x86_64::*;
 
-/// The most coefficients (inputs x rows in a group) for which the
-/// accumulate-in-registers loop is used: their tables, 32 bytes each, then
-/// stay in L1 beside the inputs. Past it, the streaming loop is faster
-/// (measured: 10+4 favours registers by 1.3x, 92+8 favours streaming by 2x).
-const IN_REGISTERS_TABLES_MAX: usize = 256;
 /// Bytes of all K inputs kept in L2 while every group of rows runs over them.
 const TILE_BUDGET_BYTES: usize = 512 * 1024;
 /// Tiles are never narrower than this, so loading a group's tables is amortised.
@@ -273,7 +274,7 @@ pub fn dot(
             Kernel::Avx2Gfni => dot_avx2_gfni(coefficients, &input_pointers, &output_pointers, len, accumulate),
             Kernel::Avx512 => dot_avx512(coefficients, &input_pointers, &output_pointers, len, accumulate),
             Kernel::Avx512Gfni => dot_avx512_gfni(coefficients, &input_pointers, &output_pointers, len, accumulate),
-            Kernel::Reference => unreachable!("the reference kernel is not an x86 kernel"),
+            Kernel::Reference | Kernel::Neon => unreachable!("not an x86 kernel"),
         }
     }
 }
@@ -321,7 +322,6 @@ unsafe fn tiled<L: Lanes>(
         false => tile_bytes(c.columns, L::WIDTH),
     };
     let tables = L::tables(c);
-    let streaming = c.columns * c.rows.min(L::GROUP_MAX) > IN_REGISTERS_TABLES_MAX;
     let pass = passes(inputs, outputs);
     let mut start = 0;
     while start < done {
@@ -336,14 +336,9 @@ unsafe fn tiled<L: Lanes>(
             };
             // Only the first group reads the tile from memory; later groups
             // find it in L2.
-            let prefetch = if row == 0 { tile } else { 0 };
             macro_rules! run {
                 ($g:literal) => {
-                    if streaming {
-                        rows.run_streaming::<L, $g>(inputs, outputs, start, end, accumulate, prefetch)
-                    } else {
-                        rows.run_in_passes::<L, $g>(inputs, outputs, start, end, accumulate, pass)
-                    }
+                    rows.run_in_passes::<L, $g>(inputs, outputs, start, end, accumulate, pass)
                 };
             }
             match group {
@@ -364,12 +359,12 @@ unsafe fn tiled<L: Lanes>(
     done
 }
 
-/// Inputs per pass of the in-registers loop: all of them, unless every
-/// buffer starts at the same offset in a 4 KiB page (a stripe's chunks in
-/// one area, as the array holds them): then a column's lines of all of
-/// them fall in one set of the L1 cache, and past its ways they evict
-/// each other, so the inputs go in passes of a few, the outputs taken
-/// up again by each.
+/// Inputs per pass of the in-registers loop: a few where every buffer
+/// starts at the same offset in a 4 KiB page (a stripe's chunks in one
+/// area, as the array holds them: a column's lines of all of them fall in
+/// one set of the L1 cache, and past its ways they evict each other),
+/// else at most sixteen (wide stripes: a few streams at a time for the
+/// prefetchers); the outputs are taken up again by each pass.
 fn passes(inputs: &[*const u8], outputs: &[*mut u8]) -> usize {
     let page = |p: usize| p & 4095;
     let first = page(inputs[0] as usize);
@@ -377,7 +372,7 @@ fn passes(inputs: &[*const u8], outputs: &[*mut u8]) -> usize {
         inputs.iter().all(|&p| page(p as usize) == first) && outputs.iter().all(|&p| page(p as usize) == first);
     match aliased {
         true => PASS_INPUTS_ALIASED,
-        false => usize::MAX,
+        false => PASS_INPUTS_MAX,
     }
 }
 
@@ -386,6 +381,10 @@ fn passes(inputs: &[*const u8], outputs: &[*mut u8]) -> usize {
 /// everywhere; 6 matched 4 on AVX-512+GFNI and lost up to 11% on AVX2
 /// and AVX2+GFNI.
 const PASS_INPUTS_ALIASED: usize = 4;
+/// Tried 16 against all at once on 92+8 and 200+16 of 64 KiB shards,
+/// skewed layout: 200+16 went 5.7 -> 8.3 GB/s (AVX2+GFNI), 2.5 -> 4.5
+/// (AVX2); 20+4 and 32+8 unchanged.
+const PASS_INPUTS_MAX: usize = 16;
 
 /// U vectors of an input from `offset`, prepared. (A function, not a
 /// closure: a closure is compiled without the caller's target features,
@@ -508,58 +507,6 @@ impl Rows {
         for g in 0..G {
             for u in 0..U {
                 L::store(outputs[g].add(offset + u * L::WIDTH), acc[g][u]);
-            }
-        }
-    }
-
-    /// For each input in turn, with its G tables held in registers, streams
-    /// the tile and folds the products into the outputs, which stay in L1.
-    /// Best for wide stripes: each input is read sequentially, and
-    /// `prefetch` bytes ahead (the next tile) is requested while this one runs.
-    #[inline(always)]
-    unsafe fn run_streaming<L: Lanes, const G: usize>(
-        &self,
-        inputs: &[*const u8],
-        outputs: &[*mut u8],
-        start: usize,
-        end: usize,
-        accumulate: bool,
-        prefetch: usize,
-    ) {
-        let outputs = &outputs[self.first..self.first + G];
-        for (j, input) in inputs.iter().enumerate() {
-            let base = j * self.rows + self.first;
-            let mut tables = [L::load_table(self.tables, base); G];
-            for (g, table) in tables.iter_mut().enumerate().skip(1) {
-                *table = L::load_table(self.tables, base + g);
-            }
-            let mut offset = start;
-            while offset < end {
-                if prefetch != 0 {
-                    // A prefetch past the end of the buffer is harmless: it
-                    // cannot fault, and wrapping_add keeps the pointer
-                    // arithmetic defined.
-                    _mm_prefetch::<_MM_HINT_T0>(input.wrapping_add(offset + prefetch).cast());
-                }
-                let x = L::prepare(L::load(input.add(offset)));
-                if j == 0 && !accumulate {
-                    for g in 0..G {
-                        L::store(outputs[g].add(offset), L::mul(x, tables[g]));
-                    }
-                } else {
-                    // All loads before all stores: the outputs sit at the
-                    // same offset in different buffers, often 4 KiB apart,
-                    // and a load that follows a store to such an address
-                    // waits on a false dependency.
-                    let mut acc = [L::zero(); G];
-                    for g in 0..G {
-                        acc[g] = L::load(outputs[g].add(offset));
-                    }
-                    for g in 0..G {
-                        L::store(outputs[g].add(offset), L::mul_xor(acc[g], x, tables[g]));
-                    }
-                }
-                offset += L::WIDTH;
             }
         }
     }
