@@ -18,6 +18,7 @@ use tessera_array::device::{Device, FileDevice};
 use tessera_array::{Array, MemberState, RebuildOptions, RebuildReport, RebuildResume};
 
 use crate::api::{self, Answer};
+pub use crate::api::{Outcome, RebuildState, ReplaceRequest as Request};
 use crate::array_dir::{human, listed_lines, lock, open, refuse_if_in_use, Progress, MEMBERS_FILE};
 
 /// The rebuild under way, if any.
@@ -37,28 +38,6 @@ pub struct Job {
     pub busy_rate: u64,
     /// Where the rebuild last synced the device.
     pub resume: Option<RebuildResume>,
-}
-
-/// A rebuild to start: `tessera replace`'s flags, and the API's `replace`
-/// request (where `with` is an absolute path).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, clap::Args)]
-#[serde(deny_unknown_fields)]
-pub struct Request {
-    #[arg(long = "device", value_name = "INDEX")]
-    pub member: usize,
-    /// The new device or file (created at the members' size if it does
-    /// not exist); default: the member's own, if it is there.
-    #[arg(long)]
-    pub with: Option<PathBuf>,
-    /// Bytes a second to write at most while clients are idle (0: no limit).
-    #[arg(long, value_parser = crate::size::parse, default_value = "0")]
-    pub rate: u64,
-    /// Bytes a second to write at most while clients do I/O (0: as --rate).
-    #[arg(long, value_parser = crate::size::parse, default_value = "32M")]
-    pub busy_rate: u64,
-    /// Use a --with device even if it holds data or another array's superblock.
-    #[arg(long)]
-    pub force: bool,
 }
 
 /// `tessera replace`'s flags.
@@ -340,23 +319,6 @@ fn rebuild_one(
     };
     eprintln!("tessera: {}", outcome.message);
     *last.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
-}
-
-/// How a rebuild run by the server ended.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Outcome {
-    pub member: usize,
-    /// The member is healthy again.
-    pub done: bool,
-    pub message: String,
-    pub report: RebuildReport,
-}
-
-/// What a `rebuild` request answers.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct RebuildState {
-    pub running: Option<RebuildReport>,
-    pub last: Option<Outcome>,
 }
 
 /// The server's rebuild: at most one runs, on its own thread.

@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::api::{self, ApiError, ErrorKind, Reply, ReplyBody, Served};
+use super::dispatch::{self, Served};
+use crate::api::{self, ApiError, ErrorKind, Reply, ReplyBody};
 
 /// How long a control client has to send its whole request (from the
 /// moment it connects), and then to take each answer; a slow or silent
@@ -150,7 +151,7 @@ fn control_client(stream: &UnixStream, request: &api::Request, served: &Served) 
             .write_all(Reply::new(ReplyBody::Progress(report)).line().as_bytes())
             .is_ok()
     };
-    let body = match api::answer(request, served, &mut progress) {
+    let body = match dispatch::answer(request, served, &mut progress) {
         Ok(answer) => ReplyBody::Answer(answer),
         Err(error) => ReplyBody::Error(error),
     };

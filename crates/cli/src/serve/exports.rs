@@ -7,7 +7,7 @@ use std::time::Instant;
 use tessera_array::{Array, ArrayError};
 use tessera_nbd::Failure;
 
-use crate::api::{LatencyCounters, Timed};
+use super::dispatch::{LatencyCounters, Timed};
 use crate::metrics::{Metrics, Op};
 
 /// An export: one volume of the array, with errors logged and mapped to

@@ -19,7 +19,8 @@ use std::net::ToSocketAddrs;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use crate::api::{self, ApiError, ErrorKind, Reply, ReplyBody, Request, Served};
+use super::dispatch::{self, Served};
+use crate::api::{self, ApiError, ErrorKind, Reply, ReplyBody, Request};
 
 /// How HTTP is served (`serve --http`).
 pub struct Options {
@@ -224,7 +225,7 @@ fn carry_out(request: &Request, ready: &OnceLock<Served>, since: Instant) -> Res
             ),
         ));
     };
-    api::answer(request, served, &mut |_| true)
+    dispatch::answer(request, served, &mut |_| true)
 }
 
 fn json(reply: Result<api::Answer, ApiError>) -> tiny_http::Response<std::io::Cursor<Vec<u8>>> {

@@ -6,6 +6,7 @@
 //! cleanly.
 
 mod control;
+mod dispatch;
 mod exports;
 pub mod http;
 
@@ -17,10 +18,11 @@ use std::sync::Arc;
 use std::time::Instant;
 use tessera_array::EngineOptions;
 
-use crate::api::{Served, CONTROL_SOCKET};
+use crate::api::CONTROL_SOCKET;
 use crate::array_dir::{human, lock, open_with};
 use crate::metrics::Metrics;
 use crate::replace::Rebuilder;
+use dispatch::Served;
 
 /// `tessera serve`'s flags.
 #[derive(clap::Args)]
@@ -291,7 +293,7 @@ pub fn serve(s: Serve) -> Result<()> {
             )
         })
         .transpose()?;
-    let latency = Arc::new(crate::api::LatencyCounters::default());
+    let latency = Arc::new(dispatch::LatencyCounters::default());
     let metrics = s.metrics.is_some().then(|| Arc::new(Metrics::new()));
     let history = Arc::new(std::sync::Mutex::new(crate::history::History::new(dir)));
     let _ = ready.set(Served {
