@@ -37,12 +37,20 @@ impl History {
     }
 
     /// Appends what `array` recorded since the last call (since it was
-    /// opened, the first time).
+    /// opened, the first time), and syncs it.
     pub fn save(&mut self, array: &Array) -> Result<()> {
+        self.append(array)?.map_or(Ok(()), |written| written.sync())
+    }
+
+    /// Appends what `array` recorded since the last call, in one write
+    /// (so that appends in turn never interleave); the file to sync, if
+    /// anything was written. A caller that holds a lock around this syncs
+    /// after letting it go.
+    pub fn append(&mut self, array: &Array) -> Result<Option<Written>> {
         let (events, recorded) = array.events_since(self.seen);
         if events.is_empty() {
             self.seen = recorded;
-            return Ok(());
+            return Ok(None);
         }
         let mut text = String::new();
         for event in &events {
@@ -60,10 +68,26 @@ impl History {
             .open(&self.path)
             .with_context(|| format!("opening the history {}", self.path.display()))?;
         file.write_all(text.as_bytes())
-            .and_then(|()| file.sync_data())
             .with_context(|| format!("appending to the history {}", self.path.display()))?;
         self.seen = recorded;
-        Ok(())
+        Ok(Some(Written {
+            file,
+            path: self.path.clone(),
+        }))
+    }
+}
+
+/// An append to the history, not yet synced.
+pub struct Written {
+    file: std::fs::File,
+    path: PathBuf,
+}
+
+impl Written {
+    pub fn sync(self) -> Result<()> {
+        self.file
+            .sync_data()
+            .with_context(|| format!("syncing the history {}", self.path.display()))
     }
 }
 

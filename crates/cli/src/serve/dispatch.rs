@@ -16,7 +16,7 @@ pub struct Served {
     pub rebuilder: std::sync::Arc<Rebuilder>,
     pub latency: std::sync::Arc<LatencyCounters>,
     pub dir: std::path::PathBuf,
-    /// Held while appending to the history file (never across array I/O).
+    /// Held while appending to the history file (not across its sync, nor any array I/O).
     pub history: std::sync::Arc<std::sync::Mutex<crate::history::History>>,
     /// Set by a `stop` request: the running scrub's or heal's next
     /// progress report ends it (the server's own healer's too). Cleared
@@ -30,7 +30,13 @@ pub struct Served {
 impl Served {
     /// Appends what the array recorded since the last time to the history.
     pub fn save_history(&self) -> anyhow::Result<()> {
-        self.history.lock().unwrap_or_else(|p| p.into_inner()).save(&self.array)
+        // The lock orders the appends; the sync waits outside it.
+        let written = self
+            .history
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .append(&self.array)?;
+        written.map_or(Ok(()), |written| written.sync())
     }
 }
 

@@ -388,7 +388,8 @@ pub fn serve(s: Serve) -> Result<()> {
     eprintln!("tessera: shutting down: flushing and writing a map checkpoint");
     let closed = array.close();
     // The stop's events too (its clean stop).
-    if let Err(e) = history.lock().unwrap_or_else(|p| p.into_inner()).save(&array) {
+    let appended = history.lock().unwrap_or_else(|p| p.into_inner()).append(&array);
+    if let Err(e) = appended.and_then(|written| written.map_or(Ok(()), |w| w.sync())) {
         eprintln!("tessera: the history could not be kept: {e:#}");
     }
     closed?;
