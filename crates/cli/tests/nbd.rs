@@ -2704,6 +2704,8 @@ fn browse(url: &str, name: &str, extra: &[&str], cwd: &Path) -> String {
     let common = [
         "--no-sandbox",
         "--disable-gpu",
+        // Containers often give /dev/shm a few MiB only.
+        "--disable-dev-shm-usage",
         "--hide-scrollbars",
         "--virtual-time-budget=6000",
     ];
@@ -2779,7 +2781,8 @@ fn the_dashboard_shows_a_rebuild_under_way_and_agrees_with_status_and_iostat() {
     );
     let d = dir.to_str().unwrap();
     // Member 2 fails, 24 MiB are written without it, and its resync is
-    // slowed to 256 KiB/s so that it is under way while we look.
+    // slowed to 128 KiB/s (about 48 s) so that it is under way while we
+    // look, however slow the machine.
     let out = tessera(&["fail", d, "--device", "2"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let mut data = vec![0u8; 24 << 20];
@@ -2791,9 +2794,9 @@ fn the_dashboard_shows_a_rebuild_under_way_and_agrees_with_status_and_iostat() {
         "--device",
         "2",
         "--rate",
-        "256K",
+        "128K",
         "--busy-rate",
-        "256K",
+        "128K",
         "--detach",
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
