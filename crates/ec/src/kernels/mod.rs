@@ -16,6 +16,28 @@
 //! input tile from memory once, later groups find it in cache, and each output
 //! tile is written once.
 
+/// Calls `$run!(G)` with the literal G that equals `$group` (1 to 8): a
+/// row group's size made a const generic, so that each size gets its own
+/// loop with its accumulators in registers.
+#[allow(unused_macros)]
+macro_rules! with_group {
+    ($group:expr, $run:ident) => {
+        match $group {
+            1 => $run!(1),
+            2 => $run!(2),
+            3 => $run!(3),
+            4 => $run!(4),
+            5 => $run!(5),
+            6 => $run!(6),
+            7 => $run!(7),
+            8 => $run!(8),
+            _ => unreachable!("row groups are at most 8"),
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use with_group;
+
 #[cfg(target_arch = "aarch64")]
 mod neon;
 mod reference;

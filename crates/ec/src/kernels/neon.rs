@@ -47,17 +47,7 @@ pub fn dot(coefficients: &Coefficients, inputs: &[&[u8]], outputs: &mut [&mut [u
                     run.run::<$g>(&input_pointers, &output_pointers, done, accumulate)
                 };
             }
-            match group {
-                1 => run!(1),
-                2 => run!(2),
-                3 => run!(3),
-                4 => run!(4),
-                5 => run!(5),
-                6 => run!(6),
-                7 => run!(7),
-                8 => run!(8),
-                _ => unreachable!("row groups are at most 8"),
-            }
+            super::with_group!(group, run)
         }
         first += group;
     }

@@ -341,17 +341,7 @@ unsafe fn tiled<L: Lanes>(
                     rows.run_in_passes::<L, $g>(inputs, outputs, start, end, accumulate, pass)
                 };
             }
-            match group {
-                1 => run!(1),
-                2 => run!(2),
-                3 => run!(3),
-                4 => run!(4),
-                5 => run!(5),
-                6 => run!(6),
-                7 => run!(7),
-                8 => run!(8),
-                _ => unreachable!("row groups are at most 8"),
-            }
+            super::with_group!(group, run);
             row += group;
         }
         start = end;
