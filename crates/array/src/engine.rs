@@ -625,6 +625,11 @@ impl Array {
         self.shared.scrub_with(rate, progress)
     }
 
+    /// The scrub running now, its report so far (`None`: none runs).
+    pub fn scrub_progress(&self) -> Option<crate::repair::ScrubReport> {
+        self.shared.jobs.scrub.get()
+    }
+
     pub fn status(&self) -> Result<Status, ArrayError> {
         Ok(self.shared.status())
     }

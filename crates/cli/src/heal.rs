@@ -105,7 +105,10 @@ pub fn spawn_healer(
                 eprintln!(
                     "tessera: {degraded} stripes are short of full redundancy: healing them onto healthy members"
                 );
-                stop_heal.store(false, Ordering::Relaxed);
+                // A stop asked of a heal that runs now must hold.
+                if array.heal_progress().is_none() {
+                    stop_heal.store(false, Ordering::Relaxed);
+                }
                 let result = array.heal_with(Some(rate), |_| {
                     !stop.load(Ordering::Relaxed)
                         && !stop_heal.load(Ordering::Relaxed)

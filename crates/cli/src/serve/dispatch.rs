@@ -75,21 +75,27 @@ pub fn answer(
             array.fail_member(*member)?;
             Answer::Done
         }
+        // A new scrub or heal clears the stop asked of the last one; not
+        // while one runs (the array refuses the newcomer, and the stop
+        // asked of the one running must hold).
         Request::Scrub { rate } => {
-            served.stop_scrub.store(false, Relaxed);
+            if array.scrub_progress().is_none() {
+                served.stop_scrub.store(false, Relaxed);
+            }
             let mut paced = paced(progress, Progress::Scrub, &served.stop_scrub);
             Answer::Scrub(array.scrub_with((*rate > 0).then_some(*rate), &mut paced)?)
         }
         Request::Heal { rate } => {
-            served.stop_heal.store(false, Relaxed);
+            if array.heal_progress().is_none() {
+                served.stop_heal.store(false, Relaxed);
+            }
             let mut paced = paced(progress, Progress::Heal, &served.stop_heal);
             Answer::Heal(array.heal_with((*rate > 0).then_some(*rate), &mut paced)?)
         }
         Request::Stop { job } => {
-            let status = array.status()?;
             let running = match job {
-                Job::Scrub => status.scrub.is_some() && !served.stop_scrub.swap(true, Relaxed),
-                Job::Heal => status.heal.is_some() && !served.stop_heal.swap(true, Relaxed),
+                Job::Scrub => array.scrub_progress().is_some() && !served.stop_scrub.swap(true, Relaxed),
+                Job::Heal => array.heal_progress().is_some() && !served.stop_heal.swap(true, Relaxed),
                 Job::Rebuild => served.rebuilder.pause(),
             };
             if !running {
