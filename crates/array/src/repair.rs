@@ -41,6 +41,10 @@ pub struct ScrubReport {
     pub stripes_total: u64,
     /// Stopped before the end (the caller asked to).
     pub stopped: bool,
+    /// How long it has run, as the rebuild's and the heal's reports say
+    /// (the dashboard's time left comes from it).
+    #[serde(default)]
+    pub milliseconds: u64,
 }
 
 /// The longest paced work sleeps at once.
@@ -206,9 +210,11 @@ impl Shared {
             return Err(ArrayError::ScrubRunning);
         };
         let mut throttle = Throttle::new(rate, rate);
+        let started = std::time::Instant::now();
         for (slot, _) in stripes {
             let read_before = report.bytes_read;
             self.scrub_slot(slot, &mut report);
+            report.milliseconds = started.elapsed().as_millis() as u64;
             self.jobs.scrub.set(report);
             throttle.step(report.bytes_read - read_before, &self.counters);
             if !progress(&report) {

@@ -12,7 +12,7 @@
 //! `area` (the default), each shard 4 KiB-aligned right after the last, as
 //! the array holds a stripe's chunks; or `skewed`, each shard 320 bytes
 //! further into its page than the last, as separate allocations often
-//! fall. The layout moves both implementations' speed by up to 1.8x (in
+//! fall. The layout moves both implementations' speed by up to 2.4x (in
 //! `area`, every shard's bytes at one offset share a set of the L1
 //! cache), so a comparison names it; `scripts/bench-ec-isa.sh` runs ISA-L
 //! on the same layouts.

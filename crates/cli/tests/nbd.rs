@@ -1869,17 +1869,10 @@ fn scrub_repairs_corruption_on_m_members_offline_and_while_served() {
 
 /// The body of `GET /metrics` from `address`.
 fn scrape(address: &str) -> String {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(address).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(stream, "GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n").unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    assert!(
-        response.starts_with("HTTP/1.") && response.contains(" 200 "),
-        "{response}"
-    );
-    response.split_once("\r\n\r\n").unwrap().1.to_string()
+    let cwd = std::env::temp_dir();
+    let (code, text) = curl(&format!("http://{address}/metrics"), &[], &cwd);
+    assert_eq!(code, 200, "{text}");
+    text
 }
 
 /// A loopback address whose port was free a moment ago.
@@ -2968,12 +2961,17 @@ fn the_dashboard_shows_a_rebuild_under_way_and_agrees_with_status_and_iostat() {
         let d = d.to_string();
         std::thread::spawn(move || tessera(&["scrub", &d, "--rate", "64K", "--json"]))
     };
-    for _ in 0..400 {
-        if !status_json(&dir)["scrub"].is_null() {
-            break;
+    // Running, with the time it has taken (the page's time left).
+    let timed = (0..400).any(|_| {
+        let running = status_json(&dir)["scrub"]["milliseconds"]
+            .as_u64()
+            .is_some_and(|ms| ms > 0);
+        if !running {
+            std::thread::sleep(Duration::from_millis(25));
         }
-        std::thread::sleep(Duration::from_millis(25));
-    }
+        running
+    });
+    assert!(timed, "a running scrub's report says how long it has run");
     let stop = serde_json::json!({"stop": {"job": "scrub"}});
     let (code, reply) = post(&base, &stop, None, &[], cwd);
     assert_eq!(code, 401, "{reply}");

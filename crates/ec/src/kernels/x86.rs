@@ -6,26 +6,27 @@
 //! inlined into a `#[target_feature]` entry point per kernel, so the
 //! intrinsics compile to the instructions of that kernel alone.
 //!
-//! Three choices the speed depends on, each measured (`tessera bench ec`,
-//! `scripts/bench-ec-isa.sh`, docs/PERFORMANCE.md; on a 2-core AMD EPYC Zen
-//! 4, which runs all four kernels, so the AVX2 ones were tuned there, not
-//! on an AVX2-only CPU):
+//! Three choices the speed depends on, measured with `tessera bench ec
+//! --kernel K --layout L` on builds with and without each (2-core AMD EPYC
+//! Zen 4, which runs all four kernels, so the AVX2 ones were tuned on its
+//! AVX2 units, not on an AVX2-only CPU; docs/PERFORMANCE.md has the
+//! comparison with ISA-L):
 //! - the in-registers loop takes several vectors of each input per step
-//!   (`UNROLL`), so each coefficient loaded is applied to all of them: one
-//!   broadcast per affine product held AVX2+GFNI at 2/3 of ISA-L (10+4:
-//!   19.5 GB/s, ISA-L 30), four vectors a step brought it to 33;
+//!   (`UNROLL`), so each coefficient loaded is applied to all of them:
+//!   AVX2+GFNI 10+4 (skewed) 32-33 GB/s a vector a step, 40-41 at four;
+//!   AVX2 18.0 -> 18.4-19.7 at two;
 //! - one group of rows (M at most the group) runs over the whole length at
 //!   once; tiles only help when later groups read the inputs again;
 //! - the inputs go in passes, the outputs taken up again by each: of four
 //!   where every buffer starts at the same offset in its 4 KiB page (a
 //!   stripe's chunks in one area, as the array holds them: all K+M
-//!   buffers' lines of a column then fall in one set of an 8-way L1; 8+2
-//!   ran at 43 GB/s, 63 in passes), else of sixteen. With passes, this
-//!   one loop beat the streaming loop the wide stripes had used (each
-//!   input in turn through the outputs) everywhere it was tried: 92+8 of
-//!   64 KiB shards (in L3) 5.4 -> 14.8 GB/s (AVX-512+GFNI, area), 200+16
-//!   3.0 -> 7.3; from memory (1 MiB shards) 4.4 -> 9.8; so that loop is
-//!   gone.
+//!   buffers' lines of a column then fall in one set of an 8-way L1; area
+//!   8+2 went 42 -> 59-61 GB/s on AVX2+GFNI, 23-25 -> 33 on AVX2), else
+//!   of sixteen. With passes, this one loop beat the streaming loop the
+//!   wide stripes had used (each input in turn through the outputs) on
+//!   every wide shape tried: 92+8 of 64 KiB shards (in L3) 5.4 -> 14.8
+//!   GB/s (AVX-512+GFNI, area), 200+16 3.0 -> 7.3; from memory (1 MiB
+//!   shards, 256 MiB) 4.4 -> 9.8; so that loop is gone.
 
 // Indexed loops over the const G rows keep the register arrays explicit.
 #![allow(clippy::needless_range_loop)]
@@ -366,19 +367,20 @@ fn passes(inputs: &[*const u8], outputs: &[*mut u8]) -> usize {
     }
 }
 
-/// Inputs a pass takes where buffers share their page offset. Tried 3, 4
-/// and 6 on 8+2, 10+4, 16+4 and 20+4 (area layout, Zen 4): 3 lost 5-15%
+/// Inputs a pass takes where buffers share their page offset. 3, 4 and 6
+/// were tried on 8+2, 10+4, 16+4 and 20+4 (area layout, Zen 4, timing
+/// `Codec::encode` with a throwaway harness, not kept): 3 lost 5-15%
 /// everywhere; 6 matched 4 on AVX-512+GFNI and lost up to 11% on AVX2
 /// and AVX2+GFNI.
 const PASS_INPUTS_ALIASED: usize = 4;
 /// Tried 16 against all at once on 92+8 and 200+16 of 64 KiB shards,
-/// skewed layout: 200+16 went 5.7 -> 8.3 GB/s (AVX2+GFNI), 2.5 -> 4.5
-/// (AVX2); 20+4 and 32+8 unchanged.
+/// skewed layout (`tessera bench ec`): 200+16 went 5.7 -> 8.3 GB/s
+/// (AVX2+GFNI), 2.5 -> 4.5 (AVX2); 20+4 and 32+8 unchanged.
 const PASS_INPUTS_MAX: usize = 16;
 
 /// U vectors of an input from `offset`, prepared. (A function, not a
 /// closure: a closure is compiled without the caller's target features,
-/// and its intrinsics become calls, 20x slower.)
+/// and its intrinsics became calls: the nibble kernels ran 30x slower.)
 #[inline(always)]
 unsafe fn load_input<L: Lanes, const U: usize>(input: *const u8, offset: usize) -> [L::Input; U] {
     let mut x = [L::prepare(L::load(input.add(offset))); U];
