@@ -12,10 +12,11 @@ set -euo pipefail
 # python3-pip: fetches NVRTC (below); curl and chromium-headless-shell: the
 # HTTP API and the dashboard, tested as a browser renders it;
 # qemu-user, gcc-aarch64-linux-gnu and libc6-dev-arm64-cross: the erasure
-# code's NEON kernel, built for aarch64 and tested under qemu-aarch64.
+# code's NEON kernel, built for aarch64 and tested under qemu-aarch64;
+# python3-venv: the Python environment with pyarrow (below).
 packages=(libisal-dev libisal2 libssl-dev pkg-config zstd lz4 b3sum openssl gzip python3 curl chromium-headless-shell
   python3-pip fonts-dejavu-core libnbd-bin nbdkit qemu-utils fio fuse2fs e2fsprogs
-  qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
+  qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross python3-venv)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -41,6 +42,17 @@ if [ ! -e "$nvrtc/nvidia/cuda_nvrtc/lib/libnvrtc.so.12" ]; then
     nvidia-cuda-nvrtc-cu12==12.9.86
   python3 -m zipfile -e "$nvrtc"/wheel/*.whl "$nvrtc"
   rm -rf "$nvrtc/wheel"
+fi
+
+# pyarrow (with numpy), the Arrow Flight client the KV spaces are tested
+# with, in a Python environment of its own: target/test-deps/venv, from
+# Debian's python3 (scripts/test.sh points the tests at it).
+venv=target/test-deps/venv
+if ! "$venv/bin/python" -c "import pyarrow.flight, numpy" 2>/dev/null; then
+  echo "making $venv with pyarrow and numpy" >&2
+  rm -rf "$venv"
+  /usr/bin/python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --only-binary=:all: pyarrow==26.0.1 numpy==2.4.6
 fi
 
 # The Rust standard library for aarch64, for the NEON kernel's tests.

@@ -10,6 +10,7 @@ scripts/install-test-deps.sh
 # needed for that); its absence is then a failure, not a skip.
 export LD_LIBRARY_PATH="$PWD/target/test-deps/nvrtc/nvidia/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export TESSERA_REQUIRE_NVRTC=1
+export TESSERA_PYTHON="$PWD/target/test-deps/venv/bin/python"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
 cargo test --workspace --release

@@ -327,12 +327,25 @@ pub fn parse(bytes: &[u8]) -> Result<Request, ApiError> {
 pub const PROGRESS_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl VolumeChange {
-    pub fn apply(&self, array: &Array) -> Result<(), tessera_array::ArrayError> {
-        match self {
+    /// Makes the change; a volume of a KV space (`kv.NAME`) is refused:
+    /// spaces are created and dropped with `tessera kv`.
+    pub fn apply(&self, array: &Array) -> Result<(), ApiError> {
+        let (VolumeChange::Create { name, .. } | VolumeChange::Resize { name, .. } | VolumeChange::Delete { name }) =
+            self;
+        if name.starts_with(tessera_kv::store::VOLUME_PREFIX) {
+            return Err(ApiError::new(
+                ErrorKind::BadRequest,
+                format!(
+                    "{name:?}: volumes named {}NAME hold KV spaces; use `tessera kv create` and `tessera kv drop`",
+                    tessera_kv::store::VOLUME_PREFIX
+                ),
+            ));
+        }
+        Ok(match self {
             VolumeChange::Create { name, bytes } => array.create_volume(name, *bytes).map(|_| ()),
             VolumeChange::Resize { name, bytes } => array.resize_volume(name, *bytes),
             VolumeChange::Delete { name } => array.delete_volume(name),
-        }
+        }?)
     }
 }
 

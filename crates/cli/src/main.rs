@@ -16,6 +16,7 @@ mod fail;
 mod heal;
 mod history;
 mod iostat;
+mod kv;
 mod metrics;
 mod replace;
 mod resilience;
@@ -126,6 +127,10 @@ enum Command {
     /// running (a rebuild stopped goes on at the server's next start, or
     /// with `replace`/`online` again).
     Stop(stop::Args),
+    /// KV spaces of a served array (`serve DIR --kv ADDR`): create, insert
+    /// records in bulk, finalize (the server then sorts and indexes),
+    /// query, status, drop.
+    Kv(kv::Args),
     /// Erasure-code shard files in a directory.
     #[command(subcommand)]
     Ec(ec_files::EcCommand),
@@ -179,6 +184,7 @@ fn main() -> Result<()> {
         Command::Events(a) => events::run(&a),
         Command::Fail(a) => fail::run(&a),
         Command::Volume { action } => volume::run(action),
+        Command::Kv(a) => kv::run(a),
         Command::Scrub(a) => scrub::run(&a),
         Command::Heal(a) => heal::run(&a),
         Command::Replace(r) => replace::replace(&r.dir, r.request, r.detach),

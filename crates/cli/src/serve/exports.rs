@@ -32,6 +32,7 @@ impl tessera_nbd::Catalog<ArrayExport> for Volumes {
         self.array
             .volumes()
             .into_iter()
+            .filter(|v| !v.name.starts_with(tessera_kv::store::VOLUME_PREFIX))
             .map(|v| {
                 let description = format!("Tessera array {}, volume {}", self.dir, v.name);
                 (v.name, description)
@@ -45,6 +46,10 @@ impl tessera_nbd::Catalog<ArrayExport> for Volumes {
         } else {
             name
         };
+        // A KV space's volume is the space's own: no client writes it.
+        if name.starts_with(tessera_kv::store::VOLUME_PREFIX) {
+            return None;
+        }
         let volume = self.array.volume(name).ok()?;
         Some(Arc::new(ArrayExport {
             volume,

@@ -101,6 +101,14 @@ pub struct Serve {
     /// scrub, heal, replace, volumes); 16 characters at least.
     #[arg(long, requires = "http")]
     pub http_token_file: Option<PathBuf>,
+    /// Serve the array's KV spaces with Arrow Flight (gRPC) at ADDR
+    /// (e.g. 127.0.0.1:9812): `tessera kv` and `pyarrow.flight` clients.
+    /// No authentication: keep it on loopback or a trusted network.
+    #[arg(long, value_name = "ADDR")]
+    pub kv: Option<std::net::SocketAddr>,
+    /// Bytes of records a KV space's sort holds in memory at once.
+    #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_usize, default_value = "256M")]
+    pub kv_sort_memory: usize,
     /// Open even if no log device of the array can be read, giving up
     /// the FLUSHed writes that only they held (without it, refused).
     #[arg(long)]
@@ -367,6 +375,27 @@ pub fn serve(s: Serve) -> Result<()> {
         let bound = crate::metrics::serve(address, metrics.clone(), array.clone())?;
         eprintln!("tessera: metrics at http://{bound}/metrics");
     }
+    // KV spaces: their logs recovered at opening, sorts under way go on.
+    let kv = match s.kv {
+        Some(address) => {
+            let options = tessera_kv::StoreOptions {
+                sort_memory: s.kv_sort_memory,
+                background: true,
+            };
+            let store = tessera_kv::Store::open(array.clone(), options).context("opening the KV spaces")?;
+            let server = tessera_kv::flight::FlightServer::start(store.clone(), address)
+                .with_context(|| format!("serving KV spaces at {address}"))?;
+            if !server.address.ip().is_loopback() {
+                eprintln!(
+                    "tessera: warning: KV spaces served at {} with no authentication: anyone who can reach it can read, write and drop them",
+                    server.address
+                );
+            }
+            eprintln!("tessera: KV spaces (Arrow Flight) at grpc://{}", server.address);
+            Some((store, server))
+        }
+        None => None,
+    };
     let volumes = exports::Volumes {
         array: array.clone(),
         metrics,
@@ -382,6 +411,11 @@ pub fn serve(s: Serve) -> Result<()> {
     // The rebuild stops at its next stripe (it goes on at the next start).
     stop.store(true, Ordering::Relaxed);
     rebuilder.join();
+    if let Some((store, mut server)) = kv {
+        // A sort stopped here goes on at the next start.
+        server.stop();
+        store.stop();
+    }
     if let Some(healer) = healer {
         let _ = healer.join();
     }

@@ -1,0 +1,207 @@
+//! KV spaces served with Arrow Flight, tested with pyarrow's Flight client
+//! (`kv_flight.py`, in the Python environment `scripts/install-test-deps.sh`
+//! makes) and with `tessera kv`: inserts, bad input, finalize, queries
+//! against a numpy model, a full array, and kill -9 during inserts.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+fn python() -> PathBuf {
+    let path = std::env::var_os("TESSERA_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/test-deps/venv/bin/python"));
+    assert!(
+        path.exists(),
+        "{}: no Python with pyarrow (run scripts/install-test-deps.sh)",
+        path.display()
+    );
+    path
+}
+
+fn tessera(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .output()
+        .expect("the tessera binary runs")
+}
+
+fn succeeded(what: &str, out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "{what}:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `kv_flight.py ADDRESS MODE ARGS...`, which must succeed: its stdout.
+fn script(address: &str, mode: &str, args: &[&str]) -> String {
+    let out = Command::new(python())
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kv_flight.py"))
+        .arg(format!("grpc://{address}"))
+        .arg(mode)
+        .args(args)
+        .output()
+        .unwrap();
+    succeeded(&format!("kv_flight.py {mode}"), out)
+}
+
+/// A server process, killed if a test ends without stopping it.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// `tessera serve DIR --kv 127.0.0.1:0`, once it says where it serves
+/// KV spaces: (the process, the address).
+fn serve(dir: &Path, extra: &[&str]) -> (Server, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["serve", dir.to_str().unwrap(), "--socket"])
+        .arg(dir.with_extension("sock"))
+        .args(["--kv", "127.0.0.1:0"])
+        .args(extra)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let address = loop {
+        let line = lines
+            .next()
+            .expect("the server says where it serves KV spaces before it ends")
+            .unwrap();
+        if let Some(at) = line.strip_prefix("tessera: KV spaces (Arrow Flight) at grpc://") {
+            break at.to_string();
+        }
+    };
+    // The rest of its log is drained, so that it never blocks on it.
+    std::thread::spawn(move || lines.for_each(drop));
+    (Server(child), address)
+}
+
+fn stop(mut server: Server) {
+    let child = &mut server.0;
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    for _ in 0..400 {
+        if let Ok(Some(status)) = child.try_wait() {
+            assert!(status.success(), "tessera serve exited with {status}");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    let _ = child.kill();
+    panic!("tessera serve did not stop on SIGTERM");
+}
+
+fn create(dir: &Path, device_size: &str) {
+    let out = tessera(&[
+        "create",
+        "--data",
+        "4",
+        "--parity",
+        "2",
+        "--dir",
+        dir.to_str().unwrap(),
+        "--devices",
+        "6",
+        "--device-size",
+        device_size,
+    ]);
+    succeeded("create", out);
+}
+
+#[test]
+fn pyarrow_flight_inserts_and_queries_and_bad_input_changes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("array");
+    create(&dir, "64M");
+    // 1 MiB of sort memory: 300,000 records make many runs and a merge.
+    let (server, at) = serve(&dir, &["--kv-sort-memory", "1M"]);
+    let said: serde_json::Value = serde_json::from_str(script(&at, "main", &[]).trim()).unwrap();
+    // `tessera kv` agrees with pyarrow and numpy.
+    let threshold = said["threshold"].as_f64().unwrap();
+    let count = |at: &str, conditions: &str| -> u64 {
+        let out = tessera(&["kv", "--at", at, "query", "p", "--where", conditions, "--count"]);
+        succeeded("tessera kv query", out).trim().parse().unwrap()
+    };
+    let counts = &said["counts"];
+    let wanted = |query: &str| counts[query].as_u64().unwrap();
+    assert_eq!(
+        count(&at, &format!("energy>{threshold}")),
+        wanted(&format!(r#"{{"where": {{"field": "energy", "gt": {threshold}}}}}"#))
+    );
+    assert_eq!(
+        count(&at, "id>=1000,id<1100"),
+        wanted(r#"{"keys": {"ge": 1000, "lt": 1100}}"#)
+    );
+    let csv = succeeded(
+        "kv query --get",
+        tessera(&["kv", "--at", &at, "query", "p", "--get", "7"]),
+    );
+    assert!(csv.starts_with("id,x,y,z,ux,uy,uz,energy\n7,"), "{csv}");
+    let listed = succeeded("kv status", tessera(&["kv", "--at", &at, "status"]));
+    assert!(
+        listed.contains("p ") && listed.contains("ready") && listed.contains("300000"),
+        "{listed}"
+    );
+    // A space's volume is no NBD export and no volume to change by hand.
+    let out = tessera(&["volume", "delete", dir.to_str().unwrap(), "kv.p"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("hold KV spaces"));
+    // The array full: the insert that does not fit is refused, and the
+    // space still answers; dropped, its records are gone.
+    script(&at, "fill", &[]);
+    stop(server);
+    // After a clean stop, the same answers, from the tables.
+    let (server, at) = serve(&dir, &[]);
+    assert_eq!(count(&at, "id>=1000,id<1100"), 100);
+    stop(server);
+}
+
+#[test]
+fn kill_9_during_inserts_loses_no_acknowledged_batch_and_keeps_no_half_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("array");
+    create(&dir, "256M");
+    for kill_after in [3u64, 9] {
+        let (mut server, at) = serve(&dir, &[]);
+        if kill_after == 9 {
+            // The space exists from the first round: inserts go on in it.
+            succeeded("kv drop", tessera(&["kv", "--at", &at, "drop", "k"]));
+        }
+        let mut inserter = Command::new(python())
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kv_flight.py"))
+            .arg(format!("grpc://{at}"))
+            .arg("kill-insert")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut acked = 0;
+        for line in BufReader::new(inserter.stdout.take().unwrap()).lines() {
+            let line = line.unwrap();
+            acked = line.strip_prefix("acked ").unwrap().parse::<u64>().unwrap() + 1;
+            if acked == kill_after {
+                server.0.kill().unwrap();
+                server.0.wait().unwrap();
+            }
+            if acked >= kill_after {
+                break;
+            }
+        }
+        assert_eq!(acked, kill_after, "the inserts stopped early");
+        let _ = inserter.wait();
+        let (server, at) = serve(&dir, &[]);
+        let back: serde_json::Value =
+            serde_json::from_str(script(&at, "kill-check", &[&acked.to_string()]).trim()).unwrap();
+        assert!(back["batches"].as_u64().unwrap() >= acked);
+        stop(server);
+    }
+}

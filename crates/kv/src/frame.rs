@@ -1,0 +1,211 @@
+//! Frames: how a space's records sit in its volume. A frame is a 64-byte
+//! header and one Arrow IPC stream (the schema and one record batch),
+//! padded to 4 KiB, so every frame starts on a block:
+//!
+//! ```text
+//!  0  magic "TKVF"     4  kind (1 log, 3 table, 4 directory)
+//!  5  flags: bit 0, the last frame of an insert
+//!  8  sequence (u64: the log's count of frames before it; a table's
+//!     batch number)
+//! 16  payload bytes (u32)  20  rows (u32)  24  payload CRC32C
+//! 28  CRC32C of bytes 0..28    32..64 zero
+//! ```
+//!
+//! The header's own CRC and the sequence tell a frame from what a torn
+//! write or an older frame left; the payload's CRC tells a whole frame
+//! from a torn one. (The array checks every block it returns as well:
+//! these checks are about which frames were written whole, not about
+//! bit rot.)
+
+use crate::KvError;
+use arrow_array::RecordBatch;
+use arrow_ipc::reader::StreamReader;
+use arrow_ipc::writer::StreamWriter;
+use tessera_array::Volume;
+use tessera_checksum::crc32c;
+
+pub const BLOCK: u64 = 4096;
+pub const HEADER_BYTES: usize = 64;
+/// The largest payload a frame holds; larger batches are cut.
+pub const PAYLOAD_MAX: usize = 64 << 20;
+const MAGIC: [u8; 4] = *b"TKVF";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// An inserted batch, as it came.
+    Log = 1,
+    /// A batch of a sorted table (the records by key, or by an indexed
+    /// field) or of a sorted run (a table too).
+    Table = 3,
+    /// A table's directory: where its batches are, and their bounds.
+    Directory = 4,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub kind: Kind,
+    pub sequence: u64,
+    pub payload: u32,
+    pub rows: u32,
+    pub crc: u32,
+    /// The last frame of an insert: opening takes an insert's frames
+    /// all, or none.
+    pub ends_insert: bool,
+}
+
+impl Header {
+    /// Bytes the frame takes in the volume.
+    pub fn frame_bytes(&self) -> u64 {
+        frame_bytes(self.payload as usize)
+    }
+
+    fn decode(block: &[u8]) -> Option<Header> {
+        let u32_at = |at: usize| u32::from_le_bytes(block[at..at + 4].try_into().unwrap());
+        if block[..4] != MAGIC || crc32c(&block[..28]) != u32_at(28) {
+            return None;
+        }
+        let kind = match block[4] {
+            1 => Kind::Log,
+            3 => Kind::Table,
+            4 => Kind::Directory,
+            _ => return None,
+        };
+        let payload = u32_at(16);
+        (payload as usize <= PAYLOAD_MAX).then_some(Header {
+            kind,
+            sequence: u64::from_le_bytes(block[8..16].try_into().unwrap()),
+            payload,
+            rows: u32_at(20),
+            crc: u32_at(24),
+            ends_insert: block[5] & 1 == 1,
+        })
+    }
+}
+
+pub fn frame_bytes(payload: usize) -> u64 {
+    (HEADER_BYTES + payload).div_ceil(BLOCK as usize) as u64 * BLOCK
+}
+
+/// A frame's bytes, padded to whole blocks.
+pub fn encode(kind: Kind, sequence: u64, rows: u32, payload: &[u8]) -> Vec<u8> {
+    encode_flagged(kind, sequence, rows, payload, true)
+}
+
+/// `encode`, for a log frame that may not end its insert.
+pub fn encode_flagged(kind: Kind, sequence: u64, rows: u32, payload: &[u8], ends_insert: bool) -> Vec<u8> {
+    assert!(payload.len() <= PAYLOAD_MAX, "a frame's payload is cut to PAYLOAD_MAX");
+    let mut out = vec![0u8; frame_bytes(payload.len()) as usize];
+    out[..4].copy_from_slice(&MAGIC);
+    out[4] = kind as u8;
+    out[5] = u8::from(ends_insert);
+    out[8..16].copy_from_slice(&sequence.to_le_bytes());
+    out[16..20].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    out[20..24].copy_from_slice(&rows.to_le_bytes());
+    out[24..28].copy_from_slice(&crc32c(payload).to_le_bytes());
+    let crc = crc32c(&out[..28]);
+    out[28..32].copy_from_slice(&crc.to_le_bytes());
+    out[HEADER_BYTES..HEADER_BYTES + payload.len()].copy_from_slice(payload);
+    out
+}
+
+/// The frame at `offset`, if one of `kind` and `sequence` is there whole;
+/// `None` where there is none (zeros, a torn or an older frame).
+pub fn read(volume: &Volume, offset: u64, kind: Kind, sequence: u64) -> Result<Option<(Header, Vec<u8>)>, KvError> {
+    if offset + BLOCK > volume.size() {
+        return Ok(None);
+    }
+    let mut first = vec![0u8; BLOCK as usize];
+    volume.read(offset, &mut first)?;
+    let Some(header) = Header::decode(&first) else {
+        return Ok(None);
+    };
+    if header.kind != kind || header.sequence != sequence || offset + header.frame_bytes() > volume.size() {
+        return Ok(None);
+    }
+    let end = HEADER_BYTES + header.payload as usize;
+    let mut bytes = first;
+    if end > bytes.len() {
+        bytes.resize(header.frame_bytes() as usize, 0);
+        volume.read(offset + BLOCK, &mut bytes[BLOCK as usize..])?;
+    }
+    let payload = bytes[HEADER_BYTES..end].to_vec();
+    Ok((crc32c(&payload) == header.crc).then_some((header, payload)))
+}
+
+/// The frame at `offset`, which a committed manifest names: anything but
+/// that frame whole is corruption.
+pub fn read_expected(
+    volume: &Volume,
+    offset: u64,
+    kind: Kind,
+    sequence: u64,
+) -> Result<(Header, RecordBatch), KvError> {
+    match read(volume, offset, kind, sequence)? {
+        Some((header, payload)) => Ok((header, decode_batch(&payload)?)),
+        None => Err(KvError::Corrupt {
+            why: format!(
+                "no whole {kind:?} frame {sequence} at byte {offset} of {}",
+                volume.name()
+            ),
+        }),
+    }
+}
+
+/// One batch as an Arrow IPC stream.
+pub fn encode_batch(batch: &RecordBatch) -> Vec<u8> {
+    let mut writer = StreamWriter::try_new(Vec::new(), &batch.schema()).expect("a valid schema");
+    writer.write(batch).expect("writing to memory");
+    writer.into_inner().expect("writing to memory")
+}
+
+pub fn decode_batch(payload: &[u8]) -> Result<RecordBatch, KvError> {
+    let corrupt = |e: arrow_schema::ArrowError| KvError::Corrupt {
+        why: format!("a frame's Arrow IPC: {e}"),
+    };
+    let mut reader = StreamReader::try_new(std::io::Cursor::new(payload), None).map_err(corrupt)?;
+    match reader.next() {
+        Some(batch) => batch.map_err(corrupt),
+        None => Err(KvError::Corrupt {
+            why: "a frame with no record batch".into(),
+        }),
+    }
+}
+
+/// `batch` cut into slices whose IPC payloads fit a frame.
+pub fn cut(batch: &RecordBatch, row_bytes: usize) -> Vec<RecordBatch> {
+    let rows_max = ((PAYLOAD_MAX - 64 * 1024) / row_bytes.max(1)).max(1);
+    (0..batch.num_rows())
+        .step_by(rows_max)
+        .map(|start| batch.slice(start, rows_max.min(batch.num_rows() - start)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frame_s_header_refuses_what_is_not_one() {
+        let bytes = encode(Kind::Log, 7, 3, b"payload");
+        assert_eq!(bytes.len(), 4096);
+        let header = Header::decode(&bytes).unwrap();
+        assert_eq!(
+            (header.kind, header.sequence, header.payload, header.rows),
+            (Kind::Log, 7, 7, 3)
+        );
+        assert!(header.ends_insert);
+        assert!(
+            !Header::decode(&encode_flagged(Kind::Log, 7, 3, b"payload", false))
+                .unwrap()
+                .ends_insert
+        );
+        for at in [0, 4, 5, 8, 16, 20, 28] {
+            let mut bad = bytes.clone();
+            bad[at] ^= 1;
+            assert!(Header::decode(&bad).is_none(), "byte {at}");
+        }
+        assert!(Header::decode(&[0u8; 4096]).is_none());
+        assert_eq!(frame_bytes(4096 - 64), 4096);
+        assert_eq!(frame_bytes(4096 - 63), 8192);
+    }
+}

@@ -1,0 +1,158 @@
+//! Sorted tables: a table is records sorted by one column (the key, or an
+//! indexed field, then the key), in batches of at most `TABLE_ROWS`
+//! written back to back as frames, and a directory frame after them that
+//! lists each batch's offset, rows and first and last value (as
+//! ordinals, `schema::ordinals`). A lookup reads the directory once
+//! (kept by the space) and then only the batches whose bounds meet the
+//! range asked. A sorted run of the deferred sort is a table too.
+
+use crate::frame::{self, Kind};
+use crate::manifest::Table;
+use crate::schema::ordinals;
+use crate::KvError;
+use arrow_array::cast::AsArray;
+use arrow_array::types::UInt64Type;
+use arrow_array::{RecordBatch, UInt64Array};
+use arrow_schema::{DataType, Field, Schema};
+use std::sync::Arc;
+use tessera_array::Volume;
+
+/// Rows in a table's batch: a point lookup reads one batch (128 KiB of
+/// 32-byte records), a range reads few more rows than it returns.
+pub const TABLE_ROWS: usize = 4096;
+
+/// A table's directory, as read from its frame.
+#[derive(Debug)]
+pub struct Directory {
+    pub offsets: Vec<u64>,
+    pub rows: Vec<u64>,
+    pub first: Vec<u64>,
+    pub last: Vec<u64>,
+}
+
+impl Directory {
+    fn schema() -> Arc<Schema> {
+        Arc::new(Schema::new(
+            ["offset", "rows", "first", "last"]
+                .map(|name| Field::new(name, DataType::UInt64, false))
+                .to_vec(),
+        ))
+    }
+
+    pub fn read(volume: &Volume, table: &Table) -> Result<Directory, KvError> {
+        let (_, batch) = frame::read_expected(volume, table.directory, Kind::Directory, 0)?;
+        let column = |i: usize| -> Result<Vec<u64>, KvError> {
+            match batch.columns().get(i).map(|c| c.as_primitive_opt::<UInt64Type>()) {
+                Some(Some(values)) => Ok(values.values().to_vec()),
+                _ => Err(KvError::Corrupt {
+                    why: format!("table directory at byte {} of {}", table.directory, volume.name()),
+                }),
+            }
+        };
+        let directory = Directory {
+            offsets: column(0)?,
+            rows: column(1)?,
+            first: column(2)?,
+            last: column(3)?,
+        };
+        if directory.offsets.len() as u64 != table.batches || directory.rows.iter().sum::<u64>() != table.rows {
+            return Err(KvError::Corrupt {
+                why: format!(
+                    "table directory at byte {} disagrees with the manifest",
+                    table.directory
+                ),
+            });
+        }
+        Ok(directory)
+    }
+
+    /// The batches whose values may fall in [lo, hi] (ordinals).
+    pub fn meeting(&self, lo: u64, hi: u64) -> std::ops::Range<usize> {
+        let from = self.last.partition_point(|&last| last < lo);
+        let to = self.first.partition_point(|&first| first <= hi);
+        from..to.max(from)
+    }
+
+    /// Batch `i`, and the bytes its frame takes.
+    pub fn batch(&self, volume: &Volume, i: usize) -> Result<(RecordBatch, u64), KvError> {
+        let (header, batch) = frame::read_expected(volume, self.offsets[i], Kind::Table, i as u64)?;
+        if batch.num_rows() as u64 != self.rows[i] {
+            return Err(KvError::Corrupt {
+                why: format!("table batch {i} at byte {} of {}", self.offsets[i], volume.name()),
+            });
+        }
+        Ok((batch, header.frame_bytes()))
+    }
+}
+
+/// Writes a table's batches from `start`, then its directory. Nothing is
+/// flushed: the caller flushes before a manifest names the table.
+pub struct TableWriter<'a> {
+    volume: &'a Volume,
+    column: String,
+    sort_column: usize,
+    start: u64,
+    at: u64,
+    entries: [Vec<u64>; 4],
+}
+
+impl<'a> TableWriter<'a> {
+    pub fn new(volume: &'a Volume, column: &str, sort_column: usize, start: u64) -> TableWriter<'a> {
+        TableWriter {
+            volume,
+            column: column.to_string(),
+            sort_column,
+            start,
+            at: start,
+            entries: Default::default(),
+        }
+    }
+
+    /// Appends `batch` (sorted, and after every batch before) as batches
+    /// of at most `TABLE_ROWS`.
+    pub fn push(&mut self, batch: &RecordBatch) -> Result<(), KvError> {
+        for start in (0..batch.num_rows()).step_by(TABLE_ROWS) {
+            let part = batch.slice(start, TABLE_ROWS.min(batch.num_rows() - start));
+            let ords = ordinals(part.column(self.sort_column).as_ref());
+            let payload = frame::encode_batch(&part);
+            let number = self.entries[0].len() as u64;
+            let bytes = frame::encode(Kind::Table, number, part.num_rows() as u32, &payload);
+            self.volume.write(self.at, &bytes, false)?;
+            for (list, value) in self.entries.iter_mut().zip([
+                self.at,
+                part.num_rows() as u64,
+                ords[0],
+                *ords.last().expect("a batch of rows"),
+            ]) {
+                list.push(value);
+            }
+            self.at += bytes.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// Writes the directory; the table as a manifest names it.
+    pub fn finish(self) -> Result<Table, KvError> {
+        let columns = self
+            .entries
+            .iter()
+            .map(|values| Arc::new(UInt64Array::from(values.clone())) as _)
+            .collect();
+        let directory = RecordBatch::try_new(Directory::schema(), columns).expect("the directory's schema");
+        let bytes = frame::encode(
+            Kind::Directory,
+            0,
+            directory.num_rows() as u32,
+            &frame::encode_batch(&directory),
+        );
+        self.volume.write(self.at, &bytes, false)?;
+        Ok(Table {
+            column: self.column,
+            start: self.start,
+            end: self.at + bytes.len() as u64,
+            batches: self.entries[0].len() as u64,
+            rows: self.entries[1].iter().sum(),
+            directory: self.at,
+        })
+    }
+}
