@@ -161,23 +161,29 @@ pub(crate) fn lock(dir: &Path) -> Result<std::fs::File> {
 /// line a second otherwise (logs, CI).
 pub(crate) struct Progress {
     label: &'static str,
+    unit: &'static str,
     bar: Option<indicatif::ProgressBar>,
     last: std::time::Instant,
 }
 
 impl Progress {
     pub(crate) fn new(label: &'static str) -> Progress {
+        Progress::counting(label, "stripes")
+    }
+
+    /// Progress counted in `unit`s.
+    pub(crate) fn counting(label: &'static str, unit: &'static str) -> Progress {
         use std::io::IsTerminal;
         let bar = std::io::stderr().is_terminal().then(|| {
             let bar = indicatif::ProgressBar::new(0);
-            let template = format!(
-                "{label} {{bar:40}} {{percent:>3}}% {{pos}}/{{len}} stripes, {{per_sec}}, ETA {{eta}}; {{msg}}"
-            );
+            let template =
+                format!("{label} {{bar:40}} {{percent:>3}}% {{pos}}/{{len}} {unit}, {{per_sec}}, ETA {{eta}}; {{msg}}");
             bar.set_style(indicatif::ProgressStyle::with_template(&template).expect("a valid template"));
             bar
         });
         Progress {
             label,
+            unit,
             bar,
             last: Instant::now(),
         }
@@ -196,8 +202,9 @@ impl Progress {
         }
         self.last = Instant::now();
         eprintln!(
-            "{}: {done}/{total} stripes ({:.0}%), {message}",
+            "{}: {done}/{total} {} ({:.0}%), {message}",
             self.label,
+            self.unit,
             100.0 * done as f64 / total.max(1) as f64
         );
     }

@@ -45,8 +45,13 @@ pub enum KvCommand {
         #[arg(long, default_value_t = 65536)]
         batch_rows: usize,
     },
-    /// No more inserts: the server sorts the space and builds its indexes.
-    Finalize { name: String },
+    /// No more inserts: the server sorts the space and builds its indexes
+    /// (with --wait, shows their progress until they are done).
+    Finalize {
+        name: String,
+        #[arg(long)]
+        wait: bool,
+    },
     /// Records of a space: --get KEY, or --where with conditions on one
     /// field (`energy>3.5`, `id>=10,id<20`; > >= < <= ==). Prints CSV, or
     /// writes an Arrow IPC file with --out.
@@ -138,11 +143,14 @@ async fn run_async(args: Args) -> Result<()> {
             }
             eprintln!("tessera: {rows} records inserted into {name} (durable)");
         }
-        KvCommand::Finalize { name } => {
+        KvCommand::Finalize { name, wait } => {
             let answer = action(&mut client, "finalize", serde_json::json!({ "name": name })).await?;
             match answer["finalized"].as_bool() {
                 Some(true) => eprintln!("tessera: {name} finalized; the server sorts and indexes it now"),
                 _ => eprintln!("tessera: {name} was finalized already"),
+            }
+            if wait {
+                wait_ready(&mut client, &name).await?;
             }
         }
         KvCommand::Query {
@@ -228,6 +236,29 @@ async fn run_async(args: Args) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Shows the deferred work's progress until the space is ready; its
+/// error, if the server reports one.
+async fn wait_ready(client: &mut FlightClient, name: &str) -> Result<()> {
+    let mut progress = crate::array_dir::Progress::counting("kv", "rows");
+    loop {
+        let answer = action(client, "status", serde_json::json!({ "name": name })).await?;
+        let space = &answer["space"];
+        if space["phase"] == "ready" {
+            eprintln!("tessera: {name} is sorted and indexed: {} records", space["sorted"]);
+            return Ok(());
+        }
+        if let Some(error) = answer["error"].as_str() {
+            bail!("the server's sort of {name} failed (it tries again): {error}");
+        }
+        if let Some(p) = space["progress"].as_object() {
+            let count = |key: &str| p.get(key).and_then(|v| v.as_u64()).unwrap_or(0);
+            let step = p.get("step").and_then(|v| v.as_str()).unwrap_or("").to_string();
+            progress.update(count("done"), count("total"), step);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 }
 
 async fn space_key(client: &mut FlightClient, name: &str) -> Result<String> {

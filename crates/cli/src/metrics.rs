@@ -105,6 +105,17 @@ pub struct Metrics {
     map: Family<KindLabels, Gauge>,
     scrub: Family<KindLabels, Gauge>,
     rebuild: Family<KindMemberLabels, Gauge>,
+    kv_records: Family<SpaceLabels, Gauge>,
+    kv_phase: Family<SpaceLabels, Gauge>,
+    kv_work: Family<SpaceLabels, Gauge>,
+    /// The KV spaces, when `serve --kv` serves them.
+    kv: std::sync::OnceLock<Arc<tessera_kv::Store>>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SpaceLabels {
+    space: String,
+    kind: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -199,7 +210,29 @@ impl Metrics {
             "The running rebuild of a member: stripes total and done, chunks written and kept, bytes written (absent when none runs)",
             rebuild.clone(),
         );
+        let kv_records = Family::<SpaceLabels, Gauge>::default();
+        registry.register(
+            "kv_records",
+            "Records of each KV space: inserted, and sorted (once the primary table is built)",
+            kv_records.clone(),
+        );
+        let kv_phase = Family::<SpaceLabels, Gauge>::default();
+        registry.register(
+            "kv_phase",
+            "1 for each KV space's phase (open, sorting, indexing, ready)",
+            kv_phase.clone(),
+        );
+        let kv_work = Family::<SpaceLabels, Gauge>::default();
+        registry.register(
+            "kv_work_rows",
+            "A KV space's deferred work under way: rows done and rows to do in its step (absent when none runs)",
+            kv_work.clone(),
+        );
         Metrics {
+            kv_records,
+            kv_phase,
+            kv_work,
+            kv: std::sync::OnceLock::new(),
             rebuild,
             registry,
             requests,
@@ -231,6 +264,11 @@ impl Metrics {
         self.latency
             .get_or_create(&labels)
             .observe(started.elapsed().as_secs_f64());
+    }
+
+    /// Serves the KV spaces' figures too.
+    pub fn set_kv(&self, store: Arc<tessera_kv::Store>) {
+        let _ = self.kv.set(store);
     }
 
     /// The text to answer a scrape with, the array's state read now.
@@ -305,6 +343,7 @@ impl Metrics {
             gauge(&self.scrub, "chunks_bad", scrub.chunks_bad);
             gauge(&self.scrub, "chunks_repaired", scrub.chunks_repaired);
         }
+        self.update_kv();
         self.rebuild.clear();
         if let Some(r) = &s.rebuild {
             let member = r.member as u64;
@@ -319,6 +358,41 @@ impl Metrics {
                 self.rebuild
                     .get_or_create(&KindMemberLabels { member, kind })
                     .set(i64::try_from(value).unwrap_or(i64::MAX));
+            }
+        }
+    }
+}
+
+impl Metrics {
+    fn update_kv(&self) {
+        let Some(store) = self.kv.get() else { return };
+        for family in [&self.kv_records, &self.kv_phase, &self.kv_work] {
+            family.clear();
+        }
+        let set = |family: &Family<SpaceLabels, Gauge>, space: &str, kind: &str, value: u64| {
+            let labels = SpaceLabels {
+                space: space.to_string(),
+                kind: kind.to_string(),
+            };
+            family
+                .get_or_create(&labels)
+                .set(i64::try_from(value).unwrap_or(i64::MAX));
+        };
+        for space in store.list() {
+            set(&self.kv_records, &space.name, "inserted", space.inserted);
+            if let Some(sorted) = space.sorted {
+                set(&self.kv_records, &space.name, "sorted", sorted);
+            }
+            let phase = match &space.phase {
+                tessera_kv::Phase::Open => "open",
+                tessera_kv::Phase::Sorting => "sorting",
+                tessera_kv::Phase::Indexing(_) => "indexing",
+                tessera_kv::Phase::Ready => "ready",
+            };
+            set(&self.kv_phase, &space.name, phase, 1);
+            if let Some(progress) = &space.progress {
+                set(&self.kv_work, &space.name, "done", progress.done);
+                set(&self.kv_work, &space.name, "total", progress.total);
             }
         }
     }

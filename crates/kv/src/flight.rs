@@ -151,6 +151,7 @@ impl KvFlight {
         let space = self.space_of_path(&descriptor)?;
         let data = stream::once(async { Ok(first) }).chain(input.map_err(FlightError::from));
         let mut batches = FlightRecordBatchStream::new_from_flight_data(data);
+        let record_bytes = space.schema().record_bytes();
         let (mut pending, mut bytes, mut rows) = (Vec::new(), 0usize, 0u64);
         let mut acks = Vec::new();
         let inserted_before = |rows: u64, status: Status| {
@@ -162,28 +163,40 @@ impl KvFlight {
                 ),
             )
         };
+        // One insert runs while the next one's batches arrive; each is
+        // acknowledged, in order, once it returns (durable).
+        let mut running: Option<tokio::task::JoinHandle<Result<u64, KvError>>> = None;
+        let mut finished = false;
         loop {
-            let next = batches.next().await;
-            let done = next.is_none();
-            if let Some(batch) = next {
-                let batch = batch.map_err(|e| {
-                    inserted_before(rows, Status::invalid_argument(format!("malformed Flight data: {e}")))
-                })?;
-                bytes += batch.get_array_memory_size();
-                pending.push(batch);
+            if !finished {
+                match batches.next().await {
+                    Some(batch) => {
+                        let batch = batch.map_err(|e| {
+                            inserted_before(rows, Status::invalid_argument(format!("malformed Flight data: {e}")))
+                        })?;
+                        bytes += batch.num_rows() * record_bytes;
+                        pending.push(batch);
+                    }
+                    None => finished = true,
+                }
             }
-            if !pending.is_empty() && (done || bytes >= PUT_INSERT_BYTES) {
-                let space = space.clone();
-                let taken = std::mem::take(&mut pending);
-                bytes = 0;
-                rows += blocking(move || space.insert(&taken))
+            let start = !pending.is_empty() && (finished || bytes >= PUT_INSERT_BYTES);
+            if let Some(insert) = running.take_if(|_| start || finished) {
+                rows += insert
                     .await
-                    .map_err(|s| inserted_before(rows, s))?;
+                    .map_err(|e| Status::internal(format!("a KV task failed: {e}")))?
+                    .map_err(|e| inserted_before(rows, status_of(e)))?;
                 acks.push(PutResult {
                     app_metadata: serde_json::to_vec(&serde_json::json!({ "rows": rows })).unwrap().into(),
                 });
             }
-            if done {
+            if start {
+                let space = space.clone();
+                let taken = std::mem::take(&mut pending);
+                bytes = 0;
+                running = Some(tokio::task::spawn_blocking(move || space.insert(&taken)));
+            }
+            if finished && running.is_none() && pending.is_empty() {
                 return Ok(acks);
             }
         }

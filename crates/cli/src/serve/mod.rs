@@ -392,6 +392,9 @@ pub fn serve(s: Serve) -> Result<()> {
                 );
             }
             eprintln!("tessera: KV spaces (Arrow Flight) at grpc://{}", server.address);
+            if let Some(metrics) = &metrics {
+                metrics.set_kv(store.clone());
+            }
             Some((store, server))
         }
         None => None,

@@ -1,0 +1,208 @@
+"""KV spaces against their peers, in one run on one disk (scripts/bench-kv.sh
+runs it against a served array):
+
+- insert: VPIC-like particles (id u64, x y z ux uy uz energy f32) through
+  pyarrow.flight DoPut, acknowledged durable, against the array's own
+  sequential write (nbdcopy of as many bytes to a volume, flushed), and
+  against RocksDB (rocksdict) on a file system on the same disk: WAL on
+  with default options, and with its bulk-load settings (no WAL);
+- the deferred sort and index, records per second;
+- a point get (p50, p99 of 1,000 random keys) and a selective query
+  (energy above the 99.9th percentile: 0.1% of records) against a full
+  scan of the same records in Parquet (pyarrow) and against RocksDB with
+  a secondary index kept as a second column family.
+
+Every figure is printed as a Markdown table row.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as fl
+import pyarrow.parquet as pq
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--address", required=True)
+parser.add_argument("--nbd", required=True, help="NBD URI of a volume to write as the array's own baseline")
+parser.add_argument("--records", type=int, default=10_000_000)
+parser.add_argument("--work", required=True, help="a directory on the array's disk")
+parser.add_argument("--rocksdb", action="store_true", help="measure RocksDB too (rocksdict)")
+args = parser.parse_args()
+n = args.records
+client = fl.FlightClient(args.address)
+rows = []
+
+
+def row(what, figure, note=""):
+    rows.append((what, figure, note))
+    print(f"| {what} | {figure} | {note} |", flush=True)
+
+
+def act(kind, body):
+    results = list(client.do_action(fl.Action(kind, json.dumps(body).encode())))
+    return json.loads(results[0].body.to_pybytes())
+
+
+# The records, made before anything is timed.
+rng = np.random.default_rng(1)
+columns = {"id": rng.permutation(n).astype(np.uint64)}
+for f in ["x", "y", "z", "ux", "uy", "uz"]:
+    columns[f] = rng.random(n, dtype=np.float32)
+columns["energy"] = rng.exponential(1.0, n).astype(np.float32)
+table = pa.table(columns)
+data_bytes = table.nbytes
+threshold = float(np.quantile(columns["energy"], 0.999))
+selected = int((columns["energy"] > np.float32(threshold)).sum())
+mb = data_bytes / 1e6
+print(f"{n} records, {mb:.0f} MB; energy > {threshold:.4f} selects {selected}", flush=True)
+
+# The array's own sequential write of as many bytes.
+source = "/dev/shm/tessera-bench-kv"
+with open(source, "wb") as f:
+    f.write(os.urandom(1 << 20) * (data_bytes >> 20))
+start = time.perf_counter()
+subprocess.run(["nbdcopy", "--flush", source, args.nbd], check=True)
+seq = time.perf_counter() - start
+os.unlink(source)
+seq_rate = (data_bytes >> 20 << 20) / seq / 1e6
+row("array: sequential write (nbdcopy, flushed)", f"{seq_rate:.0f} MB/s", f"{(data_bytes >> 20)} MiB in {seq:.2f} s")
+
+# KV insert: 1 M records (36 MB) a DoPut, each acknowledged durable.
+schema = {"key": "id", "fields": [{"name": c, "type": "u64" if c == "id" else "f32"} for c in columns],
+          "indexes": ["energy"]}
+act("create", {"name": "bench", "schema": schema})
+per_put = []
+start = time.perf_counter()
+for at in range(0, n, 1_000_000):
+    t0 = time.perf_counter()
+    writer, reader = client.do_put(fl.FlightDescriptor.for_path("bench"), table.schema)
+    writer.write_table(table.slice(at, 1_000_000), max_chunksize=1 << 16)
+    writer.done_writing()
+    while reader.read() is not None:
+        pass
+    writer.close()
+    per_put.append(time.perf_counter() - t0)
+insert = time.perf_counter() - start
+insert_rate = mb / insert
+row("KV insert (pyarrow.flight DoPut, durable)", f"{insert_rate:.0f} MB/s, {n / insert / 1e6:.2f} M records/s",
+    f"{insert_rate / seq_rate:.2f}x the array's sequential write")
+row("KV insert: a DoPut of 1 M records", f"p50 {statistics.median(per_put) * 1e3:.0f} ms, max {max(per_put) * 1e3:.0f} ms")
+
+# The deferred work.
+start = time.perf_counter()
+act("finalize", {"name": "bench"})
+while act("status", {"name": "bench"})["space"]["phase"] != "ready":
+    time.sleep(0.05)
+deferred = time.perf_counter() - start
+cores = os.cpu_count()
+row("KV sort by key and index on energy", f"{n / deferred / 1e6:.2f} M records/s",
+    f"{deferred:.1f} s on {cores} cores ({n / deferred / cores / 1e6:.2f} M records/s a core)")
+
+
+def kv_query(q):
+    ticket = fl.Ticket(json.dumps({"space": "bench", "query": q}).encode())
+    return client.do_get(ticket).read_all()
+
+
+keys = rng.integers(0, n, 1000)
+lat = []
+for k in keys:
+    t0 = time.perf_counter()
+    got = kv_query({"get": int(k)})
+    lat.append(time.perf_counter() - t0)
+    assert got.num_rows == 1
+lat.sort()
+row("KV point get", f"p50 {lat[500] * 1e3:.2f} ms, p99 {lat[990] * 1e3:.2f} ms")
+times = []
+for _ in range(5):
+    t0 = time.perf_counter()
+    got = kv_query({"where": {"field": "energy", "gt": threshold}})
+    times.append(time.perf_counter() - t0)
+    assert got.num_rows == selected, (got.num_rows, selected)
+kv_select = statistics.median(times)
+row("KV selective query (0.1%, energy index)", f"{kv_select * 1e3:.1f} ms", f"{selected} records")
+
+# Parquet: the same records, a full scan and a filter.
+path = os.path.join(args.work, "particles.parquet")
+pq.write_table(table, path)
+times = []
+for _ in range(3):
+    t0 = time.perf_counter()
+    scanned = pq.read_table(path)
+    got = scanned.filter(pa.compute.greater(scanned["energy"], pa.scalar(threshold, pa.float32())))
+    times.append(time.perf_counter() - t0)
+    assert got.num_rows == selected
+scan = statistics.median(times)
+row("Parquet full scan and filter (pyarrow)", f"{scan * 1e3:.0f} ms", f"KV query {scan / kv_select:.1f}x faster")
+os.unlink(path)
+
+if args.rocksdb:
+    from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+    records = np.empty(n, dtype=[(c, "<u8" if c == "id" else "<f4") for c in columns])
+    for c in columns:
+        records[c] = columns[c]
+    raw, size = records.tobytes(), records.itemsize
+    values = [raw[i * size:(i + 1) * size] for i in range(n)]
+    id_keys = [int(i).to_bytes(8, "big") for i in columns["id"]]
+    ebits = columns["energy"].view(np.uint32)
+    # Energies are positive: their bits sort as the values do.
+    energy_keys = [int(e).to_bytes(4, "big") + k for e, k in zip(ebits, id_keys)]
+
+    def rocks(name, bulk, index):
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        if bulk:
+            options.prepare_for_bulk_load()
+        db = Rdict(os.path.join(args.work, name), options)
+        cf = db.create_column_family("energy", Options(raw_mode=True)) if index else None
+        handle = db.get_column_family_handle("energy") if index else None
+        write = WriteOptions()
+        write.disable_wal = bulk
+        t0 = time.perf_counter()
+        for at in range(0, n, 100_000):
+            batch = WriteBatch(raw_mode=True)
+            for i in range(at, min(at + 100_000, n)):
+                batch.put(id_keys[i], values[i])
+                if index:
+                    batch.put(energy_keys[i], values[i], handle)
+            db.write(batch, write)
+        db.flush()
+        return db, cf, time.perf_counter() - t0
+
+    db, _, took = rocks("rocks-default", bulk=False, index=False)
+    row("RocksDB insert, WAL on, default options", f"{mb / took:.0f} MB/s",
+        f"KV insert {insert_rate / (mb / took):.1f}x (RocksDB not synced per batch)")
+    db.close()
+    db, _, took = rocks("rocks-bulk", bulk=True, index=False)
+    row("RocksDB insert, bulk-load settings (no WAL)", f"{mb / took:.0f} MB/s",
+        f"KV insert {insert_rate / (mb / took):.1f}x")
+    db.close()
+    db, cf, took = rocks("rocks-index", bulk=False, index=True)
+    row("RocksDB insert with an energy index (2nd column family)", f"{mb / took:.0f} MB/s")
+    lat = []
+    for k in keys:
+        t0 = time.perf_counter()
+        assert db.get(int(columns["id"][k]).to_bytes(8, "big")) is not None
+        lat.append(time.perf_counter() - t0)
+    lat.sort()
+    row("RocksDB point get", f"p50 {lat[500] * 1e3:.3f} ms, p99 {lat[990] * 1e3:.3f} ms")
+    low = int(np.float32(threshold).view(np.uint32)).to_bytes(4, "big") + b"\xff" * 8
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        found = [v for _, v in cf.items(from_key=low)]
+        times.append(time.perf_counter() - t0)
+        assert len(found) == selected, (len(found), selected)
+    rocks_select = statistics.median(times)
+    row("RocksDB selective query (energy column family)", f"{rocks_select * 1e3:.1f} ms",
+        f"KV query {rocks_select / kv_select:.2f}x faster")
+    db.close()
+
+act("drop", {"name": "bench"})

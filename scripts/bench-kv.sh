@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# KV spaces against their peers in one run on one disk (scripts/bench-kv.py
+# says what is measured): a 4+2 array of sparse member files under
+# target/ (or $BENCH_DIR), served with --kv; RocksDB's and Parquet's files
+# beside it on the same file system.
+#
+#   scripts/bench-kv.sh [RECORDS]        (default 10000000; 36 bytes each)
+#   ROCKSDB=0 scripts/bench-kv.sh ...     (leave RocksDB out)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+records=${1:-10000000}
+scripts/install-test-deps.sh
+cargo build --release --quiet
+# pyarrow, numpy and rocksdict, apart from the tests' environment.
+venv=target/test-deps/bench-venv
+if ! "$venv/bin/python" -c "import pyarrow.flight, numpy, rocksdict" 2>/dev/null; then
+  rm -rf "$venv"
+  /usr/bin/python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --only-binary=:all: pyarrow==26.0.1 numpy==2.4.6 rocksdict==0.3.29
+fi
+tessera=$PWD/target/release/tessera
+work=$(mktemp -d -p "${BENCH_DIR:-$PWD/target}" bench-kv.XXXXXX)
+server=
+cleanup() {
+  [ -n "$server" ] && kill -TERM "$server" 2>/dev/null && wait "$server" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+# The log, the table and the index (3x the records), the baseline's copy,
+# over 4 data members, twice over for room: sparse files.
+member=$(( (records * 36 * 8 / 4 >> 20) + 1024 ))M
+"$tessera" create --data 4 --parity 2 --dir "$work/array" --devices 6 --device-size "$member" >/dev/null
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"$tessera" serve "$work/array" --socket "$work/nbd.sock" --kv "127.0.0.1:$port" 2>"$work/serve.log" &
+server=$!
+for _ in $(seq 200); do grep -q "KV spaces" "$work/serve.log" && break; sleep 0.05; done
+echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; disk: $(df --output=source "$work" | tail -1)"
+rocksdb=()
+[ "${ROCKSDB:-1}" = 1 ] && rocksdb=(--rocksdb)
+"$venv/bin/python" scripts/bench-kv.py --address "grpc://127.0.0.1:$port" \
+  --nbd "nbd+unix:///tessera?socket=$work/nbd.sock" --records "$records" --work "$work" "${rocksdb[@]}"
