@@ -10,7 +10,7 @@ use futures::{StreamExt, TryStreamExt};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use tessera_kv::flight::QueryRequest;
-use tessera_kv::query::{Bound, FieldBound};
+use tessera_kv::query::Bound;
 use tessera_kv::Query;
 
 /// The address `serve --kv` is given in the examples.
@@ -314,13 +314,8 @@ fn parse_conditions(text: &str, key: &str) -> Result<Query> {
     if field == key {
         return Ok(Query::Keys(bound));
     }
-    Ok(Query::Where(FieldBound {
-        field,
-        gt: bound.gt,
-        ge: bound.ge,
-        lt: bound.lt,
-        le: bound.le,
-    }))
+    bound.field = Some(field);
+    Ok(Query::Where(bound))
 }
 
 type Batches = Box<dyn Iterator<Item = Result<RecordBatch, arrow_schema::ArrowError>> + Send>;

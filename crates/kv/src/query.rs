@@ -13,30 +13,21 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum Query {
     Get(u64),
+    /// A key range (no `field`).
     Keys(Bound),
-    Where(FieldBound),
+    /// A range of `field`.
+    Where(Bound),
     /// Every record.
     All,
 }
 
-/// Bounds on a value, each optional: `{"gt": 3.5, "le": 10}`.
+/// Bounds on a value, each optional: `{"gt": 3.5, "le": 10}`; in a
+/// `where`, with the field they bound.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Bound {
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub gt: Option<serde_json::Number>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ge: Option<serde_json::Number>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub lt: Option<serde_json::Number>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub le: Option<serde_json::Number>,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FieldBound {
-    pub field: String,
+    pub field: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gt: Option<serde_json::Number>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -86,16 +77,14 @@ impl Plan {
                     range: Some((0, u64::MAX)),
                 })
             }
-            Query::Keys(bound) => (schema.key.as_str(), bound.clone()),
-            Query::Where(w) => (
-                w.field.as_str(),
-                Bound {
-                    gt: w.gt.clone(),
-                    ge: w.ge.clone(),
-                    lt: w.lt.clone(),
-                    le: w.le.clone(),
-                },
-            ),
+            Query::Keys(bound) => match &bound.field {
+                None => (schema.key.as_str(), bound),
+                Some(_) => return bad("a key range names no field: use where"),
+            },
+            Query::Where(bound) => match &bound.field {
+                Some(field) => (field.as_str(), bound),
+                None => return bad("where names the field it bounds"),
+            },
         };
         let kind = schema
             .field(column)
@@ -238,6 +227,8 @@ mod tests {
         assert_eq!(e.range, Some((ordinal_f64(3.5) + 1, ordinal_f64(f64::INFINITY))));
         assert!(plan(r#"{"where":{"field":"zz","gt":1}}"#).is_err());
         assert!(plan(r#"{"keys":{"gt":1,"ge":2}}"#).is_err());
+        assert!(plan(r#"{"keys":{"field":"e","gt":1}}"#).is_err());
+        assert!(plan(r#"{"where":{"gt":1}}"#).is_err());
         assert!(serde_json::from_str::<Query>(r#"{"keys":{"gt":1,"gx":2}}"#).is_err());
     }
 }
