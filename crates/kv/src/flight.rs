@@ -170,12 +170,20 @@ impl KvFlight {
         loop {
             if !finished {
                 match batches.next().await {
-                    Some(batch) => {
-                        let batch = batch.map_err(|e| {
-                            inserted_before(rows, Status::invalid_argument(format!("malformed Flight data: {e}")))
-                        })?;
+                    Some(Ok(batch)) => {
                         bytes += batch.num_rows() * record_bytes;
                         pending.push(batch);
+                    }
+                    Some(Err(e)) => {
+                        // The insert under way ends first, so that the
+                        // count said is what is in the space.
+                        if let Some(insert) = running.take() {
+                            if let Ok(Ok(n)) = insert.await {
+                                rows += n;
+                            }
+                        }
+                        let status = Status::invalid_argument(format!("malformed Flight data: {e}"));
+                        return Err(inserted_before(rows, status));
                     }
                     None => finished = true,
                 }

@@ -45,6 +45,9 @@ pub struct Store {
     worker: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// The last error of each space's deferred work, for `status`.
     errors: Mutex<BTreeMap<String, String>>,
+    /// Spaces whose volume could not be opened as one, and why: the
+    /// others are served.
+    broken: BTreeMap<String, String>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -59,11 +62,18 @@ impl Store {
     /// Opens every space of `array` (their logs recovered) and, with
     /// `options.background`, starts the worker.
     pub fn open(array: Arc<Array>, options: StoreOptions) -> Result<Arc<Store>, KvError> {
-        let mut spaces = BTreeMap::new();
+        let (mut spaces, mut broken) = (BTreeMap::new(), BTreeMap::new());
         for volume in array.volumes() {
             if let Some(name) = volume.name.strip_prefix(VOLUME_PREFIX) {
-                let space = Space::open(name, array.volume(&volume.name)?)?;
-                spaces.insert(name.to_string(), Arc::new(space));
+                match Space::open(name, array.volume(&volume.name)?) {
+                    Ok(space) => {
+                        spaces.insert(name.to_string(), Arc::new(space));
+                    }
+                    Err(e @ (KvError::Corrupt { .. } | KvError::BadSchema { .. })) => {
+                        broken.insert(name.to_string(), e.to_string());
+                    }
+                    Err(e) => return Err(e),
+                }
             }
         }
         let store = Arc::new(Store {
@@ -74,6 +84,7 @@ impl Store {
             wake: (Mutex::new(true), Condvar::new()),
             worker: Mutex::new(None),
             errors: Mutex::new(BTreeMap::new()),
+            broken,
         });
         if store.options.background {
             let worker = store.clone();
@@ -118,7 +129,17 @@ impl Store {
         Ok(space)
     }
 
+    /// Spaces that could not be opened, and why.
+    pub fn broken(&self) -> &BTreeMap<String, String> {
+        &self.broken
+    }
+
     pub fn space(&self, name: &str) -> Result<Arc<Space>, KvError> {
+        if let Some(why) = self.broken.get(name) {
+            return Err(KvError::Corrupt {
+                why: format!("space {name:?} could not be opened: {why}"),
+            });
+        }
         lock(&self.spaces)
             .get(name)
             .cloned()

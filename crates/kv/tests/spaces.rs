@@ -486,3 +486,29 @@ fn bad_input_gets_a_clear_error_and_changes_nothing() {
     store.drop_space("full").unwrap();
     assert!(matches!(store.space("full"), Err(KvError::UnknownSpace { .. })));
 }
+
+#[test]
+fn a_volume_that_holds_no_space_is_left_out_and_the_others_served() {
+    let devices = devices();
+    let array = new_array(&devices);
+    let store = Store::open(array.clone(), quiet(1 << 20)).unwrap();
+    store
+        .create("good", schema("keep_all"))
+        .unwrap()
+        .insert(&[batch(&[(1, 1.0, 1)])])
+        .unwrap();
+    drop(store);
+    // A volume of a space's name whose manifest is junk.
+    let junk = array.create_volume("kv.junk", 4 << 20).unwrap();
+    junk.write(0, &[0x5a; 8192], false).unwrap();
+    let store = Store::open(array.clone(), quiet(1 << 20)).unwrap();
+    assert!(
+        store.broken()["junk"].contains("no space manifest"),
+        "{:?}",
+        store.broken()
+    );
+    let err = store.space("junk").err().unwrap().to_string();
+    assert!(err.contains("could not be opened"), "{err}");
+    assert_eq!(store.space("good").unwrap().status().inserted, 1);
+    assert!(store.list().iter().all(|s| s.name != "junk"));
+}

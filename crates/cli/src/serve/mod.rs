@@ -383,6 +383,9 @@ pub fn serve(s: Serve) -> Result<()> {
                 background: true,
             };
             let store = tessera_kv::Store::open(array.clone(), options).context("opening the KV spaces")?;
+            for (name, why) in store.broken() {
+                eprintln!("tessera: warning: KV space {name} is left out: {why}");
+            }
             let server = tessera_kv::flight::FlightServer::start(store.clone(), address)
                 .with_context(|| format!("serving KV spaces at {address}"))?;
             if !server.address.ip().is_loopback() {
