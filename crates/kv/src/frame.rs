@@ -88,24 +88,65 @@ pub fn frame_bytes(payload: usize) -> u64 {
 
 /// A frame's bytes, padded to whole blocks.
 pub fn encode(kind: Kind, sequence: u64, rows: u32, payload: &[u8]) -> Vec<u8> {
-    encode_flagged(kind, sequence, rows, payload, true)
-}
-
-/// `encode`, for a log frame that may not end its insert.
-pub fn encode_flagged(kind: Kind, sequence: u64, rows: u32, payload: &[u8], ends_insert: bool) -> Vec<u8> {
     assert!(payload.len() <= PAYLOAD_MAX, "a frame's payload is cut to PAYLOAD_MAX");
     let mut out = vec![0u8; frame_bytes(payload.len()) as usize];
-    out[..4].copy_from_slice(&MAGIC);
-    out[4] = kind as u8;
-    out[5] = u8::from(ends_insert);
-    out[8..16].copy_from_slice(&sequence.to_le_bytes());
-    out[16..20].copy_from_slice(&(payload.len() as u32).to_le_bytes());
-    out[20..24].copy_from_slice(&rows.to_le_bytes());
-    out[24..28].copy_from_slice(&crc32c(payload).to_le_bytes());
-    let crc = crc32c(&out[..28]);
-    out[28..32].copy_from_slice(&crc.to_le_bytes());
     out[HEADER_BYTES..HEADER_BYTES + payload.len()].copy_from_slice(payload);
+    let unsealed = Unsealed {
+        at: 0,
+        payload: payload.len(),
+        crc: crc32c(payload),
+        rows,
+    };
+    unsealed.seal(&mut out, kind, sequence, true);
     out
+}
+
+/// A frame appended to a buffer with its payload and padding, its header
+/// still to write (its sequence is known only once the insert holds the
+/// log).
+#[derive(Clone, Copy, Debug)]
+pub struct Unsealed {
+    pub at: usize,
+    pub payload: usize,
+    pub crc: u32,
+    pub rows: u32,
+}
+
+impl Unsealed {
+    /// Appends a frame of `batch` (as an Arrow IPC stream) to `out`, the
+    /// IPC written in place after room for the header.
+    pub fn append(out: &mut Vec<u8>, batch: &RecordBatch) -> Unsealed {
+        let at = out.len();
+        out.resize(at + HEADER_BYTES, 0);
+        let mut writer = StreamWriter::try_new(&mut *out, &batch.schema()).expect("a valid schema");
+        writer.write(batch).expect("writing to memory");
+        writer.finish().expect("writing to memory");
+        drop(writer);
+        let payload = out.len() - at - HEADER_BYTES;
+        assert!(payload <= PAYLOAD_MAX, "a frame's payload is cut to PAYLOAD_MAX");
+        let crc = crc32c(&out[at + HEADER_BYTES..]);
+        out.resize(at + frame_bytes(payload) as usize, 0);
+        Unsealed {
+            at,
+            payload,
+            crc,
+            rows: batch.num_rows() as u32,
+        }
+    }
+
+    /// Writes the frame's header into `out`.
+    pub fn seal(&self, out: &mut [u8], kind: Kind, sequence: u64, ends_insert: bool) {
+        let header = &mut out[self.at..self.at + HEADER_BYTES];
+        header[..4].copy_from_slice(&MAGIC);
+        header[4] = kind as u8;
+        header[5] = u8::from(ends_insert);
+        header[8..16].copy_from_slice(&sequence.to_le_bytes());
+        header[16..20].copy_from_slice(&(self.payload as u32).to_le_bytes());
+        header[20..24].copy_from_slice(&self.rows.to_le_bytes());
+        header[24..28].copy_from_slice(&self.crc.to_le_bytes());
+        let crc = crc32c(&header[..28]);
+        header[28..32].copy_from_slice(&crc.to_le_bytes());
+    }
 }
 
 /// The frame at `offset`, if one of `kind` and `sequence` is there whole;
@@ -194,11 +235,25 @@ mod tests {
             (Kind::Log, 7, 7, 3)
         );
         assert!(header.ends_insert);
-        assert!(
-            !Header::decode(&encode_flagged(Kind::Log, 7, 3, b"payload", false))
-                .unwrap()
-                .ends_insert
-        );
+        let mut out = vec![1u8; 10];
+        let batch = RecordBatch::try_new(
+            std::sync::Arc::new(arrow_schema::Schema::new(vec![arrow_schema::Field::new(
+                "a",
+                arrow_schema::DataType::UInt64,
+                false,
+            )])),
+            vec![std::sync::Arc::new(arrow_array::UInt64Array::from(vec![1, 2, 3]))],
+        )
+        .unwrap();
+        let unsealed = Unsealed::append(&mut out, &batch);
+        unsealed.seal(&mut out, Kind::Log, 9, false);
+        let framed = &out[10..];
+        assert_eq!(framed.len() as u64, frame_bytes(unsealed.payload));
+        let header = Header::decode(framed).unwrap();
+        assert_eq!((header.sequence, header.rows, header.ends_insert), (9, 3, false));
+        let payload = &framed[HEADER_BYTES..HEADER_BYTES + header.payload as usize];
+        assert_eq!(crc32c(payload), header.crc);
+        assert_eq!(decode_batch(payload).unwrap(), batch);
         for at in [0, 4, 5, 8, 16, 20, 28] {
             let mut bad = bytes.clone();
             bad[at] ^= 1;

@@ -258,17 +258,23 @@ impl Space {
                 name: self.name.clone(),
             });
         }
-        let mut payloads = Vec::new();
+        // The frames are built end to end in one buffer outside the lock,
+        // the IPC written in place; their headers once the log is held.
+        let mut parts = Vec::new();
         for batch in batches {
             let batch = schema.conform(batch)?;
-            for part in frame::cut(&batch, schema.record_bytes()) {
-                payloads.push((part.num_rows() as u32, frame::encode_batch(&part)));
-            }
+            parts.extend(frame::cut(&batch, schema.record_bytes()));
         }
-        let bytes: usize = payloads.iter().map(|(_, p)| p.len()).sum();
-        if bytes > INSERT_BYTES_MAX {
+        let estimate: usize = parts
+            .iter()
+            .map(|p| p.num_rows() * schema.record_bytes() + 3 * frame::BLOCK as usize)
+            .sum();
+        let mut frames = Vec::with_capacity(estimate);
+        let unsealed: Vec<frame::Unsealed> = parts.iter().map(|p| frame::Unsealed::append(&mut frames, p)).collect();
+        drop(parts);
+        if frames.len() > INSERT_BYTES_MAX {
             return Err(KvError::TooLarge {
-                why: format!("an insert of {bytes} bytes; at most {INSERT_BYTES_MAX} a call"),
+                why: format!("an insert of {} bytes; at most {INSERT_BYTES_MAX} a call", frames.len()),
             });
         }
         let mut writer = lock(&self.writer);
@@ -285,23 +291,17 @@ impl Space {
         }
         let start = writer.tail.clone();
         let mut tail = start.clone();
-        // The insert's frames lie end to end from the log's end: built
-        // into one buffer, written by several threads at once (one
-        // thread's writes fill stripes at half the array's speed), then
-        // flushed.
-        let last = payloads.len().saturating_sub(1);
-        let mut frames = Vec::new();
-        for (i, (rows, payload)) in payloads.iter().enumerate() {
-            frames.extend(frame::encode_flagged(Kind::Log, tail.frames, *rows, payload, i == last));
+        let last = unsealed.len().saturating_sub(1);
+        for (i, frame) in unsealed.iter().enumerate() {
+            frame.seal(&mut frames, Kind::Log, tail.frames, i == last);
             tail.frames += 1;
-            tail.rows += u64::from(*rows);
+            tail.rows += u64::from(frame.rows);
         }
         tail.offset += frames.len() as u64;
         let written = write_parallel(&self.volume, start.offset, &frames);
         if let Err(e) = written.and_then(|()| Ok(self.volume.flush()?)) {
             // Leave nothing a later opening could take for this insert's.
-            let span = frame::frame_bytes(bytes) + payloads.len() as u64 * frame::BLOCK;
-            let span = span.min(self.volume.size() - start.offset);
+            let span = (frames.len() as u64).min(self.volume.size() - start.offset);
             if let Err(clear) = self.volume.write_zeroes(start.offset, span, false) {
                 writer.poisoned = Some(clear.to_string());
             }
