@@ -164,14 +164,44 @@ impl Manifest {
         Ok(Some(manifest))
     }
 
+    /// Checks that every range the manifest names lies in a volume of
+    /// `size` bytes, past the manifest's copies, in order.
+    fn check(&self, size: u64) -> Result<(), KvError> {
+        let within = |start: u64, end: u64| LOG_START <= start && start <= end && end <= size;
+        let log = &self.log;
+        let tables = self
+            .primary
+            .iter()
+            .chain(&self.indexes)
+            .chain(self.job.iter().flat_map(|j| &j.runs));
+        let ok = log.start == LOG_START
+            && within(log.start, log.end)
+            && within(log.start, self.next_free)
+            && self.trim.iter().all(|&(start, end)| within(start, end))
+            && self.job.as_ref().is_none_or(|j| within(log.start, j.at))
+            && tables
+                .into_iter()
+                .all(|t| within(t.start, t.end) && t.start <= t.directory && t.directory < t.end);
+        if ok {
+            return Ok(());
+        }
+        Err(KvError::Corrupt {
+            why: format!("a manifest whose ranges do not fit the volume of {size} bytes"),
+        })
+    }
+
     /// The newest whole copy; `None` where neither is (not a space).
     pub fn read(volume: &Volume) -> Result<Option<Manifest>, KvError> {
         let a = Manifest::read_slot(volume, 0)?;
         let b = Manifest::read_slot(volume, 1)?;
-        Ok(match (a, b) {
+        let newest = match (a, b) {
             (Some(a), Some(b)) => Some(if a.generation > b.generation { a } else { b }),
             (a, b) => a.or(b),
-        })
+        };
+        if let Some(manifest) = &newest {
+            manifest.check(volume.size())?;
+        }
+        Ok(newest)
     }
 
     /// Writes the next generation to the older copy's place and flushes:
@@ -195,5 +225,45 @@ impl Manifest {
             return Err(e.into());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_manifest_naming_ranges_outside_its_volume_is_refused() {
+        let schema: SpaceSchema =
+            serde_json::from_str(r#"{"key":"id","fields":[{"name":"id","type":"u64"}]}"#).unwrap();
+        let size = 1 << 30;
+        let good = Manifest::new(schema);
+        good.check(size).unwrap();
+        let table = Table {
+            column: "id".into(),
+            start: LOG_START,
+            end: LOG_START + 8192,
+            batches: 1,
+            rows: 1,
+            directory: LOG_START + 4096,
+        };
+        let mut with_table = good.clone();
+        with_table.primary = Some(table.clone());
+        with_table.check(size).unwrap();
+        let cases: Vec<Box<dyn Fn(&mut Manifest)>> = vec![
+            Box::new(|m| m.log.end = m.log.start - 1),
+            Box::new(|m| m.log.start = 0),
+            Box::new(|m| m.next_free = size + 1),
+            Box::new(|m| m.trim = vec![(LOG_START + 10, LOG_START)]),
+            Box::new(|m| m.trim = vec![(0, 4096)]),
+            Box::new(|m| m.primary.as_mut().unwrap().directory = LOG_START + 8192),
+            Box::new(|m| m.primary.as_mut().unwrap().end = size + 4096),
+        ];
+        for (i, bad) in cases.iter().enumerate() {
+            let mut m = with_table.clone();
+            bad(&mut m);
+            let err = m.check(size).unwrap_err().to_string();
+            assert!(err.contains("do not fit"), "case {i}: {err}");
+        }
     }
 }

@@ -108,6 +108,36 @@ pub(crate) struct View {
     pub indexes: Vec<Arc<Directory>>,
 }
 
+impl View {
+    /// The view of `manifest` and `tail`: the tables' directories those
+    /// of `old` where it has the same tables, else read.
+    fn of(volume: &Volume, manifest: &Manifest, tail: &Tail, old: Option<&View>) -> Result<View, KvError> {
+        let directory =
+            |table: &crate::manifest::Table, was: Option<(&crate::manifest::Table, &Arc<Directory>)>| match was {
+                Some((t, dir)) if t == table => Ok(dir.clone()),
+                _ => Directory::read(volume, table).map(Arc::new),
+            };
+        let primary = match &manifest.primary {
+            None => None,
+            Some(table) => {
+                let was = old.and_then(|o| o.manifest.primary.as_ref().zip(o.primary.as_ref()));
+                Some(directory(table, was)?)
+            }
+        };
+        let mut indexes = Vec::new();
+        for (i, table) in manifest.indexes.iter().enumerate() {
+            let was = old.and_then(|o| o.manifest.indexes.get(i).zip(o.indexes.get(i)));
+            indexes.push(directory(table, was)?);
+        }
+        Ok(View {
+            manifest: manifest.clone(),
+            tail: tail.clone(),
+            primary,
+            indexes,
+        })
+    }
+}
+
 pub struct Space {
     name: String,
     pub(crate) volume: Volume,
@@ -172,7 +202,8 @@ impl Space {
                 manifest.write(&volume)?;
             }
         }
-        let space = Space {
+        let view = View::of(&volume, &manifest, &tail, None)?;
+        Ok(Space {
             name: name.to_string(),
             volume,
             writer: Mutex::new(Writer {
@@ -181,28 +212,10 @@ impl Space {
                 since_manifest: 0,
                 poisoned: None,
             }),
-            view: RwLock::new(Arc::new(View {
-                manifest: Manifest::new(SpaceSchema {
-                    key: String::new(),
-                    fields: Vec::new(),
-                    indexes: Vec::new(),
-                    duplicates: Duplicates::KeepAll,
-                }),
-                tail: Tail {
-                    offset: 0,
-                    frames: 0,
-                    rows: 0,
-                },
-                primary: None,
-                indexes: Vec::new(),
-            })),
+            view: RwLock::new(Arc::new(view)),
             regions: RwLock::new(()),
             progress: Mutex::new(None),
-        };
-        let writer = lock(&space.writer);
-        space.publish(&writer, true)?;
-        drop(writer);
-        Ok(space)
+        })
     }
 
     pub fn name(&self) -> &str {
@@ -221,30 +234,17 @@ impl Space {
     /// directories of tables the last view did not have.
     pub(crate) fn publish(&self, writer: &Writer, tables: bool) -> Result<(), KvError> {
         let old = self.view();
-        let m = &writer.manifest;
-        let (primary, indexes) = if tables {
-            let primary = match (&m.primary, &old.primary) {
-                (None, _) => None,
-                (Some(_), Some(dir)) if old.manifest.primary == m.primary => Some(dir.clone()),
-                (Some(t), _) => Some(Arc::new(Directory::read(&self.volume, t)?)),
-            };
-            let mut indexes = Vec::new();
-            for (i, t) in m.indexes.iter().enumerate() {
-                indexes.push(match old.indexes.get(i) {
-                    Some(dir) if old.manifest.indexes.get(i) == Some(t) => dir.clone(),
-                    _ => Arc::new(Directory::read(&self.volume, t)?),
-                });
-            }
-            (primary, indexes)
+        let view = if tables {
+            View::of(&self.volume, &writer.manifest, &writer.tail, Some(&old))?
         } else {
-            (old.primary.clone(), old.indexes.clone())
+            View {
+                manifest: writer.manifest.clone(),
+                tail: writer.tail.clone(),
+                primary: old.primary.clone(),
+                indexes: old.indexes.clone(),
+            }
         };
-        *self.view.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(View {
-            manifest: m.clone(),
-            tail: writer.tail.clone(),
-            primary,
-            indexes,
-        });
+        *self.view.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(view);
         Ok(())
     }
 
