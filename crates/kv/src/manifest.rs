@@ -236,9 +236,9 @@ mod tests {
     fn a_manifest_naming_ranges_outside_its_volume_is_refused() {
         let schema: SpaceSchema =
             serde_json::from_str(r#"{"key":"id","fields":[{"name":"id","type":"u64"}]}"#).unwrap();
-        let size = 1 << 30;
+        const SIZE: u64 = 1 << 30;
         let good = Manifest::new(schema);
-        good.check(size).unwrap();
+        good.check(SIZE).unwrap();
         let table = Table {
             column: "id".into(),
             start: LOG_START,
@@ -249,20 +249,20 @@ mod tests {
         };
         let mut with_table = good.clone();
         with_table.primary = Some(table.clone());
-        with_table.check(size).unwrap();
-        let cases: Vec<Box<dyn Fn(&mut Manifest)>> = vec![
-            Box::new(|m| m.log.end = m.log.start - 1),
-            Box::new(|m| m.log.start = 0),
-            Box::new(|m| m.next_free = size + 1),
-            Box::new(|m| m.trim = vec![(LOG_START + 10, LOG_START)]),
-            Box::new(|m| m.trim = vec![(0, 4096)]),
-            Box::new(|m| m.primary.as_mut().unwrap().directory = LOG_START + 8192),
-            Box::new(|m| m.primary.as_mut().unwrap().end = size + 4096),
+        with_table.check(SIZE).unwrap();
+        let cases: [fn(&mut Manifest); 7] = [
+            |m| m.log.end = m.log.start - 1,
+            |m| m.log.start = 0,
+            |m| m.next_free = SIZE + 1,
+            |m| m.trim = vec![(LOG_START + 10, LOG_START)],
+            |m| m.trim = vec![(0, 4096)],
+            |m| m.primary.as_mut().unwrap().directory = LOG_START + 8192,
+            |m| m.primary.as_mut().unwrap().end = SIZE + 4096,
         ];
         for (i, bad) in cases.iter().enumerate() {
             let mut m = with_table.clone();
             bad(&mut m);
-            let err = m.check(size).unwrap_err().to_string();
+            let err = m.check(SIZE).unwrap_err().to_string();
             assert!(err.contains("do not fit"), "case {i}: {err}");
         }
     }
