@@ -201,6 +201,9 @@ impl Store {
                         lock(&self.errors).remove(space.name());
                     }
                     Err(KvError::Stopped) => return,
+                    // A space dropped while it was sorted fails: not an
+                    // error of a space that is.
+                    Err(_) if !lock(&self.spaces).contains_key(space.name()) => {}
                     Err(e) => {
                         lock(&self.errors).insert(space.name().to_string(), e.to_string());
                     }

@@ -512,3 +512,17 @@ fn a_volume_that_holds_no_space_is_left_out_and_the_others_served() {
     assert_eq!(store.space("good").unwrap().status().inserted, 1);
     assert!(store.list().iter().all(|s| s.name != "junk"));
 }
+
+#[test]
+fn a_space_finalized_empty_is_ready_and_answers_nothing() {
+    let devices = devices();
+    let array = new_array(&devices);
+    let store = Store::open(array, quiet(1 << 20)).unwrap();
+    let space = store.create("empty", schema("keep_last")).unwrap();
+    space.insert(&[batch(&[])]).unwrap();
+    store.finalize("empty").unwrap();
+    store.work_all().unwrap();
+    let status = space.status();
+    assert_eq!((status.phase, status.sorted), (tessera_kv::Phase::Ready, Some(0)));
+    check_queries(&store, "empty", &[], Some(true));
+}
