@@ -71,7 +71,7 @@ pub struct SpaceStatus {
     /// schema says so), once sorted.
     pub sorted: Option<u64>,
     pub indexes_built: Vec<String>,
-    /// Bytes of the log.
+    /// Bytes of the log (0 once the primary table has replaced it).
     pub log_bytes: u64,
     /// The deferred work's progress: rows done of rows to do, in the
     /// step under way (runs, then the merge).
@@ -361,7 +361,11 @@ impl Space {
             inserted: view.tail.rows,
             sorted: m.primary.as_ref().map(|t| t.rows),
             indexes_built: m.indexes.iter().map(|t| t.column.clone()).collect(),
-            log_bytes: view.tail.offset - m.log.start,
+            log_bytes: if m.primary.is_some() {
+                0
+            } else {
+                view.tail.offset - m.log.start
+            },
             progress: lock(&self.progress).clone(),
         }
     }

@@ -233,9 +233,3 @@ impl Store {
         }
     }
 }
-
-impl Drop for Store {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
-}

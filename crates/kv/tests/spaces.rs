@@ -220,6 +220,8 @@ fn queries_agree_with_a_model_before_and_after_the_sort_and_indexes() {
             model
         };
         check_queries(&store, "p", &model, Some(false));
+        let log_bytes = store.space("p").unwrap().status().log_bytes;
+        assert!(log_bytes > 0);
         assert!(store.finalize("p").unwrap());
         assert!(!store.finalize("p").unwrap(), "finalizing twice");
         check_queries(&store, "p", &model, Some(false));
@@ -227,6 +229,10 @@ fn queries_agree_with_a_model_before_and_after_the_sort_and_indexes() {
         let status = store.space("p").unwrap().status();
         assert_eq!(status.phase, tessera_kv::Phase::Ready);
         assert_eq!(status.sorted, Some(model.len() as u64));
+        assert_eq!(status.log_bytes, 0, "the log is gone once the table replaced it");
+        // The log (from 2 MiB) is trimmed: its blocks hold no data.
+        let volume = array.volume("kv.p").unwrap();
+        assert_eq!(volume.allocation(2 << 20, log_bytes).unwrap(), [(log_bytes, false)]);
         check_queries(&store, "p", &model, Some(true));
         // Table order: by key, and by energy for the energy index.
         let space = store.space("p").unwrap();
