@@ -634,6 +634,15 @@ impl Array {
         Ok(self.shared.status())
     }
 
+    /// Client requests carried out since the array was opened: background
+    /// work that sees it move yields to clients.
+    pub fn client_requests(&self) -> u64 {
+        self.shared
+            .counters
+            .client_requests
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Checks that the map, the slots' live counts and the free set agree;
     /// tests call it between operations.
     pub fn check(&self) -> Result<(), String> {

@@ -27,9 +27,27 @@ pub struct Volume {
     shared: Arc<Shared>,
     gate: Arc<Gate>,
     name: String,
+    /// Its requests count as clients' (background work yields to them).
+    client: bool,
 }
 
 impl Volume {
+    /// The same volume, for background work: its requests are not counted
+    /// as clients', so that work pacing itself behind clients does not
+    /// take its own requests for theirs.
+    pub fn background(&self) -> Volume {
+        Volume {
+            client: false,
+            ..self.clone()
+        }
+    }
+
+    fn client_request(&self) {
+        if self.client {
+            self.shared.client_request();
+        }
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -59,7 +77,7 @@ impl Volume {
 
     /// Reads `buf.len()` bytes at byte `offset` of the volume.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ArrayError> {
-        self.shared.client_request();
+        self.client_request();
         self.within(offset, buf.len() as u64, |at| self.shared.read(at, buf))?;
         self.gate.io.add(false, buf.len());
         Ok(())
@@ -67,7 +85,7 @@ impl Volume {
 
     /// Writes `data` at byte `offset`; with `fua`, returns once it is durable.
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ArrayError> {
-        self.shared.client_request();
+        self.client_request();
         self.within(offset, data.len() as u64, |at| self.shared.write(at, data, fua))?;
         self.gate.io.add(true, data.len());
         Ok(())
@@ -76,14 +94,14 @@ impl Volume {
     /// Makes `len` bytes at `offset` read as zeros and frees their space
     /// (TRIM and WRITE_ZEROES alike: discarded blocks read as zeros).
     pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), ArrayError> {
-        self.shared.client_request();
+        self.client_request();
         self.within(offset, len, |at| self.shared.write_zeroes(at, len, fua))
     }
 
     /// FLUSH: returns once every write that returned before it is durable
     /// (the whole array's: one sync covers every volume).
     pub fn flush(&self) -> Result<(), ArrayError> {
-        self.shared.client_request();
+        self.client_request();
         self.within(0, 0, |_| self.shared.flush())
     }
 
@@ -199,6 +217,7 @@ pub(crate) fn open_volume(shared: &Arc<Shared>, name: &str) -> Result<Volume, Ar
         shared: shared.clone(),
         gate,
         name: name.to_string(),
+        client: true,
     })
 }
 

@@ -6,7 +6,8 @@
 //! - `frame`: how batches sit in a volume (Arrow IPC in checked frames).
 //! - `manifest`: a space's durable state, in two copies at its start.
 //! - [`space`]: one space: insert, finalize, query, its deferred work.
-//! - `sort`: the deferred work, an external sort into tables.
+//! - `sort`: the deferred work, an external sort into tables; `pace`:
+//!   how it yields to clients.
 //! - `table`: sorted tables, their directories and lookups.
 //! - [`store`]: the spaces of an array, each in its own thin volume, and
 //!   the thread that does their deferred work.
@@ -17,6 +18,7 @@
 pub mod flight;
 mod frame;
 mod manifest;
+mod pace;
 pub mod query;
 pub mod schema;
 mod sort;

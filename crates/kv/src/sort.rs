@@ -60,14 +60,22 @@ impl Space {
     /// Does the deferred work, a run or a merge at a time, until it is
     /// all done or `stop()` says to (then `Err(Stopped)`, to go on later):
     /// runs of at most `memory` bytes of records.
-    pub fn work(&self, memory: usize, stop: &dyn Fn() -> bool) -> Result<(), KvError> {
+    /// After each piece, `moved` is told the bytes it wrote (the pace
+    /// behind clients, `pace.rs`).
+    pub fn work(&self, memory: usize, stop: &dyn Fn() -> bool, moved: &mut dyn FnMut(u64)) -> Result<(), KvError> {
         let mut writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        let result = self.work_locked(&mut writer, memory, stop);
+        let result = self.work_locked(&mut writer, memory, stop, moved);
         *self.progress.lock().unwrap_or_else(|p| p.into_inner()) = None;
         result
     }
 
-    fn work_locked(&self, writer: &mut Writer, memory: usize, stop: &dyn Fn() -> bool) -> Result<(), KvError> {
+    fn work_locked(
+        &self,
+        writer: &mut Writer,
+        memory: usize,
+        stop: &dyn Fn() -> bool,
+        moved: &mut dyn FnMut(u64),
+    ) -> Result<(), KvError> {
         loop {
             if stop() {
                 return Err(KvError::Stopped);
@@ -82,7 +90,10 @@ impl Space {
                 None => (schema.key.clone(), Source::Log { frames: m.log.frames }),
                 Some(primary) => match schema.indexes.get(m.indexes.len()) {
                     None => return Ok(()),
-                    Some(field) => (field.clone(), Source::Primary(Directory::read(&self.volume, primary)?)),
+                    Some(field) => (
+                        field.clone(),
+                        Source::Primary(Directory::read(&self.background, primary)?),
+                    ),
                 },
             };
             let job = match &m.job {
@@ -96,9 +107,9 @@ impl Space {
                 },
             };
             if job.consumed < source.frames() {
-                self.make_run(writer, job, &source, memory)?;
+                self.make_run(writer, job, &source, memory, moved)?;
             } else {
-                self.merge(writer, job, stop)?;
+                self.merge(writer, job, stop, moved)?;
             }
         }
     }
@@ -111,13 +122,13 @@ impl Space {
         {
             let _regions = self.regions.write().unwrap_or_else(|p| p.into_inner());
             for &(start, end) in &writer.manifest.trim {
-                self.volume.write_zeroes(start, end - start, false)?;
+                self.background.write_zeroes(start, end - start, false)?;
             }
         }
-        self.volume.flush()?;
+        self.background.flush()?;
         let mut manifest = writer.manifest.clone();
         manifest.trim.clear();
-        manifest.write(&self.volume)?;
+        manifest.write(&self.background)?;
         writer.manifest = manifest;
         self.publish(writer, false)
     }
@@ -131,7 +142,14 @@ impl Space {
     }
 
     /// Sorts the next source records that fit `memory` into a run.
-    fn make_run(&self, writer: &mut Writer, mut job: Job, source: &Source, memory: usize) -> Result<(), KvError> {
+    fn make_run(
+        &self,
+        writer: &mut Writer,
+        mut job: Job,
+        source: &Source,
+        memory: usize,
+        moved: &mut dyn FnMut(u64),
+    ) -> Result<(), KvError> {
         let m = &writer.manifest;
         let schema = &m.schema;
         let total_rows = match source {
@@ -152,11 +170,11 @@ impl Space {
             let number = job.consumed + frames;
             let batch = match source {
                 Source::Log { .. } => {
-                    let (header, batch) = frame::read_expected(&self.volume, job.at, Kind::Log, number)?;
+                    let (header, batch) = frame::read_expected(&self.background, job.at, Kind::Log, number)?;
                     job.at += header.frame_bytes();
                     batch
                 }
-                Source::Primary(dir) => dir.batch(&self.volume, number as usize)?.0,
+                Source::Primary(dir) => dir.batch(&self.background, number as usize)?.0,
             };
             rows += batch.num_rows() as u64;
             frames += 1;
@@ -165,10 +183,11 @@ impl Space {
         let sorted = sort_batches(schema, &job.column, &batches, job.column == schema.key)?;
         drop(batches);
         let column = schema.column_of(&job.column).expect("a job sorts by a field");
-        let mut table = TableWriter::new(&self.volume, &job.column, column, m.next_free);
+        let mut table = TableWriter::new(&self.background, &job.column, column, m.next_free);
         table.push(&sorted)?;
         let run = table.finish()?;
-        self.volume.flush()?;
+        self.background.flush()?;
+        moved(run.end - run.start);
         let mut manifest = m.clone();
         manifest.next_free = run.end.next_multiple_of(frame::BLOCK);
         job.runs.push(run);
@@ -180,13 +199,19 @@ impl Space {
             total_rows,
         );
         manifest.job = Some(job);
-        manifest.write(&self.volume)?;
+        manifest.write(&self.background)?;
         writer.manifest = manifest;
         self.publish(writer, false)
     }
 
     /// Merges the job's runs into its table and commits it.
-    fn merge(&self, writer: &mut Writer, job: Job, stop: &dyn Fn() -> bool) -> Result<(), KvError> {
+    fn merge(
+        &self,
+        writer: &mut Writer,
+        job: Job,
+        stop: &dyn Fn() -> bool,
+        moved: &mut dyn FnMut(u64),
+    ) -> Result<(), KvError> {
         let m = &writer.manifest;
         let schema = &m.schema;
         let primary = job.column == schema.key;
@@ -195,8 +220,8 @@ impl Space {
         let table = if job.runs.len() == 1 {
             job.runs[0].clone()
         } else {
-            let table = self.merge_runs(writer, &job, stop)?;
-            self.volume.flush()?;
+            let table = self.merge_runs(writer, &job, stop, moved)?;
+            self.background.flush()?;
             manifest.trim.extend(job.runs.iter().map(|r| (r.start, r.end)));
             table
         };
@@ -208,32 +233,38 @@ impl Space {
             manifest.indexes.push(table);
         }
         manifest.job = None;
-        manifest.write(&self.volume)?;
+        manifest.write(&self.background)?;
         writer.manifest = manifest;
         self.publish(writer, true)
     }
 
-    fn merge_runs(&self, writer: &Writer, job: &Job, stop: &dyn Fn() -> bool) -> Result<Table, KvError> {
+    fn merge_runs(
+        &self,
+        writer: &Writer,
+        job: &Job,
+        stop: &dyn Fn() -> bool,
+        moved: &mut dyn FnMut(u64),
+    ) -> Result<Table, KvError> {
         let schema = &writer.manifest.schema;
         let column = schema.column_of(&job.column).expect("a job sorts by a field");
         let key_column = schema.key_column();
         let last_only = job.column == schema.key && schema.duplicates == Duplicates::KeepLast;
         let total: u64 = job.runs.iter().map(|r| r.rows).sum();
         let step = format!("sorting by {} (merging {} runs)", job.column, job.runs.len());
-        let mut out = TableWriter::new(&self.volume, &job.column, column, writer.manifest.next_free);
+        let mut out = TableWriter::new(&self.background, &job.column, column, writer.manifest.next_free);
         let mut held: Vec<RecordBatch> = Vec::new();
         let mut cursors = Vec::new();
         let mut heap = BinaryHeap::new();
         for (i, run) in job.runs.iter().enumerate() {
             let mut cursor = Cursor {
-                dir: Directory::read(&self.volume, run)?,
+                dir: Directory::read(&self.background, run)?,
                 next: 0,
                 slot: 0,
                 ords: Vec::new(),
                 keys: Vec::new(),
                 row: 0,
             };
-            if cursor.load(&self.volume, column, key_column, &mut held)? {
+            if cursor.load(&self.background, column, key_column, &mut held)? {
                 heap.push(Reverse((cursor.ords[0], cursor.keys[0], i)));
             }
             cursors.push(cursor);
@@ -257,7 +288,8 @@ impl Space {
                 picked.push(at);
             }
             cursor.row += 1;
-            let more = cursor.row < cursor.ords.len() || cursor.load(&self.volume, column, key_column, &mut held)?;
+            let more =
+                cursor.row < cursor.ords.len() || cursor.load(&self.background, column, key_column, &mut held)?;
             if more {
                 heap.push(Reverse((cursor.ords[cursor.row], cursor.keys[cursor.row], i)));
             }
@@ -269,6 +301,7 @@ impl Space {
                 write_picked(&mut out, &held, &mut picked)?;
                 self.set_progress(&step, merged, total);
                 compact_held(&mut held, &mut cursors, &mut pending);
+                moved((TABLE_ROWS * schema.record_bytes()) as u64);
             }
         }
         if let Some((_, slot, row)) = pending {

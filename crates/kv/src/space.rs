@@ -141,6 +141,8 @@ impl View {
 pub struct Space {
     name: String,
     pub(crate) volume: Volume,
+    /// The same volume for the deferred work: not counted as clients'.
+    pub(crate) background: Volume,
     pub(crate) writer: Mutex<Writer>,
     view: RwLock<Arc<View>>,
     pub(crate) regions: RwLock<()>,
@@ -205,6 +207,7 @@ impl Space {
         let view = View::of(&volume, &manifest, &tail, None)?;
         Ok(Space {
             name: name.to_string(),
+            background: volume.background(),
             volume,
             writer: Mutex::new(Writer {
                 manifest,

@@ -24,6 +24,9 @@ pub struct StoreOptions {
     /// Whether a thread does the deferred work as soon as a space is
     /// finalized (else only `Store::work_all` does it).
     pub background: bool,
+    /// Bytes a second the background work writes at most while clients
+    /// make requests (`None`: it never yields).
+    pub busy_rate: Option<u64>,
 }
 
 impl Default for StoreOptions {
@@ -31,6 +34,7 @@ impl Default for StoreOptions {
         StoreOptions {
             sort_memory: 256 << 20,
             background: true,
+            busy_rate: Some(64 << 20),
         }
     }
 }
@@ -182,7 +186,11 @@ impl Store {
     pub fn work_all(&self) -> Result<(), KvError> {
         let spaces: Vec<Arc<Space>> = lock(&self.spaces).values().cloned().collect();
         for space in spaces.iter().filter(|s| s.has_work()) {
-            space.work(self.options.sort_memory, &|| self.stop.load(Ordering::Relaxed))?;
+            space.work(
+                self.options.sort_memory,
+                &|| self.stop.load(Ordering::Relaxed),
+                &mut |_| {},
+            )?;
         }
         Ok(())
     }
@@ -193,10 +201,12 @@ impl Store {
         unsafe {
             libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10);
         }
+        let mut pace = crate::pace::Pace::new(|| self.array.client_requests(), self.options.busy_rate);
         while !self.stop.load(Ordering::Relaxed) {
             let spaces: Vec<Arc<Space>> = lock(&self.spaces).values().cloned().collect();
             for space in spaces.iter().filter(|s| s.has_work()) {
-                match space.work(self.options.sort_memory, &|| self.stop.load(Ordering::Relaxed)) {
+                let stop = || self.stop.load(Ordering::Relaxed);
+                match space.work(self.options.sort_memory, &stop, &mut |bytes| pace.moved(bytes)) {
                     Ok(()) => {
                         lock(&self.errors).remove(space.name());
                     }

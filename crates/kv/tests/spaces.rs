@@ -139,6 +139,7 @@ fn quiet(sort_memory: usize) -> StoreOptions {
     StoreOptions {
         sort_memory,
         background: false,
+        busy_rate: None,
     }
 }
 
@@ -372,7 +373,7 @@ fn a_sort_cut_short_at_any_step_resumes_with_every_record_once() {
         // Stop after `cut` checks, then lose power (keeping a random
         // part of what was not synced), then finish the work.
         let checks = AtomicUsize::new(0);
-        let result = space.work(64 << 10, &|| checks.fetch_add(1, Ordering::Relaxed) >= cut);
+        let result = space.work(64 << 10, &|| checks.fetch_add(1, Ordering::Relaxed) >= cut, &mut |_| {});
         drop(space);
         drop(store);
         let finished = result.is_ok();

@@ -109,6 +109,10 @@ pub struct Serve {
     /// Bytes of records a KV space's sort holds in memory at once.
     #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_usize, default_value = "256M")]
     pub kv_sort_memory: usize,
+    /// Bytes a second a KV space's sort writes at most while clients make
+    /// requests (0: it never yields to them).
+    #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_usize, default_value = "64M")]
+    pub kv_sort_busy_rate: usize,
     /// Open even if no log device of the array can be read, giving up
     /// the FLUSHed writes that only they held (without it, refused).
     #[arg(long)]
@@ -381,6 +385,7 @@ pub fn serve(s: Serve) -> Result<()> {
             let options = tessera_kv::StoreOptions {
                 sort_memory: s.kv_sort_memory,
                 background: true,
+                busy_rate: Some(s.kv_sort_busy_rate as u64).filter(|&r| r > 0),
             };
             let store = tessera_kv::Store::open(array.clone(), options).context("opening the KV spaces")?;
             for (name, why) in store.broken() {
