@@ -205,3 +205,28 @@ fn kill_9_during_inserts_loses_no_acknowledged_batch_and_keeps_no_half_one() {
         stop(server);
     }
 }
+
+#[test]
+fn a_kv_address_in_use_is_refused_before_the_array_opens() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("array");
+    create(&dir, "40M");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = taken.local_addr().unwrap().to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["serve", dir.to_str().unwrap(), "--socket"])
+        .arg(dir.with_extension("sock"))
+        .args(["--kv", &address])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("listening for KV spaces"),
+        "{said}"
+    );
+    assert!(!said.contains("opened in"), "the array was opened first: {said}");
+    // Never opened, so its last stop (create's) is still a clean one.
+    let out = tessera(&["status", dir.to_str().unwrap(), "--json"]);
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(status["recovery"]["clean_stop"], true, "{status}");
+}

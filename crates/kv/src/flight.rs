@@ -352,16 +352,16 @@ impl FlightService for KvFlight {
     }
 }
 
-/// A Flight server running on its own threads.
-pub struct FlightServer {
+/// The Flight server's socket, bound (so that an address in use is
+/// found before the array is opened), and its runtime.
+pub struct FlightListener {
+    runtime: tokio::runtime::Runtime,
+    listener: tokio::net::TcpListener,
     pub address: SocketAddr,
-    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
 }
 
-impl FlightServer {
-    /// Serves `store` at `address` (port 0: any free port; see `address`).
-    pub fn start(store: Arc<Store>, address: SocketAddr) -> std::io::Result<FlightServer> {
+impl FlightListener {
+    pub fn bind(address: SocketAddr) -> std::io::Result<FlightListener> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("kv-flight")
@@ -369,6 +369,20 @@ impl FlightServer {
             .build()?;
         let listener = runtime.block_on(tokio::net::TcpListener::bind(address))?;
         let address = listener.local_addr()?;
+        Ok(FlightListener {
+            runtime,
+            listener,
+            address,
+        })
+    }
+
+    /// Serves `store` on the bound socket, on threads of its own.
+    pub fn serve(self, store: Arc<Store>) -> std::io::Result<FlightServer> {
+        let FlightListener {
+            runtime,
+            listener,
+            address,
+        } = self;
         let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
         let service = FlightServiceServer::new(KvFlight { store })
             .max_decoding_message_size(MESSAGE_BYTES_MAX)
@@ -394,7 +408,16 @@ impl FlightServer {
             thread: Some(thread),
         })
     }
+}
 
+/// A Flight server running on its own threads.
+pub struct FlightServer {
+    pub address: SocketAddr,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FlightServer {
     pub fn stop(&mut self) {
         if let Some(shutdown) = self.shutdown.take() {
             let _ = shutdown.send(());

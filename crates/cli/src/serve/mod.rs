@@ -282,6 +282,14 @@ pub fn serve(s: Serve) -> Result<()> {
         let bound = http::serve(options, ready.clone(), since)?;
         eprintln!("tessera: dashboard and API at {bound}");
     }
+    // So is the KV spaces' address: one in use is said before the array
+    // opens.
+    let kv_listener =
+        s.kv.map(|address| {
+            tessera_kv::flight::FlightListener::bind(address)
+                .with_context(|| format!("listening for KV spaces (--kv) on {address}"))
+        })
+        .transpose()?;
     let array = Arc::new(open_with(dir, engine)?);
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(signal, stop.clone())?;
@@ -380,8 +388,8 @@ pub fn serve(s: Serve) -> Result<()> {
         eprintln!("tessera: metrics at http://{bound}/metrics");
     }
     // KV spaces: their logs recovered at opening, sorts under way go on.
-    let kv = match s.kv {
-        Some(address) => {
+    let kv = match kv_listener {
+        Some(listener) => {
             let options = tessera_kv::StoreOptions {
                 sort_memory: s.kv_sort_memory,
                 background: true,
@@ -391,7 +399,9 @@ pub fn serve(s: Serve) -> Result<()> {
             for (name, why) in store.broken() {
                 eprintln!("tessera: warning: KV space {name} is left out: {why}");
             }
-            let server = tessera_kv::flight::FlightServer::start(store.clone(), address)
+            let address = listener.address;
+            let server = listener
+                .serve(store.clone())
                 .with_context(|| format!("serving KV spaces at {address}"))?;
             if !server.address.ip().is_loopback() {
                 eprintln!(
