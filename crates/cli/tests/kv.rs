@@ -37,15 +37,20 @@ fn succeeded(what: &str, out: Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// `kv_flight.py ADDRESS MODE ARGS...`, which must succeed: its stdout.
-fn script(address: &str, mode: &str, args: &[&str]) -> String {
-    let out = Command::new(python())
+/// `kv_flight.py ADDRESS MODE ARGS...`, to run.
+fn script_command(address: &str, mode: &str, args: &[&str]) -> Command {
+    let mut command = Command::new(python());
+    command
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kv_flight.py"))
         .arg(format!("grpc://{address}"))
         .arg(mode)
-        .args(args)
-        .output()
-        .unwrap();
+        .args(args);
+    command
+}
+
+/// `kv_flight.py ADDRESS MODE ARGS...`, which must succeed: its stdout.
+fn script(address: &str, mode: &str, args: &[&str]) -> String {
+    let out = script_command(address, mode, args).output().unwrap();
     succeeded(&format!("kv_flight.py {mode}"), out)
 }
 
@@ -176,10 +181,7 @@ fn kill_9_during_inserts_loses_no_acknowledged_batch_and_keeps_no_half_one() {
             // The space exists from the first round: inserts go on in it.
             succeeded("kv drop", tessera(&["kv", "--at", &at, "drop", "k"]));
         }
-        let mut inserter = Command::new(python())
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kv_flight.py"))
-            .arg(format!("grpc://{at}"))
-            .arg("kill-insert")
+        let mut inserter = script_command(&at, "kill-insert", &[])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

@@ -86,18 +86,11 @@ pub fn frame_bytes(payload: usize) -> u64 {
     (HEADER_BYTES + payload).div_ceil(BLOCK as usize) as u64 * BLOCK
 }
 
-/// A frame's bytes, padded to whole blocks.
-pub fn encode(kind: Kind, sequence: u64, rows: u32, payload: &[u8]) -> Vec<u8> {
-    assert!(payload.len() <= PAYLOAD_MAX, "a frame's payload is cut to PAYLOAD_MAX");
-    let mut out = vec![0u8; frame_bytes(payload.len()) as usize];
-    out[HEADER_BYTES..HEADER_BYTES + payload.len()].copy_from_slice(payload);
-    let unsealed = Unsealed {
-        at: 0,
-        payload: payload.len(),
-        crc: crc32c(payload),
-        rows,
-    };
-    unsealed.seal(&mut out, kind, sequence, true);
+/// A frame of `batch` (an insert's last, for a log frame), padded to
+/// whole blocks.
+pub fn encode(kind: Kind, sequence: u64, batch: &RecordBatch) -> Vec<u8> {
+    let mut out = Vec::new();
+    Unsealed::append(&mut out, batch).seal(&mut out, kind, sequence, true);
     out
 }
 
@@ -192,13 +185,6 @@ pub fn read_expected(
     }
 }
 
-/// One batch as an Arrow IPC stream.
-pub fn encode_batch(batch: &RecordBatch) -> Vec<u8> {
-    let mut writer = StreamWriter::try_new(Vec::new(), &batch.schema()).expect("a valid schema");
-    writer.write(batch).expect("writing to memory");
-    writer.into_inner().expect("writing to memory")
-}
-
 pub fn decode_batch(payload: &[u8]) -> Result<RecordBatch, KvError> {
     let corrupt = |e: arrow_schema::ArrowError| KvError::Corrupt {
         why: format!("a frame's Arrow IPC: {e}"),
@@ -227,15 +213,6 @@ mod tests {
 
     #[test]
     fn a_frame_s_header_refuses_what_is_not_one() {
-        let bytes = encode(Kind::Log, 7, 3, b"payload");
-        assert_eq!(bytes.len(), 4096);
-        let header = Header::decode(&bytes).unwrap();
-        assert_eq!(
-            (header.kind, header.sequence, header.payload, header.rows),
-            (Kind::Log, 7, 7, 3)
-        );
-        assert!(header.ends_insert);
-        let mut out = vec![1u8; 10];
         let batch = RecordBatch::try_new(
             std::sync::Arc::new(arrow_schema::Schema::new(vec![arrow_schema::Field::new(
                 "a",
@@ -245,6 +222,13 @@ mod tests {
             vec![std::sync::Arc::new(arrow_array::UInt64Array::from(vec![1, 2, 3]))],
         )
         .unwrap();
+        let bytes = encode(Kind::Table, 7, &batch);
+        assert_eq!(bytes.len(), 4096);
+        let header = Header::decode(&bytes).unwrap();
+        assert_eq!((header.kind, header.sequence, header.rows), (Kind::Table, 7, 3));
+        assert!(header.ends_insert);
+        // Appended after other bytes, sealed later, not ending an insert.
+        let mut out = vec![1u8; 10];
         let unsealed = Unsealed::append(&mut out, &batch);
         unsealed.seal(&mut out, Kind::Log, 9, false);
         let framed = &out[10..];

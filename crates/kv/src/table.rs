@@ -114,9 +114,8 @@ impl<'a> TableWriter<'a> {
         for start in (0..batch.num_rows()).step_by(TABLE_ROWS) {
             let part = batch.slice(start, TABLE_ROWS.min(batch.num_rows() - start));
             let ords = ordinals(part.column(self.sort_column).as_ref());
-            let payload = frame::encode_batch(&part);
             let number = self.entries[0].len() as u64;
-            let bytes = frame::encode(Kind::Table, number, part.num_rows() as u32, &payload);
+            let bytes = frame::encode(Kind::Table, number, &part);
             self.volume.write(self.at, &bytes, false)?;
             for (list, value) in self.entries.iter_mut().zip([
                 self.at,
@@ -139,12 +138,7 @@ impl<'a> TableWriter<'a> {
             .map(|values| Arc::new(UInt64Array::from(values.clone())) as _)
             .collect();
         let directory = RecordBatch::try_new(Directory::schema(), columns).expect("the directory's schema");
-        let bytes = frame::encode(
-            Kind::Directory,
-            0,
-            directory.num_rows() as u32,
-            &frame::encode_batch(&directory),
-        );
+        let bytes = frame::encode(Kind::Directory, 0, &directory);
         self.volume.write(self.at, &bytes, false)?;
         Ok(Table {
             column: self.column,
