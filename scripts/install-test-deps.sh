@@ -13,10 +13,11 @@ set -euo pipefail
 # HTTP API and the dashboard, tested as a browser renders it;
 # qemu-user, gcc-aarch64-linux-gnu and libc6-dev-arm64-cross: the erasure
 # code's NEON kernel, built for aarch64 and tested under qemu-aarch64;
-# python3-venv: the Python environment with pyarrow (below).
+# python3-venv: the Python environment with pyarrow (below); g++: the GPU
+# kernels' hash functions built for the host and checked there.
 packages=(libisal-dev libisal2 libssl-dev pkg-config zstd lz4 b3sum openssl gzip python3 curl chromium-headless-shell
   python3-pip fonts-dejavu-core libnbd-bin nbdkit qemu-utils fio fuse2fs e2fsprogs
-  qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross python3-venv)
+  qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross python3-venv g++)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

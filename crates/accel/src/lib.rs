@@ -20,6 +20,7 @@
 //!
 //! [`select`] picks a backend by name (`auto`, `cpu`, `cuda`).
 
+pub mod batch;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -214,25 +215,45 @@ impl std::fmt::Display for Kind {
 /// reason when there is no GPU, driver or NVRTC; `Auto` is the GPU for
 /// the batches where it wins (SHA-256 and SHA3-512 checksums, see
 /// [`cuda::Policy::Auto`]) when one opens, and the CPU otherwise.
+///
+/// A GPU backend is wrapped in [`batch::Batching`], so that the stripes
+/// and hashes many client threads ask for at once reach it as a few large
+/// batches. `TESSERA_ACCEL_BATCH` overrides that, for measurements and
+/// tests: `off` (or `0`) never batches, a number N batches every backend,
+/// the CPU's included, with N batches in flight.
 pub fn select(kind: Kind) -> Result<Arc<dyn Accelerator>, AccelError> {
     let threads = cpu::default_threads();
-    match kind {
-        Kind::Cpu => Ok(Arc::new(cpu::Cpu::new(threads))),
+    let (backend, gpu): (Arc<dyn Accelerator>, bool) = match kind {
+        Kind::Cpu => (Arc::new(cpu::Cpu::new(threads)), false),
         #[cfg(feature = "cuda")]
-        Kind::Cuda => Ok(Arc::new(cuda::Cuda::open(cuda::Policy::Always, threads)?)),
+        Kind::Cuda => (Arc::new(cuda::Cuda::open(cuda::Policy::Always, threads)?), true),
         #[cfg(feature = "cuda")]
         Kind::Auto => match cuda::Cuda::open(cuda::Policy::Auto, threads) {
-            Ok(gpu) => Ok(Arc::new(gpu)),
-            Err(_) => Ok(Arc::new(cpu::Cpu::new(threads))),
+            Ok(gpu) => (Arc::new(gpu), true),
+            Err(_) => (Arc::new(cpu::Cpu::new(threads)), false),
         },
         #[cfg(not(feature = "cuda"))]
-        Kind::Cuda => Err(AccelError::Unavailable {
-            name: "cuda".to_string(),
-            why: "this build has no CUDA backend (the 'cuda' feature is off); use --accel cpu".to_string(),
-        }),
+        Kind::Cuda => {
+            return Err(AccelError::Unavailable {
+                name: "cuda".to_string(),
+                why: "this build has no CUDA backend (the 'cuda' feature is off); use --accel cpu".to_string(),
+            })
+        }
         #[cfg(not(feature = "cuda"))]
-        Kind::Auto => Ok(Arc::new(cpu::Cpu::new(threads))),
-    }
+        Kind::Auto => (Arc::new(cpu::Cpu::new(threads)), false),
+    };
+    let lanes = match std::env::var("TESSERA_ACCEL_BATCH") {
+        Ok(v) if v == "off" || v == "0" => None,
+        Ok(v) if !v.is_empty() => Some(v.parse::<usize>().map_err(|_| AccelError::Unavailable {
+            name: "batch".to_string(),
+            why: format!("TESSERA_ACCEL_BATCH is '{v}': use off or a number of batches in flight"),
+        })?),
+        _ => gpu.then_some(batch::DEFAULT_LANES),
+    };
+    Ok(match lanes {
+        Some(lanes) => Arc::new(batch::Batching::new(backend, lanes, batch::DEFAULT_MAX_BYTES)),
+        None => backend,
+    })
 }
 
 /// Checks that every seal job has K data and M parity chunks of the shape.

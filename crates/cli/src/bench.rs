@@ -64,6 +64,10 @@ pub enum BenchCommand {
         /// Backend for parity, rebuilds and hashes: auto, cpu or cuda.
         #[arg(long, default_value = "auto")]
         accel: tessera_accel::Kind,
+        /// Each writer FLUSHes after every N writes (0: only once, at the
+        /// end), and the FLUSHes' latency is reported apart.
+        #[arg(long, default_value_t = 0)]
+        flush_every: usize,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -164,6 +168,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
             fail,
             data_kind,
             accel,
+            flush_every,
             json,
         } => {
             let report = bench_array::run(&bench_array::Options {
@@ -195,6 +200,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
                 bytes,
                 failed: fail,
                 accel,
+                flush_every,
                 compressible: match data_kind.as_str() {
                     "random" => false,
                     "compressible" => true,

@@ -36,6 +36,8 @@ pub struct Options {
     pub bytes: u64,
     pub failed: usize,
     pub accel: tessera_accel::Kind,
+    /// Writers FLUSH after every this many writes (0: never in the pass).
+    pub flush_every: usize,
     /// Data that compresses about 2:1, rather than random bytes.
     pub compressible: bool,
 }
@@ -71,6 +73,10 @@ pub struct Report {
     pub iops: f64,
     pub latency_us_p50: f64,
     pub latency_us_p99: f64,
+    /// FLUSHes issued in the pass (`--flush-every`) and their latency.
+    pub flushes: usize,
+    pub flush_us_p50: f64,
+    pub flush_us_p99: f64,
     /// Process CPU (user + system) seconds per GB moved.
     pub cpu_seconds_per_gb: f64,
     /// Cores the process kept busy on average.
@@ -137,14 +143,15 @@ fn requests(o: &Options, worker: usize, workers: usize, size: u64, count: usize)
 }
 
 /// Runs `count` requests per worker, reading or writing; returns the
-/// latencies.
-fn pass(array: &Array, o: &Options, write: bool, offsets: &[Vec<u64>]) -> Result<Vec<Duration>> {
-    let results: Vec<Result<Vec<Duration>>> = std::thread::scope(|scope| {
+/// latencies of the requests, and of the FLUSHes writers issued.
+fn pass(array: &Array, o: &Options, write: bool, offsets: &[Vec<u64>]) -> Result<(Vec<Duration>, Vec<Duration>)> {
+    type Latencies = (Vec<Duration>, Vec<Duration>);
+    let results: Vec<Result<Latencies>> = std::thread::scope(|scope| {
         let handles: Vec<_> = offsets
             .iter()
             .enumerate()
             .map(|(w, offsets)| {
-                scope.spawn(move || -> Result<Vec<Duration>> {
+                scope.spawn(move || -> Result<Latencies> {
                     let mut buffer = if write { Vec::new() } else { vec![0u8; o.block_bytes] };
                     let pool = if write {
                         pool(w as u64, o.compressible)
@@ -152,6 +159,7 @@ fn pass(array: &Array, o: &Options, write: bool, offsets: &[Vec<u64>]) -> Result
                         Vec::new()
                     };
                     let mut latencies = Vec::with_capacity(offsets.len());
+                    let mut flushes = Vec::new();
                     for (i, &offset) in offsets.iter().enumerate() {
                         let started = Instant::now();
                         if write {
@@ -162,8 +170,13 @@ fn pass(array: &Array, o: &Options, write: bool, offsets: &[Vec<u64>]) -> Result
                             array.read(offset, &mut buffer)?;
                         }
                         latencies.push(started.elapsed());
+                        if write && o.flush_every > 0 && (i + 1) % o.flush_every == 0 {
+                            let started = Instant::now();
+                            array.flush()?;
+                            flushes.push(started.elapsed());
+                        }
                     }
-                    Ok(latencies)
+                    Ok((latencies, flushes))
                 })
             })
             .collect();
@@ -172,11 +185,13 @@ fn pass(array: &Array, o: &Options, write: bool, offsets: &[Vec<u64>]) -> Result
             .map(|h| h.join().unwrap_or_else(|_| bail!("a worker panicked")))
             .collect()
     });
-    let mut all = Vec::new();
+    let (mut all, mut flushes) = (Vec::new(), Vec::new());
     for r in results {
-        all.extend(r?);
+        let (latencies, flushed) = r?;
+        all.extend(latencies);
+        flushes.extend(flushed);
     }
-    Ok(all)
+    Ok((all, flushes))
 }
 
 pub fn run(o: &Options) -> Result<Report> {
@@ -234,7 +249,7 @@ pub fn run(o: &Options) -> Result<Report> {
     }
     let before = array.status()?;
     let (cpu, started) = (cpu_seconds(), Instant::now());
-    let mut latencies = pass(&array, o, o.write, &offsets)?;
+    let (mut latencies, mut flushes) = pass(&array, o, o.write, &offsets)?;
     if o.write {
         array.flush()?;
     }
@@ -242,13 +257,18 @@ pub fn run(o: &Options) -> Result<Report> {
     let cpu = cpu_seconds() - cpu;
     let after = array.status()?;
     latencies.sort();
-    let percentile = |p: f64| latencies[((latencies.len() - 1) as f64 * p) as usize].as_secs_f64() * 1e6;
+    flushes.sort();
+    let percentile = |of: &[Duration], p: f64| match of.len() {
+        0 => 0.0,
+        n => of[((n - 1) as f64 * p) as usize].as_secs_f64() * 1e6,
+    };
     let bytes = (latencies.len() * o.block_bytes) as u64;
     let user = after.user_bytes_written - before.user_bytes_written;
     let member = after.member_bytes_written - before.member_bytes_written;
     Ok(Report {
         accelerator: match accel.detail() {
             detail if detail.is_empty() => accel.name().to_string(),
+            detail if accel.name() == "cpu" => format!("cpu ({detail})"),
             detail => format!(
                 "{} ({detail}; {} MB on the device)",
                 accel.name(),
@@ -276,8 +296,11 @@ pub fn run(o: &Options) -> Result<Report> {
         seconds,
         gbps: bytes as f64 / seconds / 1e9,
         iops: latencies.len() as f64 / seconds,
-        latency_us_p50: percentile(0.5),
-        latency_us_p99: percentile(0.99),
+        latency_us_p50: percentile(&latencies, 0.5),
+        latency_us_p99: percentile(&latencies, 0.99),
+        flushes: flushes.len(),
+        flush_us_p50: percentile(&flushes, 0.5),
+        flush_us_p99: percentile(&flushes, 0.99),
         cpu_seconds_per_gb: cpu / (bytes as f64 / 1e9),
         cores_busy: cpu / seconds,
         write_amplification: if user == 0 { 0.0 } else { member as f64 / user as f64 },
@@ -304,4 +327,10 @@ pub fn print(r: &Report) {
         "{:.3} GB/s, {:.0} IOPS; latency p50 {:.0} us, p99 {:.0} us; {:.2} CPU-seconds per GB ({:.2} cores busy); write amplification {:.2}",
         r.gbps, r.iops, r.latency_us_p50, r.latency_us_p99, r.cpu_seconds_per_gb, r.cores_busy, r.write_amplification
     );
+    if r.flushes > 0 {
+        println!(
+            "{} FLUSHes: latency p50 {:.0} us, p99 {:.0} us",
+            r.flushes, r.flush_us_p50, r.flush_us_p99
+        );
+    }
 }

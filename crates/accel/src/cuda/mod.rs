@@ -55,8 +55,11 @@ pub const KERNELS: &str = include_str!("kernels.cu");
 /// stripe larger than this is a piece of its own).
 pub const PIECE_BYTES: usize = 256 << 20;
 
-/// Staging slots (a stream and its pinned and device buffers each).
-pub const SLOTS: usize = 4;
+/// Staging slots (a stream and its pinned and device buffers each, grown
+/// on first use). A call of one piece takes one, of several two; the
+/// batches in front of the backend (`batch::Batching`, at most
+/// `SLOTS / 2` in flight, each smaller than a piece) never wait for one.
+pub const SLOTS: usize = 16;
 
 /// Under [`Policy::Auto`], batches with fewer data bytes than this run on
 /// the CPU: below it, the copies and launches cost more than they save.
@@ -302,6 +305,8 @@ pub struct Cuda {
     slot_free: Condvar,
     /// Encoding kernels compiled for a shape (None: NVRTC failed, use gf_dot).
     encoders: Mutex<std::collections::HashMap<(usize, usize), Option<Encoder>>>,
+    /// How those kernels are generated.
+    tuning: encoder::Tuning,
     cpu: Cpu,
     /// Why the GPU was given up, once it was.
     failed: OnceLock<String>,
@@ -364,6 +369,7 @@ impl Cuda {
             slots: Mutex::new(slots),
             slot_free: Condvar::new(),
             encoders: Mutex::new(Default::default()),
+            tuning: encoder::Tuning::from_env(),
             cpu: Cpu::new(cpu_threads),
             failed: OnceLock::new(),
             counters: WorkCounters::default(),
@@ -490,11 +496,12 @@ impl Cuda {
             return found.clone();
         }
         let (k, m) = key;
-        if k > encoder::DATA_MAX {
+        let tuning = self.tuning;
+        if k > tuning.data_max {
             return None;
         }
         let made = (|| -> Result<Vec<CudaFunction>, String> {
-            let source = encoder::source(k, &codec.encoding_matrix()[k * k..], m);
+            let source = encoder::source(k, &codec.encoding_matrix()[k * k..], m, tuning.group);
             let (major, minor) = self.ctx.compute_capability().map_err(|e| e.to_string())?;
             let options = cudarc::nvrtc::CompileOptions {
                 options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
@@ -503,7 +510,7 @@ impl Cuda {
             };
             let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, options).map_err(|e| format!("{e:?}"))?;
             let module = self.ctx.load_module(ptx).map_err(|e| e.to_string())?;
-            (0..encoder::kernels(m))
+            (0..encoder::kernels(k, m, tuning.group))
                 .map(|g| module.load_function(&format!("encode_{g}")).map_err(|e| e.to_string()))
                 .collect()
         })();
