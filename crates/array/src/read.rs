@@ -28,6 +28,11 @@ use crate::stripe::{self, RebuildError, Rebuilt};
 use std::sync::Arc;
 use tessera_checksum::Algorithm;
 
+/// Reads of at most this many bytes read their pieces (at most two or
+/// three chunks) one after the other on the calling thread: handing a few
+/// kilobytes to the I/O pool costs more in wake-ups than the reads do.
+const SERIAL_READ_BYTES_MAX: usize = 16 << 10;
+
 /// Where a stripe's data area is.
 pub(crate) enum Where {
     Memory(Arc<AlignedBuf>),
@@ -371,6 +376,7 @@ impl Shared {
         {
             return false;
         }
+        let out_len = out.len();
         let mut rest = out;
         let mut jobs: Vec<(usize, usize, &mut [u8], bool)> = Vec::with_capacity(pieces.len());
         for (chunk, within, n, _) in pieces {
@@ -378,11 +384,16 @@ impl Shared {
             rest = tail;
             jobs.push((chunk, within, piece, false));
         }
-        self.in_parallel(&mut jobs, |(chunk, within, piece, ok)| {
+        let read = |(chunk, within, piece, ok): &mut (usize, usize, &mut [u8], bool)| {
             let (member, row) = g.place(slot, *chunk);
             let position = g.row_offset(row) + (SECTOR_BYTES + *within) as u64;
             *ok = self.members.read(member, |device| device.read_at(piece, position));
-        });
+        };
+        if out_len <= SERIAL_READ_BYTES_MAX {
+            jobs.iter_mut().for_each(read);
+        } else {
+            self.in_parallel(&mut jobs, read);
+        }
         jobs.iter().all(|job| job.3)
     }
 
