@@ -453,15 +453,6 @@ mod tests {
         })
     }
 
-    fn shape(data: usize, parity: usize, chunk_bytes: usize, checksum: Algorithm) -> Shape {
-        Shape {
-            data,
-            parity,
-            chunk_bytes,
-            checksum,
-        }
-    }
-
     /// Seals `stripes` stripes of random data through `accel`; returns the
     /// parity and leaves.
     fn seal_random(accel: &dyn Accelerator, shape: &Shape, stripes: usize, seed: u64) -> (Vec<Vec<u8>>, Vec<Leaves>) {
@@ -489,8 +480,8 @@ mod tests {
         let batching = Arc::new(Batching::new(inner.clone(), 1, DEFAULT_MAX_BYTES));
         let reference = Cpu::new(1);
         let shapes = [
-            shape(4, 2, 4096, Algorithm::Sha3_512),
-            shape(6, 3, 1000, Algorithm::Crc32c),
+            Shape::new(4, 2, 4096, Algorithm::Sha3_512),
+            Shape::new(6, 3, 1000, Algorithm::Crc32c),
         ];
         let threads = 12;
         let start = Barrier::new(threads);
@@ -534,7 +525,7 @@ mod tests {
     #[test]
     fn a_batch_stops_at_max_bytes_and_a_lone_request_runs_at_once() {
         let inner = watched(30, None);
-        let s = shape(2, 1, 4096, Algorithm::Crc32c);
+        let s = Shape::new(2, 1, 4096, Algorithm::Crc32c);
         // Room for two one-stripe requests (8 KiB of data each) a batch.
         let batching = Arc::new(Batching::new(inner.clone(), 1, 16 << 10));
         let started = std::time::Instant::now();
@@ -559,7 +550,7 @@ mod tests {
     fn a_malformed_request_is_refused_alone() {
         let inner = watched(10, None);
         let batching = Arc::new(Batching::new(inner, 1, DEFAULT_MAX_BYTES));
-        let s = shape(4, 2, 4096, Algorithm::Crc32c);
+        let s = Shape::new(4, 2, 4096, Algorithm::Crc32c);
         std::thread::scope(|scope| {
             for t in 0..6u64 {
                 let batching = &batching;
@@ -589,7 +580,7 @@ mod tests {
     fn a_leader_that_panics_answers_its_batch_with_an_error_and_frees_its_lane() {
         let inner = watched(20, Some(0xAB));
         let batching = Arc::new(Batching::new(inner, 1, DEFAULT_MAX_BYTES));
-        let s = shape(2, 1, 64, Algorithm::Crc32c);
+        let s = Shape::new(2, 1, 64, Algorithm::Crc32c);
         let outcomes: Vec<Result<bool, ()>> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..8u8)
                 .map(|t| {

@@ -40,6 +40,15 @@ pub struct Shape {
 }
 
 impl Shape {
+    pub fn new(data: usize, parity: usize, chunk_bytes: usize, checksum: Algorithm) -> Shape {
+        Shape {
+            data,
+            parity,
+            chunk_bytes,
+            checksum,
+        }
+    }
+
     pub fn width(&self) -> usize {
         self.data + self.parity
     }

@@ -122,15 +122,6 @@ fn without_a_driver_cuda_is_refused_with_the_reason_and_auto_is_the_cpu() {
     assert_eq!(crate::select(crate::Kind::Auto).expect("the CPU").name(), "cpu");
 }
 
-fn shape(data: usize, parity: usize, chunk_bytes: usize, checksum: Algorithm) -> Shape {
-    Shape {
-        data,
-        parity,
-        chunk_bytes,
-        checksum,
-    }
-}
-
 fn random_bytes(rng: &mut impl Rng, len: usize) -> Vec<u8> {
     let mut bytes = vec![0u8; len];
     rng.fill(&mut bytes[..]);
@@ -184,13 +175,13 @@ fn gpu_sealing_equals_the_cpu_for_every_kind_of_shape() {
     }
     for (k, m, c) in shapes {
         for checksum in Algorithm::ALL {
-            let shape = shape(k, m, c, checksum);
+            let shape = Shape::new(k, m, c, checksum);
             let stripes = rng.gen_range(1..=3);
             seal_both(&gpu, &cpu, &shape, stripes, &mut rng);
         }
     }
     // Several pieces in one batch, and a partial last one (4 MiB stripes).
-    let shape = shape(60, 4, 65536, Algorithm::Sha3_512);
+    let shape = Shape::new(60, 4, 65536, Algorithm::Sha3_512);
     let stripes = PIECE_BYTES / (4 << 20) * 2 + 3;
     seal_both(&gpu, &cpu, &shape, stripes, &mut rng);
     assert!(gpu.failure().is_none(), "{:?}", gpu.failure());
@@ -204,7 +195,7 @@ fn gpu_rebuilds_equal_the_cpu_for_random_patterns() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x7265);
     for (k, m, c) in [(4, 2, 4096), (10, 4, 8192), (92, 8, 4096), (200, 16, 1000), (3, 3, 7)] {
         for checksum in [Algorithm::Sha256, Algorithm::Sha3_512, Algorithm::Crc32c] {
-            let shape = shape(k, m, c, checksum);
+            let shape = Shape::new(k, m, c, checksum);
             let stripes = 5;
             let data: Vec<Vec<u8>> = (0..stripes).map(|_| random_bytes(&mut rng, k * c)).collect();
             let mut parity = vec![vec![0u8; m * c]; stripes];
@@ -280,7 +271,7 @@ fn a_gpu_that_fails_hands_the_batch_and_what_follows_to_the_cpu() {
     let Some(gpu) = gpu(Policy::Always) else { return };
     let cpu = Cpu::new(2);
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x6661);
-    let shape = shape(8, 3, 4096, Algorithm::Sha3_512);
+    let shape = Shape::new(8, 3, 4096, Algorithm::Sha3_512);
     gpu.inject_failure();
     seal_both(&gpu, &cpu, &shape, 4, &mut rng);
     assert!(
@@ -300,12 +291,12 @@ fn auto_sends_only_big_sha_batches_to_the_gpu() {
     let Some(gpu) = gpu(Policy::Auto) else { return };
     let cpu = Cpu::new(2);
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x6175);
-    let small = shape(4, 2, 4096, Algorithm::Sha256);
+    let small = Shape::new(4, 2, 4096, Algorithm::Sha256);
     seal_both(&gpu, &cpu, &small, 2, &mut rng);
-    let cheap = shape(10, 4, 65536, Algorithm::Crc32c);
+    let cheap = Shape::new(10, 4, 65536, Algorithm::Crc32c);
     seal_both(&gpu, &cpu, &cheap, 8, &mut rng);
     assert_eq!(gpu.bytes_on_device(), 0);
-    let big = shape(10, 4, 65536, Algorithm::Sha3_512);
+    let big = Shape::new(10, 4, 65536, Algorithm::Sha3_512);
     seal_both(&gpu, &cpu, &big, 8, &mut rng);
     assert_eq!(gpu.bytes_on_device(), 8 * 14 * 65536);
 }
@@ -315,7 +306,7 @@ fn gpu_rebuilds_batches_of_several_pieces() {
     let Some(gpu) = gpu(Policy::Always) else { return };
     let cpu = Cpu::new(2);
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x7069);
-    let shape = shape(60, 4, 65536, Algorithm::Sha256);
+    let shape = Shape::new(60, 4, 65536, Algorithm::Sha256);
     let (k, m, c) = (shape.data, shape.parity, shape.chunk_bytes);
     let stripes = PIECE_BYTES / (4 << 20) * 2 + 3;
     let data: Vec<Vec<u8>> = (0..stripes).map(|_| random_bytes(&mut rng, k * c)).collect();
