@@ -301,7 +301,10 @@ impl Batching {
         };
         let counts: Vec<usize> = batch.iter().map(|r| stripes(r).len()).collect();
         let mut all = jobs(batch.iter().flat_map(stripes).collect());
-        match self.inner.seal(shape, &mut all) {
+        let sealed = self.inner.seal(shape, &mut all);
+        // The batch's borrows end here, before any retry borrows again.
+        drop(all);
+        match sealed {
             Ok(leaves) => {
                 let mut leaves = leaves.into_iter();
                 counts
