@@ -417,6 +417,8 @@ mod tests {
         delay: Duration,
         /// Panics on a seal of a stripe whose first data byte is this.
         poison: Option<u8>,
+        /// Fails a seal of a stripe whose first data byte is this.
+        refuse: Option<u8>,
     }
 
     impl Accelerator for Watched {
@@ -428,6 +430,14 @@ mod tests {
             std::thread::sleep(self.delay);
             if let Some(p) = self.poison {
                 assert!(jobs.iter().all(|j| j.data[0] != p), "poisoned stripe");
+            }
+            if let Some(r) = self.refuse {
+                if jobs.iter().any(|j| j.data[0] == r) {
+                    return Err(AccelError::Unavailable {
+                        name: "watched".to_string(),
+                        why: "refused stripe".to_string(),
+                    });
+                }
             }
             self.cpu.seal(shape, jobs)
         }
@@ -453,6 +463,7 @@ mod tests {
             sizes: Mutex::new(Vec::new()),
             delay: Duration::from_millis(delay_ms),
             poison,
+            refuse: None,
         })
     }
 
@@ -577,6 +588,63 @@ mod tests {
                 });
             }
         });
+    }
+
+    #[test]
+    fn a_batch_that_fails_is_retried_request_by_request_so_only_the_bad_one_fails() {
+        let inner = Arc::new(Watched {
+            cpu: Cpu::new(2),
+            sizes: Mutex::new(Vec::new()),
+            delay: Duration::from_millis(20),
+            poison: None,
+            refuse: Some(0xCD),
+        });
+        let batching = Arc::new(Batching::new(inner.clone(), 1, DEFAULT_MAX_BYTES));
+        let s = Shape::new(2, 1, 64, Algorithm::Crc32c);
+        let reference = Cpu::new(1);
+        let start = Barrier::new(8);
+        let outcomes: Vec<(u8, Result<Vec<Leaves>, String>, Vec<u8>)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..8u8)
+                .map(|t| {
+                    let (batching, start) = (&batching, &start);
+                    scope.spawn(move || {
+                        let mut data = vec![t.wrapping_mul(37); 128];
+                        data[0] = if t == 5 { 0xCD } else { t };
+                        let mut parity = vec![0u8; 64];
+                        start.wait();
+                        let mut jobs = [SealJob {
+                            data: &data,
+                            parity: &mut parity,
+                        }];
+                        let result = batching.seal(&s, &mut jobs).map_err(|e| e.to_string());
+                        (t, result, data)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("no panic")).collect()
+        });
+        for (t, result, data) in outcomes {
+            if t == 5 {
+                assert!(result.is_err(), "the refused stripe fails");
+            } else {
+                let mut parity = vec![0u8; 64];
+                let want = reference
+                    .seal(
+                        &s,
+                        &mut [SealJob {
+                            data: &data,
+                            parity: &mut parity,
+                        }],
+                    )
+                    .expect("reference");
+                assert_eq!(result.expect("the others are sealed"), want, "thread {t}");
+            }
+        }
+        // Some batch held the refused stripe with others (8 threads, one
+        // lane, 20 ms a call), and was run again one request at a time.
+        let sizes = inner.sizes.lock().unwrap().clone();
+        assert!(sizes.iter().any(|&n| n > 1), "batches of {sizes:?}");
+        assert!(sizes.iter().sum::<usize>() > 8, "a failed batch was retried: {sizes:?}");
     }
 
     #[test]
