@@ -603,7 +603,8 @@ mod tests {
         let s = Shape::new(2, 1, 64, Algorithm::Crc32c);
         let reference = Cpu::new(1);
         let start = Barrier::new(8);
-        let outcomes: Vec<(u8, Result<Vec<Leaves>, String>, Vec<u8>)> = std::thread::scope(|scope| {
+        type Outcome = (u8, Result<Vec<Leaves>, String>, Vec<u8>);
+        let outcomes: Vec<Outcome> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..8u8)
                 .map(|t| {
                     let (batching, start) = (&batching, &start);
