@@ -1,16 +1,11 @@
 //! The `tessera` binary driven as a user would: `ec encode|decode` and the benches.
 
+mod common;
+use common::*;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn tessera(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(args)
-        .output()
-        .expect("the tessera binary runs")
-}
+use std::process::Output;
 
 fn shard(dir: &Path, index: usize) -> std::path::PathBuf {
     dir.join(index.to_string())

@@ -2,10 +2,12 @@
 //! (`kv_flight.py`, in the Python environment `scripts/install-test-deps.sh`
 //! makes) and with `tessera kv`: inserts, bad input, finalize, queries
 //! against a numpy model, a full array, and kill -9 during inserts.
+mod common;
+use common::*;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 fn python() -> PathBuf {
@@ -18,23 +20,6 @@ fn python() -> PathBuf {
         path.display()
     );
     path
-}
-
-fn tessera(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(args)
-        .output()
-        .expect("the tessera binary runs")
-}
-
-fn succeeded(what: &str, out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "{what}:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// `kv_flight.py ADDRESS MODE ARGS...`, to run.

@@ -1,6 +1,8 @@
 //! `tessera serve` against real NBD clients: nbdinfo, nbdcopy, qemu-img,
 //! qemu-io and fio, with members failed and removed while serving, a
 //! restart, and a differential run against `nbdkit memory`.
+mod common;
+use common::*;
 
 use rand::{Rng, SeedableRng};
 use std::path::{Path, PathBuf};
@@ -8,26 +10,13 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-fn tessera(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(args)
-        .output()
-        .expect("the tessera binary runs")
-}
-
 fn run(program: &str, args: &[&str], cwd: &Path) -> String {
     let out = Command::new(program)
         .args(args)
         .current_dir(cwd)
         .output()
         .unwrap_or_else(|e| panic!("{program} must be installed (scripts/install-test-deps.sh): {e}"));
-    assert!(
-        out.status.success(),
-        "{program} {args:?} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    succeeded(&format!("{program} {args:?}"), out)
 }
 
 fn wait_for(path: &Path) {

@@ -18,8 +18,10 @@
 
 use std::fmt::Write;
 
-/// The widest K given kernels of its own by default; wider ones use the
-/// generic kernel. `TESSERA_CUDA_OWN_MAX` sets another bound (measurements).
+/// The widest K given kernels of its own by default: every K a shape can
+/// have, so encoding never uses the generic kernel (which rebuilds still
+/// use). `TESSERA_CUDA_OWN_MAX` sets a lower bound, to measure the
+/// generic kernel against a shape's own.
 pub const DATA_MAX: usize = 256;
 
 /// Parity rows one kernel computes by default (8 planes of 2 words each

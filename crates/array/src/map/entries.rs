@@ -53,6 +53,14 @@ struct Column {
 }
 
 impl Column {
+    /// This field of an entry whose bits are `row` (from its first byte).
+    fn unpack(&self, row: u128) -> u64 {
+        match self.width {
+            0 => self.base,
+            width => self.base + (((row >> self.at) as u64 & low_bits(width)) << self.shift),
+        }
+    }
+
     fn fits(&self, value: u64) -> bool {
         let Some(d) = value.checked_sub(self.base) else {
             return false;
@@ -335,6 +343,13 @@ impl Entries {
                 .map_or(0, |_| std::mem::size_of::<[Column; COLUMNS]>())
     }
 
+    /// Entry i's bytes (with what follows them) in one load: the whole
+    /// entry where `stride <= PAD`.
+    fn row(&self, i: usize) -> u128 {
+        let at = i * self.stride;
+        u128::from_le_bytes(self.bytes[at..at + PAD].try_into().expect("PAD bytes"))
+    }
+
     fn read(&self, i: usize, c: &Column) -> u64 {
         if c.width == 0 {
             return c.base;
@@ -353,13 +368,9 @@ impl Entries {
             // The whole entry in one load (every entry starts on a byte,
             // and the bytes end in PAD of slack): each field a shift and
             // a mask of it, where `read` loads once per field.
-            let at = i * self.stride;
-            let raw = u128::from_le_bytes(self.bytes[at..at + PAD].try_into().expect("PAD bytes"));
+            let raw = self.row(i);
             for (value, c) in f.iter_mut().zip(self.columns()) {
-                *value = match c.width {
-                    0 => c.base,
-                    width => c.base + (((raw >> c.at) as u64 & low_bits(width)) << c.shift),
-                };
+                *value = c.unpack(raw);
             }
         } else {
             for (value, c) in f.iter_mut().zip(self.columns()) {
@@ -413,11 +424,10 @@ impl Entries {
             if !whole {
                 return self.get(i);
             }
-            let at = i * self.stride;
-            let raw = u128::from_le_bytes(self.bytes[at..at + PAD].try_into().expect("PAD bytes"));
+            let raw = self.row(i);
             let mut f = constant;
             for &(k, c) in &varying {
-                f[k] = c.base + (((raw >> c.at) as u64 & low_bits(c.width)) << c.shift);
+                f[k] = c.unpack(raw);
             }
             entry(f)
         })
