@@ -11,6 +11,7 @@
 #   SPREAD=1 SIZE=1T scripts/bench-map-rss.sh 1048576
 #   TESSERA=/path/to/other/tessera scripts/bench-map-rss.sh N
 #   MIMALLOC_ARENA_EAGER_COMMIT=1 scripts/bench-map-rss.sh N   (allocator options reach the server)
+#   MAP_CACHE=32M scripts/bench-map-rss.sh N          (serve --map-cache)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -eq 1 ] || { echo "usage: $0 BLOCKS" >&2; exit 2; }
@@ -26,13 +27,15 @@ else
   span=(--size=$(( n * 4096 )))
 fi
 echo "$n random 4 KiB blocks over $([ -n "${SPREAD:-}" ] && echo "all $size" || echo "the first $(( n * 4096 / 1048576 )) MiB") of $size; $(nproc) x $(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)"
-serve
+flags=()
+[ -n "${MAP_CACHE:-}" ] && flags=(--map-cache "$MAP_CACHE")
+serve "${flags[@]}"
 echo "empty: $(rss_mb) MB"
 fio --name=w --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=32 "${span[@]}" --randseed=5 \
     --buffer_pattern=0x5a >/dev/null 2>&1
 echo "after writing: $(rss_mb) MB"
 stop_server
-serve
+serve "${flags[@]}"
 echo "reopened: $(rss_mb) MB"
 fio --name=r --ioengine=nbd --uri="$uri" --rw=randread --bs=4k --iodepth=32 "${span[@]}" --randseed=5 \
     --output-format=json >"$work/fio.json" 2>/dev/null

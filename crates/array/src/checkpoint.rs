@@ -61,17 +61,22 @@
 use crate::engine::{Index, Resident, Shared};
 use crate::error::ArrayError;
 use crate::format::{
-    self, Checkpoint, CheckpointRef, ImagePiece, MapCounts, MapImages, PageImage, Stream, CHECKPOINT_SLOTS_MAX,
+    self, Checkpoint, CheckpointRef, ImagePiece, MapCounts, MapImages, MapStripe, PageImage, Stream,
+    CHECKPOINT_SLOTS_MAX,
 };
+use crate::limits::MAP_DIRECTORY_PAGES;
 use crate::limits::{
     CHECKPOINT_IMAGE_BYTES_PER_LOCK, CHECKPOINT_PAGES_COST_DIVISOR, CHECKPOINT_ROOTS_PER_PAGES_MAX,
     CHECKPOINT_WINDOW_DIVISOR, CHECKPOINT_WINDOW_MAX, CHECKPOINT_WINDOW_MIN, MAP_STRIPES_PER_NEEDED,
 };
+use crate::map::directory::{dir_of, Images};
+use crate::map::DirUpdate;
 use crate::slots::SlotState;
 use crate::status::Counters;
 use crate::stripe::OpenStripe;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
+use std::sync::Arc;
 
 /// What the checkpoint lock guards: where the durable checkpoint's page
 /// images are, and what has been written since the pages were last.
@@ -110,8 +115,22 @@ pub(crate) struct SincePages {
 struct Taken {
     window: BTreeSet<u64>,
     dirty: BTreeSet<u64>,
-    moved: BTreeSet<u64>,
+    moved: BTreeMap<u64, Arc<PageImage>>,
+    /// The directory pages written: those of the pages written, and
+    /// those whose images are in sparse map stripes.
+    dirs: BTreeSet<u64>,
+    /// Each map stripe's live bytes once the pages and directory pages
+    /// written have left it.
+    live: BTreeMap<u64, u64>,
     as_of: Option<(u64, MapCounts)>,
+}
+
+/// The images in the map stripes a checkpoint empties (`Shared::images_in`):
+/// pages (with their image), and directory pages.
+#[derive(Default)]
+struct InStripes {
+    pages: BTreeMap<u64, Arc<PageImage>>,
+    dirs: BTreeSet<u64>,
 }
 
 /// The pages' images, copied (step 2) and compressed as stored: their
@@ -122,13 +141,25 @@ struct Copied {
     pages: Vec<(u64, Option<Range<usize>>)>,
 }
 
+/// What a checkpoint writes (steps 1 and 2): the pages' images copied,
+/// the directory pages that name them, and what each map stripe keeps
+/// once the images these replace have left it.
+struct Changes<'a> {
+    copied: &'a Copied,
+    dirs: &'a BTreeSet<u64>,
+    live: BTreeMap<u64, u64>,
+}
+
 /// What a durable checkpoint left to do: the root written (where the
-/// images are now, its live stripes and counts) and its slots, and the
-/// map stripes no image is in any more.
+/// images are now, its live stripes and counts) and its slots, the map
+/// stripes no image is in any more, the directory pages written and the
+/// pages' new images.
 struct Written {
     root: Checkpoint,
     root_slots: Vec<u64>,
     emptied: Vec<u64>,
+    dirs: Vec<DirUpdate>,
+    pages: Vec<(u64, Option<Arc<PageImage>>)>,
     /// The slots its window names (where stripes newer than its sequence may be).
     replay: BTreeSet<u64>,
 }
@@ -153,19 +184,25 @@ impl Shared {
         let g = &self.geometry;
         let per_stripe = self.meta_stripe_bytes();
         let resident = index.map.page_count();
-        let pages = resident + index.map.evicted_count();
-        // Evicted pages are clean: only moved, at their stored size.
-        let images =
-            crate::map::images_bytes_max(g.checksum, resident, index.map.len()) + index.map.evicted_bytes() as usize;
-        let image_stripes = images.div_ceil(per_stripe);
+        let (named, named_bytes) = index.map.directory_totals();
+        let pages = resident + named as usize;
+        // Pages not in memory are clean: only moved, at their stored size.
+        let page_images = crate::map::images_bytes_max(g.checksum, resident, index.map.len()) + named_bytes as usize;
+        // Every directory page written, each naming its pages' images
+        // in at most a piece per image and one per stripe boundary.
+        let dirs = (index.map.directory_counts().0 + resident).min(pages);
+        let page_stripes = page_images.div_ceil(per_stripe);
+        let dir_images = format::directory_image_bytes(g.checksum, pages, pages + page_stripes)
+            + dirs * format::directory_image_bytes(g.checksum, 0, 0);
+        let image_stripes = (page_images + dir_images).div_ceil(per_stripe);
         let used = index.slots.count() as usize - index.slots.free_count();
         let root = format::checkpoint_bytes(
             g.checksum,
             used,
             index.slots.count() as usize,
             used + image_stripes,
-            pages,
-            pages + image_stripes,
+            dirs,
+            dirs + image_stripes,
             (used, crate::volume::VOLUME_COUNT_MAX),
         );
         image_stripes
@@ -265,11 +302,20 @@ impl Shared {
                     && start - since.sequence <= self.window_slots()
                     && pages_cost * CHECKPOINT_PAGES_COST_DIVISOR > user_bytes - since.user_bytes
             });
-        let taken = self.choose_window(start, &durable.images, !root_only);
+        let in_sparse = match root_only {
+            true => InStripes::default(),
+            false => self.images_in(
+                &sparse_map_stripes(&durable.images, self.meta_stripe_bytes() as u64),
+                &durable.images,
+            )?,
+        };
+        let taken = self.choose_window(start, &durable.images, !root_only, in_sparse);
         let Taken {
             mut window,
             dirty,
             moved,
+            dirs,
+            live,
             as_of,
         } = taken;
         let give_back = |error: ArrayError| {
@@ -277,7 +323,7 @@ impl Shared {
             self.index_mut().map.mark_dirty(dirty.iter().copied());
             Err(error)
         };
-        let copied = match self.copy_pages(&dirty, &moved, &durable.images) {
+        let copied = match self.copy_pages(&dirty, &moved) {
             Ok(copied) => copied,
             Err(error) => return give_back(error),
         };
@@ -320,7 +366,12 @@ impl Shared {
             images: MapImages::default(),
             counts,
         };
-        match self.write_checkpoint(checkpoint, &mut window, replay, &durable.images, &copied) {
+        let changes = Changes {
+            copied: &copied,
+            dirs: &dirs,
+            live,
+        };
+        match self.write_checkpoint(checkpoint, &mut window, replay, &durable.images, changes) {
             Ok(Some(written)) => {
                 let synced = self.tracker.lock().synced_through;
                 let mut index = self.index_mut();
@@ -334,9 +385,7 @@ impl Shared {
                 index.map_stripes = root.images.stripes.len();
                 // The pages written are as their new images say, unless
                 // they changed since they were taken (dirty again).
-                for (page, _) in &copied.pages {
-                    index.map.set_image(*page, root.images.pages.get(page).cloned());
-                }
+                index.map.publish(written.dirs, &written.pages);
                 self.evict_pages(&mut index);
                 drop(index);
                 durable.images = root.images;
@@ -379,44 +428,69 @@ impl Shared {
         index.slots.release_drained(synced);
     }
 
+    /// The images in map stripes `sparse`: the pages', found by reading
+    /// every directory page (from memory, or from its map stripes: the
+    /// directory is ~1/200 of the images it names, and this is done only
+    /// once the map stripes are twice what the images need), and the
+    /// directory pages'. Called with the checkpoint lock held, so that
+    /// no directory page changes or map stripe is freed meanwhile.
+    fn images_in(&self, sparse: &BTreeSet<u64>, images: &MapImages) -> Result<InStripes, ArrayError> {
+        let mut found = InStripes::default();
+        if sparse.is_empty() {
+            return Ok(found);
+        }
+        let in_sparse = |image: &PageImage| image.pieces.iter().any(|piece| sparse.contains(&piece.slot));
+        for (&dir, own) in &images.dirs {
+            if in_sparse(own) {
+                found.dirs.insert(dir);
+            }
+            let entries = self.directory_page(dir, own)?;
+            found
+                .pages
+                .extend(entries.into_iter().filter(|(_, image)| in_sparse(image)));
+        }
+        Ok(found)
+    }
+
     /// Step 1: the next window (allocation is narrowed to it meanwhile)
     /// and the pages to write: the dirty ones, and, where the map stripes
     /// are more than twice (and one) what the images need, those whose
-    /// images are in the sparsest of them (so that those are freed).
-    fn choose_window(&self, start: u64, images: &MapImages, pages: bool) -> Taken {
+    /// images are in the sparsest of them (`in_sparse`, so that those are
+    /// freed); with the durable images they replace, the directory pages
+    /// that name them, and what each map stripe keeps.
+    fn choose_window(&self, start: u64, images: &MapImages, pages: bool, in_sparse: InStripes) -> Taken {
         let size = self.window_slots() as usize;
-        let per_stripe = self.meta_stripe_bytes() as u64;
         let mut live = images.live_bytes();
-        // Past twice the stripes the images need (and one), the
-        // sparsest map stripes have their pages written again.
-        let needed = live.values().sum::<u64>().div_ceil(per_stripe) as usize;
-        let excess = live.len().saturating_sub(MAP_STRIPES_PER_NEEDED * needed + 1);
-        let mut by_live: Vec<(u64, u64)> = live.iter().map(|(&slot, &bytes)| (bytes, slot)).collect();
-        by_live.sort_unstable();
-        let sparse: BTreeSet<u64> = by_live.iter().take(excess).map(|&(_, slot)| slot).collect();
         let mut index = self.index_mut();
         let dirty = if pages { index.map.take_dirty() } else { BTreeSet::new() };
         // Clean pages in sparse map stripes: their images are copied as
         // they are stored.
-        let moved: BTreeSet<u64> = match pages && !sparse.is_empty() {
-            true => images
-                .pages
-                .iter()
-                .filter(|(page, image)| {
-                    !dirty.contains(page) && image.pieces.iter().any(|piece| sparse.contains(&piece.slot))
-                })
-                .map(|(&page, _)| page)
-                .collect(),
-            false => BTreeSet::new(),
-        };
+        let moved: BTreeMap<u64, Arc<PageImage>> = in_sparse
+            .pages
+            .into_iter()
+            .filter(|(page, _)| !dirty.contains(page))
+            .collect();
         // The dirty pages are copied as they are now, whatever changes
         // them before they are; the counts are what they add up to.
         let as_of = pages.then(|| {
             index.map.begin_snapshot(&dirty);
             (index.next_version, index.slots.counts())
         });
+        // What the pages written replace, and the directory pages that
+        // name them (a changed page's is in memory: `Map::evict`).
+        let mut old: BTreeMap<u64, Option<Arc<PageImage>>> = dirty
+            .iter()
+            .map(|&page| (page, index.map.durable_image(page)))
+            .collect();
+        old.extend(moved.iter().map(|(&page, image)| (page, Some(image.clone()))));
+        let mut dirs = in_sparse.dirs;
+        dirs.extend(old.keys().map(|&page| dir_of(page)));
         // The map stripes this checkpoint empties.
-        for image in dirty.iter().chain(&moved).filter_map(|page| images.pages.get(page)) {
+        let replaced = old
+            .values()
+            .flatten()
+            .chain(dirs.iter().filter_map(|dir| images.dirs.get(dir)));
+        for image in replaced {
             for piece in &image.pieces {
                 *live.get_mut(&piece.slot).expect("a piece is in a listed map stripe") -= u64::from(piece.bytes);
             }
@@ -470,6 +544,8 @@ impl Shared {
             window,
             dirty,
             moved,
+            dirs,
+            live,
             as_of,
         }
     }
@@ -491,12 +567,7 @@ impl Shared {
     /// taken, copied a megabyte or so per hold of the index's read lock,
     /// then compressed; and the stored images of the pages `moved` names,
     /// read from their map stripes.
-    fn copy_pages(
-        &self,
-        dirty: &BTreeSet<u64>,
-        moved: &BTreeSet<u64>,
-        images: &MapImages,
-    ) -> Result<Copied, ArrayError> {
+    fn copy_pages(&self, dirty: &BTreeSet<u64>, moved: &BTreeMap<u64, Arc<PageImage>>) -> Result<Copied, ArrayError> {
         let mut raw = Vec::new();
         let mut pages: Vec<(u64, Option<Range<usize>>)> = Vec::with_capacity(dirty.len() + moved.len());
         let mut left = dirty.iter().copied().peekable();
@@ -522,8 +593,7 @@ impl Shared {
                 *r = at..stored.len();
             }
         }
-        for &page in moved {
-            let image = &images.pages[&page];
+        for (&page, image) in moved {
             let at = stored.len();
             stored.extend_from_slice(&self.read_page_image(page, image)?);
             pages.push((page, Some(at..stored.len())));
@@ -542,60 +612,98 @@ impl Shared {
         window: &mut BTreeSet<u64>,
         mut replay: BTreeSet<u64>,
         durable: &MapImages,
-        copied: &Copied,
+        changes: Changes<'_>,
     ) -> Result<Option<Written>, ArrayError> {
         let g = &self.geometry;
         let algorithm = g.checksum;
         let per_stripe = self.meta_stripe_bytes();
+        let Changes {
+            copied,
+            dirs: touched,
+            mut live,
+        } = changes;
         // The images as one run of bytes over `image_stripes` stripes,
-        // each cut where a stripe ends.
-        let image_stripes = copied.bytes.len().div_ceil(per_stripe);
-        let mut images = durable.clone();
-        let mut fresh: Vec<(u64, PageImage)> = Vec::new();
-        for (page, range) in &copied.pages {
-            images.pages.remove(page);
-            let Some(range) = range.clone() else {
-                continue;
-            };
+        // each cut where a stripe ends: the pages' (as copied), then the
+        // directory pages'. Their pieces name a stripe by its number
+        // among the new ones until they have slots.
+        let place = |range: Range<usize>| -> Vec<ImagePiece> {
             let mut pieces = Vec::new();
             let mut at = range.start;
             while at < range.end {
                 let end = range.end.min((at / per_stripe + 1) * per_stripe);
                 pieces.push(ImagePiece {
-                    // The stripe's number among the new ones, until they have slots.
                     slot: (at / per_stripe) as u64,
                     offset: (at % per_stripe) as u32,
                     bytes: (end - at) as u32,
                 });
                 at = end;
             }
-            let image = PageImage {
-                bytes: range.len() as u32,
-                digest: algorithm.digest(&copied.bytes[range]),
-                pieces,
+            pieces
+        };
+        let fresh: BTreeMap<u64, Option<PageImage>> = copied
+            .pages
+            .iter()
+            .map(|(page, range)| {
+                let image = range.clone().map(|range| PageImage {
+                    bytes: range.len() as u32,
+                    digest: algorithm.digest(&copied.bytes[range.clone()]),
+                    pieces: place(range),
+                });
+                (*page, image)
+            })
+            .collect();
+        // The directory pages written, as they are now (the checkpoint
+        // lock keeps them so), and where each one's new image goes.
+        let mut at = copied.bytes.len();
+        let mut dirs: Vec<(u64, Images, Option<Range<usize>>)> = Vec::new();
+        for &dir in touched {
+            let entries = match durable.dirs.get(&dir) {
+                Some(own) => self.directory_page(dir, own)?,
+                None => BTreeMap::new(),
             };
-            fresh.push((*page, image));
+            let (mut count, mut pieces) = (entries.len(), entries.values().map(|i| i.pieces.len()).sum::<usize>());
+            for (page, image) in fresh.range(dir * MAP_DIRECTORY_PAGES..(dir + 1) * MAP_DIRECTORY_PAGES) {
+                if let Some(was) = entries.get(page) {
+                    count -= 1;
+                    pieces -= was.pieces.len();
+                }
+                if let Some(image) = image {
+                    count += 1;
+                    pieces += image.pieces.len();
+                }
+            }
+            let range = (count > 0).then(|| {
+                let bytes = format::directory_image_bytes(algorithm, count, pieces);
+                at += bytes;
+                at - bytes..at
+            });
+            dirs.push((dir, entries, range));
         }
-        let live = images.live_bytes();
+        let run_bytes = at;
+        let image_stripes = run_bytes.div_ceil(per_stripe);
         let emptied: Vec<u64> = live.iter().filter(|&(_, &b)| b == 0).map(|(&slot, _)| slot).collect();
         for slot in &emptied {
-            images.stripes.remove(slot);
+            live.remove(slot);
         }
-        // The root's size, with placeholder slots for the new stripes. Its
-        // window is the new one, and those of the roots since the pages
-        // (`replay`): stripes newer than its sequence may be in either.
+        // The root's size: its window is the new one, and those of the
+        // roots since the pages (`replay`): stripes newer than its
+        // sequence may be in either.
         replay.extend(window.iter().copied());
         checkpoint.window = replay.iter().copied().collect();
-        checkpoint.images = images;
-        let fresh_pieces: usize = fresh.iter().map(|(_, image)| image.pieces.len()).sum();
+        let kept_dirs = durable.dirs.iter().filter(|(dir, _)| !touched.contains(dir));
+        let new_dirs = dirs.iter().filter_map(|(_, _, range)| range.clone());
+        let dir_count = kept_dirs.clone().count() + new_dirs.clone().count();
+        let dir_pieces = kept_dirs.map(|(_, image)| image.pieces.len()).sum::<usize>()
+            + new_dirs.map(|range| place(range).len()).sum::<usize>();
+        let map_stripes = live.len() + image_stripes;
         let root_bytes = |checkpoint: &Checkpoint| {
             format::checkpoint_bytes(
                 algorithm,
                 checkpoint.stripes.len(),
                 checkpoint.window.len(),
-                checkpoint.images.stripes.len() + image_stripes,
-                checkpoint.images.pages.len() + fresh.len(),
-                checkpoint.images.piece_count() + fresh_pieces,
+                map_stripes,
+                dir_count,
+                dir_pieces,
                 (checkpoint.counts.slots.len(), checkpoint.counts.volumes.len()),
             )
         };
@@ -655,22 +763,99 @@ impl Shared {
                 index.slots.release_open(slot);
             }
         }
-        // The new stripes' slots and sequences go into the root.
+        // The new stripes' slots and sequences go into the root, with
+        // the pages' and directory pages' new images.
         let first = self.tracker.assign_many(meta.len());
-        for (i, &slot) in meta[..image_stripes].iter().enumerate() {
-            checkpoint.images.stripes.insert(slot, first + i as u64);
-        }
-        for (page, mut image) in fresh {
-            for piece in &mut image.pieces {
+        let with_slots = |mut pieces: Vec<ImagePiece>| {
+            for piece in &mut pieces {
                 piece.slot = meta[piece.slot as usize];
             }
-            checkpoint.images.pages.insert(page, std::sync::Arc::new(image));
+            pieces
+        };
+        let pages: Vec<(u64, Option<Arc<PageImage>>)> = fresh
+            .into_iter()
+            .map(|(page, image)| {
+                let image = image.map(|image| {
+                    Arc::new(PageImage {
+                        pieces: with_slots(image.pieces),
+                        ..image
+                    })
+                });
+                (page, image)
+            })
+            .collect();
+        let new_page: BTreeMap<u64, &Option<Arc<PageImage>>> = pages.iter().map(|(p, i)| (*p, i)).collect();
+        let mut images = MapImages {
+            stripes: BTreeMap::new(),
+            dirs: durable.dirs.clone(),
+            pages: durable.pages,
+            page_bytes: durable.page_bytes,
+        };
+        let mut run = Vec::with_capacity(run_bytes);
+        run.extend_from_slice(&copied.bytes);
+        let mut updates = Vec::with_capacity(dirs.len());
+        for (dir, mut entries, range) in dirs {
+            let old = (
+                entries.len() as u64,
+                entries.values().map(|i| u64::from(i.bytes)).sum::<u64>(),
+            );
+            for (&page, image) in new_page.range(dir * MAP_DIRECTORY_PAGES..(dir + 1) * MAP_DIRECTORY_PAGES) {
+                if let Some(was) = entries.remove(&page) {
+                    images.pages -= 1;
+                    images.page_bytes -= u64::from(was.bytes);
+                }
+                if let Some(image) = image {
+                    images.pages += 1;
+                    images.page_bytes += u64::from(image.bytes);
+                    entries.insert(page, image.clone());
+                }
+            }
+            let Some(range) = range else {
+                assert!(entries.is_empty(), "a directory page sized empty names none");
+                images.dirs.remove(&dir);
+                updates.push(DirUpdate { dir, old, new: None });
+                continue;
+            };
+            let encoded = format::encode_directory_image(algorithm, dir, &entries);
+            assert_eq!(
+                (run.len(), encoded.len()),
+                (range.start, range.len()),
+                "directory page {dir} as sized"
+            );
+            let own = Arc::new(PageImage {
+                bytes: encoded.len() as u32,
+                digest: algorithm.digest(&encoded),
+                pieces: with_slots(place(range)),
+            });
+            run.extend_from_slice(&encoded);
+            images.dirs.insert(dir, own.clone());
+            updates.push(DirUpdate {
+                dir,
+                old,
+                new: Some((entries, own)),
+            });
         }
+        assert_eq!(run.len(), run_bytes);
+        for (slot, bytes) in live {
+            let sequence = durable.stripes[&slot].sequence;
+            images.stripes.insert(slot, MapStripe { sequence, live: bytes });
+        }
+        for (i, &slot) in meta[..image_stripes].iter().enumerate() {
+            let live = (run_bytes - i * per_stripe).min(per_stripe) as u64;
+            images.stripes.insert(
+                slot,
+                MapStripe {
+                    sequence: first + i as u64,
+                    live,
+                },
+            );
+        }
+        checkpoint.images = images;
+        debug_assert_eq!(checkpoint.encoded_bytes(algorithm), root_bytes(&checkpoint));
         let bytes = checkpoint.encode(algorithm);
         let root = &meta[image_stripes..];
         let listing = (directory > 0).then(|| format::encode_checkpoint_directory(algorithm, &root[..body]));
-        let pieces: Vec<&[u8]> = copied
-            .bytes
+        let pieces: Vec<&[u8]> = run
             .chunks(per_stripe)
             .chain(bytes.chunks(per_stripe))
             .chain(listing.iter().flat_map(|d| d.chunks(per_stripe)))
@@ -727,6 +912,8 @@ impl Shared {
             root: checkpoint,
             emptied,
             replay,
+            dirs: updates,
+            pages,
         }))
     }
 
@@ -770,4 +957,15 @@ fn checkpoint_stripes(
     }
     let directory = format::checkpoint_directory_bytes(algorithm, body).div_ceil(per_stripe);
     (directory <= CHECKPOINT_SLOTS_MAX).then_some((body, directory))
+}
+
+/// The sparsest map stripes, past twice (and one) the stripes the
+/// images need: their images are written again, so that they are freed.
+fn sparse_map_stripes(images: &MapImages, per_stripe: u64) -> BTreeSet<u64> {
+    let live = images.live_bytes();
+    let needed = live.values().sum::<u64>().div_ceil(per_stripe) as usize;
+    let excess = live.len().saturating_sub(MAP_STRIPES_PER_NEEDED * needed + 1);
+    let mut by_live: Vec<(u64, u64)> = live.iter().map(|(&bytes_slot, &bytes)| (bytes, bytes_slot)).collect();
+    by_live.sort_unstable();
+    by_live.iter().take(excess).map(|&(_, slot)| slot).collect()
 }

@@ -106,6 +106,11 @@ pub enum ArrayError {
         page: u64,
         source: crate::format::FormatError,
     },
+    #[error("map directory page {dir} (map pages {} to {}) cannot be used: {source}; its map stripes could not give back a good image (more members lost or damaged than the parity covers)", dir * crate::limits::MAP_DIRECTORY_PAGES, (dir + 1) * crate::limits::MAP_DIRECTORY_PAGES - 1)]
+    MapDirectoryPage {
+        dir: u64,
+        source: crate::format::FormatError,
+    },
     #[error("no member holds the volume table the superblocks name (CRC {crc:08x}): the volumes cannot be opened; bring back the members that were set aside")]
     VolumeTableUnreadable { crc: u32 },
     #[error("there is no volume {name:?}")]

@@ -60,6 +60,10 @@ const _: () = assert!(DATA_START as usize >= SECTOR_BYTES);
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"TSRSUPER";
 pub const CHUNK_MAGIC: [u8; 8] = *b"TSRCHUNK";
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"TSRCHKPT";
+/// Version 8: the root names pages of a map directory, each naming where
+/// 512 map pages' images are, instead of every map page (the root and the
+/// memory naming images grew with every 2 MiB of keys written), and each
+/// map stripe's live bytes. Version 7 packed map entries column by column.
 /// Version 6: the root carries the slot table's counts as of its pages,
 /// so that opening need not read the pages (version 5 added them up from
 /// every page at opening). Version 5: the map's checkpoint is a root naming page images in map
@@ -68,7 +72,7 @@ pub const CHECKPOINT_MAGIC: [u8; 8] = *b"TSRCHKPT";
 /// a checkpoint directory, which version 5 has as fields). Version 2
 /// added the version of the write to every record, a CRC32C per 4 KiB
 /// block to raw extents. Arrays of any other version are refused by it.
-pub const FORMAT_VERSION: u32 = 7;
+pub const FORMAT_VERSION: u32 = 8;
 /// The CRC32C of a sector covers its first 4092 bytes and sits in the last 4.
 const CRC_OFFSET: usize = SECTOR_BYTES - 4;
 
@@ -918,13 +922,26 @@ pub struct PageImage {
     pub pieces: Vec<ImagePiece>,
 }
 
-/// The map's durable pages: each page's image, and the map stripes that
-/// hold them (slot to sequence).
+/// A map stripe: its sequence, and the bytes of the images in it that the
+/// directory (or the root, for directory pages) still names.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MapStripe {
+    pub sequence: u64,
+    pub live: u64,
+}
+
+/// The map's durable pages, as the root names them: the map stripes that
+/// hold images, and where each directory page's image is (a directory
+/// page says where the images of `MAP_DIRECTORY_PAGES` map pages are:
+/// `encode_directory_image`), with what the directory names in all.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MapImages {
-    pub stripes: std::collections::BTreeMap<u64, u64>,
-    /// Shared with the map, which keeps an evicted page as its image.
-    pub pages: std::collections::BTreeMap<u64, std::sync::Arc<PageImage>>,
+    pub stripes: std::collections::BTreeMap<u64, MapStripe>,
+    /// Shared with the map, which keeps an evicted directory page as its image.
+    pub dirs: std::collections::BTreeMap<u64, std::sync::Arc<PageImage>>,
+    /// Map pages the directory names an image of, and those images' stored bytes.
+    pub pages: u64,
+    pub page_bytes: u64,
 }
 
 /// The slot table's counts as of a checkpoint's pages: what the pages'
@@ -943,24 +960,206 @@ const COUNTS_SLOT_BYTES: usize = 20;
 const COUNTS_VOLUME_BYTES: usize = 24;
 
 impl MapImages {
-    /// Bytes of images each map stripe holds that a page still names.
+    /// Bytes of images each map stripe holds that are still named.
     pub fn live_bytes(&self) -> std::collections::BTreeMap<u64, u64> {
-        let mut live: std::collections::BTreeMap<u64, u64> = self.stripes.keys().map(|&s| (s, 0)).collect();
-        for piece in self.pages.values().flat_map(|p| &p.pieces) {
-            *live.entry(piece.slot).or_default() += u64::from(piece.bytes);
-        }
-        live
+        self.stripes.iter().map(|(&slot, s)| (slot, s.live)).collect()
     }
 
+    /// Pieces of the directory pages' images.
     pub fn piece_count(&self) -> usize {
-        self.pages.values().map(|p| p.pieces.len()).sum()
+        self.dirs.values().map(|p| p.pieces.len()).sum()
     }
 }
 
-const CHECKPOINT_HEADER_BYTES: usize = 80;
-/// A page's entry in a checkpoint, before its digest and pieces.
+const CHECKPOINT_HEADER_BYTES: usize = 96;
+/// A directory page's entry in a checkpoint, before its digest and pieces.
 const CHECKPOINT_PAGE_BYTES: usize = 16;
 const CHECKPOINT_PIECE_BYTES: usize = 12;
+const CHECKPOINT_MAP_STRIPE_BYTES: usize = 24;
+
+/// A directory page's image: where the images of its map pages are.
+///
+/// ```text
+///   0 magic "TSRMAPDR"   8 directory page number u64 (its first map page / MAP_DIRECTORY_PAGES)
+///  16 entries u32       20 reserved u32
+///  24 entries, in page order: page u64 | stored image bytes u32 | pieces u32 | digest [D]
+///     | per piece: map stripe slot u64 | offset in its data area u32 | bytes u32
+/// ```
+///
+/// Stored raw (the stored header's codec 0): its size is known before the
+/// slots its pieces name are, and digests do not compress.
+pub const DIRECTORY_MAGIC: [u8; 8] = *b"TSRMAPDR";
+const DIRECTORY_HEADER_BYTES: usize = 24;
+const DIRECTORY_ENTRY_BYTES: usize = 16;
+const DIRECTORY_PIECE_BYTES: usize = 16;
+
+/// Stored bytes of a directory page of `pages` entries with `pieces`
+/// pieces in all.
+pub fn directory_image_bytes(algorithm: Algorithm, pages: usize, pieces: usize) -> usize {
+    STORED_IMAGE_HEADER_BYTES
+        + DIRECTORY_HEADER_BYTES
+        + (DIRECTORY_ENTRY_BYTES + algorithm.digest_bytes()) * pages
+        + DIRECTORY_PIECE_BYTES * pieces
+}
+
+/// Directory page `dir`'s stored image (the stored header, then the image).
+pub fn encode_directory_image(
+    algorithm: Algorithm,
+    dir: u64,
+    pages: &std::collections::BTreeMap<u64, std::sync::Arc<PageImage>>,
+) -> Vec<u8> {
+    let pieces: usize = pages.values().map(|i| i.pieces.len()).sum();
+    let bytes = directory_image_bytes(algorithm, pages.len(), pieces);
+    let mut out = Vec::with_capacity(bytes);
+    out.extend_from_slice(&((bytes - STORED_IMAGE_HEADER_BYTES) as u32).to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&DIRECTORY_MAGIC);
+    out.extend_from_slice(&dir.to_le_bytes());
+    out.extend_from_slice(&(pages.len() as u32).to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    for (page, image) in pages {
+        debug_assert_eq!(page / crate::limits::MAP_DIRECTORY_PAGES, dir);
+        out.extend_from_slice(&page.to_le_bytes());
+        out.extend_from_slice(&image.bytes.to_le_bytes());
+        out.extend_from_slice(&(image.pieces.len() as u32).to_le_bytes());
+        out.extend_from_slice(image.digest.as_bytes());
+        for piece in &image.pieces {
+            out.extend_from_slice(&piece.slot.to_le_bytes());
+            out.extend_from_slice(&piece.offset.to_le_bytes());
+            out.extend_from_slice(&piece.bytes.to_le_bytes());
+        }
+    }
+    debug_assert_eq!(out.len(), bytes);
+    out
+}
+
+/// The directory page a stored image holds (its digest already matched),
+/// every field checked: its pages in order and its own, each image's
+/// size within what a page makes, its pieces inside a stripe's data area
+/// and adding up to it. Whether the pieces' slots are map stripes is
+/// the caller's to check.
+pub fn decode_directory_image(
+    stored: &[u8],
+    geometry: &Geometry,
+) -> Result<(u64, std::collections::BTreeMap<u64, std::sync::Arc<PageImage>>), FormatError> {
+    const WHAT: &str = "map directory page";
+    let field = |field, value: u64| FormatError::Field {
+        what: WHAT,
+        field,
+        value,
+    };
+    let length = || field("length", stored.len() as u64);
+    if stored.len() < STORED_IMAGE_HEADER_BYTES + DIRECTORY_HEADER_BYTES
+        || stored[4..8] != [0; 4]
+        || get_u32(stored, 0) as usize != stored.len() - STORED_IMAGE_HEADER_BYTES
+    {
+        return Err(length());
+    }
+    let bytes = &stored[STORED_IMAGE_HEADER_BYTES..];
+    if bytes[..8] != DIRECTORY_MAGIC {
+        return Err(FormatError::Magic { what: WHAT });
+    }
+    let dir = get_u64(bytes, 8);
+    let per_dir = crate::limits::MAP_DIRECTORY_PAGES;
+    let first = dir.checked_mul(per_dir).ok_or(field("directory_page", dir))?;
+    let first_key = first.saturating_mul(crate::limits::MAP_PAGE_BLOCKS);
+    if !within_one_volume(first_key, (per_dir * crate::limits::MAP_PAGE_BLOCKS) as u32) {
+        return Err(field("directory_page", dir));
+    }
+    let entries = get_u32(bytes, 16) as u64;
+    if entries == 0 || entries > per_dir || get_u32(bytes, 20) != 0 {
+        return Err(field("entries", entries));
+    }
+    let algorithm = geometry.checksum;
+    let per_stripe = meta_stripe_bytes(geometry) as u64;
+    let slots = geometry.slot_count();
+    let mut at = DIRECTORY_HEADER_BYTES;
+    let mut next = |n: usize| -> Result<&[u8], FormatError> {
+        let piece = bytes.get(at..at + n).ok_or_else(length)?;
+        at += n;
+        Ok(piece)
+    };
+    let mut pages = std::collections::BTreeMap::new();
+    for _ in 0..entries {
+        let e = next(DIRECTORY_ENTRY_BYTES + algorithm.digest_bytes())?;
+        let page = get_u64(e, 0);
+        let in_order = pages.last_key_value().is_none_or(|(&last, _)| last < page);
+        if page / per_dir != dir || !in_order {
+            return Err(field("page", page));
+        }
+        let (image_bytes, piece_count) = (get_u32(e, 8), get_u32(e, 12) as usize);
+        let image = image_location(
+            image_bytes,
+            piece_count,
+            Digest::from_bytes(&e[DIRECTORY_ENTRY_BYTES..]),
+            STORED_IMAGE_BYTES_MAX,
+            |_| {
+                let p = next(DIRECTORY_PIECE_BYTES)?;
+                let slot = get_u64(p, 0);
+                if slot >= slots {
+                    return Err(field("piece_slot", slot));
+                }
+                Ok((slot, get_u32(p, 8), get_u32(p, 12)))
+            },
+            per_stripe,
+            WHAT,
+        )?;
+        pages.insert(page, std::sync::Arc::new(image));
+    }
+    if at != bytes.len() {
+        return Err(length());
+    }
+    Ok((dir, pages))
+}
+
+/// An image's place read from a root or a directory page: `bytes` stored
+/// bytes (more than a stored header, at most `bytes_max`) in
+/// `piece_count` pieces that `piece` reads, each inside a stripe's data
+/// area of `per_stripe` bytes, adding up to `bytes`.
+fn image_location(
+    bytes: u32,
+    piece_count: usize,
+    digest: Digest,
+    bytes_max: usize,
+    mut piece: impl FnMut(usize) -> Result<(u64, u32, u32), FormatError>,
+    per_stripe: u64,
+    what: &'static str,
+) -> Result<PageImage, FormatError> {
+    let field = |field, value: u64| FormatError::Field { what, field, value };
+    if (bytes as usize) <= STORED_IMAGE_HEADER_BYTES || bytes as usize > bytes_max {
+        return Err(field("image_bytes", u64::from(bytes)));
+    }
+    if piece_count == 0 || piece_count > bytes as usize {
+        return Err(field("pieces", piece_count as u64));
+    }
+    let mut pieces = Vec::with_capacity(piece_count);
+    let mut total = 0u64;
+    for i in 0..piece_count {
+        let (slot, offset, piece_bytes) = piece(i)?;
+        if piece_bytes == 0 || u64::from(offset) + u64::from(piece_bytes) > per_stripe {
+            return Err(field("piece_offset", u64::from(offset)));
+        }
+        total += u64::from(piece_bytes);
+        pieces.push(ImagePiece {
+            slot,
+            offset,
+            bytes: piece_bytes,
+        });
+    }
+    if total != u64::from(bytes) {
+        return Err(field("image_bytes", u64::from(bytes)));
+    }
+    Ok(PageImage { bytes, digest, pieces })
+}
+
+/// The most stored bytes a directory page's image takes: every page of it
+/// named, each image in as many pieces as it can be cut into.
+pub fn directory_image_bytes_max(geometry: &Geometry) -> usize {
+    let per_stripe = meta_stripe_bytes(geometry);
+    let pieces = STORED_IMAGE_BYTES_MAX.div_ceil(per_stripe) + 1;
+    let pages = crate::limits::MAP_DIRECTORY_PAGES as usize;
+    directory_image_bytes(geometry.checksum, pages, pages * pieces)
+}
 
 /// A map page's image (`crate::map` encodes and checks them): its header
 /// (page number u64 | entries u32 | words u32), its column table (a base
@@ -1036,13 +1235,13 @@ pub fn meta_stripe_bytes(geometry: &Geometry) -> usize {
 }
 
 /// Encoded size of a checkpoint with these counts (`pieces`: of all its
-/// pages' images together).
+/// directory pages' images together).
 pub fn checkpoint_bytes(
     algorithm: Algorithm,
     stripes: usize,
     window: usize,
     map_stripes: usize,
-    pages: usize,
+    dirs: usize,
     pieces: usize,
     (counted, volumes): (usize, usize),
 ) -> usize {
@@ -1051,8 +1250,8 @@ pub fn checkpoint_bytes(
         + COUNTS_VOLUME_BYTES * volumes
         + 16 * stripes
         + 8 * window
-        + 16 * map_stripes
-        + (CHECKPOINT_PAGE_BYTES + algorithm.digest_bytes()) * pages
+        + CHECKPOINT_MAP_STRIPE_BYTES * map_stripes
+        + (CHECKPOINT_PAGE_BYTES + algorithm.digest_bytes()) * dirs
         + CHECKPOINT_PIECE_BYTES * pieces
 }
 
@@ -1060,10 +1259,12 @@ pub fn checkpoint_bytes(
 /// every live stripe and its sequence, the window (the slots the array
 /// may write before the next checkpoint: free ones, and live ones garbage
 /// collection is likely to empty first, so recovery reads only their
-/// headers to roll forward), and where each map page's image is. The
-/// images are in map stripes (Meta stripes of their own, each holding
-/// many), written when their page changed: a page left alone keeps the
-/// image an earlier checkpoint wrote.
+/// headers to roll forward), the map stripes, and where each page of the
+/// map's directory is; a directory page says where the images of 512 map
+/// pages are. The images are in map stripes (Meta stripes of their own,
+/// each holding many), written when their page changed: a page left
+/// alone keeps the image an earlier checkpoint wrote, and a directory
+/// page none of whose pages moved keeps its own.
 ///
 /// The map may be "fuzzy": its pages copied one by one while writes
 /// went on. Every write in it that is newer than `sequence` is also in a
@@ -1074,14 +1275,15 @@ pub fn checkpoint_bytes(
 /// ```text
 ///   0 magic "TSRCHKPT"   8 version u32   12 reserved u32
 ///  16 sequence u64      24 next write version u64
-///  32 live stripes u64  40 window slots u64   48 map stripes u64   56 pages u64
+///  32 live stripes u64  40 window slots u64   48 map stripes u64   56 directory pages u64
 ///  64 counted slots u64 72 counted volumes u64
-///  80 counted slots: slot u64 | live bytes x LIVE_SCALE u64 | pieces u32
+///  80 map pages named u64   88 their images' stored bytes u64
+///  96 counted slots: slot u64 | live bytes x LIVE_SCALE u64 | pieces u32
 ///     counted volumes: data blocks u64 | stored bytes x LIVE_SCALE u128
 ///     live stripes: slot u64 | sequence u64
 ///     window: slot u64
-///     map stripes: slot u64 | sequence u64
-///     pages: page u64 | image bytes u32 | pieces u32 | digest [D] of the image
+///     map stripes: slot u64 | sequence u64 | bytes of named images in it u64
+///     directory pages: number u64 | image bytes u32 | pieces u32 | digest [D] of the image
 ///            | per piece: map stripe number u32 | offset u32 | bytes u32
 /// ```
 ///
@@ -1104,7 +1306,7 @@ impl Checkpoint {
             self.stripes.len(),
             self.window.len(),
             self.images.stripes.len(),
-            self.images.pages.len(),
+            self.images.dirs.len(),
             self.images.piece_count(),
             (self.counts.slots.len(), self.counts.volumes.len()),
         )
@@ -1123,9 +1325,11 @@ impl Checkpoint {
             self.stripes.len() as u64,
             self.window.len() as u64,
             images.stripes.len() as u64,
-            images.pages.len() as u64,
+            images.dirs.len() as u64,
             self.counts.slots.len() as u64,
             self.counts.volumes.len() as u64,
+            images.pages,
+            images.page_bytes,
         ] {
             out.extend_from_slice(&n.to_le_bytes());
         }
@@ -1138,28 +1342,26 @@ impl Checkpoint {
             out.extend_from_slice(&blocks.to_le_bytes());
             out.extend_from_slice(&stored.to_le_bytes());
         }
-        let pairs = |out: &mut Vec<u8>, pairs: &mut dyn Iterator<Item = (u64, u64)>| {
-            for (slot, sequence) in pairs {
-                out.extend_from_slice(&slot.to_le_bytes());
-                out.extend_from_slice(&sequence.to_le_bytes());
-            }
-        };
-        pairs(&mut out, &mut self.stripes.iter().copied());
+        for (slot, sequence) in &self.stripes {
+            out.extend_from_slice(&slot.to_le_bytes());
+            out.extend_from_slice(&sequence.to_le_bytes());
+        }
         for slot in &self.window {
             out.extend_from_slice(&slot.to_le_bytes());
         }
-        pairs(
-            &mut out,
-            &mut images.stripes.iter().map(|(&slot, &sequence)| (slot, sequence)),
-        );
+        for (slot, stripe) in &images.stripes {
+            out.extend_from_slice(&slot.to_le_bytes());
+            out.extend_from_slice(&stripe.sequence.to_le_bytes());
+            out.extend_from_slice(&stripe.live.to_le_bytes());
+        }
         let number: std::collections::HashMap<u64, u32> = images
             .stripes
             .keys()
             .enumerate()
             .map(|(i, &slot)| (slot, i as u32))
             .collect();
-        for (page, image) in &images.pages {
-            out.extend_from_slice(&page.to_le_bytes());
+        for (dir, image) in &images.dirs {
+            out.extend_from_slice(&dir.to_le_bytes());
             out.extend_from_slice(&image.bytes.to_le_bytes());
             out.extend_from_slice(&(image.pieces.len() as u32).to_le_bytes());
             out.extend_from_slice(image.digest.as_bytes());
@@ -1194,7 +1396,7 @@ impl Checkpoint {
         }
         let algorithm = geometry.checksum;
         let count = |offset: usize| usize::try_from(get_u64(bytes, offset)).unwrap_or(usize::MAX);
-        let (stripes, window, map_stripes, pages) = (count(32), count(40), count(48), count(56));
+        let (stripes, window, map_stripes, dirs) = (count(32), count(40), count(48), count(56));
         let (counted, volumes) = (count(64), count(72));
         let slots = geometry.slot_count();
         // Every entry takes bytes: counts past the length are refused
@@ -1202,10 +1404,10 @@ impl Checkpoint {
         let too_many = [stripes, window, map_stripes, counted]
             .iter()
             .any(|&n| n as u64 > slots)
-            || pages > bytes.len()
+            || dirs > bytes.len()
             || volumes > crate::volume::VOLUME_COUNT_MAX;
         if too_many
-            || checkpoint_bytes(algorithm, stripes, window, map_stripes, pages, 0, (counted, volumes)) > bytes.len()
+            || checkpoint_bytes(algorithm, stripes, window, map_stripes, dirs, 0, (counted, volumes)) > bytes.len()
         {
             return Err(field("length", bytes.len() as u64));
         }
@@ -1220,7 +1422,11 @@ impl Checkpoint {
             next_version: get_u64(bytes, 24),
             stripes: Vec::with_capacity(stripes),
             window: Vec::with_capacity(window),
-            images: MapImages::default(),
+            images: MapImages {
+                pages: get_u64(bytes, 80),
+                page_bytes: get_u64(bytes, 88),
+                ..MapImages::default()
+            },
             counts: MapCounts::default(),
         };
         for _ in 0..counted {
@@ -1254,65 +1460,55 @@ impl Checkpoint {
             }
             checkpoint.window.push(slot);
         }
+        let per_stripe = meta_stripe_bytes(geometry) as u64;
         let mut numbered = Vec::with_capacity(map_stripes);
         for _ in 0..map_stripes {
-            let e = next(16)?;
-            let slot = get_u64(e, 0);
+            let e = next(CHECKPOINT_MAP_STRIPE_BYTES)?;
+            let (slot, live) = (get_u64(e, 0), get_u64(e, 16));
             if slot >= slots || !seen.insert(slot) || numbered.last().is_some_and(|&last| last >= slot) {
                 return Err(field("map_stripe_slot", slot));
             }
+            if live > per_stripe {
+                return Err(field("map_stripe_live", live));
+            }
             numbered.push(slot);
-            checkpoint.images.stripes.insert(slot, get_u64(e, 8));
+            let sequence = get_u64(e, 8);
+            checkpoint.images.stripes.insert(slot, MapStripe { sequence, live });
         }
-        let per_stripe = meta_stripe_bytes(geometry) as u64;
         let digest_bytes = algorithm.digest_bytes();
-        let mut last_page = None;
-        for _ in 0..pages {
+        let dir_bytes_max = directory_image_bytes_max(geometry);
+        let per_dir_keys = crate::limits::MAP_DIRECTORY_PAGES * crate::limits::MAP_PAGE_BLOCKS;
+        for _ in 0..dirs {
             let e = next(CHECKPOINT_PAGE_BYTES + digest_bytes)?;
-            let page = get_u64(e, 0);
-            let first_key = page.saturating_mul(crate::limits::MAP_PAGE_BLOCKS);
-            let in_order = last_page.is_none_or(|last| last < page);
-            if !in_order || !within_one_volume(first_key, crate::limits::MAP_PAGE_BLOCKS as u32) {
-                return Err(field("page", page));
+            let dir = get_u64(e, 0);
+            let first_key = dir.saturating_mul(per_dir_keys);
+            let in_order = checkpoint
+                .images
+                .dirs
+                .last_key_value()
+                .is_none_or(|(&last, _)| last < dir);
+            if !in_order || !within_one_volume(first_key, per_dir_keys as u32) {
+                return Err(field("directory_page", dir));
             }
-            last_page = Some(page);
             let (image_bytes, piece_count) = (get_u32(e, 8), get_u32(e, 12) as usize);
-            if (image_bytes as usize) <= STORED_IMAGE_HEADER_BYTES || image_bytes as usize > STORED_IMAGE_BYTES_MAX {
-                return Err(field("image_bytes", u64::from(image_bytes)));
-            }
-            if piece_count == 0 || piece_count > image_bytes as usize {
-                return Err(field("pieces", piece_count as u64));
-            }
             let digest = Digest::from_bytes(&e[CHECKPOINT_PAGE_BYTES..]);
-            let mut pieces = Vec::with_capacity(piece_count);
-            let mut total = 0u64;
-            for _ in 0..piece_count {
-                let p = next(CHECKPOINT_PIECE_BYTES)?;
-                let (number, offset, piece_bytes) = (get_u32(p, 0), get_u32(p, 4), get_u32(p, 8));
-                let slot = *numbered
-                    .get(number as usize)
-                    .ok_or(field("map_stripe", u64::from(number)))?;
-                if piece_bytes == 0 || u64::from(offset) + u64::from(piece_bytes) > per_stripe {
-                    return Err(field("piece_offset", u64::from(offset)));
-                }
-                total += u64::from(piece_bytes);
-                pieces.push(ImagePiece {
-                    slot,
-                    offset,
-                    bytes: piece_bytes,
-                });
-            }
-            if total != u64::from(image_bytes) {
-                return Err(field("image_bytes", u64::from(image_bytes)));
-            }
-            checkpoint.images.pages.insert(
-                page,
-                std::sync::Arc::new(PageImage {
-                    bytes: image_bytes,
-                    digest,
-                    pieces,
-                }),
-            );
+            let image = image_location(
+                image_bytes,
+                piece_count,
+                digest,
+                dir_bytes_max,
+                |_| {
+                    let p = next(CHECKPOINT_PIECE_BYTES)?;
+                    let number = get_u32(p, 0);
+                    let slot = *numbered
+                        .get(number as usize)
+                        .ok_or(field("map_stripe", u64::from(number)))?;
+                    Ok((slot, get_u32(p, 4), get_u32(p, 8)))
+                },
+                per_stripe,
+                WHAT,
+            )?;
+            checkpoint.images.dirs.insert(dir, std::sync::Arc::new(image));
         }
         if at != bytes.len() {
             return Err(field("length", bytes.len() as u64));
@@ -1714,7 +1910,7 @@ mod tests {
         }
         assert!(sb.is_failed(5) && !sb.is_failed(3));
         // Golden: magic, version, index, members, K, M, chunk, codes, rows, failed bit 5.
-        assert_eq!(&bytes[0..12], b"TSRSUPER\x07\x00\x00\x00");
+        assert_eq!(&bytes[0..12], b"TSRSUPER\x08\x00\x00\x00");
         assert_eq!(
             &bytes[48..68],
             &[3, 0, 0, 0, 7, 0, 0, 0, 4, 0, 0, 0, 2, 0, 0, 0, 0, 0, 1, 0]
@@ -1769,7 +1965,7 @@ mod tests {
         encode_log_block([9; 16], 5, 3, &records, &mut block);
         // 64 + 3 x 96 + 4096 + 900 bytes, in 512-byte sectors.
         assert_eq!(block.len(), 5632);
-        assert_eq!(&block[..12], b"TSRLOGBK\x07\x00\x00\x00");
+        assert_eq!(&block[..12], b"TSRLOGBK\x08\x00\x00\x00");
         let mut longer = block.to_vec();
         longer.extend_from_slice(&[0xff; 1024]);
         let (header, decoded) = decode_log_block(&longer, &g).unwrap();
@@ -1920,9 +2116,23 @@ mod tests {
         let a = Algorithm::Blake3;
         let piece = |slot, offset, bytes| ImagePiece { slot, offset, bytes };
         let mut images = MapImages::default();
-        images.stripes.insert(20, 101);
-        images.stripes.insert(30, 102);
-        images.pages.insert(
+        images.stripes.insert(
+            20,
+            MapStripe {
+                sequence: 101,
+                live: 5100,
+            },
+        );
+        images.stripes.insert(
+            30,
+            MapStripe {
+                sequence: 102,
+                live: 200,
+            },
+        );
+        images.pages = 1100;
+        images.page_bytes = 6 << 20;
+        images.dirs.insert(
             3,
             std::sync::Arc::new(PageImage {
                 bytes: 5000,
@@ -1930,7 +2140,7 @@ mod tests {
                 pieces: vec![piece(20, 0, 5000)],
             }),
         );
-        images.pages.insert(
+        images.dirs.insert(
             9,
             std::sync::Arc::new(PageImage {
                 bytes: 300,
@@ -2037,7 +2247,7 @@ mod tests {
             }
             let bytes = mangle(&checkpoint, 4, &mut rng);
             if let Ok(c) = decoded("checkpoint", seed, &bytes, |b| Checkpoint::decode(b, &g)) {
-                let pieces = c.images.pages.values().flat_map(|p| &p.pieces);
+                let pieces = c.images.dirs.values().flat_map(|p| &p.pieces);
                 assert!(
                     pieces.clone().all(|p| c.images.stripes.contains_key(&p.slot)),
                     "seed {seed}"
@@ -2082,7 +2292,7 @@ mod tests {
             directory: true,
         }));
         let bytes = sb.encode();
-        assert_eq!(&bytes[0..12], b"TSRSUPER\x07\x00\x00\x00");
+        assert_eq!(&bytes[0..12], b"TSRSUPER\x08\x00\x00\x00");
         assert_eq!(&bytes[4088..4092], &1u32.to_le_bytes());
         assert_eq!(Superblock::decode(&bytes).unwrap(), sb);
         let c = sb.checkpoint.as_ref().unwrap();
@@ -2093,8 +2303,8 @@ mod tests {
         bad[4088] = 2;
         seal_sector(&mut bad);
         assert!(matches!(Superblock::decode(&bad), Err(FormatError::Field { .. })));
-        // Superblocks of versions 2 to 6 are refused by their version.
-        for old in 2u32..=6 {
+        // Superblocks of versions 2 to 7 are refused by their version.
+        for old in 2u32..=7 {
             let mut bad = bytes.clone();
             bad[8..12].copy_from_slice(&old.to_le_bytes());
             seal_sector(&mut bad);
@@ -2108,7 +2318,7 @@ mod tests {
             );
             assert!(error
                 .to_string()
-                .contains(&format!("version {old}; this build reads version 7")));
+                .contains(&format!("version {old}; this build reads version 8")));
         }
 
         let slots: Vec<u64> = (0..900).map(|i| (i * 7) % g.slot_count()).collect();
@@ -2175,15 +2385,18 @@ mod tests {
         let c = checkpoint();
         let bytes = c.encode(a);
         assert_eq!(bytes.len(), checkpoint_bytes(a, 2, 3, 2, 2, 3, (2, 1)));
-        assert_eq!(&bytes[..12], b"TSRCHKPT\x07\x00\x00\x00");
+        assert_eq!(&bytes[..12], b"TSRCHKPT\x08\x00\x00\x00");
         assert_eq!(&bytes[24..32], &1234u64.to_le_bytes());
         assert_eq!(&bytes[48..64], &[2, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(&bytes[64..80], &[2, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);
+        // What the directory names: 1,100 pages, 6 MiB of images.
+        assert_eq!(&bytes[80..96], &[76, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0x60, 0, 0, 0, 0, 0]);
         // The counts first: slot 4's live bytes, volume 0's stored bytes.
-        assert_eq!(&bytes[88..96], &(77u64 << 20).to_le_bytes());
-        assert_eq!(&bytes[120 + 8..120 + 24], &(1u128 << 70).to_le_bytes());
-        // Map stripes after the window; page 9's second piece in map stripe 1.
-        let map_stripes = 80 + 2 * 20 + 24 + 32 + 24;
+        assert_eq!(&bytes[104..112], &(77u64 << 20).to_le_bytes());
+        assert_eq!(&bytes[136 + 8..136 + 24], &(1u128 << 70).to_le_bytes());
+        // Map stripes after the window, each with its live bytes; directory
+        // page 9's second piece in map stripe 1.
+        let map_stripes = 96 + 2 * 20 + 24 + 32 + 24;
         assert_eq!(&bytes[map_stripes..map_stripes + 8], &20u64.to_le_bytes());
         assert_eq!(&bytes[bytes.len() - 12..bytes.len() - 8], &1u32.to_le_bytes());
         assert_eq!(Checkpoint::decode(&bytes, &g).unwrap(), c);
@@ -2195,7 +2408,7 @@ mod tests {
         bad.window.push(1 << 40);
         assert!(refused(bad), "a window slot off the array");
         let mut bad = checkpoint();
-        bad.images.stripes.insert(7, 5);
+        bad.images.stripes.insert(7, MapStripe { sequence: 5, live: 0 });
         assert!(refused(bad), "a map stripe that is also a live stripe");
         let mut bad = checkpoint();
         bad.counts.slots.swap(0, 1);
@@ -2207,21 +2420,24 @@ mod tests {
         bad.counts.volumes = vec![(0, 0); crate::volume::VOLUME_COUNT_MAX + 1];
         assert!(refused(bad), "more volumes than there may be");
         let mut bad = checkpoint();
-        std::sync::Arc::make_mut(bad.images.pages.get_mut(&9).unwrap()).bytes = 301;
+        std::sync::Arc::make_mut(bad.images.dirs.get_mut(&9).unwrap()).bytes = 301;
         assert!(refused(bad), "pieces that do not add up to the image");
         let mut bad = checkpoint();
-        std::sync::Arc::make_mut(bad.images.pages.get_mut(&9).unwrap()).pieces[0].offset =
+        std::sync::Arc::make_mut(bad.images.dirs.get_mut(&9).unwrap()).pieces[0].offset =
             meta_stripe_bytes(&g) as u32 - 99;
         assert!(refused(bad), "a piece past the end of its stripe");
         let mut bad = checkpoint();
-        let page = std::sync::Arc::make_mut(bad.images.pages.get_mut(&3).unwrap());
-        page.bytes = STORED_IMAGE_BYTES_MAX as u32 + 1;
-        page.pieces[0].bytes = STORED_IMAGE_BYTES_MAX as u32 + 1;
-        assert!(refused(bad), "an image longer than any page makes");
+        let page = std::sync::Arc::make_mut(bad.images.dirs.get_mut(&3).unwrap());
+        page.bytes = directory_image_bytes_max(&g) as u32 + 1;
+        page.pieces[0].bytes = directory_image_bytes_max(&g) as u32 + 1;
+        assert!(refused(bad), "an image longer than any directory page makes");
         let mut bad = checkpoint();
-        let page = bad.images.pages.remove(&3).unwrap();
-        bad.images.pages.insert(u64::MAX / 2, page);
-        assert!(refused(bad), "a page off the volumes");
+        let page = bad.images.dirs.remove(&3).unwrap();
+        bad.images.dirs.insert(u64::MAX / 2, page);
+        assert!(refused(bad), "a directory page off the volumes");
+        let mut bad = checkpoint();
+        bad.images.stripes.get_mut(&30).unwrap().live = meta_stripe_bytes(&g) as u64 + 1;
+        assert!(refused(bad), "a map stripe holding more than it can");
         assert!(Checkpoint::decode(&bytes[..bytes.len() - 1], &g).is_err(), "truncated");
         let mut longer = bytes.clone();
         longer.push(0);

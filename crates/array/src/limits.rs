@@ -97,6 +97,14 @@ pub const MAP_PAGE_BLOCKS: u64 = 512;
 /// about 45 M randomly written blocks (170 GiB of them) at ~12 bytes each.
 pub const MAP_CACHE_BYTES_DEFAULT: usize = 512 << 20;
 const _: () = assert!(MAP_PAGE_BLOCKS <= u16::MAX as u64 && MAP_PAGE_BLOCKS >= EXTENT_BLOCKS_MAX as u64);
+/// Map pages one page of the map's directory names the images of (1 GiB
+/// of a volume's keys): the root lists directory pages, not map pages, so
+/// that it and the memory that names where images are grow by ~40 bytes
+/// per GiB of keys written, not per 2 MiB. A full directory page is
+/// 512 x (20 + 4 + 16) bytes with CRC32C (20 KiB), 50 KiB with SHA3-512:
+/// rewritten whole when one of its pages moves, so not much larger.
+pub const MAP_DIRECTORY_PAGES: u64 = 512;
+const _: () = assert!(MAP_DIRECTORY_PAGES * MAP_PAGE_BLOCKS <= u32::MAX as u64);
 const _: () = assert!(EXTENT_BLOCKS_MAX <= u8::MAX as usize);
 
 /// Bytes of page images a checkpoint copies under one hold of the map's

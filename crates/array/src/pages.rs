@@ -23,9 +23,10 @@
 use crate::engine::{Index, Shared};
 use crate::error::ArrayError;
 use crate::format::PageImage;
-use crate::map::{LoadedPage, Map};
+use crate::map::{LoadedPage, Map, Needed};
 use crate::slots::{Pinned, SlotState};
 use crate::status::Counters;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Map pages pinned in memory (`PagePins`), and by how many. Taken under
@@ -131,7 +132,7 @@ impl Shared {
             let loaded = self.read_pages(missing)?;
             let mut index = self.index_mut();
             self.install_loaded(&mut index, loaded)?;
-            if index.map.evicted_count() == 0 {
+            if index.map.all_missing().is_empty() {
                 return Ok(check(&index));
             }
         }
@@ -143,7 +144,7 @@ impl Shared {
     /// for.
     fn bring_in(
         &self,
-        missing: Vec<(u64, Arc<PageImage>)>,
+        missing: Vec<Needed>,
         ranges: &[(u64, u64)],
         then: &mut dyn FnMut(&Index),
     ) -> Result<(), ArrayError> {
@@ -158,7 +159,7 @@ impl Shared {
     }
 
     /// Brings the pages `missing` names in, evicting none.
-    pub(crate) fn install_pages(&self, missing: Vec<(u64, Arc<PageImage>)>) -> Result<(), ArrayError> {
+    pub(crate) fn install_pages(&self, missing: Vec<Needed>) -> Result<(), ArrayError> {
         let loaded = self.read_pages(missing)?;
         self.install_loaded(&mut self.index_mut(), loaded)
     }
@@ -166,9 +167,12 @@ impl Shared {
     /// Evicts clean pages, none pinned, past the cache's size.
     pub(crate) fn evict_pages(&self, index: &mut Index) {
         let pins = self.page_pins.lock();
+        let dirs: std::collections::HashSet<u64> = pins.keys().map(|&p| crate::map::directory::dir_of(p)).collect();
         let evicted = index
             .map
-            .evict(self.options.map_cache_bytes, &|page| pins.contains_key(&page));
+            .evict(self.options.map_cache_bytes, &|page| pins.contains_key(&page), &|dir| {
+                dirs.contains(&dir)
+            });
         Counters::add(&self.counters.map_pages_evicted, evicted as u64);
     }
 
@@ -182,21 +186,62 @@ impl Shared {
     }
 
     /// The pages `missing` names, read from their map stripes (pinned
-    /// meanwhile) and decoded, outside every lock; those a checkpoint
-    /// moved meanwhile are left out (the caller looks again).
-    fn read_pages(&self, missing: Vec<(u64, Arc<PageImage>)>) -> Result<Vec<(LoadedPage, Arc<PageImage>)>, ArrayError> {
+    /// meanwhile) and decoded, outside every lock, with the directory
+    /// pages it names and the pages of its range those name; those a
+    /// checkpoint moved meanwhile are left out (the caller looks again).
+    fn read_pages(&self, missing: Vec<Needed>) -> Result<Vec<Loaded>, ArrayError> {
         let g = &self.geometry;
         let mut pinned = Pinned::new(&self.pins);
         {
             let _index = self.index();
-            for (_, image) in &missing {
+            for needed in &missing {
+                let (Needed::Page(_, image) | Needed::Dir { image, .. }) = needed;
                 for piece in &image.pieces {
                     pinned.add(piece.slot);
                 }
             }
         }
         let mut loaded = Vec::with_capacity(missing.len());
-        for (page, image) in missing {
+        let mut pages = Vec::new();
+        for needed in missing {
+            match needed {
+                Needed::Page(page, image) => pages.push((page, image)),
+                Needed::Dir {
+                    dir,
+                    image,
+                    first,
+                    last,
+                } => {
+                    let stored = match self.read_dir_image(dir, &image) {
+                        Ok(stored) => stored,
+                        Err(_) if !self.dir_still_held_as(dir, &image) => continue,
+                        Err(error) => return Err(error),
+                    };
+                    let bad = |source| ArrayError::MapDirectoryPage { dir, source };
+                    let (number, images) = crate::format::decode_directory_image(&stored, g).map_err(bad)?;
+                    if number != dir {
+                        return Err(bad(crate::format::FormatError::Field {
+                            what: "map directory page",
+                            field: "number",
+                            value: number,
+                        }));
+                    }
+                    {
+                        // Its pages' stripes are pinned before its own
+                        // pin goes (with it, its pages' images stay).
+                        let _index = self.index();
+                        for image in images.range(first..=last).map(|(_, i)| i) {
+                            for piece in &image.pieces {
+                                pinned.add(piece.slot);
+                            }
+                        }
+                    }
+                    pages.extend(images.range(first..=last).map(|(&p, i)| (p, i.clone())));
+                    loaded.push(Loaded::Dir { dir, images, image });
+                }
+            }
+        }
+        for (page, image) in pages {
             let stored = match self.read_page_image(page, &image) {
                 Ok(stored) => stored,
                 Err(_) if !self.still_held_as(page, &image) => continue,
@@ -212,15 +257,28 @@ impl Shared {
                     value: body.page(),
                 }));
             }
-            loaded.push((body, image));
+            loaded.push(Loaded::Page(body, image));
         }
         Ok(loaded)
     }
 
     /// Installs pages read (those still held as the images they were
     /// read from), dropping the records of volumes deleted since.
-    fn install_loaded(&self, index: &mut Index, loaded: Vec<(LoadedPage, Arc<PageImage>)>) -> Result<(), ArrayError> {
-        for (body, image) in loaded {
+    fn install_loaded(&self, index: &mut Index, loaded: Vec<Loaded>) -> Result<(), ArrayError> {
+        for loaded in loaded {
+            let (body, image) = match loaded {
+                Loaded::Dir { dir, images, image } => {
+                    let slots = &index.slots;
+                    index
+                        .map
+                        .install_dir(dir, images, &image, &|slot| {
+                            slots.get(slot).state == SlotState::Checkpoint
+                        })
+                        .map_err(|source| ArrayError::MapDirectoryPage { dir, source })?;
+                    continue;
+                }
+                Loaded::Page(body, image) => (body, image),
+            };
             let page = body.page();
             let slots = &index.slots;
             let installed = index
@@ -259,10 +317,49 @@ impl Shared {
     }
 
     /// Whether page `page` is still held only as `image`.
-    fn still_held_as(&self, page: u64, image: &Arc<PageImage>) -> bool {
+    fn still_held_as(&self, page: u64, image: &PageImage) -> bool {
+        self.index().map.held_only_as(page, image)
+    }
+
+    /// Whether directory page `dir` is still held only as `image`.
+    fn dir_still_held_as(&self, dir: u64, image: &PageImage) -> bool {
         let index = self.index();
-        let held = index.map.missing(page * PAGE, page * PAGE + 1);
-        held.iter().any(|(_, held)| Arc::ptr_eq(held, image))
+        let first = dir * crate::limits::MAP_DIRECTORY_PAGES;
+        let missing = index.map.missing(first * PAGE, (first + 1) * PAGE);
+        missing
+            .iter()
+            .any(|needed| matches!(needed, Needed::Dir { image: held, .. } if **held == *image))
+    }
+
+    /// A directory page's stored image (`read_page_image`).
+    pub(crate) fn read_dir_image(&self, dir: u64, image: &PageImage) -> Result<Vec<u8>, ArrayError> {
+        self.read_page_image(dir, image).map_err(|error| match error {
+            ArrayError::MapPage { source, .. } => ArrayError::MapDirectoryPage { dir, source },
+            error => error,
+        })
+    }
+
+    /// The entries of directory page `dir`, held as `own`: from memory,
+    /// or read from its map stripes.
+    pub(crate) fn directory_page(
+        &self,
+        dir: u64,
+        own: &PageImage,
+    ) -> Result<BTreeMap<u64, Arc<PageImage>>, ArrayError> {
+        if let Some(entries) = self.index().map.directory_page(dir) {
+            return Ok(entries.clone());
+        }
+        let stored = self.read_dir_image(dir, own)?;
+        let bad = |source| ArrayError::MapDirectoryPage { dir, source };
+        let (number, entries) = crate::format::decode_directory_image(&stored, &self.geometry).map_err(bad)?;
+        if number != dir {
+            return Err(bad(crate::format::FormatError::Field {
+                what: "map directory page",
+                field: "number",
+                value: number,
+            }));
+        }
+        Ok(entries)
     }
 
     /// A page's stored image, as its digest says it is: read from its
@@ -308,13 +405,45 @@ const PAGE: u64 = crate::limits::MAP_PAGE_BLOCKS;
 /// Past this many pages, a range pins only the pages that exist.
 const PINNED_PAGES_PER_RANGE_MAX: u64 = 4096;
 
-/// The pages of `ranges` held only as their image.
-fn missing(map: &Map, ranges: &[(u64, u64)]) -> Vec<(u64, Arc<PageImage>)> {
-    if map.evicted_count() == 0 {
-        return Vec::new();
+/// What must be read for the pages of `ranges` to be in memory.
+fn missing(map: &Map, ranges: &[(u64, u64)]) -> Vec<Needed> {
+    let mut missing: Vec<Needed> = ranges.iter().flat_map(|&(lba, end)| map.missing(lba, end)).collect();
+    if missing.len() > 1 {
+        // A directory page once, with the pages of every range it holds.
+        let key = |n: &Needed| match n {
+            Needed::Page(page, _) => (*page, 1),
+            Needed::Dir { dir, .. } => (dir * crate::limits::MAP_DIRECTORY_PAGES, 0),
+        };
+        missing.sort_unstable_by_key(key);
+        missing.dedup_by(|later, earlier| match (earlier, later) {
+            (Needed::Page(a, _), Needed::Page(b, _)) => a == b,
+            (
+                Needed::Dir {
+                    dir: a, first, last, ..
+                },
+                Needed::Dir {
+                    dir: b,
+                    first: f,
+                    last: l,
+                    ..
+                },
+            ) if a == b => {
+                *first = (*first).min(*f);
+                *last = (*last).max(*l);
+                true
+            }
+            _ => false,
+        });
     }
-    let mut missing: Vec<(u64, Arc<PageImage>)> = ranges.iter().flat_map(|&(lba, end)| map.missing(lba, end)).collect();
-    missing.sort_unstable_by_key(|(page, _)| *page);
-    missing.dedup_by_key(|(page, _)| *page);
     missing
+}
+
+/// A page or a directory page read and decoded, to be installed.
+enum Loaded {
+    Dir {
+        dir: u64,
+        images: BTreeMap<u64, Arc<PageImage>>,
+        image: Arc<PageImage>,
+    },
+    Page(LoadedPage, Arc<PageImage>),
 }

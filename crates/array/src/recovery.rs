@@ -460,9 +460,9 @@ impl Shared {
         }
         // The pages stay on the members until something looks at them;
         // the slot table takes the counts they add up to.
-        let stale_volume_pages: Vec<(u64, Arc<crate::format::PageImage>)> = {
+        let stale_volume_pages: Vec<crate::map::Needed> = {
             let mut index = self.index_mut();
-            let in_map_stripes = map_stripes.iter().map(|(&slot, &sequence)| (slot, sequence));
+            let in_map_stripes = map_stripes.iter().map(|(&slot, stripe)| (slot, stripe.sequence));
             for (slot, sequence) in listed.iter().copied().chain(in_map_stripes) {
                 index.slots.set(slot, SlotState::Checkpoint, sequence);
             }
@@ -470,27 +470,36 @@ impl Shared {
                 index.slots.set(slot, SlotState::Sealed, sequence);
             }
             index.slots.restore_counts(&checkpoint.counts).map_err(unreadable)?;
-            index.map.open_from(&checkpoint.images.pages);
+            let images = &checkpoint.images;
+            index.map.open_from(&images.dirs, (images.pages, images.page_bytes));
             index.next_version = checkpoint.next_version.max(1);
             index.checkpoint_slots = listed.iter().map(|&(slot, _)| slot).collect();
             index.map_stripes = map_stripes.len();
             // Pages of volumes deleted (or created again) since the pages
             // were taken hold records no volume admits: they are read now,
             // and those records dropped, so that their slots drain.
+            // A directory page lies in one volume, as a page does.
             let floors = &index.volumes;
+            let per_dir = crate::limits::MAP_DIRECTORY_PAGES;
             checkpoint
                 .images
-                .pages
+                .dirs
                 .iter()
-                .filter(|(&page, _)| {
-                    let key = page * crate::limits::MAP_PAGE_BLOCKS;
+                .filter(|(&dir, _)| {
+                    let key = dir * per_dir * crate::limits::MAP_PAGE_BLOCKS;
                     !floors.admits(key, checkpoint.next_version.saturating_sub(1))
                 })
-                .map(|(&page, image)| (page, image.clone()))
+                .map(|(&dir, image)| crate::map::Needed::Dir {
+                    dir,
+                    image: image.clone(),
+                    first: dir * per_dir,
+                    last: (dir + 1) * per_dir - 1,
+                })
                 .collect()
         };
-        for batch in stale_volume_pages.chunks(64) {
+        for batch in stale_volume_pages.chunks(1) {
             self.install_pages(batch.to_vec())?;
+            self.evict_pages(&mut self.index_mut());
         }
         let window = checkpoint.window.iter().copied().collect();
         // The next checkpoint writes pages: this process knows nothing of

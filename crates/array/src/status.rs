@@ -156,16 +156,22 @@ pub struct Status {
     pub map_mappings: u64,
     #[serde(default)]
     pub map_bytes: u64,
-    /// The map cache: its size (`serve --map-cache`), the pages held only
-    /// on the members (evicted, or not read since opening) and their
-    /// stored bytes, lookups that found their pages in memory, pages read
-    /// in, pages evicted.
+    /// The map cache: its size (`serve --map-cache`), the pages whose
+    /// image is on the members (as the durable directory names them,
+    /// whether in memory or not) and their stored bytes, lookups that
+    /// found their pages in memory, pages read in, pages evicted.
     #[serde(default)]
     pub map_cache_bytes: u64,
     #[serde(default)]
     pub map_pages_on_members: u64,
     #[serde(default)]
     pub map_bytes_on_members: u64,
+    /// Pages of the map's directory (each names where 512 map pages'
+    /// images are), and those of them in memory.
+    #[serde(default)]
+    pub map_directory_pages: u64,
+    #[serde(default)]
+    pub map_directory_pages_in_memory: u64,
     #[serde(default)]
     pub map_page_hits: u64,
     #[serde(default)]
@@ -246,12 +252,13 @@ impl Shared {
                 index.slots.stored_bytes(),
                 (
                     index.map.len() as u64,
-                    index.map.bytes() as u64,
+                    index.map.held_bytes() as u64,
                     index.map.page_count() as u64,
                     index.map.dirty_count() as u64,
                     index.map_stripes as u64,
-                    index.map.evicted_count() as u64,
-                    index.map.evicted_bytes(),
+                    index.map.directory_totals().0,
+                    index.map.directory_totals().1,
+                    index.map.directory_counts(),
                 ),
             )
         };
@@ -355,6 +362,8 @@ impl Shared {
             map_cache_bytes: self.options.map_cache_bytes as u64,
             map_pages_on_members: map.5,
             map_bytes_on_members: map.6,
+            map_directory_pages: map.7 .0 as u64,
+            map_directory_pages_in_memory: map.7 .1 as u64,
             map_page_hits: load(&c.map_page_hits),
             map_page_misses: load(&c.map_page_misses),
             map_pages_evicted: load(&c.map_pages_evicted),

@@ -567,16 +567,17 @@ fn a_checkpoint_larger_than_the_superblock_can_list_has_a_directory() {
     let devices: Vec<_> = (0..3).map(|_| Arc::new(MemoryDevice::new(128 << 20))).collect();
     let create = CreateOptions {
         chunk_bytes: 4096,
-        logical_bytes: Some(1 << 40),
+        logical_bytes: Some(1 << 47),
         ..options(2, 1, Some(tessera_compress::Codec::Lz4))
     };
     let array = tessera_array::create(named(&devices), &create).unwrap();
-    // A block in each of 130,000 map pages (2 MiB apart): the root lists
-    // each page's image (32 bytes), 4 MiB, more than 480 stripes of 8 KiB.
+    // A block in each of 130,000 map directory pages (1 GiB apart): the
+    // root lists each directory page's image (32 bytes), 4 MiB, more than
+    // 480 stripes of 8 KiB.
     let blocks = 130_000u64;
-    let stride = 512 / 2;
+    let step = 512 * 512 * 4096u64;
     for i in 0..blocks {
-        array.write(i * 2 * stride * 4096, &[i as u8; 4096], false).unwrap();
+        array.write(i * step, &[i as u8; 4096], false).unwrap();
     }
     array.checkpoint().unwrap();
     let status = array.status().unwrap();
@@ -600,9 +601,9 @@ fn a_checkpoint_larger_than_the_superblock_can_list_has_a_directory() {
         );
         let mut back = vec![0u8; 2 * 4096];
         for i in (0..blocks).step_by(997).chain([blocks - 1]) {
-            array.read(i * 2 * stride * 4096, &mut back).unwrap();
-            assert!(back[..4096].iter().all(|&b| b == i as u8), "block {}", i * 2);
-            assert!(back[4096..].iter().all(|&b| b == 0), "block {}", i * 2 + 1);
+            array.read(i * step, &mut back).unwrap();
+            assert!(back[..4096].iter().all(|&b| b == i as u8), "block at {} GiB", i);
+            assert!(back[4096..].iter().all(|&b| b == 0), "the block after it");
         }
     };
     check(&tessera_array::open(open_list(&devices, &[])).unwrap());

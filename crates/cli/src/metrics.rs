@@ -195,7 +195,7 @@ impl Metrics {
         let map = Family::<KindLabels, Gauge>::default();
         registry.register(
             "map",
-            "The map: mappings held in memory and the bytes they take, pages held and changed since the checkpoint, map stripes holding the checkpoint's page images; the map cache's size, pages only on the members and their bytes, lookups that found their pages, pages read in and evicted",
+            "The map: mappings held in memory and the bytes they take, pages held and changed since the checkpoint, map stripes holding the checkpoint's page images; the map cache's size, pages with an image on the members and their bytes, the map's directory pages and those in memory, lookups that found their pages, pages read in and evicted",
             map.clone(),
         );
         let scrub = Family::<KindLabels, Gauge>::default();
@@ -333,6 +333,8 @@ impl Metrics {
         gauge(&self.map, "cache_bytes", s.map_cache_bytes);
         gauge(&self.map, "pages_on_members", s.map_pages_on_members);
         gauge(&self.map, "bytes_on_members", s.map_bytes_on_members);
+        gauge(&self.map, "directory_pages", s.map_directory_pages);
+        gauge(&self.map, "directory_pages_in_memory", s.map_directory_pages_in_memory);
         gauge(&self.map, "page_hits", s.map_page_hits);
         gauge(&self.map, "page_misses", s.map_page_misses);
         gauge(&self.map, "pages_evicted", s.map_pages_evicted);

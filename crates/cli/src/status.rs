@@ -196,10 +196,12 @@ fn print_status(s: &Status) {
         s.checksum_errors, s.chunks_repaired, s.reconstructed_reads, s.stripes_reconstructed, s.unrecoverable_reads
     );
     println!(
-        "map cache: {} of {} used by {} pages in memory, {} pages ({}) only on the members; {} lookups found their pages, {} pages read in, {} evicted",
+        "map cache: {} of {} used by {} pages and {} of {} directory pages in memory; {} pages ({}) with an image on the members; {} lookups found their pages, {} pages read in, {} evicted",
         human(s.map_bytes),
         human(s.map_cache_bytes),
         s.map_pages,
+        s.map_directory_pages_in_memory,
+        s.map_directory_pages,
         s.map_pages_on_members,
         human(s.map_bytes_on_members),
         s.map_page_hits,
