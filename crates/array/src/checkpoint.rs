@@ -69,6 +69,7 @@ use crate::limits::{
     CHECKPOINT_IMAGE_BYTES_PER_LOCK, CHECKPOINT_PAGES_COST_DIVISOR, CHECKPOINT_ROOTS_PER_PAGES_MAX,
     CHECKPOINT_WINDOW_DIVISOR, CHECKPOINT_WINDOW_MAX, CHECKPOINT_WINDOW_MIN, MAP_STRIPES_PER_NEEDED,
 };
+use crate::map::directory::NewDir;
 use crate::map::directory::{dir_of, Images};
 use crate::map::DirUpdate;
 use crate::slots::SlotState;
@@ -653,14 +654,24 @@ impl Shared {
             })
             .collect();
         // The directory pages written, as they are now (the checkpoint
-        // lock keeps them so), and where each one's new image goes.
+        // lock keeps them so), and where each one's new image goes: each
+        // read, sized and let go, one at a time (a checkpoint after
+        // writes all over a large array rewrites many), and read again
+        // to be written once the slots are known.
+        let entries_of = |dir: u64| -> Result<Images, ArrayError> {
+            match durable.dirs.get(&dir) {
+                Some(own) => self.directory_page(dir, own),
+                None => Ok(BTreeMap::new()),
+            }
+        };
         let mut at = copied.bytes.len();
-        let mut dirs: Vec<(u64, Images, Option<Range<usize>>)> = Vec::new();
+        let mut dirs: Vec<(u64, (u64, u64), Option<Range<usize>>)> = Vec::new();
         for &dir in touched {
-            let entries = match durable.dirs.get(&dir) {
-                Some(own) => self.directory_page(dir, own)?,
-                None => BTreeMap::new(),
-            };
+            let entries = entries_of(dir)?;
+            let old = (
+                entries.len() as u64,
+                entries.values().map(|i| u64::from(i.bytes)).sum::<u64>(),
+            );
             let (mut count, mut pieces) = (entries.len(), entries.values().map(|i| i.pieces.len()).sum::<usize>());
             for (page, image) in fresh.range(dir * MAP_DIRECTORY_PAGES..(dir + 1) * MAP_DIRECTORY_PAGES) {
                 if let Some(was) = entries.get(page) {
@@ -677,7 +688,7 @@ impl Shared {
                 at += bytes;
                 at - bytes..at
             });
-            dirs.push((dir, entries, range));
+            dirs.push((dir, old, range));
         }
         let run_bytes = at;
         let image_stripes = run_bytes.div_ceil(per_stripe);
@@ -794,11 +805,8 @@ impl Shared {
         let mut run = Vec::with_capacity(run_bytes);
         run.extend_from_slice(&copied.bytes);
         let mut updates = Vec::with_capacity(dirs.len());
-        for (dir, mut entries, range) in dirs {
-            let old = (
-                entries.len() as u64,
-                entries.values().map(|i| u64::from(i.bytes)).sum::<u64>(),
-            );
+        for (dir, old, range) in dirs {
+            let mut entries = entries_of(dir)?;
             for (&page, image) in new_page.range(dir * MAP_DIRECTORY_PAGES..(dir + 1) * MAP_DIRECTORY_PAGES) {
                 if let Some(was) = entries.remove(&page) {
                     images.pages -= 1;
@@ -829,10 +837,15 @@ impl Shared {
             });
             run.extend_from_slice(&encoded);
             images.dirs.insert(dir, own.clone());
+            let new = NewDir {
+                image: encoded,
+                digest_bytes: algorithm.digest_bytes(),
+                own,
+            };
             updates.push(DirUpdate {
                 dir,
                 old,
-                new: Some((entries, own)),
+                new: Some(new),
             });
         }
         assert_eq!(run.len(), run_bytes);

@@ -69,7 +69,7 @@ use crate::format::{
 use crate::limits::{EXTENT_BLOCKS_MAX, MAP_DIRECTORY_PAGES, MAP_PAGE_BLOCKS};
 pub mod directory;
 mod entries;
-use directory::{Directory, Images, Lookup};
+use directory::{Directory, Images, Lookup, NewDir};
 use entries::Entries;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -895,8 +895,8 @@ pub struct DirUpdate {
     pub dir: u64,
     /// Pages it named before, and their images' bytes.
     pub old: (u64, u64),
-    /// Its new entries and image; `None`: it names no page any more.
-    pub new: Option<(Images, Arc<PageImage>)>,
+    /// Its new image; `None`: it names no page any more.
+    pub new: Option<NewDir>,
 }
 
 /// A page decoded from its image outside every lock, to be installed
@@ -1009,9 +1009,12 @@ impl Map {
         }
         let (first, last) = (lba / MAP_PAGE_BLOCKS, (end - 1) / MAP_PAGE_BLOCKS);
         self.directory.touch(first, last, self.clock.load(Ordering::Relaxed));
-        for (page, image) in self.directory.named_in(first, last) {
+        for page in self.directory.named_in(first, last) {
             if !self.pages.contains_key(&page) && !self.emptied.contains(&page) {
-                needed.push(Needed::Page(page, image.clone()));
+                let Lookup::Image(image) = self.directory.lookup(page) else {
+                    unreachable!("a page named by a resident directory page has an image")
+                };
+                needed.push(Needed::Page(page, image));
             }
         }
         for (dir, image) in self.directory.evicted_in(first, last) {
@@ -1050,7 +1053,7 @@ impl Map {
     }
 
     /// The entries of directory page `dir`, if it is in memory.
-    pub fn directory_page(&self, dir: u64) -> Option<&Images> {
+    pub fn directory_page(&self, dir: u64) -> Option<Images> {
         self.directory.resident(dir)
     }
 
@@ -1467,18 +1470,23 @@ mod tests {
             .iter()
             .map(|&dir| {
                 let (old, new) = (in_dir(before, dir), in_dir(held, dir));
-                let own = |new: &BTreeMap<u64, Arc<PageImage>>| {
-                    let digests: Vec<u8> = new.values().flat_map(|i| i.digest.as_bytes().to_vec()).collect();
-                    Arc::new(PageImage {
-                        bytes: digests.len() as u32 + 8,
-                        digest: Algorithm::Crc32c.digest(&digests),
+                let made = |new: &BTreeMap<u64, Arc<PageImage>>| {
+                    let image = crate::format::encode_directory_image(Algorithm::Crc32c, dir, new);
+                    let own = Arc::new(PageImage {
+                        bytes: image.len() as u32,
+                        digest: Algorithm::Crc32c.digest(&image),
                         pieces: Vec::new(),
-                    })
+                    });
+                    NewDir {
+                        image,
+                        digest_bytes: 4,
+                        own,
+                    }
                 };
                 DirUpdate {
                     dir,
                     old: totals(&old),
-                    new: (!new.is_empty()).then(|| (new.clone(), own(&new))),
+                    new: (!new.is_empty()).then(|| made(&new)),
                 }
             })
             .collect();

@@ -347,7 +347,7 @@ impl Shared {
         own: &PageImage,
     ) -> Result<BTreeMap<u64, Arc<PageImage>>, ArrayError> {
         if let Some(entries) = self.index().map.directory_page(dir) {
-            return Ok(entries.clone());
+            return Ok(entries);
         }
         let stored = self.read_dir_image(dir, own)?;
         let bad = |source| ArrayError::MapDirectoryPage { dir, source };
