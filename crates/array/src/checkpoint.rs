@@ -151,6 +151,15 @@ struct Changes<'a> {
     live: BTreeMap<u64, u64>,
 }
 
+/// A directory page a checkpoint writes: what it named before (pages,
+/// their images' bytes), and where its new image goes in the run of
+/// images (`None`: it names no page any more).
+struct DirWrite {
+    dir: u64,
+    old: (u64, u64),
+    range: Option<Range<usize>>,
+}
+
 /// What a durable checkpoint left to do: the root written (where the
 /// images are now, its live stripes and counts) and its slots, the map
 /// stripes no image is in any more, the directory pages written and the
@@ -665,7 +674,7 @@ impl Shared {
             }
         };
         let mut at = copied.bytes.len();
-        let mut dirs: Vec<(u64, (u64, u64), Option<Range<usize>>)> = Vec::new();
+        let mut dirs: Vec<DirWrite> = Vec::new();
         for &dir in touched {
             let entries = entries_of(dir)?;
             let old = (
@@ -688,7 +697,7 @@ impl Shared {
                 at += bytes;
                 at - bytes..at
             });
-            dirs.push((dir, old, range));
+            dirs.push(DirWrite { dir, old, range });
         }
         let run_bytes = at;
         let image_stripes = run_bytes.div_ceil(per_stripe);
@@ -702,7 +711,7 @@ impl Shared {
         replay.extend(window.iter().copied());
         checkpoint.window = replay.iter().copied().collect();
         let kept_dirs = durable.dirs.iter().filter(|(dir, _)| !touched.contains(dir));
-        let new_dirs = dirs.iter().filter_map(|(_, _, range)| range.clone());
+        let new_dirs = dirs.iter().filter_map(|d| d.range.clone());
         let dir_count = kept_dirs.clone().count() + new_dirs.clone().count();
         let dir_pieces = kept_dirs.map(|(_, image)| image.pieces.len()).sum::<usize>()
             + new_dirs.map(|range| place(range).len()).sum::<usize>();
@@ -805,7 +814,7 @@ impl Shared {
         let mut run = Vec::with_capacity(run_bytes);
         run.extend_from_slice(&copied.bytes);
         let mut updates = Vec::with_capacity(dirs.len());
-        for (dir, old, range) in dirs {
+        for DirWrite { dir, old, range } in dirs {
             let mut entries = entries_of(dir)?;
             for (&page, image) in new_page.range(dir * MAP_DIRECTORY_PAGES..(dir + 1) * MAP_DIRECTORY_PAGES) {
                 if let Some(was) = entries.remove(&page) {
