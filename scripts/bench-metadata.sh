@@ -8,6 +8,8 @@
 #   TESSERA=/path/to/old/tessera scripts/bench-metadata.sh 4M   (another build)
 #   MAP_CACHE=8M scripts/bench-metadata.sh 1M       (`serve --map-cache 8M`)
 #   SIZE=1T scripts/bench-metadata.sh 4M            (a thin export of 1 TiB)
+#   SPREAD=1 SIZE=1T scripts/bench-metadata.sh 1M   (the blocks anywhere in the export:
+#                                                    fio --number_ios, a map page or two each)
 #
 # For each count N: a new 8+2 array on 10 sparse member files, exported
 # thin at 64 GiB (SIZE); fio writes N distinct 4 KiB blocks at random (each once,
@@ -61,7 +63,7 @@ cpu=$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)
 echo "8+2 on 10 sparse member files, exported $size, $data data$([ "$data" = pattern ] && echo ', lz4'); $(nproc) x $cpu"
 cache_args=()
 [ -z "${MAP_CACHE:-}" ] || { cache_args=(--map-cache "$MAP_CACHE"); echo "serve --map-cache $MAP_CACHE"; }
-printf '%-9s %8s %8s %10s %8s %9s %8s %10s %14s %9s %8s %-70s %s\n' blocks "RSS MB" "peak MB" "opened MB" "B/block" "map B/bl" "read MB" "read B/bl" "read IOPS 1/2" checkpts "ckpt MB" "open after a clean stop" "open after kill -9"
+printf '%-9s %8s %8s %10s %8s %9s %8s %10s %14s %9s %8s %8s %-70s %s\n' blocks "RSS MB" "peak MB" "opened MB" "B/block" "map B/bl" "read MB" "read B/bl" "read IOPS 1/2" checkpts "ckpt MB" "root KB" "open after a clean stop" "open after kill -9"
 for n in "$@"; do
   blocks=$(count "$n")
   rm -rf "$work/array"
@@ -77,8 +79,13 @@ for n in "$@"; do
   serve "${cache_args[@]}"
   empty=$(rss_mb)
   uri="nbd+unix:///tessera?socket=$work/s.sock"
+  if [ -n "${SPREAD:-}" ]; then
+    span=(--size="$size" --number_ios="$blocks" --randseed=5)
+  else
+    span=(--size=$(( blocks * 4096 )))
+  fi
   fio --name=random --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=32 \
-      --size=$(( blocks * 4096 )) $(fio_pattern) >"$work/fio.log" 2>&1 || { cat "$work/fio.log" >&2; exit 1; }
+      "${span[@]}" $(fio_pattern) >"$work/fio.log" 2>&1 || { cat "$work/fio.log" >&2; exit 1; }
   rss=$(rss_mb); hwm=$(peak_mb)
   "$tessera" status "$work/array" --json >"$work/status.json"
   checkpoints=$(field checkpoints_written)
@@ -87,21 +94,23 @@ for n in "$@"; do
   map_per_block=$(( $(field map_bytes) / blocks ))
   [ "$mapped" -eq "$blocks" ] || echo "warning: $mapped blocks mapped, not $blocks" >&2
   stop_server
+  # The root's bytes, as member 0's superblock names it.
+  root_kb=$(( $(od -An -t u8 -j 160 -N 8 "$work/array/member-000") / 1024 ))
   clean=$(opening)
   serve "${cache_args[@]}"
   opened=$(rss_mb)
   read_iops=""
   for pass in 1 2; do
     fio --name=read --ioengine=nbd --uri="$uri" --rw=randread --bs=4k --iodepth=32 \
-        --size=$(( blocks * 4096 )) --output-format=json >"$work/fio.log" 2>&1 || { cat "$work/fio.log" >&2; exit 1; }
+        "${span[@]}" --output-format=json >"$work/fio.log" 2>&1 || { cat "$work/fio.log" >&2; exit 1; }
     read_iops="$read_iops${read_iops:+/}$(json_expr "round(j['jobs'][0]['read']['iops'])" <"$work/fio.log")"
   done
   read_rss=$(rss_mb)
-  fio --name=few --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=8 --size=$(( blocks * 4096 )) \
+  fio --name=few --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=8 --size="${span[0]#--size=}" \
       --number_ios=2000 --fsync=64 $(fio_pattern) >/dev/null 2>&1
   kill_server
   killed=$(opening)
-  printf '%-9s %8d %8d %10d %8d %9s %8d %10d %14s %9s %8s %-70s %s\n' "$n" "$rss" "$hwm" "$opened" \
+  printf '%-9s %8d %8d %10d %8d %9s %8d %10d %14s %9s %8s %8s %-70s %s\n' "$n" "$rss" "$hwm" "$opened" \
     $(( (opened - empty) * 1048576 / blocks )) "$map_per_block" "$read_rss" $(( (read_rss - empty) * 1048576 / blocks )) "$read_iops" \
-    "$checkpoints" "$checkpoint_mb" "$clean" "$killed"
+    "$checkpoints" "$checkpoint_mb" "$root_kb" "$clean" "$killed"
 done

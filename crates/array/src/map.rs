@@ -1008,6 +1008,12 @@ impl Map {
             return needed;
         }
         let (first, last) = (lba / MAP_PAGE_BLOCKS, (end - 1) / MAP_PAGE_BLOCKS);
+        // A request's page or two, all in memory: nothing to look up (nor
+        // a directory page to mark used: one whose pages are all in
+        // memory is not needed).
+        if last - first < 4 && (first..=last).all(|p| self.pages.contains_key(&p)) {
+            return needed;
+        }
         self.directory.touch(first, last, self.clock.load(Ordering::Relaxed));
         for page in self.directory.named_in(first, last) {
             if !self.pages.contains_key(&page) && !self.emptied.contains(&page) {
