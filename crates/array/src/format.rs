@@ -1017,20 +1017,25 @@ pub fn encode_directory_image(
     out.extend_from_slice(&dir.to_le_bytes());
     out.extend_from_slice(&(pages.len() as u32).to_le_bytes());
     out.extend_from_slice(&0u32.to_le_bytes());
-    for (page, image) in pages {
+    for (&page, image) in pages {
         debug_assert_eq!(page / crate::limits::MAP_DIRECTORY_PAGES, dir);
-        out.extend_from_slice(&page.to_le_bytes());
-        out.extend_from_slice(&image.bytes.to_le_bytes());
-        out.extend_from_slice(&(image.pieces.len() as u32).to_le_bytes());
-        out.extend_from_slice(image.digest.as_bytes());
-        for piece in &image.pieces {
-            out.extend_from_slice(&piece.slot.to_le_bytes());
-            out.extend_from_slice(&piece.offset.to_le_bytes());
-            out.extend_from_slice(&piece.bytes.to_le_bytes());
-        }
+        encode_directory_entry(&mut out, page, image);
     }
     debug_assert_eq!(out.len(), bytes);
     out
+}
+
+/// Appends a directory page's entry for map page `page`.
+pub fn encode_directory_entry(out: &mut Vec<u8>, page: u64, image: &PageImage) {
+    out.extend_from_slice(&page.to_le_bytes());
+    out.extend_from_slice(&image.bytes.to_le_bytes());
+    out.extend_from_slice(&(image.pieces.len() as u32).to_le_bytes());
+    out.extend_from_slice(image.digest.as_bytes());
+    for piece in &image.pieces {
+        out.extend_from_slice(&piece.slot.to_le_bytes());
+        out.extend_from_slice(&piece.offset.to_le_bytes());
+        out.extend_from_slice(&piece.bytes.to_le_bytes());
+    }
 }
 
 /// The directory page a stored image holds (its digest already matched),

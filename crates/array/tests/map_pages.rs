@@ -53,6 +53,19 @@ fn write_random(array: &Array, model: &mut BTreeMap<u64, u64>, rng: &mut impl Rn
     }
 }
 
+/// Engine options with a map cache of `bytes`.
+fn cached(bytes: usize) -> EngineOptions {
+    EngineOptions {
+        map_cache_bytes: bytes,
+        ..EngineOptions::default()
+    }
+}
+
+/// Six members of 64 MiB in memory.
+fn six_members() -> Vec<Arc<MemoryDevice>> {
+    (0..6).map(|_| Arc::new(MemoryDevice::new(64 << 20))).collect()
+}
+
 fn stripe_bytes(g: &Geometry) -> u64 {
     (g.width() * (SECTOR_BYTES + g.chunk_bytes)) as u64
 }
@@ -298,11 +311,8 @@ fn a_map_stripe_corrupt_on_m_members_is_repaired_by_a_read_and_by_scrub() {
 #[test]
 fn a_map_eight_times_its_cache_reads_back_exactly() {
     let cache = 24 << 10;
-    let engine = || EngineOptions {
-        map_cache_bytes: cache,
-        ..EngineOptions::default()
-    };
-    let devices: Vec<_> = (0..6).map(|_| Arc::new(MemoryDevice::new(64 << 20))).collect();
+    let engine = || cached(cache);
+    let devices = six_members();
     let array = tessera_array::create_with(named(&devices), &create_options(4, 2), engine()).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     let mut model = BTreeMap::new();
@@ -355,11 +365,8 @@ fn a_map_eight_times_its_cache_reads_back_exactly() {
 #[test]
 fn a_directory_larger_than_its_cache_reads_back_exactly() {
     let cache = 64 << 10;
-    let engine = || EngineOptions {
-        map_cache_bytes: cache,
-        ..EngineOptions::default()
-    };
-    let devices: Vec<_> = (0..6).map(|_| Arc::new(MemoryDevice::new(64 << 20))).collect();
+    let engine = || cached(cache);
+    let devices = six_members();
     let options = tessera_array::CreateOptions {
         logical_bytes: Some(4 << 40),
         ..create_options(4, 2)

@@ -98,16 +98,7 @@ impl Packed {
             debug_assert_eq!(dir_of(page), dir);
             let key = (page - packed.first) as u16;
             packed.index.push((key, packed.bytes.len() as u32));
-            let b = &mut packed.bytes;
-            b.extend_from_slice(&page.to_le_bytes());
-            b.extend_from_slice(&image.bytes.to_le_bytes());
-            b.extend_from_slice(&(image.pieces.len() as u32).to_le_bytes());
-            b.extend_from_slice(image.digest.as_bytes());
-            for piece in &image.pieces {
-                b.extend_from_slice(&piece.slot.to_le_bytes());
-                b.extend_from_slice(&piece.offset.to_le_bytes());
-                b.extend_from_slice(&piece.bytes.to_le_bytes());
-            }
+            crate::format::encode_directory_entry(&mut packed.bytes, page, image);
         }
         packed.bytes.shrink_to_fit();
         packed
