@@ -53,6 +53,23 @@ fn write_random(array: &Array, model: &mut BTreeMap<u64, u64>, rng: &mut impl Rn
     }
 }
 
+/// FLUSHes, kill -9s and reopens `array`, from its checkpoint, and checks
+/// every block of `model` and the engine's invariants.
+fn flushed_killed_and_verified(
+    devices: &[Arc<MemoryDevice>],
+    array: Array,
+    engine: EngineOptions,
+    model: &BTreeMap<u64, u64>,
+) -> Array {
+    array.flush().unwrap();
+    let array = kill_and_reopen_with(devices, array, engine);
+    let s = array.status().unwrap();
+    assert!(s.recovery.checkpoint_error.is_none(), "{:?}", s.recovery);
+    verify(&array, model);
+    array.check().unwrap();
+    array
+}
+
 /// Engine options with a map cache of `bytes`.
 fn cached(bytes: usize) -> EngineOptions {
     EngineOptions {
@@ -346,12 +363,7 @@ fn a_map_eight_times_its_cache_reads_back_exactly() {
     verify(&array, &model);
     array.check().unwrap();
     write_random(&array, &mut model, &mut rng, 5_000, 64);
-    array.flush().unwrap();
-    let array = kill_and_reopen_with(&devices, array, engine());
-    let s = array.status().unwrap();
-    assert!(s.recovery.checkpoint_error.is_none(), "{:?}", s.recovery);
-    verify(&array, &model);
-    array.check().unwrap();
+    let array = flushed_killed_and_verified(&devices, array, engine(), &model);
     assert!(array.status().unwrap().map_pages_evicted > 0);
 }
 
@@ -410,12 +422,7 @@ fn a_directory_larger_than_its_cache_reads_back_exactly() {
         let dir = 2 * rng.gen_range(0..dirs) + i % 2;
         write_in(&array, &mut model, &mut rng, dir);
     }
-    array.flush().unwrap();
-    let array = kill_and_reopen_with(&devices, array, engine());
-    let s = array.status().unwrap();
-    assert!(s.recovery.checkpoint_error.is_none(), "{:?}", s.recovery);
-    verify(&array, &model);
-    array.check().unwrap();
+    let array = flushed_killed_and_verified(&devices, array, engine(), &model);
     array.checkpoint().unwrap();
     drop(array);
     // Every map stripe corrupt on two data chunks (M = 2): each page and
