@@ -783,9 +783,10 @@ impl Shared {
                 index.slots.release_open(slot);
             }
         }
-        // The new stripes' slots and sequences go into the root, with
-        // the pages' and directory pages' new images.
-        let first = self.tracker.assign_many(meta.len());
+        // The new stripes' slots go into the pages' and directory pages'
+        // new images, then into the root with their sequences (assigned
+        // once nothing can fail before they are written: a sequence
+        // assigned and never written would hold back every sync).
         let with_slots = |mut pieces: Vec<ImagePiece>| {
             for piece in &mut pieces {
                 piece.slot = meta[piece.slot as usize];
@@ -815,7 +816,17 @@ impl Shared {
         run.extend_from_slice(&copied.bytes);
         let mut updates = Vec::with_capacity(dirs.len());
         for DirWrite { dir, old, range } in dirs {
-            let mut entries = entries_of(dir)?;
+            let mut entries = match entries_of(dir) {
+                Ok(entries) => entries,
+                Err(error) => {
+                    // Nothing written yet: the slots taken go back.
+                    let mut index = self.index_mut();
+                    for &slot in &meta {
+                        index.slots.release_open(slot);
+                    }
+                    return Err(error);
+                }
+            };
             for (&page, image) in new_page.range(dir * MAP_DIRECTORY_PAGES..(dir + 1) * MAP_DIRECTORY_PAGES) {
                 if let Some(was) = entries.remove(&page) {
                     images.pages -= 1;
@@ -858,6 +869,7 @@ impl Shared {
             });
         }
         assert_eq!(run.len(), run_bytes);
+        let first = self.tracker.assign_many(meta.len());
         for (slot, bytes) in live {
             let sequence = durable.stripes[&slot].sequence;
             images.stripes.insert(slot, MapStripe { sequence, live: bytes });
