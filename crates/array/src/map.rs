@@ -1054,7 +1054,7 @@ impl Map {
         match self.directory.lookup(p) {
             Lookup::None => None,
             Lookup::Image(image) => Some(image),
-            Lookup::NotInMemory(dir, _) => panic!("directory page {dir} of changed page {p} not in memory"),
+            Lookup::NotInMemory(dir) => panic!("directory page {dir} of changed page {p} not in memory"),
         }
     }
 
@@ -1063,7 +1063,13 @@ impl Map {
         self.directory.resident(dir)
     }
 
+    /// Whether directory page `dir` is held only as `image`.
+    pub fn directory_page_held_only_as(&self, dir: u64, image: &PageImage) -> bool {
+        self.directory.held_only_as(dir, image)
+    }
+
     /// Every directory page with its own image.
+    #[cfg(test)]
     pub fn directory_images(&self) -> Vec<(u64, Arc<PageImage>)> {
         self.directory.own_images().map(|(d, i)| (d, i.clone())).collect()
     }

@@ -323,12 +323,7 @@ impl Shared {
 
     /// Whether directory page `dir` is still held only as `image`.
     fn dir_still_held_as(&self, dir: u64, image: &PageImage) -> bool {
-        let index = self.index();
-        let first = dir * crate::limits::MAP_DIRECTORY_PAGES;
-        let missing = index.map.missing(first * PAGE, (first + 1) * PAGE);
-        missing
-            .iter()
-            .any(|needed| matches!(needed, Needed::Dir { image: held, .. } if **held == *image))
+        self.index().map.directory_page_held_only_as(dir, image)
     }
 
     /// A directory page's stored image (`read_page_image`).

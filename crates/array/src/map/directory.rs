@@ -40,8 +40,8 @@ pub enum Lookup {
     /// No durable image: the page was never written, or emptied.
     None,
     Image(Arc<PageImage>),
-    /// The page's directory page is held only as this image.
-    NotInMemory(u64, Arc<PageImage>),
+    /// The page's directory page (this one) is held only as its image.
+    NotInMemory(u64),
 }
 
 /// A directory page as a durable checkpoint wrote it (`Directory::publish`).
@@ -218,7 +218,7 @@ impl Directory {
             };
         }
         match self.evicted.get(&dir) {
-            Some(image) => Lookup::NotInMemory(dir, image.clone()),
+            Some(_) => Lookup::NotInMemory(dir),
             None => Lookup::None,
         }
     }
@@ -249,7 +249,13 @@ impl Directory {
         self.resident.get(&dir).map(|d| d.images.unpack())
     }
 
+    /// Whether directory page `dir` is held only as `image`.
+    pub fn held_only_as(&self, dir: u64, image: &PageImage) -> bool {
+        self.evicted.get(&dir).is_some_and(|held| **held == *image)
+    }
+
     /// Every directory page, resident or not, with its own image.
+    #[cfg(test)]
     pub fn own_images(&self) -> impl Iterator<Item = (u64, &Arc<PageImage>)> {
         self.resident
             .iter()
@@ -260,7 +266,7 @@ impl Directory {
     /// Puts directory page `dir`, read from `own`, in memory: false (and
     /// nothing done) if it is no longer held as that image.
     pub fn install(&mut self, dir: u64, images: Images, own: &PageImage, now: u64) -> bool {
-        if self.evicted.get(&dir).is_none_or(|held| **held != *own) {
+        if !self.held_only_as(dir, own) {
             return false;
         }
         let own = self.evicted.remove(&dir).expect("looked at just now");
