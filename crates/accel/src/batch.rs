@@ -9,15 +9,21 @@
 //! it idle; 16 such calls merged cost the same milliseconds.
 //!
 //! [`Batching`] wraps a backend. A caller queues its request, then either
-//! finds it done or, while fewer than `lanes` batches are running, becomes
-//! the leader: it takes the oldest request and every queued request of the
-//! same kind (shape, or hash algorithm), up to `max_bytes` of input,
-//! runs them as one call of the backend on its own thread, and hands each
-//! request its part of the results. Requests therefore wait for no timer:
-//! a lone caller runs at once, and requests gather only while the backend
-//! is busy. A request waits at most for the `lanes` batches ahead of it
-//! and its own, each bounded by `max_bytes`: that is the bound on what a
-//! FLUSH waits for beyond its own stripes.
+//! finds it done or, while fewer than `lanes` batches of its class (seals,
+//! or hashes) are running, becomes the leader: it takes the oldest request
+//! of that class and every queued request of the same kind (shape, or hash
+//! algorithm), up to `max_bytes` of input, runs them as one call of the
+//! backend on its own thread, and hands each request its part of the
+//! results. Requests therefore wait for no timer: a lone caller runs at
+//! once, and requests gather only while the backend is busy. A request
+//! waits at most for the `lanes` batches of its class ahead of it and its
+//! own, each bounded by `max_bytes`: that is the bound on what a FLUSH
+//! waits for beyond its own stripes.
+//!
+//! Seals and hashes have lanes of their own because a client write waits
+//! for its hashes, while stripes seal behind it: with shared lanes, a
+//! write's hashes waited for a lane behind GPU seal batches of several
+//! milliseconds each.
 //!
 //! The requests' buffers stay borrowed by their callers, who block until
 //! their request is answered, so the leader may use them meanwhile; a
@@ -97,6 +103,16 @@ enum Key {
     Hash(Algorithm),
 }
 
+impl Key {
+    /// The class whose lanes it runs in: 0 seals, 1 hashes.
+    fn class(&self) -> usize {
+        match self {
+            Key::Seal(_) => 0,
+            Key::Hash(_) => 1,
+        }
+    }
+}
+
 impl Asked {
     fn key(&self) -> Key {
         match self {
@@ -146,7 +162,8 @@ impl Request {
 #[derive(Default)]
 struct State {
     next_id: u64,
-    running: usize,
+    /// Batches running, per class (`Key::class`).
+    running: [usize; 2],
     queue: VecDeque<Request>,
     answers: HashMap<u64, Answer>,
 }
@@ -219,9 +236,9 @@ impl Batching {
                 pending.answered = true;
                 return answer;
             }
-            if state.running < self.lanes && !state.queue.is_empty() {
-                let batch = self.take(&mut state);
-                state.running += 1;
+            if let Some(at) = self.runnable(&state) {
+                let batch = self.take(&mut state, at);
+                state.running[batch[0].work.key().class()] += 1;
                 drop(state);
                 self.lead(batch);
                 state = self.lock();
@@ -246,10 +263,18 @@ impl Batching {
         }
     }
 
-    /// The oldest request and the queued ones of its kind, up to
-    /// `max_bytes` (the oldest always, whatever its size).
-    fn take(&self, state: &mut State) -> Vec<Request> {
-        let first = state.queue.pop_front().expect("queue is not empty");
+    /// Where in the queue the oldest request whose class has a free lane is.
+    fn runnable(&self, state: &State) -> Option<usize> {
+        state
+            .queue
+            .iter()
+            .position(|r| state.running[r.work.key().class()] < self.lanes)
+    }
+
+    /// The request at `at` and the queued ones of its kind, up to
+    /// `max_bytes` (that one always, whatever its size).
+    fn take(&self, state: &mut State, at: usize) -> Vec<Request> {
+        let first = state.queue.remove(at).expect("a queued request");
         let key = first.work.key();
         let mut bytes = first.work.bytes();
         let mut batch = vec![first];
@@ -272,13 +297,14 @@ impl Batching {
     fn lead(&self, batch: Vec<Request>) {
         struct Guard<'b> {
             owner: &'b Batching,
+            class: usize,
             ids: Vec<u64>,
             answers: Vec<Answer>,
         }
         impl Drop for Guard<'_> {
             fn drop(&mut self) {
                 let mut state = self.owner.lock();
-                state.running -= 1;
+                state.running[self.class] -= 1;
                 let mut answers = std::mem::take(&mut self.answers).into_iter();
                 for &id in &self.ids {
                     state.answers.insert(id, answers.next().unwrap_or(Answer::Lost));
@@ -290,6 +316,7 @@ impl Batching {
         self.batches.fetch_add(1, Ordering::Relaxed);
         let mut guard = Guard {
             owner: self,
+            class: batch[0].work.key().class(),
             ids: batch.iter().map(|r| r.id).collect(),
             answers: Vec::new(),
         };
@@ -400,6 +427,14 @@ impl Accelerator for Batching {
             Answer::Lost => self.inner.hash(algorithm, inputs),
             Answer::Sealed(_) => unreachable!("a hash is answered as one"),
         }
+    }
+
+    fn host_memory(&self) -> Option<Arc<dyn crate::HostMemory>> {
+        self.inner.host_memory()
+    }
+
+    fn prepare(&self, shape: &Shape) {
+        self.inner.prepare(shape)
     }
 
     fn work(&self) -> Work {
@@ -693,5 +728,75 @@ mod tests {
             seal_random(batching.as_ref(), &s, 1, 9),
             seal_random(&reference, &s, 1, 9)
         );
+    }
+
+    /// A backend whose seal waits (up to 5 s) for a hash to be run beside it.
+    #[derive(Default)]
+    struct Gate {
+        state: Mutex<(bool, bool)>, // (sealing, hashed)
+        changed: std::sync::Condvar,
+    }
+
+    impl Accelerator for Gate {
+        fn name(&self) -> &str {
+            "gate"
+        }
+        fn seal(&self, shape: &Shape, jobs: &mut [SealJob<'_>]) -> Result<Vec<Leaves>, AccelError> {
+            let mut state = self.state.lock().unwrap();
+            state.0 = true;
+            self.changed.notify_all();
+            let (state, _) = self
+                .changed
+                .wait_timeout_while(state, Duration::from_secs(5), |s| !s.1)
+                .unwrap();
+            assert!(state.1, "a hash ran while the seal batch held its lane");
+            drop(state);
+            Cpu::new(1).seal(shape, jobs)
+        }
+        fn reconstruct(&self, _: &Shape, _: &mut [ReconstructJob<'_>]) -> Result<Vec<Leaves>, AccelError> {
+            unreachable!()
+        }
+        fn decode(&self, _: &Shape, _: &mut [ReconstructJob<'_>]) -> Result<(), AccelError> {
+            unreachable!()
+        }
+        fn hash(&self, algorithm: Algorithm, inputs: &[&[u8]]) -> Vec<Digest> {
+            self.state.lock().unwrap().1 = true;
+            self.changed.notify_all();
+            inputs.iter().map(|i| algorithm.digest(i)).collect()
+        }
+        fn work(&self) -> Work {
+            Work::default()
+        }
+    }
+
+    #[test]
+    fn a_hash_does_not_wait_for_a_lane_behind_seals() {
+        // One lane: a client write's hashes must not queue behind a seal
+        // batch that is running (on a GPU, milliseconds).
+        let gate = Arc::new(Gate::default());
+        let batching = Batching::new(gate.clone(), 1, DEFAULT_MAX_BYTES);
+        let shape = Shape::new(2, 1, 64, Algorithm::Crc32c);
+        std::thread::scope(|scope| {
+            let sealer = scope.spawn(|| {
+                let data = vec![1u8; 128];
+                let mut parity = vec![0u8; 64];
+                let mut jobs = [SealJob {
+                    data: &data,
+                    parity: &mut parity,
+                }];
+                batching.seal(&shape, &mut jobs).map(|_| ())
+            });
+            let state = gate.state.lock().unwrap();
+            let state = gate
+                .changed
+                .wait_timeout_while(state, Duration::from_secs(5), |s| !s.0)
+                .unwrap()
+                .0;
+            assert!(state.0, "the seal started");
+            drop(state);
+            let digests = batching.hash(Algorithm::Sha256, &[b"write"]);
+            assert_eq!(digests, vec![Algorithm::Sha256.digest(b"write")]);
+            sealer.join().unwrap().unwrap();
+        });
     }
 }

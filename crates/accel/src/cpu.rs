@@ -19,6 +19,13 @@ use tessera_ec::{Codec, MatrixKind};
 /// it, waking pool threads costs more than it saves.
 pub const PARALLEL_BYTES_MIN: usize = 4 << 20;
 
+/// The same bound for batches hashed with SHA-256 or SHA3-512, which a
+/// core hashes at 0.1-1.2 GB/s: 256 KiB is already 0.2-2 ms of one core.
+/// With the 4 MiB bound, a 1 MiB client write's SHA3-512 digests took
+/// 8.7 ms on one core of a 16-core Xeon (an H100 machine), where the pool
+/// has 16 cores for them.
+pub const PARALLEL_SLOW_HASH_BYTES_MIN: usize = 256 << 10;
+
 /// Threads the pool has by default: one per CPU the process may use.
 pub fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -66,9 +73,14 @@ impl Cpu {
         self.pool.install(work)
     }
 
-    /// Whether a batch reading `bytes` goes to the pool.
-    fn parallel(&self, bytes: usize) -> bool {
-        self.threads > 1 && bytes >= PARALLEL_BYTES_MIN
+    /// Whether a batch reading `bytes` and hashing them with `algorithm`
+    /// goes to the pool.
+    fn parallel(&self, algorithm: Algorithm, bytes: usize) -> bool {
+        let min = match algorithm {
+            Algorithm::Sha256 | Algorithm::Sha3_512 => PARALLEL_SLOW_HASH_BYTES_MIN,
+            Algorithm::Crc32c | Algorithm::Xxh3 | Algorithm::Blake3 => PARALLEL_BYTES_MIN,
+        };
+        self.threads > 1 && bytes >= min
     }
 }
 
@@ -156,7 +168,7 @@ impl Accelerator for Cpu {
         crate::check_seal_jobs(shape, jobs)?;
         let codec = self.codec(shape)?;
         let bytes = jobs.len() * shape.data * shape.chunk_bytes;
-        let result = if !self.parallel(bytes) {
+        let result = if !self.parallel(shape.checksum, bytes) {
             jobs.iter_mut()
                 .map(|job| self.seal_one(&codec, shape, job, 1))
                 .collect()
@@ -179,7 +191,7 @@ impl Accelerator for Cpu {
         crate::check_reconstruct_jobs(shape, jobs)?;
         let codec = self.codec(shape)?;
         let bytes = jobs.len() * shape.width() * shape.chunk_bytes;
-        let result = if !self.parallel(bytes) {
+        let result = if !self.parallel(shape.checksum, bytes) {
             jobs.iter_mut()
                 .map(|job| self.reconstruct_one(&codec, shape, job, false))
                 .collect()
@@ -212,7 +224,7 @@ impl Accelerator for Cpu {
     fn hash(&self, algorithm: Algorithm, inputs: &[&[u8]]) -> Vec<Digest> {
         let bytes: usize = inputs.iter().map(|i| i.len()).sum();
         self.counters.hashed(inputs.len(), bytes);
-        if self.parallel(bytes) && inputs.len() > 1 {
+        if self.parallel(algorithm, bytes) && inputs.len() > 1 {
             self.pool
                 .install(|| inputs.par_iter().map(|input| algorithm.digest(input)).collect())
         } else {

@@ -19,6 +19,13 @@
 //! - [`Accelerator::hash`]: the digest of each buffer.
 //!
 //! [`select`] picks a backend by name (`auto`, `cpu`, `cuda`).
+//!
+//! Beside the work, a backend may lend host memory it reads and writes
+//! directly ([`Accelerator::host_memory`], a [`HostMemory`]): page-locked
+//! memory on a GPU, which its copy engines move without the extra copy
+//! into staging buffers that pageable memory costs. The array builds its
+//! stripes in it; a backend with none (the CPU) leaves them in plain
+//! aligned memory.
 
 pub mod batch;
 pub mod cpu;
@@ -142,6 +149,33 @@ impl WorkCounters {
     }
 }
 
+/// Alignment of what a [`HostMemory`] gives: a page, so that a buffer can
+/// also go to the members with direct I/O.
+pub const HOST_MEMORY_ALIGN: usize = 4096;
+
+/// Host memory lent by a backend, which it reads and writes without
+/// copying it first (page-locked memory on a GPU).
+///
+/// Guarantees: what [`HostMemory::alloc`] returns is `bytes` long, zeroed,
+/// aligned to [`HOST_MEMORY_ALIGN`] and the caller's until it is given
+/// back with [`HostMemory::free`]. `None` means none is left to lend (a
+/// backend bounds what it pins): the caller then uses plain memory, which
+/// every backend also takes, only more slowly.
+pub trait HostMemory: Send + Sync {
+    fn alloc(&self, bytes: usize) -> Option<std::ptr::NonNull<u8>>;
+
+    /// Gives back what `alloc` lent.
+    ///
+    /// # Safety
+    /// `ptr` and `bytes` are exactly what one `alloc` of this memory
+    /// returned and was asked for, not given back before, and nothing
+    /// uses the memory afterwards.
+    unsafe fn free(&self, ptr: std::ptr::NonNull<u8>, bytes: usize);
+
+    /// (buffers, bytes) lent now, for `status`.
+    fn lent(&self) -> (u64, u64);
+}
+
 /// A backend for the array's bulk arithmetic.
 pub trait Accelerator: Send + Sync {
     /// The backend's name, as `status` and `bench` print it.
@@ -173,6 +207,17 @@ pub trait Accelerator: Send + Sync {
 
     /// The work done so far.
     fn work(&self) -> Work;
+
+    /// Host memory this backend works on without copying it first, if it
+    /// has any: stripes built in it reach a GPU straight from it.
+    fn host_memory(&self) -> Option<Arc<dyn HostMemory>> {
+        None
+    }
+
+    /// Told once by an array as it opens: its stripes have `shape`. A
+    /// backend that chooses where work runs by measuring (`auto` with a
+    /// GPU) measures this shape now rather than during the first writes.
+    fn prepare(&self, _shape: &Shape) {}
 }
 
 /// Which backend to use.

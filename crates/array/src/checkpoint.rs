@@ -900,7 +900,7 @@ impl Shared {
             .zip(pieces)
             .enumerate()
             .map(|(i, (&slot, piece))| {
-                let mut open = OpenStripe::new(slot, Stream::Meta, self.spares().areas.pop(), g);
+                let mut open = OpenStripe::new(slot, Stream::Meta, self.spare_area(), g);
                 open.push_data(piece, false);
                 self.seal_as(open, SlotState::Checkpoint, first + i as u64)
             })

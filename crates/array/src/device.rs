@@ -25,9 +25,19 @@ pub const DIRECT_LENGTH_ALIGN: usize = 512;
 /// A zeroed byte buffer aligned to [`IO_ALIGN`], so its aligned slices can
 /// go to a member with direct I/O, without a bounce copy. Stripe data
 /// areas, parity and headers live in these.
+///
+/// A buffer made with [`AlignedBuf::zeroed_in`] comes from the memory an
+/// accelerator lends (page-locked on a GPU, which then copies it without
+/// packing it first), or from plain memory when it has none left; it is
+/// given back to where it came from, and [`AlignedBuf::resize`] asks the
+/// same memory again.
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
+    /// The memory to ask on a resize.
+    memory: Option<Arc<dyn tessera_accel::HostMemory>>,
+    /// Whether `ptr` came from `memory` (else from the global allocator).
+    lent: bool,
 }
 
 // SAFETY: an AlignedBuf owns its allocation, like a Vec<u8>.
@@ -36,17 +46,44 @@ unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
     pub fn zeroed(len: usize) -> AlignedBuf {
+        AlignedBuf::zeroed_in(None, len)
+    }
+
+    /// A zeroed buffer from `memory` when it lends one, else from plain memory.
+    pub fn zeroed_in(memory: Option<&Arc<dyn tessera_accel::HostMemory>>, len: usize) -> AlignedBuf {
+        const _: () = assert!(tessera_accel::HOST_MEMORY_ALIGN.is_multiple_of(IO_ALIGN));
+        let memory = memory.cloned();
         if len == 0 {
             return AlignedBuf {
                 ptr: NonNull::dangling(),
                 len,
+                memory,
+                lent: false,
+            };
+        }
+        if let Some(ptr) = memory.as_ref().and_then(|m| m.alloc(len)) {
+            return AlignedBuf {
+                ptr,
+                len,
+                memory,
+                lent: true,
             };
         }
         let layout = Self::layout(len);
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { alloc_zeroed(layout) };
         let ptr = NonNull::new(ptr).unwrap_or_else(|| handle_alloc_error(layout));
-        AlignedBuf { ptr, len }
+        AlignedBuf {
+            ptr,
+            len,
+            memory,
+            lent: false,
+        }
+    }
+
+    /// Whether the buffer is memory an accelerator lent.
+    pub fn is_lent(&self) -> bool {
+        self.lent
     }
 
     fn layout(len: usize) -> Layout {
@@ -57,16 +94,19 @@ impl AlignedBuf {
     /// (zeros if it was reallocated).
     pub fn resize(&mut self, len: usize) {
         if self.len != len {
-            *self = AlignedBuf::zeroed(len);
+            *self = AlignedBuf::zeroed_in(self.memory.as_ref(), len);
         }
     }
 }
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        if self.len > 0 {
-            // SAFETY: allocated in `zeroed` with this layout.
-            unsafe { dealloc(self.ptr.as_ptr(), Self::layout(self.len)) }
+        match &self.memory {
+            // SAFETY: lent by this memory for `len` bytes, given back once.
+            Some(memory) if self.lent => unsafe { memory.free(self.ptr, self.len) },
+            // SAFETY: allocated in `zeroed_in` with this layout.
+            _ if self.len > 0 => unsafe { dealloc(self.ptr.as_ptr(), Self::layout(self.len)) },
+            _ => {}
         }
     }
 }

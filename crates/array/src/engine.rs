@@ -321,6 +321,19 @@ impl Shared {
         self.writes.spares.lock().unwrap_or_else(poisoned)
     }
 
+    /// A data area: a spare, or a new one in the accelerator's memory
+    /// (made outside the spares' lock: pinning memory takes a while).
+    pub fn spare_area(&self) -> AlignedBuf {
+        let bytes = self.geometry.data_area_bytes();
+        let (spare, memory) = {
+            let mut spares = self.spares();
+            (spares.areas.pop(), spares.memory.clone())
+        };
+        let mut area = spare.unwrap_or_else(|| AlignedBuf::zeroed_in(memory.as_ref(), bytes));
+        area.resize(bytes);
+        area
+    }
+
     /// Keeps a data area for the next open stripe, if it is not shared.
     pub fn recycle_area(&self, area: Arc<AlignedBuf>) {
         if let Ok(area) = Arc::try_unwrap(area) {
@@ -396,6 +409,10 @@ impl Array {
                 .and_then(tessera_accel::select)
                 .map_err(ArrayError::Accel)?,
         };
+        // A backend that measures where work runs (auto with a GPU) does
+        // so for this shape now, not during the first writes.
+        accel.prepare(&crate::stripe::shape(&geometry));
+        let host_memory = accel.host_memory();
         let policy = geometry.compression.map(|codec| Policy {
             mode: tessera_compress::policy::Mode::Aggressive,
             codec,
@@ -472,6 +489,7 @@ impl Array {
                     .unwrap_or_else(|| crate::limits::user_lanes(slot_count))
                     .clamp(1, crate::limits::USER_LANES_MAX)
                     + 1,
+                host_memory,
             ),
             gc_lock: Mutex::new(()),
             checkpoint_lock: Mutex::new(crate::checkpoint::Durable::default()),

@@ -232,8 +232,7 @@ impl Shared {
         let header = self
             .stripe_header(slot, sequence)
             .ok_or(ArrayError::Unreadable { slot })?;
-        let mut area = self.spares().areas.pop().unwrap_or_default();
-        area.resize(self.geometry.data_area_bytes());
+        let mut area = self.spare_area();
         if self.read_area_into(slot, 0, &mut area) {
             if let Some(records) = self.parse_summary(&area, &header) {
                 return Ok((Arc::new(area), records));

@@ -432,7 +432,7 @@ impl Shared {
     /// chunk is read and checked.
     pub(crate) fn rebuild_stripe(&self, slot: u64, sequence: u64, check_all: bool) -> Result<Rebuilt, ArrayError> {
         let g = &self.geometry;
-        let area = self.spares().areas.pop().unwrap_or_default();
+        let area = self.spare_area();
         let which = stripe::Which {
             slot,
             sequence,

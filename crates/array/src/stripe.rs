@@ -59,9 +59,9 @@ const RAW_ALIGN: usize = BLOCK_BYTES;
 impl OpenStripe {
     /// An open stripe, reusing a data-area buffer if given; its old bytes
     /// are never read (sealing zeroes what was not written).
-    pub fn new(slot: u64, stream: Stream, buffer: Option<AlignedBuf>, geometry: &Geometry) -> OpenStripe {
-        let mut data = buffer.unwrap_or_default();
-        data.resize(geometry.data_area_bytes());
+    /// An open stripe filling `data`, a data area of `geometry`'s size.
+    pub fn new(slot: u64, stream: Stream, data: AlignedBuf, geometry: &Geometry) -> OpenStripe {
+        assert_eq!(data.len(), geometry.data_area_bytes(), "a whole data area");
         OpenStripe {
             slot,
             stream,
@@ -174,10 +174,18 @@ pub struct Built {
 }
 
 impl Built {
-    /// Buffers sized for `geometry` (reusing these if they are).
-    pub fn sized(mut self, geometry: &Geometry) -> Built {
+    /// Buffers sized for `geometry` (reusing these if they are), the
+    /// parity made in the accelerator's `memory` if it lends any.
+    pub fn sized(
+        mut self,
+        geometry: &Geometry,
+        memory: Option<&std::sync::Arc<dyn tessera_accel::HostMemory>>,
+    ) -> Built {
         self.headers.resize(geometry.width() * SECTOR_BYTES);
-        self.parity.resize(geometry.parity * geometry.chunk_bytes);
+        let parity = geometry.parity * geometry.chunk_bytes;
+        if self.parity.len() != parity {
+            self.parity = AlignedBuf::zeroed_in(memory, parity);
+        }
         self
     }
 

@@ -51,12 +51,16 @@ pub(crate) struct Writes {
 }
 
 impl Writes {
-    /// `lanes` open stripes (the GC stream's included).
-    pub fn new(lanes: usize) -> Writes {
+    /// `lanes` open stripes (the GC stream's included); stripe buffers
+    /// from `memory` where the accelerator lends some.
+    pub fn new(lanes: usize, memory: Option<Arc<dyn tessera_accel::HostMemory>>) -> Writes {
         Writes {
             open: (0..lanes).map(|_| Mutex::new(None)).collect(),
             partial: (0..PARTIAL_WRITE_LOCK_COUNT).map(|_| Mutex::new(())).collect(),
-            spares: Mutex::new(Spares::default()),
+            spares: Mutex::new(Spares {
+                memory,
+                ..Spares::default()
+            }),
             admitted: Mutex::new(0),
         }
     }
@@ -67,6 +71,9 @@ impl Writes {
 pub(crate) struct Spares {
     pub areas: Vec<crate::device::AlignedBuf>,
     pub built: Vec<Built>,
+    /// The accelerator's memory new stripe buffers are made in, if it
+    /// lends any (see `tessera_accel::HostMemory`).
+    pub memory: Option<Arc<dyn tessera_accel::HostMemory>>,
 }
 
 /// Spares kept at most of each kind.
@@ -694,13 +701,11 @@ impl Shared {
     /// A new open stripe for `stream` in a usable slot, if the stream's
     /// reserve allows one.
     fn open_slot(&self, stream: Stream, claim: Claim, lane: usize) -> Option<OpenStripe> {
-        let area = self.spares().areas.pop();
+        let area = self.spare_area();
         let mut index = self.index_mut();
         if !self.has_room(&index, claim) {
             drop(index);
-            if let Some(area) = area {
-                self.spares().areas.push(area);
-            }
+            self.recycle_area(Arc::new(area));
             return None;
         }
         let slot = index.slots.allocate(|s| self.all_healthy(s), &self.pins)?;
@@ -795,12 +800,18 @@ impl Shared {
         if sealed.is_empty() {
             return Ok(());
         }
-        let mut built: Vec<Built> = {
+        // Spares are taken under the lock, new buffers made outside it.
+        let (mut built, memory): (Vec<Built>, _) = {
             let mut spares = self.spares();
-            (0..sealed.len())
-                .map(|_| spares.built.pop().unwrap_or_default().sized(&self.geometry))
-                .collect()
+            let count = spares.built.len().min(sealed.len());
+            let at = spares.built.len() - count;
+            (spares.built.split_off(at), spares.memory.clone())
         };
+        built.resize_with(sealed.len(), Built::default);
+        let mut built: Vec<Built> = built
+            .into_iter()
+            .map(|b| b.sized(&self.geometry, memory.as_ref()))
+            .collect();
         {
             let mut batch: Vec<(&[u8], &StripeInfo, &mut Built)> = sealed
                 .iter()

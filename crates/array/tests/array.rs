@@ -777,3 +777,160 @@ fn writers_whose_stripes_and_hashes_are_batched_together_lose_nothing() {
     let report = array.scrub().unwrap();
     assert_eq!(report.chunks_bad, 0, "{report:?}");
 }
+
+/// Host memory as a GPU backend lends it, for the seam's test: aligned,
+/// zeroed, at most `limit` bytes lent at once, every range recorded.
+struct Lent {
+    limit: usize,
+    ranges: std::sync::Mutex<std::collections::BTreeMap<usize, usize>>,
+    refused: std::sync::atomic::AtomicU64,
+}
+
+impl Lent {
+    fn holds(&self, bytes: &[u8]) -> bool {
+        let at = bytes.as_ptr() as usize;
+        let ranges = self.ranges.lock().unwrap();
+        ranges
+            .range(..=at)
+            .next_back()
+            .is_some_and(|(&start, &len)| at + bytes.len() <= start + len)
+    }
+}
+
+impl tessera_accel::HostMemory for Lent {
+    fn alloc(&self, bytes: usize) -> Option<std::ptr::NonNull<u8>> {
+        let mut ranges = self.ranges.lock().unwrap();
+        if ranges.values().sum::<usize>() + bytes > self.limit {
+            self.refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return None;
+        }
+        let layout = std::alloc::Layout::from_size_align(bytes, tessera_accel::HOST_MEMORY_ALIGN).unwrap();
+        let ptr = std::ptr::NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })?;
+        ranges.insert(ptr.as_ptr() as usize, bytes);
+        Some(ptr)
+    }
+
+    unsafe fn free(&self, ptr: std::ptr::NonNull<u8>, bytes: usize) {
+        let lent = self.ranges.lock().unwrap().remove(&(ptr.as_ptr() as usize));
+        assert_eq!(lent, Some(bytes), "given back exactly what was lent, once");
+        let layout = std::alloc::Layout::from_size_align(bytes, tessera_accel::HOST_MEMORY_ALIGN).unwrap();
+        unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
+    }
+
+    fn lent(&self) -> (u64, u64) {
+        let ranges = self.ranges.lock().unwrap();
+        (ranges.len() as u64, ranges.values().sum::<usize>() as u64)
+    }
+}
+
+/// The CPU backend, lending `Lent` memory and counting the stripes it is
+/// asked to seal that lie wholly in it (data and parity) and those that do not.
+struct Lending {
+    cpu: tessera_accel::cpu::Cpu,
+    memory: Arc<Lent>,
+    in_lent: std::sync::atomic::AtomicU64,
+    plain: std::sync::atomic::AtomicU64,
+}
+
+impl tessera_accel::Accelerator for Lending {
+    fn name(&self) -> &str {
+        "lending"
+    }
+    fn seal(
+        &self,
+        shape: &tessera_accel::Shape,
+        jobs: &mut [tessera_accel::SealJob<'_>],
+    ) -> Result<Vec<tessera_accel::Leaves>, tessera_accel::AccelError> {
+        for job in jobs.iter() {
+            let counter = if self.memory.holds(job.data) && self.memory.holds(job.parity) {
+                &self.in_lent
+            } else {
+                &self.plain
+            };
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.cpu.seal(shape, jobs)
+    }
+    fn reconstruct(
+        &self,
+        shape: &tessera_accel::Shape,
+        jobs: &mut [tessera_accel::ReconstructJob<'_>],
+    ) -> Result<Vec<tessera_accel::Leaves>, tessera_accel::AccelError> {
+        self.cpu.reconstruct(shape, jobs)
+    }
+    fn decode(
+        &self,
+        shape: &tessera_accel::Shape,
+        jobs: &mut [tessera_accel::ReconstructJob<'_>],
+    ) -> Result<(), tessera_accel::AccelError> {
+        self.cpu.decode(shape, jobs)
+    }
+    fn hash(&self, algorithm: Algorithm, inputs: &[&[u8]]) -> Vec<tessera_checksum::Digest> {
+        self.cpu.hash(algorithm, inputs)
+    }
+    fn work(&self) -> tessera_accel::Work {
+        self.cpu.work()
+    }
+    fn host_memory(&self) -> Option<Arc<dyn tessera_accel::HostMemory>> {
+        Some(self.memory.clone())
+    }
+}
+
+#[test]
+fn stripes_are_built_in_the_memory_the_accelerator_lends_and_all_of_it_is_given_back() {
+    // A GPU backend copies stripes in page-locked memory it lent without
+    // packing them; the array must build its stripes there, fall back to
+    // plain memory when the backend has none left to lend, and give back
+    // everything it was lent, once, when it closes.
+    let g_area = 4 * CHUNK;
+    let lending = |limit: usize| {
+        Arc::new(Lending {
+            cpu: tessera_accel::cpu::Cpu::new(2),
+            memory: Arc::new(Lent {
+                limit,
+                ranges: Default::default(),
+                refused: Default::default(),
+            }),
+            in_lent: Default::default(),
+            plain: Default::default(),
+        })
+    };
+    let devices = members(6);
+    let mut model = vec![0u8; 0];
+    // Room for a few stripes' buffers: the rest must come from plain memory.
+    for (round, limit) in [(0u64, 2 * g_area), (1, 64 << 20)] {
+        let accel = lending(limit);
+        let engine = tessera_array::EngineOptions {
+            accel: Some(accel.clone()),
+            ..Default::default()
+        };
+        let array = if round == 0 {
+            tessera_array::create_with(named(&devices), &options(4, 2, None), engine).unwrap()
+        } else {
+            tessera_array::open_with(open_list(&devices, &[]), engine).unwrap()
+        };
+        if model.is_empty() {
+            model = vec![0u8; array.logical_bytes() as usize];
+        }
+        check_all(&array, &model);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(round);
+        exercise(&array, &mut model, &mut rng, 300);
+        array.flush().unwrap();
+        check_all(&array, &model);
+        let (in_lent, plain) = (
+            accel.in_lent.load(std::sync::atomic::Ordering::Relaxed),
+            accel.plain.load(std::sync::atomic::Ordering::Relaxed),
+        );
+        assert!(in_lent > 0, "stripes built in lent memory: {in_lent} (plain {plain})");
+        let refused = accel.memory.refused.load(std::sync::atomic::Ordering::Relaxed);
+        if round == 0 {
+            assert!(
+                refused > 0 && plain > 0,
+                "the limit was reached: {refused} refused, {plain} plain"
+            );
+        }
+        drop(array);
+        let lent = tessera_accel::HostMemory::lent(&*accel.memory);
+        assert_eq!(lent, (0, 0), "everything lent was given back");
+    }
+}

@@ -341,6 +341,13 @@ fn print_gpu_figures(what: &str, f: &tessera_accel::cuda::bench::Figures) {
         f.end_to_end_gbps,
         f.end_to_end_gbps / f.host_to_device_gbps
     );
+    if let Some(pinned) = f.end_to_end_pinned_gbps {
+        println!(
+            "    end to end from lent page-locked memory {:7.1} GB/s = {:.2}x host->device",
+            pinned,
+            pinned / f.host_to_device_gbps
+        );
+    }
 }
 
 fn bench_hash(

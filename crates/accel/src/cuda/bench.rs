@@ -18,8 +18,13 @@ pub struct Figures {
     /// The kernels alone, on data in device memory (bytes of input: data
     /// chunks for encoding, all chunks for hashing).
     pub resident_gbps: f64,
-    /// The backend's call, from the caller's memory back to it.
+    /// The backend's call, from the caller's memory back to it (pageable
+    /// memory, which the backend packs into its staging buffers).
     pub end_to_end_gbps: f64,
+    /// The same, from and to the page-locked memory the backend lends
+    /// (`HostMemory`), which it copies without packing (encoding only:
+    /// a rebuild's chunks are always packed).
+    pub end_to_end_pinned_gbps: Option<f64>,
     /// Bytes of input per timed batch.
     pub batch_bytes: usize,
 }
@@ -152,9 +157,56 @@ pub fn run(gpu: &Cuda, shape: &Shape, work: Work, batch_bytes: usize, seconds: f
     gpu.put_slot(slot);
     let (host_to_device_gbps, device_to_host_gbps, resident_gbps) = measured?;
 
-    // End to end: the backend's own calls on pageable host memory.
+    // End to end: the backend's own calls on pageable host memory, then
+    // (encoding) on memory it lends.
     let mut data = vec![0u8; stripes * width * c];
     random(&mut data);
+    let end_to_end_gbps = end_to_end(gpu, shape, work, &mut data, seconds)?;
+    let end_to_end_pinned_gbps = match work {
+        Work::Encode => {
+            use crate::HostMemory;
+            let bytes = data.len();
+            let lent = gpu
+                .pinned
+                .alloc(bytes)
+                .ok_or_else(|| unavailable("the GPU lent no page-locked memory for the batch"))?;
+            // SAFETY: `bytes` lent at `lent`, ours until freed below.
+            let pinned = unsafe { std::slice::from_raw_parts_mut(lent.as_ptr(), bytes) };
+            pinned.copy_from_slice(&data);
+            let before = gpu.direct_stripes();
+            let measured = end_to_end(gpu, shape, work, pinned, seconds);
+            let direct = gpu.direct_stripes() - before;
+            // SAFETY: as lent, and `pinned` is not used after this.
+            unsafe { gpu.pinned.free(lent, bytes) };
+            let measured = measured?;
+            if direct == 0 {
+                return Err(unavailable("the batch in lent memory was packed, not copied in place"));
+            }
+            Some(measured)
+        }
+        Work::Merkle(_) => None,
+    };
+    Ok(Figures {
+        device: gpu.device().to_string(),
+        host_to_device_gbps,
+        device_to_host_gbps,
+        resident_gbps,
+        end_to_end_gbps,
+        end_to_end_pinned_gbps,
+        batch_bytes: batch,
+    })
+}
+
+/// GB/s of input through the backend's own calls on `data` (stripes of
+/// K+M chunks laid end to end), for at least `seconds` and three rounds.
+fn end_to_end(gpu: &Cuda, shape: &Shape, work: Work, data: &mut [u8], seconds: f64) -> Result<f64, AccelError> {
+    let (k, c, width) = (shape.data, shape.chunk_bytes, shape.width());
+    let stripes = data.len() / (width * c);
+    let batch = stripes
+        * match work {
+            Work::Encode => k * c,
+            Work::Merkle(_) => width * c,
+        };
     let start = Instant::now();
     let mut rounds = 0u32;
     while rounds < 3 || start.elapsed() < Duration::from_secs_f64(seconds) {
@@ -186,13 +238,5 @@ pub fn run(gpu: &Cuda, shape: &Shape, work: Work, batch_bytes: usize, seconds: f
         }
         rounds += 1;
     }
-    let end_to_end_gbps = batch as f64 * f64::from(rounds) / start.elapsed().as_secs_f64() / 1e9;
-    Ok(Figures {
-        device: gpu.device().to_string(),
-        host_to_device_gbps,
-        device_to_host_gbps,
-        resident_gbps,
-        end_to_end_gbps,
-        batch_bytes: batch,
-    })
+    Ok(batch as f64 * f64::from(rounds) / start.elapsed().as_secs_f64() / 1e9)
 }

@@ -19,6 +19,12 @@
 //! piece is packed and copied while the last one computes. Calls from
 //! several threads take different slots (there are [`SLOTS`]).
 //!
+//! A stripe whose data and parity lie in the page-locked memory this
+//! backend lends ([`pinned::Pinned`], [`Accelerator::host_memory`]) is not
+//! packed: its data chunks are copied to the device straight from the
+//! caller's buffer and its parity straight back into the caller's (chunk
+//! sizes that are a multiple of 16, where the slots are the chunks).
+//!
 //! # What stays on the CPU
 //!
 //! [`Accelerator::decode`] (a read's byte range of a few chunks: a PCIe
@@ -36,7 +42,9 @@
 //! straight to the CPU. `status` shows the reason.
 
 pub mod bench;
+mod choose;
 mod encoder;
+pub mod pinned;
 
 use crate::cpu::Cpu;
 use crate::{AccelError, Accelerator, Leaves, ReconstructJob, SealJob, Shape, Work, WorkCounters};
@@ -80,11 +88,13 @@ const DIGEST_SLOT: usize = 64;
 pub enum Policy {
     /// Everything the GPU has kernels for (`--accel cuda`).
     Always,
-    /// Only where it wins (`--accel auto`): batches of at least
-    /// [`AUTO_BATCH_BYTES_MIN`] whose checksum is SHA-256 or SHA3-512, which
-    /// a CPU core hashes at 0.2-1.2 GB/s. Parity alone, or with a checksum a
-    /// core computes at several GB/s, is cheaper on the host's SIMD units
-    /// than the PCIe round trip plus the packing copy.
+    /// Only where it wins (`--accel auto`): for a shape the array named
+    /// ([`Accelerator::prepare`]), whichever sealed a batch of it faster
+    /// when measured (`choose`); otherwise batches of at least
+    /// [`AUTO_BATCH_BYTES_MIN`] whose checksum is SHA-256 or SHA3-512,
+    /// which a CPU core hashes at 0.2-1.2 GB/s (parity alone, or with a
+    /// checksum a core computes at several GB/s, is usually cheaper on the
+    /// host's SIMD units than the PCIe round trip).
     Auto,
 }
 
@@ -285,6 +295,119 @@ pub(crate) fn runs(slots: &[usize]) -> Vec<(usize, usize)> {
     runs
 }
 
+/// Where a stripe copied in place lies: its input's and output's
+/// addresses, and the page-locked allocations holding each (their start
+/// addresses). A 2D copy may span only one allocation: the driver refuses
+/// (`CUDA_ERROR_INVALID_VALUE`) rows whose gaps are not page-locked with
+/// them, as seen on an H100.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Direct {
+    pub input: usize,
+    pub output: usize,
+    pub blocks: (usize, usize),
+}
+
+/// Stripes of a piece whose copies go together: one packed stripe
+/// (`direct` None), or direct stripes in a row, in the same allocations,
+/// whose inputs lie `in_stride` bytes apart and outputs `out_stride` apart
+/// (one 2D copy each way instead of one copy per stripe; a copy costs
+/// microseconds to issue, which for small stripes bounds the rate).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Run {
+    pub first: usize,
+    pub count: usize,
+    /// The first stripe's (input, output) addresses.
+    pub direct: Option<(usize, usize)>,
+    /// Its allocations.
+    pub blocks: (usize, usize),
+    pub in_stride: usize,
+    pub out_stride: usize,
+}
+
+/// The largest pitch a 2D copy is given (the driver's limit is larger).
+const PITCH_MAX: usize = 1 << 30;
+
+/// Cuts a piece's stripes into [`Run`]s. `bytes` is the most either
+/// copy moves per stripe: strides below it (overlapping rows) or above
+/// [`PITCH_MAX`] end a run.
+pub(crate) fn strided_runs(direct: &[Option<Direct>], bytes: usize) -> Vec<Run> {
+    let mut runs: Vec<Run> = Vec::new();
+    for (s, &d) in direct.iter().enumerate() {
+        if let (Some(run), Some(Direct { input, output, blocks })) = (runs.last_mut(), d) {
+            if let (Some((first_in, first_out)), true) = (run.direct, run.blocks == blocks) {
+                let (in_stride, out_stride) = (input.wrapping_sub(first_in), output.wrapping_sub(first_out));
+                let fits = |stride: usize| (bytes.max(1)..=PITCH_MAX).contains(&stride);
+                let next = run.first + run.count == s;
+                let strided = if run.count == 1 {
+                    fits(in_stride) && fits(out_stride)
+                } else {
+                    in_stride == run.in_stride * run.count && out_stride == run.out_stride * run.count
+                };
+                if next && strided {
+                    if run.count == 1 {
+                        (run.in_stride, run.out_stride) = (in_stride, out_stride);
+                    }
+                    run.count += 1;
+                    continue;
+                }
+            }
+        }
+        runs.push(Run {
+            first: s,
+            count: 1,
+            direct: d.map(|d| (d.input, d.output)),
+            blocks: d.map_or((0, 0), |d| d.blocks),
+            in_stride: 0,
+            out_stride: 0,
+        });
+    }
+    runs
+}
+
+/// One end of a 2D copy: an address and the pitch between its rows.
+enum Side {
+    Host(usize, usize),
+    Device(u64, usize),
+}
+
+/// Copies `rows` rows of `width` bytes between host and device on `stream`.
+///
+/// # Safety
+/// Every row on each side lies in memory that stays valid until the
+/// stream has finished with it; host memory is page-locked.
+unsafe fn copy_2d(from: Side, to: Side, width: usize, rows: usize, stream: sys::CUstream) -> Result<(), AccelError> {
+    use sys::CUmemorytype::{CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST};
+    // Each side as (memory type, host address, device address, pitch).
+    let side = |side: Side| match side {
+        Side::Host(at, pitch) => (CU_MEMORYTYPE_HOST, at, 0, pitch),
+        Side::Device(at, pitch) => (CU_MEMORYTYPE_DEVICE, 0, at, pitch),
+    };
+    let (src_type, src_host, src_device, src_pitch) = side(from);
+    let (dst_type, dst_host, dst_device, dst_pitch) = side(to);
+    let copy = sys::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: src_type,
+        srcHost: src_host as *const std::ffi::c_void,
+        srcDevice: src_device,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: src_pitch,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: dst_type,
+        dstHost: dst_host as *mut std::ffi::c_void,
+        dstDevice: dst_device,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: dst_pitch,
+        WidthInBytes: width,
+        Height: rows,
+    };
+    // SAFETY: the caller vouches for the memory; every field is set.
+    unsafe { sys::cuMemcpy2DAsync_v2(&copy, stream) }
+        .result()
+        .map_err(driver)
+}
+
 /// Splits `count` stripes of `stripe_bytes` into pieces of at most
 /// [`PIECE_BYTES`] (at least one stripe each): (first stripe, stripes).
 pub(crate) fn pieces(count: usize, stripe_bytes: usize) -> Vec<(usize, usize)> {
@@ -313,6 +436,12 @@ pub struct Cuda {
     counters: WorkCounters,
     /// Tests: fail the next batch as a lost GPU would.
     inject_failure: std::sync::atomic::AtomicBool,
+    /// The page-locked memory lent to callers.
+    pinned: Arc<pinned::Pinned>,
+    /// Stripes copied straight from and to their callers' memory.
+    direct_stripes: std::sync::atomic::AtomicU64,
+    /// What `auto` measured and chose, per shape (see `choose`).
+    choices: Mutex<std::collections::HashMap<Shape, choose::Choice>>,
 }
 
 /// A shape's own encoding kernels, one per group of parity rows.
@@ -325,7 +454,8 @@ struct Plan<'p> {
     params: &'p [u32],
     /// Slots 0..copy_in of each stripe are copied in.
     copy_in: usize,
-    /// Slots copied back.
+    /// Slots copied back: one run of adjacent slots where jobs may be
+    /// direct (see [`Cuda::pipeline`]).
     outputs: &'p [usize],
     /// The hash kernels' algorithm, when leaves are computed on the GPU.
     algorithm: Option<i32>,
@@ -363,6 +493,9 @@ impl Cuda {
         }
         Ok(Cuda {
             device: format!("{name}, sm_{major}{minor}"),
+            pinned: Arc::new(pinned::Pinned::new(ctx.clone(), pinned::Pinned::limit_from_env())),
+            direct_stripes: Default::default(),
+            choices: Default::default(),
             ctx,
             kernels,
             policy,
@@ -398,15 +531,15 @@ impl Cuda {
         self.counters.snapshot().bytes_on_device
     }
 
-    /// Whether a batch of `bytes` data bytes hashed with `algorithm` goes to the GPU.
-    fn wants(&self, algorithm: Algorithm, bytes: usize) -> bool {
-        if self.failed.get().is_some() {
-            return false;
-        }
-        match self.policy {
-            Policy::Always => true,
-            Policy::Auto => kernel_algorithm(algorithm).is_some() && bytes >= AUTO_BATCH_BYTES_MIN,
-        }
+    /// Stripes copied straight from and to their callers' page-locked
+    /// memory, without packing.
+    pub fn direct_stripes(&self) -> u64 {
+        self.direct_stripes.load(Ordering::Relaxed)
+    }
+
+    /// The page-locked memory this backend lends.
+    pub fn pinned(&self) -> &Arc<pinned::Pinned> {
+        &self.pinned
     }
 
     /// Gives the GPU up after `error`; later work goes to the CPU.
@@ -638,16 +771,29 @@ impl Cuda {
     /// each stripe are copied in, `code` launches the arithmetic, the
     /// leaves and roots are computed when `plan.algorithm` says so, slots
     /// `plan.outputs` come back, and `unpack` hands them (and the leaves,
-    /// if any) to the job. Nothing reaches a job before its piece's stream
-    /// has finished, so on an error the jobs' outputs are unspecified and
-    /// the batch can be redone elsewhere.
+    /// if any) to the job.
+    ///
+    /// A job for which `direct` gives (input, output) addresses is not
+    /// packed: slots `0..copy_in` are copied from `input` (as many bytes,
+    /// laid end to end) and the one run of output slots into `output`, by
+    /// the copy engines; `unpack` is told so (its `bool`) and takes only
+    /// the leaves. `direct` answers only for memory the copy engines read
+    /// in place (page-locked) and only when the slots are the chunks
+    /// (`chunk_bytes` a multiple of 16) and the outputs one run.
+    ///
+    /// Packed jobs get nothing before their piece's stream has finished;
+    /// direct ones get parts of their outputs while it runs. Either way a
+    /// call that fails leaves the jobs' outputs unspecified (and no copy
+    /// in flight: every stream is drained before the call returns), so the
+    /// batch can be redone elsewhere.
     fn pipeline<J: Send + Sync, T: Send>(
         &self,
         plan: &Plan<'_>,
         jobs: &mut [J],
         pack: impl Fn(&J, &mut [u8]) + Sync,
+        direct: impl Fn(&J) -> Option<Direct>,
         code: impl Fn(&CudaStream, u64, &Layout) -> Result<(), AccelError>,
-        unpack: impl Fn(&mut J, &[u8], Option<Leaves>) -> T + Sync,
+        unpack: impl Fn(&mut J, &[u8], Option<Leaves>, bool) -> T + Sync,
     ) -> Result<Vec<T>, AccelError> {
         self.check_injected()?;
         let (width, c) = (plan.shape.width(), plan.shape.chunk_bytes);
@@ -655,6 +801,13 @@ impl Cuda {
         // One copy per run of adjacent output slots (a stripe's parity is
         // one run): a copy costs microseconds to issue whatever its size.
         let outputs = runs(plan.outputs);
+        // Where each job's buffers are the slots themselves, their addresses.
+        let direct: Vec<Option<Direct>> = if c % 16 == 0 && outputs.len() == 1 {
+            jobs.iter().map(direct).collect()
+        } else {
+            vec![None; jobs.len()]
+        };
+        let direct = &direct;
         let mut results = Vec::with_capacity(jobs.len());
         let mut in_flight: VecDeque<Pending> = VecDeque::new();
         let mut spare: Vec<Slot> = Vec::new();
@@ -664,12 +817,14 @@ impl Cuda {
             let stripe_bytes = width * layout.slot;
             let host = done.slot.buffers.as_mut().expect("staged").host();
             let mut unpacked = Vec::with_capacity(layout.stripes);
+            let range = done.first..done.first + layout.stripes;
             self.cpu.install(|| {
-                jobs[done.first..done.first + layout.stripes]
+                jobs[range.clone()]
                     .par_iter_mut()
                     .zip(host[..layout.stripes * stripe_bytes].par_chunks(stripe_bytes))
                     .zip(leaves)
-                    .map(|((job, slots), leaves)| unpack(job, slots, leaves))
+                    .zip(&direct[range])
+                    .map(|(((job, slots), leaves), direct)| unpack(job, slots, leaves, direct.is_some()))
                     .collect_into_vec(&mut unpacked)
             });
             results.extend(unpacked);
@@ -695,12 +850,16 @@ impl Cuda {
                 let host = buffers.host();
                 let stripe_bytes = width * layout.slot;
                 let packing = &jobs[first..first + stripes];
+                let piece_direct = &direct[first..first + stripes];
                 self.cpu.install(|| {
                     host[..stripes * stripe_bytes]
                         .par_chunks_mut(stripe_bytes)
                         .zip(packing.par_iter())
-                        .for_each(|(slots, job)| pack(job, slots))
+                        .zip(piece_direct)
+                        .filter(|(_, direct)| direct.is_none())
+                        .for_each(|((slots, job), _)| pack(job, slots))
                 });
+                let any_direct = piece_direct.iter().any(Option::is_some);
                 for (w, word) in plan.params.iter().enumerate() {
                     host[layout.params + 4 * w..][..4].copy_from_slice(&word.to_le_bytes());
                 }
@@ -714,13 +873,33 @@ impl Cuda {
                             let words = &host[layout.params..layout.leaves];
                             cu::memcpy_htod_async(device + layout.params as u64, words, cs).map_err(driver)?;
                         }
-                        if plan.copy_in == width {
+                        let stripe_slots = width * layout.slot;
+                        if plan.copy_in == width && !any_direct {
                             cu::memcpy_htod_async(device, &host[..layout.params], cs).map_err(driver)?;
                         } else {
-                            for s in 0..stripes {
-                                let at = layout.chunk(s, 0);
-                                let range = at..at + plan.copy_in * layout.slot;
-                                cu::memcpy_htod_async(device + at as u64, &host[range], cs).map_err(driver)?;
+                            let bytes = plan.copy_in * layout.slot;
+                            for run in strided_runs(piece_direct, bytes) {
+                                let at = layout.chunk(run.first, 0);
+                                match run.direct {
+                                    None => {
+                                        cu::memcpy_htod_async(device + at as u64, &host[at..at + bytes], cs)
+                                            .map_err(driver)?;
+                                    }
+                                    // SAFETY: `direct` named each job's input, `bytes`
+                                    // long (slots are chunks), borrowed for this call;
+                                    // a run's inputs lie `stride` apart.
+                                    Some((input, _)) if run.count == 1 => {
+                                        let from = std::slice::from_raw_parts(input as *const u8, bytes);
+                                        cu::memcpy_htod_async(device + at as u64, from, cs).map_err(driver)?;
+                                    }
+                                    Some((input, _)) => copy_2d(
+                                        Side::Host(input, run.in_stride),
+                                        Side::Device(device + at as u64, stripe_slots),
+                                        bytes,
+                                        run.count,
+                                        cs,
+                                    )?,
+                                }
                             }
                         }
                     }
@@ -729,11 +908,28 @@ impl Cuda {
                         self.launch_hash(&stream, device, &layout, algorithm, c)?;
                     }
                     unsafe {
-                        for s in 0..stripes {
+                        let stripe_slots = width * layout.slot;
+                        let out_bytes = outputs.first().map_or(0, |&(_, count)| count * layout.slot);
+                        for run in strided_runs(piece_direct, out_bytes) {
                             for &(j, count) in &outputs {
-                                let at = layout.chunk(s, j);
-                                let range = at..at + count * layout.slot;
-                                cu::memcpy_dtoh_async(&mut host[range], device + at as u64, cs).map_err(driver)?;
+                                let at = layout.chunk(run.first, j);
+                                let bytes = count * layout.slot;
+                                match run.direct {
+                                    None => cu::memcpy_dtoh_async(&mut host[at..at + bytes], device + at as u64, cs)
+                                        .map_err(driver)?,
+                                    // SAFETY: as for the input; the output is one run.
+                                    Some((_, output)) if run.count == 1 => {
+                                        let into = std::slice::from_raw_parts_mut(output as *mut u8, bytes);
+                                        cu::memcpy_dtoh_async(into, device + at as u64, cs).map_err(driver)?;
+                                    }
+                                    Some((_, output)) => copy_2d(
+                                        Side::Device(device + at as u64, stripe_slots),
+                                        Side::Host(output, run.out_stride),
+                                        bytes,
+                                        run.count,
+                                        cs,
+                                    )?,
+                                }
                             }
                         }
                         if hashed {
@@ -756,6 +952,8 @@ impl Cuda {
         self.release(in_flight, spare);
         outcome?;
         self.counters.on_device(jobs.len() * width * c);
+        let direct_stripes = direct.iter().filter(|d| d.is_some()).count();
+        self.direct_stripes.fetch_add(direct_stripes as u64, Ordering::Relaxed);
         Ok(results)
     }
 
@@ -798,10 +996,21 @@ impl Cuda {
         let code = |stream: &CudaStream, device: u64, layout: &Layout| {
             self.launch_encode(encoder.as_ref(), stream, device, layout, shape)
         };
-        let unpack = |job: &mut SealJob<'_>, slots: &[u8], leaves: Option<Leaves>| {
+        // Stripes whose data and parity are in the memory this backend
+        // lends go straight from and to it.
+        let direct = |job: &SealJob<'_>| {
+            Some(Direct {
+                input: job.data.as_ptr() as usize,
+                output: job.parity.as_ptr() as usize,
+                blocks: (self.pinned.block(job.data)?, self.pinned.block(job.parity)?),
+            })
+        };
+        let unpack = |job: &mut SealJob<'_>, slots: &[u8], leaves: Option<Leaves>, direct: bool| {
             let slot = slots.len() / shape.width();
-            for (p, chunk) in job.parity.chunks_mut(c).enumerate() {
-                chunk.copy_from_slice(&slots[(k + p) * slot..][..c]);
+            if !direct {
+                for (p, chunk) in job.parity.chunks_mut(c).enumerate() {
+                    chunk.copy_from_slice(&slots[(k + p) * slot..][..c]);
+                }
             }
             hash.then(|| {
                 leaves.unwrap_or_else(|| {
@@ -810,7 +1019,7 @@ impl Cuda {
                 })
             })
         };
-        let sealed = self.pipeline(&plan, jobs, pack, code, unpack)?;
+        let sealed = self.pipeline(&plan, jobs, pack, direct, code, unpack)?;
         Ok(sealed.into_iter().flatten().collect())
     }
 
@@ -864,7 +1073,7 @@ impl Cuda {
         let code = |stream: &CudaStream, device: u64, layout: &Layout| {
             self.launch_gf(stream, device, layout, sources.len(), targets.len())
         };
-        let unpack = |job: &mut ReconstructJob<'_>, slots: &[u8], leaves: Option<Leaves>| {
+        let unpack = |job: &mut ReconstructJob<'_>, slots: &[u8], leaves: Option<Leaves>, _direct: bool| {
             let slot = slots.len() / shape.width();
             for &j in missing {
                 job.chunks[j].copy_from_slice(&slots[j * slot..][..c]);
@@ -874,7 +1083,8 @@ impl Cuda {
                 crate::cpu::leaves(shape.checksum, &chunks, false)
             })
         };
-        self.pipeline(&plan, jobs, pack, code, unpack)
+        // A rebuild's chunks are separate buffers: always packed.
+        self.pipeline(&plan, jobs, pack, |_| None, code, unpack)
     }
 
     /// Hashes on the GPU.
@@ -955,17 +1165,31 @@ impl Accelerator for Cuda {
     fn detail(&self) -> String {
         match self.failure() {
             Some(why) => format!("{}; failed, CPU in use: {why}", self.device),
-            None => match self.policy {
-                Policy::Always => self.device.clone(),
-                Policy::Auto => format!("{}; SHA-256/SHA3-512 batches only", self.device),
-            },
+            None => {
+                use crate::HostMemory;
+                let (buffers, bytes) = self.pinned.lent();
+                let lent = format!(
+                    "{buffers} page-locked buffers lent ({} MiB), {} stripes copied in place",
+                    bytes >> 20,
+                    self.direct_stripes()
+                );
+                match self.policy {
+                    Policy::Always => format!("{}; {lent}", self.device),
+                    Policy::Auto => match self.choices_made() {
+                        made if made.is_empty() => {
+                            format!("{}; auto: SHA-256/SHA3-512 batches only; {lent}", self.device)
+                        }
+                        made => format!("{}; auto: {made}; {lent}", self.device),
+                    },
+                }
+            }
         }
     }
 
     fn seal(&self, shape: &Shape, jobs: &mut [SealJob<'_>]) -> Result<Vec<Leaves>, AccelError> {
         crate::check_seal_jobs(shape, jobs)?;
         let bytes = jobs.len() * shape.data * shape.chunk_bytes;
-        if shape.width() <= 256 && self.wants(shape.checksum, bytes) {
+        if shape.width() <= 256 && self.wants(shape.checksum, Some(shape), bytes) {
             match self.seal_gpu(shape, jobs, true) {
                 Ok(leaves) => {
                     self.counters.sealed(jobs.len(), bytes);
@@ -983,7 +1207,7 @@ impl Accelerator for Cuda {
     fn reconstruct(&self, shape: &Shape, jobs: &mut [ReconstructJob<'_>]) -> Result<Vec<Leaves>, AccelError> {
         crate::check_reconstruct_jobs(shape, jobs)?;
         let bytes = jobs.len() * shape.width() * shape.chunk_bytes;
-        if shape.width() <= 256 && self.wants(shape.checksum, bytes) {
+        if shape.width() <= 256 && self.wants(shape.checksum, Some(shape), bytes) {
             match self.reconstruct_gpu(shape, jobs) {
                 Ok(leaves) => {
                     self.counters.reconstructed(jobs.len(), bytes);
@@ -1005,7 +1229,7 @@ impl Accelerator for Cuda {
     fn hash(&self, algorithm: Algorithm, inputs: &[&[u8]]) -> Vec<Digest> {
         let bytes: usize = inputs.iter().map(|i| i.len()).sum();
         if let Some(number) = kernel_algorithm(algorithm) {
-            if self.wants(algorithm, bytes) {
+            if self.wants(algorithm, None, bytes) {
                 match self.hash_gpu(number, algorithm.digest_bytes(), inputs) {
                     Ok(digests) => {
                         self.counters.hashed(inputs.len(), bytes);
@@ -1022,6 +1246,15 @@ impl Accelerator for Cuda {
 
     fn work(&self) -> Work {
         self.counters.snapshot()
+    }
+
+    fn host_memory(&self) -> Option<Arc<dyn crate::HostMemory>> {
+        self.uses_gpu()
+            .then(|| self.pinned.clone() as Arc<dyn crate::HostMemory>)
+    }
+
+    fn prepare(&self, shape: &Shape) {
+        self.choose(shape);
     }
 }
 

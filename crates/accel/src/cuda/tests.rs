@@ -416,3 +416,262 @@ fn tempfile_dir() -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).expect("a temporary directory");
     dir
 }
+
+/// Seals `stripes` random stripes on both backends, those where `lent(s)`
+/// with data and parity in memory the GPU lent (the rest pageable), and
+/// compares everything; returns how many went straight from lent memory.
+fn seal_lent_and_pageable(
+    gpu: &Cuda,
+    cpu: &Cpu,
+    shape: &Shape,
+    stripes: usize,
+    lent: impl Fn(usize) -> bool,
+    rng: &mut impl Rng,
+) -> u64 {
+    use crate::HostMemory;
+    let (k, m, c) = (shape.data, shape.parity, shape.chunk_bytes);
+    let stripe = (k + m) * c;
+    let mut held = Vec::new();
+    let mut pageable = Vec::new();
+    let mut buffers: Vec<&mut [u8]> = Vec::new();
+    for s in 0..stripes {
+        if lent(s) {
+            let at = gpu.pinned.alloc(stripe.max(1)).expect("the GPU lends memory");
+            held.push(at);
+        } else {
+            pageable.push(vec![0u8; stripe]);
+        }
+    }
+    let mut pageable_left = pageable.iter_mut();
+    let mut held_left = held.iter();
+    for s in 0..stripes {
+        let buffer: &mut [u8] = if lent(s) {
+            let at = held_left.next().expect("one per lent stripe");
+            // SAFETY: lent for `stripe` bytes, freed only after the last use below.
+            unsafe { std::slice::from_raw_parts_mut(at.as_ptr(), stripe) }
+        } else {
+            pageable_left.next().expect("one per pageable stripe")
+        };
+        rng.fill(&mut buffer[..]); // data, and parity poisoned
+        buffers.push(buffer);
+    }
+    let mut parity_cpu: Vec<Vec<u8>> = vec![vec![0u8; m * c]; stripes];
+    let mut jobs: Vec<SealJob> = buffers
+        .iter()
+        .zip(&mut parity_cpu)
+        .map(|(b, p)| SealJob {
+            data: &b[..k * c],
+            parity: p,
+        })
+        .collect();
+    let leaves_cpu = cpu.seal(shape, &mut jobs).expect("CPU seal");
+    let before = gpu.direct_stripes();
+    let mut jobs: Vec<SealJob> = buffers
+        .iter_mut()
+        .map(|b| {
+            let (data, parity) = b.split_at_mut(k * c);
+            SealJob { data, parity }
+        })
+        .collect();
+    let leaves_gpu = gpu.seal(shape, &mut jobs).expect("GPU seal");
+    drop(jobs);
+    let direct = gpu.direct_stripes() - before;
+    for (s, buffer) in buffers.iter().enumerate() {
+        assert!(
+            buffer[k * c..] == parity_cpu[s][..],
+            "parity of stripe {s} differs for {shape:?}"
+        );
+    }
+    assert!(leaves_gpu == leaves_cpu, "leaves differ for {shape:?} x {stripes}");
+    drop(buffers);
+    for at in held {
+        // SAFETY: lent above for `stripe` bytes; nothing uses it now.
+        unsafe { gpu.pinned.free(at, stripe.max(1)) };
+    }
+    direct
+}
+
+#[test]
+fn stripes_in_lent_memory_go_straight_to_the_gpu_and_seal_as_the_cpu_does() {
+    let Some(gpu) = gpu(Policy::Always) else { return };
+    let cpu = Cpu::new(2);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x6c65);
+    let even = |s: usize| s.is_multiple_of(2);
+    for (k, m, c, checksum, direct) in [
+        (10, 4, 65536, Algorithm::Sha3_512, 3),
+        (92, 8, 4096, Algorithm::Sha256, 3),
+        (6, 3, 4096, Algorithm::Crc32c, 3),
+        // Slots wider than the chunks, or no parity to bring back: packed.
+        (5, 3, 1000, Algorithm::Sha3_512, 0),
+        (4, 0, 4096, Algorithm::Sha256, 0),
+    ] {
+        let shape = Shape::new(k, m, c, checksum);
+        let went = seal_lent_and_pageable(&gpu, &cpu, &shape, 5, even, &mut rng);
+        assert_eq!(went, direct, "{shape:?}");
+    }
+    // Several pieces, every stripe lent.
+    let shape = Shape::new(60, 4, 65536, Algorithm::Sha3_512);
+    let stripes = PIECE_BYTES / (4 << 20) * 2 + 3;
+    let went = seal_lent_and_pageable(&gpu, &cpu, &shape, stripes, |_| true, &mut rng);
+    assert_eq!(went, stripes as u64);
+    // A GPU that fails mid-batch: the CPU redoes the stripes in lent memory.
+    gpu.inject_failure();
+    let shape = Shape::new(8, 3, 4096, Algorithm::Sha3_512);
+    seal_lent_and_pageable(&gpu, &cpu, &shape, 4, even, &mut rng);
+    assert!(gpu.failure().is_some());
+}
+
+#[test]
+fn lent_memory_is_kept_for_reuse_and_bounded() {
+    use crate::HostMemory;
+    let Some(gpu) = gpu(Policy::Always) else { return };
+    let pool = pinned::Pinned::new(gpu.ctx.clone(), 1 << 20);
+    let a = pool.alloc(768 << 10).expect("within the limit");
+    // SAFETY: lent for 768 KiB.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(a.as_ptr(), 768 << 10) };
+    assert!(bytes.iter().all(|&b| b == 0), "lent zeroed");
+    assert_eq!(a.as_ptr() as usize % crate::HOST_MEMORY_ALIGN, 0);
+    assert!(pool.holds(&bytes[100..200]) && pool.holds(bytes));
+    assert!(!pool.holds(&[0u8; 64]));
+    bytes.fill(7);
+    assert!(pool.alloc(512 << 10).is_none(), "over the limit");
+    assert_eq!(pool.lent(), (1, 768 << 10));
+    unsafe { pool.free(a, 768 << 10) };
+    let again = pool.alloc(768 << 10).expect("kept");
+    assert_eq!(again, a, "the same size reuses what was given back");
+    // SAFETY: lent again for 768 KiB.
+    assert!(unsafe { std::slice::from_raw_parts(again.as_ptr(), 768 << 10) }
+        .iter()
+        .all(|&b| b == 0));
+    unsafe { pool.free(again, 768 << 10) };
+    let other = pool.alloc(512 << 10).expect("what is kept goes back to make room");
+    unsafe { pool.free(other, 512 << 10) };
+    assert_eq!(pool.lent(), (0, 0));
+}
+
+#[test]
+fn auto_measures_a_prepared_shape_and_keeps_to_its_choice() {
+    let Some(gpu) = gpu(Policy::Auto) else { return };
+    let cpu = Cpu::new(2);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x6368);
+    for checksum in [Algorithm::Crc32c, Algorithm::Sha3_512] {
+        let shape = Shape::new(10, 4, 65536, checksum);
+        gpu.prepare(&shape);
+        let chosen = gpu.choices.lock().unwrap().get(&shape).copied().expect("measured");
+        assert!(chosen.gpu_gbps > 0.0 && chosen.cpu_gbps > 0.0, "{chosen:?}");
+        assert!(
+            chosen.hash_gpu_seconds > 0.0 && chosen.hash_cpu_seconds > 0.0,
+            "{chosen:?}"
+        );
+        assert!(
+            gpu.detail().contains(&format!("10+4 {checksum} seals on the")),
+            "{}",
+            gpu.detail()
+        );
+        let before = gpu.bytes_on_device();
+        seal_both(&gpu, &cpu, &shape, 8, &mut rng);
+        assert_eq!(gpu.bytes_on_device() > before, chosen.gpu, "{chosen:?}");
+        // A write's hashes, in a batch big enough for auto's fixed rule.
+        let data = random_bytes(&mut rng, 2 << 20);
+        let inputs: Vec<&[u8]> = data.chunks(64 << 10).collect();
+        let before = gpu.bytes_on_device();
+        assert_eq!(gpu.hash(checksum, &inputs), cpu.hash(checksum, &inputs));
+        assert_eq!(gpu.bytes_on_device() > before, chosen.hash_gpu, "{chosen:?}");
+    }
+}
+
+#[test]
+fn direct_stripes_a_constant_stride_apart_are_copied_together() {
+    let d = |input: usize, output: usize| {
+        Some(Direct {
+            input,
+            output,
+            blocks: (0, 0),
+        })
+    };
+    // Three stripes of 100 bytes in, 40 out, laid 140 apart; then a packed
+    // one; then one its next overlaps (a stride under the bytes copied);
+    // that next one pairs with the one after (any stride that fits starts
+    // a run), whose follower is out of step and starts another.
+    let direct = [
+        d(1000, 1100),
+        d(1140, 1240),
+        d(1280, 1380),
+        None,
+        d(5000, 9000),
+        d(5050, 9050),
+        d(7000, 9999),
+        d(7200, 10199),
+        d(7400, 10500),
+    ];
+    let runs = strided_runs(&direct, 100);
+    let summary: Vec<(usize, usize, bool, usize, usize)> = runs
+        .iter()
+        .map(|r| (r.first, r.count, r.direct.is_some(), r.in_stride, r.out_stride))
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            (0, 3, true, 140, 140),
+            (3, 1, false, 0, 0),
+            (4, 1, true, 0, 0),
+            (5, 2, true, 1950, 949),
+            (7, 2, true, 200, 301),
+        ]
+    );
+    assert_eq!(strided_runs(&[], 10), vec![]);
+    // Stripes in different allocations are never one copy, whatever their stride.
+    let apart = [0, 1].map(|i| {
+        Some(Direct {
+            input: 1000 + 140 * i,
+            output: 1100 + 140 * i,
+            blocks: (i, 0),
+        })
+    });
+    assert_eq!(strided_runs(&apart, 100).len(), 2);
+}
+
+#[test]
+fn stripes_laid_end_to_end_in_lent_memory_seal_as_the_cpu_does() {
+    use crate::HostMemory;
+    let Some(gpu) = gpu(Policy::Always) else { return };
+    let cpu = Cpu::new(2);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x3264);
+    for (k, m, c, stripes) in [(10, 4, 65536, 40), (4, 2, 4096, 3), (3, 2, 16, 7)] {
+        let shape = Shape::new(k, m, c, Algorithm::Sha3_512);
+        let stripe = (k + m) * c;
+        let bytes = stripes * stripe;
+        let at = gpu.pinned.alloc(bytes).expect("lent");
+        // SAFETY: lent for `bytes`, freed at the end of the iteration.
+        let lent = unsafe { std::slice::from_raw_parts_mut(at.as_ptr(), bytes) };
+        rng.fill(&mut lent[..]);
+        let mut expected = lent.to_vec();
+        let mut jobs: Vec<SealJob> = expected
+            .chunks_mut(stripe)
+            .map(|s| {
+                let (data, parity) = s.split_at_mut(k * c);
+                SealJob { data, parity }
+            })
+            .collect();
+        let leaves_cpu = cpu.seal(&shape, &mut jobs).unwrap();
+        drop(jobs);
+        let before = gpu.direct_stripes();
+        let mut jobs: Vec<SealJob> = lent
+            .chunks_mut(stripe)
+            .map(|s| {
+                let (data, parity) = s.split_at_mut(k * c);
+                SealJob { data, parity }
+            })
+            .collect();
+        let leaves_gpu = gpu.seal(&shape, &mut jobs).unwrap();
+        drop(jobs);
+        assert_eq!(gpu.direct_stripes() - before, stripes as u64);
+        assert!(
+            lent[..] == expected[..],
+            "{shape:?}: every stripe's parity, and data untouched"
+        );
+        assert!(leaves_gpu == leaves_cpu);
+        // SAFETY: as lent; nothing uses it now.
+        unsafe { gpu.pinned.free(at, bytes) };
+    }
+}
