@@ -880,13 +880,15 @@ struct Snapshot {
 pub enum Needed {
     /// A map page held only as its image.
     Page(u64, Arc<PageImage>),
-    /// A directory page held only as its image, and the map pages of
-    /// [first, last] it may name (each to be read once it is).
+    /// A directory page held only as its image, and the ranges of map
+    /// pages (first, last, inclusive) whose images it may name, each to
+    /// be read once it is: only those asked for, not every page between
+    /// them (a replay's records scattered over a directory page's range
+    /// read all 512 of its pages where they needed 8).
     Dir {
         dir: u64,
         image: Arc<PageImage>,
-        first: u64,
-        last: u64,
+        pages: Vec<(u64, u64)>,
     },
 }
 
@@ -1028,8 +1030,7 @@ impl Map {
             needed.push(Needed::Dir {
                 dir,
                 image: image.clone(),
-                first: first.max(from),
-                last: last.min(to),
+                pages: vec![(first.max(from), last.min(to))],
             });
         }
         needed

@@ -209,8 +209,7 @@ impl Shared {
                 Needed::Dir {
                     dir,
                     image,
-                    first,
-                    last,
+                    pages: ranges,
                 } => {
                     let stored = match self.read_dir_image(dir, &image) {
                         Ok(stored) => stored,
@@ -226,17 +225,23 @@ impl Shared {
                             value: number,
                         }));
                     }
+                    // The pages asked for, each once (ranges may overlap).
+                    let named: BTreeMap<u64, Arc<PageImage>> = ranges
+                        .iter()
+                        .flat_map(|&(first, last)| images.range(first..=last))
+                        .map(|(&p, i)| (p, i.clone()))
+                        .collect();
                     {
                         // Its pages' stripes are pinned before its own
                         // pin goes (with it, its pages' images stay).
                         let _index = self.index();
-                        for image in images.range(first..=last).map(|(_, i)| i) {
+                        for image in named.values() {
                             for piece in &image.pieces {
                                 pinned.add(piece.slot);
                             }
                         }
                     }
-                    pages.extend(images.range(first..=last).map(|(&p, i)| (p, i.clone())));
+                    pages.extend(named);
                     loaded.push(Loaded::Dir { dir, images, image });
                 }
             }
@@ -413,18 +418,12 @@ fn missing(map: &Map, ranges: &[(u64, u64)]) -> Vec<Needed> {
         missing.dedup_by(|later, earlier| match (earlier, later) {
             (Needed::Page(a, _), Needed::Page(b, _)) => a == b,
             (
+                Needed::Dir { dir: a, pages, .. },
                 Needed::Dir {
-                    dir: a, first, last, ..
-                },
-                Needed::Dir {
-                    dir: b,
-                    first: f,
-                    last: l,
-                    ..
+                    dir: b, pages: more, ..
                 },
             ) if a == b => {
-                *first = (*first).min(*f);
-                *last = (*last).max(*l);
+                pages.append(more);
                 true
             }
             _ => false,
