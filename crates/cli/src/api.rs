@@ -54,6 +54,9 @@ pub enum Request {
     Latency,
     /// The Prometheus metrics (OpenMetrics text), where `serve --metrics` is on.
     Metrics,
+    /// The KV spaces, where `serve --kv` serves them: each one's phase,
+    /// records and deferred work's progress.
+    KvSpaces,
     /// Marks member `member` failed; the array goes on degraded.
     Fail { member: usize },
     /// Checks every stripe, repairing what it can; `rate` bytes a second
@@ -149,6 +152,7 @@ impl Request {
                 | Request::Volumes
                 | Request::Latency
                 | Request::Metrics
+                | Request::KvSpaces
         )
     }
 
@@ -162,6 +166,7 @@ impl Request {
             "volumes" => Request::Volumes,
             "latency" => Request::Latency,
             "metrics" => Request::Metrics,
+            "kv_spaces" => Request::KvSpaces,
             _ => return None,
         })
     }
@@ -178,10 +183,19 @@ pub enum Answer {
     Latency(Latency),
     /// OpenMetrics text, as a scrape of `serve --metrics` gets it.
     Metrics(String),
+    KvSpaces(KvSpaces),
     Scrub(ScrubReport),
     Heal(HealReport),
     /// Done, with nothing to report (a member failed, a rebuild started).
     Done,
+}
+
+/// The KV spaces a server serves (`served`: whether it was started with
+/// `--kv`; none are open otherwise).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct KvSpaces {
+    pub served: bool,
+    pub spaces: Vec<tessera_kv::SpaceStatus>,
 }
 
 /// Long work's report so far.
@@ -471,6 +485,7 @@ mod tests {
             Request::Volumes,
             Request::Latency,
             Request::Metrics,
+            Request::KvSpaces,
             Request::Fail { member: 3 },
             Request::Scrub { rate: 1 << 20 },
             Request::Heal { rate: 0 },
@@ -529,6 +544,26 @@ mod tests {
             }),
             Answer::Scrub(ScrubReport::default()),
             Answer::Heal(HealReport::default()),
+            Answer::KvSpaces(KvSpaces {
+                served: true,
+                spaces: vec![tessera_kv::SpaceStatus {
+                    name: "run1".into(),
+                    schema: serde_json::from_str(
+                        r#"{"key": "id", "fields": [{"name": "energy", "type": "f32"}], "indexes": ["energy"], "duplicates": "keep_all"}"#,
+                    )
+                    .unwrap(),
+                    phase: tessera_kv::Phase::Indexing("energy".into()),
+                    inserted: 5,
+                    sorted: Some(5),
+                    indexes_built: Vec::new(),
+                    log_bytes: 0,
+                    progress: Some(tessera_kv::Progress {
+                        step: "index energy".into(),
+                        done: 1,
+                        total: 5,
+                    }),
+                }],
+            }),
             Answer::Done,
         ];
         for answer in answers {

@@ -19,7 +19,9 @@ pub struct Args {
 
 pub fn run(args: &Args) -> Result<()> {
     let (dir, json) = (args.dir.as_path(), args.json);
-    let status: Status = match api::ask_for(dir, &Request::Status, status_of)? {
+    let served = api::ask_for(dir, &Request::Status, status_of)?;
+    let from_server = served.is_some();
+    let status: Status = match served {
         Some(status) => status,
         None => {
             let _lock = lock(dir)?;
@@ -39,7 +41,46 @@ pub fn run(args: &Args) -> Result<()> {
         return Ok(());
     }
     print_status(&status);
+    if from_server {
+        if let Some(kv) = api::ask_for(dir, &Request::KvSpaces, kv_spaces_of)? {
+            print_kv_spaces(&kv);
+        }
+    }
     Ok(())
+}
+
+fn kv_spaces_of(answer: Answer) -> Option<api::KvSpaces> {
+    match answer {
+        Answer::KvSpaces(spaces) => Some(spaces),
+        _ => None,
+    }
+}
+
+/// The KV spaces a server serves, one line each (nothing where it serves none).
+fn print_kv_spaces(kv: &api::KvSpaces) {
+    if !kv.served {
+        return;
+    }
+    println!("KV spaces: {}", kv.spaces.len());
+    for s in &kv.spaces {
+        let phase = match &s.phase {
+            tessera_kv::Phase::Indexing(field) => format!("indexing {field}"),
+            phase => serde_json::to_value(phase)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default(),
+        };
+        let sorted = s.sorted.map_or(String::new(), |n| format!(", {n} sorted"));
+        let work = s.progress.as_ref().map_or(String::new(), |p| {
+            let percent = if p.total == 0 {
+                100.0
+            } else {
+                100.0 * p.done as f64 / p.total as f64
+            };
+            format!(", {} {percent:.0}% ({} of {})", p.step, p.done, p.total)
+        });
+        println!("  {}: {phase}, {} records inserted{sorted}{work}", s.name, s.inserted);
+    }
 }
 
 /// The status in an answer.

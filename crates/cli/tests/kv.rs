@@ -142,6 +142,13 @@ fn pyarrow_flight_inserts_and_queries_and_bad_input_changes_nothing() {
         listed.contains("p ") && listed.contains("ready") && listed.contains("300000"),
         "{listed}"
     );
+    // The operator's view lists the space too: `tessera status`, from the
+    // server (the `kv_spaces` request the dashboard also polls).
+    let status = succeeded("status", tessera(&["status", dir.to_str().unwrap()]));
+    assert!(
+        status.contains("KV spaces: 1") && status.contains("  p: ready, 300000 records inserted, 300000 sorted"),
+        "{status}"
+    );
     // A space's volume is no NBD export and no volume to change by hand.
     let out = tessera(&["volume", "delete", dir.to_str().unwrap(), "kv.p"]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("hold KV spaces"));

@@ -2870,6 +2870,12 @@ fn the_dashboard_shows_a_rebuild_under_way_and_agrees_with_status_and_iostat() {
     assert_eq!(code, 404, "{reply}");
     let (code, reply) = curl(&format!("{base}api/v1/metrics"), &[], cwd);
     assert!(code == 500 && reply.contains("metrics are off"), "{reply}");
+    // Served without --kv: no KV spaces, and the dashboard hides them.
+    let (code, reply) = curl(&format!("{base}api/v1/kv_spaces"), &[], cwd);
+    assert!(
+        code == 200 && reply.contains(r#""kv_spaces":{"served":false,"spaces":[]}"#),
+        "{reply}"
+    );
     let bodies: [(&str, u16, &str); 4] = [
         (r#"{"version":1,"request":"status","extra":1}"#, 400, "bad_request"),
         (r#"{"version":9,"request":"status"}"#, 400, "unsupported_version"),

@@ -28,7 +28,7 @@ mod table;
 
 pub use query::{Bound, Query, QueryResult};
 pub use schema::{Duplicates, FieldSpec, FieldType, SpaceSchema};
-pub use space::{Phase, Space, SpaceStatus};
+pub use space::{Phase, Progress, Space, SpaceStatus};
 pub use store::{Store, StoreOptions};
 
 use tessera_array::ArrayError;

@@ -47,7 +47,7 @@ pub const INSERT_BYTES_MAX: usize = 256 << 20;
 const MANIFEST_EVERY: u32 = 16;
 
 /// Where a space is in its life.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
     /// Taking inserts.
@@ -60,7 +60,7 @@ pub enum Phase {
     Ready,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct SpaceStatus {
     pub name: String,
     pub schema: SpaceSchema,
@@ -78,7 +78,7 @@ pub struct SpaceStatus {
     pub progress: Option<Progress>,
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct Progress {
     pub step: String,
     pub done: u64,

@@ -25,6 +25,8 @@ pub struct Served {
     pub stop_heal: Arc<AtomicBool>,
     /// The Prometheus metrics, where `serve --metrics` turned them on.
     pub metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// The KV spaces, once opened, where `serve --kv` serves them.
+    pub kv: Arc<std::sync::OnceLock<Arc<tessera_kv::Store>>>,
 }
 
 impl Served {
@@ -62,6 +64,13 @@ pub fn answer(
         Request::Rebuild => Answer::Rebuild(served.rebuilder.progress()),
         Request::Volumes => Answer::Volumes(array.volumes()),
         Request::Latency => Answer::Latency(served.latency.totals()),
+        Request::KvSpaces => Answer::KvSpaces(match served.kv.get() {
+            Some(store) => crate::api::KvSpaces {
+                served: true,
+                spaces: store.list(),
+            },
+            None => crate::api::KvSpaces::default(),
+        }),
         Request::Metrics => match &served.metrics {
             Some(metrics) => Answer::Metrics(metrics.scrape(array).map_err(|e| ApiError::new(ErrorKind::Array, e))?),
             None => {

@@ -316,6 +316,8 @@ pub fn serve(s: Serve) -> Result<()> {
     let latency = Arc::new(dispatch::LatencyCounters::default());
     let metrics = s.metrics.is_some().then(|| Arc::new(Metrics::new()));
     let history = Arc::new(std::sync::Mutex::new(crate::history::History::new(dir)));
+    // Set once the KV spaces are open (below), for the `kv_spaces` request.
+    let kv_spaces: Arc<std::sync::OnceLock<Arc<tessera_kv::Store>>> = Arc::default();
     let _ = ready.set(Served {
         array: array.clone(),
         rebuilder: rebuilder.clone(),
@@ -325,6 +327,7 @@ pub fn serve(s: Serve) -> Result<()> {
         stop_scrub: Arc::default(),
         stop_heal,
         metrics: metrics.clone(),
+        kv: kv_spaces.clone(),
     });
     // The history reaches the directory about once a second.
     {
@@ -413,6 +416,7 @@ pub fn serve(s: Serve) -> Result<()> {
             if let Some(metrics) = &metrics {
                 metrics.set_kv(store.clone());
             }
+            let _ = kv_spaces.set(store.clone());
             Some((store, server))
         }
         None => None,
