@@ -21,6 +21,10 @@ pub struct Args {
     /// The server's Flight address (`tessera serve DIR --kv ADDR`).
     #[arg(long, default_value = DEFAULT_ADDRESS)]
     pub at: String,
+    /// File whose first line is the token the server wants
+    /// (`serve --kv-token-file`).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<std::path::PathBuf>,
     #[command(subcommand)]
     pub command: KvCommand,
 }
@@ -82,12 +86,18 @@ pub fn run(args: Args) -> Result<()> {
     runtime.block_on(run_async(args))
 }
 
-async fn connect(at: &str) -> Result<FlightClient> {
+async fn connect(at: &str, token: Option<&str>) -> Result<FlightClient> {
     let channel = tonic::transport::Channel::from_shared(format!("http://{at}"))?
         .connect()
         .await
         .with_context(|| format!("connecting to the KV server at {at} (is `tessera serve DIR --kv {at}` running?)"))?;
-    Ok(FlightClient::new(channel))
+    let mut client = FlightClient::new(channel);
+    if let Some(token) = token {
+        client
+            .add_header("authorization", &format!("Bearer {token}"))
+            .map_err(said)?;
+    }
+    Ok(client)
 }
 
 /// A Flight error as the server said it.
@@ -112,7 +122,12 @@ async fn action(client: &mut FlightClient, kind: &str, body: serde_json::Value) 
 }
 
 async fn run_async(args: Args) -> Result<()> {
-    let mut client = connect(&args.at).await?;
+    let token = args
+        .token_file
+        .as_deref()
+        .map(|path| crate::serve::http::read_token(path, "KV"))
+        .transpose()?;
+    let mut client = connect(&args.at, token.as_deref()).await?;
     match args.command {
         KvCommand::Create { name, schema } => {
             let text = match schema.strip_prefix('@') {

@@ -224,3 +224,54 @@ fn a_kv_address_in_use_is_refused_before_the_array_opens() {
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(status["recovery"]["clean_stop"], true, "{status}");
 }
+
+#[test]
+fn a_token_guards_the_kv_spaces_and_one_is_required_beyond_loopback() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("array");
+    create(&dir, "40M");
+    let token = tmp.path().join("kv-token");
+    std::fs::write(&token, "s3cret-kv-token-0123\n").unwrap();
+    let wrong = tmp.path().join("wrong-token");
+    std::fs::write(&wrong, "s3cret-kv-token-0124\n").unwrap();
+    // Beyond loopback with no token: refused before anything is opened
+    // or bound (waited for at most 10 s, killed if it serves instead).
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["serve", dir.to_str().unwrap(), "--socket"])
+        .arg(dir.with_extension("sock"))
+        .args(["--kv", "0.0.0.0:0"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut exited = None;
+    for _ in 0..100 {
+        exited = child.try_wait().unwrap();
+        if exited.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if exited.is_none() {
+        child.kill().unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        exited.is_some_and(|s| !s.success()) && said.contains("needs --kv-token-file"),
+        "{said}"
+    );
+    // With a token: a client without it, or with another, is refused;
+    // with it, served.
+    let (server, at) = serve(&dir, &["--kv-token-file", token.to_str().unwrap()]);
+    for extra in [&[][..], &["--token-file", wrong.to_str().unwrap()][..]] {
+        let out = tessera(&[&["kv", "--at", &at][..], extra, &["status"][..]].concat());
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && said.contains("wants a token"), "{said}");
+    }
+    let listed = succeeded(
+        "kv status with the token",
+        tessera(&["kv", "--at", &at, "--token-file", token.to_str().unwrap(), "status"]),
+    );
+    assert!(!listed.contains("wants a token"), "{listed}");
+    stop(server);
+}

@@ -48,23 +48,23 @@ impl Options {
             (None, None) => None,
             _ => bail!("--http-tls-cert and --http-tls-key go together"),
         };
-        let token = match token_file {
-            Some(path) => {
-                let text = String::from_utf8(read(path, "token file")?)
-                    .with_context(|| format!("{} is not text", path.display()))?;
-                let token = text.lines().next().unwrap_or("").trim().to_string();
-                if token.len() < TOKEN_CHARS_MIN || !token.bytes().all(|b| b.is_ascii_graphic()) {
-                    bail!(
-                        "the token in {} must be at least {TOKEN_CHARS_MIN} printable characters with no spaces",
-                        path.display()
-                    );
-                }
-                Some(token)
-            }
-            None => None,
-        };
+        let token = token_file.map(|path| read_token(path, "HTTP")).transpose()?;
         Ok(Options { address, tls, token })
     }
+}
+
+/// The token in `path` (its first line), for the `what` server.
+pub fn read_token(path: &std::path::Path, what: &str) -> Result<String> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading the {what} token file {}", path.display()))?;
+    let text = String::from_utf8(bytes).with_context(|| format!("{} is not text", path.display()))?;
+    let token = text.lines().next().unwrap_or("").trim().to_string();
+    if token.len() < TOKEN_CHARS_MIN || !token.bytes().all(|b| b.is_ascii_graphic()) {
+        bail!(
+            "the token in {} must be at least {TOKEN_CHARS_MIN} printable characters with no spaces",
+            path.display()
+        );
+    }
+    Ok(token)
 }
 
 /// The shortest token accepted: guessing one must not be practical.
@@ -200,18 +200,13 @@ fn authorized(parsed: &Request, request: &tiny_http::Request, token: Option<&str
         .find(|h| h.field.equiv("Authorization"))
         .and_then(|h| h.value.as_str().strip_prefix("Bearer "));
     match presented {
-        Some(presented) if same(presented.as_bytes(), token.as_bytes()) => Ok(()),
+        Some(presented) if tessera_kv::flight::tokens_equal(presented.as_bytes(), token.as_bytes()) => Ok(()),
         Some(_) => Err(ApiError::new(ErrorKind::Unauthorized, "wrong token")),
         None => Err(ApiError::new(
             ErrorKind::Unauthorized,
             "this request changes the array: send 'Authorization: Bearer TOKEN'",
         )),
     }
-}
-
-/// Compares in time that does not depend on where the bytes differ.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Carries out a parsed request once the array is open.
@@ -247,9 +242,10 @@ fn header(field: &str, value: &str) -> tiny_http::Header {
 mod tests {
     #[test]
     fn tokens_compare_whole() {
-        assert!(super::same(b"abcdefgh", b"abcdefgh"));
-        assert!(!super::same(b"abcdefgh", b"abcdefgX"));
-        assert!(!super::same(b"abcdefgh", b"abcdefg"));
-        assert!(!super::same(b"", b"a"));
+        let same = tessera_kv::flight::tokens_equal;
+        assert!(same(b"abcdefgh", b"abcdefgh"));
+        assert!(!same(b"abcdefgh", b"abcdefgX"));
+        assert!(!same(b"abcdefgh", b"abcdefg"));
+        assert!(!same(b"", b"a"));
     }
 }

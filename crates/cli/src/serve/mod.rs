@@ -103,9 +103,14 @@ pub struct Serve {
     pub http_token_file: Option<PathBuf>,
     /// Serve the array's KV spaces with Arrow Flight (gRPC) at ADDR
     /// (e.g. 127.0.0.1:9812): `tessera kv` and `pyarrow.flight` clients.
-    /// No authentication: keep it on loopback or a trusted network.
+    /// An address other than loopback needs --kv-token-file.
     #[arg(long, value_name = "ADDR")]
     pub kv: Option<std::net::SocketAddr>,
+    /// File whose first line is the token every KV client must send
+    /// (`authorization: Bearer TOKEN`; `tessera kv --token-file`). It
+    /// travels in clear text: there is no TLS for KV spaces yet.
+    #[arg(long, value_name = "FILE", requires = "kv")]
+    pub kv_token_file: Option<PathBuf>,
     /// Bytes of records a KV space's sort holds in memory at once.
     #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_usize, default_value = "256M")]
     pub kv_sort_memory: usize,
@@ -284,6 +289,18 @@ pub fn serve(s: Serve) -> Result<()> {
     }
     // So is the KV spaces' address: one in use is said before the array
     // opens.
+    let kv_token = s
+        .kv_token_file
+        .as_deref()
+        .map(|path| http::read_token(path, "KV"))
+        .transpose()?;
+    if let Some(address) = s.kv {
+        if !address.ip().is_loopback() && kv_token.is_none() {
+            bail!(
+                "serving KV spaces at {address}, beyond loopback, needs --kv-token-file: anyone who reaches it could read, write and drop them"
+            );
+        }
+    }
     let kv_listener =
         s.kv.map(|address| {
             tessera_kv::flight::FlightListener::bind(address)
@@ -404,11 +421,11 @@ pub fn serve(s: Serve) -> Result<()> {
             }
             let address = listener.address;
             let server = listener
-                .serve(store.clone())
+                .serve(store.clone(), kv_token)
                 .with_context(|| format!("serving KV spaces at {address}"))?;
             if !server.address.ip().is_loopback() {
                 eprintln!(
-                    "tessera: warning: KV spaces served at {} with no authentication: anyone who can reach it can read, write and drop them",
+                    "tessera: warning: KV spaces served at {} with a token but no TLS: the token and the records travel in clear text",
                     server.address
                 );
             }
