@@ -310,6 +310,20 @@ pub fn select(kind: Kind) -> Result<Arc<dyn Accelerator>, AccelError> {
     })
 }
 
+/// Seal jobs over stripes laid end to end in `stripes`, each its K data
+/// chunks then room for its M parity chunks (a partial stripe at the end
+/// is left out).
+pub fn seal_jobs<'a>(shape: &Shape, stripes: &'a mut [u8]) -> Vec<SealJob<'a>> {
+    let (width, data) = (shape.width() * shape.chunk_bytes, shape.data * shape.chunk_bytes);
+    stripes
+        .chunks_exact_mut(width.max(1))
+        .map(|stripe| {
+            let (data, parity) = stripe.split_at_mut(data);
+            SealJob { data, parity }
+        })
+        .collect()
+}
+
 /// Checks that every seal job has K data and M parity chunks of the shape.
 fn check_seal_jobs(shape: &Shape, jobs: &[SealJob<'_>]) -> Result<(), AccelError> {
     for (index, job) in jobs.iter().enumerate() {

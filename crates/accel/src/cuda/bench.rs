@@ -95,15 +95,7 @@ pub fn run(gpu: &Cuda, shape: &Shape, work: Work, batch_bytes: usize, seconds: f
     };
     let stripes = (batch_bytes / input_per_stripe).max(1);
     let batch = stripes * input_per_stripe;
-    let mut rng_state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut random = |bytes: &mut [u8]| {
-        for word in bytes.chunks_mut(8) {
-            rng_state ^= rng_state << 13;
-            rng_state ^= rng_state >> 7;
-            rng_state ^= rng_state << 17;
-            word.copy_from_slice(&rng_state.to_le_bytes()[..word.len()]);
-        }
-    };
+    let random = |bytes: &mut [u8]| fill_pseudo_random(bytes, 0x9e37_79b9_7f4a_7c15);
 
     // The link and the kernels, on one slot's buffers.
     gpu.ctx.bind_to_thread().map_err(driver)?;
@@ -212,14 +204,7 @@ fn end_to_end(gpu: &Cuda, shape: &Shape, work: Work, data: &mut [u8], seconds: f
     while rounds < 3 || start.elapsed() < Duration::from_secs_f64(seconds) {
         match work {
             Work::Encode => {
-                let mut jobs: Vec<SealJob> = data
-                    .chunks_mut(width * c)
-                    .map(|stripe| {
-                        let (data, parity) = stripe.split_at_mut(k * c);
-                        SealJob { data, parity }
-                    })
-                    .collect();
-                gpu.encode(shape, &mut jobs)?;
+                gpu.encode(shape, &mut crate::seal_jobs(shape, data))?;
             }
             Work::Merkle(algorithm) => {
                 let shape = Shape {

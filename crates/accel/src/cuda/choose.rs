@@ -95,23 +95,11 @@ impl Cuda {
                 &mut pageable
             }
         };
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        for word in buffer.chunks_mut(8) {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            word.copy_from_slice(&state.to_le_bytes()[..word.len()]);
-        }
+        fill_pseudo_random(buffer, 0x9e37_79b9_7f4a_7c15);
         let mut best = |gpu: bool, runs: usize| -> Result<f64, AccelError> {
             let mut fastest = f64::INFINITY;
             for _ in 0..runs {
-                let mut jobs: Vec<SealJob> = buffer
-                    .chunks_mut(stripe)
-                    .map(|s| {
-                        let (data, parity) = s.split_at_mut(k * c);
-                        SealJob { data, parity }
-                    })
-                    .collect();
+                let mut jobs = crate::seal_jobs(shape, buffer);
                 let started = Instant::now();
                 if gpu {
                     self.seal_gpu(shape, &mut jobs, true)?;
@@ -145,17 +133,11 @@ impl Cuda {
     /// Median seconds to hash one client write's extents on the GPU and
     /// on the CPU (infinite on the GPU for a checksum it has no kernel for).
     fn measure_hash(&self, algorithm: Algorithm) -> Result<(f64, f64), AccelError> {
-        let mut state = 0x2545_f491_4f6c_dd1du64;
         let inputs: Vec<Vec<u8>> = (0..HASH_MEASURE_INPUTS)
-            .map(|_| {
-                (0..HASH_MEASURE_BYTES)
-                    .map(|_| {
-                        state ^= state << 13;
-                        state ^= state >> 7;
-                        state ^= state << 17;
-                        state as u8
-                    })
-                    .collect()
+            .map(|i| {
+                let mut input = vec![0u8; HASH_MEASURE_BYTES];
+                fill_pseudo_random(&mut input, 0x2545_f491_4f6c_dd1d + i as u64);
+                input
             })
             .collect();
         let inputs: Vec<&[u8]> = inputs.iter().map(|i| &i[..]).collect();

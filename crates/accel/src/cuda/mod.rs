@@ -408,6 +408,19 @@ unsafe fn copy_2d(from: Side, to: Side, width: usize, rows: usize, stream: sys::
         .map_err(driver)
 }
 
+/// Fills `bytes` with a fixed pseudo-random sequence from `seed`
+/// (xorshift64), for measurements: random enough that no kernel or cache
+/// sees zeros, and the same every run.
+pub(crate) fn fill_pseudo_random(bytes: &mut [u8], seed: u64) {
+    let mut state = seed | 1;
+    for word in bytes.chunks_mut(8) {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        word.copy_from_slice(&state.to_le_bytes()[..word.len()]);
+    }
+}
+
 /// Splits `count` stripes of `stripe_bytes` into pieces of at most
 /// [`PIECE_BYTES`] (at least one stripe each): (first stripe, stripes).
 pub(crate) fn pieces(count: usize, stripe_bytes: usize) -> Vec<(usize, usize)> {

@@ -646,25 +646,9 @@ fn stripes_laid_end_to_end_in_lent_memory_seal_as_the_cpu_does() {
         let lent = unsafe { std::slice::from_raw_parts_mut(at.as_ptr(), bytes) };
         rng.fill(&mut lent[..]);
         let mut expected = lent.to_vec();
-        let mut jobs: Vec<SealJob> = expected
-            .chunks_mut(stripe)
-            .map(|s| {
-                let (data, parity) = s.split_at_mut(k * c);
-                SealJob { data, parity }
-            })
-            .collect();
-        let leaves_cpu = cpu.seal(&shape, &mut jobs).unwrap();
-        drop(jobs);
+        let leaves_cpu = cpu.seal(&shape, &mut crate::seal_jobs(&shape, &mut expected)).unwrap();
         let before = gpu.direct_stripes();
-        let mut jobs: Vec<SealJob> = lent
-            .chunks_mut(stripe)
-            .map(|s| {
-                let (data, parity) = s.split_at_mut(k * c);
-                SealJob { data, parity }
-            })
-            .collect();
-        let leaves_gpu = gpu.seal(&shape, &mut jobs).unwrap();
-        drop(jobs);
+        let leaves_gpu = gpu.seal(&shape, &mut crate::seal_jobs(&shape, lent)).unwrap();
         assert_eq!(gpu.direct_stripes() - before, stripes as u64);
         assert!(
             lent[..] == expected[..],
