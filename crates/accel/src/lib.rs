@@ -31,6 +31,7 @@ pub mod batch;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod lend;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

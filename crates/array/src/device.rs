@@ -81,11 +81,6 @@ impl AlignedBuf {
         }
     }
 
-    /// Whether the buffer is memory an accelerator lent.
-    pub fn is_lent(&self) -> bool {
-        self.lent
-    }
-
     fn layout(len: usize) -> Layout {
         Layout::from_size_align(len, IO_ALIGN).expect("buffer sizes are far below isize::MAX")
     }

@@ -661,6 +661,12 @@ mod tests {
     use super::*;
     use crate::map::{Delta, Target};
     use crate::slot_set::SLOT_PAGE;
+
+    #[test]
+    fn a_used_slot_costs_32_bytes_of_ram() {
+        // docs/ENGINE.md counts the slot table's RAM at scale from this.
+        assert_eq!(std::mem::size_of::<Slot>(), 32);
+    }
     use rand::{Rng, SeedableRng};
     use std::sync::Arc;
 

@@ -778,50 +778,9 @@ fn writers_whose_stripes_and_hashes_are_batched_together_lose_nothing() {
     assert_eq!(report.chunks_bad, 0, "{report:?}");
 }
 
-/// Host memory as a GPU backend lends it, for the seam's test: aligned,
-/// zeroed, at most `limit` bytes lent at once, every range recorded.
-struct Lent {
-    limit: usize,
-    ranges: std::sync::Mutex<std::collections::BTreeMap<usize, usize>>,
-    refused: std::sync::atomic::AtomicU64,
-}
-
-impl Lent {
-    fn holds(&self, bytes: &[u8]) -> bool {
-        let at = bytes.as_ptr() as usize;
-        let ranges = self.ranges.lock().unwrap();
-        ranges
-            .range(..=at)
-            .next_back()
-            .is_some_and(|(&start, &len)| at + bytes.len() <= start + len)
-    }
-}
-
-impl tessera_accel::HostMemory for Lent {
-    fn alloc(&self, bytes: usize) -> Option<std::ptr::NonNull<u8>> {
-        let mut ranges = self.ranges.lock().unwrap();
-        if ranges.values().sum::<usize>() + bytes > self.limit {
-            self.refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            return None;
-        }
-        let layout = std::alloc::Layout::from_size_align(bytes, tessera_accel::HOST_MEMORY_ALIGN).unwrap();
-        let ptr = std::ptr::NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })?;
-        ranges.insert(ptr.as_ptr() as usize, bytes);
-        Some(ptr)
-    }
-
-    unsafe fn free(&self, ptr: std::ptr::NonNull<u8>, bytes: usize) {
-        let lent = self.ranges.lock().unwrap().remove(&(ptr.as_ptr() as usize));
-        assert_eq!(lent, Some(bytes), "given back exactly what was lent, once");
-        let layout = std::alloc::Layout::from_size_align(bytes, tessera_accel::HOST_MEMORY_ALIGN).unwrap();
-        unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
-    }
-
-    fn lent(&self) -> (u64, u64) {
-        let ranges = self.ranges.lock().unwrap();
-        (ranges.len() as u64, ranges.values().sum::<usize>() as u64)
-    }
-}
+/// Memory lent as a GPU backend lends it (bounded, each range recorded),
+/// from plain aligned memory.
+type Lent = tessera_accel::lend::Lender<tessera_accel::lend::Aligned>;
 
 /// The CPU backend, lending `Lent` memory and counting the stripes it is
 /// asked to seal that lie wholly in it (data and parity) and those that do not.
@@ -842,7 +801,7 @@ impl tessera_accel::Accelerator for Lending {
         jobs: &mut [tessera_accel::SealJob<'_>],
     ) -> Result<Vec<tessera_accel::Leaves>, tessera_accel::AccelError> {
         for job in jobs.iter() {
-            let counter = if self.memory.holds(job.data) && self.memory.holds(job.parity) {
+            let counter = if self.memory.block(job.data).is_some() && self.memory.block(job.parity).is_some() {
                 &self.in_lent
             } else {
                 &self.plain
@@ -886,11 +845,7 @@ fn stripes_are_built_in_the_memory_the_accelerator_lends_and_all_of_it_is_given_
     let lending = |limit: usize| {
         Arc::new(Lending {
             cpu: tessera_accel::cpu::Cpu::new(2),
-            memory: Arc::new(Lent {
-                limit,
-                ranges: Default::default(),
-                refused: Default::default(),
-            }),
+            memory: Arc::new(Lent::new(tessera_accel::lend::Aligned, limit, 0)),
             in_lent: Default::default(),
             plain: Default::default(),
         })
@@ -922,7 +877,7 @@ fn stripes_are_built_in_the_memory_the_accelerator_lends_and_all_of_it_is_given_
             accel.plain.load(std::sync::atomic::Ordering::Relaxed),
         );
         assert!(in_lent > 0, "stripes built in lent memory: {in_lent} (plain {plain})");
-        let refused = accel.memory.refused.load(std::sync::atomic::Ordering::Relaxed);
+        let refused = accel.memory.refused();
         if round == 0 {
             assert!(
                 refused > 0 && plain > 0,

@@ -64,11 +64,10 @@ fn print_kv_spaces(kv: &api::KvSpaces) {
     println!("KV spaces: {}", kv.spaces.len());
     for s in &kv.spaces {
         let phase = match &s.phase {
+            tessera_kv::Phase::Open => "open".to_string(),
+            tessera_kv::Phase::Sorting => "sorting".to_string(),
             tessera_kv::Phase::Indexing(field) => format!("indexing {field}"),
-            phase => serde_json::to_value(phase)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default(),
+            tessera_kv::Phase::Ready => "ready".to_string(),
         };
         let sorted = s.sorted.map_or(String::new(), |n| format!(", {n} sorted"));
         let work = s.progress.as_ref().map_or(String::new(), |p| {

@@ -77,18 +77,25 @@ fn serve(dir: &Path, extra: &[&str]) -> (Server, String) {
     (Server(child), address)
 }
 
-fn stop(mut server: Server) {
-    let child = &mut server.0;
-    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+/// How `child` exited, if it did within about 10 s (killed otherwise).
+fn exited_within_10s(child: &mut Child) -> Option<std::process::ExitStatus> {
     for _ in 0..400 {
         if let Ok(Some(status)) = child.try_wait() {
-            assert!(status.success(), "tessera serve exited with {status}");
-            return;
+            return Some(status);
         }
         std::thread::sleep(Duration::from_millis(25));
     }
     let _ = child.kill();
-    panic!("tessera serve did not stop on SIGTERM");
+    None
+}
+
+fn stop(mut server: Server) {
+    let child = &mut server.0;
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    match exited_within_10s(child) {
+        Some(status) => assert!(status.success(), "tessera serve exited with {status}"),
+        None => panic!("tessera serve did not stop on SIGTERM"),
+    }
 }
 
 fn create(dir: &Path, device_size: &str) {
@@ -243,17 +250,7 @@ fn a_token_guards_the_kv_spaces_and_one_is_required_beyond_loopback() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut exited = None;
-    for _ in 0..100 {
-        exited = child.try_wait().unwrap();
-        if exited.is_some() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    if exited.is_none() {
-        child.kill().unwrap();
-    }
+    let exited = exited_within_10s(&mut child);
     let out = child.wait_with_output().unwrap();
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(

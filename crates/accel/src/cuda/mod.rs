@@ -316,10 +316,8 @@ pub(crate) struct Direct {
 pub(crate) struct Run {
     pub first: usize,
     pub count: usize,
-    /// The first stripe's (input, output) addresses.
-    pub direct: Option<(usize, usize)>,
-    /// Its allocations.
-    pub blocks: (usize, usize),
+    /// Where the first stripe lies, if it is copied in place.
+    pub direct: Option<Direct>,
     pub in_stride: usize,
     pub out_stride: usize,
 }
@@ -327,19 +325,20 @@ pub(crate) struct Run {
 /// The largest pitch a 2D copy is given (the driver's limit is larger).
 const PITCH_MAX: usize = 1 << 30;
 
-/// Cuts a piece's stripes into [`Run`]s. `bytes` is the most either
-/// copy moves per stripe: strides below it (overlapping rows) or above
-/// [`PITCH_MAX`] end a run.
-pub(crate) fn strided_runs(direct: &[Option<Direct>], bytes: usize) -> Vec<Run> {
+/// Cuts a piece's stripes into [`Run`]s. `(in_bytes, out_bytes)` are
+/// what each copy moves per stripe: a stride below it (overlapping rows)
+/// or above [`PITCH_MAX`] ends a run.
+pub(crate) fn strided_runs(direct: &[Option<Direct>], (in_bytes, out_bytes): (usize, usize)) -> Vec<Run> {
     let mut runs: Vec<Run> = Vec::new();
     for (s, &d) in direct.iter().enumerate() {
-        if let (Some(run), Some(Direct { input, output, blocks })) = (runs.last_mut(), d) {
-            if let (Some((first_in, first_out)), true) = (run.direct, run.blocks == blocks) {
-                let (in_stride, out_stride) = (input.wrapping_sub(first_in), output.wrapping_sub(first_out));
-                let fits = |stride: usize| (bytes.max(1)..=PITCH_MAX).contains(&stride);
+        if let (Some(run), Some(this)) = (runs.last_mut(), d) {
+            if let Some(first) = run.direct.filter(|first| first.blocks == this.blocks) {
+                let in_stride = this.input.wrapping_sub(first.input);
+                let out_stride = this.output.wrapping_sub(first.output);
+                let fits = |stride: usize, bytes: usize| (bytes.max(1)..=PITCH_MAX).contains(&stride);
                 let next = run.first + run.count == s;
                 let strided = if run.count == 1 {
-                    fits(in_stride) && fits(out_stride)
+                    fits(in_stride, in_bytes) && fits(out_stride, out_bytes)
                 } else {
                     in_stride == run.in_stride * run.count && out_stride == run.out_stride * run.count
                 };
@@ -355,8 +354,7 @@ pub(crate) fn strided_runs(direct: &[Option<Direct>], bytes: usize) -> Vec<Run> 
         runs.push(Run {
             first: s,
             count: 1,
-            direct: d.map(|d| (d.input, d.output)),
-            blocks: d.map_or((0, 0), |d| d.blocks),
+            direct: d,
             in_stride: 0,
             out_stride: 0,
         });
@@ -506,7 +504,7 @@ impl Cuda {
         }
         Ok(Cuda {
             device: format!("{name}, sm_{major}{minor}"),
-            pinned: Arc::new(pinned::Pinned::new(ctx.clone(), pinned::Pinned::limit_from_env())),
+            pinned: Arc::new(pinned::lender(ctx.clone(), pinned::limit_from_env())),
             direct_stripes: Default::default(),
             choices: Default::default(),
             ctx,
@@ -548,11 +546,6 @@ impl Cuda {
     /// memory, without packing.
     pub fn direct_stripes(&self) -> u64 {
         self.direct_stripes.load(Ordering::Relaxed)
-    }
-
-    /// The page-locked memory this backend lends.
-    pub fn pinned(&self) -> &Arc<pinned::Pinned> {
-        &self.pinned
     }
 
     /// Gives the GPU up after `error`; later work goes to the CPU.
@@ -873,6 +866,10 @@ impl Cuda {
                         .for_each(|((slots, job), _)| pack(job, slots))
                 });
                 let any_direct = piece_direct.iter().any(Option::is_some);
+                let in_bytes = plan.copy_in * layout.slot;
+                let out_bytes = outputs.first().map_or(0, |&(_, count)| count * layout.slot);
+                // Cut once: the copies in and out go by the same runs.
+                let runs = strided_runs(piece_direct, (in_bytes, out_bytes));
                 for (w, word) in plan.params.iter().enumerate() {
                     host[layout.params + 4 * w..][..4].copy_from_slice(&word.to_le_bytes());
                 }
@@ -890,10 +887,10 @@ impl Cuda {
                         if plan.copy_in == width && !any_direct {
                             cu::memcpy_htod_async(device, &host[..layout.params], cs).map_err(driver)?;
                         } else {
-                            let bytes = plan.copy_in * layout.slot;
-                            for run in strided_runs(piece_direct, bytes) {
+                            let bytes = in_bytes;
+                            for run in &runs {
                                 let at = layout.chunk(run.first, 0);
-                                match run.direct {
+                                match run.direct.map(|d| d.input) {
                                     None => {
                                         cu::memcpy_htod_async(device + at as u64, &host[at..at + bytes], cs)
                                             .map_err(driver)?;
@@ -901,11 +898,11 @@ impl Cuda {
                                     // SAFETY: `direct` named each job's input, `bytes`
                                     // long (slots are chunks), borrowed for this call;
                                     // a run's inputs lie `stride` apart.
-                                    Some((input, _)) if run.count == 1 => {
+                                    Some(input) if run.count == 1 => {
                                         let from = std::slice::from_raw_parts(input as *const u8, bytes);
                                         cu::memcpy_htod_async(device + at as u64, from, cs).map_err(driver)?;
                                     }
-                                    Some((input, _)) => copy_2d(
+                                    Some(input) => copy_2d(
                                         Side::Host(input, run.in_stride),
                                         Side::Device(device + at as u64, stripe_slots),
                                         bytes,
@@ -922,20 +919,19 @@ impl Cuda {
                     }
                     unsafe {
                         let stripe_slots = width * layout.slot;
-                        let out_bytes = outputs.first().map_or(0, |&(_, count)| count * layout.slot);
-                        for run in strided_runs(piece_direct, out_bytes) {
+                        for run in &runs {
                             for &(j, count) in &outputs {
                                 let at = layout.chunk(run.first, j);
                                 let bytes = count * layout.slot;
-                                match run.direct {
+                                match run.direct.map(|d| d.output) {
                                     None => cu::memcpy_dtoh_async(&mut host[at..at + bytes], device + at as u64, cs)
                                         .map_err(driver)?,
                                     // SAFETY: as for the input; the output is one run.
-                                    Some((_, output)) if run.count == 1 => {
+                                    Some(output) if run.count == 1 => {
                                         let into = std::slice::from_raw_parts_mut(output as *mut u8, bytes);
                                         cu::memcpy_dtoh_async(into, device + at as u64, cs).map_err(driver)?;
                                     }
-                                    Some((_, output)) => copy_2d(
+                                    Some(output) => copy_2d(
                                         Side::Device(device + at as u64, stripe_slots),
                                         Side::Host(output, run.out_stride),
                                         bytes,
