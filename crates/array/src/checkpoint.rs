@@ -61,18 +61,18 @@
 use crate::engine::{Index, Resident, Shared};
 use crate::error::ArrayError;
 use crate::format::{
-    self, Checkpoint, CheckpointRef, ImagePiece, MapCounts, MapImages, MapStripe, PageImage, Stream,
-    CHECKPOINT_SLOTS_MAX,
+    self, Checkpoint, CheckpointRef, ImagePiece, MapImages, MapStripe, PageImage, Stream, CHECKPOINT_SLOTS_MAX,
 };
 use crate::limits::MAP_DIRECTORY_PAGES;
 use crate::limits::{
     CHECKPOINT_IMAGE_BYTES_PER_LOCK, CHECKPOINT_PAGES_COST_DIVISOR, CHECKPOINT_ROOTS_PER_PAGES_MAX,
-    CHECKPOINT_WINDOW_DIVISOR, CHECKPOINT_WINDOW_MAX, CHECKPOINT_WINDOW_MIN, MAP_STRIPES_PER_NEEDED,
+    CHECKPOINT_SLOT_PAGES_PER_LOCK, CHECKPOINT_WINDOW_DIVISOR, CHECKPOINT_WINDOW_MAX, CHECKPOINT_WINDOW_MIN,
+    MAP_STRIPES_PER_NEEDED,
 };
 use crate::map::directory::NewDir;
 use crate::map::directory::{dir_of, Images};
 use crate::map::DirUpdate;
-use crate::slots::SlotState;
+use crate::slots::{SlotState, TakenPages};
 use crate::status::Counters;
 use crate::stripe::OpenStripe;
 use std::collections::{BTreeMap, BTreeSet};
@@ -94,11 +94,13 @@ pub(crate) struct Durable {
 pub(crate) struct SincePages {
     /// The sequence the pages are as of.
     pub sequence: u64,
-    /// The next write version and the slot table's counts then.
+    /// The next write version and the volumes' counts then (the slot
+    /// table's are in its durable pages, taken with the map's).
     pub next_version: u64,
-    pub counts: MapCounts,
-    /// That checkpoint's live stripes: its pages point nowhere else.
-    pub stripes: Vec<(u64, u64)>,
+    pub volumes: Vec<(u64, u128)>,
+    /// The stripes its root listed as sealed since its pages were taken
+    /// (those open then that its pages count in are among them).
+    pub resealed: Vec<(u64, u64)>,
     /// Every slot a stripe newer than `sequence` may be in: the windows
     /// of the roots since.
     pub replay: BTreeSet<u64>,
@@ -111,8 +113,10 @@ pub(crate) struct SincePages {
 /// What a checkpoint takes under one hold of the index (step 1): its
 /// window, the dirty pages (whose images the map keeps as they are
 /// now), the clean pages whose images move out of sparse map stripes,
-/// and the next write version and the slot table's counts as of then
-/// (`None` for a root alone, which names the last pages' again).
+/// the slot table's changed durable pages (and those in sparse map
+/// stripes) as they are then, and the next write version and the
+/// volumes' counts as of then (`None` for a root alone, which names the
+/// last pages' again).
 struct Taken {
     window: BTreeSet<u64>,
     dirty: BTreeSet<u64>,
@@ -123,15 +127,18 @@ struct Taken {
     /// Each map stripe's live bytes once the pages and directory pages
     /// written have left it.
     live: BTreeMap<u64, u64>,
-    as_of: Option<(u64, MapCounts)>,
+    /// The slot table's pages being copied (`None` for a root alone).
+    slot_pages: Option<BTreeSet<u64>>,
+    as_of: Option<(u64, Vec<(u64, u128)>)>,
 }
 
 /// The images in the map stripes a checkpoint empties (`Shared::images_in`):
-/// pages (with their image), and directory pages.
+/// pages (with their image), directory pages and slot pages.
 #[derive(Default)]
 struct InStripes {
     pages: BTreeMap<u64, Arc<PageImage>>,
     dirs: BTreeSet<u64>,
+    slot_pages: BTreeSet<u64>,
 }
 
 /// The pages' images, copied (step 2) and compressed as stored: their
@@ -143,11 +150,13 @@ struct Copied {
 }
 
 /// What a checkpoint writes (steps 1 and 2): the pages' images copied,
-/// the directory pages that name them, and what each map stripe keeps
-/// once the images these replace have left it.
+/// the directory pages that name them, the slot table's pages taken
+/// (`None` for a root alone), and what each map stripe keeps once the
+/// images these replace have left it.
 struct Changes<'a> {
     copied: &'a Copied,
     dirs: &'a BTreeSet<u64>,
+    slot_pages: Option<&'a TakenPages>,
     live: BTreeMap<u64, u64>,
 }
 
@@ -157,6 +166,14 @@ struct Changes<'a> {
 struct DirWrite {
     dir: u64,
     old: (u64, u64),
+    range: Option<Range<usize>>,
+}
+
+/// A slot table page a checkpoint writes: its entries, and where its
+/// image goes in the run of images (`None`: it lists no slot any more).
+struct SlotPageWrite<'a> {
+    page: u64,
+    entries: &'a [format::SlotEntry],
     range: Option<Range<usize>>,
 }
 
@@ -183,8 +200,9 @@ impl Shared {
     /// Slots the next checkpoint may need, and one more for it to be
     /// written beside the durable one: every page's image at the worst
     /// its entries can cost (each with its own record words, the most a
-    /// record has), and a root listing every used slot, a window as large
-    /// as the array and a piece for each image and stripe boundary. The
+    /// record has), every slot table page listing a used slot, and a root
+    /// listing every used slot, a window as large as the array and a
+    /// piece for each image and stripe boundary. The
     /// reserve the last checkpoint's size gave was too small once the map
     /// fragmented after it (a compact map, then random overwrites: a
     /// checkpoint of 7 slots against a reserve of 2), and writes filled
@@ -204,16 +222,19 @@ impl Shared {
         let page_stripes = page_images.div_ceil(per_stripe);
         let dir_images = format::directory_image_bytes(g.checksum, pages, pages + page_stripes)
             + dirs * format::directory_image_bytes(g.checksum, 0, 0);
-        let image_stripes = (page_images + dir_images).div_ceil(per_stripe);
+        // Every slot table page that lists a slot written.
         let used = index.slots.count() as usize - index.slots.free_count();
+        let slot_pages = used.min(index.slots.count().div_ceil(crate::limits::SLOT_TABLE_PAGE_SLOTS) as usize);
+        let slot_images = slot_pages * format::slot_page_image_bytes(0) + format::slot_page_image_bytes(used);
+        let image_stripes = (page_images + dir_images + slot_images).div_ceil(per_stripe);
         let root = format::checkpoint_bytes(
             g.checksum,
             used,
             index.slots.count() as usize,
             used + image_stripes,
-            dirs,
-            dirs + image_stripes,
-            (used, crate::volume::VOLUME_COUNT_MAX),
+            dirs + slot_pages,
+            dirs + slot_pages + image_stripes,
+            crate::volume::VOLUME_COUNT_MAX,
         );
         image_stripes
             + checkpoint_stripes(g.checksum, per_stripe, root).map_or(0, |(body, directory)| body + directory)
@@ -326,11 +347,20 @@ impl Shared {
             moved,
             dirs,
             live,
+            slot_pages,
             as_of,
         } = taken;
+        let slot_pages = slot_pages.map(|_| self.copy_slot_pages());
+        let give_back_pages = || {
+            let mut index = self.index_mut();
+            index.map.mark_dirty(dirty.iter().copied());
+            if let Some(taken) = &slot_pages {
+                index.slots.give_back_pages(taken);
+            }
+        };
         let give_back = |error: ArrayError| {
             self.end_restriction();
-            self.index_mut().map.mark_dirty(dirty.iter().copied());
+            give_back_pages();
             Err(error)
         };
         let copied = match self.copy_pages(&dirty, &moved) {
@@ -345,46 +375,53 @@ impl Shared {
                 return give_back(error);
             }
         }
-        // Every stripe a page's image may point into: no slot is freed
-        // while the checkpoint is taken, so each is still sealed or
-        // draining (a page left alone points only where the map did when
-        // its image was taken: with a root alone, where the last pages'
+        // Every stripe a page's image may point into is in the slot
+        // table's pages as they were taken with the map's (no slot is
+        // freed while the checkpoint is taken), or was sealed since: the
+        // root names those too. A stripe may be open when the pages are
+        // taken and hold a sequence older than the root's (assigned
+        // before, sealed after); opening after a clean stop replays
+        // nothing and must find it listed. A root alone names the last
+        // pages' again, with the stripes sealed since those were taken
+        // that are still there (a page left alone points only where the
+        // map did when its image was taken: where the last pages'
         // checkpoint said, or where the slot's newer stripe is now).
-        let mut stripes: BTreeMap<u64, u64> = self
-            .index()
-            .slots
-            .iter()
-            .filter(|(_, s)| matches!(s.state, SlotState::Sealed | SlotState::Draining))
-            .map(|(slot, s)| (slot, s.sequence))
-            .collect();
-        let (sequence, replay, (next_version, counts)) = match (as_of, durable.since.as_ref()) {
+        let mut resealed: BTreeMap<u64, u64> = self.index().slots.resealed().into_iter().collect();
+        let (sequence, replay, (next_version, volumes)) = match (as_of, durable.since.as_ref()) {
             (Some(as_of), _) => (start, BTreeSet::new(), as_of),
             (None, Some(since)) => {
-                for &(slot, sequence) in &since.stripes {
-                    stripes.entry(slot).or_insert(sequence);
+                // Those the pages' root listed, some since freed: the
+                // pages may count in them.
+                for &(slot, sequence) in &since.resealed {
+                    resealed.entry(slot).or_insert(sequence);
                 }
-                let as_of = (since.next_version, since.counts.clone());
+                let as_of = (since.next_version, since.volumes.clone());
                 (since.sequence, since.replay.clone(), as_of)
             }
             (None, None) => unreachable!("a root alone names pages written before"),
         };
+        let resealed: Vec<(u64, u64)> = resealed.into_iter().collect();
         let checkpoint = Checkpoint {
             sequence,
             next_version,
-            stripes: stripes.into_iter().collect(),
+            resealed,
             window: Vec::new(),
             images: MapImages::default(),
-            counts,
+            volumes,
         };
         let changes = Changes {
             copied: &copied,
             dirs: &dirs,
+            slot_pages: slot_pages.as_ref(),
             live,
         };
         match self.write_checkpoint(checkpoint, &mut window, replay, &durable.images, changes) {
             Ok(Some(written)) => {
                 let synced = self.tracker.lock().synced_through;
                 let mut index = self.index_mut();
+                for (page, entries) in slot_pages.iter().flat_map(|taken| &taken.pages) {
+                    index.slots.page_durable(*page, entries);
+                }
                 index.slots.set_window(Some(window.clone()));
                 index.slots.release_drained(synced);
                 let old = std::mem::replace(&mut index.checkpoint_slots, written.root_slots);
@@ -409,8 +446,8 @@ impl Shared {
                         durable.since = Some(SincePages {
                             sequence: root.sequence,
                             next_version: root.next_version,
-                            counts: root.counts,
-                            stripes: root.stripes,
+                            volumes: root.volumes,
+                            resealed: root.resealed,
                             replay: written.replay,
                             roots: 0,
                             user_bytes,
@@ -422,7 +459,7 @@ impl Shared {
             }
             Ok(None) => {
                 self.end_restriction();
-                self.index_mut().map.mark_dirty(dirty.iter().copied());
+                give_back_pages();
                 Ok(None)
             }
             Err(error) => give_back(error),
@@ -450,6 +487,12 @@ impl Shared {
             return Ok(found);
         }
         let in_sparse = |image: &PageImage| image.pieces.iter().any(|piece| sparse.contains(&piece.slot));
+        found.slot_pages = images
+            .slot_pages
+            .iter()
+            .filter(|(_, image)| in_sparse(image))
+            .map(|(&page, _)| page)
+            .collect();
         for (&dir, own) in &images.dirs {
             if in_sparse(own) {
                 found.dirs.insert(dir);
@@ -484,8 +527,9 @@ impl Shared {
         // them before they are; the counts are what they add up to.
         let as_of = pages.then(|| {
             index.map.begin_snapshot(&dirty);
-            (index.next_version, index.slots.counts())
+            (index.next_version, index.slots.volumes())
         });
+        let slot_pages = pages.then(|| index.slots.begin_snapshot(&in_sparse.slot_pages));
         // What the pages written replace, and the directory pages that
         // name them (a changed page's is in memory: `Map::evict`).
         let mut old: BTreeMap<u64, Option<Arc<PageImage>>> = dirty
@@ -496,10 +540,15 @@ impl Shared {
         let mut dirs = in_sparse.dirs;
         dirs.extend(old.keys().map(|&page| dir_of(page)));
         // The map stripes this checkpoint empties.
+        let slot_pages_replaced = slot_pages
+            .iter()
+            .flatten()
+            .filter_map(|page| images.slot_pages.get(page));
         let replaced = old
             .values()
             .flatten()
-            .chain(dirs.iter().filter_map(|dir| images.dirs.get(dir)));
+            .chain(dirs.iter().filter_map(|dir| images.dirs.get(dir)))
+            .chain(slot_pages_replaced);
         for image in replaced {
             for piece in &image.pieces {
                 *live.get_mut(&piece.slot).expect("a piece is in a listed map stripe") -= u64::from(piece.bytes);
@@ -556,6 +605,7 @@ impl Shared {
             moved,
             dirs,
             live,
+            slot_pages,
             as_of,
         }
     }
@@ -571,6 +621,14 @@ impl Shared {
             picked.extend(slots().filter(|&s| !self.all_healthy(s)).take(wanted));
         }
         picked
+    }
+
+    /// Step 2 for the slot table: the pages taken, as they were then,
+    /// copied some per hold of the index (each changed before it is
+    /// copied is copied before it changes).
+    fn copy_slot_pages(&self) -> TakenPages {
+        while !self.index_mut().slots.copy_snapshot(CHECKPOINT_SLOT_PAGES_PER_LOCK) {}
+        self.index_mut().slots.end_snapshot()
     }
 
     /// Step 2: the images of the pages `dirty` names, as they were when
@@ -630,8 +688,10 @@ impl Shared {
         let Changes {
             copied,
             dirs: touched,
+            slot_pages: taken_slot_pages,
             mut live,
         } = changes;
+        let root_alone = taken_slot_pages.is_none();
         // The images as one run of bytes over `image_stripes` stripes,
         // each cut where a stripe ends: the pages' (as copied), then the
         // directory pages'. Their pieces name a stripe by its number
@@ -699,6 +759,23 @@ impl Shared {
             });
             dirs.push(DirWrite { dir, old, range });
         }
+        // Then the slot table's pages taken, each where it goes.
+        let slot_pages: Vec<SlotPageWrite> = taken_slot_pages
+            .iter()
+            .flat_map(|taken| &taken.pages)
+            .map(|(page, entries)| {
+                let range = (!entries.is_empty()).then(|| {
+                    let bytes = format::slot_page_image_bytes(entries.len());
+                    at += bytes;
+                    at - bytes..at
+                });
+                SlotPageWrite {
+                    page: *page,
+                    entries,
+                    range,
+                }
+            })
+            .collect();
         let run_bytes = at;
         let image_stripes = run_bytes.div_ceil(per_stripe);
         let emptied: Vec<u64> = live.iter().filter(|&(_, &b)| b == 0).map(|(&slot, _)| slot).collect();
@@ -710,21 +787,32 @@ impl Shared {
         // sequence may be in either.
         replay.extend(window.iter().copied());
         checkpoint.window = replay.iter().copied().collect();
-        let kept_dirs = durable.dirs.iter().filter(|(dir, _)| !touched.contains(dir));
-        let new_dirs = dirs.iter().filter_map(|d| d.range.clone());
-        let dir_count = kept_dirs.clone().count() + new_dirs.clone().count();
-        let dir_pieces = kept_dirs.map(|(_, image)| image.pieces.len()).sum::<usize>()
-            + new_dirs.map(|range| place(range).len()).sum::<usize>();
+        // What the root names: the directory pages and slot pages left
+        // alone, and those written.
+        let written_slot_pages: BTreeSet<u64> = slot_pages.iter().map(|w| w.page).collect();
+        let kept = durable.dirs.iter().filter(|(dir, _)| !touched.contains(dir)).chain(
+            durable
+                .slot_pages
+                .iter()
+                .filter(|(page, _)| !written_slot_pages.contains(page)),
+        );
+        let new = dirs
+            .iter()
+            .filter_map(|d| d.range.clone())
+            .chain(slot_pages.iter().filter_map(|w| w.range.clone()));
+        let named = kept.clone().count() + new.clone().count();
+        let named_pieces = kept.map(|(_, image)| image.pieces.len()).sum::<usize>()
+            + new.map(|range| place(range).len()).sum::<usize>();
         let map_stripes = live.len() + image_stripes;
         let root_bytes = |checkpoint: &Checkpoint| {
             format::checkpoint_bytes(
                 algorithm,
-                checkpoint.stripes.len(),
+                checkpoint.resealed.len(),
                 checkpoint.window.len(),
                 map_stripes,
-                dir_count,
-                dir_pieces,
-                (checkpoint.counts.slots.len(), checkpoint.counts.volumes.len()),
+                named,
+                named_pieces,
+                checkpoint.volumes.len(),
             )
         };
         let Some((body, directory)) = checkpoint_stripes(algorithm, per_stripe, root_bytes(&checkpoint)) else {
@@ -737,13 +825,17 @@ impl Shared {
             // slot drains free while allocation is restricted), so one in
             // the window may be taken (it then leaves the window).
             // Outside the window first, on healthy members first.
-            // Nor one the root lists as live: a root alone lists the slots
-            // the pages pointed into, some since freed (replay moves their
-            // blocks to where they are now).
+            // Nor one the root lists as live: a root alone names the
+            // slot pages that listed the slots the pages pointed into,
+            // some since freed (replay moves their blocks to where they
+            // are now). (A free slot is in no page a checkpoint writes,
+            // and freeing a slot changes its page.)
             let mut free: Vec<u64> = Vec::with_capacity(count);
             let window: &BTreeSet<u64> = window;
-            let live = &checkpoint.stripes;
-            let listed = move |s: u64| live.binary_search_by_key(&s, |&(slot, _)| slot).is_ok();
+            let resealed = &checkpoint.resealed;
+            let listed = |s: u64| {
+                (root_alone && index.slots.listed(s)) || resealed.binary_search_by_key(&s, |&(slot, _)| slot).is_ok()
+            };
             for in_window in [false, true] {
                 let wanted = count - free.len();
                 let more = self.healthy_first(
@@ -809,6 +901,7 @@ impl Shared {
         let mut images = MapImages {
             stripes: BTreeMap::new(),
             dirs: durable.dirs.clone(),
+            slot_pages: durable.slot_pages.clone(),
             pages: durable.pages,
             page_bytes: durable.page_bytes,
         };
@@ -867,6 +960,25 @@ impl Shared {
                 old,
                 new: Some(new),
             });
+        }
+        for SlotPageWrite { page, entries, range } in slot_pages {
+            let Some(range) = range else {
+                images.slot_pages.remove(&page);
+                continue;
+            };
+            let encoded = format::encode_slot_page_image(page, entries);
+            assert_eq!(
+                (run.len(), encoded.len()),
+                (range.start, range.len()),
+                "slot page {page} as sized"
+            );
+            let image = PageImage {
+                bytes: encoded.len() as u32,
+                digest: algorithm.digest(&encoded),
+                pieces: with_slots(place(range)),
+            };
+            run.extend_from_slice(&encoded);
+            images.slot_pages.insert(page, Arc::new(image));
         }
         assert_eq!(run.len(), run_bytes);
         let first = self.tracker.assign_many(meta.len());

@@ -180,6 +180,8 @@ pub enum CheckpointFault {
     ListedTwice { slot: u64 },
     #[error("it counts live data in slot {slot}, which is {state:?}")]
     CountsUnsealed { slot: u64, state: SlotState },
+    #[error("its slot table page {page} cannot be read: {source}")]
+    SlotPage { page: u64, source: Box<ArrayError> },
     #[error("it maps block {lba} into slot {slot}, which holds a newer stripe")]
     Stale { lba: u64, slot: u64 },
 }

@@ -72,7 +72,7 @@ pub const CHECKPOINT_MAGIC: [u8; 8] = *b"TSRCHKPT";
 /// a checkpoint directory, which version 5 has as fields). Version 2
 /// added the version of the write to every record, a CRC32C per 4 KiB
 /// block to raw extents. Arrays of any other version are refused by it.
-pub const FORMAT_VERSION: u32 = 8;
+pub const FORMAT_VERSION: u32 = 9;
 /// The CRC32C of a sector covers its first 4092 bytes and sits in the last 4.
 const CRC_OFFSET: usize = SECTOR_BYTES - 4;
 
@@ -931,33 +931,141 @@ pub struct MapStripe {
 }
 
 /// The map's durable pages, as the root names them: the map stripes that
-/// hold images, and where each directory page's image is (a directory
+/// hold images, where each directory page's image is (a directory
 /// page says where the images of `MAP_DIRECTORY_PAGES` map pages are:
-/// `encode_directory_image`), with what the directory names in all.
+/// `encode_directory_image`), with what the directory names in all, and
+/// where each page of the slot table's durable form is
+/// (`encode_slot_page_image`).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MapImages {
     pub stripes: std::collections::BTreeMap<u64, MapStripe>,
     /// Shared with the map, which keeps an evicted directory page as its image.
     pub dirs: std::collections::BTreeMap<u64, std::sync::Arc<PageImage>>,
+    /// Slot pages (`SLOT_TABLE_PAGE_SLOTS` slots each) that list a slot.
+    pub slot_pages: std::collections::BTreeMap<u64, std::sync::Arc<PageImage>>,
     /// Map pages the directory names an image of, and those images' stored bytes.
     pub pages: u64,
     pub page_bytes: u64,
 }
 
-/// The slot table's counts as of a checkpoint's pages: what the pages'
-/// mappings add up to, by slot and by volume. Opening takes them as they
-/// are (and replay changes them as it changes the pages), instead of
-/// reading every page to add them up.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct MapCounts {
-    /// Slot, live bytes times LIVE_SCALE, map pieces pointing into it;
-    /// in slot order, none with nothing.
-    pub slots: Vec<(u64, u64, u32)>,
-    /// By volume id: mapped data blocks, stored bytes times LIVE_SCALE.
-    pub volumes: Vec<(u64, u128)>,
+/// A slot as the slot table's durable form lists it: a sealed stripe's
+/// sequence, and the counts as of the checkpoint's pages (live bytes
+/// times LIVE_SCALE, map pieces pointing into it), what the pages'
+/// mappings add up to. Opening takes them as they are (and replay changes
+/// them as it changes the pages), instead of reading every page to add
+/// them up.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlotEntry {
+    pub slot: u64,
+    pub sequence: u64,
+    pub live: u64,
+    pub pieces: u32,
 }
-const COUNTS_SLOT_BYTES: usize = 20;
 const COUNTS_VOLUME_BYTES: usize = 24;
+
+/// A page of the slot table's durable form: every stripe sealed (or
+/// draining) in `SLOT_TABLE_PAGE_SLOTS` slots when the checkpoint's pages
+/// were taken, and every slot then open that the map's pages point into
+/// (its counts, sequence 0: the root lists its stripe as sealed since).
+///
+/// ```text
+///   0 magic "TSRSLOTP"   8 slot page number u64 (its first slot / SLOT_TABLE_PAGE_SLOTS)
+///  16 entries u32       20 reserved u32
+///  24 entries, in slot order: slot - first slot u32 | map pieces u32 | sequence u64
+///     | live bytes x LIVE_SCALE u64
+/// ```
+///
+/// Stored raw, after a stored image header (codec 0), like a directory
+/// page: a checkpoint sizes it before it knows where it goes.
+pub const SLOT_PAGE_MAGIC: [u8; 8] = *b"TSRSLOTP";
+const SLOT_PAGE_HEADER_BYTES: usize = 24;
+const SLOT_PAGE_ENTRY_BYTES: usize = 24;
+
+/// Stored bytes of a slot page of `entries` entries.
+pub fn slot_page_image_bytes(entries: usize) -> usize {
+    STORED_IMAGE_HEADER_BYTES + SLOT_PAGE_HEADER_BYTES + SLOT_PAGE_ENTRY_BYTES * entries
+}
+
+/// Slot page `page`'s stored image; `entries` are in slot order, in the page.
+pub fn encode_slot_page_image(page: u64, entries: &[SlotEntry]) -> Vec<u8> {
+    let bytes = slot_page_image_bytes(entries.len());
+    let first = page * crate::limits::SLOT_TABLE_PAGE_SLOTS;
+    let mut out = Vec::with_capacity(bytes);
+    out.extend_from_slice(&((bytes - STORED_IMAGE_HEADER_BYTES) as u32).to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&SLOT_PAGE_MAGIC);
+    out.extend_from_slice(&page.to_le_bytes());
+    out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    for e in entries {
+        debug_assert_eq!(e.slot / crate::limits::SLOT_TABLE_PAGE_SLOTS, page);
+        out.extend_from_slice(&((e.slot - first) as u32).to_le_bytes());
+        out.extend_from_slice(&e.pieces.to_le_bytes());
+        out.extend_from_slice(&e.sequence.to_le_bytes());
+        out.extend_from_slice(&e.live.to_le_bytes());
+    }
+    debug_assert_eq!(out.len(), bytes);
+    out
+}
+
+/// The slot page a stored image holds (its digest already matched),
+/// every field checked: its slots in order, in the page and the array,
+/// each with a sequence or pieces, and live bytes only where pieces point.
+pub fn decode_slot_page_image(stored: &[u8], geometry: &Geometry) -> Result<(u64, Vec<SlotEntry>), FormatError> {
+    const WHAT: &str = "slot table page";
+    let field = |field, value: u64| FormatError::Field {
+        what: WHAT,
+        field,
+        value,
+    };
+    let length = || field("length", stored.len() as u64);
+    if stored.len() < STORED_IMAGE_HEADER_BYTES + SLOT_PAGE_HEADER_BYTES
+        || stored[4..8] != [0; 4]
+        || get_u32(stored, 0) as usize != stored.len() - STORED_IMAGE_HEADER_BYTES
+    {
+        return Err(length());
+    }
+    let bytes = &stored[STORED_IMAGE_HEADER_BYTES..];
+    if bytes[..8] != SLOT_PAGE_MAGIC {
+        return Err(FormatError::Magic { what: WHAT });
+    }
+    let per_page = crate::limits::SLOT_TABLE_PAGE_SLOTS;
+    let page = get_u64(bytes, 8);
+    let slots = geometry.slot_count();
+    if page >= slots.div_ceil(per_page) {
+        return Err(field("slot_page", page));
+    }
+    let count = get_u32(bytes, 16) as u64;
+    if count == 0 || count > per_page || get_u32(bytes, 20) != 0 {
+        return Err(field("entries", count));
+    }
+    if bytes.len() != SLOT_PAGE_HEADER_BYTES + SLOT_PAGE_ENTRY_BYTES * count as usize {
+        return Err(length());
+    }
+    let first = page * per_page;
+    let mut entries: Vec<SlotEntry> = Vec::with_capacity(count as usize);
+    for e in bytes[SLOT_PAGE_HEADER_BYTES..].chunks_exact(SLOT_PAGE_ENTRY_BYTES) {
+        let slot = first + u64::from(get_u32(e, 0));
+        let in_order = entries.last().is_none_or(|last| last.slot < slot);
+        if slot >= slots || slot >= first + per_page || !in_order {
+            return Err(field("slot", slot));
+        }
+        let entry = SlotEntry {
+            slot,
+            pieces: get_u32(e, 4),
+            sequence: get_u64(e, 8),
+            live: get_u64(e, 16),
+        };
+        if entry.sequence == 0 && entry.pieces == 0 {
+            return Err(field("sequence", 0));
+        }
+        if entry.pieces == 0 && entry.live != 0 {
+            return Err(field("live", entry.live));
+        }
+        entries.push(entry);
+    }
+    Ok((page, entries))
+}
 
 impl MapImages {
     /// Bytes of images each map stripe holds that are still named.
@@ -965,9 +1073,13 @@ impl MapImages {
         self.stripes.iter().map(|(&slot, s)| (slot, s.live)).collect()
     }
 
-    /// Pieces of the directory pages' images.
+    /// Pieces of the directory pages' and slot pages' images.
     pub fn piece_count(&self) -> usize {
-        self.dirs.values().map(|p| p.pieces.len()).sum()
+        self.dirs
+            .values()
+            .chain(self.slot_pages.values())
+            .map(|p| p.pieces.len())
+            .sum()
     }
 }
 
@@ -1246,30 +1358,32 @@ pub fn checkpoint_bytes(
     stripes: usize,
     window: usize,
     map_stripes: usize,
-    dirs: usize,
+    named: usize,
     pieces: usize,
-    (counted, volumes): (usize, usize),
+    volumes: usize,
 ) -> usize {
     CHECKPOINT_HEADER_BYTES
-        + COUNTS_SLOT_BYTES * counted
         + COUNTS_VOLUME_BYTES * volumes
         + 16 * stripes
         + 8 * window
         + CHECKPOINT_MAP_STRIPE_BYTES * map_stripes
-        + (CHECKPOINT_PAGE_BYTES + algorithm.digest_bytes()) * dirs
+        + (CHECKPOINT_PAGE_BYTES + algorithm.digest_bytes()) * named
         + CHECKPOINT_PIECE_BYTES * pieces
 }
 
-/// A checkpoint: the root of the map as of stripe `sequence`. It lists
-/// every live stripe and its sequence, the window (the slots the array
-/// may write before the next checkpoint: free ones, and live ones garbage
+/// A checkpoint: the root of the map as of stripe `sequence`. It names
+/// the pages of the slot table's durable form (every live stripe and its
+/// sequence, with what the map's pages count in it), the stripes sealed
+/// since those were taken, the window (the slots the array may write
+/// before the next checkpoint: free ones, and live ones garbage
 /// collection is likely to empty first, so recovery reads only their
 /// headers to roll forward), the map stripes, and where each page of the
 /// map's directory is; a directory page says where the images of 512 map
 /// pages are. The images are in map stripes (Meta stripes of their own,
 /// each holding many), written when their page changed: a page left
 /// alone keeps the image an earlier checkpoint wrote, and a directory
-/// page none of whose pages moved keeps its own.
+/// page none of whose pages moved keeps its own; so does a slot page
+/// none of whose slots changed.
 ///
 /// The map may be "fuzzy": its pages copied one by one while writes
 /// went on. Every write in it that is newer than `sequence` is also in a
@@ -1280,16 +1394,17 @@ pub fn checkpoint_bytes(
 /// ```text
 ///   0 magic "TSRCHKPT"   8 version u32   12 reserved u32
 ///  16 sequence u64      24 next write version u64
-///  32 live stripes u64  40 window slots u64   48 map stripes u64   56 directory pages u64
-///  64 counted slots u64 72 counted volumes u64
+///  32 stripes sealed since the slot pages u64   40 window slots u64
+///  48 map stripes u64   56 directory pages u64   64 slot pages u64
+///  72 counted volumes u64
 ///  80 map pages named u64   88 their images' stored bytes u64
-///  96 counted slots: slot u64 | live bytes x LIVE_SCALE u64 | pieces u32
-///     counted volumes: data blocks u64 | stored bytes x LIVE_SCALE u128
-///     live stripes: slot u64 | sequence u64
+///  96 counted volumes: data blocks u64 | stored bytes x LIVE_SCALE u128
+///     stripes sealed since: slot u64 | sequence u64
 ///     window: slot u64
 ///     map stripes: slot u64 | sequence u64 | bytes of named images in it u64
 ///     directory pages: number u64 | image bytes u32 | pieces u32 | digest [D] of the image
 ///            | per piece: map stripe number u32 | offset u32 | bytes u32
+///     slot pages: as directory pages
 /// ```
 ///
 /// Its length and digest are in the superblock, which points to it.
@@ -1297,23 +1412,26 @@ pub fn checkpoint_bytes(
 pub struct Checkpoint {
     pub sequence: u64,
     pub next_version: u64,
-    pub stripes: Vec<(u64, u64)>,
+    /// Stripes sealed since the slot pages were taken (a root alone names
+    /// older ones), newer than what the pages list for their slots.
+    pub resealed: Vec<(u64, u64)>,
     pub window: Vec<u64>,
     pub images: MapImages,
-    /// The slot table's counts as of `sequence`, what the pages add up to.
-    pub counts: MapCounts,
+    /// By volume id, as of `sequence`: mapped data blocks, stored bytes
+    /// times LIVE_SCALE.
+    pub volumes: Vec<(u64, u128)>,
 }
 
 impl Checkpoint {
     pub fn encoded_bytes(&self, algorithm: Algorithm) -> usize {
         checkpoint_bytes(
             algorithm,
-            self.stripes.len(),
+            self.resealed.len(),
             self.window.len(),
             self.images.stripes.len(),
-            self.images.dirs.len(),
+            self.images.dirs.len() + self.images.slot_pages.len(),
             self.images.piece_count(),
-            (self.counts.slots.len(), self.counts.volumes.len()),
+            self.volumes.len(),
         )
     }
 
@@ -1327,27 +1445,22 @@ impl Checkpoint {
         for n in [
             self.sequence,
             self.next_version,
-            self.stripes.len() as u64,
+            self.resealed.len() as u64,
             self.window.len() as u64,
             images.stripes.len() as u64,
             images.dirs.len() as u64,
-            self.counts.slots.len() as u64,
-            self.counts.volumes.len() as u64,
+            images.slot_pages.len() as u64,
+            self.volumes.len() as u64,
             images.pages,
             images.page_bytes,
         ] {
             out.extend_from_slice(&n.to_le_bytes());
         }
-        for &(slot, live, pieces) in &self.counts.slots {
-            out.extend_from_slice(&slot.to_le_bytes());
-            out.extend_from_slice(&live.to_le_bytes());
-            out.extend_from_slice(&pieces.to_le_bytes());
-        }
-        for &(blocks, stored) in &self.counts.volumes {
+        for &(blocks, stored) in &self.volumes {
             out.extend_from_slice(&blocks.to_le_bytes());
             out.extend_from_slice(&stored.to_le_bytes());
         }
-        for (slot, sequence) in &self.stripes {
+        for (slot, sequence) in &self.resealed {
             out.extend_from_slice(&slot.to_le_bytes());
             out.extend_from_slice(&sequence.to_le_bytes());
         }
@@ -1365,8 +1478,8 @@ impl Checkpoint {
             .enumerate()
             .map(|(i, &slot)| (slot, i as u32))
             .collect();
-        for (dir, image) in &images.dirs {
-            out.extend_from_slice(&dir.to_le_bytes());
+        for (page, image) in images.dirs.iter().chain(&images.slot_pages) {
+            out.extend_from_slice(&page.to_le_bytes());
             out.extend_from_slice(&image.bytes.to_le_bytes());
             out.extend_from_slice(&(image.pieces.len() as u32).to_le_bytes());
             out.extend_from_slice(image.digest.as_bytes());
@@ -1402,17 +1515,17 @@ impl Checkpoint {
         let algorithm = geometry.checksum;
         let count = |offset: usize| usize::try_from(get_u64(bytes, offset)).unwrap_or(usize::MAX);
         let (stripes, window, map_stripes, dirs) = (count(32), count(40), count(48), count(56));
-        let (counted, volumes) = (count(64), count(72));
+        let (slot_pages, volumes) = (count(64), count(72));
         let slots = geometry.slot_count();
+        let per_slot_page = crate::limits::SLOT_TABLE_PAGE_SLOTS;
         // Every entry takes bytes: counts past the length are refused
         // before they are multiplied.
-        let too_many = [stripes, window, map_stripes, counted]
-            .iter()
-            .any(|&n| n as u64 > slots)
+        let too_many = [stripes, window, map_stripes].iter().any(|&n| n as u64 > slots)
+            || slot_pages as u64 > slots.div_ceil(per_slot_page)
             || dirs > bytes.len()
             || volumes > crate::volume::VOLUME_COUNT_MAX;
         if too_many
-            || checkpoint_bytes(algorithm, stripes, window, map_stripes, dirs, 0, (counted, volumes)) > bytes.len()
+            || checkpoint_bytes(algorithm, stripes, window, map_stripes, dirs + slot_pages, 0, volumes) > bytes.len()
         {
             return Err(field("length", bytes.len() as u64));
         }
@@ -1425,37 +1538,29 @@ impl Checkpoint {
         let mut checkpoint = Checkpoint {
             sequence: get_u64(bytes, 16),
             next_version: get_u64(bytes, 24),
-            stripes: Vec::with_capacity(stripes),
+            resealed: Vec::with_capacity(stripes),
             window: Vec::with_capacity(window),
             images: MapImages {
                 pages: get_u64(bytes, 80),
                 page_bytes: get_u64(bytes, 88),
                 ..MapImages::default()
             },
-            counts: MapCounts::default(),
+            volumes: Vec::with_capacity(volumes),
         };
-        for _ in 0..counted {
-            let e = next(COUNTS_SLOT_BYTES)?;
-            let (slot, live, pieces) = (get_u64(e, 0), get_u64(e, 8), get_u32(e, 16));
-            let in_order = checkpoint.counts.slots.last().is_none_or(|&(last, _, _)| last < slot);
-            if slot >= slots || !in_order || pieces == 0 {
-                return Err(field("counted_slot", slot));
-            }
-            checkpoint.counts.slots.push((slot, live, pieces));
-        }
         for _ in 0..volumes {
             let e = next(COUNTS_VOLUME_BYTES)?;
             let stored = u128::from(get_u64(e, 8)) | (u128::from(get_u64(e, 16)) << 64);
-            checkpoint.counts.volumes.push((get_u64(e, 0), stored));
+            checkpoint.volumes.push((get_u64(e, 0), stored));
         }
         let mut seen = std::collections::BTreeSet::new();
         for _ in 0..stripes {
             let e = next(16)?;
             let slot = get_u64(e, 0);
-            if slot >= slots || !seen.insert(slot) {
+            let sequence = get_u64(e, 8);
+            if slot >= slots || !seen.insert(slot) || sequence == 0 {
                 return Err(field("stripe_slot", slot));
             }
-            checkpoint.stripes.push((slot, get_u64(e, 8)));
+            checkpoint.resealed.push((slot, sequence));
         }
         let mut in_window = std::collections::BTreeSet::new();
         for _ in 0..window {
@@ -1481,27 +1586,17 @@ impl Checkpoint {
             checkpoint.images.stripes.insert(slot, MapStripe { sequence, live });
         }
         let digest_bytes = algorithm.digest_bytes();
-        let dir_bytes_max = directory_image_bytes_max(geometry);
-        let per_dir_keys = crate::limits::MAP_DIRECTORY_PAGES * crate::limits::MAP_PAGE_BLOCKS;
-        for _ in 0..dirs {
+        // A directory page's or slot page's entry: its number and where
+        // its image is, within `bytes_max`.
+        let mut named = |bytes_max: usize| -> Result<(u64, PageImage), FormatError> {
             let e = next(CHECKPOINT_PAGE_BYTES + digest_bytes)?;
-            let dir = get_u64(e, 0);
-            let first_key = dir.saturating_mul(per_dir_keys);
-            let in_order = checkpoint
-                .images
-                .dirs
-                .last_key_value()
-                .is_none_or(|(&last, _)| last < dir);
-            if !in_order || !within_one_volume(first_key, per_dir_keys as u32) {
-                return Err(field("directory_page", dir));
-            }
-            let (image_bytes, piece_count) = (get_u32(e, 8), get_u32(e, 12) as usize);
+            let (number, image_bytes, piece_count) = (get_u64(e, 0), get_u32(e, 8), get_u32(e, 12) as usize);
             let digest = Digest::from_bytes(&e[CHECKPOINT_PAGE_BYTES..]);
             let image = image_location(
                 image_bytes,
                 piece_count,
                 digest,
-                dir_bytes_max,
+                bytes_max,
                 |_| {
                     let p = next(CHECKPOINT_PIECE_BYTES)?;
                     let number = get_u32(p, 0);
@@ -1513,7 +1608,35 @@ impl Checkpoint {
                 per_stripe,
                 WHAT,
             )?;
+            Ok((number, image))
+        };
+        let dir_bytes_max = directory_image_bytes_max(geometry);
+        let per_dir_keys = crate::limits::MAP_DIRECTORY_PAGES * crate::limits::MAP_PAGE_BLOCKS;
+        for _ in 0..dirs {
+            let (dir, image) = named(dir_bytes_max)?;
+            let first_key = dir.saturating_mul(per_dir_keys);
+            let in_order = checkpoint
+                .images
+                .dirs
+                .last_key_value()
+                .is_none_or(|(&last, _)| last < dir);
+            if !in_order || !within_one_volume(first_key, per_dir_keys as u32) {
+                return Err(field("directory_page", dir));
+            }
             checkpoint.images.dirs.insert(dir, std::sync::Arc::new(image));
+        }
+        let slot_page_bytes_max = slot_page_image_bytes(per_slot_page as usize);
+        for _ in 0..slot_pages {
+            let (page, image) = named(slot_page_bytes_max)?;
+            let in_order = checkpoint
+                .images
+                .slot_pages
+                .last_key_value()
+                .is_none_or(|(&last, _)| last < page);
+            if !in_order || page >= slots.div_ceil(per_slot_page) {
+                return Err(field("slot_page", page));
+            }
+            checkpoint.images.slot_pages.insert(page, std::sync::Arc::new(image));
         }
         if at != bytes.len() {
             return Err(field("length", bytes.len() as u64));
@@ -1915,7 +2038,7 @@ mod tests {
         }
         assert!(sb.is_failed(5) && !sb.is_failed(3));
         // Golden: magic, version, index, members, K, M, chunk, codes, rows, failed bit 5.
-        assert_eq!(&bytes[0..12], b"TSRSUPER\x08\x00\x00\x00");
+        assert_eq!(&bytes[0..12], b"TSRSUPER\x09\x00\x00\x00");
         assert_eq!(
             &bytes[48..68],
             &[3, 0, 0, 0, 7, 0, 0, 0, 4, 0, 0, 0, 2, 0, 0, 0, 0, 0, 1, 0]
@@ -1970,7 +2093,7 @@ mod tests {
         encode_log_block([9; 16], 5, 3, &records, &mut block);
         // 64 + 3 x 96 + 4096 + 900 bytes, in 512-byte sectors.
         assert_eq!(block.len(), 5632);
-        assert_eq!(&block[..12], b"TSRLOGBK\x08\x00\x00\x00");
+        assert_eq!(&block[..12], b"TSRLOGBK\x09\x00\x00\x00");
         let mut longer = block.to_vec();
         longer.extend_from_slice(&[0xff; 1024]);
         let (header, decoded) = decode_log_block(&longer, &g).unwrap();
@@ -2153,16 +2276,21 @@ mod tests {
                 pieces: vec![piece(20, 262_000, 100), piece(30, 0, 200)],
             }),
         );
+        images.slot_pages.insert(
+            0,
+            std::sync::Arc::new(PageImage {
+                bytes: slot_page_image_bytes(2) as u32,
+                digest: a.digest(b"slot page 0"),
+                pieces: vec![piece(30, 200, slot_page_image_bytes(2) as u32)],
+            }),
+        );
         Checkpoint {
             sequence: 99,
             next_version: 1234,
-            stripes: vec![(4, 90), (7, 98)],
+            resealed: vec![(4, 90), (7, 98)],
             window: vec![1, 2, 3],
             images,
-            counts: MapCounts {
-                slots: vec![(4, 77 << 20, 12), (7, 5 << 20, 1)],
-                volumes: vec![(13, 1 << 70)],
-            },
+            volumes: vec![(13, 1 << 70)],
         }
     }
 
@@ -2203,6 +2331,23 @@ mod tests {
         .encode();
         let summary = encode_summary(a, &records());
         let checkpoint = checkpoint().encode(a);
+        let slot_page = encode_slot_page_image(
+            0,
+            &[
+                SlotEntry {
+                    slot: 4,
+                    sequence: 90,
+                    live: 77,
+                    pieces: 2,
+                },
+                SlotEntry {
+                    slot: 9,
+                    sequence: 91,
+                    live: 0,
+                    pieces: 0,
+                },
+            ],
+        );
         for seed in 0..2000u64 {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
             let mut sector = if seed % 4 == 0 {
@@ -2250,9 +2395,24 @@ mod tests {
                     assert!(within_one_volume(lba, blocks), "seed {seed}");
                 }
             }
+            let bytes = mangle(&slot_page, 4, &mut rng);
+            if let Ok((page, entries)) = decoded("slot page", seed, &bytes, |b| decode_slot_page_image(b, &g)) {
+                let per_page = crate::limits::SLOT_TABLE_PAGE_SLOTS;
+                assert!(
+                    entries
+                        .iter()
+                        .all(|e| e.slot / per_page == page && e.slot < g.slot_count()),
+                    "seed {seed}"
+                );
+            }
             let bytes = mangle(&checkpoint, 4, &mut rng);
             if let Ok(c) = decoded("checkpoint", seed, &bytes, |b| Checkpoint::decode(b, &g)) {
-                let pieces = c.images.dirs.values().flat_map(|p| &p.pieces);
+                let pieces = c
+                    .images
+                    .dirs
+                    .values()
+                    .chain(c.images.slot_pages.values())
+                    .flat_map(|p| &p.pieces);
                 assert!(
                     pieces.clone().all(|p| c.images.stripes.contains_key(&p.slot)),
                     "seed {seed}"
@@ -2297,7 +2457,7 @@ mod tests {
             directory: true,
         }));
         let bytes = sb.encode();
-        assert_eq!(&bytes[0..12], b"TSRSUPER\x08\x00\x00\x00");
+        assert_eq!(&bytes[0..12], b"TSRSUPER\x09\x00\x00\x00");
         assert_eq!(&bytes[4088..4092], &1u32.to_le_bytes());
         assert_eq!(Superblock::decode(&bytes).unwrap(), sb);
         let c = sb.checkpoint.as_ref().unwrap();
@@ -2309,7 +2469,7 @@ mod tests {
         seal_sector(&mut bad);
         assert!(matches!(Superblock::decode(&bad), Err(FormatError::Field { .. })));
         // Superblocks of versions 2 to 7 are refused by their version.
-        for old in 2u32..=7 {
+        for old in 2u32..=8 {
             let mut bad = bytes.clone();
             bad[8..12].copy_from_slice(&old.to_le_bytes());
             seal_sector(&mut bad);
@@ -2323,7 +2483,7 @@ mod tests {
             );
             assert!(error
                 .to_string()
-                .contains(&format!("version {old}; this build reads version 8")));
+                .contains(&format!("version {old}; this build reads version 9")));
         }
 
         let slots: Vec<u64> = (0..900).map(|i| (i * 7) % g.slot_count()).collect();
@@ -2389,21 +2549,22 @@ mod tests {
         let (a, g) = (Algorithm::Blake3, geometry());
         let c = checkpoint();
         let bytes = c.encode(a);
-        assert_eq!(bytes.len(), checkpoint_bytes(a, 2, 3, 2, 2, 3, (2, 1)));
-        assert_eq!(&bytes[..12], b"TSRCHKPT\x08\x00\x00\x00");
+        assert_eq!(bytes.len(), checkpoint_bytes(a, 2, 3, 2, 3, 4, 1));
+        assert_eq!(&bytes[..12], b"TSRCHKPT\x09\x00\x00\x00");
         assert_eq!(&bytes[24..32], &1234u64.to_le_bytes());
         assert_eq!(&bytes[48..64], &[2, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
-        assert_eq!(&bytes[64..80], &[2, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(&bytes[64..80], &[1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);
         // What the directory names: 1,100 pages, 6 MiB of images.
         assert_eq!(&bytes[80..96], &[76, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0x60, 0, 0, 0, 0, 0]);
-        // The counts first: slot 4's live bytes, volume 0's stored bytes.
-        assert_eq!(&bytes[104..112], &(77u64 << 20).to_le_bytes());
-        assert_eq!(&bytes[136 + 8..136 + 24], &(1u128 << 70).to_le_bytes());
-        // Map stripes after the window, each with its live bytes; directory
-        // page 9's second piece in map stripe 1.
-        let map_stripes = 96 + 2 * 20 + 24 + 32 + 24;
+        // The volumes' counts first: volume 0's stored bytes.
+        assert_eq!(&bytes[104..120], &(1u128 << 70).to_le_bytes());
+        // Then the stripes sealed since the slot pages: slot 7's sequence.
+        assert_eq!(&bytes[144..152], &98u64.to_le_bytes());
+        // Map stripes after the window, each with its live bytes; the slot
+        // page (last) in map stripe 1, at 200.
+        let map_stripes = 96 + 24 + 32 + 24;
         assert_eq!(&bytes[map_stripes..map_stripes + 8], &20u64.to_le_bytes());
-        assert_eq!(&bytes[bytes.len() - 12..bytes.len() - 8], &1u32.to_le_bytes());
+        assert_eq!(&bytes[bytes.len() - 12..bytes.len() - 4], &[1, 0, 0, 0, 200, 0, 0, 0]);
         assert_eq!(Checkpoint::decode(&bytes, &g).unwrap(), c);
         let refused = |c: Checkpoint| Checkpoint::decode(&c.encode(a), &g).is_err();
         let mut bad = checkpoint();
@@ -2416,13 +2577,22 @@ mod tests {
         bad.images.stripes.insert(7, MapStripe { sequence: 5, live: 0 });
         assert!(refused(bad), "a map stripe that is also a live stripe");
         let mut bad = checkpoint();
-        bad.counts.slots.swap(0, 1);
-        assert!(refused(bad), "counts out of slot order");
+        bad.resealed[0].1 = 0;
+        assert!(refused(bad), "a stripe sealed with no sequence");
         let mut bad = checkpoint();
-        bad.counts.slots[0].2 = 0;
-        assert!(refused(bad), "a slot counted with no pieces");
+        bad.resealed.push((4, 91));
+        assert!(refused(bad), "a slot sealed twice");
         let mut bad = checkpoint();
-        bad.counts.volumes = vec![(0, 0); crate::volume::VOLUME_COUNT_MAX + 1];
+        let page = bad.images.slot_pages.remove(&0).unwrap();
+        bad.images.slot_pages.insert(1, page);
+        assert!(refused(bad), "a slot page past the array's slots");
+        let mut bad = checkpoint();
+        let page = std::sync::Arc::make_mut(bad.images.slot_pages.get_mut(&0).unwrap());
+        page.bytes = slot_page_image_bytes(1025) as u32;
+        page.pieces[0].bytes = page.bytes;
+        assert!(refused(bad), "an image longer than any slot page makes");
+        let mut bad = checkpoint();
+        bad.volumes = vec![(0, 0); crate::volume::VOLUME_COUNT_MAX + 1];
         assert!(refused(bad), "more volumes than there may be");
         let mut bad = checkpoint();
         std::sync::Arc::make_mut(bad.images.dirs.get_mut(&9).unwrap()).bytes = 301;
@@ -2447,5 +2617,47 @@ mod tests {
         let mut longer = bytes.clone();
         longer.push(0);
         assert!(Checkpoint::decode(&longer, &g).is_err(), "trailing bytes");
+    }
+
+    /// A slot table page: its entries at their offsets, in slot order,
+    /// each checked (in the page and the array, a sequence, no live
+    /// bytes without pieces).
+    #[test]
+    fn slot_pages_round_trip_and_refuse_what_does_not_add_up() {
+        let g = geometry();
+        let entry = |slot, sequence, live, pieces| SlotEntry {
+            slot,
+            sequence,
+            live,
+            pieces,
+        };
+        let entries = vec![entry(4, 90, 77 << 20, 12), entry(7, 98, 0, 0), entry(100, 5, 1, 1)];
+        let stored = encode_slot_page_image(0, &entries);
+        assert_eq!(stored.len(), slot_page_image_bytes(3));
+        assert_eq!(&stored[8..16], b"TSRSLOTP");
+        // The second entry: slot 7 (offset 7 in page 0), no pieces, sequence 98.
+        assert_eq!(
+            &stored[32 + 24..32 + 40],
+            &[7, 0, 0, 0, 0, 0, 0, 0, 98, 0, 0, 0, 0, 0, 0, 0]
+        );
+        assert_eq!(decode_slot_page_image(&stored, &g).unwrap(), (0, entries.clone()));
+        let refused = |entries: &[SlotEntry]| decode_slot_page_image(&encode_slot_page_image(0, entries), &g).is_err();
+        assert!(refused(&[]), "a page listing nothing");
+        assert!(refused(&[entries[1], entries[0]]), "out of slot order");
+        assert!(refused(&[entries[0], entries[0]]), "a slot twice");
+        assert!(refused(&[entry(4, 0, 0, 0)]), "no sequence, nothing counted");
+        assert!(!refused(&[entry(4, 0, 10, 1)]), "open when taken: counted, no sequence");
+        assert!(refused(&[entry(4, 9, 10, 0)]), "live bytes with no pieces");
+        assert!(refused(&[entry(g.slot_count(), 9, 0, 0)]), "a slot past the array's");
+        let mut other = stored.clone();
+        other[16] = 1;
+        assert!(
+            decode_slot_page_image(&other, &g).is_err(),
+            "a page past the array's slots"
+        );
+        assert!(
+            decode_slot_page_image(&stored[..stored.len() - 1], &g).is_err(),
+            "truncated"
+        );
     }
 }

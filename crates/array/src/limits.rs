@@ -107,6 +107,17 @@ pub const MAP_DIRECTORY_PAGES: u64 = 512;
 const _: () = assert!(MAP_DIRECTORY_PAGES * MAP_PAGE_BLOCKS <= u32::MAX as u64);
 const _: () = assert!(EXTENT_BLOCKS_MAX <= u8::MAX as usize);
 
+/// Slots one page of the slot table's durable form holds (a checkpoint
+/// writes only the pages whose slots changed since the last pages were
+/// written, and the root names pages, not slots): 24 bytes a used slot,
+/// so a full page is 24 KiB, and the root's entry for it some 40-100
+/// bytes (`format::SlotEntry`).
+pub const SLOT_TABLE_PAGE_SLOTS: u64 = 1024;
+
+/// Slot table pages a checkpoint copies under one hold of the index
+/// (1,024 slots looked at each): writers wait a fraction of a millisecond.
+pub const CHECKPOINT_SLOT_PAGES_PER_LOCK: usize = 64;
+
 /// Bytes of page images a checkpoint copies under one hold of the map's
 /// read lock, at least (a page is copied whole): writers wait about a
 /// millisecond for it at most.

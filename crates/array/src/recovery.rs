@@ -25,11 +25,13 @@
 
 use crate::engine::Shared;
 use crate::error::{ArrayError, CheckpointFault};
-use crate::format::{Checkpoint, CheckpointRef, ChunkHeader, Record, Stream, SUMMARY_HEADER_BYTES};
+use crate::format::{
+    Checkpoint, CheckpointRef, ChunkHeader, PageImage, Record, SlotEntry, Stream, SUMMARY_HEADER_BYTES,
+};
 use crate::map::{Location, Map, Rule, Target};
 use crate::slots::{SlotState, SlotTable};
 use serde::Serialize;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 /// What opening the array found and did, for `status`.
@@ -452,7 +454,7 @@ impl Shared {
         // scan of its list for each slot listed took 50 ms at 15,000.)
         let in_window: std::collections::HashSet<u64> = checkpoint.window.iter().copied().collect();
         let clash = checkpoint
-            .stripes
+            .resealed
             .iter()
             .map(|(slot, _)| slot)
             .chain(map_stripes.keys())
@@ -461,18 +463,34 @@ impl Shared {
         if let Some(slot) = clash {
             return Err(unreadable(CheckpointFault::ListedTwice { slot: *slot }));
         }
-        // The pages stay on the members until something looks at them;
-        // the slot table takes the counts they add up to.
-        let stale_volume_pages: Vec<crate::map::Needed> = {
+        // The checkpoint's own slots and its map stripes first: the slot
+        // table's pages are read from those (and rebuilt, if need be).
+        {
             let mut index = self.index_mut();
             let in_map_stripes = map_stripes.iter().map(|(&slot, stripe)| (slot, stripe.sequence));
             for (slot, sequence) in listed.iter().copied().chain(in_map_stripes) {
                 index.slots.set(slot, SlotState::Checkpoint, sequence);
             }
-            for &(slot, sequence) in &checkpoint.stripes {
+        }
+        let slot_pages = self
+            .read_slot_pages(&checkpoint.images.slot_pages)
+            .map_err(unreadable)?;
+        // The map's pages stay on the members until something looks at
+        // them; the slot table takes its pages as they are (the counts
+        // the map's pages add up to), then the stripes sealed since.
+        let stale_volume_pages: Vec<crate::map::Needed> = {
+            let mut index = self.index_mut();
+            for (page, entries) in &slot_pages {
+                index.slots.restore_page(*page, entries).map_err(unreadable)?;
+            }
+            index.slots.restored(&checkpoint.volumes);
+            for &(slot, sequence) in &checkpoint.resealed {
                 index.slots.set(slot, SlotState::Sealed, sequence);
             }
-            index.slots.restore_counts(&checkpoint.counts).map_err(unreadable)?;
+            for (_, entries) in &slot_pages {
+                index.slots.check_counted(entries).map_err(unreadable)?;
+            }
+            drop(slot_pages);
             let images = &checkpoint.images;
             index.map.open_from(&images.dirs, (images.pages, images.page_bytes));
             index.next_version = checkpoint.next_version.max(1);
@@ -511,6 +529,33 @@ impl Shared {
             since: None,
         };
         Ok(window)
+    }
+
+    /// The slot table's pages a root names, read from its map stripes
+    /// (whose slots the table knows), each checked against its number.
+    fn read_slot_pages(
+        &self,
+        pages: &BTreeMap<u64, Arc<PageImage>>,
+    ) -> Result<Vec<(u64, Vec<SlotEntry>)>, CheckpointFault> {
+        pages
+            .iter()
+            .map(|(&page, image)| {
+                let unreadable = |source| CheckpointFault::SlotPage {
+                    page,
+                    source: Box::new(source),
+                };
+                let stored = self.read_page_image(page, image).map_err(unreadable)?;
+                let (number, entries) = crate::format::decode_slot_page_image(&stored, &self.geometry)?;
+                if number != page {
+                    return Err(CheckpointFault::Format(crate::format::FormatError::Field {
+                        what: "slot table page",
+                        field: "number",
+                        value: number,
+                    }));
+                }
+                Ok((page, entries))
+            })
+            .collect()
     }
 
     /// The summary of the stripe one of whose chunk `header`s was read.

@@ -168,6 +168,20 @@ impl SlotSet {
         removed
     }
 
+    /// Takes every slot out, returning them in order (in time for the
+    /// slots in it, not the set's size).
+    pub fn drain(&mut self) -> Vec<u64> {
+        let taken: Vec<u64> = self.iter().collect();
+        for &slot in &taken {
+            self.words[slot as usize / 64] = 0;
+        }
+        for &slot in &taken {
+            self.summary[slot as usize / 64 / 64] = 0;
+        }
+        self.len = 0;
+        taken
+    }
+
     /// The slots in the set, in order.
     pub fn iter(&self) -> impl Iterator<Item = u64> + '_ {
         self.summary
@@ -204,6 +218,10 @@ mod tests {
             }
             assert_eq!(set.len(), model.len(), "{count}");
             assert!(set.iter().eq(model.iter().copied()), "{count}");
+            let mut drained = set.clone();
+            assert!(drained.drain().into_iter().eq(model.iter().copied()), "{count}");
+            assert!(drained.len() == 0 && drained.iter().next().is_none(), "{count}");
+            assert!((0..count).all(|slot| !drained.contains(slot)), "{count}");
             let empty = SlotSet::empty(count);
             assert!(empty.len() == 0 && empty.iter().next().is_none());
             assert!(!empty.contains(count), "a slot past the end is not in it");

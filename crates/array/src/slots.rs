@@ -27,7 +27,7 @@ use crate::format;
 use crate::limits::{GC_BACKGROUND_LIVE_MAX, LIVE_SCALE};
 use crate::map::{DataRecord, Delta, Target};
 use crate::slot_set::{SlotPages, SlotSet};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU32, Ordering};
 use tessera_checksum::Algorithm;
 
@@ -119,6 +119,9 @@ pub struct Slot {
     /// superseded a record here (0: none): until that stripe is sealed and
     /// synced, this slot may hold the last durable copy of a block.
     pub superseded_by: u64,
+    /// Whether the durable slot pages list it (a root alone names those
+    /// pages again, so no checkpoint stripe may go in it, free or not).
+    pub listed: bool,
 }
 
 /// What a slot no page holds yet is.
@@ -131,8 +134,17 @@ impl Default for Slot {
 }
 
 impl Slot {
+    /// Empty in `state`, still listed as the durable pages list it.
+    fn empty_as(&mut self, state: SlotState) {
+        *self = Slot {
+            listed: self.listed,
+            ..Slot::empty(state, 0)
+        };
+    }
+
     const fn empty(state: SlotState, sequence: u64) -> Slot {
         Slot {
+            listed: false,
             state,
             sequence,
             live: 0,
@@ -165,6 +177,45 @@ pub struct SlotTable {
     /// Mapped data blocks and stored bytes (times LIVE_SCALE) by volume
     /// id (ids are small and dense: `volume::VOLUME_COUNT_MAX`).
     by_volume: Vec<(u64, u128)>,
+    /// The durable form's pages (`SLOT_TABLE_PAGE_SLOTS` slots each) a
+    /// slot of which changed since the last checkpoint's pages were
+    /// taken: only these are written again.
+    dirty_pages: SlotSet,
+    /// Slots sealed since then: a root alone names them with the pages
+    /// it names again (`resealed`). A few windows' worth at most.
+    resealed: BTreeSet<u64>,
+    /// A checkpoint's copy of the durable pages, being taken.
+    snapshot: Option<Snapshot>,
+}
+
+/// The durable pages a checkpoint takes as they were at one instant
+/// (`begin_snapshot`), copied a few at a time (`copy_snapshot`), and
+/// each before a slot of it changes.
+struct Snapshot {
+    pending: SlotSet,
+    copied: BTreeMap<u64, Vec<format::SlotEntry>>,
+    resealed: Vec<u64>,
+}
+
+/// A checkpoint's copy of the slot table's durable pages: each page's
+/// entries as they were, and the slots sealed before, to be marked
+/// again if the checkpoint fails.
+pub struct TakenPages {
+    pub pages: Vec<(u64, Vec<format::SlotEntry>)>,
+    resealed: Vec<u64>,
+}
+
+const PAGE_SLOTS: u64 = crate::limits::SLOT_TABLE_PAGE_SLOTS;
+
+/// What a durable page lists of slot `slot` (`SlotTable::page_entries`).
+fn durable_entry(slot: u64, s: &Slot) -> Option<format::SlotEntry> {
+    let sealed = matches!(s.state, SlotState::Sealed | SlotState::Draining);
+    (sealed || s.pieces > 0).then_some(format::SlotEntry {
+        slot,
+        sequence: if sealed { s.sequence } else { 0 },
+        live: s.live,
+        pieces: s.pieces,
+    })
 }
 
 /// Live bytes (times LIVE_SCALE) one block of `record` stands for: its
@@ -193,6 +244,9 @@ impl SlotTable {
             stored_total: 0,
             mapped_data_blocks: 0,
             by_volume: Vec::new(),
+            dirty_pages: SlotSet::empty(count.div_ceil(PAGE_SLOTS)),
+            resealed: BTreeSet::new(),
+            snapshot: None,
         }
     }
 
@@ -204,8 +258,20 @@ impl SlotTable {
         self.slots.get(slot).unwrap_or(&FREE_SLOT)
     }
 
-    fn get_mut(&mut self, slot: u64) -> &mut Slot {
-        self.slots.get_mut(slot)
+    /// Changes slot `slot` with `change`; its durable page is dirty from
+    /// then if what the page lists of it changed.
+    fn change<R>(&mut self, slot: u64, change: impl FnOnce(&mut Slot) -> R) -> R {
+        let page = slot / PAGE_SLOTS;
+        if self.snapshot.as_ref().is_some_and(|s| s.pending.contains(page)) {
+            self.copy_page(page);
+        }
+        let s = self.slots.get_mut(slot);
+        let before = durable_entry(slot, s);
+        let result = change(s);
+        if durable_entry(slot, s) != before {
+            self.dirty_pages.insert(slot / PAGE_SLOTS);
+        }
+        result
     }
 
     /// The slots of every page in use, in order: every slot that is not
@@ -287,37 +353,160 @@ impl SlotTable {
         self.free.iter()
     }
 
-    /// What the map's mappings add up to now, by slot and by volume: what
-    /// a checkpoint's root keeps with the pages it took at the same time.
-    pub fn counts(&self) -> format::MapCounts {
-        format::MapCounts {
-            slots: self
-                .slots
-                .iter()
-                .filter(|(_, s)| s.pieces > 0)
-                .map(|(slot, s)| (slot, s.live, s.pieces))
-                .collect(),
-            volumes: self.by_volume.clone(),
+    /// By volume id: mapped data blocks, stored bytes times LIVE_SCALE.
+    pub fn volumes(&self) -> Vec<(u64, u128)> {
+        self.by_volume.clone()
+    }
+
+    /// Durable page `page`'s entries now: every sealed or draining slot
+    /// in it, with its counts, and every open one the map points into
+    /// (its counts, no sequence: the root lists its stripe, sealed
+    /// before the root is written).
+    fn page_entries(&self, page: u64) -> Vec<format::SlotEntry> {
+        let end = ((page + 1) * PAGE_SLOTS).min(self.count());
+        (page * PAGE_SLOTS..end)
+            .filter_map(|slot| durable_entry(slot, self.slots.get(slot)?))
+            .collect()
+    }
+
+    /// Begins a checkpoint's copy of the durable pages that changed
+    /// since the last one's, and of `also` (those it moves out of sparse
+    /// map stripes), as they are now: taken with the map's dirty pages,
+    /// so that the counts are what those pages add up to. Returns the
+    /// pages; `copy_snapshot` copies them.
+    pub fn begin_snapshot(&mut self, also: &BTreeSet<u64>) -> BTreeSet<u64> {
+        assert!(self.snapshot.is_none(), "one checkpoint at a time");
+        let mut pending = self.dirty_pages.clone();
+        self.dirty_pages.drain();
+        for &page in also {
+            pending.insert(page);
+        }
+        let pages = pending.iter().collect();
+        self.snapshot = Some(Snapshot {
+            pending,
+            copied: BTreeMap::new(),
+            resealed: std::mem::take(&mut self.resealed).into_iter().collect(),
+        });
+        pages
+    }
+
+    /// Copies durable page `page` into the snapshot, as it is now.
+    fn copy_page(&mut self, page: u64) {
+        let entries = self.page_entries(page);
+        let snapshot = self.snapshot.as_mut().expect("a snapshot is being taken");
+        snapshot.pending.remove(page);
+        snapshot.copied.insert(page, entries);
+    }
+
+    /// Copies up to `count` of the snapshot's pages not copied yet;
+    /// whether every one is.
+    pub fn copy_snapshot(&mut self, count: usize) -> bool {
+        let snapshot = self.snapshot.as_ref().expect("a snapshot is being taken");
+        let next: Vec<u64> = snapshot.pending.iter().take(count).collect();
+        for page in next {
+            self.copy_page(page);
+        }
+        self.snapshot.as_ref().is_some_and(|s| s.pending.len() == 0)
+    }
+
+    /// The snapshot, every page copied.
+    pub fn end_snapshot(&mut self) -> TakenPages {
+        let snapshot = self.snapshot.take().expect("a snapshot is being taken");
+        assert_eq!(snapshot.pending.len(), 0, "every page copied");
+        TakenPages {
+            pages: snapshot.copied.into_iter().collect(),
+            resealed: snapshot.resealed,
         }
     }
 
-    /// Takes a root's counts (opening: the table holds no mapping yet);
-    /// every slot counted must be sealed already.
-    pub fn restore_counts(&mut self, counts: &format::MapCounts) -> Result<(), crate::error::CheckpointFault> {
-        assert_eq!(self.live_total, 0, "counts restored into an empty table");
-        for &(slot, live, pieces) in &counts.slots {
-            let s = self.get_mut(slot);
-            if s.state != SlotState::Sealed {
-                return Err(crate::error::CheckpointFault::CountsUnsealed { slot, state: s.state });
-            }
-            s.live = live;
-            s.pieces = pieces;
-            self.live_total += u128::from(live);
+    /// Marks a failed checkpoint's pages as changed again.
+    pub fn give_back_pages(&mut self, taken: &TakenPages) {
+        for &(page, _) in &taken.pages {
+            self.dirty_pages.insert(page);
         }
-        self.by_volume = counts.volumes.clone();
-        self.stored_total = counts.volumes.iter().map(|&(_, stored)| stored).sum();
-        self.mapped_data_blocks = counts.volumes.iter().map(|&(blocks, _)| blocks).sum();
+        for &slot in &taken.resealed {
+            self.resealed.insert(slot);
+        }
+    }
+
+    /// The slots sealed since the last pages were taken, where they are
+    /// still sealed or draining, with their sequences.
+    pub fn resealed(&self) -> Vec<(u64, u64)> {
+        self.resealed
+            .iter()
+            .map(|&slot| (slot, self.get(slot)))
+            .filter(|(_, s)| matches!(s.state, SlotState::Sealed | SlotState::Draining))
+            .map(|(slot, s)| (slot, s.sequence))
+            .collect()
+    }
+
+    /// Whether the durable pages list `slot`.
+    pub fn listed(&self, slot: u64) -> bool {
+        self.get(slot).listed
+    }
+
+    /// Durable page `page` lists `entries` now.
+    pub fn page_durable(&mut self, page: u64, entries: &[format::SlotEntry]) {
+        let end = ((page + 1) * PAGE_SLOTS).min(self.count());
+        for slot in page * PAGE_SLOTS..end {
+            if self.get(slot).listed {
+                self.slots.get_mut(slot).listed = false;
+            }
+        }
+        for entry in entries {
+            self.slots.get_mut(entry.slot).listed = true;
+        }
+    }
+
+    /// Takes a durable page's entries (opening: the table holds no
+    /// mapping yet, and none of their slots is taken); an entry with no
+    /// sequence only counts (the root lists its stripe: `check_counted`).
+    pub fn restore_page(
+        &mut self,
+        page: u64,
+        entries: &[format::SlotEntry],
+    ) -> Result<(), crate::error::CheckpointFault> {
+        for entry in entries {
+            let s = self.get(entry.slot);
+            if s.state != SlotState::Free {
+                return Err(crate::error::CheckpointFault::ListedTwice { slot: entry.slot });
+            }
+            if entry.sequence != 0 {
+                self.set(entry.slot, SlotState::Sealed, entry.sequence);
+            }
+            self.change(entry.slot, |s| {
+                s.live = entry.live;
+                s.pieces = entry.pieces;
+            });
+            self.live_total += u128::from(entry.live);
+        }
+        self.page_durable(page, entries);
         Ok(())
+    }
+
+    /// Opening, once the durable pages and the stripes sealed since are
+    /// restored: every slot counted must be sealed.
+    pub fn check_counted(&self, entries: &[format::SlotEntry]) -> Result<(), crate::error::CheckpointFault> {
+        match entries
+            .iter()
+            .find(|e| e.pieces > 0 && self.get(e.slot).state != SlotState::Sealed)
+        {
+            Some(e) => Err(crate::error::CheckpointFault::CountsUnsealed {
+                slot: e.slot,
+                state: self.get(e.slot).state,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Opening, once the durable pages are restored: they are as the
+    /// table is, so none is dirty; and the volumes' counts as of them.
+    pub fn restored(&mut self, volumes: &[(u64, u128)]) {
+        self.dirty_pages.drain();
+        self.resealed.clear();
+        self.by_volume = volumes.to_vec();
+        self.stored_total = volumes.iter().map(|&(_, stored)| stored).sum();
+        self.mapped_data_blocks = volumes.iter().map(|&(blocks, _)| blocks).sum();
     }
 
     /// Applies the map's deltas; returns the sealed slots they emptied
@@ -350,22 +539,28 @@ impl SlotTable {
                 self.live_total += u128::from(live);
                 self.stored_total += u128::from(stored);
                 self.mapped_data_blocks += data_blocks;
-                let s = self.get_mut(slot);
-                s.live += live;
-                s.pieces += 1;
+                self.change(slot, |s| {
+                    s.live += live;
+                    s.pieces += 1;
+                });
             } else {
                 self.live_total -= u128::from(live);
                 self.stored_total -= u128::from(stored);
                 self.mapped_data_blocks -= data_blocks;
-                let s = self.get_mut(slot);
-                s.live = s.live.checked_sub(live).expect("a slot loses only what it gained");
-                s.pieces = s.pieces.checked_sub(1).expect("a slot loses only pieces it has");
-                if s.pieces == 0 {
-                    assert_eq!(s.live, 0, "slot {slot}: no pieces, yet live bytes");
-                    if s.state == SlotState::Sealed {
-                        s.state = SlotState::Draining;
-                        emptied.push(slot);
+                let drained = self.change(slot, |s| {
+                    s.live = s.live.checked_sub(live).expect("a slot loses only what it gained");
+                    s.pieces = s.pieces.checked_sub(1).expect("a slot loses only pieces it has");
+                    let drained = s.pieces == 0 && s.state == SlotState::Sealed;
+                    if s.pieces == 0 {
+                        assert_eq!(s.live, 0, "slot {slot}: no pieces, yet live bytes");
                     }
+                    if drained {
+                        s.state = SlotState::Draining;
+                    }
+                    drained
+                });
+                if drained {
+                    emptied.push(slot);
                 }
             }
         }
@@ -376,8 +571,7 @@ impl SlotTable {
     /// the map pointed at in the slots `deltas` took pieces from.
     pub fn superseded(&mut self, deltas: &[Delta], serial: u64) {
         for delta in deltas.iter().filter(|d| !d.gained) {
-            let s = self.get_mut(delta.slot);
-            s.superseded_by = s.superseded_by.max(serial);
+            self.change(delta.slot, |s| s.superseded_by = s.superseded_by.max(serial));
         }
     }
 
@@ -416,7 +610,7 @@ impl SlotTable {
     }
 
     fn set_free(&mut self, slot: u64) {
-        *self.get_mut(slot) = Slot::empty(SlotState::Free, 0);
+        self.change(slot, |s| s.empty_as(SlotState::Free));
         self.list_free(slot);
     }
 
@@ -477,29 +671,38 @@ impl SlotTable {
     pub fn take(&mut self, slot: u64, state: SlotState, pins: &Pins) {
         assert!(!pins.pinned(slot), "slot {slot} is pinned by a reader");
         assert!(self.unlist_free(slot), "slot {slot} is not free");
-        *self.get_mut(slot) = Slot::empty(state, 0);
+        self.change(slot, |s| s.empty_as(state));
     }
 
     /// Records the stripe sealed into open slot `slot`. Returns true if
     /// everything it held was overwritten while it was open: it is then
     /// `Draining`, and the caller says after what it may be freed.
     pub fn sealed(&mut self, slot: u64, sequence: u64, state: SlotState) -> bool {
-        let s = self.get_mut(slot);
-        assert_eq!(s.state, SlotState::Open, "slot {slot} sealed without being open");
-        s.sequence = sequence;
-        s.state = state;
-        let empty = state == SlotState::Sealed && s.pieces == 0;
-        if empty {
-            s.state = SlotState::Draining;
+        let empty = self.change(slot, |s| {
+            assert_eq!(s.state, SlotState::Open, "slot {slot} sealed without being open");
+            s.sequence = sequence;
+            s.state = state;
+            let empty = state == SlotState::Sealed && s.pieces == 0;
+            if empty {
+                s.state = SlotState::Draining;
+            }
+            empty
+        });
+        if state == SlotState::Sealed {
+            self.resealed.insert(slot);
         }
         empty
     }
 
     /// Sets a slot's state and sequence as recovery or a checkpoint found them.
     pub fn set(&mut self, slot: u64, state: SlotState, sequence: u64) {
-        let s = self.get_mut(slot);
-        s.state = state;
-        s.sequence = sequence;
+        self.change(slot, |s| {
+            s.state = state;
+            s.sequence = sequence;
+        });
+        if state == SlotState::Sealed {
+            self.resealed.insert(slot);
+        }
         if state == SlotState::Free {
             self.list_free(slot);
         } else {
