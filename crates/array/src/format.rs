@@ -990,13 +990,7 @@ pub fn slot_page_image_bytes(entries: usize) -> usize {
 pub fn encode_slot_page_image(page: u64, entries: &[SlotEntry]) -> Vec<u8> {
     let bytes = slot_page_image_bytes(entries.len());
     let first = page * crate::limits::SLOT_TABLE_PAGE_SLOTS;
-    let mut out = Vec::with_capacity(bytes);
-    out.extend_from_slice(&((bytes - STORED_IMAGE_HEADER_BYTES) as u32).to_le_bytes());
-    out.extend_from_slice(&[0; 4]);
-    out.extend_from_slice(&SLOT_PAGE_MAGIC);
-    out.extend_from_slice(&page.to_le_bytes());
-    out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
-    out.extend_from_slice(&0u32.to_le_bytes());
+    let mut out = begin_raw_image(bytes, SLOT_PAGE_MAGIC, page, entries.len());
     for e in entries {
         debug_assert_eq!(e.slot / crate::limits::SLOT_TABLE_PAGE_SLOTS, page);
         out.extend_from_slice(&((e.slot - first) as u32).to_le_bytes());
@@ -1005,6 +999,44 @@ pub fn encode_slot_page_image(page: u64, entries: &[SlotEntry]) -> Vec<u8> {
         out.extend_from_slice(&e.live.to_le_bytes());
     }
     debug_assert_eq!(out.len(), bytes);
+    out
+}
+
+/// The image a raw stored image (codec 0) holds, of at least
+/// `header_bytes` starting with `magic`.
+fn raw_image<'a>(
+    stored: &'a [u8],
+    magic: [u8; 8],
+    header_bytes: usize,
+    what: &'static str,
+) -> Result<&'a [u8], FormatError> {
+    if stored.len() < STORED_IMAGE_HEADER_BYTES + header_bytes
+        || stored[4..8] != [0; 4]
+        || get_u32(stored, 0) as usize != stored.len() - STORED_IMAGE_HEADER_BYTES
+    {
+        return Err(FormatError::Field {
+            what,
+            field: "length",
+            value: stored.len() as u64,
+        });
+    }
+    let bytes = &stored[STORED_IMAGE_HEADER_BYTES..];
+    if bytes[..8] != magic {
+        return Err(FormatError::Magic { what });
+    }
+    Ok(bytes)
+}
+
+/// A raw stored image of `bytes` (codec 0) begun: its stored header,
+/// then `magic`, the page's `number`, its `entries` and a reserved word.
+fn begin_raw_image(bytes: usize, magic: [u8; 8], number: u64, entries: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes);
+    out.extend_from_slice(&((bytes - STORED_IMAGE_HEADER_BYTES) as u32).to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&magic);
+    out.extend_from_slice(&number.to_le_bytes());
+    out.extend_from_slice(&(entries as u32).to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
     out
 }
 
@@ -1019,16 +1051,7 @@ pub fn decode_slot_page_image(stored: &[u8], geometry: &Geometry) -> Result<(u64
         value,
     };
     let length = || field("length", stored.len() as u64);
-    if stored.len() < STORED_IMAGE_HEADER_BYTES + SLOT_PAGE_HEADER_BYTES
-        || stored[4..8] != [0; 4]
-        || get_u32(stored, 0) as usize != stored.len() - STORED_IMAGE_HEADER_BYTES
-    {
-        return Err(length());
-    }
-    let bytes = &stored[STORED_IMAGE_HEADER_BYTES..];
-    if bytes[..8] != SLOT_PAGE_MAGIC {
-        return Err(FormatError::Magic { what: WHAT });
-    }
+    let bytes = raw_image(stored, SLOT_PAGE_MAGIC, SLOT_PAGE_HEADER_BYTES, WHAT)?;
     let per_page = crate::limits::SLOT_TABLE_PAGE_SLOTS;
     let page = get_u64(bytes, 8);
     let slots = geometry.slot_count();
@@ -1122,13 +1145,7 @@ pub fn encode_directory_image(
 ) -> Vec<u8> {
     let pieces: usize = pages.values().map(|i| i.pieces.len()).sum();
     let bytes = directory_image_bytes(algorithm, pages.len(), pieces);
-    let mut out = Vec::with_capacity(bytes);
-    out.extend_from_slice(&((bytes - STORED_IMAGE_HEADER_BYTES) as u32).to_le_bytes());
-    out.extend_from_slice(&[0; 4]);
-    out.extend_from_slice(&DIRECTORY_MAGIC);
-    out.extend_from_slice(&dir.to_le_bytes());
-    out.extend_from_slice(&(pages.len() as u32).to_le_bytes());
-    out.extend_from_slice(&0u32.to_le_bytes());
+    let mut out = begin_raw_image(bytes, DIRECTORY_MAGIC, dir, pages.len());
     for (&page, image) in pages {
         debug_assert_eq!(page / crate::limits::MAP_DIRECTORY_PAGES, dir);
         encode_directory_entry(&mut out, page, image);
@@ -1166,16 +1183,7 @@ pub fn decode_directory_image(
         value,
     };
     let length = || field("length", stored.len() as u64);
-    if stored.len() < STORED_IMAGE_HEADER_BYTES + DIRECTORY_HEADER_BYTES
-        || stored[4..8] != [0; 4]
-        || get_u32(stored, 0) as usize != stored.len() - STORED_IMAGE_HEADER_BYTES
-    {
-        return Err(length());
-    }
-    let bytes = &stored[STORED_IMAGE_HEADER_BYTES..];
-    if bytes[..8] != DIRECTORY_MAGIC {
-        return Err(FormatError::Magic { what: WHAT });
-    }
+    let bytes = raw_image(stored, DIRECTORY_MAGIC, DIRECTORY_HEADER_BYTES, WHAT)?;
     let dir = get_u64(bytes, 8);
     let per_dir = crate::limits::MAP_DIRECTORY_PAGES;
     let first = dir.checked_mul(per_dir).ok_or(field("directory_page", dir))?;

@@ -247,20 +247,7 @@ fn data_area(devices: &[Arc<MemoryDevice>], g: &Geometry, slot: u64) -> Vec<u8> 
 
 /// The map stripes the durable checkpoint names, read from the members.
 fn map_stripes(devices: &[Arc<MemoryDevice>]) -> Vec<u64> {
-    let mut sector = vec![0u8; SECTOR_BYTES];
-    devices[0].read_at(&mut sector, 0).unwrap();
-    let superblock = Superblock::decode(&sector).unwrap();
-    let g = superblock.geometry.clone();
-    let reference = superblock.checkpoint.expect("a checkpoint");
-    assert!(!reference.directory);
-    let per_stripe = meta_stripe_bytes(&g);
-    let mut root = Vec::new();
-    for &slot in &reference.slots {
-        root.extend_from_slice(&data_area(devices, &g, slot)[..per_stripe]);
-    }
-    root.truncate(reference.bytes as usize);
-    let checkpoint = Checkpoint::decode(&root, &g).unwrap();
-    checkpoint.images.stripes.keys().copied().collect()
+    root(devices).images.stripes.keys().copied().collect()
 }
 
 /// Flips a byte of the payload of chunk `j` of stripe `slot`.
