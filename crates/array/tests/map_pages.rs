@@ -553,3 +553,58 @@ fn a_checkpoint_writes_only_the_slot_pages_that_changed() {
     let s = array.status().unwrap();
     assert!(s.recovery.stripes_replayed > 0, "{:?}", s.recovery);
 }
+
+/// A slot page past repair (its image's chunk and two more of its map
+/// stripe corrupt, on a 4+2): opening refuses the checkpoint, says which
+/// page, scans every slot, and loses nothing; the checkpoint it then
+/// writes is used by the next opening.
+#[test]
+fn a_slot_page_past_repair_falls_back_to_a_full_scan() {
+    let devices = six_members();
+    let options = tessera_array::CreateOptions {
+        chunk_bytes: 4096,
+        ..create_options(4, 2)
+    };
+    let array = tessera_array::create(named(&devices), &options).unwrap();
+    let g = array.geometry().clone();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(43);
+    let mut model = BTreeMap::new();
+    write_random(&array, &mut model, &mut rng, 6_000, 16);
+    array.checkpoint().unwrap();
+    drop(array);
+    let image = {
+        let root = root(&devices);
+        root.images.slot_pages.values().last().expect("a slot page").clone()
+    };
+    let piece = image.pieces[0];
+    let at = piece.offset as usize + piece.bytes as usize / 2;
+    let (j, within) = (at / g.chunk_bytes, at % g.chunk_bytes);
+    let flip = |j: usize, within: usize| {
+        let (member, row) = g.place(piece.slot, j);
+        let offset = g.row_offset(row) + (SECTOR_BYTES + within) as u64;
+        let mut byte = [0u8; 1];
+        devices[member].read_at(&mut byte, offset).unwrap();
+        byte[0] ^= 0x5a;
+        devices[member].write_at(&byte, offset).unwrap();
+    };
+    flip(j, within);
+    for other in (0..g.width()).filter(|&o| o != j).take(2) {
+        flip(other, 100);
+    }
+    let array = tessera_array::open(open_list(&devices, &[])).unwrap();
+    let recovery = array.status().unwrap().recovery;
+    let error = recovery.checkpoint_error.clone().expect("the checkpoint refused");
+    // The first page read that lies in the stripe (slot pages share map stripes).
+    assert!(
+        error.contains("slot table page") && error.contains(&format!("slot {}", piece.slot)),
+        "{error}"
+    );
+    assert_eq!(recovery.slots_scanned, g.slot_count());
+    verify(&array, &model);
+    array.check().unwrap();
+    drop(array);
+    let array = tessera_array::open(open_list(&devices, &[])).unwrap();
+    let recovery = array.status().unwrap().recovery;
+    assert!(recovery.checkpoint_error.is_none(), "{recovery:?}");
+    verify(&array, &model);
+}
