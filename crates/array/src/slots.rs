@@ -376,8 +376,8 @@ impl SlotTable {
     /// pages; `copy_snapshot` copies them.
     pub fn begin_snapshot(&mut self, also: &BTreeSet<u64>) -> BTreeSet<u64> {
         assert!(self.snapshot.is_none(), "one checkpoint at a time");
-        let mut pending = self.dirty_pages.clone();
-        self.dirty_pages.drain();
+        let pages = self.count().div_ceil(PAGE_SLOTS);
+        let mut pending = std::mem::replace(&mut self.dirty_pages, SlotSet::empty(pages));
         for &page in also {
             pending.insert(page);
         }

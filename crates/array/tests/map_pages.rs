@@ -252,8 +252,13 @@ fn map_stripes(devices: &[Arc<MemoryDevice>]) -> Vec<u64> {
 
 /// Flips a byte of the payload of chunk `j` of stripe `slot`.
 fn corrupt(devices: &[Arc<MemoryDevice>], g: &Geometry, slot: u64, j: usize) {
+    corrupt_at(devices, g, slot, j, 100);
+}
+
+/// Flips the byte at `within` of the payload of chunk `j` of stripe `slot`.
+fn corrupt_at(devices: &[Arc<MemoryDevice>], g: &Geometry, slot: u64, j: usize, within: usize) {
     let (member, row) = g.place(slot, j);
-    let at = g.row_offset(row) + SECTOR_BYTES as u64 + 100;
+    let at = g.row_offset(row) + (SECTOR_BYTES + within) as u64;
     let mut byte = [0u8; 1];
     devices[member].read_at(&mut byte, at).unwrap();
     byte[0] ^= 0x5a;
@@ -478,6 +483,18 @@ fn root(devices: &[Arc<MemoryDevice>]) -> Checkpoint {
     Checkpoint::decode(&bytes, &g).unwrap()
 }
 
+/// 4+2 of 4 KiB chunks on six 64 MiB members in memory: ~7,700 slots of
+/// 16 KiB, many slot pages.
+fn four_kib_chunks() -> (Vec<Arc<MemoryDevice>>, Array) {
+    let devices = six_members();
+    let options = tessera_array::CreateOptions {
+        chunk_bytes: 4096,
+        ..create_options(4, 2)
+    };
+    let array = tessera_array::create(named(&devices), &options).unwrap();
+    (devices, array)
+}
+
 /// The slot table's durable form is paged (1,024 slots a page): a
 /// checkpoint after a few writes writes the pages of the slots they
 /// touched, not a list of every used slot (the root listed 36 bytes per
@@ -485,13 +502,7 @@ fn root(devices: &[Arc<MemoryDevice>]) -> Checkpoint {
 /// and opening after kill -9 puts the table together from its pages.
 #[test]
 fn a_checkpoint_writes_only_the_slot_pages_that_changed() {
-    // 4 KiB chunks: ~7,700 slots of 16 KiB on six 64 MiB members.
-    let devices = six_members();
-    let options = tessera_array::CreateOptions {
-        chunk_bytes: 4096,
-        ..create_options(4, 2)
-    };
-    let array = tessera_array::create(named(&devices), &options).unwrap();
+    let (devices, array) = four_kib_chunks();
     let g = array.geometry().clone();
     let stripe = stripe_bytes(&g);
     let mut model = BTreeMap::new();
@@ -560,12 +571,7 @@ fn a_checkpoint_writes_only_the_slot_pages_that_changed() {
 /// writes is used by the next opening.
 #[test]
 fn a_slot_page_past_repair_falls_back_to_a_full_scan() {
-    let devices = six_members();
-    let options = tessera_array::CreateOptions {
-        chunk_bytes: 4096,
-        ..create_options(4, 2)
-    };
-    let array = tessera_array::create(named(&devices), &options).unwrap();
+    let (devices, array) = four_kib_chunks();
     let g = array.geometry().clone();
     let mut rng = rand::rngs::StdRng::seed_from_u64(43);
     let mut model = BTreeMap::new();
@@ -579,17 +585,9 @@ fn a_slot_page_past_repair_falls_back_to_a_full_scan() {
     let piece = image.pieces[0];
     let at = piece.offset as usize + piece.bytes as usize / 2;
     let (j, within) = (at / g.chunk_bytes, at % g.chunk_bytes);
-    let flip = |j: usize, within: usize| {
-        let (member, row) = g.place(piece.slot, j);
-        let offset = g.row_offset(row) + (SECTOR_BYTES + within) as u64;
-        let mut byte = [0u8; 1];
-        devices[member].read_at(&mut byte, offset).unwrap();
-        byte[0] ^= 0x5a;
-        devices[member].write_at(&byte, offset).unwrap();
-    };
-    flip(j, within);
+    corrupt_at(&devices, &g, piece.slot, j, within);
     for other in (0..g.width()).filter(|&o| o != j).take(2) {
-        flip(other, 100);
+        corrupt(&devices, &g, piece.slot, other);
     }
     let array = tessera_array::open(open_list(&devices, &[])).unwrap();
     let recovery = array.status().unwrap().recovery;
