@@ -3,13 +3,13 @@
 # the PCIe link's measured in the same run. Needs a GPU, its driver and
 # NVRTC (libnvrtc.so on the loader's path); prints a log to stdout.
 #   scripts/bench-gpu.sh [WORKDIR]     (TESSERA=path/to/tessera to pick a binary)
-# SECTIONS picks what runs (default: "ec hash array engine"); BYTES is what
+# SECTIONS picks what runs (default: "ec sha3 hash array engine"); BYTES is what
 # each array run writes (default 8G); ARRAY_RUNS the array runs (default
 # all, e.g. "cpu:crc32c cuda:sha3-512:packed").
 set -u
 tessera=${TESSERA:-target/release/tessera}
 work=${1:-/tmp/tessera-bench-gpu}
-sections=${SECTIONS:-ec hash array engine}
+sections=${SECTIONS:-ec sha3 hash array engine}
 bytes=${BYTES:-8G}
 threads=$(nproc)
 mkdir -p "$work"
@@ -22,6 +22,12 @@ has ec && for shape in "10 4" "92 8" "200 16"; do
     set -- $shape
     echo "== bench ec $1+$2, 64 KiB shards, $threads threads"
     "$tessera" bench ec --data "$1" --parity "$2" --shard-bytes 64K --threads "$threads" --rounds 3 --accel cuda
+done
+# SHA3-512's kernels rotate the permutation's lanes with shifts by default;
+# KECCAK_ROTS="0 1" measures the multiplies too (TESSERA_CUDA_KECCAK_ROT).
+has sha3 && for rot in ${KECCAK_ROTS:-0}; do
+    echo "== bench hash sha3-512, 64K blocks, TESSERA_CUDA_KECCAK_ROT=$rot, with the issue rates and the permutation in registers"
+    TESSERA_CUDA_KECCAK_ROT=$rot "$tessera" bench hash --algorithm sha3-512 --block-bytes 64K --bytes 256M --accel cuda
 done
 has hash && for algorithm in sha3-512 sha256; do
     for block in 64K 4K; do
@@ -36,15 +42,17 @@ fi
 # The array: 92+8 over files on local disk, sequential 1 MiB writes, each
 # worker FLUSHing every 16 writes. "packed" lends no page-locked memory
 # (TESSERA_CUDA_PINNED_MAX=0), so every stripe is packed into staging
-# buffers as before the allocator seam; "auto" measures the shape as the
-# array opens and says what it chose.
+# buffers as before the allocator seam; "spin" has threads waiting for the
+# GPU spin on their cores (TESSERA_CUDA_SPIN=1) rather than sleep; "auto"
+# measures the shape as the array opens and says what it chose.
 runs=${ARRAY_RUNS:-cpu:crc32c cpu:sha3-512 cuda:sha3-512 cuda:sha3-512:packed auto:sha3-512 auto:crc32c}
 has array && for run in $runs; do
     set -- $(echo "$run" | tr : ' ')
-    pinned=
+    pinned= spin=
     [ "${3:-}" = packed ] && pinned=0
+    [ "${3:-}" = spin ] && spin=1
     echo "== bench array 92+8, --accel $1 --checksum $2 ${3:-}"
-    TESSERA_CUDA_PINNED_MAX=$pinned "$tessera" bench array --data 92 --parity 8 --devices 100 --device-size 256M --chunk-size 64K \
+    TESSERA_CUDA_PINNED_MAX=$pinned TESSERA_CUDA_SPIN=$spin "$tessera" bench array --data 92 --parity 8 --devices 100 --device-size 256M --chunk-size 64K \
         --checksum "$2" --accel "$1" --members "$work" --threads 4 --queue-depth 4 --bytes "$bytes" --block-size 1M --flush-every 16
 done
 # The engine alone on the CPU (members in memory): how one array's writes
@@ -54,3 +62,6 @@ has engine && for t in 1 4 16; do
     "$tessera" bench array --data 92 --parity 8 --devices 100 --device-size 128M --chunk-size 64K \
         --checksum crc32c --accel cpu --members memory --threads "$t" --queue-depth 1 --bytes 4G --block-size 1M
 done
+# Each run's failure shows in the log; the script itself ends well (its
+# last test, a section not chosen, would otherwise be its status).
+exit 0

@@ -51,7 +51,7 @@ run)
     grep -E "test result|FAILED|panicked" "$out/array-tests.log" || true
     TESSERA="$carry/tessera" timeout "${BENCH_SECONDS:-420}" scripts/bench-gpu.sh "${WORK:-/tmp/tessera-bench-gpu}" \
         >"$out/bench-gpu.log" 2>&1 || status=1
-    grep -E "^==|GB/s|FLUSH|accelerator|auto:|CPU-s" "$out/bench-gpu.log" || true
+    grep -E "^==|GB/s|FLUSH|accelerator|auto:|CPU-s|issue rates" "$out/bench-gpu.log" || true
     exit $status
     ;;
 *)

@@ -391,13 +391,27 @@ fn bench_hash(
             }
         }
     }
+    // What bounds the SHA3 kernels on this GPU, measured beside them.
+    let ceiling = match &gpu {
+        Some(gpu)
+            if gpu_figures
+                .iter()
+                .any(|(a, _)| *a == tessera_checksum::Algorithm::Sha3_512) =>
+        {
+            Some(tessera_accel::cuda::bench::ceiling(gpu)?)
+        }
+        _ => None,
+    };
     if json {
         if !gpu_figures.is_empty() {
             let gpu: Vec<_> = gpu_figures
                 .iter()
                 .map(|(a, f)| serde_json::json!({ "algorithm": a.name(), "figures": f }))
                 .collect();
-            println!("{}", serde_json::json!({ "algorithms": reports, "gpu": gpu }));
+            println!(
+                "{}",
+                serde_json::json!({ "algorithms": reports, "gpu": gpu, "sha3_ceiling": ceiling })
+            );
             return Ok(());
         }
         match &reports[..] {
@@ -419,7 +433,34 @@ fn bench_hash(
     for (algorithm, figures) in &gpu_figures {
         print_gpu_figures(&format!("{algorithm} Merkle leaves and roots"), figures);
     }
+    if let Some(c) = ceiling {
+        print_sha3_ceiling(&c);
+    }
     Ok(())
+}
+
+fn print_sha3_ceiling(c: &tessera_accel::cuda::bench::Ceiling) {
+    use tessera_accel::cuda::bench::Ceiling;
+    println!(
+        "GPU issue rates, per multiprocessor per clock ({} SMs at the rated {:.0} MHz): \
+         LOP3 {:.1}, SHF {:.1}, IMAD {:.1}",
+        c.multiprocessors, c.clock_mhz, c.lop3_per_sm_clock, c.shf_per_sm_clock, c.imad_per_sm_clock
+    );
+    for (name, rate, rotation) in [
+        ("shifts", c.keccak_shifts_per_s, 0),
+        ("multiplies", c.keccak_multiplies_per_s, 1),
+    ] {
+        println!(
+            "Keccak-f[1600] in registers, rotating with {name}: {:.2} G/s = {:.1} GB/s of SHA3-512 input{}",
+            rate / 1e9,
+            Ceiling::sha3_512_gbps(rate),
+            if rotation == c.kernels_rotation {
+                " (the kernels' way)"
+            } else {
+                ""
+            }
+        );
+    }
 }
 
 fn print_ec_report(r: &bench_ec::Report) {

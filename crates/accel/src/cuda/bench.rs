@@ -225,3 +225,87 @@ fn end_to_end(gpu: &Cuda, shape: &Shape, work: Work, data: &mut [u8], seconds: f
     }
     Ok(batch as f64 * f64::from(rounds) / start.elapsed().as_secs_f64() / 1e9)
 }
+
+/// The probe kernels (probes.cu), compiled after the kernels.
+const PROBES: &str = include_str!("probes.cu");
+
+/// What the GPU can issue, and what SHA3 can do at most with the
+/// kernels' permutation ([`ceiling`]).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Ceiling {
+    pub multiprocessors: u32,
+    /// The rated (boost) SM clock; under load it may run slower.
+    pub clock_mhz: f64,
+    /// Instructions per multiprocessor per clock at the rated clock:
+    /// three-input XOR (LOP3), funnel shift (SHF), 32-bit multiply-add.
+    pub lop3_per_sm_clock: f64,
+    pub shf_per_sm_clock: f64,
+    pub imad_per_sm_clock: f64,
+    /// Keccak-f[1600] on registers, permutations per second, rotating
+    /// with shifts and with multiplies.
+    pub keccak_shifts_per_s: f64,
+    pub keccak_multiplies_per_s: f64,
+    /// The rotation the hash kernels were compiled with (KECCAK_ROT).
+    pub kernels_rotation: u32,
+}
+
+impl Ceiling {
+    /// SHA3-512 input a permutation rate stands for (72-byte blocks), GB/s.
+    pub fn sha3_512_gbps(permutations_per_s: f64) -> f64 {
+        permutations_per_s * 72.0 / 1e9
+    }
+}
+
+/// Measures the GPU's issue rates and the permutation's rate in
+/// registers, each the median of five launches timed by events.
+pub fn ceiling(gpu: &Cuda) -> Result<Ceiling, AccelError> {
+    use sys::CUdevice_attribute::{CU_DEVICE_ATTRIBUTE_CLOCK_RATE, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT};
+    let ctx = &gpu.ctx;
+    ctx.bind_to_thread().map_err(driver)?;
+    let (major, minor) = ctx.compute_capability().map_err(driver)?;
+    let ptx = compile_source(&format!("{KERNELS}\n{PROBES}"), major, minor)?;
+    let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(driver)?;
+    let sms = ctx
+        .attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(driver)? as u32;
+    let clock_hz = f64::from(ctx.attribute(CU_DEVICE_ATTRIBUTE_CLOCK_RATE).map_err(driver)?) * 1e3;
+    let stream = ctx.new_stream().map_err(driver)?;
+    let events = Events::new(ctx)?;
+    // 16 blocks of 128 threads per multiprocessor: as many threads as one
+    // holds, so that every scheduler has warps to issue from.
+    let config = LaunchConfig {
+        grid_dim: (sms * 16, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let threads = u64::from(sms) * 16 * 128;
+    let mut out = stream.alloc_zeros::<u64>(threads as usize).map_err(driver)?;
+    let mut rate = |name: &str, repeat: u32, per_repeat: f64| -> Result<f64, AccelError> {
+        let function = module.load_function(name).map_err(driver)?;
+        let seconds = events.time(&stream, 5, || {
+            let mut launch = stream.launch_builder(&function);
+            launch.arg(&repeat).arg(&mut out);
+            // SAFETY: every probe writes one word per thread of the grid
+            // into `out` (u32 or u64), which holds a u64 per thread.
+            unsafe { launch.launch(config) }.map(|_| ()).map_err(driver)
+        })?;
+        Ok(threads as f64 * f64::from(repeat) * per_repeat / seconds)
+    };
+    // 32 instructions an iteration (probes.cu).
+    let per_sm_clock = |per_s: f64| per_s / f64::from(sms) / clock_hz;
+    let lop3 = per_sm_clock(rate("probe_lop3", 4096, 32.0)?);
+    let shf = per_sm_clock(rate("probe_shf", 4096, 32.0)?);
+    let imad = per_sm_clock(rate("probe_imad", 4096, 32.0)?);
+    let keccak_shifts = rate("probe_keccak_shifts", 64, 1.0)?;
+    let keccak_multiplies = rate("probe_keccak_multiplies", 64, 1.0)?;
+    Ok(Ceiling {
+        multiprocessors: sms,
+        clock_mhz: clock_hz / 1e6,
+        lop3_per_sm_clock: lop3,
+        shf_per_sm_clock: shf,
+        imad_per_sm_clock: imad,
+        keccak_shifts_per_s: keccak_shifts,
+        keccak_multiplies_per_s: keccak_multiplies,
+        kernels_rotation: keccak_rotation(),
+    })
+}

@@ -28,6 +28,7 @@ typedef uint32_t u32;
 typedef uint64_t u64;
 static inline u32 bswap32(u32 x) { return __builtin_bswap32(x); }
 static inline u64 __ldg(const u64* p) { return *p; }
+static inline u32 __umulhi(u32 x, u32 y) { return (u32)(((u64)x * y) >> 32); }
 #else
 typedef unsigned char u8;
 typedef unsigned int u32;
@@ -93,11 +94,90 @@ static __device__ __forceinline__ u64 rotl64(u64 x, u32 n) {
     return (x << n) | (x >> (64 - n));
 }
 
+// Which way the permutation rotates its 64-bit lanes (NVRTC's
+// -DKECCAK_ROT, from TESSERA_CUDA_KECCAK_ROT): 0 with shifts, which the
+// GPU runs as two funnel shifts on its integer pipe, the pipe the XORs
+// and the chi steps also need; 1 with multiplies by 2^n, which run on
+// the multiply-add pipe beside it (`rotl64_mul`).
+#ifndef KECCAK_ROT
+#define KECCAK_ROT 0
+#endif
+
+// 2^n, read from constant memory so that the compiler cannot turn the
+// products below back into shifts.
+__constant__ u32 KECCAK_POW2[32] = {
+    1u << 0, 1u << 1, 1u << 2, 1u << 3, 1u << 4, 1u << 5, 1u << 6, 1u << 7,
+    1u << 8, 1u << 9, 1u << 10, 1u << 11, 1u << 12, 1u << 13, 1u << 14, 1u << 15,
+    1u << 16, 1u << 17, 1u << 18, 1u << 19, 1u << 20, 1u << 21, 1u << 22, 1u << 23,
+    1u << 24, 1u << 25, 1u << 26, 1u << 27, 1u << 28, 1u << 29, 1u << 30, 1u << 31,
+};
+
+// x rotated left by n (1 to 63) with three 32-bit multiply-adds. On the
+// halves (lo, hi) and for n < 32 (n >= 32 swaps the halves first):
+// p = 2^n; lo * p = (lo >> (32 - n)) : (lo << n), and the two parts of
+// each product do not overlap, so adding them is OR-ing them:
+//   carry = hi(lo * p)                         = lo >> (32 - n)
+//   r     = hi * p + carry  (64-bit)           = (hi >> (32 - n)) : new hi
+//   new lo = lo(lo * p) + hi(r)                = (lo << n) | (hi >> (32 - n))
+//
+// On the GPU each step is one PTX instruction (mul.hi, mad.wide, mad.lo),
+// written out because the compiler made a 64-bit multiply of the middle
+// one; the halves are split and joined with register moves, which cost
+// nothing.
+#ifdef TESSERA_HOST_TEST
+static inline u64 rotl64_mul(u64 x, u32 n) {
+    u32 lo = (u32)x, hi = (u32)(x >> 32);
+    if (n >= 32) {
+        u32 t = lo;
+        lo = hi;
+        hi = t;
+        n -= 32;
+    }
+    if (n == 0) return ((u64)hi << 32) | lo;
+    u32 p = KECCAK_POW2[n];
+    u32 carry = __umulhi(lo, p);
+    u64 r = (u64)hi * p + carry;
+    u32 new_lo = lo * p + (u32)(r >> 32);
+    return ((u64)(u32)r << 32) | new_lo;
+}
+#else
+static __device__ __forceinline__ u64 rotl64_mul(u64 x, u32 n) {
+    u32 lo, hi;
+    asm("mov.b64 {%0, %1}, %2;" : "=r"(lo), "=r"(hi) : "l"(x));
+    if (n >= 32) {
+        u32 t = lo;
+        lo = hi;
+        hi = t;
+        n -= 32;
+    }
+    u64 y;
+    if (n == 0) {
+        asm("mov.b64 %0, {%1, %2};" : "=l"(y) : "r"(lo), "r"(hi));
+        return y;
+    }
+    u32 p = KECCAK_POW2[n];
+    u32 carry, r_lo, r_hi, new_lo;
+    u64 r;
+    asm("mul.hi.u32 %0, %1, %2;" : "=r"(carry) : "r"(lo), "r"(p));
+    asm("mad.wide.u32 %0, %1, %2, %3;" : "=l"(r) : "r"(hi), "r"(p), "l"((u64)carry));
+    asm("mov.b64 {%0, %1}, %2;" : "=r"(r_lo), "=r"(r_hi) : "l"(r));
+    asm("mad.lo.u32 %0, %1, %2, %3;" : "=r"(new_lo) : "r"(lo), "r"(p), "r"(r_hi));
+    asm("mov.b64 %0, {%1, %2};" : "=l"(y) : "r"(new_lo), "r"(r_lo));
+    return y;
+}
+#endif
+
+template <int Rot>
+static __device__ __forceinline__ u64 keccak_rot(u64 x, u32 n) {
+    return Rot == 0 ? rotl64(x, n) : rotl64_mul(x, n);
+}
+
 // Keccak-f[1600] on a[x + 5y]. The rounds stay a loop: unrolled (and
 // inlined at four call sites) the kernel ran 10% slower on an H200,
 // 152.6 GB/s against 170.4, its code no longer fitting the instruction
 // cache.
-static __device__ __forceinline__ void keccak_f(u64 a[25]) {
+template <int Rot>
+static __device__ __forceinline__ void keccak_rounds(u64 a[25]) {
     for (int round = 0; round < 24; round++) {
         u64 c[5], d[5];
 #pragma unroll
@@ -106,7 +186,7 @@ static __device__ __forceinline__ void keccak_f(u64 a[25]) {
         }
 #pragma unroll
         for (int x = 0; x < 5; x++) {
-            d[x] = c[(x + 4) % 5] ^ rotl64(c[(x + 1) % 5], 1);
+            d[x] = c[(x + 4) % 5] ^ keccak_rot<Rot>(c[(x + 1) % 5], 1);
         }
 #pragma unroll
         for (int i = 0; i < 25; i++) {
@@ -115,30 +195,30 @@ static __device__ __forceinline__ void keccak_f(u64 a[25]) {
         // rho and pi: b[y + 5((2x + 3y) % 5)] = rot(a[x + 5y], r[x][y]).
         u64 b[25];
         b[0] = a[0];
-        b[10] = rotl64(a[1], 1);
-        b[20] = rotl64(a[2], 62);
-        b[5] = rotl64(a[3], 28);
-        b[15] = rotl64(a[4], 27);
-        b[16] = rotl64(a[5], 36);
-        b[1] = rotl64(a[6], 44);
-        b[11] = rotl64(a[7], 6);
-        b[21] = rotl64(a[8], 55);
-        b[6] = rotl64(a[9], 20);
-        b[7] = rotl64(a[10], 3);
-        b[17] = rotl64(a[11], 10);
-        b[2] = rotl64(a[12], 43);
-        b[12] = rotl64(a[13], 25);
-        b[22] = rotl64(a[14], 39);
-        b[23] = rotl64(a[15], 41);
-        b[8] = rotl64(a[16], 45);
-        b[18] = rotl64(a[17], 15);
-        b[3] = rotl64(a[18], 21);
-        b[13] = rotl64(a[19], 8);
-        b[14] = rotl64(a[20], 18);
-        b[24] = rotl64(a[21], 2);
-        b[9] = rotl64(a[22], 61);
-        b[19] = rotl64(a[23], 56);
-        b[4] = rotl64(a[24], 14);
+        b[10] = keccak_rot<Rot>(a[1], 1);
+        b[20] = keccak_rot<Rot>(a[2], 62);
+        b[5] = keccak_rot<Rot>(a[3], 28);
+        b[15] = keccak_rot<Rot>(a[4], 27);
+        b[16] = keccak_rot<Rot>(a[5], 36);
+        b[1] = keccak_rot<Rot>(a[6], 44);
+        b[11] = keccak_rot<Rot>(a[7], 6);
+        b[21] = keccak_rot<Rot>(a[8], 55);
+        b[6] = keccak_rot<Rot>(a[9], 20);
+        b[7] = keccak_rot<Rot>(a[10], 3);
+        b[17] = keccak_rot<Rot>(a[11], 10);
+        b[2] = keccak_rot<Rot>(a[12], 43);
+        b[12] = keccak_rot<Rot>(a[13], 25);
+        b[22] = keccak_rot<Rot>(a[14], 39);
+        b[23] = keccak_rot<Rot>(a[15], 41);
+        b[8] = keccak_rot<Rot>(a[16], 45);
+        b[18] = keccak_rot<Rot>(a[17], 15);
+        b[3] = keccak_rot<Rot>(a[18], 21);
+        b[13] = keccak_rot<Rot>(a[19], 8);
+        b[14] = keccak_rot<Rot>(a[20], 18);
+        b[24] = keccak_rot<Rot>(a[21], 2);
+        b[9] = keccak_rot<Rot>(a[22], 61);
+        b[19] = keccak_rot<Rot>(a[23], 56);
+        b[4] = keccak_rot<Rot>(a[24], 14);
 #pragma unroll
         for (int y = 0; y < 25; y += 5) {
 #pragma unroll
@@ -148,6 +228,10 @@ static __device__ __forceinline__ void keccak_f(u64 a[25]) {
         }
         a[0] ^= KECCAK_ROUND[round];
     }
+}
+
+static __device__ __forceinline__ void keccak_f(u64 a[25]) {
+    keccak_rounds<KECCAK_ROT>(a);
 }
 
 // SHA3-512 of the message; the digest's 64 bytes as 8 little-endian words.

@@ -127,6 +127,12 @@ pub fn probe() -> Result<(), String> {
 /// Compiles the kernels for compute capability `major.minor` and returns
 /// the PTX. Needs only NVRTC, not a GPU (CI checks that they compile).
 pub fn compile(major: i32, minor: i32) -> Result<String, AccelError> {
+    compile_source(KERNELS, major, minor)
+}
+
+/// Compiles `source` (the kernels, or the kernels and more) for
+/// `major.minor` with the kernels' options.
+fn compile_source(source: &str, major: i32, minor: i32) -> Result<String, AccelError> {
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         return Err(unavailable("the NVRTC library (libnvrtc.so) was not found"));
     }
@@ -135,13 +141,24 @@ pub fn compile(major: i32, minor: i32) -> Result<String, AccelError> {
             format!("--gpu-architecture=compute_{major}{minor}"),
             "--std=c++17".to_string(),
             "-default-device".to_string(),
+            format!("-DKECCAK_ROT={}", keccak_rotation()),
         ],
         name: Some("tessera_kernels.cu".to_string()),
         ..Default::default()
     };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(KERNELS, options)
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, options)
         .map_err(|e| unavailable(&format!("NVRTC could not compile the kernels: {e:?}")))?;
     Ok(ptx.to_src())
+}
+
+/// How the SHA3 kernels rotate the permutation's lanes (kernels.cu,
+/// KECCAK_ROT): `TESSERA_CUDA_KECCAK_ROT=1` with multiplies, otherwise
+/// with shifts.
+pub fn keccak_rotation() -> u32 {
+    match std::env::var("TESSERA_CUDA_KECCAK_ROT").as_deref() {
+        Ok("1") => 1,
+        _ => 0,
+    }
 }
 
 /// The kernels for `major.minor`, compiled once per process (NVRTC takes
@@ -484,6 +501,15 @@ impl Cuda {
     pub fn open(policy: Policy, cpu_threads: usize) -> Result<Cuda, AccelError> {
         probe().map_err(|why| unavailable(&why))?;
         let ctx = CudaContext::new(0).map_err(|e| unavailable(&format!("no usable GPU: {e}")))?;
+        // A thread waiting for the GPU sleeps until the driver wakes it;
+        // by default it spins on its core (one context, many cores), and
+        // the backend's waiting threads took cores from the CPU's share
+        // of the work. TESSERA_CUDA_SPIN=1 keeps the spinning, and so does
+        // a driver without cuCtxSetFlags (before CUDA 12.1): slower to
+        // share, not wrong.
+        if std::env::var("TESSERA_CUDA_SPIN").as_deref() != Ok("1") {
+            ctx.set_blocking_synchronize().ok();
+        }
         let (major, minor) = ctx.compute_capability().map_err(driver)?;
         let ptx = compiled(major, minor)?;
         let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(driver)?;

@@ -84,6 +84,18 @@ fn the_kernels_compile_with_nvrtc() {
             );
         }
     }
+    // The probes of `bench::ceiling`, with the kernels before them.
+    let source = format!("{KERNELS}\n{}", include_str!("probes.cu"));
+    let ptx = compile_source(&source, 9, 0).unwrap_or_else(|e| panic!("probes: {e}"));
+    for entry in [
+        "probe_lop3",
+        "probe_shf",
+        "probe_imad",
+        "probe_keccak_shifts",
+        "probe_keccak_multiplies",
+    ] {
+        assert!(ptx.contains(&format!(".entry {entry}(")), "the probes lack {entry}");
+    }
     // The kernels generated for a shape, narrow and wide.
     for (k, m) in [(10, 4), (200, 16)] {
         let codec = Codec::new(k, m, tessera_ec::MatrixKind::Cauchy).expect("shape");
@@ -353,16 +365,6 @@ fn gpu_rebuilds_batches_of_several_pieces() {
 fn host_hashes_equal_the_reference() {
     let dir = tempfile_dir();
     let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/cuda");
-    let binary = dir.join("host_check");
-    let built = std::process::Command::new("c++")
-        .args(["-O1", "-w", "-DTESSERA_HOST_TEST", "-I"])
-        .arg(&source)
-        .arg(source.join("host_check.cpp"))
-        .arg("-o")
-        .arg(&binary)
-        .status()
-        .expect("a C++ compiler (c++) runs");
-    assert!(built.success(), "host_check.cpp builds");
     let mut rng = rand::rngs::StdRng::seed_from_u64(28);
     let mut input = Vec::new();
     let mut expected = Vec::new();
@@ -388,20 +390,34 @@ fn host_hashes_equal_the_reference() {
             expected.push((i, algorithm, out.iter().map(|b| format!("{b:02x}")).collect::<String>()));
         }
     }
-    let mut child = std::process::Command::new(&binary)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("host_check runs");
-    let mut stdin = child.stdin.take().expect("stdin");
-    let writer = std::thread::spawn(move || std::io::Write::write_all(&mut stdin, &input));
-    let output = child.wait_with_output().expect("host_check ends");
-    writer.join().expect("writer").expect("input written");
-    assert!(output.status.success(), "host_check: {:?}", output.status);
-    let lines: Vec<&str> = std::str::from_utf8(&output.stdout).expect("hex").lines().collect();
-    assert_eq!(lines.len(), expected.len());
-    for (line, (i, algorithm, want)) in lines.iter().zip(&expected) {
-        assert_eq!(line, want, "message {i}, {algorithm:?}");
+    // Both ways of rotating the permutation's lanes (kernels.cu, KECCAK_ROT).
+    for rot in [0, 1] {
+        let binary = dir.join(format!("host_check_{rot}"));
+        let built = std::process::Command::new("c++")
+            .args(["-O1", "-w", "-DTESSERA_HOST_TEST", &format!("-DKECCAK_ROT={rot}"), "-I"])
+            .arg(&source)
+            .arg(source.join("host_check.cpp"))
+            .arg("-o")
+            .arg(&binary)
+            .status()
+            .expect("a C++ compiler (c++) runs");
+        assert!(built.success(), "host_check.cpp builds with KECCAK_ROT={rot}");
+        let mut child = std::process::Command::new(&binary)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("host_check runs");
+        let mut stdin = child.stdin.take().expect("stdin");
+        let sent = input.clone();
+        let writer = std::thread::spawn(move || std::io::Write::write_all(&mut stdin, &sent));
+        let output = child.wait_with_output().expect("host_check ends");
+        writer.join().expect("writer").expect("input written");
+        assert!(output.status.success(), "host_check: {:?}", output.status);
+        let lines: Vec<&str> = std::str::from_utf8(&output.stdout).expect("hex").lines().collect();
+        assert_eq!(lines.len(), expected.len());
+        for (line, (i, algorithm, want)) in lines.iter().zip(&expected) {
+            assert_eq!(line, want, "KECCAK_ROT={rot}: message {i}, {algorithm:?}");
+        }
     }
     std::fs::remove_dir_all(&dir).ok();
 }
