@@ -35,9 +35,13 @@ use crate::limits::MAP_PAGE_BLOCKS;
 const COLUMNS: usize = 13;
 /// Columns read on their own (the order of `FIELDS`).
 const VERSION: usize = 0;
-const SLOT: usize = 1;
-const START: usize = 5;
-const BLOCKS: usize = 6;
+pub(super) const SLOT: usize = 1;
+pub(super) const OFFSET: usize = 2;
+pub(super) const STORED_BYTES: usize = 3;
+pub(super) const WORDS: usize = 4;
+pub(super) const START: usize = 5;
+pub(super) const BLOCKS: usize = 6;
+pub(super) const SKIP: usize = 8;
 /// Read and written 16 bytes at a time: a field of at most 64 bits that
 /// starts at any bit of a byte fits.
 const PAD: usize = 16;
@@ -245,6 +249,37 @@ impl Entries {
     }
 
     /// Each entry's slot, from the slot column alone.
+    /// The least and the most each field can be as the layout bounds it:
+    /// `base`, and `base` plus the widest value its bits hold, or the
+    /// field type's most where that is more (`read_image` refused any
+    /// entry past it). Whatever the entries hold, they hold no less and
+    /// no more.
+    pub(super) fn bounds(&self) -> (Entry, Entry) {
+        let mut least = [0u64; COLUMNS];
+        let mut most = [0u64; COLUMNS];
+        for (k, c) in self.columns().iter().enumerate() {
+            let d = low_bits(c.width);
+            let top = d
+                .checked_shl(u32::from(c.shift))
+                .filter(|v| v >> c.shift == d)
+                .and_then(|v| v.checked_add(c.base))
+                .unwrap_or(u64::MAX);
+            (least[k], most[k]) = (c.base, top.min(low_bits(FIELDS[k].bits)));
+        }
+        (entry(least), entry(most))
+    }
+
+    /// Fields `which` (column numbers: `START`, `SLOT`...) of entry `i`,
+    /// read together.
+    pub(super) fn fields_of<const N: usize>(&self, i: usize, which: [usize; N]) -> [u64; N] {
+        let c = self.columns();
+        if self.stride <= PAD {
+            let raw = self.row(i);
+            return which.map(|k| c[k].unpack(raw));
+        }
+        which.map(|k| self.read(i, &c[k]))
+    }
+
     pub(super) fn slots(&self) -> impl Iterator<Item = u64> + '_ {
         (0..self.len).map(|i| self.read(i, &self.columns()[SLOT]))
     }
