@@ -248,7 +248,6 @@ impl Entries {
         out.extend_from_slice(&self.bytes[..self.len * self.stride]);
     }
 
-    /// Each entry's slot, from the slot column alone.
     /// The least and the most each field can be as the layout bounds it:
     /// `base`, and `base` plus the widest value its bits hold, or the
     /// field type's most where that is more (`read_image` refused any
@@ -280,6 +279,7 @@ impl Entries {
         which.map(|k| self.read(i, &c[k]))
     }
 
+    /// Each entry's slot, from the slot column alone.
     pub(super) fn slots(&self) -> impl Iterator<Item = u64> + '_ {
         (0..self.len).map(|i| self.read(i, &self.columns()[SLOT]))
     }
