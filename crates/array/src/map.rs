@@ -597,13 +597,13 @@ impl Page {
         Page::decode_checked(image, geometry, live, true)
     }
 
-    /// `decode`, proving the entries' fields from the layout where it can
-    /// (`by_bounds`; the tests compare it with checking each entry).
+    /// `decode`, checking a page of one record shape as one
+    /// (`by_uniform`; the tests compare it with checking each entry).
     fn decode_checked(
         image: &[u8],
         geometry: &Geometry,
         live: &dyn Fn(u64) -> bool,
-        by_bounds: bool,
+        by_uniform: bool,
     ) -> Result<(u64, Page), FormatError> {
         const WHAT: &str = "map page";
         let field = |field, value: u64| FormatError::Field {
@@ -637,14 +637,12 @@ impl Page {
             words: (0..word_count).map(|i| get(words_at + 4 * i, 4) as u32).collect(),
             ..Page::default()
         };
-        let proven = by_bounds.then(|| shape_proven(&entries, geometry)).flatten();
-        page.words_referred = match proven {
-            Some(shape) => {
-                check_rest(&entries, geometry, shape, word_count, live).map_err(|(name, value)| field(name, value))?;
-                shape.arena_words * entries.len()
-            }
-            None => check_each(&entries, geometry, word_count, live).map_err(|(name, value)| field(name, value))?,
-        };
+        let uniform = by_uniform
+            .then(|| check_uniform(&entries, geometry, word_count, live))
+            .flatten();
+        page.words_referred = uniform
+            .unwrap_or_else(|| check_each(&entries, geometry, word_count, live))
+            .map_err(|(name, value)| field(name, value))?;
         // Held as the image packs it (a change that does not fit its
         // layout repacks it with room to grow), or wide if it has few.
         page.entries = entries;
@@ -652,31 +650,31 @@ impl Page {
     }
 }
 
-/// The checks of a page's entries one by one, in order: each within the
-/// page after the one before it, its slot live, its flags known, its
-/// record whole and its words inside the arena (`word_count` words).
-/// Returns the arena words the entries refer to.
+/// The checks of a page's entries one by one, in order: each in its
+/// place (`check_place`); a zero entry with nothing else set; a data
+/// entry's record shape (`record_shape`) and the fields that place it in
+/// its record, stripe and arena (`check_within`). Returns the arena
+/// words the entries refer to.
 fn check_each(
     entries: &Entries,
     geometry: &Geometry,
     word_count: usize,
     live: &dyn Fn(u64) -> bool,
 ) -> Result<usize, (&'static str, u64)> {
-    let algorithm = geometry.checksum;
-    let slots = geometry.slot_count();
+    let limits = Limits::new(geometry, word_count);
     let mut referred = 0;
-    let mut end = 0u16;
+    let mut end = 0;
     for e in entries.iter() {
-        if e.start < end || e.blocks == 0 || u64::from(e.end()) > MAP_PAGE_BLOCKS {
-            return Err(("start", u64::from(e.start)));
-        }
-        end = e.end();
-        if e.slot >= slots || !live(e.slot) {
-            return Err(("slot", e.slot));
-        }
-        if e.flags & !(ZERO | DIGEST_IS_CRC) != 0 {
-            return Err(("flags", u64::from(e.flags)));
-        }
+        let varying = Varying {
+            start: u64::from(e.start),
+            blocks: u64::from(e.blocks),
+            slot: e.slot,
+            skip: u64::from(e.skip),
+            offset: u64::from(e.offset),
+            stored_bytes: u64::from(e.stored_bytes),
+            words: u64::from(e.words),
+        };
+        check_place(&varying, &mut end, &limits, live)?;
         if e.is_zero() {
             let rest = [u64::from(e.offset), u64::from(e.stored_bytes), u64::from(e.words)];
             let record = [e.record_blocks, e.skip, e.crcs, e.codec, e.digest_bytes];
@@ -684,118 +682,137 @@ fn check_each(
                 return Err(("zero", e.slot));
             }
         } else {
-            check_record(&e, geometry)?;
-            if e.flags & DIGEST_IS_CRC != 0 && algorithm != tessera_checksum::Algorithm::Crc32c {
-                return Err(("flags", u64::from(e.flags)));
-            }
-            if e.arena_words() > 0 && e.words as usize + e.arena_words() > word_count {
-                return Err(("words", u64::from(e.words)));
-            }
+            let shape = record_shape(&e, geometry)?;
+            check_within(&varying, shape, &limits)?;
+            referred += shape.arena_words;
         }
-        referred += e.arena_words();
     }
     Ok(referred)
 }
 
-/// Whether every entry of the page has the same record shape (flags,
-/// record blocks, CRCs, codec, digest: the layout gives each no bits), a
-/// data record's that passes `check_record`; if so, that shape. Then what `check_each` checks of the shape holds for
-/// every entry at once, and [`check_rest`] checks the rest, field by
-/// field. A page of random 4 KiB writes is such a page, and reading one
-/// in (the largest cost of a read with a small map cache) no longer
-/// builds and checks every field of every entry.
-fn shape_proven(entries: &Entries, geometry: &Geometry) -> Option<Shape> {
+/// The checks of a page whose entries all have one data record's shape
+/// (flags, record blocks, CRCs, codec, digest size: the layout gives
+/// each no bits): that shape once, then, entry by entry, only the fields
+/// that vary, read together, no `Entry` built. The checks are
+/// `check_each`'s. `None` if the page's entries differ in shape (or map
+/// zeros); else the arena words the entries refer to. A page of random
+/// 4 KiB writes is such a page, and checking every field of each of its
+/// ~500 entries was the largest cost of a read with a small map cache.
+fn check_uniform(
+    entries: &Entries,
+    geometry: &Geometry,
+    word_count: usize,
+    live: &dyn Fn(u64) -> bool,
+) -> Option<Result<usize, (&'static str, u64)>> {
+    use entries::{BLOCKS, OFFSET, SKIP, SLOT, START, STORED_BYTES, WORDS};
     let (least, most) = entries.bounds();
-    let fixed = least.flags == most.flags
+    let shared = least.flags == most.flags
         && least.record_blocks == most.record_blocks
         && least.crcs == most.crcs
         && least.codec == most.codec
         && least.digest_bytes == most.digest_bytes;
-    let flags = least.flags;
-    if !fixed || flags & !DIGEST_IS_CRC != 0 {
+    if !shared || least.is_zero() {
         return None;
     }
-    if flags & DIGEST_IS_CRC != 0 && geometry.checksum != tessera_checksum::Algorithm::Crc32c {
-        return None;
-    }
-    // The shape's own checks, on an entry whose other fields pass theirs.
-    let sample = Entry {
-        skip: 0,
-        blocks: 1,
-        offset: 0,
-        stored_bytes: 1,
-        ..least
+    let check = || {
+        // The shape is checked after the first entry's place, where
+        // `check_each` checks it: both refuse a page with the same error.
+        let limits = Limits::new(geometry, word_count);
+        let mut shared = None;
+        let mut end = 0;
+        for i in 0..entries.len() {
+            let [start, blocks, slot, skip, offset, stored_bytes, words] =
+                entries.fields_of(i, [START, BLOCKS, SLOT, SKIP, OFFSET, STORED_BYTES, WORDS]);
+            let varying = Varying {
+                start,
+                blocks,
+                slot,
+                skip,
+                offset,
+                stored_bytes,
+                words,
+            };
+            check_place(&varying, &mut end, &limits, live)?;
+            let shape = match shared {
+                Some(shape) => shape,
+                None => *shared.insert(record_shape(&least, geometry)?),
+            };
+            check_within(&varying, shape, &limits)?;
+        }
+        Ok(shared.map_or(0, |shape| shape.arena_words) * entries.len())
     };
-    check_record(&sample, geometry).ok()?;
-    Some(Shape {
-        record_blocks: u64::from(least.record_blocks),
-        arena_words: sample.arena_words(),
-    })
+    Some(check())
 }
 
-/// What every entry of a page shares (`shape_proven`).
+/// An entry's fields that vary from entry to entry in a page of one
+/// record shape.
+struct Varying {
+    start: u64,
+    blocks: u64,
+    slot: u64,
+    skip: u64,
+    offset: u64,
+    stored_bytes: u64,
+    words: u64,
+}
+
+/// What a data entry's record shape gives the checks of its place.
 #[derive(Clone, Copy)]
 struct Shape {
     record_blocks: u64,
-    /// Arena words each entry refers to.
+    /// Arena words the entry refers to.
     arena_words: usize,
 }
 
-/// The checks of `check_each` that `shape_proven` leaves, entry by entry
-/// from the fields that vary: within the page after the one before it,
-/// its slot live, its blocks inside the record, its bytes inside the
-/// stripe, its words inside the arena.
-fn check_rest(
-    entries: &Entries,
-    geometry: &Geometry,
-    shape: Shape,
+/// What an entry's fields must stay within, the geometry's figures taken
+/// once a page.
+struct Limits {
+    slots: u64,
+    /// Bytes of a stripe's data area.
+    area: u64,
+    /// Words of the page's arena.
     word_count: usize,
+}
+
+impl Limits {
+    fn new(geometry: &Geometry, word_count: usize) -> Limits {
+        Limits {
+            slots: geometry.slot_count(),
+            area: geometry.data_area_bytes() as u64,
+            word_count,
+        }
+    }
+}
+
+/// An entry's place: within the page, after the one before it (which
+/// ended at `end`, moved past this one), in a slot that holds a live
+/// stripe.
+fn check_place(
+    v: &Varying,
+    end: &mut u64,
+    limits: &Limits,
     live: &dyn Fn(u64) -> bool,
 ) -> Result<(), (&'static str, u64)> {
-    let (record_blocks, arena_words, word_count) = (shape.record_blocks, shape.arena_words as u64, word_count as u64);
-    use entries::{BLOCKS, OFFSET, SKIP, SLOT, START, STORED_BYTES, WORDS};
-    let (slots, area) = (geometry.slot_count(), geometry.data_area_bytes() as u64);
-    let mut end = 0u64;
-    for i in 0..entries.len() {
-        let [start, blocks, slot, skip, offset, stored, words] =
-            entries.fields_of(i, [START, BLOCKS, SLOT, SKIP, OFFSET, STORED_BYTES, WORDS]);
-        if start < end || blocks == 0 || start + blocks > MAP_PAGE_BLOCKS {
-            return Err(("start", start));
-        }
-        end = start + blocks;
-        if slot >= slots || !live(slot) {
-            return Err(("slot", slot));
-        }
-        if skip + blocks > record_blocks {
-            return Err(("record_blocks", record_blocks));
-        }
-        if offset + stored > area || stored == 0 {
-            return Err(("offset", offset));
-        }
-        if arena_words > 0 && words + arena_words > word_count {
-            return Err(("words", words));
-        }
+    if v.start < *end || v.blocks == 0 || v.start + v.blocks > MAP_PAGE_BLOCKS {
+        return Err(("start", v.start));
+    }
+    *end = v.start + v.blocks;
+    if v.slot >= limits.slots || !live(v.slot) {
+        return Err(("slot", v.slot));
     }
     Ok(())
 }
 
-/// The most bytes images of `pages` pages holding `entries` entries in
-/// all may take as stored: every entry with its own words, the most a
-/// record has, none compressed.
-pub fn images_bytes_max(algorithm: tessera_checksum::Algorithm, pages: usize, entries: usize) -> usize {
-    let words = algorithm.digest_bytes().div_ceil(4) + EXTENT_BLOCKS_MAX;
-    let stored = crate::format::STORED_IMAGE_HEADER_BYTES;
-    pages * (IMAGE_HEADER_BYTES + IMAGE_COLUMNS_BYTES + stored) + entries * (IMAGE_ENTRY_BYTES + 4 * words)
-}
-
-/// The checks of a data entry's record: its shape, codec, checksums and
-/// place in the stripe (the field at fault, and its value, if one fails).
-fn check_record(e: &Entry, geometry: &Geometry) -> Result<(), (&'static str, u64)> {
+/// The checks of a data entry's record shape: its flags, its record's
+/// blocks, codec, checksums (the field at fault, and its value, if one
+/// fails).
+fn record_shape(e: &Entry, geometry: &Geometry) -> Result<Shape, (&'static str, u64)> {
+    let flags = u64::from(e.flags);
+    if e.flags & !(ZERO | DIGEST_IS_CRC) != 0 {
+        return Err(("flags", flags));
+    }
     let record_blocks = usize::from(e.record_blocks);
-    if record_blocks == 0
-        || record_blocks > EXTENT_BLOCKS_MAX
-        || usize::from(e.skip) + usize::from(e.blocks) > record_blocks
-    {
+    if record_blocks == 0 || record_blocks > EXTENT_BLOCKS_MAX {
         return Err(("record_blocks", u64::from(e.record_blocks)));
     }
     if codec_from_code(e.codec, 0).is_none() {
@@ -808,13 +825,38 @@ fn check_record(e: &Entry, geometry: &Geometry) -> Result<(), (&'static str, u64
     if usize::from(e.digest_bytes) != geometry.checksum.digest_bytes() {
         return Err(("digest_bytes", u64::from(e.digest_bytes)));
     }
-    if e.flags & DIGEST_IS_CRC != 0 && (e.codec != 0 || e.crcs != 1) {
-        return Err(("flags", u64::from(e.flags)));
+    if e.flags & DIGEST_IS_CRC != 0
+        && (e.codec != 0 || e.crcs != 1 || geometry.checksum != tessera_checksum::Algorithm::Crc32c)
+    {
+        return Err(("flags", flags));
     }
-    if u64::from(e.offset) + u64::from(e.stored_bytes) > geometry.data_area_bytes() as u64 || e.stored_bytes == 0 {
-        return Err(("offset", u64::from(e.offset)));
+    Ok(Shape {
+        record_blocks: u64::from(e.record_blocks),
+        arena_words: e.arena_words(),
+    })
+}
+
+/// The checks of a data entry's place in its record, stripe and arena.
+fn check_within(v: &Varying, shape: Shape, limits: &Limits) -> Result<(), (&'static str, u64)> {
+    if v.skip + v.blocks > shape.record_blocks {
+        return Err(("record_blocks", shape.record_blocks));
+    }
+    if v.offset + v.stored_bytes > limits.area || v.stored_bytes == 0 {
+        return Err(("offset", v.offset));
+    }
+    if shape.arena_words > 0 && v.words as usize + shape.arena_words > limits.word_count {
+        return Err(("words", v.words));
     }
     Ok(())
+}
+
+/// The most bytes images of `pages` pages holding `entries` entries in
+/// all may take as stored: every entry with its own words, the most a
+/// record has, none compressed.
+pub fn images_bytes_max(algorithm: tessera_checksum::Algorithm, pages: usize, entries: usize) -> usize {
+    let words = algorithm.digest_bytes().div_ceil(4) + EXTENT_BLOCKS_MAX;
+    let stored = crate::format::STORED_IMAGE_HEADER_BYTES;
+    pages * (IMAGE_HEADER_BYTES + IMAGE_COLUMNS_BYTES + stored) + entries * (IMAGE_ENTRY_BYTES + 4 * words)
 }
 
 /// The entries that replace a page's overlapped ones, being built.
@@ -1796,12 +1838,13 @@ mod tests {
         }
     }
 
-    /// Pages of uniform records (the shape random 4 KiB writes make) are
-    /// read in with their fields proven from the layout; changed at
-    /// random, every image is accepted or refused exactly as checking
-    /// each entry does, with the same error and the same arena words.
+    /// Pages of one record shape (as random 4 KiB writes make them) are
+    /// checked as one; changed at random, every image is accepted or
+    /// refused exactly as checking each entry does, with the same error
+    /// and the same arena words; and one entry of another shape, in any
+    /// of the shape's fields, makes the page one to check entry by entry.
     #[test]
-    fn a_page_proven_from_its_layout_decodes_as_one_checked_entry_by_entry() {
+    fn a_page_of_one_record_shape_is_checked_as_one_as_each_entry_would_be() {
         use rand::{Rng, SeedableRng};
         use tessera_compress::Codec;
         let shapes = [
@@ -1839,13 +1882,14 @@ mod tests {
             let g = image_geometry(algorithm);
             let live = |s: u64| s < 9;
             let count = u32::from_le_bytes(image[8..12].try_into().unwrap()) as usize;
+            let words = u32::from_le_bytes(image[12..16].try_into().unwrap()) as usize;
             let (entries, _) = Entries::read_image(&image[IMAGE_HEADER_BYTES..], count).expect("entries");
             assert!(
-                shape_proven(&entries, &g).is_some(),
-                "{algorithm:?} {codec:?}: a uniform page is proven from its layout"
+                matches!(check_uniform(&entries, &g, words, &live), Some(Ok(_))),
+                "{algorithm:?} {codec:?}: a uniform page is checked as one"
             );
-            let outcome = |bytes: &[u8], by_bounds: bool| {
-                Page::decode_checked(bytes, &g, &live, by_bounds)
+            let outcome = |bytes: &[u8], by_uniform: bool| {
+                Page::decode_checked(bytes, &g, &live, by_uniform)
                     .map(|(p, page)| (p, page.words_referred, page.entries.len()))
             };
             assert!(outcome(&image, true).is_ok());
@@ -1867,6 +1911,28 @@ mod tests {
                 if proven.is_err() {
                     proven_refused += 1;
                 }
+            }
+            // One entry of another record shape, each shape field in
+            // turn: the page is not checked as one.
+            let (_, page) = Page::decode_checked(&image, &g, &live, true).unwrap();
+            let uniform = page.entries.to_vec();
+            let odd: [fn(&mut Entry); 7] = [
+                |e| e.codec = 9,
+                |e| e.crcs += 1,
+                |e| e.record_blocks = 0,
+                |e| e.digest_bytes += 1,
+                |e| e.flags ^= DIGEST_IS_CRC,
+                |e| e.flags |= ZERO,
+                |e| e.flags |= 0x80,
+            ];
+            for (n, change) in odd.iter().enumerate() {
+                let mut entries = uniform.clone();
+                let middle = entries.len() / 2;
+                change(&mut entries[middle]);
+                assert!(
+                    check_uniform(&Entries::from_slice(&entries), &g, words, &live).is_none(),
+                    "{algorithm:?} {codec:?}, change {n}"
+                );
             }
             // A slot the caller says holds no live stripe is refused.
             assert!(Page::decode_checked(&image, &g, &|s| s != 4, true).is_err());

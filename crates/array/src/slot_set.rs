@@ -168,6 +168,16 @@ impl SlotSet {
         removed
     }
 
+    /// The set, leaving an empty one of the same size in its place.
+    pub fn take(&mut self) -> SlotSet {
+        let empty = SlotSet {
+            words: vec![0; self.words.len()],
+            summary: vec![0; self.summary.len()],
+            len: 0,
+        };
+        std::mem::replace(self, empty)
+    }
+
     /// Takes every slot out, returning them in order (in time for the
     /// slots in it, not the set's size).
     pub fn drain(&mut self) -> Vec<u64> {
@@ -222,6 +232,12 @@ mod tests {
             assert!(drained.drain().into_iter().eq(model.iter().copied()), "{count}");
             assert!(drained.len() == 0 && drained.iter().next().is_none(), "{count}");
             assert!((0..count).all(|slot| !drained.contains(slot)), "{count}");
+            let mut taken = set.clone();
+            let whole = taken.take();
+            assert!(whole.iter().eq(model.iter().copied()), "{count}");
+            assert!(taken.len() == 0 && taken.iter().next().is_none(), "{count}");
+            taken.insert(count - 1);
+            assert!(taken.iter().eq([count - 1]), "{count}: the taken set keeps its size");
             let empty = SlotSet::empty(count);
             assert!(empty.len() == 0 && empty.iter().next().is_none());
             assert!(!empty.contains(count), "a slot past the end is not in it");

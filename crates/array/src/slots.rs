@@ -376,8 +376,7 @@ impl SlotTable {
     /// pages; `copy_snapshot` copies them.
     pub fn begin_snapshot(&mut self, also: &BTreeSet<u64>) -> BTreeSet<u64> {
         assert!(self.snapshot.is_none(), "one checkpoint at a time");
-        let pages = self.count().div_ceil(PAGE_SLOTS);
-        let mut pending = std::mem::replace(&mut self.dirty_pages, SlotSet::empty(pages));
+        let mut pending = self.dirty_pages.take();
         for &page in also {
             pending.insert(page);
         }
