@@ -114,6 +114,11 @@ const _: () = assert!(EXTENT_BLOCKS_MAX <= u8::MAX as usize);
 /// bytes (`format::SlotEntry`).
 pub const SLOT_TABLE_PAGE_SLOTS: u64 = 1024;
 
+/// Slot table pages opening reads at once, in parallel on the I/O pool,
+/// before taking them into the table: what it holds meanwhile is one
+/// batch's entries (some 8 MB), not the whole table's.
+pub const OPEN_SLOT_PAGES_PER_BATCH: usize = 256;
+
 /// Slot table pages a checkpoint copies under one hold of the index
 /// (1,024 slots looked at each): writers wait a fraction of a millisecond.
 pub const CHECKPOINT_SLOT_PAGES_PER_LOCK: usize = 64;

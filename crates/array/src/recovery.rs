@@ -31,7 +31,7 @@ use crate::format::{
 use crate::map::{Location, Map, Rule, Target};
 use crate::slots::{SlotState, SlotTable};
 use serde::Serialize;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 /// What opening the array found and did, for `status`.
@@ -472,25 +472,30 @@ impl Shared {
                 index.slots.set(slot, SlotState::Checkpoint, sequence);
             }
         }
-        let slot_pages = self
-            .read_slot_pages(&checkpoint.images.slot_pages)
-            .map_err(unreadable)?;
-        // The map's pages stay on the members until something looks at
-        // them; the slot table takes its pages as they are (the counts
-        // the map's pages add up to), then the stripes sealed since.
-        let stale_volume_pages: Vec<crate::map::Needed> = {
+        // The slot table takes its pages as they are (the counts the
+        // map's pages add up to), a batch at a time, then the stripes
+        // sealed since; the map's pages stay on the members until
+        // something looks at them.
+        let slot_pages: Vec<(u64, &Arc<PageImage>)> = checkpoint
+            .images
+            .slot_pages
+            .iter()
+            .map(|(&page, image)| (page, image))
+            .collect();
+        for batch in slot_pages.chunks(crate::limits::OPEN_SLOT_PAGES_PER_BATCH) {
+            let read = self.read_slot_pages(batch).map_err(unreadable)?;
             let mut index = self.index_mut();
-            for (page, entries) in &slot_pages {
+            for (page, entries) in &read {
                 index.slots.restore_page(*page, entries).map_err(unreadable)?;
             }
+        }
+        let stale_volume_pages: Vec<crate::map::Needed> = {
+            let mut index = self.index_mut();
             index.slots.restored(&checkpoint.volumes);
             for &(slot, sequence) in &checkpoint.resealed {
                 index.slots.set(slot, SlotState::Sealed, sequence);
             }
-            for (_, entries) in &slot_pages {
-                index.slots.check_counted(entries).map_err(unreadable)?;
-            }
-            drop(slot_pages);
+            index.slots.check_counted().map_err(unreadable)?;
             let images = &checkpoint.images;
             index.map.open_from(&images.dirs, (images.pages, images.page_bytes));
             index.next_version = checkpoint.next_version.max(1);
@@ -531,31 +536,28 @@ impl Shared {
         Ok(window)
     }
 
-    /// The slot table's pages a root names, read from its map stripes
-    /// (whose slots the table knows), each checked against its number.
-    fn read_slot_pages(
-        &self,
-        pages: &BTreeMap<u64, Arc<PageImage>>,
-    ) -> Result<Vec<(u64, Vec<SlotEntry>)>, CheckpointFault> {
-        pages
-            .iter()
-            .map(|(&page, image)| {
-                let unreadable = |source| CheckpointFault::SlotPage {
-                    page,
-                    source: Box::new(source),
-                };
-                let stored = self.read_page_image(page, image).map_err(unreadable)?;
-                let (number, entries) = crate::format::decode_slot_page_image(&stored, &self.geometry)?;
-                if number != page {
-                    return Err(CheckpointFault::Format(crate::format::FormatError::Field {
-                        what: "slot table page",
-                        field: "number",
-                        value: number,
-                    }));
-                }
-                Ok((page, entries))
-            })
-            .collect()
+    /// Slot table pages a root names, read from its map stripes (whose
+    /// slots the table knows) in parallel on the I/O pool, each checked
+    /// against its number.
+    fn read_slot_pages(&self, pages: &[(u64, &Arc<PageImage>)]) -> Result<Vec<(u64, Vec<SlotEntry>)>, CheckpointFault> {
+        use rayon::prelude::*;
+        let read = |&(page, image): &(u64, &Arc<PageImage>)| {
+            let unreadable = |source| CheckpointFault::SlotPage {
+                page,
+                source: Box::new(source),
+            };
+            let stored = self.read_page_image(page, image).map_err(unreadable)?;
+            let (number, entries) = crate::format::decode_slot_page_image(&stored, &self.geometry)?;
+            if number != page {
+                return Err(CheckpointFault::Format(crate::format::FormatError::Field {
+                    what: "slot table page",
+                    field: "number",
+                    value: number,
+                }));
+            }
+            Ok((page, entries))
+        };
+        self.io_pool.install(|| pages.par_iter().map(read).collect())
     }
 
     /// The summary of the stripe one of whose chunk `header`s was read.
