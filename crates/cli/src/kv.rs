@@ -25,6 +25,15 @@ pub struct Args {
     /// (`serve --kv-token-file`).
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<std::path::PathBuf>,
+    /// Connect with TLS, trusting the CA certificate (PEM) in FILE
+    /// (`serve --kv-tls-cert`); the server's certificate must name the
+    /// host of --at (or --tls-server-name).
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// The name the server's certificate must carry, where it is not
+    /// the host of --at.
+    #[arg(long, value_name = "NAME", requires = "tls_ca")]
+    pub tls_server_name: Option<String>,
     #[command(subcommand)]
     pub command: KvCommand,
 }
@@ -83,14 +92,49 @@ pub enum KvCommand {
 
 pub fn run(args: Args) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    runtime.block_on(run_async(args))
+    let plain = args.tls_ca.is_none();
+    runtime.block_on(run_async(args)).map_err(|e| {
+        // (A plain client meeting TLS fails in one of these, depending
+        // on when the server's refusal reaches it.)
+        let text = e.to_string();
+        let transport = text.contains("transport error") || text.contains("h2 protocol error");
+        match plain && transport {
+            true => anyhow::anyhow!("{e} (a server with --kv-tls-cert wants --tls-ca)"),
+            false => e,
+        }
+    })
 }
 
-async fn connect(at: &str, token: Option<&str>) -> Result<FlightClient> {
-    let channel = tonic::transport::Channel::from_shared(format!("http://{at}"))?
-        .connect()
-        .await
-        .with_context(|| format!("connecting to the KV server at {at} (is `tessera serve DIR --kv {at}` running?)"))?;
+async fn connect(args: &Args, token: Option<&str>) -> Result<FlightClient> {
+    let at = &args.at;
+    let endpoint = match &args.tls_ca {
+        None => tonic::transport::Channel::from_shared(format!("http://{at}"))?,
+        Some(ca) => {
+            let path = ca;
+            let ca = std::fs::read(path).with_context(|| format!("reading --tls-ca {}", path.display()))?;
+            if !ca.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") {
+                bail!("--tls-ca {}: no PEM certificate in it", path.display());
+            }
+            let mut tls =
+                tonic::transport::ClientTlsConfig::new().ca_certificate(tonic::transport::Certificate::from_pem(ca));
+            if let Some(name) = &args.tls_server_name {
+                tls = tls.domain_name(name.clone());
+            }
+            tonic::transport::Channel::from_shared(format!("https://{at}"))?
+                .tls_config(tls)
+                .map_err(|e| anyhow::anyhow!("--tls-ca: {}", tessera_kv::flight::error_chain(&e)))?
+        }
+    };
+    let channel = endpoint.connect().await.map_err(|e| {
+        anyhow::anyhow!(
+            "connecting to the KV server at {at} (is `tessera serve DIR --kv {at}` running{}?): {}",
+            match args.tls_ca {
+                Some(_) => ", with --kv-tls-cert",
+                None => ", without --kv-tls-cert (else give --tls-ca)",
+            },
+            tessera_kv::flight::error_chain(&e)
+        )
+    })?;
     let mut client = FlightClient::new(channel);
     if let Some(token) = token {
         client
@@ -103,7 +147,19 @@ async fn connect(at: &str, token: Option<&str>) -> Result<FlightClient> {
 /// A Flight error as the server said it.
 fn said(e: FlightError) -> anyhow::Error {
     match e {
-        FlightError::Tonic(status) => anyhow::anyhow!("{}", status.message()),
+        // A connection that fails, e.g. plain to a server with
+        // --kv-tls-cert, surfaces at the first call as a status with
+        // the transport error as its source.
+        FlightError::Tonic(status) => match std::error::Error::source(&*status) {
+            Some(source) => {
+                let chain = tessera_kv::flight::error_chain(source);
+                match chain.starts_with(status.message()) {
+                    true => anyhow::anyhow!("{chain}"),
+                    false => anyhow::anyhow!("{}: {chain}", status.message()),
+                }
+            }
+            None => anyhow::anyhow!("{}", status.message()),
+        },
         other => anyhow::anyhow!("{other}"),
     }
 }
@@ -127,7 +183,7 @@ async fn run_async(args: Args) -> Result<()> {
         .as_deref()
         .map(|path| crate::serve::http::read_token(path, "KV"))
         .transpose()?;
-    let mut client = connect(&args.at, token.as_deref()).await?;
+    let mut client = connect(&args, token.as_deref()).await?;
     match args.command {
         KvCommand::Create { name, schema } => {
             let text = match schema.strip_prefix('@') {

@@ -90,7 +90,7 @@ enum Command {
     /// Make an array of N members (files in DIR, or --device paths).
     Create(create::Create),
     /// Serve the array in DIR over NBD (export name "tessera") until SIGINT or SIGTERM.
-    Serve(serve::Serve),
+    Serve(Box<serve::Serve>),
     /// Health, capacity, compression, write amplification and errors of the array in DIR.
     Status(status::Args),
     /// Reads and writes per second of the served array in DIR, per volume and per member, every SECONDS (like `zpool iostat -v`).
@@ -166,10 +166,14 @@ fn exit_cleanly_when_output_fails() {
 fn main() -> Result<()> {
     exit_cleanly_when_output_fails();
     let cli = Cli::parse();
-    if !matches!(cli.command, Command::Serve(_)) {
+    if !matches!(cli.command, Command::Serve(_) | Command::Kv(_)) {
         // Commands that print end quietly when what reads them stops
         // (`tessera status | head`), as command-line tools do; the server
-        // keeps SIGPIPE ignored and sees a closed client as an error.
+        // keeps SIGPIPE ignored and sees a closed client as an error, and
+        // so does `kv`, a gRPC client whose writes to a server that
+        // closed the connection (plain to a TLS one) would otherwise kill
+        // it without a word (its printing ends quietly all the same:
+        // `exit_cleanly_when_output_fails`).
         // SAFETY: setting a signal's disposition to the default, before
         // any other thread exists.
         unsafe {
@@ -178,7 +182,7 @@ fn main() -> Result<()> {
     }
     match cli.command {
         Command::Create(c) => create::create(&c),
-        Command::Serve(s) => serve::serve(s),
+        Command::Serve(s) => serve::serve(*s),
         Command::Status(a) => status::run(&a),
         Command::Iostat(a) => iostat::run(&a),
         Command::Events(a) => events::run(&a),

@@ -24,10 +24,11 @@ fn python() -> PathBuf {
 
 /// `kv_flight.py ADDRESS MODE ARGS...`, to run.
 fn script_command(address: &str, mode: &str, args: &[&str]) -> Command {
+    let scheme = if mode == "tls" { "grpc+tls" } else { "grpc" };
     let mut command = Command::new(python());
     command
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kv_flight.py"))
-        .arg(format!("grpc://{address}"))
+        .arg(format!("{scheme}://{address}"))
         .arg(mode)
         .args(args);
     command
@@ -68,7 +69,8 @@ fn serve(dir: &Path, extra: &[&str]) -> (Server, String) {
             .next()
             .expect("the server says where it serves KV spaces before it ends")
             .unwrap();
-        if let Some(at) = line.strip_prefix("tessera: KV spaces (Arrow Flight) at grpc://") {
+        let said = line.strip_prefix("tessera: KV spaces (Arrow Flight) at ");
+        if let Some(at) = said.and_then(|s| s.strip_prefix("grpc://").or_else(|| s.strip_prefix("grpc+tls://"))) {
             break at.to_string();
         }
     };
@@ -270,5 +272,73 @@ fn a_token_guards_the_kv_spaces_and_one_is_required_beyond_loopback() {
         tessera(&["kv", "--at", &at, "--token-file", token.to_str().unwrap(), "status"]),
     );
     assert!(!listed.contains("wants a token"), "{listed}");
+    stop(server);
+}
+
+/// With --kv-tls-cert, KV spaces are served over TLS only: pyarrow
+/// (`grpc+tls://`) and `tessera kv --tls-ca` are served, with the token
+/// still asked for; a plain client, or one that does not trust the
+/// server's certificate, is not.
+#[test]
+fn kv_spaces_are_served_over_tls_to_pyarrow_and_tessera_kv() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("array");
+    create(&dir, "40M");
+    let (pki, _) = make_certificates(tmp.path());
+    let path = |name: &str| pki.join(name).to_str().unwrap().to_string();
+    let (ca, certificate, key) = (path("ca-cert.pem"), path("server-cert.pem"), path("server-key.pem"));
+    let token = tmp.path().join("kv-token");
+    std::fs::write(&token, "s3cret-kv-token-0123\n").unwrap();
+    let token = token.to_str().unwrap();
+    // A key that does not go with the certificate: refused before the
+    // array is opened.
+    let out = tessera(&[
+        "serve",
+        dir.to_str().unwrap(),
+        "--socket",
+        dir.with_extension("sock").to_str().unwrap(),
+        "--kv",
+        "127.0.0.1:0",
+        "--kv-tls-cert",
+        &certificate,
+        "--kv-tls-key",
+        &ca,
+    ]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("--kv-tls-key"), "{said}");
+    assert!(!said.contains("opened in"), "{said}");
+
+    let tls = [
+        "--kv-tls-cert",
+        &certificate,
+        "--kv-tls-key",
+        &key,
+        "--kv-token-file",
+        token,
+    ];
+    let (server, at) = serve(&dir, &tls);
+    let found = script(&at, "tls", &[&ca, token]);
+    assert!(found.contains("\"rows\": 5000"), "{found}");
+    let kv = |extra: &[&str]| tessera(&[&["kv", "--at", &at, "--token-file", token][..], extra].concat());
+    let counted = succeeded(
+        "kv query over TLS",
+        kv(&["--tls-ca", &ca, "query", "secure", "--where", "id>=0", "--count"]),
+    );
+    assert_eq!(counted.trim(), "5000");
+    // A plain client is told what to give.
+    let out = kv(&["status"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("wants --tls-ca"), "{said}");
+    // A CA that did not sign the server's certificate.
+    let out = kv(&["--tls-ca", &certificate, "status"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("invalid peer certificate"),
+        "{said}"
+    );
+    // Nor does a name the certificate does not carry.
+    let out = kv(&["--tls-ca", &ca, "--tls-server-name", "other.example", "status"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("other.example"), "{said}");
     stop(server);
 }

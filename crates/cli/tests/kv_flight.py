@@ -9,6 +9,11 @@
                                      each acknowledgement, until killed
   kv_flight.py ADDRESS kill-check N  every record is in whole batches,
                                      batches 0..N at least
+  kv_flight.py grpc+tls://ADDRESS tls CA TOKEN_FILE
+                                     over TLS, trusting CA, with the
+                                     token: a space made, filled and
+                                     read back; refused without the
+                                     token, and to a plain client
 
 Run by crates/cli/tests/kv.rs; every check is an assert.
 """
@@ -22,7 +27,14 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 address, mode = sys.argv[1], sys.argv[2]
-client = fl.FlightClient(address)
+if mode == "tls":
+    CA = open(sys.argv[3], "rb").read()
+    TOKEN = open(sys.argv[4]).readline().strip()
+    client = fl.FlightClient(address, tls_root_certs=CA)
+    OPTIONS = fl.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".encode())])
+else:
+    client = fl.FlightClient(address)
+    OPTIONS = None
 
 SCHEMA = {
     "key": "id",
@@ -34,7 +46,7 @@ SCHEMA = {
 
 
 def act(kind, body):
-    results = list(client.do_action(fl.Action(kind, json.dumps(body).encode())))
+    results = list(client.do_action(fl.Action(kind, json.dumps(body).encode()), OPTIONS))
     assert len(results) == 1, results
     return json.loads(results[0].body.to_pybytes())
 
@@ -53,7 +65,7 @@ def particles(n, first_id, seed):
 
 
 def put(name, table, chunk=50_000):
-    writer, reader = client.do_put(fl.FlightDescriptor.for_path(name), table.schema)
+    writer, reader = client.do_put(fl.FlightDescriptor.for_path(name), table.schema, OPTIONS)
     writer.write_table(table, max_chunksize=chunk)
     writer.done_writing()
     acks = []
@@ -78,8 +90,8 @@ def refused(what, text, call):
 
 def query(name, q):
     command = json.dumps({"space": name, "query": q}).encode()
-    info = client.get_flight_info(fl.FlightDescriptor.for_command(command))
-    table = client.do_get(info.endpoints[0].ticket).read_all()
+    info = client.get_flight_info(fl.FlightDescriptor.for_command(command), OPTIONS)
+    table = client.do_get(info.endpoints[0].ticket, OPTIONS).read_all()
     return table, json.loads(info.app_metadata)["indexed"]
 
 
@@ -191,3 +203,21 @@ elif mode == "kill-check":
     assert batches >= acked, f"{batches} batches back, {acked} acknowledged"
     assert np.array_equal(ids, np.arange(batches * 20_000, dtype=np.uint64)), "records lost or twice"
     print(json.dumps({"batches": batches}))
+
+elif mode == "tls":
+    act("create", {"name": "secure", "schema": SCHEMA})
+    model = particles(5_000, 0, 11)
+    assert put("secure", model)[-1]["rows"] == 5_000
+    table, _ = query("secure", "all")
+    got = table.sort_by("id")
+    for name in model.column_names:
+        assert np.array_equal(got.column(name).to_numpy(), model.column(name).to_numpy()), name
+    # Over TLS without the token: refused.
+    bare = fl.FlightClient(address, tls_root_certs=CA)
+    refused("no token over TLS", "wants a token", lambda: list(bare.do_action(fl.Action("status", b"{}"))))
+    # A plain client, token and all: no answer from a server that speaks TLS.
+    plain = fl.FlightClient(address.replace("grpc+tls://", "grpc://"))
+    refused("a plain client", "", lambda: list(plain.do_action(
+        fl.Action("status", b"{}"),
+        fl.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".encode())], timeout=20))))
+    print(json.dumps({"rows": table.num_rows}))

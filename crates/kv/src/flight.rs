@@ -352,6 +352,48 @@ impl FlightService for KvFlight {
     }
 }
 
+/// The Flight server's certificate (chain) and private key, PEM, checked
+/// to make a TLS configuration when read.
+#[derive(Clone)]
+pub struct FlightTls {
+    config: tonic::transport::ServerTlsConfig,
+}
+
+/// A TLS client that has not finished its handshake by then is dropped.
+const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl FlightTls {
+    /// From PEM files; a certificate or key that cannot be read or used
+    /// is an error here, before anything is served.
+    pub fn from_pem_files(certificate: &std::path::Path, key: &std::path::Path) -> Result<FlightTls, String> {
+        let read = |path: &std::path::Path| std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()));
+        let identity = tonic::transport::Identity::from_pem(read(certificate)?, read(key)?);
+        let config = tonic::transport::ServerTlsConfig::new()
+            .identity(identity)
+            .timeout(TLS_HANDSHAKE_TIMEOUT);
+        // The configuration is only parsed when a server takes it.
+        tonic::transport::Server::builder()
+            .tls_config(config.clone())
+            .map_err(|e| format!("{} with {}: {}", certificate.display(), key.display(), error_chain(&e)))?;
+        Ok(FlightTls { config })
+    }
+}
+
+/// An error and its sources, as one line.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut line = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        // (Some errors print their source in their own text.)
+        let cause_text = cause.to_string();
+        if !line.contains(&cause_text) {
+            line.push_str(&format!(": {cause_text}"));
+        }
+        source = cause.source();
+    }
+    line
+}
+
 /// The Flight server's socket, bound (so that an address in use is
 /// found before the array is opened), and its runtime.
 pub struct FlightListener {
@@ -379,7 +421,14 @@ impl FlightListener {
     /// Serves `store` on the bound socket, on threads of its own. With a
     /// `token`, every call must carry `authorization: Bearer TOKEN` in its
     /// metadata, or is refused (`UNAUTHENTICATED`) before it does anything.
-    pub fn serve(self, store: Arc<Store>, token: Option<String>) -> std::io::Result<FlightServer> {
+    /// With `tls`, only TLS connections are served (gRPC over HTTP/2 in
+    /// TLS: `grpc+tls://` to pyarrow).
+    pub fn serve(
+        self,
+        store: Arc<Store>,
+        token: Option<String>,
+        tls: Option<FlightTls>,
+    ) -> std::io::Result<FlightServer> {
         let FlightListener {
             runtime,
             listener,
@@ -407,9 +456,13 @@ impl FlightListener {
         // Without TCP_NODELAY a small answer (a point get) waits out the
         // client's delayed ACK: 44 ms a get where it takes 0.3.
         let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            builder = builder.tls_config(tls.config).map_err(std::io::Error::other)?;
+        }
         let thread = std::thread::Builder::new().name("kv-flight".into()).spawn(move || {
             let served = runtime.block_on(
-                tonic::transport::Server::builder()
+                builder
                     .add_service(service)
                     .serve_with_incoming_shutdown(incoming, async {
                         let _ = stopped.await;

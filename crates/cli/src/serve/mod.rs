@@ -108,9 +108,16 @@ pub struct Serve {
     pub kv: Option<std::net::SocketAddr>,
     /// File whose first line is the token every KV client must send
     /// (`authorization: Bearer TOKEN`; `tessera kv --token-file`). It
-    /// travels in clear text: there is no TLS for KV spaces yet.
+    /// travels in clear text unless --kv-tls-cert is given.
     #[arg(long, value_name = "FILE", requires = "kv")]
     pub kv_token_file: Option<PathBuf>,
+    /// PEM certificate (chain) for serving KV spaces over TLS only
+    /// (`grpc+tls://`; `tessera kv --tls-ca`).
+    #[arg(long, value_name = "FILE", requires = "kv", requires = "kv_tls_key")]
+    pub kv_tls_cert: Option<PathBuf>,
+    /// PEM private key of --kv-tls-cert.
+    #[arg(long, value_name = "FILE", requires = "kv_tls_cert")]
+    pub kv_tls_key: Option<PathBuf>,
     /// Bytes of records a KV space's sort holds in memory at once.
     #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_usize, default_value = "256M")]
     pub kv_sort_memory: usize,
@@ -301,6 +308,13 @@ pub fn serve(s: Serve) -> Result<()> {
             );
         }
     }
+    let kv_tls = match (&s.kv_tls_cert, &s.kv_tls_key) {
+        (Some(certificate), Some(key)) => Some(
+            tessera_kv::flight::FlightTls::from_pem_files(certificate, key)
+                .map_err(|e| anyhow::anyhow!("--kv-tls-cert/--kv-tls-key: {e}"))?,
+        ),
+        _ => None,
+    };
     let kv_listener =
         s.kv.map(|address| {
             tessera_kv::flight::FlightListener::bind(address)
@@ -420,16 +434,16 @@ pub fn serve(s: Serve) -> Result<()> {
                 eprintln!("tessera: warning: KV space {name} is left out: {why}");
             }
             let address = listener.address;
-            let server = listener
-                .serve(store.clone(), kv_token)
-                .with_context(|| format!("serving KV spaces at {address}"))?;
-            if !server.address.ip().is_loopback() {
+            let scheme = if kv_tls.is_some() { "grpc+tls" } else { "grpc" };
+            if !address.ip().is_loopback() && kv_tls.is_none() {
                 eprintln!(
-                    "tessera: warning: KV spaces served at {} with a token but no TLS: the token and the records travel in clear text",
-                    server.address
+                    "tessera: warning: KV spaces served at {address} with a token but no TLS (--kv-tls-cert): the token and the records travel in clear text"
                 );
             }
-            eprintln!("tessera: KV spaces (Arrow Flight) at grpc://{}", server.address);
+            let server = listener
+                .serve(store.clone(), kv_token, kv_tls)
+                .with_context(|| format!("serving KV spaces at {address}"))?;
+            eprintln!("tessera: KV spaces (Arrow Flight) at {scheme}://{}", server.address);
             if let Some(metrics) = &metrics {
                 metrics.set_kv(store.clone());
             }
