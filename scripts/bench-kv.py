@@ -33,9 +33,11 @@ parser.add_argument("--nbd", required=True, help="NBD URI of a volume to write a
 parser.add_argument("--records", type=int, default=10_000_000)
 parser.add_argument("--work", required=True, help="a directory on the array's disk")
 parser.add_argument("--rocksdb", action="store_true", help="measure RocksDB too (rocksdict)")
+parser.add_argument("--tls-ca", help="PEM CA certificate to trust (a grpc+tls:// address)")
 args = parser.parse_args()
 n = args.records
-client = fl.FlightClient(args.address)
+tls = {"tls_root_certs": open(args.tls_ca, "rb").read()} if args.tls_ca else {}
+client = fl.FlightClient(args.address, **tls)
 rows = []
 
 

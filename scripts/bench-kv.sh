@@ -6,6 +6,8 @@
 #
 #   scripts/bench-kv.sh [RECORDS]        (default 10000000; 36 bytes each)
 #   ROCKSDB=0 scripts/bench-kv.sh ...     (leave RocksDB out)
+#   TLS=1 scripts/bench-kv.sh ...         (the Flight server over TLS: --kv-tls-cert,
+#                                          a self-signed P-256 certificate)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 records=${1:-10000000}
@@ -31,11 +33,19 @@ trap cleanup EXIT
 member=$(( (records * 36 * 8 / 4 >> 20) + 1024 ))M
 "$tessera" create --data 4 --parity 2 --dir "$work/array" --devices 6 --device-size "$member" >/dev/null
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"$tessera" serve "$work/array" --socket "$work/nbd.sock" --kv "127.0.0.1:$port" 2>"$work/serve.log" &
+tls=() scheme=grpc client_tls=()
+if [ "${TLS:-0}" = 1 ]; then
+  openssl req -x509 -days 1 -subj /CN=localhost -addext "subjectAltName=IP:127.0.0.1" \
+    -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+    -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
+  tls=(--kv-tls-cert "$work/cert.pem" --kv-tls-key "$work/key.pem") scheme=grpc+tls
+  client_tls=(--tls-ca "$work/cert.pem")
+fi
+"$tessera" serve "$work/array" --socket "$work/nbd.sock" --kv "127.0.0.1:$port" "${tls[@]}" 2>"$work/serve.log" &
 server=$!
 for _ in $(seq 200); do grep -q "KV spaces" "$work/serve.log" && break; sleep 0.05; done
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; disk: $(df --output=source "$work" | tail -1)"
 rocksdb=()
 [ "${ROCKSDB:-1}" = 1 ] && rocksdb=(--rocksdb)
-"$venv/bin/python" scripts/bench-kv.py --address "grpc://127.0.0.1:$port" \
+"$venv/bin/python" scripts/bench-kv.py --address "$scheme://127.0.0.1:$port" "${client_tls[@]}" \
   --nbd "nbd+unix:///tessera?socket=$work/nbd.sock" --records "$records" --work "$work" "${rocksdb[@]}"
