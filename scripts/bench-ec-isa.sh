@@ -13,7 +13,11 @@
 # per-ISA functions can be called directly: the system's libisal (2.30)
 # exports only the dispatcher, which picks one kernel for this CPU.
 #
-#   [ROUNDS=3] [SECONDS_EACH=0.3] [SHAPES="4+2 8+2 ..."] [LAYOUTS="area skewed"] scripts/bench-ec-isa.sh
+#   [ROUNDS=3] [SECONDS_EACH=0.3] [SHAPES="4+2 8+2 ..."] [LAYOUTS="area skewed"] [ISAS="avx2-gfni ..."]
+#   [SHARD_BYTES=65536] scripts/bench-ec-isa.sh
+#
+# SHARD_BYTES sets the in-cache shapes' shard size (4096: a 4+2 stripe in
+# L1, to tell the kernels' arithmetic from the L2's bandwidth).
 #
 # Shapes: in cache (64 KiB shards, one stripe as the working set) 4+2,
 # 8+2, 10+4, 12+4, 16+4, 20+4, 32+8 (suffix c); wide stripes of 64 KiB
@@ -129,6 +133,12 @@ has avx2 && isas+=(avx2)
 has avx2 && has gfni && isas+=(avx2-gfni)
 has avx512f && has avx512bw && isas+=(avx512)
 has avx512f && has avx512bw && has gfni && isas+=(avx512-gfni)
+# ISAS="avx2-gfni ...": only these of the kernels the CPU runs.
+if [ -n "${ISAS:-}" ]; then
+  chosen=()
+  for isa in "${isas[@]}"; do [[ " $ISAS " == *" $isa "* ]] && chosen+=("$isa"); done
+  isas=("${chosen[@]}")
+fi
 echo "CPU: $cpu ($(nproc) cores); ISA-L $version built from source; best of $rounds alternating rounds, ${seconds} s each, one core"
 printf '%-7s %-12s %-10s %-7s %10s %10s %7s\n' layout kernel shape op "tessera" "isa-l" ratio
 best() { sort -g | tail -1; }
@@ -138,7 +148,7 @@ for isa in "${isas[@]}"; do
     case $shape in
       *@m) kind=memory; shape=${shape%@m}; shard=$((1 << 20)); set=$((256 << 20)) ;;
       *@l) kind=l3; shape=${shape%@l}; shard=65536; set=0 ;;
-      *) kind=cache; shard=65536; set=0 ;;
+      *) kind=cache; shard=${SHARD_BYTES:-65536}; set=0 ;;
     esac
     k=${shape%+*}; m=${shape#*+}
     [ "$set" -eq 0 ] && set=$(( (k + m) * shard ))

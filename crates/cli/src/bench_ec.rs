@@ -158,31 +158,16 @@ pub fn run(options: &Options) -> Result<Report> {
     let isal = Isal::load().ok();
 
     let threads = options.threads;
-    let encode_ours = |stripes: &mut [Stripe]| {
-        for_each_view(views(stripes, n, threads), threads, |mut view| {
-            let data: Vec<&[u8]> = view.data.iter().map(|d| &**d).collect();
-            codec.encode(&data, &mut view.parity).expect("valid shape");
-        })
-    };
-    let decode_ours = |stripes: &mut [Stripe]| {
-        for_each_view(views(stripes, n, threads), threads, |view| {
-            // Each lost shard is replaced by a scratch buffer, so the rebuild
-            // really writes fresh bytes.
-            let mut rebuilt = view.rebuilt.into_iter();
-            let mut shards: Vec<&mut [u8]> = Vec::with_capacity(k + m);
-            for (index, shard) in view.data.into_iter().chain(view.parity).enumerate() {
-                let buffer = if lost.contains(&index) {
-                    rebuilt.next().expect("one per lost shard")
-                } else {
-                    shard
-                };
-                shards.push(buffer);
-            }
-            codec.reconstruct(&mut shards, &lost).expect("at most M lost");
-        })
-    };
+    // Each measurement lays out its calls' shard lists once (`Job`s), and
+    // its sweeps only call the codecs, as a C loop over prepared pointer
+    // arrays calls ISA-L (`scripts/bench-ec-isa.sh`). Laid out each sweep,
+    // they slowed both on small shards: 4+2 of 4 KiB, ISA-L 2.30 10-14 ->
+    // 16-18 GB/s, Tessera's AVX2+GFNI 19-29 -> 26-42 (with its pointer
+    // lists off the heap too; docs/PERFORMANCE.md).
+    let encode_ours = |job: &mut Job<'_>| codec.encode(&job.inputs, &mut job.outputs).expect("valid shape");
+    let decode_ours = |job: &mut Job<'_>| codec.reconstruct(&mut job.outputs, &lost).expect("at most M lost");
 
-    encode_ours(&mut stripes);
+    run_jobs(&mut encode_jobs(&mut stripes, n, threads), threads, encode_ours);
     let mut isal_tables = None;
     if let Some(isal) = &isal {
         let matrix = codec.encoding_matrix();
@@ -194,25 +179,16 @@ pub fn run(options: &Options) -> Result<Report> {
         let decode_tables = isal.init_tables(lost.len(), k, &decode_rows);
         isal_tables = Some((encode_tables, decode_tables));
     }
-    let encode_isal = |stripes: &mut [Stripe], isal: &Isal, tables: &Tables| {
-        for_each_view(views(stripes, n, threads), threads, |mut view| {
-            let data: Vec<&[u8]> = view.data.iter().map(|d| &**d).collect();
-            isal.encode_data(tables, &data, &mut view.parity)
-                .expect("shape fits ISA-L");
-        })
-    };
-    let decode_isal = |stripes: &mut [Stripe], isal: &Isal, tables: &Tables| {
-        for_each_view(views(stripes, n, threads), threads, |mut view| {
-            let all: Vec<&[u8]> = view.data.iter().chain(view.parity.iter()).map(|s| &**s).collect();
-            let inputs: Vec<&[u8]> = survivors.iter().map(|&s| all[s]).collect();
-            isal.encode_data(tables, &inputs, &mut view.rebuilt)
-                .expect("shape fits ISA-L");
-        })
+    let isal_call = |isal: &Isal, tables: &Tables, job: &mut Job<'_>| {
+        isal.encode_data(tables, &job.inputs, &mut job.outputs)
+            .expect("shape fits ISA-L")
     };
     if let (Some(isal), Some((encode_tables, _))) = (&isal, &isal_tables) {
         let parity = |stripe: &Stripe| (k..k + m).map(|i| stripe.shard(i).to_vec()).collect::<Vec<_>>();
         let ours = parity(&stripes[0]);
-        encode_isal(&mut stripes, isal, encode_tables);
+        run_jobs(&mut encode_jobs(&mut stripes, n, threads), threads, |job| {
+            isal_call(isal, encode_tables, job)
+        });
         if parity(&stripes[0]) != ours {
             bail!("Tessera's parity differs from ISA-L's for {k}+{m}: refusing to report speeds");
         }
@@ -222,14 +198,18 @@ pub fn run(options: &Options) -> Result<Report> {
     let minimum = Duration::from_secs_f64(options.seconds);
     let mut samples: [Vec<f64>; 4] = Default::default();
     for _ in 0..options.rounds.max(1) {
-        samples[0].push(gbps(data_bytes, minimum, || encode_ours(&mut stripes)));
-        samples[1].push(gbps(data_bytes, minimum, || decode_ours(&mut stripes)));
+        let mut jobs = encode_jobs(&mut stripes, n, threads);
+        samples[0].push(gbps(data_bytes, minimum, || run_jobs(&mut jobs, threads, encode_ours)));
+        let mut jobs = decode_jobs(&mut stripes, n, threads, &lost);
+        samples[1].push(gbps(data_bytes, minimum, || run_jobs(&mut jobs, threads, decode_ours)));
         if let (Some(isal), Some((encode_tables, decode_tables))) = (&isal, &isal_tables) {
+            let mut jobs = encode_jobs(&mut stripes, n, threads);
             samples[2].push(gbps(data_bytes, minimum, || {
-                encode_isal(&mut stripes, isal, encode_tables)
+                run_jobs(&mut jobs, threads, |job| isal_call(isal, encode_tables, job))
             }));
+            let mut jobs = isal_decode_jobs(&mut stripes, n, threads, &survivors);
             samples[3].push(gbps(data_bytes, minimum, || {
-                decode_isal(&mut stripes, isal, decode_tables)
+                run_jobs(&mut jobs, threads, |job| isal_call(isal, decode_tables, job))
             }));
         }
     }
@@ -303,20 +283,78 @@ fn views<'a>(stripes: &'a mut [Stripe], shard_bytes: usize, threads: usize) -> V
     views
 }
 
-/// Runs `work` on every view, thread `t` taking views `t`, `t + threads`, ...
-fn for_each_view(views: Vec<View<'_>>, threads: usize, work: impl Fn(View<'_>) + Sync) {
+/// One call's shard lists, laid out before the timing: the inputs and the
+/// outputs (for our decode, every shard, in `outputs`).
+struct Job<'a> {
+    inputs: Vec<&'a [u8]>,
+    outputs: Vec<&'a mut [u8]>,
+}
+
+/// Encoding: the data shards in, the parity out.
+fn encode_jobs<'a>(stripes: &'a mut [Stripe], shard_bytes: usize, threads: usize) -> Vec<Job<'a>> {
+    let views = views(stripes, shard_bytes, threads);
+    views
+        .into_iter()
+        .map(|view| Job {
+            inputs: view.data.into_iter().map(|d| &*d).collect(),
+            outputs: view.parity,
+        })
+        .collect()
+}
+
+/// Our decoding: every shard, each `lost` one replaced by a scratch
+/// buffer (so the rebuild really writes fresh bytes).
+fn decode_jobs<'a>(stripes: &'a mut [Stripe], shard_bytes: usize, threads: usize, lost: &[usize]) -> Vec<Job<'a>> {
+    let views = views(stripes, shard_bytes, threads);
+    views
+        .into_iter()
+        .map(|view| {
+            let mut rebuilt = view.rebuilt.into_iter();
+            let outputs = (view.data.into_iter().chain(view.parity).enumerate())
+                .map(|(index, shard)| match lost.contains(&index) {
+                    true => rebuilt.next().expect("one per lost shard"),
+                    false => shard,
+                })
+                .collect();
+            Job {
+                inputs: Vec::new(),
+                outputs,
+            }
+        })
+        .collect()
+}
+
+/// ISA-L's decoding: the `survivors` in, the scratch buffers out.
+fn isal_decode_jobs<'a>(
+    stripes: &'a mut [Stripe],
+    shard_bytes: usize,
+    threads: usize,
+    survivors: &[usize],
+) -> Vec<Job<'a>> {
+    let views = views(stripes, shard_bytes, threads);
+    views
+        .into_iter()
+        .map(|view| {
+            let all: Vec<&[u8]> = view.data.into_iter().chain(view.parity).map(|s| &*s).collect();
+            Job {
+                inputs: survivors.iter().map(|&s| all[s]).collect(),
+                outputs: view.rebuilt,
+            }
+        })
+        .collect()
+}
+
+/// Runs `work` on every job, `threads` runs of consecutive jobs at once.
+fn run_jobs(jobs: &mut [Job<'_>], threads: usize, work: impl Fn(&mut Job<'_>) + Sync) {
     if threads <= 1 {
-        views.into_iter().for_each(work);
+        jobs.iter_mut().for_each(work);
         return;
     }
-    let mut per_thread: Vec<Vec<View<'_>>> = (0..threads).map(|_| Vec::new()).collect();
-    for (i, view) in views.into_iter().enumerate() {
-        per_thread[i % threads].push(view);
-    }
+    let per_thread = jobs.len().div_ceil(threads);
     let work = &work;
     std::thread::scope(|scope| {
-        for mine in per_thread {
-            scope.spawn(move || mine.into_iter().for_each(work));
+        for mine in jobs.chunks_mut(per_thread) {
+            scope.spawn(move || mine.iter_mut().for_each(work));
         }
     });
 }

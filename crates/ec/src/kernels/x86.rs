@@ -264,17 +264,35 @@ pub fn dot(
     accumulate: bool,
 ) -> usize {
     let len = inputs[0].len();
-    let input_pointers: Vec<*const u8> = inputs.iter().map(|i| i.as_ptr()).collect();
-    let output_pointers: Vec<*mut u8> = outputs.iter_mut().map(|o| o.as_mut_ptr()).collect();
+    // On the stack, and left uninitialised past what is written: K + M <=
+    // 256, and a call on 4 KiB shards takes well under a microsecond, so
+    // two allocations a call showed (`tessera bench ec --shard-bytes 4K`).
+    const MAX: usize = crate::SHARD_COUNT_MAX;
+    assert!(inputs.len() <= MAX && outputs.len() <= MAX, "at most {MAX} shards");
+    let mut input_pointers = [std::mem::MaybeUninit::<*const u8>::uninit(); MAX];
+    let mut output_pointers = [std::mem::MaybeUninit::<*mut u8>::uninit(); MAX];
+    for (pointer, input) in input_pointers.iter_mut().zip(inputs) {
+        pointer.write(input.as_ptr());
+    }
+    for (pointer, output) in output_pointers.iter_mut().zip(outputs.iter_mut()) {
+        pointer.write(output.as_mut_ptr());
+    }
+    // SAFETY: the first inputs.len() and outputs.len() were written above.
+    let (input_pointers, output_pointers) = unsafe {
+        (
+            std::slice::from_raw_parts(input_pointers.as_ptr().cast::<*const u8>(), inputs.len()),
+            std::slice::from_raw_parts(output_pointers.as_ptr().cast::<*mut u8>(), outputs.len()),
+        )
+    };
     // SAFETY: the caller checked that the CPU has the kernel's features, and
     // every buffer is `len` bytes long; the kernels touch only
     // `[0, len rounded down to their width)`.
     unsafe {
         match kernel {
-            Kernel::Avx2 => dot_avx2(coefficients, &input_pointers, &output_pointers, len, accumulate),
-            Kernel::Avx2Gfni => dot_avx2_gfni(coefficients, &input_pointers, &output_pointers, len, accumulate),
-            Kernel::Avx512 => dot_avx512(coefficients, &input_pointers, &output_pointers, len, accumulate),
-            Kernel::Avx512Gfni => dot_avx512_gfni(coefficients, &input_pointers, &output_pointers, len, accumulate),
+            Kernel::Avx2 => dot_avx2(coefficients, input_pointers, output_pointers, len, accumulate),
+            Kernel::Avx2Gfni => dot_avx2_gfni(coefficients, input_pointers, output_pointers, len, accumulate),
+            Kernel::Avx512 => dot_avx512(coefficients, input_pointers, output_pointers, len, accumulate),
+            Kernel::Avx512Gfni => dot_avx512_gfni(coefficients, input_pointers, output_pointers, len, accumulate),
             Kernel::Reference | Kernel::Neon => unreachable!("not an x86 kernel"),
         }
     }
