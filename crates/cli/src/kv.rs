@@ -94,10 +94,12 @@ pub fn run(args: Args) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let plain = args.tls_ca.is_none();
     runtime.block_on(run_async(args)).map_err(|e| {
-        // (A plain client meeting TLS fails in one of these, depending
-        // on when the server's refusal reaches it.)
+        // (A plain client meeting TLS connects, then fails at its first
+        // call in one of these, depending on when the server's refusal
+        // reaches it; a server not there at all fails `connect`.)
         let text = e.to_string();
-        let transport = text.contains("transport error") || text.contains("h2 protocol error");
+        let transport = !text.starts_with("connecting to")
+            && (text.contains("transport error") || text.contains("h2 protocol error"));
         match plain && transport {
             true => anyhow::anyhow!("{e} (a server with --kv-tls-cert wants --tls-ca)"),
             false => e,
@@ -109,10 +111,10 @@ async fn connect(args: &Args, token: Option<&str>) -> Result<FlightClient> {
     let at = &args.at;
     let endpoint = match &args.tls_ca {
         None => tonic::transport::Channel::from_shared(format!("http://{at}"))?,
-        Some(ca) => {
-            let path = ca;
+        Some(path) => {
             let ca = std::fs::read(path).with_context(|| format!("reading --tls-ca {}", path.display()))?;
-            if !ca.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") {
+            let marker = b"-----BEGIN CERTIFICATE-----";
+            if !ca.windows(marker.len()).any(|w| w == marker) {
                 bail!("--tls-ca {}: no PEM certificate in it", path.display());
             }
             let mut tls =
@@ -126,12 +128,13 @@ async fn connect(args: &Args, token: Option<&str>) -> Result<FlightClient> {
         }
     };
     let channel = endpoint.connect().await.map_err(|e| {
+        let tls = if args.tls_ca.is_some() {
+            " --kv-tls-cert ..."
+        } else {
+            ""
+        };
         anyhow::anyhow!(
-            "connecting to the KV server at {at} (is `tessera serve DIR --kv {at}` running{}?): {}",
-            match args.tls_ca {
-                Some(_) => ", with --kv-tls-cert",
-                None => ", without --kv-tls-cert (else give --tls-ca)",
-            },
+            "connecting to the KV server at {at} (is `tessera serve DIR --kv {at}{tls}` running?): {}",
             tessera_kv::flight::error_chain(&e)
         )
     })?;

@@ -287,6 +287,7 @@ fn kv_spaces_are_served_over_tls_to_pyarrow_and_tessera_kv() {
     let (pki, _) = make_certificates(tmp.path());
     let path = |name: &str| pki.join(name).to_str().unwrap().to_string();
     let (ca, certificate, key) = (path("ca-cert.pem"), path("server-cert.pem"), path("server-key.pem"));
+    let other_key = path("ca-key.pem");
     let token = tmp.path().join("kv-token");
     std::fs::write(&token, "s3cret-kv-token-0123\n").unwrap();
     let token = token.to_str().unwrap();
@@ -302,7 +303,7 @@ fn kv_spaces_are_served_over_tls_to_pyarrow_and_tessera_kv() {
         "--kv-tls-cert",
         &certificate,
         "--kv-tls-key",
-        &ca,
+        &other_key,
     ]);
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && said.contains("--kv-tls-key"), "{said}");
