@@ -5,7 +5,7 @@
 //!   `drop` (`{"name": ...}`), `status` (`{"name": ...}`, or `{}` for
 //!   every space); the result is JSON.
 //! - `DoPut` with the descriptor path `[space]`: the stream's batches are
-//!   inserted, up to 64 MiB an insert; a `PutResult` (`{"rows": n}`,
+//!   inserted, about 16 MiB an insert; a `PutResult` (`{"rows": n}`,
 //!   the records durable so far) follows each insert.
 //! - `GetFlightInfo` with a command `{"space": ..., "query": ...}` (the
 //!   query as `crate::query` has it), or a path `[space]` (every
@@ -39,8 +39,14 @@ use std::sync::Arc;
 use tessera_array::ArrayError;
 use tonic::{Request, Response, Status, Streaming};
 
-/// Bytes of batches taken into one insert (one flush).
-const PUT_INSERT_BYTES: usize = 64 << 20;
+/// Bytes of batches taken into one insert (one flush): an insert is
+/// written while the next one's batches arrive, so the last one's write
+/// and flush are what a DoPut waits for after its last batch. 16 MiB
+/// against 64 (a DoPut of 1 M records, 36 MB, thirty times a run, six
+/// runs alternating on 2 vCPUs): the slowest took 84-126 ms against
+/// 108-226, one stream of 720 MB went as fast (498-774 MB/s against
+/// 542-778); 8 MiB did no better than 16 (docs/PERFORMANCE.md).
+const PUT_INSERT_BYTES: usize = 16 << 20;
 /// The largest gRPC message taken: a batch of up to this size.
 const MESSAGE_BYTES_MAX: usize = 256 << 20;
 
