@@ -35,7 +35,10 @@ member=$(( (records * 36 * 8 / 4 >> 20) + 1024 ))M
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 tls=() scheme=grpc client_tls=()
 if [ "${TLS:-0}" = 1 ]; then
+  # Not a CA (openssl's default for -x509): rustls, `tessera kv`'s TLS,
+  # refuses a CA certificate as the server's own (CaUsedAsEndEntity).
   openssl req -x509 -days 1 -subj /CN=localhost -addext "subjectAltName=IP:127.0.0.1" \
+    -addext "basicConstraints=critical,CA:FALSE" \
     -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
     -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
   tls=(--kv-tls-cert "$work/cert.pem" --kv-tls-key "$work/key.pem") scheme=grpc+tls

@@ -478,17 +478,15 @@ impl SlotTable {
             if s.state != SlotState::Free {
                 return Err(crate::error::CheckpointFault::ListedTwice { slot: entry.slot });
             }
-            if entry.sequence != 0 {
-                s.state = SlotState::Sealed;
-                s.sequence = entry.sequence;
-            }
             s.live = entry.live;
             s.pieces = entry.pieces;
             s.listed = true;
-            self.live_total += u128::from(entry.live);
             if entry.sequence != 0 {
+                s.state = SlotState::Sealed;
+                s.sequence = entry.sequence;
                 self.free.remove(entry.slot);
             }
+            self.live_total += u128::from(entry.live);
         }
         Ok(())
     }
@@ -509,7 +507,7 @@ impl SlotTable {
     /// Opening, once the durable pages are restored: they are as the
     /// table is, so none is dirty; and the volumes' counts as of them.
     pub fn restored(&mut self, volumes: &[(u64, u128)]) {
-        self.dirty_pages.drain();
+        self.dirty_pages.take();
         self.resealed.clear();
         self.by_volume = volumes.to_vec();
         self.stored_total = volumes.iter().map(|&(_, stored)| stored).sum();

@@ -50,7 +50,7 @@ pub fn run(args: &Args) -> Result<()> {
             "{}",
             iostat_report(&before.0, &now.0, now.1.duration_since(before.1).as_secs_f64())
         );
-        std::io::stdout().flush()?;
+        crate::to_stdout(std::io::stdout().flush())?;
         before = now;
         printed += 1;
     }

@@ -94,18 +94,26 @@ pub fn run(args: Args) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let plain = args.tls_ca.is_none();
     runtime.block_on(run_async(args)).map_err(|e| {
-        // (A plain client meeting TLS connects, then fails at its first
-        // call in one of these, depending on when the server's refusal
-        // reaches it; a server not there at all fails `connect`.)
-        let text = e.to_string();
-        let transport = !text.starts_with("connecting to")
-            && (text.contains("transport error") || text.contains("h2 protocol error"));
-        match plain && transport {
-            true => anyhow::anyhow!("{e} (a server with --kv-tls-cert wants --tls-ca)"),
+        match plain && e.chain().any(|cause| cause.is::<ConnectionFailed>()) {
+            true => e.context("the connection failed after it was made: a server with --kv-tls-cert wants --tls-ca"),
             false => e,
         }
     })
 }
+
+/// A call that failed in its connection rather than at the server, e.g.
+/// a plain client's first call to a server with --kv-tls-cert (which
+/// `connect` does not see: the TLS server refuses what it is sent).
+#[derive(Debug)]
+struct ConnectionFailed(String);
+
+impl std::fmt::Display for ConnectionFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConnectionFailed {}
 
 async fn connect(args: &Args, token: Option<&str>) -> Result<FlightClient> {
     let at = &args.at;
@@ -150,17 +158,10 @@ async fn connect(args: &Args, token: Option<&str>) -> Result<FlightClient> {
 /// A Flight error as the server said it.
 fn said(e: FlightError) -> anyhow::Error {
     match e {
-        // A connection that fails, e.g. plain to a server with
-        // --kv-tls-cert, surfaces at the first call as a status with
-        // the transport error as its source.
+        // A status with a source failed in the connection, not at the
+        // server: the source says how.
         FlightError::Tonic(status) => match std::error::Error::source(&*status) {
-            Some(source) => {
-                let chain = tessera_kv::flight::error_chain(source);
-                match chain.starts_with(status.message()) {
-                    true => anyhow::anyhow!("{chain}"),
-                    false => anyhow::anyhow!("{}: {chain}", status.message()),
-                }
-            }
+            Some(source) => ConnectionFailed(tessera_kv::flight::error_chain(source)).into(),
             None => anyhow::anyhow!("{}", status.message()),
         },
         other => anyhow::anyhow!("{other}"),
@@ -259,9 +260,7 @@ async fn run_async(args: Args) -> Result<()> {
                 writer.finish()?;
                 eprintln!("tessera: {rows} records written to {}", path.display());
             } else {
-                let mut writer = arrow_csv::WriterBuilder::new()
-                    .with_header(true)
-                    .build(std::io::stdout().lock());
+                let mut writer = arrow_csv::WriterBuilder::new().with_header(true).build(crate::Stdout);
                 for b in &batches {
                     writer.write(b)?;
                 }

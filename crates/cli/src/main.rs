@@ -145,7 +145,9 @@ enum Command {
 
 /// Output that cannot be written (`tessera status >/dev/full`) ends the
 /// command with a clear error and exit code 1: `println!` reports it by
-/// panicking, which would otherwise print a panic and exit 101.
+/// panicking, which would otherwise print a panic and exit 101. Output
+/// whose reader is gone (`tessera status | head`) ends it quietly
+/// (`reader_gone`).
 fn exit_cleanly_when_output_fails() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
@@ -156,6 +158,9 @@ fn exit_cleanly_when_output_fails() {
             .or_else(|| payload.downcast_ref::<&str>().copied())
             .unwrap_or("");
         if let Some(why) = message.strip_prefix("failed printing to stdout: ") {
+            if why == std::io::Error::from_raw_os_error(libc::EPIPE).to_string() {
+                reader_gone();
+            }
             eprintln!("tessera: cannot write the output: {why}");
             std::process::exit(1);
         }
@@ -163,23 +168,43 @@ fn exit_cleanly_when_output_fails() {
     }));
 }
 
+/// Ends the command quietly because what read its output is gone, as
+/// command-line tools do, with the status a shell reports for one that
+/// SIGPIPE ended (128 + 13). SIGPIPE itself stays ignored (Rust's
+/// default) in every command: a socket whose peer went away (a gRPC
+/// client's vectored write to a server that closed the connection) is
+/// then an error the command reports, not a silent death.
+pub(crate) fn reader_gone() -> ! {
+    std::process::exit(128 + libc::SIGPIPE)
+}
+
+/// `result` of a write to standard output, ending the command quietly
+/// if its reader is gone (`reader_gone`).
+pub(crate) fn to_stdout<T>(result: std::io::Result<T>) -> std::io::Result<T> {
+    if matches!(&result, Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe) {
+        reader_gone();
+    }
+    result
+}
+
+/// Standard output for writers that pass its errors on as their own
+/// (the CSV writer's become strings): its reader gone ends the command
+/// quietly first, as `println!`'s does.
+pub(crate) struct Stdout;
+
+impl std::io::Write for Stdout {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        to_stdout(std::io::stdout().write(bytes))
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        to_stdout(std::io::stdout().flush())
+    }
+}
+
 fn main() -> Result<()> {
     exit_cleanly_when_output_fails();
     let cli = Cli::parse();
-    if !matches!(cli.command, Command::Serve(_) | Command::Kv(_)) {
-        // Commands that print end quietly when what reads them stops
-        // (`tessera status | head`), as command-line tools do; the server
-        // keeps SIGPIPE ignored and sees a closed client as an error, and
-        // so does `kv`, a gRPC client whose writes to a server that
-        // closed the connection (plain to a TLS one) would otherwise kill
-        // it without a word (its printing ends quietly all the same:
-        // `exit_cleanly_when_output_fails`).
-        // SAFETY: setting a signal's disposition to the default, before
-        // any other thread exists.
-        unsafe {
-            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-        }
-    }
     match cli.command {
         Command::Create(c) => create::create(&c),
         Command::Serve(s) => serve::serve(*s),

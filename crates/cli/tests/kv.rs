@@ -326,6 +326,21 @@ fn kv_spaces_are_served_over_tls_to_pyarrow_and_tessera_kv() {
         kv(&["--tls-ca", &ca, "query", "secure", "--where", "id>=0", "--count"]),
     );
     assert_eq!(counted.trim(), "5000");
+    // Its records through a reader that stops after one line: no error
+    // (SIGPIPE stays ignored, so the CSV writer meets a broken pipe).
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "'{}' kv --at {at} --token-file '{token}' --tls-ca '{ca}' query secure --where 'id>=0' | head -1",
+            env!("CARGO_BIN_EXE_tessera")
+        ))
+        .output()
+        .unwrap();
+    let (first, said) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(first.starts_with("id,") && said.is_empty(), "{first}\n{said}");
     // A plain client is told what to give.
     let out = kv(&["status"]);
     let said = String::from_utf8_lossy(&out.stderr);
