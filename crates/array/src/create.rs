@@ -32,14 +32,21 @@ pub struct CreateOptions {
 /// a checkpoint) and a window.
 pub(crate) const SLOTS_MIN: u64 = 16;
 
-/// The exported size by default: a fraction of the usable space after the
-/// slots the engine keeps for itself.
+/// Client data the array's stripes can hold, uncompressed: each one's
+/// data area less its summary (what the blocks' records take), the slots
+/// the engine keeps for itself (GC's reserve, the open stripes, a
+/// checkpoint's) left out. Where a stripe's data area is small (4 KiB
+/// chunks, two data chunks), the summary leaves room for fewer blocks
+/// than the area would hold, and this is well under the data area.
+pub(crate) fn usable_bytes(geometry: &Geometry) -> u64 {
+    let reserved = (limits::GC_RESERVE_SLOTS + limits::open_stripe_count(geometry.slot_count()) + 3) as u64;
+    geometry.slot_count().saturating_sub(reserved) * write::stripe_fill_bytes(geometry, None)
+}
+
+/// The exported size by default: a fraction of the usable space.
 fn default_logical_bytes(geometry: &Geometry) -> u64 {
-    use limits::{DEFAULT_LOGICAL_FRACTION, GC_RESERVE_SLOTS};
-    let reserved = (GC_RESERVE_SLOTS + limits::open_stripe_count(geometry.slot_count()) + 3) as u64;
-    let usable = geometry.slot_count().saturating_sub(reserved) * write::stripe_fill_bytes(geometry, None);
     let block = BLOCK_BYTES as u64;
-    ((usable as f64 * DEFAULT_LOGICAL_FRACTION) as u64 / block) * block
+    ((usable_bytes(geometry) as f64 * limits::DEFAULT_LOGICAL_FRACTION) as u64 / block) * block
 }
 
 /// Formats `devices` (named for messages) as a new array and opens it.

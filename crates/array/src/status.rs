@@ -96,6 +96,7 @@ pub struct Status {
     pub stripes_free: u64,
     pub stripes_degraded: u64,
     pub raw_bytes: u64,
+    /// Client data the stripes can hold, uncompressed (`create::usable_bytes`).
     pub usable_bytes: u64,
     /// The default volume's size.
     pub logical_bytes: u64,
@@ -319,7 +320,7 @@ impl Shared {
             stripes_free: free,
             stripes_degraded: degraded,
             raw_bytes: g.member_bytes * g.members as u64,
-            usable_bytes: g.slot_count() * g.data_area_bytes() as u64,
+            usable_bytes: crate::create::usable_bytes(g),
             logical_bytes: volumes.first().map_or(g.logical_bytes, |v| v.bytes),
             volumes,
             mapped_bytes: mapped,

@@ -173,8 +173,22 @@ fn create_in_dir(c: &Create) -> Result<()> {
         s.checksum,
         s.compression
     );
+    // A stripe's summary takes room from its data area, a block's worth
+    // or more where the area is a few blocks: say so, since a layout
+    // that wastes a third of its space is rarely what was meant.
+    let area = s.stripes_total * s.chunk_bytes as u64 * s.data as u64;
+    if (s.usable_bytes as f64) < USABLE_FRACTION_LOW * area as f64 {
+        println!(
+            "note: each stripe's data area of {} KiB holds {:.0}% of that in blocks beside its summary; larger chunks (--chunk-size) or more data chunks use the space better",
+            (s.chunk_bytes * s.data) >> 10,
+            100.0 * s.usable_bytes as f64 / area as f64
+        );
+    }
     Ok(())
 }
+
+/// Below this fraction of the stripes' data areas usable, `create` says why.
+const USABLE_FRACTION_LOW: f64 = 0.75;
 
 fn create_members(
     c: &Create,
