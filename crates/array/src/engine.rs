@@ -71,6 +71,11 @@ pub struct EngineOptions {
     /// stay until a checkpoint writes them, so the map may pass it by
     /// what changed since the last one.
     pub map_cache_bytes: usize,
+    /// Slot table pages read at once while opening, in parallel, and
+    /// taken into the table before the next are read: what opening holds
+    /// of them is about 32 KiB a page (`limits::OPEN_SLOT_PAGES_PER_BATCH`
+    /// by default). Fewer, to test opening in many batches.
+    pub open_slot_pages_per_batch: usize,
 }
 
 impl Default for EngineOptions {
@@ -86,6 +91,7 @@ impl Default for EngineOptions {
             discard_missing_log: false,
             gc_stream: true,
             ignore_activity: false,
+            open_slot_pages_per_batch: crate::limits::OPEN_SLOT_PAGES_PER_BATCH,
         }
     }
 }

@@ -482,7 +482,7 @@ impl Shared {
             .iter()
             .map(|(&page, image)| (page, image))
             .collect();
-        for batch in slot_pages.chunks(crate::limits::OPEN_SLOT_PAGES_PER_BATCH) {
+        for batch in slot_pages.chunks(self.options.open_slot_pages_per_batch.max(1)) {
             let read = self.read_slot_pages(batch).map_err(unreadable)?;
             let mut index = self.index_mut();
             for (page, entries) in &read {
