@@ -45,7 +45,25 @@ impl<T: Default> SlotPages<T> {
     }
 
     fn new_page() -> Box<[T]> {
-        (0..SLOT_PAGE).map(|_| T::default()).collect()
+        let mut page: Box<[T]> = (0..SLOT_PAGE).map(|_| T::default()).collect();
+        // A page of defaults that are all zero bytes comes from the
+        // allocator untouched, its memory mapped by the first access: where
+        // that is a read (whether a slot is free, before it is taken), the
+        // kernel maps its zero page, and the write after faults again.
+        // Writing each 4 KiB first makes it one fault: 1.4x faster
+        // opening of 745,000 used slots (docs/PERFORMANCE.md).
+        // (Only for values with nothing to drop: the default written over
+        // is forgotten, not dropped.)
+        if !std::mem::needs_drop::<T>() {
+            let per_os_page = (4096 / std::mem::size_of::<T>().max(1)).max(1);
+            for value in page.iter_mut().step_by(per_os_page) {
+                // SAFETY: `value` is a valid, aligned, exclusive reference,
+                // and what it holds needs no drop; the write is volatile
+                // only so that the compiler keeps it.
+                unsafe { std::ptr::write_volatile(value, T::default()) };
+            }
+        }
+        page
     }
 
     /// Slot `slot`'s value, `None` while its page was never allocated.
