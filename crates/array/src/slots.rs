@@ -27,7 +27,7 @@ use crate::format;
 use crate::limits::{GC_BACKGROUND_LIVE_MAX, LIVE_SCALE};
 use crate::map::{DataRecord, Delta, Target};
 use crate::slot_set::{SlotPages, SlotSet};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::atomic::{AtomicU32, Ordering};
 use tessera_checksum::Algorithm;
 
@@ -115,10 +115,6 @@ pub struct Slot {
     pub live: u64,
     /// Map pieces pointing into this slot.
     pub pieces: u32,
-    /// The serial of the newest user stripe a write went to that
-    /// superseded a record here (0: none): until that stripe is sealed and
-    /// synced, this slot may hold the last durable copy of a block.
-    pub superseded_by: u64,
     /// Whether the durable slot pages list it (a root alone names those
     /// pages again, so no checkpoint stripe may go in it, free or not).
     pub listed: bool,
@@ -149,7 +145,6 @@ impl Slot {
             sequence,
             live: 0,
             pieces: 0,
-            superseded_by: 0,
         }
     }
 }
@@ -184,6 +179,14 @@ pub struct SlotTable {
     /// Slots sealed since then: a root alone names them with the pages
     /// it names again (`resealed`). A few windows' worth at most.
     resealed: BTreeSet<u64>,
+    /// By user stripe serial, the slots a write into that stripe
+    /// superseded a record in: until the stripe is sealed and synced, such
+    /// a slot may hold the last durable copy of a block (`superseded_by`).
+    /// Kept for the stripes open and those sealed while an older one is
+    /// open (`forget_superseded`): a stripe's writes supersede at most a
+    /// record a block, so this holds a few hundred slots where a field
+    /// of every slot cost 8 bytes of RAM a used slot.
+    superseded: BTreeMap<u64, HashSet<u64>>,
     /// A checkpoint's copy of the durable pages, being taken.
     snapshot: Option<Snapshot>,
 }
@@ -246,6 +249,7 @@ impl SlotTable {
             by_volume: Vec::new(),
             dirty_pages: SlotSet::empty(count.div_ceil(PAGE_SLOTS)),
             resealed: BTreeSet::new(),
+            superseded: BTreeMap::new(),
             snapshot: None,
         }
     }
@@ -575,9 +579,29 @@ impl SlotTable {
     /// Records that a write into user stripe `serial` superseded what
     /// the map pointed at in the slots `deltas` took pieces from.
     pub fn superseded(&mut self, deltas: &[Delta], serial: u64) {
-        for delta in deltas.iter().filter(|d| !d.gained) {
-            self.change(delta.slot, |s| s.superseded_by = s.superseded_by.max(serial));
+        let mut lost = deltas.iter().filter(|d| !d.gained).peekable();
+        if lost.peek().is_some() {
+            self.superseded.entry(serial).or_default().extend(lost.map(|d| d.slot));
         }
+    }
+
+    /// The serial of the newest user stripe a write went to that
+    /// superseded a record in `slot` (0: none), of those not forgotten.
+    /// One recorded before the slot was last freed is older than every
+    /// stripe open since (serials only grow, and the slot drained only
+    /// once no stripe up to it was open), so it never holds the slot back.
+    pub fn superseded_by(&self, slot: u64) -> u64 {
+        self.superseded
+            .iter()
+            .rev()
+            .find(|(_, slots)| slots.contains(&slot))
+            .map_or(0, |(&serial, _)| serial)
+    }
+
+    /// Forgets what the user stripes before serial `open_min` (the oldest
+    /// open: every one before it is sealed) superseded.
+    pub fn forget_superseded(&mut self, open_min: u64) {
+        self.superseded = self.superseded.split_off(&open_min);
     }
 
     /// Slot `slot` (draining) may be freed once `sequence` is synced.
@@ -871,9 +895,44 @@ mod tests {
     use crate::slot_set::SLOT_PAGE;
 
     #[test]
-    fn a_used_slot_costs_32_bytes_of_ram() {
+    fn a_used_slot_costs_24_bytes_of_ram() {
         // docs/ENGINE.md counts the slot table's RAM at scale from this.
-        assert_eq!(std::mem::size_of::<Slot>(), 32);
+        assert_eq!(std::mem::size_of::<Slot>(), 24);
+    }
+
+    /// What user stripe superseded a record in a slot last, kept apart from
+    /// the slots (`write::drain_emptied` reads it; the GC test
+    /// `an_emptied_gc_stripe_waits_for_the_writes_that_emptied_it` fails
+    /// with it always 0): the newest stripe that did, until every stripe up
+    /// to it is sealed; gains only, no zero records, count.
+    #[test]
+    fn a_slot_is_superseded_by_the_newest_stripe_not_yet_forgotten() {
+        let mut table = SlotTable::new(Algorithm::Crc32c, 64);
+        let delta = |slot: u64, gained: bool| Delta {
+            lba: 0,
+            blocks: 1,
+            gained,
+            slot,
+            data: None,
+        };
+        table.superseded(&[delta(5, false), delta(6, true)], 3);
+        table.superseded(&[delta(5, false), delta(7, false)], 9);
+        table.superseded(&[delta(7, false)], 4);
+        assert_eq!(
+            [5, 6, 7, 8].map(|slot| table.superseded_by(slot)),
+            [9, 0, 9, 0],
+            "a slot gained in is not superseded"
+        );
+        // Stripes before 4 sealed: 3 forgotten, the newer ones kept.
+        table.forget_superseded(4);
+        assert_eq!([5, 7].map(|slot| table.superseded_by(slot)), [9, 9]);
+        table.superseded(&[delta(8, false)], 4);
+        table.forget_superseded(9);
+        assert_eq!([5, 7, 8].map(|slot| table.superseded_by(slot)), [9, 9, 0]);
+        // None open: every one forgotten.
+        table.forget_superseded(u64::MAX);
+        assert_eq!([5, 7].map(|slot| table.superseded_by(slot)), [0, 0]);
+        assert!(table.superseded.is_empty());
     }
     use rand::{Rng, SeedableRng};
     use std::sync::Arc;

@@ -191,7 +191,7 @@ pub(crate) struct Sealing {
 /// `sequence` either: that stripe may hold the copies).
 pub(crate) fn drain_emptied(index: &mut crate::engine::Index, slot: u64, sequence: u64) {
     let open_serial_min = index.user_open.values().copied().min().unwrap_or(u64::MAX);
-    let needed = index.slots.get(slot).superseded_by;
+    let needed = index.slots.superseded_by(slot);
     if needed < open_serial_min {
         index.slots.drain_after(slot, sequence);
     } else {
@@ -1107,6 +1107,7 @@ impl StripeDone for Shared {
 /// stripe that emptied them).
 fn user_stripe_done(index: &mut crate::engine::Index, sequence: u64) {
     let open_serial_min = index.user_open.values().copied().min().unwrap_or(u64::MAX);
+    index.slots.forget_superseded(open_serial_min);
     let mut waiting = std::mem::take(&mut index.drain_after_user);
     waiting.retain(|&(slot, needed, floor)| {
         let ready = needed < open_serial_min;
