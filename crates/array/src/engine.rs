@@ -236,9 +236,12 @@ pub(crate) struct Shared {
     pub writes: crate::write::Writes,
     pub tracker: Tracker,
     pub io: MemberIo,
-    /// Threads that only wait on members: the chunk reads of one request
-    /// or rebuild go out in parallel on it.
+    /// Threads for work in parallel that waits on members: the stripes
+    /// of a rebuild batch, opening's scans and page reads.
     pub io_pool: rayon::ThreadPool,
+    /// Threads that only wait on members: the chunk reads of one request
+    /// go out side by side on them (`read::in_parallel`).
+    pub reads: crate::fanout::Fanout,
     pub cache: ReconstructCache,
     /// The scrub, rebuild and heal running now, one of each at most.
     pub jobs: crate::repair::Jobs,
@@ -444,12 +447,20 @@ impl Array {
             .num_threads(
                 (geometry.members * IO_POOL_THREADS_PER_MEMBER).clamp(IO_POOL_THREADS_MIN, IO_POOL_THREADS_MAX),
             )
-            .thread_name(|i| format!("tessera-read-{i}"))
+            .thread_name(|i| format!("tessera-io-{i}"))
             .build()
             .map_err(|e| ArrayError::ThreadStart {
-                what: "read threads",
+                what: "I/O pool threads",
                 source: std::io::Error::other(e),
             })?;
+        let reads = crate::fanout::Fanout::start(
+            (geometry.members * IO_POOL_THREADS_PER_MEMBER).clamp(IO_POOL_THREADS_MIN, IO_POOL_THREADS_MAX),
+            "tessera-read",
+        )
+        .map_err(|source| ArrayError::ThreadStart {
+            what: "read threads",
+            source,
+        })?;
         let cache = ReconstructCache::new(options.reconstruct_cache_bytes, geometry.data_area_bytes());
         let fill_bytes = crate::write::stripe_fill_bytes(&geometry, policy.as_ref());
         let shared = Arc::new_cyclic(|me| Shared {
@@ -484,6 +495,7 @@ impl Array {
             },
             io,
             io_pool,
+            reads,
             cache,
             jobs: Default::default(),
             events,

@@ -9,7 +9,8 @@
 //! - [`map`]: logical blocks to extents (L2P), with versions.
 //! - [`slots`]: what each stripe slot holds; allocation; pins.
 //! - `members`: member health and the superblocks that record it.
-//! - `io`: each member's queue of chunk writes, and syncs.
+//! - `io`: each member's queue of chunk writes, and syncs; `fanout`: the
+//!   threads a request's chunk reads go out on side by side.
 //! - `engine`: the shared state and the public [`Array`]; beside it `write`,
 //!   `read`, `cache`, `repair`, `gc`, `checkpoint`, `recovery`,
 //!   `maintenance` and `status`.
@@ -27,6 +28,7 @@ pub mod device;
 mod engine;
 mod error;
 pub mod events;
+mod fanout;
 pub mod format;
 mod gc;
 mod heal;

@@ -397,19 +397,11 @@ impl Shared {
         jobs.iter().all(|job| job.3)
     }
 
-    /// Runs `each` on every job, on the I/O pool when there are several
-    /// (each blocks on a member), returning when all are done.
+    /// Runs `each` on every job side by side when there are several, on
+    /// the read threads (each job blocks on a member, and must not fan out
+    /// again: `fanout.rs`), returning when all are done.
     pub(crate) fn in_parallel<T: Send>(&self, jobs: &mut [T], each: impl Fn(&mut T) + Sync) {
-        if jobs.len() < 2 {
-            jobs.iter_mut().for_each(&each);
-            return;
-        }
-        let each = &each;
-        self.io_pool.scope(|scope| {
-            for job in jobs.iter_mut() {
-                scope.spawn(move |_| each(job));
-            }
-        });
+        self.reads.run(jobs, each);
     }
 
     /// A stripe's data area rebuilt from any K good chunks, once for all

@@ -333,9 +333,15 @@ impl Shared {
                 .collect();
             // The stripes of a batch at once: each waits on K reads and a
             // write, which one at a time would leave the members idle.
-            self.in_parallel(&mut jobs, |job| {
-                if !job.resumed {
-                    job.result = self.rebuild_chunks(run, job.slot, job.sequence, &mut job.done);
+            // (On the rayon pool: each stripe fans out its chunk reads on
+            // the read threads, which must not wait on their own.)
+            self.io_pool.scope(|scope| {
+                for job in jobs.iter_mut() {
+                    scope.spawn(move |_| {
+                        if !job.resumed {
+                            job.result = self.rebuild_chunks(run, job.slot, job.sequence, &mut job.done);
+                        }
+                    });
                 }
             });
             for job in jobs {
