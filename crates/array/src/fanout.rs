@@ -11,9 +11,12 @@
 //! - `run` returns only once every job it handed out has ended, panicked
 //!   or not: the workers borrow the caller's jobs and closure, and touch
 //!   neither after the job ends.
-//! - Each job runs once, on one thread: the first on the caller's, the
-//!   others on the workers, each element of the slice borrowed mutably
-//!   by that thread alone.
+//! - Each job runs once, on one thread: the first on the caller's, as
+//!   many of the others as there are idle workers on those, the rest on
+//!   the caller's too (under load, side by side costs more than it
+//!   gives), each element of the slice borrowed mutably by that thread
+//!   alone. A caller waiting for its own runs what is queued, its own or
+//!   others', before it sleeps.
 //! - A panic in a job is raised again in the caller, after every job
 //!   ended.
 //!
@@ -39,6 +42,8 @@ struct Queue {
 
 struct Tasks {
     waiting: VecDeque<Task>,
+    /// Workers asleep, waiting for a job.
+    idle: usize,
     stop: bool,
 }
 
@@ -82,6 +87,7 @@ impl Fanout {
         let shared = Arc::new(Queue {
             tasks: Mutex::new(Tasks {
                 waiting: VecDeque::new(),
+                idle: 0,
                 stop: false,
             }),
             ready: Condvar::new(),
@@ -127,19 +133,45 @@ impl Fanout {
             done: Condvar::new(),
             panic: Mutex::new(None),
         });
-        {
+        // Handed out only to workers that would otherwise sleep: when all
+        // are busy (many requests at once) the caller reads its own chunks
+        // one after the other, which costs no wake-up and no queueing
+        // behind other requests' jobs.
+        let handed = {
             let mut tasks = lock(&self.shared.tasks);
-            for index in 1..count {
+            let spare = tasks.idle.saturating_sub(tasks.waiting.len());
+            let handed = (count - 1).min(spare);
+            for index in 1..=handed {
                 tasks.waiting.push_back(Task {
                     batch: batch.clone(),
                     index,
                 });
             }
-        }
-        for _ in 1..count.min(self.threads.len() + 1) {
+            handed
+        };
+        for _ in 0..handed {
             self.shared.ready.notify_one();
         }
-        let first = catch_unwind(AssertUnwindSafe(|| call(0)));
+        // Every job runs, whichever panics (as the workers' do).
+        let mut first = Ok(());
+        for index in std::iter::once(0).chain(handed + 1..count) {
+            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| call(index))) {
+                if first.is_ok() {
+                    first = Err(panic);
+                }
+            }
+        }
+        *lock(&batch.left) -= count - 1 - handed;
+        // While jobs wait in the queue (this fan-out's, or others'), this
+        // thread runs them rather than sleep: under load the workers are
+        // busy, and a wake-up each would cost more. Then it waits for
+        // those of its own the workers took.
+        while *lock(&batch.left) > 0 {
+            let Some(task) = lock(&self.shared.tasks).waiting.pop_front() else {
+                break;
+            };
+            execute(task);
+        }
         let mut left = lock(&batch.left);
         while *left > 0 {
             left = batch.done.wait(left).unwrap_or_else(|p| p.into_inner());
@@ -167,21 +199,28 @@ fn work(queue: &Queue) {
                 if tasks.stop {
                     return;
                 }
+                tasks.idle += 1;
                 tasks = queue.ready.wait(tasks).unwrap_or_else(|p| p.into_inner());
+                tasks.idle -= 1;
             }
         };
-        let batch = &task.batch;
-        // SAFETY: the caller of `run` waits for this job to end before the
-        // closure goes away; `left` is counted down only after it.
-        let run = unsafe { &*batch.run };
-        if let Err(panic) = catch_unwind(AssertUnwindSafe(|| run(task.index))) {
-            lock(&batch.panic).get_or_insert(panic);
-        }
-        let mut left = lock(&batch.left);
-        *left -= 1;
-        if *left == 0 {
-            batch.done.notify_all();
-        }
+        execute(task);
+    }
+}
+
+/// Runs one job, then counts it done.
+fn execute(task: Task) {
+    let batch = &task.batch;
+    // SAFETY: the caller of `run` waits for this job to end before the
+    // closure goes away; `left` is counted down only after it.
+    let run = unsafe { &*batch.run };
+    if let Err(panic) = catch_unwind(AssertUnwindSafe(|| run(task.index))) {
+        lock(&batch.panic).get_or_insert(panic);
+    }
+    let mut left = lock(&batch.left);
+    *left -= 1;
+    if *left == 0 {
+        batch.done.notify_all();
     }
 }
 
