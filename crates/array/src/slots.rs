@@ -904,7 +904,7 @@ mod tests {
     /// the slots (`write::drain_emptied` reads it; the GC test
     /// `an_emptied_gc_stripe_waits_for_the_writes_that_emptied_it` fails
     /// with it always 0): the newest stripe that did, until every stripe up
-    /// to it is sealed; gains only, no zero records, count.
+    /// to it is sealed; a slot a write only added to is not superseded.
     #[test]
     fn a_slot_is_superseded_by_the_newest_stripe_not_yet_forgotten() {
         let mut table = SlotTable::new(Algorithm::Crc32c, 64);

@@ -175,7 +175,8 @@ fn create_in_dir(c: &Create) -> Result<()> {
     );
     // A stripe's summary takes room from its data area, a block's worth
     // or more where the area is a few blocks: say so, since a layout
-    // that wastes a third of its space is rarely what was meant.
+    // that leaves a quarter of its space or more unused is rarely what
+    // was meant.
     let area = s.stripes_total * s.chunk_bytes as u64 * s.data as u64;
     if (s.usable_bytes as f64) < USABLE_FRACTION_LOW * area as f64 {
         println!(
