@@ -443,24 +443,21 @@ impl Array {
             }
         })?;
         let slot_count = geometry.slot_count();
+        let io_threads =
+            (geometry.members * IO_POOL_THREADS_PER_MEMBER).clamp(IO_POOL_THREADS_MIN, IO_POOL_THREADS_MAX);
         let io_pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(
-                (geometry.members * IO_POOL_THREADS_PER_MEMBER).clamp(IO_POOL_THREADS_MIN, IO_POOL_THREADS_MAX),
-            )
+            .num_threads(io_threads)
             .thread_name(|i| format!("tessera-io-{i}"))
             .build()
             .map_err(|e| ArrayError::ThreadStart {
                 what: "I/O pool threads",
                 source: std::io::Error::other(e),
             })?;
-        let reads = crate::fanout::Fanout::start(
-            (geometry.members * IO_POOL_THREADS_PER_MEMBER).clamp(IO_POOL_THREADS_MIN, IO_POOL_THREADS_MAX),
-            "tessera-read",
-        )
-        .map_err(|source| ArrayError::ThreadStart {
-            what: "read threads",
-            source,
-        })?;
+        let reads =
+            crate::fanout::Fanout::start(io_threads, "tessera-read").map_err(|source| ArrayError::ThreadStart {
+                what: "read threads",
+                source,
+            })?;
         let cache = ReconstructCache::new(options.reconstruct_cache_bytes, geometry.data_area_bytes());
         let fill_bytes = crate::write::stripe_fill_bytes(&geometry, policy.as_ref());
         let shared = Arc::new_cyclic(|me| Shared {

@@ -106,8 +106,9 @@ impl Fanout {
         Ok(fanout)
     }
 
-    /// Runs `each` on every element of `jobs`, the first on this thread
-    /// and the others on the workers; returns once all have ended.
+    /// Runs `each` on every element of `jobs`: the first on this thread,
+    /// as many others as there are idle workers on those, the rest on
+    /// this thread too; returns once all have ended.
     pub fn run<T: Send>(&self, jobs: &mut [T], each: impl Fn(&mut T) + Sync) {
         if jobs.len() < 2 || self.threads.is_empty() {
             jobs.iter_mut().for_each(each);
@@ -127,27 +128,26 @@ impl Fanout {
         // SAFETY: only the lifetime is erased; the batch's jobs all end
         // before `call` goes out of scope (the wait below).
         let run: *const (dyn Fn(usize) + Sync + 'static) = unsafe { std::mem::transmute(run) };
-        let batch = Arc::new(Batch {
-            run,
-            left: Mutex::new(count - 1),
-            done: Condvar::new(),
-            panic: Mutex::new(None),
-        });
         // Handed out only to workers that would otherwise sleep: when all
         // are busy (many requests at once) the caller reads its own chunks
         // one after the other, which costs no wake-up and no queueing
         // behind other requests' jobs.
-        let handed = {
+        let (batch, handed) = {
             let mut tasks = lock(&self.shared.tasks);
-            let spare = tasks.idle.saturating_sub(tasks.waiting.len());
-            let handed = (count - 1).min(spare);
+            let handed = (count - 1).min(tasks.idle.saturating_sub(tasks.waiting.len()));
+            let batch = Arc::new(Batch {
+                run,
+                left: Mutex::new(handed),
+                done: Condvar::new(),
+                panic: Mutex::new(None),
+            });
             for index in 1..=handed {
                 tasks.waiting.push_back(Task {
                     batch: batch.clone(),
                     index,
                 });
             }
-            handed
+            (batch, handed)
         };
         for _ in 0..handed {
             self.shared.ready.notify_one();
@@ -161,7 +161,6 @@ impl Fanout {
                 }
             }
         }
-        *lock(&batch.left) -= count - 1 - handed;
         // While jobs wait in the queue (this fan-out's, or others'), this
         // thread runs them rather than sleep: under load the workers are
         // busy, and a wake-up each would cost more. Then it waits for
@@ -239,27 +238,64 @@ mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
 
+    use std::time::Duration;
+
+    impl Fanout {
+        /// Returns once every worker waits for a job (a pool just started
+        /// hands nothing out until its workers got there).
+        fn wait_idle(&self) {
+            for _ in 0..2000 {
+                if lock(&self.shared.tasks).idle == self.threads.len() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            panic!("the workers never waited for a job");
+        }
+    }
+
+    /// Jobs handed to idle workers run there, side by side with the
+    /// caller's (not all on the caller's thread).
+    #[test]
+    fn idle_workers_take_jobs_side_by_side() {
+        let fanout = Fanout::start(4, "test-fanout").unwrap();
+        fanout.wait_idle();
+        let mut jobs: Vec<Option<std::thread::ThreadId>> = vec![None; 4];
+        fanout.run(&mut jobs, |ran_on| {
+            std::thread::sleep(Duration::from_millis(100));
+            *ran_on = Some(std::thread::current().id());
+        });
+        let threads: std::collections::HashSet<_> = jobs.iter().map(|t| t.expect("every job ran")).collect();
+        assert!(
+            threads.len() >= 2,
+            "four jobs of 100 ms ran on {} thread",
+            threads.len()
+        );
+    }
+
     /// Many callers at once, fan-outs of every size up to past the
-    /// workers': every element is taken once and only once, by one thread
-    /// at a time (a job that ran twice, or not at all, shows in the
-    /// counts).
+    /// workers', some jobs slow enough that workers still hold them when
+    /// the caller's own are done: every element is taken once and only
+    /// once, and done when `run` returns (a job that ran twice, not at
+    /// all, or after `run` returned, shows in the counts).
     #[test]
     fn every_job_runs_once_whoever_runs_it() {
         let fanout = Fanout::start(4, "test-fanout").unwrap();
+        fanout.wait_idle();
         std::thread::scope(|scope| {
             for caller in 0..6u64 {
                 let fanout = &fanout;
                 scope.spawn(move || {
                     let mut rng = rand::rngs::StdRng::seed_from_u64(caller);
-                    for _ in 0..300 {
+                    for _ in 0..200 {
                         let n = rng.gen_range(0..12);
                         let mut jobs: Vec<(u64, u32)> = (0..n).map(|i| (i, 0)).collect();
                         fanout.run(&mut jobs, |(value, runs)| {
                             *runs += 1;
-                            *value *= 3;
                             if *value % 2 == 1 {
-                                std::thread::yield_now();
+                                std::thread::sleep(Duration::from_micros(200));
                             }
+                            *value *= 3;
                         });
                         for (i, &(value, runs)) in jobs.iter().enumerate() {
                             assert_eq!((value, runs), (i as u64 * 3, 1), "caller {caller}, job {i} of {n}");
@@ -271,18 +307,22 @@ mod tests {
     }
 
     /// A job that panics, on the caller's thread or a worker's: the panic
-    /// reaches the caller once every other job ended, and the pool goes on.
+    /// reaches the caller once every other job ended (those the workers
+    /// hold, here, the slowest), and the pool goes on.
     #[test]
     fn a_panic_reaches_the_caller_after_every_job_ended() {
         let fanout = Fanout::start(3, "test-fanout").unwrap();
         for bad in [0usize, 1, 5] {
+            fanout.wait_idle();
             let mut jobs: Vec<(usize, bool)> = (0..8).map(|i| (i, false)).collect();
             let result = catch_unwind(AssertUnwindSafe(|| {
                 fanout.run(&mut jobs, |(i, ended)| {
                     if *i == bad {
                         panic!("job {i}");
                     }
-                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    // Jobs 1 to 3 go to the three idle workers.
+                    let ms = if (1..=3).contains(i) { 30 } else { 1 };
+                    std::thread::sleep(Duration::from_millis(ms));
                     *ended = true;
                 })
             }));

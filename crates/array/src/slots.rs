@@ -579,9 +579,8 @@ impl SlotTable {
     /// Records that a write into user stripe `serial` superseded what
     /// the map pointed at in the slots `deltas` took pieces from.
     pub fn superseded(&mut self, deltas: &[Delta], serial: u64) {
-        let mut lost = deltas.iter().filter(|d| !d.gained).peekable();
-        if lost.peek().is_some() {
-            self.superseded.entry(serial).or_default().extend(lost.map(|d| d.slot));
+        for delta in deltas.iter().filter(|d| !d.gained) {
+            self.superseded.entry(serial).or_default().insert(delta.slot);
         }
     }
 
