@@ -288,7 +288,7 @@ impl Shared {
             let slots = &index.slots;
             let installed = index
                 .map
-                .install(body, &image, &|slot| slots.get(slot).state == SlotState::Sealed)
+                .install(body, &image, |slot| slots.get(slot).state == SlotState::Sealed)
                 .map_err(|source| ArrayError::MapPage { page, source })?;
             if !installed {
                 continue;

@@ -280,8 +280,21 @@ impl Entries {
     }
 
     /// Each entry's slot, from the slot column alone.
-    pub(super) fn slots(&self) -> impl Iterator<Item = u64> + '_ {
-        (0..self.len).map(|i| self.read(i, &self.columns()[SLOT]))
+    pub(super) fn slots(&self) -> ColumnValues<'_> {
+        self.column(SLOT)
+    }
+
+    /// Column `k`'s value (`START`, `SLOT`...) of each entry in turn.
+    pub(super) fn column(&self, k: usize) -> ColumnValues<'_> {
+        let c = self.columns()[k];
+        ColumnValues {
+            entries: self,
+            byte: usize::from(c.at) / 8,
+            bit: u32::from(c.at % 8),
+            mask: low_bits(c.width),
+            narrow: u32::from(c.at % 8) + u32::from(c.width) <= 64,
+            c,
+        }
     }
 
     /// Whether every entry's version is at least `floor`: at once where
@@ -590,6 +603,60 @@ impl Entries {
         for (i, e) in entries.iter().enumerate() {
             self.write(i, e);
         }
+    }
+}
+
+/// One column of a page's entries (`Entries::column`). A field
+/// within 64 bits of its entry's byte (all but a wide one that does not
+/// start on a byte) is one 8-byte load, a shift and a mask an entry,
+/// where `Entries::read` loads 16 bytes and shifts them as a `u128`; a
+/// field every entry shares (width 0, mask 0) is its base.
+pub(super) struct ColumnValues<'a> {
+    entries: &'a Entries,
+    c: Column,
+    /// The field's first byte and bit in an entry.
+    byte: usize,
+    bit: u32,
+    mask: u64,
+    narrow: bool,
+}
+
+impl ColumnValues<'_> {
+    /// Entry `i`'s value (`i` below the page's entries).
+    #[inline(always)]
+    pub(super) fn get(&self, i: usize) -> u64 {
+        let e = self.entries;
+        if !self.narrow {
+            return e.read(i, &self.c);
+        }
+        // `PAD` bytes follow the last entry: 8 from any of an entry's
+        // bytes are there.
+        let at = i * e.stride + self.byte;
+        let raw = u64::from_le_bytes(e.bytes[at..at + 8].try_into().expect("8 bytes"));
+        self.c.base + (((raw >> self.bit) & self.mask) << self.c.shift)
+    }
+
+    /// Whether `f` holds of every entry's value, in order.
+    #[inline(always)]
+    pub(super) fn all(&self, mut f: impl FnMut(u64) -> bool) -> bool {
+        let e = self.entries;
+        if !self.narrow {
+            return (0..e.len).all(|i| f(e.read(i, &self.c)));
+        }
+        let (c, stride) = (&self.c, e.stride);
+        let bytes = &e.bytes[self.byte..];
+        // Entry i's field is in bytes[i * stride..][..8] (`PAD` bytes
+        // follow the last entry).
+        (0..e.len).all(|i| {
+            let raw = u64::from_le_bytes(bytes[i * stride..][..8].try_into().expect("8 bytes"));
+            f(c.base + (((raw >> self.bit) & self.mask) << c.shift))
+        })
+    }
+
+    /// The value every entry shares, if the layout gives the field no
+    /// bits.
+    pub(super) fn constant(&self) -> Option<u64> {
+        (self.c.width == 0).then_some(self.c.base)
     }
 }
 
