@@ -164,6 +164,39 @@ impl Shared {
         self.install_loaded(&mut self.index_mut(), loaded)
     }
 
+    /// Brings in every page of `ranges` not in memory, evicting none: the
+    /// pages read on the I/O pool, each directory page (with the pages of
+    /// it asked for) or page on its own, and installed together. Replay
+    /// reads its stripes' pages so before it maps their records, where
+    /// `pin_pages` would read them one at a time: the reads only wait on
+    /// the members.
+    pub(crate) fn read_in_parallel(&self, ranges: &[(u64, u64)]) -> Result<(), ArrayError> {
+        use rayon::prelude::*;
+        let missing = missing(&self.index().map, ranges);
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let loaded: Vec<Result<Vec<Loaded>, ArrayError>> = self.io_pool.install(|| {
+            missing
+                .into_par_iter()
+                .map(|needed| self.read_pages(vec![needed]))
+                .collect()
+        });
+        let mut index = self.index_mut();
+        for loaded in loaded {
+            self.install_loaded(&mut index, loaded?)?;
+        }
+        Ok(())
+    }
+
+    /// Pages of the map the cache holds at once, at the average size of
+    /// those in memory (at least 1).
+    pub(crate) fn cache_pages(&self) -> usize {
+        let index = self.index();
+        let per_page = (index.map.bytes() / index.map.page_count().max(1)).max(PAGE_BYTES_LEAST);
+        (self.options.map_cache_bytes / per_page).max(1)
+    }
+
     /// Evicts clean pages, none pinned, past the cache's size.
     pub(crate) fn evict_pages(&self, index: &mut Index) {
         let pins = self.page_pins.lock();
@@ -402,6 +435,9 @@ impl Shared {
 }
 
 const PAGE: u64 = crate::limits::MAP_PAGE_BLOCKS;
+/// The least a page in memory is taken to cost in `cache_pages` (with few
+/// pages in memory, their average says little).
+const PAGE_BYTES_LEAST: usize = 4096;
 /// Past this many pages, a range pins only the pages that exist.
 const PINNED_PAGES_PER_RANGE_MAX: u64 = 4096;
 

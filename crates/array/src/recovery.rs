@@ -28,7 +28,9 @@ use crate::error::{ArrayError, CheckpointFault};
 use crate::format::{
     Checkpoint, CheckpointRef, ChunkHeader, PageImage, Record, SlotEntry, Stream, SUMMARY_HEADER_BYTES,
 };
+use crate::limits::MAP_PAGE_BLOCKS;
 use crate::map::{Location, Map, Rule, Target};
+use crate::slot_set::SlotSet;
 use crate::slots::{SlotState, SlotTable};
 use serde::Serialize;
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -275,52 +277,40 @@ impl Shared {
         }
         stripes.sort_by_key(|s| s.0);
         recovery.stripes_replayed = stripes.len() as u64;
-        let mut replayed_slots = HashSet::new();
+        let mut replayed_slots = SlotSet::empty(g.slot_count());
         let mut fresh: HashSet<Location> = HashSet::new();
-        for (sequence, slot, records) in stripes {
-            // The pages the stripe's records land in, in memory.
-            let ranges: Vec<(u64, u64)> = records.iter().map(Record::keys).collect();
-            let _pages = self.pin_pages(&ranges)?;
-            let mut index = self.index_mut();
-            index.slots.set(slot, SlotState::Sealed, sequence);
-            replayed_slots.insert(slot);
-            for record in records {
-                let version = record.version();
-                index.next_version = index.next_version.max(version + 1);
-                // A record of a volume deleted since is not mapped.
-                if !index.volumes.admits(record.lba(), version) {
-                    continue;
+        // In groups whose pages the map cache holds at once: a group's
+        // pages read in parallel, then its stripes mapped in order (each
+        // still pins its pages, reading any evicted since), then what the
+        // cache has no room for evicted.
+        let cache_pages = self.cache_pages();
+        let mut stripes = stripes.into_iter().peekable();
+        while stripes.peek().is_some() {
+            let mut group = Vec::new();
+            let mut pages = BTreeSet::new();
+            while let Some(stripe) = stripes.next_if(|_| group.is_empty() || pages.len() < cache_pages) {
+                for (lba, end) in stripe.2.iter().map(Record::keys) {
+                    pages.extend(lba / MAP_PAGE_BLOCKS..=end.saturating_sub(1) / MAP_PAGE_BLOCKS);
                 }
-                let (lba, blocks, target) = match record {
-                    Record::Data { lba, extent, .. } => {
-                        fresh.insert(Location {
-                            slot,
-                            offset: Some(extent.offset),
-                            version,
-                        });
-                        (
-                            lba,
-                            extent.blocks,
-                            Target::Data {
-                                extent: Arc::new(extent),
-                                skip: 0,
-                            },
-                        )
-                    }
-                    Record::Zero { lba, blocks, .. } => (lba, blocks, Target::Zero { slot }),
-                };
-                let deltas = index.map.insert(lba, blocks, version, &target, Rule::IfNotNewer);
-                index.slots.account(&deltas);
+                group.push(stripe);
             }
+            let ranges: Vec<(u64, u64)> = group.iter().flat_map(|s| s.2.iter().map(Record::keys)).collect();
+            self.read_in_parallel(&ranges)?;
+            for (sequence, slot, records) in group {
+                self.replay_stripe(sequence, slot, records, &mut replayed_slots, &mut fresh)?;
+            }
+            self.evict_pages(&mut self.index_mut());
         }
         // The checkpoint's copy of the map must not point into a slot that
         // now holds a newer stripe: every such block was overwritten by a
         // replayed write. If one is left, the checkpoint is not trusted.
         // (Checked over the pages in memory: those replay changed.)
         let mut index = self.index_mut();
-        let stale = index.map.iter().locations().find_map(|(lba, at)| {
-            (at.offset.is_some() && replayed_slots.contains(&at.slot) && !fresh.contains(&at)).then_some((lba, at.slot))
-        });
+        let replayed = &replayed_slots;
+        let stale = index
+            .map
+            .locations_in_slots(|slot| replayed.contains(slot))
+            .find_map(|(lba, at)| (at.offset.is_some() && !fresh.contains(&at)).then_some((lba, at.slot)));
         if let Some((lba, slot)) = stale {
             return Err(ArrayError::CheckpointUnreadable {
                 why: CheckpointFault::Stale { lba, slot },
@@ -343,6 +333,55 @@ impl Shared {
             max_sequence,
             torn,
         })
+    }
+
+    /// Maps the records of stripe `sequence` in slot `slot` (its pages
+    /// pinned, read if not in memory), newer than what the map holds of
+    /// their keys; the slot is sealed, and noted in `replayed_slots`, its
+    /// data records' places in `fresh`.
+    fn replay_stripe(
+        &self,
+        sequence: u64,
+        slot: u64,
+        records: Vec<Record>,
+        replayed_slots: &mut SlotSet,
+        fresh: &mut HashSet<Location>,
+    ) -> Result<(), ArrayError> {
+        // The pages the stripe's records land in, in memory.
+        let ranges: Vec<(u64, u64)> = records.iter().map(Record::keys).collect();
+        let _pages = self.pin_pages(&ranges)?;
+        let mut index = self.index_mut();
+        index.slots.set(slot, SlotState::Sealed, sequence);
+        replayed_slots.insert(slot);
+        for record in records {
+            let version = record.version();
+            index.next_version = index.next_version.max(version + 1);
+            // A record of a volume deleted since is not mapped.
+            if !index.volumes.admits(record.lba(), version) {
+                continue;
+            }
+            let (lba, blocks, target) = match record {
+                Record::Data { lba, extent, .. } => {
+                    fresh.insert(Location {
+                        slot,
+                        offset: Some(extent.offset),
+                        version,
+                    });
+                    (
+                        lba,
+                        extent.blocks,
+                        Target::Data {
+                            extent: Arc::new(extent),
+                            skip: 0,
+                        },
+                    )
+                }
+                Record::Zero { lba, blocks, .. } => (lba, blocks, Target::Zero { slot }),
+            };
+            let deltas = index.map.insert(lba, blocks, version, &target, Rule::IfNotNewer);
+            index.slots.account(&deltas);
+        }
+        Ok(())
     }
 
     /// What `parse` makes of the data areas of `stripes` (slot, sequence),
