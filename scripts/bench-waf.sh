@@ -9,7 +9,9 @@
 # member bytes per client byte over the overwrite phase alone (the server
 # restarts after the fill, which resets its counters); the full-stripe
 # floor is (K+M)/K * (chunk + 4 KiB header)/chunk. Then the server is
-# killed (kill -9) and `tessera status` times the opening.
+# killed (kill -9) and `tessera status` times the opening: its whole run
+# (which, after a crash, ends by writing a checkpoint of what replay
+# found), and the opening alone as `status` reports it.
 #
 #   [TESSERA=path/to/tessera] [PATTERNS="random zipf:1.2"] [GC_MODES="own none"] \
 #     scripts/bench-waf.sh [K M N] [MEMBER_SIZE] [TIMES]
@@ -55,7 +57,7 @@ print(f'{\"$dist\":<10} {\"$gc\":<10} {s[\"write_amplification\"]:6.2f} {s[\"gc_
 import json, sys
 start, end, path = sys.argv[1:]
 r = json.load(open(path))["recovery"]
-print(f"{float(end) - float(start):.2f} s ({r['stripes_replayed']} stripes replayed, {r['slots_scanned']} slots scanned)")
+print(f"{float(end) - float(start):.2f} s ({r['milliseconds']} ms opening, {r['stripes_replayed']} stripes replayed, {r['slots_scanned']} slots scanned)")
 PY
   done
 done
