@@ -283,14 +283,20 @@ impl Shared {
         // pages read in parallel, then its stripes mapped in order (each
         // still pins its pages, reading any evicted since), then what the
         // cache has no room for evicted.
+        // (A zero record may span a whole volume: a stripe with one that
+        // spans more than the cache holds is a group of its own.)
         let cache_pages = self.cache_pages();
         let mut stripes = stripes.into_iter().peekable();
         while stripes.peek().is_some() {
             let mut group = Vec::new();
-            let mut pages = BTreeSet::new();
-            while let Some(stripe) = stripes.next_if(|_| group.is_empty() || pages.len() < cache_pages) {
+            let (mut pages, mut full) = (BTreeSet::new(), false);
+            while let Some(stripe) = stripes.next_if(|_| group.is_empty() || (!full && pages.len() < cache_pages)) {
                 for (lba, end) in stripe.2.iter().map(Record::keys) {
-                    pages.extend(lba / MAP_PAGE_BLOCKS..=end.saturating_sub(1) / MAP_PAGE_BLOCKS);
+                    let (first, last) = (lba / MAP_PAGE_BLOCKS, end.saturating_sub(1) / MAP_PAGE_BLOCKS);
+                    match last.saturating_sub(first) < cache_pages as u64 {
+                        true => pages.extend(first..=last),
+                        false => full = true,
+                    }
                 }
                 group.push(stripe);
             }
