@@ -696,9 +696,8 @@ fn check_each(
 /// The checks of a page whose entries all have one data record's shape
 /// (flags, record blocks, CRCs, codec, digest size: the layout gives
 /// each no bits): that shape once, then what the columns' bounds do not
-/// settle (`every_entry_passes`); only where an entry fails (or may),
-/// entry by entry, the fields that vary read together, no `Entry`
-/// built, to name the first failure. The checks are `check_each`'s.
+/// settle (`every_entry_passes`); only a page an entry of which fails
+/// (or may) goes through `check_each`, which names the first failure.
 /// `None` if the page's entries differ in shape (or map zeros); else
 /// the arena words the entries refer to. A page of random 4 KiB writes
 /// is such a page, and checking every field of each of its ~500 entries
@@ -709,7 +708,6 @@ fn check_uniform(
     word_count: usize,
     live: Option<&dyn Fn(u64) -> bool>,
 ) -> Option<Result<usize, (&'static str, u64)>> {
-    use entries::{BLOCKS, OFFSET, SKIP, SLOT, START, STORED_BYTES, WORDS};
     let (least, most) = entries.bounds();
     let shared = least.flags == most.flags
         && least.record_blocks == most.record_blocks
@@ -725,35 +723,8 @@ fn check_uniform(
             return Some(Ok(shape.arena_words * entries.len()));
         }
     }
-    // One fails (or may): each entry checked in turn finds which, and
-    // refuses the page as `check_each` would.
-    let check = || {
-        // The shape is checked after the first entry's place, where
-        // `check_each` checks it: both refuse a page with the same error.
-        let mut shared = None;
-        let mut end = 0;
-        for i in 0..entries.len() {
-            let [start, blocks, slot, skip, offset, stored_bytes, words] =
-                entries.fields_of(i, [START, BLOCKS, SLOT, SKIP, OFFSET, STORED_BYTES, WORDS]);
-            let varying = Varying {
-                start,
-                blocks,
-                slot,
-                skip,
-                offset,
-                stored_bytes,
-                words,
-            };
-            check_place(&varying, &mut end, &limits, live)?;
-            let shape = match shared {
-                Some(shape) => shape,
-                None => *shared.insert(record_shape(&least, geometry)?),
-            };
-            check_within(&varying, shape, &limits)?;
-        }
-        Ok(shared.map_or(0, |shape| shape.arena_words) * entries.len())
-    };
-    Some(check())
+    // One fails (or may): checking each entry in turn finds which.
+    Some(check_each(entries, geometry, word_count, live))
 }
 
 /// Whether every entry of a page of one record shape (`shape`, already

@@ -158,35 +158,31 @@ impl Shared {
         Ok(())
     }
 
-    /// Brings the pages `missing` names in, evicting none.
+    /// Brings the pages `missing` names in, evicting none: read on the I/O
+    /// pool, each directory page (with the pages of it asked for) or page
+    /// a read of its own, as the reads only wait on the members, then
+    /// installed together. (Replay reads a group of stripes' pages so
+    /// before it maps their records, where `pin_pages` would read them one
+    /// after another.)
     pub(crate) fn install_pages(&self, missing: Vec<Needed>) -> Result<(), ArrayError> {
-        let loaded = self.read_pages(missing)?;
-        self.install_loaded(&mut self.index_mut(), loaded)
-    }
-
-    /// Brings in every page of `ranges` not in memory, evicting none: the
-    /// pages read on the I/O pool, each directory page (with the pages of
-    /// it asked for) or page on its own, and installed together. Replay
-    /// reads its stripes' pages so before it maps their records, where
-    /// `pin_pages` would read them one at a time: the reads only wait on
-    /// the members.
-    pub(crate) fn read_in_parallel(&self, ranges: &[(u64, u64)]) -> Result<(), ArrayError> {
         use rayon::prelude::*;
-        let missing = missing(&self.index().map, ranges);
-        if missing.is_empty() {
-            return Ok(());
-        }
-        let loaded: Vec<Result<Vec<Loaded>, ArrayError>> = self.io_pool.install(|| {
+        let loaded: Vec<Vec<Loaded>> = self.io_pool.install(|| {
             missing
                 .into_par_iter()
                 .map(|needed| self.read_pages(vec![needed]))
-                .collect()
-        });
+                .collect::<Result<_, _>>()
+        })?;
         let mut index = self.index_mut();
         for loaded in loaded {
-            self.install_loaded(&mut index, loaded?)?;
+            self.install_loaded(&mut index, loaded)?;
         }
         Ok(())
+    }
+
+    /// The pages of `ranges` not in memory, brought in (`install_pages`).
+    pub(crate) fn install_missing(&self, ranges: &[(u64, u64)]) -> Result<(), ArrayError> {
+        let missing = missing(&self.index().map, ranges);
+        self.install_pages(missing)
     }
 
     /// Pages of the map the cache holds at once, at the average size of

@@ -301,7 +301,7 @@ impl Shared {
                 group.push(stripe);
             }
             let ranges: Vec<(u64, u64)> = group.iter().flat_map(|s| s.2.iter().map(Record::keys)).collect();
-            self.read_in_parallel(&ranges)?;
+            self.install_missing(&ranges)?;
             for (sequence, slot, records) in group {
                 self.replay_stripe(sequence, slot, records, &mut replayed_slots, &mut fresh)?;
             }

@@ -268,17 +268,6 @@ impl Entries {
         (entry(least), entry(most))
     }
 
-    /// Fields `which` (column numbers: `START`, `SLOT`...) of entry `i`,
-    /// read together.
-    pub(super) fn fields_of<const N: usize>(&self, i: usize, which: [usize; N]) -> [u64; N] {
-        let c = self.columns();
-        if self.stride <= PAD {
-            let raw = self.row(i);
-            return which.map(|k| c[k].unpack(raw));
-        }
-        which.map(|k| self.read(i, &c[k]))
-    }
-
     /// Each entry's slot, from the slot column alone.
     pub(super) fn slots(&self) -> ColumnValues<'_> {
         self.column(SLOT)
@@ -301,8 +290,7 @@ impl Entries {
     /// the version column's base is (no value is below its base), else
     /// from the column.
     pub(super) fn versions_at_least(&self, floor: u64) -> bool {
-        let c = &self.columns()[VERSION];
-        c.base >= floor || (0..self.len).all(|i| self.read(i, c) >= floor)
+        self.columns()[VERSION].base >= floor || self.column(VERSION).all(|version| version >= floor)
     }
 
     /// `count` entries from an image's column table and packed entries
@@ -639,18 +627,7 @@ impl ColumnValues<'_> {
     /// Whether `f` holds of every entry's value, in order.
     #[inline(always)]
     pub(super) fn all(&self, mut f: impl FnMut(u64) -> bool) -> bool {
-        let e = self.entries;
-        if !self.narrow {
-            return (0..e.len).all(|i| f(e.read(i, &self.c)));
-        }
-        let (c, stride) = (&self.c, e.stride);
-        let bytes = &e.bytes[self.byte..];
-        // Entry i's field is in bytes[i * stride..][..8] (`PAD` bytes
-        // follow the last entry).
-        (0..e.len).all(|i| {
-            let raw = u64::from_le_bytes(bytes[i * stride..][..8].try_into().expect("8 bytes"));
-            f(c.base + (((raw >> self.bit) & self.mask) << c.shift))
-        })
+        (0..self.entries.len).all(|i| f(self.get(i)))
     }
 
     /// The value every entry shares, if the layout gives the field no
