@@ -129,7 +129,15 @@ struct Taken {
     live: BTreeMap<u64, u64>,
     /// The slot table's pages being copied (`None` for a root alone).
     slot_pages: Option<BTreeSet<u64>>,
-    as_of: Option<(u64, Vec<(u64, u128)>)>,
+    as_of: Option<AsOf>,
+}
+
+/// What a checkpoint that writes pages takes of the index with them: the
+/// next write version, and the volumes' and the slot table's counts.
+struct AsOf {
+    next_version: u64,
+    volumes: Vec<(u64, u128)>,
+    slot_live: u128,
 }
 
 /// The images in the map stripes a checkpoint empties (`Shared::images_in`):
@@ -304,6 +312,9 @@ impl Shared {
 
     fn take_checkpoint(&self, root_may_do: bool) -> Result<(), ArrayError> {
         self.members.check_writable()?;
+        // It writes the slot pages that changed, and takes the next
+        // window from every free slot.
+        self.read_every_slot_page()?;
         let mut durable = self.checkpoint_lock.lock().unwrap_or_else(|p| p.into_inner());
         // A root alone may not fit where the pages would: it may not take
         // the free slots it lists as live, and on a full array those are
@@ -387,7 +398,7 @@ impl Shared {
         // map did when its image was taken: where the last pages'
         // checkpoint said, or where the slot's newer stripe is now).
         let mut resealed: BTreeMap<u64, u64> = self.index().slots.resealed().into_iter().collect();
-        let (sequence, replay, (next_version, volumes)) = match (as_of, durable.since.as_ref()) {
+        let (sequence, replay, as_of) = match (as_of, durable.since.as_ref()) {
             (Some(as_of), _) => (start, BTreeSet::new(), as_of),
             (None, Some(since)) => {
                 // Those the pages' root listed, some since freed: the
@@ -395,7 +406,11 @@ impl Shared {
                 for &(slot, sequence) in &since.resealed {
                     resealed.entry(slot).or_insert(sequence);
                 }
-                let as_of = (since.next_version, since.volumes.clone());
+                let as_of = AsOf {
+                    next_version: since.next_version,
+                    volumes: since.volumes.clone(),
+                    slot_live: durable.images.slot_live,
+                };
                 (since.sequence, since.replay.clone(), as_of)
             }
             (None, None) => unreachable!("a root alone names pages written before"),
@@ -403,11 +418,14 @@ impl Shared {
         let resealed: Vec<(u64, u64)> = resealed.into_iter().collect();
         let checkpoint = Checkpoint {
             sequence,
-            next_version,
+            next_version: as_of.next_version,
             resealed,
             window: Vec::new(),
-            images: MapImages::default(),
-            volumes,
+            images: MapImages {
+                slot_live: as_of.slot_live,
+                ..MapImages::default()
+            },
+            volumes: as_of.volumes,
         };
         let changes = Changes {
             copied: &copied,
@@ -490,7 +508,7 @@ impl Shared {
         found.slot_pages = images
             .slot_pages
             .iter()
-            .filter(|(_, image)| in_sparse(image))
+            .filter(|(_, p)| in_sparse(&p.image))
             .map(|(&page, _)| page)
             .collect();
         for (&dir, own) in &images.dirs {
@@ -527,7 +545,11 @@ impl Shared {
         // them before they are; the counts are what they add up to.
         let as_of = pages.then(|| {
             index.map.begin_snapshot(&dirty);
-            (index.next_version, index.slots.volumes())
+            AsOf {
+                next_version: index.next_version,
+                volumes: index.slots.volumes(),
+                slot_live: index.slots.live_units(),
+            }
         });
         let slot_pages = pages.then(|| index.slots.begin_snapshot(&in_sparse.slot_pages));
         // What the pages written replace, and the directory pages that
@@ -543,7 +565,8 @@ impl Shared {
         let slot_pages_replaced = slot_pages
             .iter()
             .flatten()
-            .filter_map(|page| images.slot_pages.get(page));
+            .filter_map(|page| images.slot_pages.get(page))
+            .map(|p| &p.image);
         let replaced = old
             .values()
             .flatten()
@@ -794,7 +817,8 @@ impl Shared {
             durable
                 .slot_pages
                 .iter()
-                .filter(|(page, _)| !written_slot_pages.contains(page)),
+                .filter(|(page, _)| !written_slot_pages.contains(page))
+                .map(|(page, p)| (page, &p.image)),
         );
         let new = dirs
             .iter()
@@ -902,6 +926,7 @@ impl Shared {
             stripes: BTreeMap::new(),
             dirs: durable.dirs.clone(),
             slot_pages: durable.slot_pages.clone(),
+            slot_live: checkpoint.images.slot_live,
             pages: durable.pages,
             page_bytes: durable.page_bytes,
         };
@@ -978,7 +1003,14 @@ impl Shared {
                 pieces: with_slots(place(range)),
             };
             run.extend_from_slice(&encoded);
-            images.slot_pages.insert(page, Arc::new(image));
+            let kept = format::SlotPageImage::kept_of(entries);
+            images.slot_pages.insert(
+                page,
+                format::SlotPageImage {
+                    image: Arc::new(image),
+                    kept,
+                },
+            );
         }
         assert_eq!(run.len(), run_bytes);
         let first = self.tracker.assign_many(meta.len());

@@ -76,6 +76,10 @@ pub struct EngineOptions {
     /// of them is about 32 KiB a page (`limits::OPEN_SLOT_PAGES_PER_BATCH`
     /// by default). Fewer, to test opening in many batches.
     pub open_slot_pages_per_batch: usize,
+    /// Whether a thread reads the slot pages opening after a clean stop
+    /// left unread (`slot_loader`); without it they are read when
+    /// something needs them (tests that look at the table half read).
+    pub slot_pages_in_background: bool,
 }
 
 impl Default for EngineOptions {
@@ -92,6 +96,7 @@ impl Default for EngineOptions {
             gc_stream: true,
             ignore_activity: false,
             open_slot_pages_per_batch: crate::limits::OPEN_SLOT_PAGES_PER_BATCH,
+            slot_pages_in_background: true,
         }
     }
 }
@@ -262,6 +267,9 @@ pub(crate) struct Shared {
     /// One volume operation (create, resize, delete) at a time; held
     /// across its superblock writes.
     pub volume_lock: Mutex<()>,
+    /// Held by whoever reads every slot page opening left unread
+    /// (`slot_loader`).
+    pub slot_loading: Mutex<()>,
     /// The intent log, if the array has an area for one.
     pub intent: Option<crate::intent::IntentLog>,
     pub options: EngineOptions,
@@ -272,7 +280,9 @@ pub struct Array {
     pub(crate) shared: Arc<Shared>,
     /// The default volume, which `read`, `write` and the rest reach.
     default: crate::volumes::Volume,
-    background: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The maintenance thread, and the one reading the slot pages
+    /// opening left unread.
+    background: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// Keeps the members' activity records moving; dropped last, after
     /// the member threads stopped, it marks them closed.
     heartbeat: crate::activity::Heartbeat,
@@ -513,6 +523,7 @@ impl Array {
             gates: Mutex::new(gates),
             page_pins: Default::default(),
             volume_lock: Mutex::new(()),
+            slot_loading: Mutex::new(()),
             intent: geometry
                 .has_log()
                 .then(|| crate::intent::IntentLog::new(geometry.members, log_devices)),
@@ -537,7 +548,7 @@ impl Array {
         let array = Array {
             shared,
             default,
-            background: Mutex::new(None),
+            background: Mutex::new(Vec::new()),
             heartbeat,
         };
         array.shared.recover(start)?;
@@ -559,7 +570,19 @@ impl Array {
                     what: "maintenance thread",
                     source,
                 })?;
-            *array.background.lock().unwrap_or_else(poisoned) = Some(thread);
+            array.background.lock().unwrap_or_else(poisoned).push(thread);
+        }
+        let unread = array.shared.index().slots.unread_count() > 0;
+        if unread && array.shared.options.slot_pages_in_background {
+            let shared = array.shared.clone();
+            let thread = std::thread::Builder::new()
+                .name("tessera-slot-pages".to_string())
+                .spawn(move || shared.read_slot_pages_in_background())
+                .map_err(|source| ArrayError::ThreadStart {
+                    what: "slot page thread",
+                    source,
+                })?;
+            array.background.lock().unwrap_or_else(poisoned).push(thread);
         }
         Ok(array)
     }
@@ -679,6 +702,7 @@ impl Array {
     /// Checks that the map, the slots' live counts and the free set agree;
     /// tests call it between operations.
     pub fn check(&self) -> Result<(), String> {
+        self.shared.read_every_slot_page().map_err(|e| e.to_string())?;
         self.shared
             .with_every_page(|index| index.slots.check(&index.map))
             .map_err(|e| e.to_string())?
@@ -693,7 +717,7 @@ impl Array {
 impl Array {
     fn stop_background(&self) {
         self.shared.maintenance.stop();
-        if let Some(thread) = self.background.lock().unwrap_or_else(poisoned).take() {
+        for thread in std::mem::take(&mut *self.background.lock().unwrap_or_else(poisoned)) {
             let _ = thread.join();
         }
     }

@@ -180,6 +180,12 @@ pub enum CheckpointFault {
     ListedTwice { slot: u64 },
     #[error("it counts live data in slot {slot}, which is {state:?}")]
     CountsUnsealed { slot: u64, state: SlotState },
+    #[error("its slot table page {page} lists {kept} slots sealed with live data, which does not add up with the root")]
+    KeptTooMany { page: u64, kept: u32 },
+    #[error("its slot pages list {listed} live units in all, the root {root}")]
+    LiveTotal { listed: u128, root: u128 },
+    #[error("the map took more from slot {slot} than its slot table page lists")]
+    CountsUnderrun { slot: u64 },
     #[error("its slot table page {page} cannot be read: {source}")]
     SlotPage { page: u64, source: Box<ArrayError> },
     #[error("it maps block {lba} into slot {slot}, which holds a newer stripe")]

@@ -60,7 +60,11 @@ const _: () = assert!(DATA_START as usize >= SECTOR_BYTES);
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"TSRSUPER";
 pub const CHUNK_MAGIC: [u8; 8] = *b"TSRCHUNK";
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"TSRCHKPT";
-/// Version 8: the root names pages of a map directory, each naming where
+/// Version 10: the root carries the live bytes of every slot as of its
+/// slot pages, and each slot page's entry how many slots it lists sealed
+/// with live data, so that opening after a clean stop need not read the
+/// slot pages before it serves. Version 9 paged the slot table's durable
+/// form. Version 8: the root names pages of a map directory, each naming where
 /// 512 map pages' images are, instead of every map page (the root and the
 /// memory naming images grew with every 2 MiB of keys written), and each
 /// map stripe's live bytes. Version 7 packed map entries column by column.
@@ -72,7 +76,7 @@ pub const CHECKPOINT_MAGIC: [u8; 8] = *b"TSRCHKPT";
 /// a checkpoint directory, which version 5 has as fields). Version 2
 /// added the version of the write to every record, a CRC32C per 4 KiB
 /// block to raw extents. Arrays of any other version are refused by it.
-pub const FORMAT_VERSION: u32 = 9;
+pub const FORMAT_VERSION: u32 = 10;
 /// The CRC32C of a sector covers its first 4092 bytes and sits in the last 4.
 const CRC_OFFSET: usize = SECTOR_BYTES - 4;
 
@@ -922,6 +926,24 @@ pub struct PageImage {
     pub pieces: Vec<ImagePiece>,
 }
 
+/// Where a slot page's image is, and how many of its slots it lists as
+/// sealed with live data: opening after a clean stop counts the free
+/// slots of the pages it has not read yet from these.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlotPageImage {
+    pub image: std::sync::Arc<PageImage>,
+    pub kept: u32,
+}
+
+impl SlotPageImage {
+    /// What a page lists that `entries` are: sealed slots the map points
+    /// into are kept by opening; the others (emptied, or open ones only
+    /// counted) it frees.
+    pub fn kept_of(entries: &[SlotEntry]) -> u32 {
+        entries.iter().filter(|e| e.sequence != 0 && e.pieces > 0).count() as u32
+    }
+}
+
 /// A map stripe: its sequence, and the bytes of the images in it that the
 /// directory (or the root, for directory pages) still names.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -942,7 +964,9 @@ pub struct MapImages {
     /// Shared with the map, which keeps an evicted directory page as its image.
     pub dirs: std::collections::BTreeMap<u64, std::sync::Arc<PageImage>>,
     /// Slot pages (`SLOT_TABLE_PAGE_SLOTS` slots each) that list a slot.
-    pub slot_pages: std::collections::BTreeMap<u64, std::sync::Arc<PageImage>>,
+    pub slot_pages: std::collections::BTreeMap<u64, SlotPageImage>,
+    /// Live bytes times LIVE_SCALE that the slot pages list in all.
+    pub slot_live: u128,
     /// Map pages the directory names an image of, and those images' stored bytes.
     pub pages: u64,
     pub page_bytes: u64,
@@ -1100,15 +1124,16 @@ impl MapImages {
     pub fn piece_count(&self) -> usize {
         self.dirs
             .values()
-            .chain(self.slot_pages.values())
+            .chain(self.slot_pages.values().map(|p| &p.image))
             .map(|p| p.pieces.len())
             .sum()
     }
 }
 
-const CHECKPOINT_HEADER_BYTES: usize = 96;
-/// A directory page's entry in a checkpoint, before its digest and pieces.
-const CHECKPOINT_PAGE_BYTES: usize = 16;
+const CHECKPOINT_HEADER_BYTES: usize = 112;
+/// A directory page's or slot page's entry in a checkpoint, before its
+/// digest and pieces.
+const CHECKPOINT_PAGE_BYTES: usize = 20;
 const CHECKPOINT_PIECE_BYTES: usize = 12;
 const CHECKPOINT_MAP_STRIPE_BYTES: usize = 24;
 
@@ -1406,13 +1431,16 @@ pub fn checkpoint_bytes(
 ///  48 map stripes u64   56 directory pages u64   64 slot pages u64
 ///  72 counted volumes u64
 ///  80 map pages named u64   88 their images' stored bytes u64
-///  96 counted volumes: data blocks u64 | stored bytes x LIVE_SCALE u128
+///  96 live bytes x LIVE_SCALE the slot pages list u128
+/// 112 counted volumes: data blocks u64 | stored bytes x LIVE_SCALE u128
 ///     stripes sealed since: slot u64 | sequence u64
 ///     window: slot u64
 ///     map stripes: slot u64 | sequence u64 | bytes of named images in it u64
-///     directory pages: number u64 | image bytes u32 | pieces u32 | digest [D] of the image
+///     directory pages: number u64 | image bytes u32 | pieces u32 | 0 u32
+///            | digest [D] of the image
 ///            | per piece: map stripe number u32 | offset u32 | bytes u32
-///     slot pages: as directory pages
+///     slot pages: as directory pages, with the slots the page lists as
+///            sealed with live data in place of the 0
 /// ```
 ///
 /// Its length and digest are in the superblock, which points to it.
@@ -1464,6 +1492,7 @@ impl Checkpoint {
         ] {
             out.extend_from_slice(&n.to_le_bytes());
         }
+        out.extend_from_slice(&images.slot_live.to_le_bytes());
         for &(blocks, stored) in &self.volumes {
             out.extend_from_slice(&blocks.to_le_bytes());
             out.extend_from_slice(&stored.to_le_bytes());
@@ -1486,10 +1515,13 @@ impl Checkpoint {
             .enumerate()
             .map(|(i, &slot)| (slot, i as u32))
             .collect();
-        for (page, image) in images.dirs.iter().chain(&images.slot_pages) {
+        let dirs = images.dirs.iter().map(|(page, image)| (page, image, 0));
+        let slot_pages = images.slot_pages.iter().map(|(page, p)| (page, &p.image, p.kept));
+        for (page, image, kept) in dirs.chain(slot_pages) {
             out.extend_from_slice(&page.to_le_bytes());
             out.extend_from_slice(&image.bytes.to_le_bytes());
             out.extend_from_slice(&(image.pieces.len() as u32).to_le_bytes());
+            out.extend_from_slice(&kept.to_le_bytes());
             out.extend_from_slice(image.digest.as_bytes());
             for piece in &image.pieces {
                 out.extend_from_slice(&number[&piece.slot].to_le_bytes());
@@ -1551,6 +1583,7 @@ impl Checkpoint {
             images: MapImages {
                 pages: get_u64(bytes, 80),
                 page_bytes: get_u64(bytes, 88),
+                slot_live: u128::from(get_u64(bytes, 96)) | (u128::from(get_u64(bytes, 104)) << 64),
                 ..MapImages::default()
             },
             volumes: Vec::with_capacity(volumes),
@@ -1596,9 +1629,10 @@ impl Checkpoint {
         let digest_bytes = algorithm.digest_bytes();
         // A directory page's or slot page's entry: its number and where
         // its image is, within `bytes_max`.
-        let mut named = |bytes_max: usize| -> Result<(u64, PageImage), FormatError> {
+        let mut named = |bytes_max: usize| -> Result<(u64, PageImage, u32), FormatError> {
             let e = next(CHECKPOINT_PAGE_BYTES + digest_bytes)?;
             let (number, image_bytes, piece_count) = (get_u64(e, 0), get_u32(e, 8), get_u32(e, 12) as usize);
+            let kept = get_u32(e, 16);
             let digest = Digest::from_bytes(&e[CHECKPOINT_PAGE_BYTES..]);
             let image = image_location(
                 image_bytes,
@@ -1616,12 +1650,15 @@ impl Checkpoint {
                 per_stripe,
                 WHAT,
             )?;
-            Ok((number, image))
+            Ok((number, image, kept))
         };
         let dir_bytes_max = directory_image_bytes_max(geometry);
         let per_dir_keys = crate::limits::MAP_DIRECTORY_PAGES * crate::limits::MAP_PAGE_BLOCKS;
         for _ in 0..dirs {
-            let (dir, image) = named(dir_bytes_max)?;
+            let (dir, image, zero) = named(dir_bytes_max)?;
+            if zero != 0 {
+                return Err(field("directory_page_reserved", u64::from(zero)));
+            }
             let first_key = dir.saturating_mul(per_dir_keys);
             let in_order = checkpoint
                 .images
@@ -1635,7 +1672,7 @@ impl Checkpoint {
         }
         let slot_page_bytes_max = slot_page_image_bytes(per_slot_page as usize);
         for _ in 0..slot_pages {
-            let (page, image) = named(slot_page_bytes_max)?;
+            let (page, image, kept) = named(slot_page_bytes_max)?;
             let in_order = checkpoint
                 .images
                 .slot_pages
@@ -1644,7 +1681,11 @@ impl Checkpoint {
             if !in_order || page >= slots.div_ceil(per_slot_page) {
                 return Err(field("slot_page", page));
             }
-            checkpoint.images.slot_pages.insert(page, std::sync::Arc::new(image));
+            if u64::from(kept) > per_slot_page.min(slots - page * per_slot_page) {
+                return Err(field("slot_page_kept", u64::from(kept)));
+            }
+            let image = std::sync::Arc::new(image);
+            checkpoint.images.slot_pages.insert(page, SlotPageImage { image, kept });
         }
         if at != bytes.len() {
             return Err(field("length", bytes.len() as u64));
@@ -2046,7 +2087,7 @@ mod tests {
         }
         assert!(sb.is_failed(5) && !sb.is_failed(3));
         // Golden: magic, version, index, members, K, M, chunk, codes, rows, failed bit 5.
-        assert_eq!(&bytes[0..12], b"TSRSUPER\x09\x00\x00\x00");
+        assert_eq!(&bytes[0..12], b"TSRSUPER\x0a\x00\x00\x00");
         assert_eq!(
             &bytes[48..68],
             &[3, 0, 0, 0, 7, 0, 0, 0, 4, 0, 0, 0, 2, 0, 0, 0, 0, 0, 1, 0]
@@ -2101,7 +2142,7 @@ mod tests {
         encode_log_block([9; 16], 5, 3, &records, &mut block);
         // 64 + 3 x 96 + 4096 + 900 bytes, in 512-byte sectors.
         assert_eq!(block.len(), 5632);
-        assert_eq!(&block[..12], b"TSRLOGBK\x09\x00\x00\x00");
+        assert_eq!(&block[..12], b"TSRLOGBK\x0a\x00\x00\x00");
         let mut longer = block.to_vec();
         longer.extend_from_slice(&[0xff; 1024]);
         let (header, decoded) = decode_log_block(&longer, &g).unwrap();
@@ -2286,12 +2327,16 @@ mod tests {
         );
         images.slot_pages.insert(
             0,
-            std::sync::Arc::new(PageImage {
-                bytes: slot_page_image_bytes(2) as u32,
-                digest: a.digest(b"slot page 0"),
-                pieces: vec![piece(30, 200, slot_page_image_bytes(2) as u32)],
-            }),
+            SlotPageImage {
+                image: std::sync::Arc::new(PageImage {
+                    bytes: slot_page_image_bytes(2) as u32,
+                    digest: a.digest(b"slot page 0"),
+                    pieces: vec![piece(30, 200, slot_page_image_bytes(2) as u32)],
+                }),
+                kept: 1,
+            },
         );
+        images.slot_live = (1 << 80) + 5;
         Checkpoint {
             sequence: 99,
             next_version: 1234,
@@ -2419,7 +2464,7 @@ mod tests {
                     .images
                     .dirs
                     .values()
-                    .chain(c.images.slot_pages.values())
+                    .chain(c.images.slot_pages.values().map(|p| &p.image))
                     .flat_map(|p| &p.pieces);
                 assert!(
                     pieces.clone().all(|p| c.images.stripes.contains_key(&p.slot)),
@@ -2465,7 +2510,7 @@ mod tests {
             directory: true,
         }));
         let bytes = sb.encode();
-        assert_eq!(&bytes[0..12], b"TSRSUPER\x09\x00\x00\x00");
+        assert_eq!(&bytes[0..12], b"TSRSUPER\x0a\x00\x00\x00");
         assert_eq!(&bytes[4088..4092], &1u32.to_le_bytes());
         assert_eq!(Superblock::decode(&bytes).unwrap(), sb);
         let c = sb.checkpoint.as_ref().unwrap();
@@ -2477,7 +2522,7 @@ mod tests {
         seal_sector(&mut bad);
         assert!(matches!(Superblock::decode(&bad), Err(FormatError::Field { .. })));
         // Superblocks of versions 2 to 7 are refused by their version.
-        for old in 2u32..=8 {
+        for old in 2u32..=9 {
             let mut bad = bytes.clone();
             bad[8..12].copy_from_slice(&old.to_le_bytes());
             seal_sector(&mut bad);
@@ -2491,7 +2536,7 @@ mod tests {
             );
             assert!(error
                 .to_string()
-                .contains(&format!("version {old}; this build reads version 9")));
+                .contains(&format!("version {old}; this build reads version 10")));
         }
 
         let slots: Vec<u64> = (0..900).map(|i| (i * 7) % g.slot_count()).collect();
@@ -2558,19 +2603,21 @@ mod tests {
         let c = checkpoint();
         let bytes = c.encode(a);
         assert_eq!(bytes.len(), checkpoint_bytes(a, 2, 3, 2, 3, 4, 1));
-        assert_eq!(&bytes[..12], b"TSRCHKPT\x09\x00\x00\x00");
+        assert_eq!(&bytes[..12], b"TSRCHKPT\x0a\x00\x00\x00");
         assert_eq!(&bytes[24..32], &1234u64.to_le_bytes());
         assert_eq!(&bytes[48..64], &[2, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(&bytes[64..80], &[1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);
         // What the directory names: 1,100 pages, 6 MiB of images.
         assert_eq!(&bytes[80..96], &[76, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0x60, 0, 0, 0, 0, 0]);
+        // What the slot pages list live.
+        assert_eq!(&bytes[96..112], &((1u128 << 80) + 5).to_le_bytes());
         // The volumes' counts first: volume 0's stored bytes.
-        assert_eq!(&bytes[104..120], &(1u128 << 70).to_le_bytes());
+        assert_eq!(&bytes[120..136], &(1u128 << 70).to_le_bytes());
         // Then the stripes sealed since the slot pages: slot 7's sequence.
-        assert_eq!(&bytes[144..152], &98u64.to_le_bytes());
+        assert_eq!(&bytes[160..168], &98u64.to_le_bytes());
         // Map stripes after the window, each with its live bytes; the slot
         // page (last) in map stripe 1, at 200.
-        let map_stripes = 96 + 24 + 32 + 24;
+        let map_stripes = 112 + 24 + 32 + 24;
         assert_eq!(&bytes[map_stripes..map_stripes + 8], &20u64.to_le_bytes());
         assert_eq!(&bytes[bytes.len() - 12..bytes.len() - 4], &[1, 0, 0, 0, 200, 0, 0, 0]);
         assert_eq!(Checkpoint::decode(&bytes, &g).unwrap(), c);
@@ -2595,10 +2642,13 @@ mod tests {
         bad.images.slot_pages.insert(1, page);
         assert!(refused(bad), "a slot page past the array's slots");
         let mut bad = checkpoint();
-        let page = std::sync::Arc::make_mut(bad.images.slot_pages.get_mut(&0).unwrap());
+        let page = std::sync::Arc::make_mut(&mut bad.images.slot_pages.get_mut(&0).unwrap().image);
         page.bytes = slot_page_image_bytes(1025) as u32;
         page.pieces[0].bytes = page.bytes;
         assert!(refused(bad), "an image longer than any slot page makes");
+        let mut bad = checkpoint();
+        bad.images.slot_pages.get_mut(&0).unwrap().kept = 1025;
+        assert!(refused(bad), "more slots kept than a page has");
         let mut bad = checkpoint();
         bad.volumes = vec![(0, 0); crate::volume::VOLUME_COUNT_MAX + 1];
         assert!(refused(bad), "more volumes than there may be");

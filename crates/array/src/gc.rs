@@ -60,6 +60,8 @@ impl Shared {
     /// while this one waited to start already made the room. `urgent`: a
     /// writer found no free slot and waits for this round.
     pub(crate) fn collect_garbage(&self, urgent: bool) -> Result<Option<usize>, ArrayError> {
+        // It chooses among every sealed slot, and relocates.
+        self.read_every_slot_page()?;
         let _round = self.gc_lock.lock().unwrap_or_else(|p| p.into_inner());
         // A round that ran while this one waited may have done the work.
         let done = if urgent {

@@ -103,6 +103,7 @@ impl Shared {
         rate: Option<u64>,
         mut progress: impl FnMut(&HealReport) -> bool,
     ) -> Result<HealReport, ArrayError> {
+        self.read_every_slot_page()?;
         let g = &self.geometry;
         if g.members <= g.width() {
             return Err(ArrayError::NoRoomToHeal {

@@ -44,6 +44,7 @@ mod read;
 mod rebuild;
 mod recovery;
 mod repair;
+mod slot_loader;
 mod slot_set;
 pub mod slots;
 mod status;

@@ -317,7 +317,7 @@ impl Shared {
             let slots = &index.slots;
             let installed = index
                 .map
-                .install(body, &image, |slot| slots.get(slot).state == SlotState::Sealed)
+                .install(body, &image, |slot| slots.may_hold_data(slot))
                 .map_err(|source| ArrayError::MapPage { page, source })?;
             if !installed {
                 continue;

@@ -41,6 +41,9 @@ pub(crate) enum Where {
     Members {
         sequence: u64,
     },
+    /// On the members, in a slot whose slot table page opening left to be
+    /// read later: `Shared::slot_sequence` reads it.
+    Unread,
 }
 
 impl Shared {
@@ -78,17 +81,25 @@ impl Shared {
             for (_, mapping) in index.map.overlapping(first, end) {
                 if let Target::Data { extent, .. } = &mapping.target {
                     let fresh = !stripes.iter().any(|&(slot, _)| slot == extent.slot);
-                    if let Where::Members { sequence } = where_is(index, extent.slot) {
-                        if fresh && !self.data_readable(extent.slot) {
-                            pinned.add(extent.slot);
-                            stripes.push((extent.slot, sequence));
-                        }
+                    // (0: read from its slot page below.)
+                    let sequence = match where_is(index, extent.slot) {
+                        Where::Members { sequence } => Some(sequence),
+                        Where::Unread => Some(0),
+                        _ => None,
+                    };
+                    if let Some(sequence) = sequence.filter(|_| fresh && !self.data_readable(extent.slot)) {
+                        pinned.add(extent.slot);
+                        stripes.push((extent.slot, sequence));
                     }
                 }
             }
         })?;
         // More than the cache holds would push out the first ones rebuilt.
         for &(slot, sequence) in stripes.iter().take(self.cache.capacity()) {
+            let sequence = match sequence {
+                0 => self.slot_sequence(slot)?,
+                known => known,
+            };
             self.rebuilt_area(slot, sequence)?;
         }
         Ok(())
@@ -113,6 +124,13 @@ impl Shared {
                 }
             }
         })?;
+        for (_, _, source) in &mut plan {
+            if let Some((extent, _, at @ Where::Unread)) = source {
+                *at = Where::Members {
+                    sequence: self.slot_sequence(extent.slot)?,
+                };
+            }
+        }
         // Stripes this read wants most of: rebuilt whole if degraded (and
         // kept for the next reads); of the others only the ranges wanted
         // are read or decoded. "Most" is by what reading the ranges would
@@ -222,6 +240,11 @@ impl Shared {
                 }
                 Where::Members { sequence } => {
                     return self.read_from_members(extent, skip, blocks, sequence, whole, out)
+                }
+                Where::Unread => {
+                    at = Where::Members {
+                        sequence: self.slot_sequence(extent.slot)?,
+                    }
                 }
             }
         }
@@ -505,6 +528,7 @@ pub(crate) fn where_is(index: &crate::engine::Index, slot: u64) -> Where {
     match index.resident.get(&slot) {
         Some(Resident::Open(lane)) => Where::Open(*lane),
         Some(Resident::Sealed(area)) => Where::Memory(area.clone()),
+        None if index.slots.is_unread(slot) => Where::Unread,
         None => Where::Members {
             sequence: index.slots.get(slot).sequence,
         },

@@ -179,6 +179,8 @@ impl Array {
         let shared = &self.shared;
         let g = &shared.geometry;
         self.check_rebuildable(index)?;
+        // It walks every slot.
+        shared.read_every_slot_page()?;
         if device.size() < g.member_bytes {
             return Err(ArrayError::DeviceTooSmall {
                 index,

@@ -54,6 +54,13 @@ pub struct Recovery {
     /// header was read.
     #[serde(default)]
     pub clean_stop: bool,
+    /// Slot table pages the root names, and those of them opening left to
+    /// be read after it (after a clean stop, all but those of the window's
+    /// slots and of the stripes sealed since the pages).
+    #[serde(default)]
+    pub slot_pages: u64,
+    #[serde(default)]
+    pub slot_pages_deferred: u64,
     /// What the intent log held (`None`: the array has no log).
     pub log: Option<crate::intent::LogRecovery>,
     pub milliseconds: u64,
@@ -211,7 +218,7 @@ impl Shared {
         let (mut from, mut max_sequence, mut window) = (0, 0, None);
         // The slots to scan: the window's, none (fresh), or every one.
         let scan: Box<dyn Iterator<Item = u64>> = if let Some(reference) = reference {
-            let loaded = self.load_checkpoint(reference)?;
+            let loaded = self.load_checkpoint(reference, start == Start::Clean(reference.sequence), &mut recovery)?;
             from = reference.sequence;
             let stripes = reference.stripe_count(self.meta_stripe_bytes());
             max_sequence = reference.first_stripe_sequence + stripes as u64 - 1;
@@ -444,8 +451,15 @@ impl Shared {
     }
 
     /// Loads the checkpoint `reference` names into the (empty) map and
-    /// slot table; returns its window.
-    fn load_checkpoint(&self, reference: &CheckpointRef) -> Result<BTreeSet<u64>, ArrayError> {
+    /// slot table; returns its window. After a `clean` stop, the slot
+    /// pages that do not list the window's slots are left to be read
+    /// later.
+    fn load_checkpoint(
+        &self,
+        reference: &CheckpointRef,
+        clean: bool,
+        recovery: &mut Recovery,
+    ) -> Result<BTreeSet<u64>, ArrayError> {
         let g = &self.geometry;
         let unreadable = |why: CheckpointFault| ArrayError::CheckpointUnreadable { why };
         let per_stripe = self.meta_stripe_bytes();
@@ -520,23 +534,53 @@ impl Shared {
         // The slot table takes its pages as they are (the counts the
         // map's pages add up to), a batch at a time, then the stripes
         // sealed since; the map's pages stay on the members until
-        // something looks at them.
-        let slot_pages: Vec<(u64, &Arc<PageImage>)> = checkpoint
+        // something looks at them. After a clean stop only the pages
+        // listing the slots new stripes may go to (the window's) and
+        // those sealed since are read now: the others are read after
+        // opening (`slot_loader`), the root's counts standing for them
+        // until then.
+        let per_page = crate::limits::SLOT_TABLE_PAGE_SLOTS;
+        let now: BTreeSet<u64> = match clean {
+            true => checkpoint
+                .window
+                .iter()
+                .chain(checkpoint.resealed.iter().map(|(slot, _)| slot))
+                .map(|slot| slot / per_page)
+                .collect(),
+            false => checkpoint.images.slot_pages.keys().copied().collect(),
+        };
+        let (read_now, later): (Vec<_>, Vec<_>) = checkpoint
             .images
             .slot_pages
             .iter()
-            .map(|(&page, image)| (page, image))
-            .collect();
-        for batch in slot_pages.chunks(self.options.open_slot_pages_per_batch.max(1)) {
-            let read = self.read_slot_pages(batch).map_err(unreadable)?;
+            .map(|(&page, p)| (page, p.clone()))
+            .partition(|(page, _)| now.contains(page));
+        recovery.slot_pages = checkpoint.images.slot_pages.len() as u64;
+        recovery.slot_pages_deferred = later.len() as u64;
+        let mut live = 0u128;
+        for batch in read_now.chunks(self.options.open_slot_pages_per_batch.max(1)) {
+            let images: Vec<(u64, Arc<PageImage>)> = batch.iter().map(|(page, p)| (*page, p.image.clone())).collect();
+            let read = self.read_slot_pages(&images).map_err(unreadable)?;
             let mut index = self.index_mut();
-            for (page, entries) in &read {
-                index.slots.restore_page(*page, entries).map_err(unreadable)?;
+            for ((page, entries), (_, p)) in read.iter().zip(batch) {
+                let (page_live, kept) = index.slots.restore_page(*page, entries).map_err(unreadable)?;
+                if kept != p.kept {
+                    return Err(unreadable(CheckpointFault::KeptTooMany { page: *page, kept }));
+                }
+                live += page_live;
             }
         }
         let stale_volume_pages: Vec<crate::map::Needed> = {
             let mut index = self.index_mut();
-            index.slots.restored(&checkpoint.volumes);
+            let root_live = checkpoint.images.slot_live;
+            match later.is_empty() {
+                true if live != root_live => {
+                    return Err(unreadable(CheckpointFault::LiveTotal { listed: live, root: root_live }));
+                }
+                true => {}
+                false => index.slots.defer_pages(later).map_err(unreadable)?,
+            }
+            index.slots.restored(&checkpoint.volumes, root_live);
             for &(slot, sequence) in &checkpoint.resealed {
                 index.slots.set(slot, SlotState::Sealed, sequence);
             }
@@ -584,9 +628,13 @@ impl Shared {
     /// Slot table pages a root names, read from its map stripes (whose
     /// slots the table knows) in parallel on the I/O pool, each checked
     /// against its number.
-    fn read_slot_pages(&self, pages: &[(u64, &Arc<PageImage>)]) -> Result<Vec<(u64, Vec<SlotEntry>)>, CheckpointFault> {
+    pub(crate) fn read_slot_pages(
+        &self,
+        pages: &[(u64, Arc<PageImage>)],
+    ) -> Result<Vec<(u64, Vec<SlotEntry>)>, CheckpointFault> {
         use rayon::prelude::*;
-        let read = |&(page, image): &(u64, &Arc<PageImage>)| {
+        let read = |(page, image): &(u64, Arc<PageImage>)| {
+            let page = *page;
             let unreadable = |source| CheckpointFault::SlotPage {
                 page,
                 source: Box::new(source),

@@ -187,6 +187,26 @@ impl SlotSet {
         removed
     }
 
+    /// Takes slots [start, end) out; how many were in the set.
+    pub fn remove_range(&mut self, start: u64, end: u64) -> usize {
+        let mut removed = 0;
+        let mut slot = start;
+        while slot < end {
+            let (w, b) = (slot as usize / 64, slot % 64);
+            let bits = (end - slot).min(64 - b);
+            let mask = if bits == 64 { u64::MAX } else { ((1u64 << bits) - 1) << b };
+            let word = &mut self.words[w];
+            removed += (*word & mask).count_ones() as usize;
+            *word &= !mask;
+            if *word == 0 {
+                self.summary[w / 64] &= !(1 << (w % 64));
+            }
+            slot += bits;
+        }
+        self.len -= removed;
+        removed
+    }
+
     /// The set, leaving an empty one of the same size in its place.
     pub fn take(&mut self) -> SlotSet {
         let empty = SlotSet {
@@ -224,7 +244,15 @@ mod tests {
             assert!(set.iter().eq(model.iter().copied()), "{count}");
             for _ in 0..3 * count {
                 let slot = rng.gen_range(0..count);
-                if rng.gen_bool(0.6) {
+                if rng.gen_bool(0.05) {
+                    // A range, from within a word to past several.
+                    let end = (slot + rng.gen_range(0..200)).min(count);
+                    let gone: Vec<u64> = model.range(slot..end).copied().collect();
+                    for s in &gone {
+                        model.remove(s);
+                    }
+                    assert_eq!(set.remove_range(slot, end), gone.len(), "{count}: {slot}..{end}");
+                } else if rng.gen_bool(0.6) {
                     assert_eq!(set.remove(slot), model.remove(&slot));
                 } else {
                     assert_eq!(set.insert(slot), model.insert(slot));

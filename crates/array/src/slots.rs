@@ -27,7 +27,7 @@ use crate::format;
 use crate::limits::{GC_BACKGROUND_LIVE_MAX, LIVE_SCALE};
 use crate::map::{DataRecord, Delta, Target};
 use crate::slot_set::{SlotPages, SlotSet};
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, Ordering};
 use tessera_checksum::Algorithm;
 
@@ -189,6 +189,24 @@ pub struct SlotTable {
     superseded: BTreeMap<u64, HashSet<u64>>,
     /// A checkpoint's copy of the durable pages, being taken.
     snapshot: Option<Snapshot>,
+    /// Opening after a clean stop serves before it has read every durable
+    /// page (`defer_pages`): those not read yet, with where each one's
+    /// image is and how many free slots it counts for in `free_count`.
+    /// Empty once every page is read.
+    unread: BTreeMap<u64, Unread>,
+    /// Free slots in the pages not read yet, as the root counts them.
+    unread_free: u64,
+    /// What the map's deltas took from slots of pages not read yet
+    /// (live units, pieces), by page and slot, taken from what the page
+    /// lists when it is.
+    pending: HashMap<u64, BTreeMap<u64, (i128, i64)>>,
+}
+
+/// A durable page not read yet: where its image is, and the free slots
+/// it counts for.
+struct Unread {
+    image: std::sync::Arc<format::PageImage>,
+    free: u64,
 }
 
 /// The durable pages a checkpoint takes as they were at one instant
@@ -251,6 +269,9 @@ impl SlotTable {
             resealed: BTreeSet::new(),
             superseded: BTreeMap::new(),
             snapshot: None,
+            unread: BTreeMap::new(),
+            unread_free: 0,
+            pending: HashMap::new(),
         }
     }
 
@@ -318,8 +339,9 @@ impl SlotTable {
         })
     }
 
+    /// Free slots, those of the pages not read yet as the root counts them.
     pub fn free_count(&self) -> usize {
-        self.free.len()
+        self.free.len() + self.unread_free as usize
     }
 
     /// Free slots new stripes may take now (in the window).
@@ -465,18 +487,21 @@ impl SlotTable {
     /// mapping yet, and none of their slots is taken); an entry with no
     /// sequence only counts (the root lists its stripe: `check_counted`).
     /// Nothing is marked changed: the table is as the durable pages are
-    /// (`restored` follows). Written for speed, as opening does this for
+    /// (`restored` follows). Written for speed, as opening may do this for
     /// every used slot: at 300,000 used slots, going through `set` (which
     /// lists each sealed slot as resealed, a set `restored` empties) and
-    /// `change` took a quarter of opening's time.
+    /// `change` took a quarter of opening's time. Returns the live units
+    /// the page lists, and the slots it keeps (`SlotPageImage::kept`),
+    /// for opening to check against the root.
     pub fn restore_page(
         &mut self,
         page: u64,
         entries: &[format::SlotEntry],
-    ) -> Result<(), crate::error::CheckpointFault> {
+    ) -> Result<(u128, u32), crate::error::CheckpointFault> {
         debug_assert!(self.snapshot.is_none() && self.usable.is_none());
         // (The page's decoding checked that its entries lie in it, in order.)
         debug_assert!(entries.iter().all(|e| e.slot / PAGE_SLOTS == page));
+        let mut live = 0u128;
         for entry in entries {
             let s = self.slots.get_mut(entry.slot);
             if s.state != SlotState::Free {
@@ -490,9 +515,154 @@ impl SlotTable {
                 s.sequence = entry.sequence;
                 self.free.remove(entry.slot);
             }
-            self.live_total += u128::from(entry.live);
+            live += u128::from(entry.live);
+        }
+        Ok((live, format::SlotPageImage::kept_of(entries)))
+    }
+
+    /// Opening after a clean stop, with the root's pages but `pages` read
+    /// (and the checkpoint's own slots taken): those are read later
+    /// (`restore_unread`), and until then their slots are not handed out
+    /// and count as free as the root says (`kept`).
+    pub fn defer_pages(
+        &mut self,
+        pages: impl IntoIterator<Item = (u64, format::SlotPageImage)>,
+    ) -> Result<(), crate::error::CheckpointFault> {
+        for (page, format::SlotPageImage { image, kept }) in pages {
+            let end = ((page + 1) * PAGE_SLOTS).min(self.count());
+            // Free now: all but the checkpoint's own slots.
+            let free = self.free.remove_range(page * PAGE_SLOTS, end) as u64;
+            let free = free
+                .checked_sub(u64::from(kept))
+                .ok_or(crate::error::CheckpointFault::KeptTooMany { page, kept })?;
+            self.unread_free += free;
+            self.unread.insert(page, Unread { image, free });
         }
         Ok(())
+    }
+
+    /// What a slot a durable page lists holds once `deltas` (kept aside
+    /// while the page was not read) are taken into it: live units and
+    /// pieces, `None` where one would fall below zero or overflow.
+    fn net_of(e: &format::SlotEntry, deltas: Option<&(i128, i64)>) -> (Option<u64>, Option<u32>) {
+        let &(live, pieces) = deltas.unwrap_or(&(0, 0));
+        (
+            u64::try_from(i128::from(e.live) + live).ok(),
+            u32::try_from(i64::from(e.pieces) + pieces).ok(),
+        )
+    }
+
+    /// Whether `slot` is in a durable page not read yet.
+    pub fn is_unread(&self, slot: u64) -> bool {
+        !self.unread.is_empty() && self.unread.contains_key(&(slot / PAGE_SLOTS))
+    }
+
+    /// Durable pages not read yet.
+    pub fn unread_count(&self) -> usize {
+        self.unread.len()
+    }
+
+    /// Up to `count` of the durable pages not read yet, `first` first if
+    /// it is one, with where their images are.
+    pub fn unread_pages(&self, first: Option<u64>, count: usize) -> Vec<(u64, std::sync::Arc<format::PageImage>)> {
+        let first = first.and_then(|page| self.unread.get_key_value(&page));
+        first
+            .into_iter()
+            .chain(self.unread.iter().filter(|&(&page, _)| first.is_none_or(|(&f, _)| f != page)))
+            .take(count)
+            .map(|(&page, unread)| (page, unread.image.clone()))
+            .collect()
+    }
+
+    /// Whether the map may point into `slot`: it is sealed, or in a page
+    /// not read yet (whose reading checks what the map counts there).
+    pub fn may_hold_data(&self, slot: u64) -> bool {
+        self.get(slot).state == SlotState::Sealed || self.is_unread(slot)
+    }
+
+    /// Takes durable page `page`, read after opening (nothing if it was
+    /// read already): its slots as it lists them, less what the map's
+    /// deltas took from them since (`pending`). A sealed slot emptied so
+    /// is `Draining` and returned, for the caller to say after what it
+    /// may be freed; a listed slot the root's pages already emptied is
+    /// free, as opening frees it. Refused if the page does not add up
+    /// with the root and the deltas (nothing is changed then).
+    pub fn restore_unread(
+        &mut self,
+        page: u64,
+        entries: &[format::SlotEntry],
+    ) -> Result<Vec<u64>, crate::error::CheckpointFault> {
+        use crate::error::CheckpointFault;
+        debug_assert!(self.snapshot.is_none(), "no checkpoint while pages are unread");
+        let Some(page_free) = self.unread.get(&page).map(|unread| unread.free) else {
+            return Ok(Vec::new());
+        };
+        let (start, end) = (page * PAGE_SLOTS, ((page + 1) * PAGE_SLOTS).min(self.count()));
+        let pending = self.pending.remove(&page).unwrap_or_default();
+        // Checked before anything changes.
+        let mut kept = 0u64;
+        let listed = |slot: u64| entries.binary_search_by_key(&slot, |e| e.slot).is_ok();
+        let unlisted = pending.keys().find(|&&slot| !listed(slot)).copied();
+        let free_slots = (start..end).filter(|&slot| self.get(slot).state == SlotState::Free).count() as u64;
+        let mut check = || {
+            if let Some(slot) = unlisted {
+                return Err(CheckpointFault::CountsUnderrun { slot });
+            }
+            for e in entries {
+                let (live, pieces) = Self::net_of(e, pending.get(&e.slot));
+            let state = self.get(e.slot).state;
+                if e.slot < start || e.slot >= end || state != SlotState::Free {
+                    return Err(CheckpointFault::ListedTwice { slot: e.slot });
+                }
+                if e.sequence == 0 && e.pieces > 0 {
+                    return Err(CheckpointFault::CountsUnsealed { slot: e.slot, state });
+                }
+                if live.is_none() || pieces.is_none() || (pieces == Some(0)) != (live == Some(0)) {
+                    return Err(CheckpointFault::CountsUnderrun { slot: e.slot });
+                }
+                kept += u64::from(e.sequence != 0 && e.pieces > 0);
+            }
+            match free_slots.checked_sub(kept) == Some(page_free) {
+                true => Ok(()),
+                false => Err(CheckpointFault::KeptTooMany { page, kept: kept as u32 }),
+            }
+        };
+        if let Err(fault) = check() {
+            self.pending.insert(page, pending);
+            return Err(fault);
+        }
+        self.unread.remove(&page);
+        self.unread_free -= free_slots - kept;
+        let mut emptied = Vec::new();
+        let mut entries = entries.iter().peekable();
+        for slot in start..end {
+            let Some(e) = entries.next_if(|e| e.slot == slot) else {
+                if self.get(slot).state == SlotState::Free {
+                    self.list_free(slot);
+                }
+                continue;
+            };
+            let (live, pieces) = Self::net_of(e, pending.get(&slot));
+            let s = self.slots.get_mut(slot);
+            (s.live, s.pieces) = (live.expect("checked"), pieces.expect("checked"));
+            s.listed = true;
+            s.sequence = e.sequence;
+            let sealed = e.sequence != 0 && s.pieces > 0;
+            let drained = e.sequence != 0 && e.pieces > 0 && !sealed;
+            if sealed {
+                s.state = SlotState::Sealed;
+            } else if drained {
+                s.state = SlotState::Draining;
+                emptied.push(slot);
+            } else {
+                // Emptied before the root: free, as opening frees it, and
+                // the page is written again by the next checkpoint.
+                s.sequence = 0;
+                self.dirty_pages.insert(page);
+                self.list_free(slot);
+            }
+        }
+        Ok(emptied)
     }
 
     /// Opening, once the durable pages and the stripes sealed since are
@@ -508,11 +678,13 @@ impl SlotTable {
         }
     }
 
-    /// Opening, once the durable pages are restored: they are as the
-    /// table is, so none is dirty; and the volumes' counts as of them.
-    pub fn restored(&mut self, volumes: &[(u64, u128)]) {
+    /// Opening, once the durable pages are restored (or deferred): they
+    /// are as the table is, so none is dirty; and the volumes' counts and
+    /// the live units as of them.
+    pub fn restored(&mut self, volumes: &[(u64, u128)], live: u128) {
         self.dirty_pages.take();
         self.resealed.clear();
+        self.live_total = live;
         self.by_volume = volumes.to_vec();
         self.stored_total = volumes.iter().map(|&(_, stored)| stored).sum();
         self.mapped_data_blocks = volumes.iter().map(|&(blocks, _)| blocks).sum();
@@ -544,6 +716,13 @@ impl SlotTable {
                 volume.0 -= data_blocks;
                 volume.1 -= u128::from(stored);
             }
+            if self.is_unread(slot) {
+                // Taken into what the page lists once it is read. (A
+                // stripe there gains pieces where an overwrite cuts one
+                // of its extents in two.)
+                self.count_unread(delta.gained, live, stored, data_blocks, slot);
+                continue;
+            }
             if delta.gained {
                 self.live_total += u128::from(live);
                 self.stored_total += u128::from(stored);
@@ -574,6 +753,23 @@ impl SlotTable {
             }
         }
         emptied
+    }
+
+    /// A delta on a slot of a page not read yet: the totals move now, the
+    /// slot's counts once its page is read.
+    fn count_unread(&mut self, gained: bool, live: u64, stored: u64, data_blocks: u64, slot: u64) {
+        let (sign, page) = (if gained { 1 } else { -1 }, slot / PAGE_SLOTS);
+        let (live_total, stored_total) = (i128::from(live) * sign, i128::from(stored) * sign);
+        self.live_total = self.live_total.checked_add_signed(live_total).expect("totals hold what they count");
+        self.stored_total = self.stored_total.checked_add_signed(stored_total).expect("totals hold what they count");
+        self.mapped_data_blocks = self
+            .mapped_data_blocks
+            .checked_add_signed(data_blocks as i64 * sign as i64)
+            .expect("totals hold what they count");
+        let counts = self.pending.entry(page).or_default().entry(slot).or_default();
+        counts.0 += i128::from(live) * sign;
+        counts.1 += sign as i64;
+        self.dirty_pages.insert(page);
     }
 
     /// Records that a write into user stripe `serial` superseded what
@@ -831,6 +1027,14 @@ impl SlotTable {
     /// Recomputes what the map says each slot holds and compares it with
     /// the counts kept: the engine's invariant, checked by tests.
     pub fn check(&self, map: &crate::map::Map) -> Result<(), String> {
+        if !self.unread.is_empty() || !self.pending.is_empty() || self.unread_free != 0 {
+            return Err(format!(
+                "{} slot pages unread, deltas kept for {} pages, {} free slots counted in them",
+                self.unread.len(),
+                self.pending.len(),
+                self.unread_free
+            ));
+        }
         let mut expected = SlotTable::new(self.algorithm, self.count());
         let deltas: Vec<Delta> = map
             .iter()
@@ -851,6 +1055,9 @@ impl SlotTable {
             }
             if s.pieces > 0 && !matches!(s.state, SlotState::Sealed | SlotState::Open) {
                 return Err(format!("slot {slot} is {:?} with {} live pieces", s.state, s.pieces));
+            }
+            if s.pieces == 0 && s.state == SlotState::Sealed {
+                return Err(format!("slot {slot} is sealed with nothing live, and not draining"));
             }
             if self.is_usable(slot) && !free {
                 return Err(format!("slot {slot} is usable but not free"));
@@ -979,6 +1186,139 @@ mod tests {
     /// the pages were taken from, and what cannot be (a slot counted
     /// that no stripe is listed for, a slot listed that the checkpoint
     /// holds) is refused.
+    /// Opening after a clean stop reads some pages and defers the others
+    /// (`defer_pages`); deltas on their slots wait, and each page read
+    /// later (`restore_unread`) must leave the table as reading every
+    /// page at opening, freeing what nothing points at, and then taking
+    /// the same deltas would: every slot's state, sequence, counts, free
+    /// listing, and the slots emptied.
+    #[test]
+    fn a_page_read_after_opening_is_as_if_read_at_opening_then_changed() {
+        let algorithm = Algorithm::Crc32c;
+        let count = 3 * PAGE_SLOTS + 100;
+        let mut table = SlotTable::new(algorithm, count);
+        let pins = Pins::new(count);
+        let target = |slot: u64| Target::Data {
+            extent: Arc::new(format::Extent {
+                slot,
+                offset: 0,
+                stored_bytes: 8192,
+                blocks: 2,
+                codec: None,
+                digest: algorithm.digest(b""),
+                block_crcs: format::BlockCrcs::new(),
+            }),
+            skip: 0,
+        };
+        let delta = |slot: u64, gained: bool| Delta::new(slot, 1, &target(slot), gained);
+        // Sealed slots with one to three pieces, free ones between; some
+        // emptied before the pages are taken (listed, nothing live).
+        let mut held = Vec::new();
+        for (i, slot) in (3..count).step_by(7).enumerate() {
+            let pieces = 1 + i % 3;
+            table.take(slot, SlotState::Open, &pins);
+            for _ in 0..pieces {
+                table.account(&[delta(slot, true)]);
+            }
+            table.sealed(slot, 1000 + slot, SlotState::Sealed);
+            held.push((slot, pieces));
+        }
+        for &(slot, pieces) in held.iter().step_by(10) {
+            let emptied = table.account(&vec![delta(slot, false); pieces]);
+            assert_eq!(emptied, vec![slot]);
+        }
+        let pages: Vec<(u64, Vec<format::SlotEntry>)> = (0..4).map(|page| (page, table.page_entries(page))).collect();
+        // After opening: slots emptied, others losing a piece, others
+        // gaining one (an overwrite cutting an extent in two), in every page.
+        let mut deltas = Vec::new();
+        for (i, &(slot, pieces)) in held.iter().enumerate().filter(|(i, _)| i % 10 != 0) {
+            match i % 5 {
+                1 => deltas.extend(vec![delta(slot, false); pieces]),
+                2 => deltas.push(delta(slot, false)),
+                3 => deltas.extend([delta(slot, true), delta(slot, false), delta(slot, true)]),
+                _ => {}
+            }
+        }
+        // Opening, every page read, and its walk: what nothing points at is free.
+        let opened = |table: &mut SlotTable| {
+            let empty: Vec<u64> = table
+                .iter()
+                .filter(|(_, s)| s.pieces == 0 && s.state != SlotState::Free)
+                .map(|(slot, _)| slot)
+                .collect();
+            for slot in empty {
+                table.set(slot, SlotState::Free, 0);
+            }
+        };
+        let mut eager = SlotTable::new(algorithm, count);
+        let mut live = 0;
+        for (page, entries) in &pages {
+            live += eager.restore_page(*page, entries).unwrap().0;
+        }
+        eager.restored(&table.volumes(), live);
+        opened(&mut eager);
+        // Page 0 read at opening, the others deferred.
+        let mut lazy = SlotTable::new(algorithm, count);
+        lazy.restore_page(0, &pages[0].1).unwrap();
+        let image = Arc::new(format::PageImage {
+            bytes: 0,
+            digest: algorithm.digest(b""),
+            pieces: Vec::new(),
+        });
+        let later = pages[1..].iter().map(|(page, entries)| {
+            let kept = format::SlotPageImage::kept_of(entries);
+            (*page, format::SlotPageImage { image: image.clone(), kept })
+        });
+        lazy.defer_pages(later).unwrap();
+        lazy.restored(&table.volumes(), live);
+        opened(&mut lazy);
+        assert_eq!(lazy.free_count(), eager.free_count(), "the root's count of free slots");
+        assert_eq!(lazy.unread_count(), 3);
+        assert!(lazy.is_unread(PAGE_SLOTS) && !lazy.is_unread(PAGE_SLOTS - 1));
+        let mut emptied_eager = eager.account(&deltas);
+        let mut emptied_lazy = lazy.account(&deltas);
+        assert_eq!(lazy.live_units(), eager.live_units());
+        // A page that does not add up with the root is refused, and
+        // changes nothing.
+        let mut wrong = pages[2].1.clone();
+        wrong.retain(|e| e.pieces == 0);
+        assert!(lazy.restore_unread(2, &wrong).is_err());
+        assert!(lazy.restore_unread(2, &pages[3].1).is_err());
+        // (One sealed slot fewer than the root counts, none of its deltas
+        // left without a slot.)
+        let mut wrong = pages[2].1.clone();
+        let untouched = wrong
+            .iter()
+            .position(|e| e.pieces > 0 && !deltas.iter().any(|d| d.slot == e.slot))
+            .unwrap();
+        wrong.remove(untouched);
+        assert!(matches!(
+            lazy.restore_unread(2, &wrong),
+            Err(crate::error::CheckpointFault::KeptTooMany { page: 2, .. })
+        ));
+        assert_eq!(lazy.unread_count(), 3);
+        for (page, entries) in pages[1..].iter().rev() {
+            emptied_lazy.extend(lazy.restore_unread(*page, entries).unwrap());
+            assert!(lazy.restore_unread(*page, entries).unwrap().is_empty(), "read once");
+        }
+        emptied_eager.sort();
+        emptied_lazy.sort();
+        assert!(!emptied_eager.is_empty());
+        assert_eq!(emptied_lazy, emptied_eager);
+        assert_eq!(lazy.unread_count(), 0);
+        for slot in 0..count {
+            let (l, e) = (lazy.get(slot), eager.get(slot));
+            assert_eq!(
+                (l.state, l.sequence, l.live, l.pieces, l.listed),
+                (e.state, e.sequence, e.live, e.pieces, e.listed),
+                "slot {slot}"
+            );
+            assert_eq!(lazy.free.contains(slot), eager.free.contains(slot), "slot {slot}");
+        }
+        assert_eq!(lazy.free_count(), eager.free_count());
+        assert_eq!(lazy.live_units(), eager.live_units());
+    }
+
     #[test]
     fn a_table_restored_from_its_pages_is_the_one_they_were_taken_from() {
         let algorithm = Algorithm::Crc32c;
@@ -1021,10 +1361,13 @@ mod tests {
         assert!(pages.iter().all(|(_, entries)| !entries.is_empty()));
 
         let mut restored = SlotTable::new(algorithm, count);
+        let mut live = 0;
         for (page, entries) in &pages {
-            restored.restore_page(*page, entries).unwrap();
+            let (page_live, kept) = restored.restore_page(*page, entries).unwrap();
+            assert_eq!(kept, format::SlotPageImage::kept_of(entries));
+            live += page_live;
         }
-        restored.restored(&[]);
+        restored.restored(&[], live);
         restored.check_counted().unwrap();
         for slot in 0..count {
             let (was, is) = (table.get(slot), restored.get(slot));
@@ -1061,7 +1404,7 @@ mod tests {
         };
         let mut unsealed = SlotTable::new(algorithm, count);
         unsealed.restore_page(0, &[counted]).unwrap();
-        unsealed.restored(&[]);
+        unsealed.restored(&[], LIVE_SCALE.into());
         assert!(matches!(
             unsealed.check_counted(),
             Err(crate::error::CheckpointFault::CountsUnsealed { slot: 5, .. })

@@ -356,6 +356,10 @@ fn a_map_eight_times_its_cache_reads_back_exactly() {
     array.check().unwrap();
     write_random(&array, &mut model, &mut rng, 5_000, 64);
     let array = flushed_killed_and_verified(&devices, array, engine(), &model);
+    // (Pages replay changed stay until a checkpoint writes them: the
+    // background's may not have yet.)
+    array.checkpoint().unwrap();
+    verify(&array, &model);
     assert!(array.status().unwrap().map_pages_evicted > 0);
 }
 
@@ -591,7 +595,7 @@ fn a_slot_page_past_repair_falls_back_to_a_full_scan() {
         let root = root(&devices);
         root.images.slot_pages.values().last().expect("a slot page").clone()
     };
-    let piece = image.pieces[0];
+    let piece = image.image.pieces[0];
     let at = piece.offset as usize + piece.bytes as usize / 2;
     let (j, within) = (at / g.chunk_bytes, at % g.chunk_bytes);
     corrupt_at(&devices, &g, piece.slot, j, within);
@@ -614,4 +618,146 @@ fn a_slot_page_past_repair_falls_back_to_a_full_scan() {
     let recovery = array.status().unwrap().recovery;
     assert!(recovery.checkpoint_error.is_none(), "{recovery:?}");
     verify(&array, &model);
+}
+
+/// Opening after a clean stop reads the root and the slot pages that
+/// list the window's slots, and leaves the others for later: a read of
+/// a stripe in one reads its page first, overwrites of blocks in them
+/// are counted once their pages are read (here emptying whole stripes),
+/// and whatever walks every slot (the engine's check, a checkpoint)
+/// reads them all. Then every count agrees with the map, the free slots
+/// with what the root said of the pages it was not read, and every
+/// block reads back, after a clean stop and after kill -9.
+#[test]
+fn opening_after_a_clean_stop_leaves_slot_pages_for_later() {
+    // Members of 256 MiB (written sparsely): 32,000 slots, of which a
+    // window is 8,192 at most.
+    let devices: Vec<Arc<MemoryDevice>> = (0..6).map(|_| Arc::new(MemoryDevice::new(256 << 20))).collect();
+    let options = tessera_array::CreateOptions {
+        chunk_bytes: 4096,
+        ..create_options(4, 2)
+    };
+    let array = tessera_array::create(named(&devices), &options).unwrap();
+    let mut model = BTreeMap::new();
+    // About 6,000 stripes of three blocks, 16 blocks a write: slot
+    // pages 0 to 5 list them, the window is past them.
+    let write_run = |array: &Array, model: &mut BTreeMap<u64, u64>, first: u64, tag: u64| {
+        let mut data = Vec::with_capacity(16 * BLOCK as usize);
+        for lba in first..first + 16 {
+            data.extend_from_slice(&block(lba, tag));
+            model.insert(lba, tag);
+        }
+        array.write(first * BLOCK, &data, false).unwrap();
+    };
+    for first in (0..18_000u64).step_by(16) {
+        write_run(&array, &mut model, first, 1);
+    }
+    // Some stripes emptied and freed: free slots among those pages.
+    array.checkpoint().unwrap();
+    for first in (3_200..12_000u64).step_by(16 * 5) {
+        write_run(&array, &mut model, first, 1);
+    }
+    array.flush().unwrap();
+    array.checkpoint().unwrap();
+    array.close().unwrap();
+    drop(array);
+    let later = EngineOptions {
+        slot_pages_in_background: false,
+        background: false,
+        ..EngineOptions::default()
+    };
+    let reopen = |engine: &EngineOptions| tessera_array::open_with(open_list(&devices, &[]), engine.clone()).unwrap();
+
+    // A member missing: a degraded read checks the chunks' sequences, which
+    // it takes from the slot pages. Then every page read at once: the
+    // free slots are what the root counted.
+    let array = tessera_array::open_with(open_list(&devices, &[1]), later.clone()).unwrap();
+    let unread = array.status().unwrap().slot_pages_unread;
+    assert!(unread >= 3, "{unread} slot pages unread");
+    // 16 blocks a read: most of each stripe read, so each is rebuilt whole.
+    let mut run = vec![0u8; 16 * BLOCK as usize];
+    for first in (0..18_000u64).step_by(16) {
+        array.read(first * BLOCK, &mut run).unwrap();
+        for (lba, back) in (first..).zip(run.chunks(BLOCK as usize)) {
+            assert!(back == block(lba, model[&lba]), "block {lba}");
+        }
+    }
+    let s = array.status().unwrap();
+    assert!(s.stripes_reconstructed > 1_000, "{} stripes rebuilt, {} ranges decoded", s.stripes_reconstructed, s.ranges_decoded);
+    assert!(s.recovery.clean_stop, "{:?}", s.recovery);
+    let deferred = s.recovery.slot_pages_deferred;
+    assert!(
+        deferred >= 3 && deferred < s.recovery.slot_pages,
+        "{deferred} of {} slot pages left for later",
+        s.recovery.slot_pages
+    );
+    assert!(s.slot_pages_read_late > 0 && s.slot_pages_unread < deferred, "{s:?}");
+    array.check().unwrap();
+    let read = array.status().unwrap();
+    assert_eq!(read.slot_pages_unread, 0);
+    assert_eq!(read.slot_pages_read_late, deferred);
+    array.close().unwrap();
+    drop(array);
+
+    // Every page read at once: the free slots are what the root counted.
+    let array = reopen(&later);
+    let s = array.status().unwrap();
+    assert_eq!(s.slot_pages_unread, deferred);
+    array.check().unwrap();
+    let read = array.status().unwrap();
+    assert_eq!(
+        (read.stripes_free, read.stripes_used),
+        (s.stripes_free, s.stripes_used),
+        "free slots as the root counted them"
+    );
+    array.close().unwrap();
+    drop(array);
+
+    // A read reads its stripe's page; overwrites in pages not read yet
+    // wait for them to be counted.
+    let array = reopen(&later);
+    let mut back = vec![0u8; BLOCK as usize];
+    array.read(0, &mut back).unwrap();
+    assert!(back == block(0, 1));
+    let s = array.status().unwrap();
+    assert_eq!(s.slot_pages_read_late, 1, "block 0's page");
+    assert_eq!(s.slot_pages_unread, deferred - 1);
+    // Whole runs (their middle stripes emptied) and single blocks, in
+    // pages 1 to 4.
+    for first in (3_000..12_000u64).step_by(16 * 7) {
+        write_run(&array, &mut model, first, 2);
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(47);
+    for _ in 0..300 {
+        let lba = rng.gen_range(3_000..15_000u64);
+        array.write(lba * BLOCK, &block(lba, 3), false).unwrap();
+        model.insert(lba, 3);
+    }
+    array.flush().unwrap();
+    assert_eq!(array.status().unwrap().slot_pages_unread, deferred - 1, "written without them");
+    array.check().unwrap();
+    verify(&array, &model);
+    for first in (0..18_000u64).step_by(16 * 11) {
+        write_run(&array, &mut model, first, 4);
+    }
+    array.checkpoint().unwrap();
+    array.check().unwrap();
+    array.close().unwrap();
+    drop(array);
+
+    // Read in the background.
+    let array = reopen(&EngineOptions::default());
+    verify(&array, &model);
+    array.check().unwrap();
+    for first in (1_600..18_000u64).step_by(16 * 13) {
+        write_run(&array, &mut model, first, 5);
+    }
+    array.close().unwrap();
+    drop(array);
+
+    // Then kill -9 (the pages read at once).
+    let array = reopen(&EngineOptions::default());
+    verify(&array, &model);
+    let array = flushed_killed_and_verified(&devices, array, EngineOptions::default(), &model);
+    assert_eq!(array.status().unwrap().recovery.slot_pages_deferred, 0);
 }

@@ -1,0 +1,111 @@
+//! The slot table's durable pages that opening after a clean stop left
+//! unread (`SlotTable::defer_pages`): read after it, in the background,
+//! and at once by whatever needs them first.
+//!
+//! - A read of data in a slot whose page is unread reads that page
+//!   (`slot_sequence`), with no lock held, as a map page miss does.
+//! - Whatever looks at every slot reads every page first
+//!   (`read_every_slot_page`): a checkpoint (it writes the pages, and
+//!   chooses the next window from the free slots), garbage collection,
+//!   a rebuild, a scrub, a heal and the engine's check. So nothing
+//!   durable changes until every page is read, and a crash before then
+//!   reopens from the same root.
+//! - Client writes do not wait: the map's deltas on a slot of an unread
+//!   page are kept aside and taken from what the page lists when it is
+//!   read (`SlotTable::restore_unread`); stripes go only to the window's
+//!   slots, whose pages opening read.
+//!
+//! Pages are read a batch at a time in parallel on the I/O pool, and
+//! taken into the table under one hold of the index's write lock a
+//! batch. Whoever reads them all holds `Shared::slot_loading`, so two
+//! such readers do not read the same pages; a single page read for a
+//! read may be read twice (the second finds it taken, and drops it).
+
+use crate::engine::Shared;
+use crate::error::{ArrayError, CheckpointFault};
+use crate::format::PageImage;
+use crate::limits::SLOT_TABLE_PAGE_SLOTS;
+use crate::status::Counters;
+use std::sync::Arc;
+
+impl Shared {
+    /// Reads every slot page opening left unread, if any is.
+    pub(crate) fn read_every_slot_page(&self) -> Result<(), ArrayError> {
+        if self.index().slots.unread_count() == 0 {
+            return Ok(());
+        }
+        let _one = self.slot_loading.lock().unwrap_or_else(|p| p.into_inner());
+        while self.read_unread_batch()? {}
+        Ok(())
+    }
+
+    /// The background thread's work after opening: every unread page,
+    /// stopping between batches once the array closes (whoever needs
+    /// the rest then reads it). A page that cannot be read is left
+    /// unread: what needs it reports the error.
+    pub(crate) fn read_slot_pages_in_background(&self) {
+        while !self.maintenance.stopped() {
+            let _one = self.slot_loading.lock().unwrap_or_else(|p| p.into_inner());
+            match self.read_unread_batch() {
+                Ok(true) => {}
+                Ok(false) | Err(_) => return,
+            }
+        }
+    }
+
+    /// Reads and takes in one batch of unread pages; false if none was
+    /// left.
+    fn read_unread_batch(&self) -> Result<bool, ArrayError> {
+        let batch = self
+            .index()
+            .slots
+            .unread_pages(None, self.options.open_slot_pages_per_batch.max(1));
+        if batch.is_empty() {
+            return Ok(false);
+        }
+        self.take_unread(&batch)?;
+        Ok(true)
+    }
+
+    /// The sequence of the stripe in `slot` (on the members), its slot
+    /// page read first if opening left it unread.
+    pub(crate) fn slot_sequence(&self, slot: u64) -> Result<u64, ArrayError> {
+        loop {
+            let page = {
+                let index = self.index();
+                if !index.slots.is_unread(slot) {
+                    return Ok(index.slots.get(slot).sequence);
+                }
+                index.slots.unread_pages(Some(slot / SLOT_TABLE_PAGE_SLOTS), 1)
+            };
+            // Taken, or found taken by another: the slot's page is read.
+            self.take_unread(&page)?;
+        }
+    }
+
+    /// Reads `pages` and takes them into the slot table (those another
+    /// took meanwhile are dropped); a slot emptied by the deltas kept
+    /// aside drains as one a write empties does.
+    fn take_unread(&self, pages: &[(u64, Arc<PageImage>)]) -> Result<(), ArrayError> {
+        let unreadable = |why: CheckpointFault| ArrayError::CheckpointUnreadable { why };
+        let read = self.read_slot_pages(pages).map_err(unreadable)?;
+        let mut index = self.index_mut();
+        for (page, entries) in read {
+            let emptied = index.slots.restore_unread(page, &entries).map_err(|fault| {
+                unreadable(CheckpointFault::SlotPage {
+                    page,
+                    source: Box::new(unreadable(fault)),
+                })
+            })?;
+            // Every stripe that superseded what they held is sealed by
+            // now, or open and known to `superseded` (garbage collection,
+            // which relocates, waits for every page).
+            let after = index.last_sealed;
+            for slot in emptied {
+                crate::write::drain_emptied(&mut index, slot, after);
+            }
+        }
+        Counters::add(&self.counters.slot_pages_read_late, pages.len() as u64);
+        Ok(())
+    }
+}
