@@ -63,6 +63,12 @@ pub enum What {
         stripes_degraded: u64,
         stopped: bool,
     },
+    /// A slot page opening left for later could not be read: what needs
+    /// it fails (a checkpoint, so a clean stop), and the next opening
+    /// reads every page (and scans every slot if it still cannot).
+    SlotPagesUnreadable {
+        why: String,
+    },
     /// Closed: cleanly (the next opening reads no stripe header) or not.
     Closed {
         clean: bool,
@@ -86,6 +92,7 @@ impl std::fmt::Display for What {
                 write!(f, "member {member} ({name}) failed{}", if *by_hand { " by hand" } else { "" })
             }
             What::WritesRefused { why } => write!(f, "writes refused: {why}"),
+            What::SlotPagesUnreadable { why } => write!(f, "slot pages left for after opening cannot be read: {why}"),
             What::RebuildStarted { member, name } => write!(f, "rebuild of member {member} onto {name} started"),
             What::RebuildEnded {
                 member,

@@ -42,13 +42,18 @@ impl Shared {
     /// The background thread's work after opening: every unread page,
     /// stopping between batches once the array closes (whoever needs
     /// the rest then reads it). A page that cannot be read is left
-    /// unread: what needs it reports the error.
+    /// unread, and an event says so: what needs it fails with the error.
     pub(crate) fn read_slot_pages_in_background(&self) {
         while !self.maintenance.stopped() {
             let _one = self.slot_loading.lock().unwrap_or_else(|p| p.into_inner());
             match self.read_unread_batch() {
                 Ok(true) => {}
-                Ok(false) | Err(_) => return,
+                Ok(false) => return,
+                Err(error) => {
+                    let why = error.to_string();
+                    self.events.record(crate::events::What::SlotPagesUnreadable { why });
+                    return;
+                }
             }
         }
     }

@@ -620,6 +620,30 @@ fn a_slot_page_past_repair_falls_back_to_a_full_scan() {
     verify(&array, &model);
 }
 
+/// A 4+2 array of 4 KiB chunks on members of 256 MiB (written
+/// sparsely): 32,000 slots, of which a window is 8,192 at most. 18,000
+/// blocks written in runs of 16 fill about 6,000 stripes of three
+/// blocks: slot pages 0 to 5 list them, the window is past them.
+fn many_slots() -> (Vec<Arc<MemoryDevice>>, Array) {
+    let devices: Vec<Arc<MemoryDevice>> = (0..6).map(|_| Arc::new(MemoryDevice::new(256 << 20))).collect();
+    let options = tessera_array::CreateOptions {
+        chunk_bytes: 4096,
+        ..create_options(4, 2)
+    };
+    let array = tessera_array::create(named(&devices), &options).unwrap();
+    (devices, array)
+}
+
+/// Blocks `first..first + 16` written as one request, tagged `tag`.
+fn write_run(array: &Array, model: &mut BTreeMap<u64, u64>, first: u64, tag: u64) {
+    let mut data = Vec::with_capacity(16 * BLOCK as usize);
+    for lba in first..first + 16 {
+        data.extend_from_slice(&block(lba, tag));
+        model.insert(lba, tag);
+    }
+    array.write(first * BLOCK, &data, false).unwrap();
+}
+
 /// Opening after a clean stop reads the root and the slot pages that
 /// list the window's slots, and leaves the others for later: a read of
 /// a stripe in one reads its page first, overwrites of blocks in them
@@ -630,25 +654,8 @@ fn a_slot_page_past_repair_falls_back_to_a_full_scan() {
 /// block reads back, after a clean stop and after kill -9.
 #[test]
 fn opening_after_a_clean_stop_leaves_slot_pages_for_later() {
-    // Members of 256 MiB (written sparsely): 32,000 slots, of which a
-    // window is 8,192 at most.
-    let devices: Vec<Arc<MemoryDevice>> = (0..6).map(|_| Arc::new(MemoryDevice::new(256 << 20))).collect();
-    let options = tessera_array::CreateOptions {
-        chunk_bytes: 4096,
-        ..create_options(4, 2)
-    };
-    let array = tessera_array::create(named(&devices), &options).unwrap();
+    let (devices, array) = many_slots();
     let mut model = BTreeMap::new();
-    // About 6,000 stripes of three blocks, 16 blocks a write: slot
-    // pages 0 to 5 list them, the window is past them.
-    let write_run = |array: &Array, model: &mut BTreeMap<u64, u64>, first: u64, tag: u64| {
-        let mut data = Vec::with_capacity(16 * BLOCK as usize);
-        for lba in first..first + 16 {
-            data.extend_from_slice(&block(lba, tag));
-            model.insert(lba, tag);
-        }
-        array.write(first * BLOCK, &data, false).unwrap();
-    };
     for first in (0..18_000u64).step_by(16) {
         write_run(&array, &mut model, first, 1);
     }
@@ -760,4 +767,100 @@ fn opening_after_a_clean_stop_leaves_slot_pages_for_later() {
     verify(&array, &model);
     let array = flushed_killed_and_verified(&devices, array, EngineOptions::default(), &model);
     assert_eq!(array.status().unwrap().recovery.slot_pages_deferred, 0);
+}
+
+/// A slot page left for after opening that cannot be read (a map stripe
+/// holding only slot pages' images, corrupt on three chunks of a 4+2):
+/// opening serves; a read of a stripe the page lists, and what needs
+/// every page (the engine's check, a checkpoint, so a clean stop), fail
+/// naming it, and an event says so; other reads go on; the next opening, not after a
+/// clean stop, reads every page, refuses the checkpoint, scans every
+/// slot and loses nothing.
+#[test]
+fn a_slot_page_left_for_later_past_repair_fails_what_needs_it() {
+    let (devices, array) = many_slots();
+    let g = array.geometry().clone();
+    let mut model = BTreeMap::new();
+    for first in (0..18_000u64).step_by(16) {
+        write_run(&array, &mut model, first, 1);
+    }
+    array.close().unwrap();
+    drop(array);
+    // A map stripe all of whose bytes are slot pages' images, none of
+    // them a page opening reads (those of the window's slots).
+    let root = root(&devices);
+    let per_page = tessera_array::limits::SLOT_TABLE_PAGE_SLOTS;
+    let now: std::collections::BTreeSet<u64> = root
+        .window
+        .iter()
+        .chain(root.resealed.iter().map(|(slot, _)| slot))
+        .map(|slot| slot / per_page)
+        .collect();
+    let mut in_stripe: BTreeMap<u64, (u64, Vec<u64>)> = BTreeMap::new();
+    for (&page, p) in &root.images.slot_pages {
+        for piece in &p.image.pieces {
+            let (bytes, pages) = in_stripe.entry(piece.slot).or_default();
+            *bytes += u64::from(piece.bytes);
+            pages.push(page);
+        }
+    }
+    let (slot, pages) = in_stripe
+        .iter()
+        .find(|(slot, (bytes, pages))| {
+            *bytes == root.images.stripes[slot].live && pages.iter().all(|page| !now.contains(page))
+        })
+        .map(|(&slot, (_, pages))| (slot, pages.clone()))
+        .expect("a map stripe of slot pages left for later");
+    for j in 0..3 {
+        corrupt(&devices, &g, slot, j);
+    }
+
+    let array = tessera_array::open(open_list(&devices, &[])).unwrap();
+    let s = array.status().unwrap();
+    assert!(s.recovery.clean_stop && s.recovery.checkpoint_error.is_none(), "{:?}", s.recovery);
+    let (mut good, mut refused) = (0, 0);
+    let mut back = vec![0u8; BLOCK as usize];
+    for (&lba, &tag) in &model {
+        match array.read(lba * BLOCK, &mut back) {
+            Ok(()) => {
+                assert!(back == block(lba, tag), "block {lba}");
+                good += 1;
+            }
+            Err(error) => {
+                assert!(error.to_string().contains("slot table page"), "{error}");
+                refused += 1;
+            }
+        }
+    }
+    assert!(good > 10_000 && refused > 0, "{good} blocks read, {refused} refused");
+    let said = (0..500).find_map(|_| {
+        let found = array
+            .events()
+            .into_iter()
+            .find(|e| matches!(e.what, tessera_array::events::What::SlotPagesUnreadable { .. }));
+        if found.is_none() {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        found
+    });
+    let said = said.expect("an event says a slot page cannot be read").what.to_string();
+    assert!(said.contains("slot table page"), "{said}");
+    assert!(array.status().unwrap().slot_pages_unread > 0);
+    let error = array.check().unwrap_err();
+    assert!(
+        pages.iter().any(|page| error.contains(&format!("slot table page {page}"))),
+        "{error} (pages {pages:?})"
+    );
+    write_run(&array, &mut model, 0, 2);
+    array.flush().unwrap();
+    assert!(array.close().is_err(), "no clean stop without the pages");
+    drop(array);
+
+    let array = tessera_array::open(open_list(&devices, &[])).unwrap();
+    let recovery = array.status().unwrap().recovery;
+    let error = recovery.checkpoint_error.clone().expect("the checkpoint refused");
+    assert!(error.contains("slot table page"), "{error}");
+    assert_eq!(recovery.slots_scanned, g.slot_count());
+    verify(&array, &model);
+    array.check().unwrap();
 }

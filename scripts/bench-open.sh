@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Opening after a clean stop against the slots in use: an 8+2 array of 4
+# KiB chunks (32 KiB stripes, so that a few GiB fill many slots) on 10
+# sparse 8 GiB member files, filled with SIZE by nbdcopy from nbdkit's
+# pattern plugin, stopped cleanly, then opened by `tessera status --json`
+# once to warm the page cache and five times timed (its
+# `recovery.milliseconds`, with the slot pages it left for later and
+# those the root names, and the slots used); then the peak RSS of one
+# more `status`. Builds alternate for each size; each array is made by
+# the build that opens it (the format may differ).
+#
+#   OLD=path/to/old/tessera [TESSERA=path/to/new] scripts/bench-open.sh [SIZE ...]   (default: 2G 8G)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ $# -gt 0 ]; then sizes=("$@"); else sizes=(2G 8G); fi
+if [ -z "${TESSERA:-}" ]; then
+  cargo build --release -q -p tessera
+  TESSERA=$PWD/target/release/tessera
+fi
+builds=("new=$TESSERA")
+[ -n "${OLD:-}" ] && builds=("old=$OLD" "${builds[@]}")
+echo "8+2, 4 KiB chunks, 10 x 8 GiB sparse members; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), model $(grep -m1 '^model\s' /proc/cpuinfo | cut -d: -f2 | xargs)"
+for size in "${sizes[@]}"; do
+  for build in "${builds[@]}"; do
+    (
+      export TESSERA=${build#*=}
+      source scripts/bench-lib.sh
+      "$TESSERA" create --data 8 --parity 2 --dir "$work/array" --devices 10 --device-size 8G --chunk-size 4K >/dev/null
+      serve
+      nbdcopy --connections=4 --requests=64 -- [ nbdkit pattern size="$size" ] "nbd+unix:///tessera?socket=$work/s.sock"
+      stop_server
+      "$TESSERA" status "$work/array" --json >/dev/null
+      runs=""
+      for _ in 1 2 3 4 5; do
+        runs="$runs $("$TESSERA" status "$work/array" --json | json_expr "'%s/%s/%s/%s' % (j['recovery']['milliseconds'], j['recovery'].get('slot_pages_deferred', '-'), j['recovery'].get('slot_pages', '-'), j['stripes_used'])")"
+      done
+      peak=$(/usr/bin/time -f %M "$TESSERA" status "$work/array" --json 2>&1 >/dev/null | tail -1)
+      echo "${build%%=*} $size: opening ms/slot pages left for later/named/slots used:$runs; status peak RSS $((peak / 1024)) MB"
+    )
+  done
+done
