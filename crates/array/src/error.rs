@@ -180,7 +180,9 @@ pub enum CheckpointFault {
     ListedTwice { slot: u64 },
     #[error("it counts live data in slot {slot}, which is {state:?}")]
     CountsUnsealed { slot: u64, state: SlotState },
-    #[error("its slot table page {page} lists {kept} slots sealed with live data, which does not add up with the root")]
+    #[error(
+        "its slot table page {page} lists {kept} slots sealed with live data, which does not add up with the root"
+    )]
     KeptTooMany { page: u64, kept: u32 },
     #[error("its slot pages list {listed} live units in all, the root {root}")]
     LiveTotal { listed: u128, root: u128 },

@@ -575,7 +575,10 @@ impl Shared {
             let root_live = checkpoint.images.slot_live;
             match later.is_empty() {
                 true if live != root_live => {
-                    return Err(unreadable(CheckpointFault::LiveTotal { listed: live, root: root_live }));
+                    return Err(unreadable(CheckpointFault::LiveTotal {
+                        listed: live,
+                        root: root_live,
+                    }));
                 }
                 true => {}
                 false => index.slots.defer_pages(later).map_err(unreadable)?,

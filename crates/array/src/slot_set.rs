@@ -194,7 +194,11 @@ impl SlotSet {
         while slot < end {
             let (w, b) = (slot as usize / 64, slot % 64);
             let bits = (end - slot).min(64 - b);
-            let mask = if bits == 64 { u64::MAX } else { ((1u64 << bits) - 1) << b };
+            let mask = if bits == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << bits) - 1) << b
+            };
             let word = &mut self.words[w];
             removed += (*word & mask).count_ones() as usize;
             *word &= !mask;

@@ -568,7 +568,11 @@ impl SlotTable {
         let first = first.and_then(|page| self.unread.get_key_value(&page));
         first
             .into_iter()
-            .chain(self.unread.iter().filter(|&(&page, _)| first.is_none_or(|(&f, _)| f != page)))
+            .chain(
+                self.unread
+                    .iter()
+                    .filter(|&(&page, _)| first.is_none_or(|(&f, _)| f != page)),
+            )
             .take(count)
             .map(|(&page, unread)| (page, unread.image.clone()))
             .collect()
@@ -603,14 +607,16 @@ impl SlotTable {
         let mut kept = 0u64;
         let listed = |slot: u64| entries.binary_search_by_key(&slot, |e| e.slot).is_ok();
         let unlisted = pending.keys().find(|&&slot| !listed(slot)).copied();
-        let free_slots = (start..end).filter(|&slot| self.get(slot).state == SlotState::Free).count() as u64;
+        let free_slots = (start..end)
+            .filter(|&slot| self.get(slot).state == SlotState::Free)
+            .count() as u64;
         let mut check = || {
             if let Some(slot) = unlisted {
                 return Err(CheckpointFault::CountsUnderrun { slot });
             }
             for e in entries {
                 let (live, pieces) = Self::net_of(e, pending.get(&e.slot));
-            let state = self.get(e.slot).state;
+                let state = self.get(e.slot).state;
                 if e.slot < start || e.slot >= end || state != SlotState::Free {
                     return Err(CheckpointFault::ListedTwice { slot: e.slot });
                 }
@@ -624,7 +630,10 @@ impl SlotTable {
             }
             match free_slots.checked_sub(kept) == Some(page_free) {
                 true => Ok(()),
-                false => Err(CheckpointFault::KeptTooMany { page, kept: kept as u32 }),
+                false => Err(CheckpointFault::KeptTooMany {
+                    page,
+                    kept: kept as u32,
+                }),
             }
         };
         if let Err(fault) = check() {
@@ -760,8 +769,14 @@ impl SlotTable {
     fn count_unread(&mut self, gained: bool, live: u64, stored: u64, data_blocks: u64, slot: u64) {
         let (sign, page) = (if gained { 1 } else { -1 }, slot / PAGE_SLOTS);
         let (live_total, stored_total) = (i128::from(live) * sign, i128::from(stored) * sign);
-        self.live_total = self.live_total.checked_add_signed(live_total).expect("totals hold what they count");
-        self.stored_total = self.stored_total.checked_add_signed(stored_total).expect("totals hold what they count");
+        self.live_total = self
+            .live_total
+            .checked_add_signed(live_total)
+            .expect("totals hold what they count");
+        self.stored_total = self
+            .stored_total
+            .checked_add_signed(stored_total)
+            .expect("totals hold what they count");
         self.mapped_data_blocks = self
             .mapped_data_blocks
             .checked_add_signed(data_blocks as i64 * sign as i64)
@@ -1267,7 +1282,13 @@ mod tests {
         });
         let later = pages[1..].iter().map(|(page, entries)| {
             let kept = format::SlotPageImage::kept_of(entries);
-            (*page, format::SlotPageImage { image: image.clone(), kept })
+            (
+                *page,
+                format::SlotPageImage {
+                    image: image.clone(),
+                    kept,
+                },
+            )
         });
         lazy.defer_pages(later).unwrap();
         lazy.restored(&table.volumes(), live);

@@ -690,7 +690,12 @@ fn opening_after_a_clean_stop_leaves_slot_pages_for_later() {
         }
     }
     let s = array.status().unwrap();
-    assert!(s.stripes_reconstructed > 1_000, "{} stripes rebuilt, {} ranges decoded", s.stripes_reconstructed, s.ranges_decoded);
+    assert!(
+        s.stripes_reconstructed > 1_000,
+        "{} stripes rebuilt, {} ranges decoded",
+        s.stripes_reconstructed,
+        s.ranges_decoded
+    );
     assert!(s.recovery.clean_stop, "{:?}", s.recovery);
     let deferred = s.recovery.slot_pages_deferred;
     assert!(
@@ -741,7 +746,11 @@ fn opening_after_a_clean_stop_leaves_slot_pages_for_later() {
         model.insert(lba, 3);
     }
     array.flush().unwrap();
-    assert_eq!(array.status().unwrap().slot_pages_unread, deferred - 1, "written without them");
+    assert_eq!(
+        array.status().unwrap().slot_pages_unread,
+        deferred - 1,
+        "written without them"
+    );
     array.check().unwrap();
     verify(&array, &model);
     for first in (0..18_000u64).step_by(16 * 11) {
@@ -817,7 +826,11 @@ fn a_slot_page_left_for_later_past_repair_fails_what_needs_it() {
 
     let array = tessera_array::open(open_list(&devices, &[])).unwrap();
     let s = array.status().unwrap();
-    assert!(s.recovery.clean_stop && s.recovery.checkpoint_error.is_none(), "{:?}", s.recovery);
+    assert!(
+        s.recovery.clean_stop && s.recovery.checkpoint_error.is_none(),
+        "{:?}",
+        s.recovery
+    );
     let (mut good, mut refused) = (0, 0);
     let mut back = vec![0u8; BLOCK as usize];
     for (&lba, &tag) in &model {
@@ -848,7 +861,9 @@ fn a_slot_page_left_for_later_past_repair_fails_what_needs_it() {
     assert!(array.status().unwrap().slot_pages_unread > 0);
     let error = array.check().unwrap_err();
     assert!(
-        pages.iter().any(|page| error.contains(&format!("slot table page {page}"))),
+        pages
+            .iter()
+            .any(|page| error.contains(&format!("slot table page {page}"))),
         "{error} (pages {pages:?})"
     );
     write_run(&array, &mut model, 0, 2);

@@ -271,6 +271,12 @@ fn print_status(s: &Status) {
         r.torn_stripes_dropped,
         r.chunks_repaired
     );
+    if r.slot_pages_deferred > 0 {
+        println!(
+            "  {} of its {} slot pages left to be read after opening; {} still unread, {} read since",
+            r.slot_pages_deferred, r.slot_pages, s.slot_pages_unread, s.slot_pages_read_late
+        );
+    }
     if let Some(error) = &r.checkpoint_error {
         println!("  the checkpoint could not be used ({error}); every slot was scanned instead");
     }
