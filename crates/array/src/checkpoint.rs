@@ -202,7 +202,12 @@ struct Written {
 impl Shared {
     /// Slots a checkpoint adds to its window: a quarter of the array, within bounds.
     pub(crate) fn window_slots(&self) -> u64 {
-        (self.geometry.slot_count() / CHECKPOINT_WINDOW_DIVISOR).clamp(CHECKPOINT_WINDOW_MIN, CHECKPOINT_WINDOW_MAX)
+        let default = || {
+            (self.geometry.slot_count() / CHECKPOINT_WINDOW_DIVISOR).clamp(CHECKPOINT_WINDOW_MIN, CHECKPOINT_WINDOW_MAX)
+        };
+        self.options
+            .window_slots
+            .map_or_else(default, |slots| slots.max(CHECKPOINT_WINDOW_MIN))
     }
 
     /// Slots the next checkpoint may need, and one more for it to be

@@ -80,6 +80,10 @@ pub struct EngineOptions {
     /// left unread (`slot_loader`); without it they are read when
     /// something needs them (tests that look at the table half read).
     pub slot_pages_in_background: bool,
+    /// Slots a checkpoint adds to its window (`None`: a quarter of the
+    /// array's, at most `limits::CHECKPOINT_WINDOW_MAX`). Fewer, for tests
+    /// that want a window small beside the array, as on a large one.
+    pub window_slots: Option<u64>,
 }
 
 impl Default for EngineOptions {
@@ -97,6 +101,7 @@ impl Default for EngineOptions {
             ignore_activity: false,
             open_slot_pages_per_batch: crate::limits::OPEN_SLOT_PAGES_PER_BATCH,
             slot_pages_in_background: true,
+            window_slots: None,
         }
     }
 }

@@ -1282,6 +1282,11 @@ impl Map {
         own: &PageImage,
         map_stripe: &dyn Fn(u64) -> bool,
     ) -> Result<bool, FormatError> {
+        // A copy read before a checkpoint moved the page (and freed the
+        // map stripes it points into) is dropped, not refused.
+        if !self.directory.held_only_as(dir, own) {
+            return Ok(false);
+        }
         let pieces = images.values().flat_map(|image| &image.pieces);
         if let Some(piece) = pieces.into_iter().find(|piece| !map_stripe(piece.slot)) {
             return Err(FormatError::Field {
@@ -1890,6 +1895,20 @@ mod tests {
                     twice.install_dir(dir, in_dir(&held_map, dir), &own, &|_| true),
                     Ok(false)
                 );
+                // Nor refused for where a copy read before a checkpoint
+                // moved it points (map stripes since freed): it is not
+                // how the page is held, so it is dropped unlooked at.
+                let piece = crate::format::ImagePiece {
+                    slot: 7,
+                    offset: 0,
+                    bytes: held.bytes,
+                };
+                let stale = Arc::new(PageImage {
+                    pieces: vec![piece],
+                    ..(*held).clone()
+                });
+                let read_before = BTreeMap::from([(0, stale)]);
+                assert_eq!(twice.install_dir(dir, read_before, &own, &|_| false), Ok(false));
             }
             for installed in [true, false] {
                 let page = Map::decode_image(&image, &g).unwrap();

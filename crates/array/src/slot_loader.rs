@@ -95,7 +95,9 @@ impl Shared {
         let unreadable = |why: CheckpointFault| ArrayError::CheckpointUnreadable { why };
         let read = self.read_slot_pages(pages).map_err(unreadable)?;
         let mut index = self.index_mut();
+        let mut taken = 0;
         for (page, entries) in read {
+            taken += u64::from(index.slots.is_unread(page * SLOT_TABLE_PAGE_SLOTS));
             let emptied = index.slots.restore_unread(page, &entries).map_err(|fault| {
                 unreadable(CheckpointFault::SlotPage {
                     page,
@@ -110,7 +112,7 @@ impl Shared {
                 crate::write::drain_emptied(&mut index, slot, after);
             }
         }
-        Counters::add(&self.counters.slot_pages_read_late, pages.len() as u64);
+        Counters::add(&self.counters.slot_pages_read_late, taken);
         Ok(())
     }
 }

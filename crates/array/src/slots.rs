@@ -597,10 +597,12 @@ impl SlotTable {
         entries: &[format::SlotEntry],
     ) -> Result<Vec<u64>, crate::error::CheckpointFault> {
         use crate::error::CheckpointFault;
-        debug_assert!(self.snapshot.is_none(), "no checkpoint while pages are unread");
+        // (A reader may bring in a page read meanwhile by the thread, and
+        // a checkpoint begun since: it is dropped here.)
         let Some(page_free) = self.unread.get(&page).map(|unread| unread.free) else {
             return Ok(Vec::new());
         };
+        debug_assert!(self.snapshot.is_none(), "no checkpoint while pages are unread");
         let (start, end) = (page * PAGE_SLOTS, ((page + 1) * PAGE_SLOTS).min(self.count()));
         let pending = self.pending.remove(&page).unwrap_or_default();
         // Checked before anything changes.
