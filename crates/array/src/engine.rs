@@ -567,27 +567,15 @@ impl Array {
             });
         }
         if array.shared.options.background {
-            let shared = array.shared.clone();
-            let thread = std::thread::Builder::new()
-                .name("tessera-maintenance".to_string())
-                .spawn(move || shared.maintain())
-                .map_err(|source| ArrayError::ThreadStart {
-                    what: "maintenance thread",
-                    source,
-                })?;
-            array.background.lock().unwrap_or_else(poisoned).push(thread);
+            array.spawn("tessera-maintenance", "maintenance thread", Shared::maintain)?;
         }
         let unread = array.shared.index().slots.unread_count() > 0;
         if unread && array.shared.options.slot_pages_in_background {
-            let shared = array.shared.clone();
-            let thread = std::thread::Builder::new()
-                .name("tessera-slot-pages".to_string())
-                .spawn(move || shared.read_slot_pages_in_background())
-                .map_err(|source| ArrayError::ThreadStart {
-                    what: "slot page thread",
-                    source,
-                })?;
-            array.background.lock().unwrap_or_else(poisoned).push(thread);
+            array.spawn(
+                "tessera-slot-pages",
+                "slot page thread",
+                Shared::read_slot_pages_in_background,
+            )?;
         }
         Ok(array)
     }
@@ -720,6 +708,18 @@ impl Array {
 }
 
 impl Array {
+    /// Starts a background thread running `work`, joined by
+    /// `stop_background`.
+    fn spawn(&self, name: &str, what: &'static str, work: fn(&Shared)) -> Result<(), ArrayError> {
+        let shared = self.shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(name.to_string())
+            .spawn(move || work(&shared))
+            .map_err(|source| ArrayError::ThreadStart { what, source })?;
+        self.background.lock().unwrap_or_else(poisoned).push(thread);
+        Ok(())
+    }
+
     fn stop_background(&self) {
         self.shared.maintenance.stop();
         for thread in std::mem::take(&mut *self.background.lock().unwrap_or_else(poisoned)) {

@@ -1198,11 +1198,6 @@ mod tests {
         assert_eq!(table.free_count(), 3 * SLOT_PAGE - 200);
     }
 
-    /// Opening takes the durable pages straight into the table
-    /// (`restore_page`, not through `set`): the table it makes is the one
-    /// the pages were taken from, and what cannot be (a slot counted
-    /// that no stripe is listed for, a slot listed that the checkpoint
-    /// holds) is refused.
     /// Opening after a clean stop reads some pages and defers the others
     /// (`defer_pages`); deltas on their slots wait, and each page read
     /// later (`restore_unread`) must leave the table as reading every
@@ -1342,6 +1337,11 @@ mod tests {
         assert_eq!(lazy.live_units(), eager.live_units());
     }
 
+    /// Opening takes the durable pages straight into the table
+    /// (`restore_page`, not through `set`): the table it makes is the one
+    /// the pages were taken from, and what cannot be (a slot counted
+    /// that no stripe is listed for, a slot listed that the checkpoint
+    /// holds) is refused.
     #[test]
     fn a_table_restored_from_its_pages_is_the_one_they_were_taken_from() {
         let algorithm = Algorithm::Crc32c;
