@@ -341,10 +341,7 @@ impl Shared {
             for lba in refused {
                 let lost = index.map.remove_from(lba, lba + 1);
                 let emptied = index.slots.account(&lost);
-                let after = index.last_sealed;
-                for slot in emptied {
-                    crate::write::drain_emptied(index, slot, after);
-                }
+                crate::write::drain_emptied_now(index, emptied);
             }
         }
         Ok(())

@@ -76,15 +76,15 @@ impl Shared {
         let block = BLOCK_BYTES as u64;
         let (first, end) = (offset / block, (offset + len).div_ceil(block));
         let mut pinned = Pinned::new(&self.pins);
-        let mut stripes: Vec<(u64, u64)> = Vec::new();
+        // (A sequence of `None`: in a slot page not read yet.)
+        let mut stripes: Vec<(u64, Option<u64>)> = Vec::new();
         self.with_pages(&[(first, end)], |index| {
             for (_, mapping) in index.map.overlapping(first, end) {
                 if let Target::Data { extent, .. } = &mapping.target {
                     let fresh = !stripes.iter().any(|&(slot, _)| slot == extent.slot);
-                    // (0: read from its slot page below.)
                     let sequence = match where_is(index, extent.slot) {
-                        Where::Members { sequence } => Some(sequence),
-                        Where::Unread => Some(0),
+                        Where::Members { sequence } => Some(Some(sequence)),
+                        Where::Unread => Some(None),
                         _ => None,
                     };
                     if let Some(sequence) = sequence.filter(|_| fresh && !self.data_readable(extent.slot)) {
@@ -97,8 +97,8 @@ impl Shared {
         // More than the cache holds would push out the first ones rebuilt.
         for &(slot, sequence) in stripes.iter().take(self.cache.capacity()) {
             let sequence = match sequence {
-                0 => self.slot_sequence(slot)?,
-                known => known,
+                Some(sequence) => sequence,
+                None => self.slot_sequence(slot)?,
             };
             self.rebuilt_area(slot, sequence)?;
         }

@@ -17,7 +17,7 @@
 //!
 //! Pages are read a batch at a time in parallel on the I/O pool, and
 //! taken into the table each under its own hold of the index's write
-//! lock (a page of 1,024 slots: some 80 microseconds). Whoever reads them all holds `Shared::slot_loading`, so two
+//! lock (a page of 1,024 slots). Whoever reads them all holds `Shared::slot_loading`, so two
 //! such readers do not read the same pages; a single page read for a
 //! read may be read twice (the second finds it taken, and drops it).
 
@@ -25,7 +25,6 @@ use crate::engine::Shared;
 use crate::error::{ArrayError, CheckpointFault};
 use crate::format::PageImage;
 use crate::limits::SLOT_TABLE_PAGE_SLOTS;
-use crate::status::Counters;
 use std::sync::Arc;
 
 impl Shared {
@@ -64,7 +63,7 @@ impl Shared {
         let batch = self
             .index()
             .slots
-            .unread_pages(None, self.options.open_slot_pages_per_batch.max(1));
+            .unread_pages(.., self.options.open_slot_pages_per_batch.max(1));
         if batch.is_empty() {
             return Ok(false);
         }
@@ -75,17 +74,17 @@ impl Shared {
     /// The sequence of the stripe in `slot` (on the members), its slot
     /// page read first if opening left it unread.
     pub(crate) fn slot_sequence(&self, slot: u64) -> Result<u64, ArrayError> {
-        loop {
-            let page = {
-                let index = self.index();
-                if !index.slots.is_unread(slot) {
-                    return Ok(index.slots.get(slot).sequence);
-                }
-                index.slots.unread_pages(Some(slot / SLOT_TABLE_PAGE_SLOTS), 1)
-            };
-            // Taken, or found taken by another: the slot's page is read.
-            self.take_unread(&page)?;
-        }
+        let page = {
+            let index = self.index();
+            if !index.slots.is_unread(slot) {
+                return Ok(index.slots.get(slot).sequence);
+            }
+            let page = slot / SLOT_TABLE_PAGE_SLOTS;
+            index.slots.unread_pages(page..=page, 1)
+        };
+        // Taken in here, or by another meanwhile: either way it is read.
+        self.take_unread(&page)?;
+        Ok(self.index().slots.get(slot).sequence)
     }
 
     /// Reads `pages` and takes them into the slot table (those another
@@ -94,12 +93,10 @@ impl Shared {
     fn take_unread(&self, pages: &[(u64, Arc<PageImage>)]) -> Result<(), ArrayError> {
         let unreadable = |why: CheckpointFault| ArrayError::CheckpointUnreadable { why };
         let read = self.read_slot_pages(pages).map_err(unreadable)?;
-        let mut taken = 0;
-        // A hold of the index a page (some 80 microseconds), not a batch:
-        // clients go on between.
+        // A hold of the index a page (1,024 slots), not a batch: clients
+        // go on between.
         for (page, entries) in read {
             let mut index = self.index_mut();
-            taken += u64::from(index.slots.is_unread(page * SLOT_TABLE_PAGE_SLOTS));
             let emptied = index.slots.restore_unread(page, &entries).map_err(|fault| {
                 unreadable(CheckpointFault::SlotPage {
                     page,
@@ -109,12 +106,8 @@ impl Shared {
             // Every stripe that superseded what they held is sealed by
             // now, or open and known to `superseded` (garbage collection,
             // which relocates, waits for every page).
-            let after = index.last_sealed;
-            for slot in emptied {
-                crate::write::drain_emptied(&mut index, slot, after);
-            }
+            crate::write::drain_emptied_now(&mut index, emptied);
         }
-        Counters::add(&self.counters.slot_pages_read_late, taken);
         Ok(())
     }
 }

@@ -23,8 +23,6 @@ pub struct Counters {
     pub map_page_hits: AtomicU64,
     pub map_page_misses: AtomicU64,
     pub map_pages_evicted: AtomicU64,
-    /// Slot table pages read after opening (`slot_loader`).
-    pub slot_pages_read_late: AtomicU64,
     pub user_bytes_written: AtomicU64,
     /// Shared with the member I/O threads, which add what they write.
     pub member_bytes_written: Arc<AtomicU64>,
@@ -183,12 +181,9 @@ pub struct Status {
     pub map_pages_evicted: u64,
     /// Slot table pages opening left to be read after it that are still
     /// unread (garbage collection, checkpoints, rebuilds and scrubs wait
-    /// for them; `recovery` says how many there were), and those read
-    /// since.
+    /// for them; `recovery` says how many there were).
     #[serde(default)]
     pub slot_pages_unread: u64,
-    #[serde(default)]
-    pub slot_pages_read_late: u64,
     /// Its pages in memory (512 blocks of a volume each), those changed since the
     /// last checkpoint (the next one writes their images), and the map
     /// stripes holding the durable checkpoint's images.
@@ -379,7 +374,6 @@ impl Shared {
             map_page_misses: load(&c.map_page_misses),
             map_pages_evicted: load(&c.map_pages_evicted),
             slot_pages_unread: self.index().slots.unread_count() as u64,
-            slot_pages_read_late: load(&c.slot_pages_read_late),
             writers_waited_for_members_ms: load(&c.waited_for_members_us) / 1000,
             writers_waited_for_slot_ms: load(&c.waited_for_slot_us) / 1000,
             recovery: self.recovery.lock().unwrap_or_else(|p| p.into_inner()).clone(),

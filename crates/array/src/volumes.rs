@@ -328,10 +328,7 @@ impl Array {
         index.volumes = floors;
         let deltas = index.map.remove_from(volume::key(id, 0), volume::key(id + 1, 0));
         let emptied = index.slots.account(&deltas);
-        let after = index.last_sealed;
-        for slot in emptied {
-            crate::write::drain_emptied(&mut index, slot, after);
-        }
+        crate::write::drain_emptied_now(&mut index, emptied);
         drop(index);
         shared.maintenance.wake();
         Ok(())

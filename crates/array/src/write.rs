@@ -199,6 +199,16 @@ pub(crate) fn drain_emptied(index: &mut crate::engine::Index, slot: u64, sequenc
     }
 }
 
+/// Slots emptied with no new stripe of their own (records dropped,
+/// deltas taken in late): each drains after the last stripe sealed, or
+/// after the open user stripe that superseded it (`drain_emptied`).
+pub(crate) fn drain_emptied_now(index: &mut crate::engine::Index, emptied: Vec<u64>) {
+    let after = index.last_sealed;
+    for slot in emptied {
+        drain_emptied(index, slot, after);
+    }
+}
+
 /// Live bytes a write has been admitted for and not yet mapped.
 pub(crate) struct Admitted<'a> {
     shared: &'a Shared,

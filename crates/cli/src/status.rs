@@ -273,8 +273,8 @@ fn print_status(s: &Status) {
     );
     if r.slot_pages_deferred > 0 {
         println!(
-            "  {} of its {} slot pages left to be read after opening; {} still unread, {} read since",
-            r.slot_pages_deferred, r.slot_pages, s.slot_pages_unread, s.slot_pages_read_late
+            "  {} of its {} slot pages left to be read after opening; {} still unread",
+            r.slot_pages_deferred, r.slot_pages, s.slot_pages_unread
         );
     }
     if let Some(error) = &r.checkpoint_error {
