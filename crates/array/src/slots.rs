@@ -1223,7 +1223,7 @@ mod tests {
         // gaining one (an overwrite cutting an extent in two), in every
         // page but 1 (which changes only by the slots opening frees).
         let mut deltas = Vec::new();
-        let emptied_before = |i: usize, slot: u64| i % 10 == 0 && slot < 2 * PAGE_SLOTS;
+        let emptied_before = |i: usize, slot: u64| i.is_multiple_of(10) && slot < 2 * PAGE_SLOTS;
         for (i, &(slot, pieces)) in held
             .iter()
             .enumerate()
