@@ -29,7 +29,7 @@ done
 # SHA3-512's kernels rotate the permutation's lanes with shifts by default;
 # KECCAK_ROTS="0 1" measures the multiplies too (TESSERA_CUDA_KECCAK_ROT).
 has sha3 && for rot in ${KECCAK_ROTS:-0}; do
-    echo "== bench hash sha3-512, 64K blocks, TESSERA_CUDA_KECCAK_ROT=$rot, with the issue rates and the permutation in registers"
+    echo "== bench hash sha3-512, 64K blocks, TESSERA_CUDA_KECCAK_ROT=$rot, with the issue rates, the permutation in registers, a thread and a warp a message"
     TESSERA_CUDA_KECCAK_ROT=$rot tessera bench hash --algorithm sha3-512 --block-bytes 64K --bytes 256M --accel cuda
 done
 has hash && for algorithm in sha3-512 sha256; do
@@ -46,16 +46,20 @@ fi
 # worker FLUSHing every 16 writes. "packed" lends no page-locked memory
 # (TESSERA_CUDA_PINNED_MAX=0), so every stripe is packed into staging
 # buffers as before the allocator seam; "spin" has threads waiting for the
-# GPU spin on their cores (TESSERA_CUDA_SPIN=1) rather than sleep; "auto"
-# measures the shape as the array opens and says what it chose.
+# GPU spin on their cores (TESSERA_CUDA_SPIN=1) rather than sleep; "thread"
+# hashes SHA3-512 a thread a message however few (TESSERA_CUDA_WARP_MAX=0),
+# "warpmax=N" a warp a message in launches of at most N;
+# "auto" measures the shape as the array opens and says what it chose.
 runs=${ARRAY_RUNS:-cpu:crc32c cpu:sha3-512 cuda:sha3-512 cuda:sha3-512:packed auto:sha3-512 auto:crc32c}
 has array && for run in $runs; do
     set -- $(echo "$run" | tr : ' ')
-    pinned= spin=
+    pinned= spin= warp=
     [ "${3:-}" = packed ] && pinned=0
     [ "${3:-}" = spin ] && spin=1
+    [ "${3:-}" = thread ] && warp=0
+    case "${3:-}" in warpmax=*) warp=${3#warpmax=} ;; esac
     echo "== bench array 92+8, --accel $1 --checksum $2 ${3:-}"
-    TESSERA_CUDA_PINNED_MAX=$pinned TESSERA_CUDA_SPIN=$spin tessera bench array --data 92 --parity 8 --devices 100 --device-size 256M --chunk-size 64K \
+    TESSERA_CUDA_PINNED_MAX=$pinned TESSERA_CUDA_SPIN=$spin TESSERA_CUDA_WARP_MAX=$warp tessera bench array --data 92 --parity 8 --devices 100 --device-size 256M --chunk-size 64K \
         --checksum "$2" --accel "$1" --members "$work" --threads 4 --queue-depth 4 --bytes "$bytes" --block-size 1M --flush-every 16
 done
 # The engine alone on the CPU (members in memory): how one array's writes

@@ -402,6 +402,16 @@ fn bench_hash(
         }
         _ => None,
     };
+    // SHA3-512 a thread and a warp a message, from one message to a GPU's
+    // worth: what sets the backend's WARP_HASH_MAX.
+    let forms = match (&gpu, &ceiling) {
+        (Some(gpu), Some(_)) => Some(tessera_accel::cuda::bench::hash_forms(
+            gpu,
+            usize::try_from(block_bytes)?,
+            &[1, 16, 128, 512, 2048, 8192, 16384],
+        )?),
+        _ => None,
+    };
     if json {
         if !gpu_figures.is_empty() {
             let gpu: Vec<_> = gpu_figures
@@ -410,7 +420,7 @@ fn bench_hash(
                 .collect();
             println!(
                 "{}",
-                serde_json::json!({ "algorithms": reports, "gpu": gpu, "sha3_ceiling": ceiling })
+                serde_json::json!({ "algorithms": reports, "gpu": gpu, "sha3_ceiling": ceiling, "sha3_forms": forms })
             );
             return Ok(());
         }
@@ -435,6 +445,20 @@ fn bench_hash(
     }
     if let Some(c) = ceiling {
         print_sha3_ceiling(&c);
+    }
+    for f in forms.iter().flatten() {
+        let gbps = |us: f64| (f.messages * f.message_bytes) as f64 / us / 1e3;
+        println!(
+            "SHA3-512 leaves of {} x {} B, device-resident: a thread a message {:.1} us ({:.1} GB/s), \
+             a warp a message {:.1} us ({:.1} GB/s); the backend uses {:?}",
+            f.messages,
+            f.message_bytes,
+            f.thread_us,
+            gbps(f.thread_us),
+            f.warp_us,
+            gbps(f.warp_us),
+            f.chosen
+        );
     }
     Ok(())
 }

@@ -309,3 +309,58 @@ pub fn ceiling(gpu: &Cuda) -> Result<Ceiling, AccelError> {
         kernels_rotation: keccak_rotation(),
     })
 }
+
+/// One launch size of SHA3-512 leaves, timed on data in device memory
+/// both ways ([`hash_forms`]).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct FormFigures {
+    pub messages: usize,
+    pub message_bytes: usize,
+    /// Median microseconds of a launch, a thread a message.
+    pub thread_us: f64,
+    /// The same, a warp a message.
+    pub warp_us: f64,
+    /// Which of the two the backend uses for this many messages.
+    pub chosen: HashForm,
+}
+
+/// Times launches of the SHA3-512 leaves kernel over `counts` messages of
+/// `bytes` bytes each, a thread a message and a warp a message (the
+/// median of nine launches each, by events): where the two cross is
+/// where [`WARP_HASH_MAX`] belongs.
+pub fn hash_forms(gpu: &Cuda, bytes: usize, counts: &[usize]) -> Result<Vec<FormFigures>, AccelError> {
+    let most = counts.iter().copied().max().unwrap_or(0).max(1);
+    gpu.ctx.bind_to_thread().map_err(driver)?;
+    let mut slot = gpu.take_slot();
+    let measured = (|| -> Result<Vec<FormFigures>, AccelError> {
+        let stream = slot.stream.clone();
+        let widest = Layout::new(most, 1, bytes, 0);
+        let buffers = slot.reserve(widest.end).map_err(driver)?;
+        let device = buffers.device;
+        let host = buffers.host();
+        fill_pseudo_random(&mut host[..widest.params], 0x5348_4133);
+        let cs = stream.cu_stream();
+        unsafe { cu::memcpy_htod_async(device, &host[..widest.params], cs) }.map_err(driver)?;
+        let events = Events::new(&gpu.ctx)?;
+        let mut figures = Vec::new();
+        for &count in counts {
+            let layout = Layout::new(count.max(1), 1, bytes, 0);
+            let time = |form| {
+                events.time(&stream, 9, || {
+                    gpu.launch_leaves(&stream, device, &layout, ALG_SHA3_512, bytes, form)
+                })
+            };
+            figures.push(FormFigures {
+                messages: layout.stripes,
+                message_bytes: bytes,
+                thread_us: time(HashForm::Thread)? * 1e6,
+                warp_us: time(HashForm::Warp)? * 1e6,
+                chosen: gpu.hash_form(ALG_SHA3_512, layout.stripes as u64),
+            });
+        }
+        Ok(figures)
+    })();
+    slot.stream.synchronize().ok();
+    gpu.put_slot(slot);
+    measured
+}

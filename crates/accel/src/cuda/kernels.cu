@@ -295,6 +295,181 @@ static __device__ void sha3_512(const Message& m, u64 out[8]) {
     for (int i = 0; i < 8; i++) out[i] = a[i];
 }
 
+// ------------------------------------------- SHA3-512, a warp a message
+//
+// The kernels above give each message one thread: the most messages a
+// second when there are tens of thousands to hash, but a lone 64 KiB
+// message takes that thread about 900 permutations in a row, some 5 ms
+// on an H100/H200. The array's batches are far smaller than the GPU (a
+// write's 16 extents, a FLUSH's few stripes), so they wait that long
+// whatever their size. Here a warp holds one state, lane t < 25 its
+// lane a[t] (x = t % 5, y = t / 5), and a round is a few steps on every
+// lane at once with the others' values fetched by warp shuffles: 9
+// shuffles of 64 bits a round (theta's column parities 4 and its two
+// neighbours 2, pi 1, chi 2). A permutation takes fewer dependent
+// steps, at the price of the shuffles: the shuffle unit, one warp-wide
+// shuffle a clock per SM, caps the whole GPU near 44 GB/s, a fifth of
+// the thread-a-message kernels, so the host picks this formulation only
+// for batches of few messages (`Cuda::warp_max`). Lanes 25 to 31 compute
+// values nobody reads.
+//
+// The code is written on values of a whole warp (`Lanes`: one u64 a
+// lane), so that the host build runs the same steps, with a warp of 32
+// values and a shuffle that gathers.
+
+__constant__ u32 KECCAK_RHO[25] = {
+    0, 1, 62, 28, 27, 36, 44, 6, 55, 20, 3, 10, 43, 25, 39, 41, 45, 15, 21, 8, 18, 2, 61, 56, 14,
+};
+
+#ifdef TESSERA_HOST_TEST
+struct Lanes {
+    u64 v[32];
+};
+template <class F>
+static inline Lanes lanes(F f) {
+    Lanes r;
+    for (u32 t = 0; t < 32; t++) r.v[t] = f(t);
+    return r;
+}
+static inline Lanes operator^(const Lanes& a, const Lanes& b) {
+    return lanes([&](u32 t) { return a.v[t] ^ b.v[t]; });
+}
+// ~b & c (chi), as one operation so that the host needs no more operators.
+static inline Lanes andn(const Lanes& b, const Lanes& c) {
+    return lanes([&](u32 t) { return ~b.v[t] & c.v[t]; });
+}
+static inline Lanes shfl(const Lanes& a, const Lanes& from) {
+    return lanes([&](u32 t) { return a.v[from.v[t] & 31]; });
+}
+static inline Lanes rotl_lanes(const Lanes& x, const Lanes& n) {
+    return lanes([&](u32 t) { return n.v[t] == 0 ? x.v[t] : rotl64(x.v[t], (u32)n.v[t]); });
+}
+static inline Lanes rotl1_lanes(const Lanes& x) {
+    return lanes([&](u32 t) { return rotl64(x.v[t], 1); });
+}
+static inline void store_lanes(const Lanes& a, u64* out, u32 n) {
+    for (u32 t = 0; t < n; t++) out[t] = a.v[t];
+}
+#else
+typedef u64 Lanes;
+template <class F>
+static __device__ __forceinline__ Lanes lanes(F f) {
+    return f(threadIdx.x & 31);
+}
+static __device__ __forceinline__ Lanes andn(Lanes b, Lanes c) { return ~b & c; }
+static __device__ __forceinline__ Lanes shfl(Lanes a, Lanes from) {
+    return __shfl_sync(0xffffffffu, a, (int)from);
+}
+// x rotated left by n (0 to 63, a different amount on every lane): the
+// halves swapped where n >= 32, then two funnel shifts (which take n mod 32).
+static __device__ __forceinline__ Lanes rotl_lanes(Lanes x, Lanes n) {
+    u32 lo = (u32)x, hi = (u32)(x >> 32), k = (u32)n;
+    if (k >= 32) {
+        u32 t = lo;
+        lo = hi;
+        hi = t;
+    }
+    u32 new_hi = __funnelshift_l(lo, hi, k);
+    u32 new_lo = __funnelshift_l(hi, lo, k);
+    return ((u64)new_hi << 32) | new_lo;
+}
+static __device__ __forceinline__ Lanes rotl1_lanes(Lanes x) { return rotl64(x, 1); }
+static __device__ __forceinline__ void store_lanes(Lanes a, u64* out, u32 n) {
+    u32 t = threadIdx.x & 31;
+    if (t < n) out[t] = a;
+}
+#endif
+
+// Where each lane fetches from, fixed for a warp's life. Lane q = x + 5y
+// (lanes past 24 act as lane 0): theta's column is the lanes x + 5y' and
+// its neighbours' parities are on lanes (x -+ 1) + 5y; pi puts a[x + 5y]
+// at b[y + 5(2x + 3y)], so lane X + 5Y takes lane x + 5X with
+// x = 3(Y - 3X) mod 5 (3 is 2's inverse mod 5); chi reads (X + 1, Y)
+// and (X + 2, Y).
+struct KeccakLanes {
+    Lanes column[4], left, right, rho, pi, chi1, chi2;
+};
+
+static __device__ __forceinline__ u32 keccak_lane(u32 t) { return t < 25 ? t : 0; }
+
+static __device__ __forceinline__ KeccakLanes keccak_lanes() {
+    KeccakLanes k;
+#pragma unroll
+    for (u32 j = 0; j < 4; j++) {
+        k.column[j] = lanes([=](u32 t) -> u64 {
+            u32 q = keccak_lane(t);
+            return q % 5 + 5 * ((q / 5 + 1 + j) % 5);
+        });
+    }
+    k.left = lanes([](u32 t) -> u64 { u32 q = keccak_lane(t); return (q % 5 + 4) % 5 + 5 * (q / 5); });
+    k.right = lanes([](u32 t) -> u64 { u32 q = keccak_lane(t); return (q % 5 + 1) % 5 + 5 * (q / 5); });
+    k.rho = lanes([](u32 t) -> u64 { return KECCAK_RHO[keccak_lane(t)]; });
+    k.pi = lanes([](u32 t) -> u64 {
+        u32 q = keccak_lane(t), X = q % 5, Y = q / 5;
+        return 3 * (Y + 15 - 3 * X) % 5 + 5 * X;
+    });
+    k.chi1 = lanes([](u32 t) -> u64 { u32 q = keccak_lane(t); return (q % 5 + 1) % 5 + 5 * (q / 5); });
+    k.chi2 = lanes([](u32 t) -> u64 { u32 q = keccak_lane(t); return (q % 5 + 2) % 5 + 5 * (q / 5); });
+    return k;
+}
+
+static __device__ __forceinline__ void keccak_warp(Lanes& a, const KeccakLanes& k) {
+    for (int round = 0; round < 24; round++) {
+        Lanes c = a ^ shfl(a, k.column[0]) ^ shfl(a, k.column[1]) ^ shfl(a, k.column[2]) ^ shfl(a, k.column[3]);
+        a = a ^ shfl(c, k.left) ^ rotl1_lanes(shfl(c, k.right));
+        Lanes b = shfl(rotl_lanes(a, k.rho), k.pi);
+        a = b ^ andn(shfl(b, k.chi1), shfl(b, k.chi2));
+        u64 constant = KECCAK_ROUND[round];
+        a = a ^ lanes([=](u32 t) -> u64 { return t == 0 ? constant : 0; });
+    }
+}
+
+// SHA3-512 of the message by a whole warp (every lane must call it with
+// the same message); lanes 0 to 7 write the digest's 8 words to out.
+// Blocks are read as in sha3_512: aligned words where a block lies
+// wholly in the body, the general reader at the edges; lane t < 9 reads
+// the block's word t.
+static __device__ void sha3_512_warp(const Message& m, u64* out) {
+    const u64 rate = 72;
+    KeccakLanes k = keccak_lanes();
+    Lanes a = lanes([](u32) -> u64 { return 0; });
+    u64 total = m.plen + m.n;
+    u64 blocks = total / rate + 1;
+    u64 first = m.plen == 0 ? 0 : 1;
+    u64 end = total / rate;
+    if (end < first) end = first;
+    u64 x = first * rate - m.plen;
+    u32 shift = (u32)(x & 7) * 8;
+    const u64* w = (const u64*)(m.body + (x & ~(u64)7));
+    for (u64 block = 0; block < blocks; block++) {
+        Lanes word;
+        if (block >= first && block < end) {
+            word = lanes([&](u32 t) -> u64 {
+                if (t >= 9) return 0;
+                u64 low = __ldg(w + t);
+                return shift == 0 ? low : (low >> shift) | (__ldg(w + t + 1) << (64 - shift));
+            });
+            w += 9;
+        } else {
+            u64 base = block * rate;
+            bool last = block + 1 == blocks;
+            word = lanes([&](u32 t) -> u64 {
+                if (t >= 9) return 0;
+                u64 v = message_le64(m, base + 8 * t);
+                if (last) {
+                    u64 pad = total - base;
+                    if (pad / 8 == t) v ^= 0x06ull << (8 * (pad % 8));
+                    if (t == 8) v ^= 0x80ull << 56;
+                }
+                return v;
+            });
+        }
+        a = a ^ word;
+        keccak_warp(a, k);
+    }
+    store_lanes(a, out, 8);
+}
+
 // ---------------------------------------------------------------- SHA-256
 
 __constant__ u32 SHA256_K[64] = {
@@ -471,6 +646,27 @@ extern "C" __global__ void __launch_bounds__(128) digests(
         digest(algorithm, m, d);
 #pragma unroll
         for (int w = 0; w < 8; w++) out[i * 8 + w] = d[w];
+    }
+}
+
+// As `leaves` and `digests` for SHA3-512, a warp a message (see
+// sha3_512_warp): blocks of 128 threads, four messages a block.
+extern "C" __global__ void __launch_bounds__(128) leaves_warp(
+    const u8* buffer, u32 width, u64 slot, u64 bytes, u64 count, u64* leaves_out) {
+    u64 warps = (u64)gridDim.x * blockDim.x / 32;
+    for (u64 i = (blockIdx.x * (u64)blockDim.x + threadIdx.x) / 32; i < count; i += warps) {
+        u64 index = i % width;
+        Message m = {buffer + i * slot, bytes, (u64)0x00 | (index << 8), 5};
+        sha3_512_warp(m, leaves_out + i * 8);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128) digests_warp(
+    const u8* buffer, const u64* offsets, const u64* lengths, u64 count, u64* out) {
+    u64 warps = (u64)gridDim.x * blockDim.x / 32;
+    for (u64 i = (blockIdx.x * (u64)blockDim.x + threadIdx.x) / 32; i < count; i += warps) {
+        Message m = {buffer + offsets[i], lengths[i], 0, 0};
+        sha3_512_warp(m, out + i * 8);
     }
 }
 

@@ -83,6 +83,23 @@ const SLACK: usize = 64;
 /// Bytes a digest takes in the kernels' output (the widest digest).
 const DIGEST_SLOT: usize = 64;
 
+/// Launches of at most this many SHA3-512 messages hash each with a warp
+/// (kernels.cu, `sha3_512_warp`), larger ones each with a thread. A warp
+/// finishes one message sooner, a thread per message finishes a GPU's
+/// worth of them sooner; where they cross was measured with `tessera
+/// bench hash --accel cuda` (docs/PERFORMANCE.md). `TESSERA_CUDA_WARP_MAX`
+/// overrides it (0: always a thread).
+pub const WARP_HASH_MAX: u64 = 2048;
+
+/// How a launch hashes its SHA3-512 messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum HashForm {
+    /// One thread a message (every algorithm).
+    Thread,
+    /// One warp a message, its 25 lanes the state's (SHA3-512 only).
+    Warp,
+}
+
 /// Which work goes to the GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
@@ -102,7 +119,7 @@ pub enum Policy {
 fn kernel_algorithm(algorithm: Algorithm) -> Option<i32> {
     match algorithm {
         Algorithm::Sha256 => Some(0),
-        Algorithm::Sha3_512 => Some(1),
+        Algorithm::Sha3_512 => Some(ALG_SHA3_512),
         _ => None,
     }
 }
@@ -246,6 +263,8 @@ struct Kernels {
     leaves: CudaFunction,
     roots: CudaFunction,
     digests: CudaFunction,
+    leaves_warp: CudaFunction,
+    digests_warp: CudaFunction,
 }
 
 /// Where a piece's regions lie in its slot's buffers (byte offsets).
@@ -446,6 +465,23 @@ pub(crate) fn pieces(count: usize, stripe_bytes: usize) -> Vec<(usize, usize)> {
         .collect()
 }
 
+/// The kernels' number for SHA3-512 (ALG_SHA3_512).
+const ALG_SHA3_512: i32 = 1;
+
+/// How to launch a hash kernel of `form` over `count` messages: 128
+/// threads a block, a message a thread or a warp.
+fn hash_launch(form: HashForm, count: u64) -> LaunchConfig {
+    let per_block = match form {
+        HashForm::Thread => 128,
+        HashForm::Warp => 4,
+    };
+    LaunchConfig {
+        grid_dim: (count.div_ceil(per_block).clamp(1, 65_535) as u32, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// The CUDA backend.
 pub struct Cuda {
     device: String,
@@ -470,6 +506,9 @@ pub struct Cuda {
     direct_stripes: std::sync::atomic::AtomicU64,
     /// What `auto` measured and chose, per shape (see `choose`).
     choices: Mutex<std::collections::HashMap<Shape, choose::Choice>>,
+    /// Launches of at most this many SHA3-512 messages take a warp each
+    /// ([`WARP_HASH_MAX`]).
+    warp_max: u64,
 }
 
 /// A shape's own encoding kernels, one per group of parity rows.
@@ -519,6 +558,8 @@ impl Cuda {
             leaves: load("leaves")?,
             roots: load("roots")?,
             digests: load("digests")?,
+            leaves_warp: load("leaves_warp")?,
+            digests_warp: load("digests_warp")?,
         };
         let name = ctx.name().map_err(driver)?;
         let mut slots = Vec::with_capacity(SLOTS);
@@ -544,6 +585,10 @@ impl Cuda {
             failed: OnceLock::new(),
             counters: WorkCounters::default(),
             inject_failure: Default::default(),
+            warp_max: std::env::var("TESSERA_CUDA_WARP_MAX")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(WARP_HASH_MAX),
         })
     }
 
@@ -727,6 +772,15 @@ impl Cuda {
         Ok(())
     }
 
+    /// How a launch of `count` messages of `algorithm` hashes them.
+    pub(crate) fn hash_form(&self, algorithm: i32, count: u64) -> HashForm {
+        if algorithm == ALG_SHA3_512 && count <= self.warp_max {
+            HashForm::Warp
+        } else {
+            HashForm::Thread
+        }
+    }
+
     fn launch_hash(
         &self,
         stream: &CudaStream,
@@ -736,28 +790,10 @@ impl Cuda {
         chunk_bytes: usize,
     ) -> Result<(), AccelError> {
         let count = (layout.stripes * layout.width) as u64;
-        let config = LaunchConfig {
-            grid_dim: (count.div_ceil(128).min(65_535) as u32, 1, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (buffer, leaves, roots) = (
-            device + layout.chunks as u64,
-            device + layout.leaves as u64,
-            device + layout.roots as u64,
-        );
-        let (width, slot, bytes) = (layout.width as u32, layout.slot as u64, chunk_bytes as u64);
-        let mut launch = stream.launch_builder(&self.kernels.leaves);
-        launch
-            .arg(&algorithm)
-            .arg(&buffer)
-            .arg(&width)
-            .arg(&slot)
-            .arg(&bytes)
-            .arg(&count)
-            .arg(&leaves);
-        // SAFETY: as in launch_gf; leaves has a 64-byte slot per chunk.
-        unsafe { launch.launch(config) }.map_err(driver)?;
+        let form = self.hash_form(algorithm, count);
+        self.launch_leaves(stream, device, layout, algorithm, chunk_bytes, form)?;
+        let roots = device + layout.roots as u64;
+        let (leaves, width) = (device + layout.leaves as u64, layout.width as u32);
         let config = LaunchConfig {
             grid_dim: (layout.stripes as u32, 1, 1),
             block_dim: (128, 1, 1),
@@ -767,6 +803,39 @@ impl Cuda {
         launch.arg(&algorithm).arg(&leaves).arg(&width).arg(&roots);
         // SAFETY: one block per stripe, width <= 256 (the kernel's level array).
         unsafe { launch.launch(config) }.map_err(driver)?;
+        Ok(())
+    }
+
+    /// The leaf of every chunk of a staged piece, hashed `form`'s way.
+    fn launch_leaves(
+        &self,
+        stream: &CudaStream,
+        device: u64,
+        layout: &Layout,
+        algorithm: i32,
+        chunk_bytes: usize,
+        form: HashForm,
+    ) -> Result<(), AccelError> {
+        let count = (layout.stripes * layout.width) as u64;
+        let (buffer, leaves) = (device + layout.chunks as u64, device + layout.leaves as u64);
+        let (width, slot, bytes) = (layout.width as u32, layout.slot as u64, chunk_bytes as u64);
+        let mut launch = stream.launch_builder(match form {
+            HashForm::Thread => &self.kernels.leaves,
+            HashForm::Warp => &self.kernels.leaves_warp,
+        });
+        if form == HashForm::Thread {
+            launch.arg(&algorithm);
+        }
+        launch
+            .arg(&buffer)
+            .arg(&width)
+            .arg(&slot)
+            .arg(&bytes)
+            .arg(&count)
+            .arg(&leaves);
+        // SAFETY: as in launch_gf; leaves has a 64-byte slot per chunk,
+        // and the warp kernel is launched only for SHA3-512 (hash_form).
+        unsafe { launch.launch(hash_launch(form, count)) }.map_err(driver)?;
         Ok(())
     }
 
@@ -1155,25 +1224,22 @@ impl Cuda {
                 }
                 let cs = stream.cu_stream();
                 unsafe { cu::memcpy_htod_async(device, &host[..out], cs) }.map_err(driver)?;
-                let config = LaunchConfig {
-                    grid_dim: ((count as u64).div_ceil(128).min(65_535) as u32, 1, 1),
-                    block_dim: (128, 1, 1),
-                    shared_mem_bytes: 0,
-                };
+                let form = self.hash_form(algorithm, count as u64);
+                let config = hash_launch(form, count as u64);
                 let (offsets, lengths, output, n) = (
                     device + tables as u64,
                     device + (tables + 8 * count) as u64,
                     device + out as u64,
                     count as u64,
                 );
-                let mut launch = stream.launch_builder(&self.kernels.digests);
-                launch
-                    .arg(&algorithm)
-                    .arg(&device)
-                    .arg(&offsets)
-                    .arg(&lengths)
-                    .arg(&n)
-                    .arg(&output);
+                let mut launch = stream.launch_builder(match form {
+                    HashForm::Thread => &self.kernels.digests,
+                    HashForm::Warp => &self.kernels.digests_warp,
+                });
+                if form == HashForm::Thread {
+                    launch.arg(&algorithm);
+                }
+                launch.arg(&device).arg(&offsets).arg(&lengths).arg(&n).arg(&output);
                 // SAFETY: the tables name ranges inside the staged buffer.
                 unsafe { launch.launch(config) }.map_err(driver)?;
                 unsafe { cu::memcpy_dtoh_async(&mut host[out..total], output, cs) }.map_err(driver)?;
@@ -1204,9 +1270,11 @@ impl Accelerator for Cuda {
                 use crate::HostMemory;
                 let (buffers, bytes) = self.pinned.lent();
                 let lent = format!(
-                    "{buffers} page-locked buffers lent ({} MiB), {} stripes copied in place",
+                    "{buffers} page-locked buffers lent ({} MiB), {} stripes copied in place; \
+                     SHA3-512 a warp a message in launches of up to {}",
                     bytes >> 20,
-                    self.direct_stripes()
+                    self.direct_stripes(),
+                    self.warp_max
                 );
                 match self.policy {
                     Policy::Always => format!("{}; {lent}", self.device),

@@ -77,7 +77,7 @@ fn the_kernels_compile_with_nvrtc() {
     }
     for (major, minor) in [(7, 5), (8, 0), (9, 0)] {
         let ptx = compile(major, minor).unwrap_or_else(|e| panic!("sm_{major}{minor}: {e}"));
-        for entry in ["gf_dot", "leaves", "roots", "digests"] {
+        for entry in ["gf_dot", "leaves", "roots", "digests", "leaves_warp", "digests_warp"] {
             assert!(
                 ptx.contains(&format!(".entry {entry}(")),
                 "sm_{major}{minor} lacks {entry}"
@@ -164,7 +164,7 @@ fn seal_both(gpu: &Cuda, cpu: &Cpu, shape: &Shape, stripes: usize, rng: &mut imp
 
 #[test]
 fn gpu_sealing_equals_the_cpu_for_every_kind_of_shape() {
-    let Some(gpu) = gpu(Policy::Always) else { return };
+    let Some(mut gpu) = gpu(Policy::Always) else { return };
     let cpu = Cpu::new(2);
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x6b75);
     let mut shapes = vec![
@@ -185,13 +185,22 @@ fn gpu_sealing_equals_the_cpu_for_every_kind_of_shape() {
         let m = rng.gen_range(0..=(256 - k).min(40));
         shapes.push((k, m, rng.gen_range(1..=9000)));
     }
-    for (k, m, c) in shapes {
+    // SHA3-512 leaves of these few stripes are hashed a warp a chunk;
+    // then again a thread a chunk.
+    assert_eq!(gpu.hash_form(ALG_SHA3_512, 3 * 256), HashForm::Warp);
+    for (k, m, c) in &shapes {
         for checksum in Algorithm::ALL {
-            let shape = Shape::new(k, m, c, checksum);
+            let shape = Shape::new(*k, *m, *c, checksum);
             let stripes = rng.gen_range(1..=3);
             seal_both(&gpu, &cpu, &shape, stripes, &mut rng);
         }
     }
+    gpu.warp_max = 0;
+    for (k, m, c) in shapes {
+        let shape = Shape::new(k, m, c, Algorithm::Sha3_512);
+        seal_both(&gpu, &cpu, &shape, 2, &mut rng);
+    }
+    gpu.warp_max = WARP_HASH_MAX;
     // Several pieces in one batch, and a partial last one (4 MiB stripes).
     let shape = Shape::new(60, 4, 65536, Algorithm::Sha3_512);
     let stripes = PIECE_BYTES / (4 << 20) * 2 + 3;
@@ -262,7 +271,7 @@ fn gpu_rebuilds_equal_the_cpu_for_random_patterns() {
 
 #[test]
 fn gpu_hashes_equal_the_cpu_for_odd_lengths() {
-    let Some(gpu) = gpu(Policy::Always) else { return };
+    let Some(mut gpu) = gpu(Policy::Always) else { return };
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x6861);
     let inputs: Vec<Vec<u8>> = [
         0usize, 1, 5, 7, 8, 55, 56, 63, 64, 71, 72, 73, 135, 136, 4095, 4096, 65536, 100_003,
@@ -271,10 +280,16 @@ fn gpu_hashes_equal_the_cpu_for_odd_lengths() {
     .map(|&n| random_bytes(&mut rng, n))
     .collect();
     let refs: Vec<&[u8]> = inputs.iter().map(|i| &i[..]).collect();
-    for algorithm in Algorithm::ALL {
-        let want: Vec<Digest> = refs.iter().map(|i| algorithm.digest(i)).collect();
-        assert_eq!(gpu.hash(algorithm, &refs), want, "{algorithm}");
+    // SHA3-512 both ways: a warp a message (a short batch), a thread a message.
+    for (warp_max, form) in [(WARP_HASH_MAX, HashForm::Warp), (0, HashForm::Thread)] {
+        gpu.warp_max = warp_max;
+        assert_eq!(gpu.hash_form(ALG_SHA3_512, refs.len() as u64), form);
+        for algorithm in Algorithm::ALL {
+            let want: Vec<Digest> = refs.iter().map(|i| algorithm.digest(i)).collect();
+            assert_eq!(gpu.hash(algorithm, &refs), want, "{algorithm}, {form:?}");
+        }
     }
+    assert_eq!(gpu.hash_form(0, 1), HashForm::Thread, "SHA-256 has no warp kernel");
     assert!(gpu.failure().is_none(), "{:?}", gpu.failure());
 }
 
@@ -355,7 +370,8 @@ fn gpu_rebuilds_batches_of_several_pieces() {
     assert!(gpu.failure().is_none(), "{:?}", gpu.failure());
 }
 
-/// The kernels' SHA3-512 and SHA-256, built for the host with the system's
+/// The kernels' SHA3-512 (a thread a message and a warp a message) and
+/// SHA-256, built for the host with the system's
 /// C++ compiler (`host_check.cpp`), equal `tessera_checksum` for every
 /// length from 0 to 600 bytes and random ones up to 70,000, with the
 /// leaves' 5-byte prefix, the inner nodes' 1-byte prefix and none. This
@@ -376,7 +392,17 @@ fn host_hashes_equal_the_reference() {
             1 => (5, (rng.gen_range(0..256u64)) << 8),
             _ => (1, 0x01),
         };
-        for (number, algorithm) in [(0u32, Algorithm::Sha256), (1, Algorithm::Sha3_512)] {
+        // The warp formulation (2) runs 32 lanes' steps one after the
+        // other here: every short message, an eighth of the long ones.
+        let warp = i < 601 || i % 8 == 0;
+        for (number, algorithm) in [
+            (0u32, Algorithm::Sha256),
+            (1, Algorithm::Sha3_512),
+            (2, Algorithm::Sha3_512),
+        ] {
+            if number == 2 && !warp {
+                continue;
+            }
             input.extend_from_slice(&number.to_le_bytes());
             input.extend_from_slice(&plen.to_le_bytes());
             input.extend_from_slice(&prefix.to_le_bytes());
@@ -387,7 +413,7 @@ fn host_hashes_equal_the_reference() {
             let digest = algorithm.digest(&message);
             let mut out = [0u8; 64];
             out[..digest.as_bytes().len()].copy_from_slice(digest.as_bytes());
-            expected.push((i, algorithm, out.iter().map(|b| format!("{b:02x}")).collect::<String>()));
+            expected.push((i, number, out.iter().map(|b| format!("{b:02x}")).collect::<String>()));
         }
     }
     // Both ways of rotating the permutation's lanes (kernels.cu, KECCAK_ROT).
@@ -415,8 +441,11 @@ fn host_hashes_equal_the_reference() {
         assert!(output.status.success(), "host_check: {:?}", output.status);
         let lines: Vec<&str> = std::str::from_utf8(&output.stdout).expect("hex").lines().collect();
         assert_eq!(lines.len(), expected.len());
-        for (line, (i, algorithm, want)) in lines.iter().zip(&expected) {
-            assert_eq!(line, want, "KECCAK_ROT={rot}: message {i}, {algorithm:?}");
+        for (line, (i, number, want)) in lines.iter().zip(&expected) {
+            assert_eq!(
+                line, want,
+                "KECCAK_ROT={rot}: message {i}, algorithm {number} (host_check.cpp)"
+            );
         }
     }
     std::fs::remove_dir_all(&dir).ok();
