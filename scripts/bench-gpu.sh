@@ -48,18 +48,19 @@ fi
 # buffers as before the allocator seam; "spin" has threads waiting for the
 # GPU spin on their cores (TESSERA_CUDA_SPIN=1) rather than sleep; "thread"
 # hashes SHA3-512 a thread a message however few (TESSERA_CUDA_WARP_MAX=0),
-# "warpmax=N" a warp a message in launches of at most N;
+# "warpmax=N" a warp a message in launches of at most N, "hashlanes=N"
+# N hash batches in flight (TESSERA_ACCEL_HASH_LANES);
 # "auto" measures the shape as the array opens and says what it chose.
 runs=${ARRAY_RUNS:-cpu:crc32c cpu:sha3-512 cuda:sha3-512 cuda:sha3-512:packed auto:sha3-512 auto:crc32c}
 has array && for run in $runs; do
     set -- $(echo "$run" | tr : ' ')
-    pinned= spin= warp=
+    pinned= spin= warp= hashlanes=
     [ "${3:-}" = packed ] && pinned=0
     [ "${3:-}" = spin ] && spin=1
     [ "${3:-}" = thread ] && warp=0
-    case "${3:-}" in warpmax=*) warp=${3#warpmax=} ;; esac
+    case "${3:-}" in warpmax=*) warp=${3#warpmax=} ;; hashlanes=*) hashlanes=${3#hashlanes=} ;; esac
     echo "== bench array 92+8, --accel $1 --checksum $2 ${3:-}"
-    TESSERA_CUDA_PINNED_MAX=$pinned TESSERA_CUDA_SPIN=$spin TESSERA_CUDA_WARP_MAX=$warp tessera bench array --data 92 --parity 8 --devices 100 --device-size 256M --chunk-size 64K \
+    TESSERA_CUDA_PINNED_MAX=$pinned TESSERA_CUDA_SPIN=$spin TESSERA_CUDA_WARP_MAX=$warp TESSERA_ACCEL_HASH_LANES=$hashlanes tessera bench array --data 92 --parity 8 --devices 100 --device-size 256M --chunk-size 64K \
         --checksum "$2" --accel "$1" --members "$work" --threads 4 --queue-depth 4 --bytes "$bytes" --block-size 1M --flush-every 16
 done
 # The engine alone on the CPU (members in memory): how one array's writes

@@ -41,13 +41,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use tessera_checksum::{Algorithm, Digest};
 
-/// Batches in flight at once when the environment names no other number.
-/// A GPU batch of a few stripes takes as long as one thread hashing one
+/// Seal batches in flight at once when the environment names no other
+/// number (hash batches: [`DEFAULT_HASH_LANES`]). A GPU batch of a few stripes takes as long as one thread hashing one
 /// 64 KiB chunk (milliseconds) whatever its size, and batches in flight
 /// run side by side on the GPU. On an H200, 92+8 writes with SHA3-512 ran
 /// at 0.50 GB/s unbatched, 0.81 with two in flight, 1.15 with four and
 /// 1.17 with eight (at 30% more CPU).
 pub const DEFAULT_LANES: usize = 4;
+
+/// Hash batches in flight at once by default in front of a GPU. A hash
+/// launch takes as long as one 64 KiB SHA3-512 (2.4 ms on an H200, a warp
+/// a message) however few messages it holds, so with 16 client writes in
+/// flight and four lanes a write waited for a lane as long as for its own
+/// hashes: on an H200, a write's p50 went from 4.7-5.4 ms with four to
+/// 3.3 ms with eight (docs/PERFORMANCE.md, issue 28 part 4). With sixteen
+/// it was no shorter and the array wrote slower (the GPU backend's 16
+/// staging slots: 4 seal batches take up to 2 each, a hash batch one).
+pub const DEFAULT_HASH_LANES: usize = 8;
 
 /// Input bytes a batch takes at most, by default: 64 MiB is about 1 ms of
 /// PCIe and 5-10 ms of packing, which bounds what a request waits for.
@@ -186,7 +196,8 @@ impl Drop for Pending<'_> {
 /// A backend whose concurrent seals and hashes are merged into batches.
 pub struct Batching {
     inner: Arc<dyn Accelerator>,
-    lanes: usize,
+    /// Batches in flight at most, by class (seals, hashes).
+    lanes: [usize; 2],
     max_bytes: usize,
     state: Mutex<State>,
     answered: Condvar,
@@ -200,13 +211,19 @@ impl Batching {
     pub fn new(inner: Arc<dyn Accelerator>, lanes: usize, max_bytes: usize) -> Batching {
         Batching {
             inner,
-            lanes: lanes.max(1),
+            lanes: [lanes.max(1); 2],
             max_bytes: max_bytes.max(1),
             state: Mutex::new(State::default()),
             answered: Condvar::new(),
             calls: AtomicU64::new(0),
             batches: AtomicU64::new(0),
         }
+    }
+
+    /// The same with `lanes` hash batches in flight at most (seals keep theirs).
+    pub fn with_hash_lanes(mut self, lanes: usize) -> Batching {
+        self.lanes[1] = lanes.max(1);
+        self
     }
 
     /// Requests taken so far, and the backend calls they were merged into.
@@ -265,10 +282,10 @@ impl Batching {
 
     /// Where in the queue the oldest request whose class has a free lane is.
     fn runnable(&self, state: &State) -> Option<usize> {
-        state
-            .queue
-            .iter()
-            .position(|r| state.running[r.work.key().class()] < self.lanes)
+        state.queue.iter().position(|r| {
+            let class = r.work.key().class();
+            state.running[class] < self.lanes[class]
+        })
     }
 
     /// The request at `at` and the queued ones of its kind, up to
@@ -798,5 +815,66 @@ mod tests {
             assert_eq!(digests, vec![Algorithm::Sha256.digest(b"write")]);
             sealer.join().unwrap().unwrap();
         });
+    }
+    /// A backend whose hashes wait (up to 5 s) until two run at once.
+    #[derive(Default)]
+    struct Pair {
+        state: Mutex<(usize, usize)>, // (running, most at once)
+        changed: std::sync::Condvar,
+    }
+
+    impl Accelerator for Pair {
+        fn name(&self) -> &str {
+            "pair"
+        }
+        fn seal(&self, _: &Shape, _: &mut [SealJob<'_>]) -> Result<Vec<Leaves>, AccelError> {
+            unreachable!()
+        }
+        fn reconstruct(&self, _: &Shape, _: &mut [ReconstructJob<'_>]) -> Result<Vec<Leaves>, AccelError> {
+            unreachable!()
+        }
+        fn decode(&self, _: &Shape, _: &mut [ReconstructJob<'_>]) -> Result<(), AccelError> {
+            unreachable!()
+        }
+        fn hash(&self, algorithm: Algorithm, inputs: &[&[u8]]) -> Vec<Digest> {
+            let mut state = self.state.lock().unwrap();
+            state.0 += 1;
+            state.1 = state.1.max(state.0);
+            self.changed.notify_all();
+            let (mut state, _) = self
+                .changed
+                .wait_timeout_while(state, Duration::from_secs(5), |s| s.1 < 2)
+                .unwrap();
+            state.0 -= 1;
+            inputs.iter().map(|i| algorithm.digest(i)).collect()
+        }
+        fn work(&self) -> Work {
+            Work::default()
+        }
+    }
+
+    #[test]
+    fn hashes_have_lanes_of_their_own_number() {
+        // One seal lane, two hash lanes: a write's hashes asked for while
+        // another write's run go to the backend beside them (on a GPU, a
+        // hash launch takes milliseconds however small).
+        let pair = Arc::new(Pair::default());
+        let batching = Batching::new(pair.clone(), 1, DEFAULT_MAX_BYTES).with_hash_lanes(2);
+        std::thread::scope(|scope| {
+            let first = scope.spawn(|| batching.hash(Algorithm::Sha256, &[b"first"]));
+            let state = pair.state.lock().unwrap();
+            let state = pair
+                .changed
+                .wait_timeout_while(state, Duration::from_secs(5), |s| s.0 == 0)
+                .unwrap()
+                .0;
+            assert_eq!(state.0, 1, "the first hash started");
+            drop(state);
+            let second = batching.hash(Algorithm::Sha256, &[b"second"]);
+            assert_eq!(second, vec![Algorithm::Sha256.digest(b"second")]);
+            assert_eq!(first.join().unwrap(), vec![Algorithm::Sha256.digest(b"first")]);
+        });
+        assert_eq!(pair.state.lock().unwrap().1, 2, "two hash batches ran at once");
+        assert_eq!(batching.merged(), (2, 2));
     }
 }

@@ -275,7 +275,10 @@ impl std::fmt::Display for Kind {
 /// and hashes many client threads ask for at once reach it as a few large
 /// batches. `TESSERA_ACCEL_BATCH` overrides that, for measurements and
 /// tests: `off` (or `0`) never batches, a number N batches every backend,
-/// the CPU's included, with N batches in flight.
+/// the CPU's included, with N batches in flight of each class (seals,
+/// hashes); `TESSERA_ACCEL_HASH_LANES` sets the hash batches in flight
+/// apart. A GPU's default is [`batch::DEFAULT_LANES`] seal batches and
+/// [`batch::DEFAULT_HASH_LANES`] hash batches.
 pub fn select(kind: Kind) -> Result<Arc<dyn Accelerator>, AccelError> {
     let threads = cpu::default_threads();
     let (backend, gpu): (Arc<dyn Accelerator>, bool) = match kind {
@@ -305,8 +308,20 @@ pub fn select(kind: Kind) -> Result<Arc<dyn Accelerator>, AccelError> {
         })?),
         _ => gpu.then_some(batch::DEFAULT_LANES),
     };
+    // Hash lanes: the environment's, else the GPU's default unless
+    // TESSERA_ACCEL_BATCH named a number for both classes.
+    let hash_lanes = match std::env::var("TESSERA_ACCEL_HASH_LANES") {
+        Ok(v) if !v.is_empty() => Some(v.parse::<usize>().map_err(|_| AccelError::Unavailable {
+            name: "batch".to_string(),
+            why: format!("TESSERA_ACCEL_HASH_LANES is '{v}': use a number of hash batches in flight"),
+        })?),
+        _ if std::env::var("TESSERA_ACCEL_BATCH").is_ok_and(|v| !v.is_empty()) => None,
+        _ => gpu.then_some(batch::DEFAULT_HASH_LANES),
+    };
     Ok(match lanes {
-        Some(lanes) => Arc::new(batch::Batching::new(backend, lanes, batch::DEFAULT_MAX_BYTES)),
+        Some(lanes) => Arc::new(
+            batch::Batching::new(backend, lanes, batch::DEFAULT_MAX_BYTES).with_hash_lanes(hash_lanes.unwrap_or(lanes)),
+        ),
         None => backend,
     })
 }

@@ -64,9 +64,11 @@ pub const KERNELS: &str = include_str!("kernels.cu");
 pub const PIECE_BYTES: usize = 256 << 20;
 
 /// Staging slots (a stream and its pinned and device buffers each, grown
-/// on first use). A call of one piece takes one, of several two; the
-/// batches in front of the backend (`batch::Batching`, at most
-/// `SLOTS / 2` in flight, each smaller than a piece) never wait for one.
+/// on first use). A seal or rebuild call of one piece takes one, of
+/// several two; a hash call one. The batches in front of the backend
+/// (`batch::Batching`: 4 seal batches and 8 hash batches in flight by
+/// default, each smaller than a piece) take 16 at most, so they never
+/// wait for one.
 pub const SLOTS: usize = 16;
 
 /// Under [`Policy::Auto`], batches with fewer data bytes than this run on
