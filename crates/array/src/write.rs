@@ -943,13 +943,20 @@ impl Shared {
         if room(self) {
             return Ok(());
         }
-        self.seal_awaited_user_stripes()?;
-        let drained = self.index().slots.draining_sequence_max();
-        if let Some(sequence) = drained {
-            self.sync_through(sequence)?;
-            if room(self) {
-                return Ok(());
+        // Emptied slots that wait for open user stripes (a write in one
+        // superseded their blocks), or for a sync, are freed by sealing
+        // those and syncing: writers that need room fill no stripe.
+        let drain = || -> Result<Option<u64>, ArrayError> {
+            self.seal_awaited_user_stripes()?;
+            let drained = self.index().slots.draining_sequence_max();
+            if let Some(sequence) = drained {
+                self.sync_through(sequence)?;
             }
+            Ok(drained)
+        };
+        let drained = drain()?;
+        if drained.is_some() && room(self) {
+            return Ok(());
         }
         let outside = {
             let index = self.index();
@@ -972,6 +979,14 @@ impl Shared {
                 after_checkpoint();
                 if room(self) {
                     return Ok(true);
+                }
+                // Victims a write superseded blocks of drain only once the
+                // user stripe holding the write is sealed (see `drain`).
+                if emptied.is_some_and(|n| n > 0) {
+                    drain()?;
+                    if room(self) {
+                        return Ok(true);
+                    }
                 }
                 if emptied == Some(0) {
                     break;

@@ -14,6 +14,14 @@
 //! not fit, drops it: every free slot becomes usable and recovery scans
 //! them all until the next checkpoint (`checkpoints_forced`,
 //! `checkpoints_dropped` in the status).
+//!
+//! It later failed about once in 35 to 200 rounds: collection's victims
+//! in the window, emptied, waited for user stripes that other writers'
+//! overwrites left open (see `drain_emptied`), so no slot came free,
+//! and the writer ran out of victims and was refused. The writer now
+//! seals those stripes after each round of collection that empties
+//! slots, as it did once before collecting. `TESSERA_SPACE_ROUNDS=N`
+//! runs more rounds.
 
 mod common;
 use common::{create_options, named, open_list};
@@ -28,7 +36,11 @@ const ROUNDS: u64 = 20;
 #[test]
 fn random_overwrites_of_a_full_array_after_a_restart_never_run_out_of_space() {
     let (mut forced, mut dropped) = (0, 0);
-    for round in 0..ROUNDS {
+    let rounds = std::env::var("TESSERA_SPACE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(ROUNDS);
+    for round in 0..rounds {
         let devices: Vec<Arc<MemoryDevice>> = (0..10).map(|_| Arc::new(MemoryDevice::new(64 << 20))).collect();
         let array =
             tessera_array::create_with(named(&devices), &create_options(8, 2), EngineOptions::default()).unwrap();
@@ -91,7 +103,7 @@ fn random_overwrites_of_a_full_array_after_a_restart_never_run_out_of_space() {
         forced += status.checkpoints_forced;
         dropped += status.checkpoints_dropped;
     }
-    eprintln!("{ROUNDS} rounds: {forced} checkpoints forced for room, {dropped} dropped");
+    eprintln!("{rounds} rounds: {forced} checkpoints forced for room, {dropped} dropped");
 }
 
 /// The byte each block holds, checking that each holds the fill (7) or
