@@ -23,6 +23,12 @@ const _: () = {
 /// stream's open stripe, one to seal it into while its victims drain.
 pub const GC_RESERVE_SLOTS: usize = 2;
 
+/// Times a writer that needs a slot goes through `make_room` while
+/// stripes are still being sealed (others write, so the array is not
+/// wedged) before it is refused: the slots its collection freed may have
+/// been taken by other writers first.
+pub const MAKE_ROOM_TRIES: usize = 8;
+
 /// User stripes open at once, each filled by the writers that find it
 /// free: copying a request's bytes in and mapping them happen under the
 /// open stripe's lock, so one open stripe serialized every writer (on 16

@@ -20,8 +20,11 @@
 //! overwrites left open (see `drain_emptied`), so no slot came free,
 //! and the writer ran out of victims and was refused. The writer now
 //! seals those stripes after each round of collection that empties
-//! slots, as it did once before collecting. `TESSERA_SPACE_ROUNDS=N`
-//! runs more rounds.
+//! slots, as it did once before collecting. With that, a writer was
+//! still refused once in 7 rounds of a loop: the slots its rounds freed
+//! were taken by the other seven, and no victim was left. A writer now
+//! tries again while stripes are being sealed (`MAKE_ROOM_TRIES`).
+//! `TESSERA_SPACE_ROUNDS=N` runs more rounds.
 
 mod common;
 use common::{create_options, named, open_list};
