@@ -234,6 +234,44 @@ static __device__ __forceinline__ void keccak_f(u64 a[25]) {
     keccak_rounds<KECCAK_ROT>(a);
 }
 
+// Where SHA3-512's 72-byte blocks of a message lie: blocks [first, end)
+// lie wholly in the body (block b starts at body offset 72b - plen), read
+// as aligned words from `w` shifted right by `shift` bits; the others
+// (the one holding the prefix, the last ones with the padding) through
+// the general reader (`sha3_edge_word`).
+struct Sha3Blocks {
+    u64 total, blocks, first, end;
+    u32 shift;
+    const u64* w;
+};
+
+static __device__ __forceinline__ Sha3Blocks sha3_blocks(const Message& m) {
+    const u64 rate = 72;
+    Sha3Blocks p;
+    p.total = m.plen + m.n;
+    p.blocks = p.total / rate + 1;
+    p.first = m.plen == 0 ? 0 : 1;
+    p.end = p.total / rate;
+    if (p.end < p.first) p.end = p.first;
+    u64 x = p.first * rate - m.plen;
+    p.shift = (u32)(x & 7) * 8;
+    p.w = (const u64*)(m.body + (x & ~(u64)7));
+    return p;
+}
+
+// Word i of block `block` by the general reader, with SHA3's padding
+// (0x06 after the message, 0x80 in the rate's last byte) in the last.
+static __device__ __forceinline__ u64 sha3_edge_word(const Message& m, const Sha3Blocks& p, u64 block, u32 i) {
+    u64 base = block * 72;
+    u64 v = message_le64(m, base + 8 * i);
+    if (block + 1 == p.blocks) {
+        u64 pad = p.total - base;  // where the padding starts
+        if (pad / 8 == i) v ^= 0x06ull << (8 * (pad % 8));
+        if (i == 8) v ^= 0x80ull << 56;
+    }
+    return v;
+}
+
 // SHA3-512 of the message; the digest's 64 bytes as 8 little-endian words.
 //
 // The blocks that lie wholly in the body are read as aligned words: a
@@ -246,22 +284,15 @@ static __device__ __forceinline__ void keccak_f(u64 a[25]) {
 // general reader. The permutation has one call site, so it is inlined
 // once.
 static __device__ void sha3_512(const Message& m, u64 out[8]) {
-    const u64 rate = 72;
     u64 a[25];
 #pragma unroll
     for (int i = 0; i < 25; i++) a[i] = 0;
-    u64 total = m.plen + m.n;
-    u64 blocks = total / rate + 1;
-    // Blocks [first, end) are whole in the body.
-    u64 first = m.plen == 0 ? 0 : 1;
-    u64 end = total / rate;
-    if (end < first) end = first;
-    u64 x = first * rate - m.plen;
-    u32 shift = (u32)(x & 7) * 8;
-    const u64* w = (const u64*)(m.body + (x & ~(u64)7));
-    u64 next = first < end && shift != 0 ? __ldg(w) : 0;
-    for (u64 block = 0; block < blocks; block++) {
-        if (block >= first && block < end) {
+    Sha3Blocks p = sha3_blocks(m);
+    const u32 shift = p.shift;
+    const u64* w = p.w;
+    u64 next = p.first < p.end && shift != 0 ? __ldg(w) : 0;
+    for (u64 block = 0; block < p.blocks; block++) {
+        if (block >= p.first && block < p.end) {
             if (shift == 0) {
 #pragma unroll
                 for (u32 i = 0; i < 9; i++) a[i] ^= __ldg(w + i);
@@ -276,18 +307,8 @@ static __device__ void sha3_512(const Message& m, u64 out[8]) {
             }
             w += 9;
         } else {
-            u64 base = block * rate;
-            bool last = block + 1 == blocks;
 #pragma unroll
-            for (u32 i = 0; i < 9; i++) {
-                u64 v = message_le64(m, base + 8 * i);
-                if (last) {
-                    u64 pad = total - base;  // where the padding starts
-                    if (pad / 8 == i) v ^= 0x06ull << (8 * (pad % 8));
-                    if (i == 8) v ^= 0x80ull << 56;
-                }
-                a[i] ^= v;
-            }
+            for (u32 i = 0; i < 9; i++) a[i] ^= sha3_edge_word(m, p, block, i);
         }
         keccak_f(a);
     }
@@ -430,20 +451,14 @@ static __device__ __forceinline__ void keccak_warp(Lanes& a, const KeccakLanes& 
 // wholly in the body, the general reader at the edges; lane t < 9 reads
 // the block's word t.
 static __device__ void sha3_512_warp(const Message& m, u64* out) {
-    const u64 rate = 72;
     KeccakLanes k = keccak_lanes();
     Lanes a = lanes([](u32) -> u64 { return 0; });
-    u64 total = m.plen + m.n;
-    u64 blocks = total / rate + 1;
-    u64 first = m.plen == 0 ? 0 : 1;
-    u64 end = total / rate;
-    if (end < first) end = first;
-    u64 x = first * rate - m.plen;
-    u32 shift = (u32)(x & 7) * 8;
-    const u64* w = (const u64*)(m.body + (x & ~(u64)7));
-    for (u64 block = 0; block < blocks; block++) {
+    Sha3Blocks p = sha3_blocks(m);
+    const u32 shift = p.shift;
+    const u64* w = p.w;
+    for (u64 block = 0; block < p.blocks; block++) {
         Lanes word;
-        if (block >= first && block < end) {
+        if (block >= p.first && block < p.end) {
             word = lanes([&](u32 t) -> u64 {
                 if (t >= 9) return 0;
                 u64 low = __ldg(w + t);
@@ -451,18 +466,7 @@ static __device__ void sha3_512_warp(const Message& m, u64* out) {
             });
             w += 9;
         } else {
-            u64 base = block * rate;
-            bool last = block + 1 == blocks;
-            word = lanes([&](u32 t) -> u64 {
-                if (t >= 9) return 0;
-                u64 v = message_le64(m, base + 8 * t);
-                if (last) {
-                    u64 pad = total - base;
-                    if (pad / 8 == t) v ^= 0x06ull << (8 * (pad % 8));
-                    if (t == 8) v ^= 0x80ull << 56;
-                }
-                return v;
-            });
+            word = lanes([&](u32 t) -> u64 { return t < 9 ? sha3_edge_word(m, p, block, t) : 0; });
         }
         a = a ^ word;
         keccak_warp(a, k);
