@@ -936,8 +936,9 @@ impl Shared {
     /// NoSpace if none of that frees a slot, tried again while stripes are
     /// sealed meanwhile (`MAKE_ROOM_TRIES`): writers race for the slots
     /// collection frees, and on a nearly full array of eight random
-    /// overwriters (`tests/space.rs`) one lost every slot its round freed
-    /// to the others about once in a few hundred rounds.
+    /// overwriters (`tests/space.rs`, looped) one lost every slot its
+    /// rounds freed to the other seven and was refused (round 7 of a loop;
+    /// with the retries, 300 rounds were refused nothing).
     fn make_room(&self, claim: Claim) -> Result<(), ArrayError> {
         let mut sealed = self.tracker.last_sequence();
         for _ in 1..crate::limits::MAKE_ROOM_TRIES {
