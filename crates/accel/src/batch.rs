@@ -42,8 +42,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use tessera_checksum::{Algorithm, Digest};
 
 /// Seal batches in flight at once when the environment names no other
-/// number (hash batches: [`DEFAULT_HASH_LANES`]). A GPU batch of a few stripes takes as long as one thread hashing one
-/// 64 KiB chunk (milliseconds) whatever its size, and batches in flight
+/// number (hash batches: [`DEFAULT_HASH_LANES`]). A GPU batch of a few
+/// stripes takes as long as one thread hashing one 64 KiB chunk
+/// (milliseconds) whatever its size, and batches in flight
 /// run side by side on the GPU. On an H200, 92+8 writes with SHA3-512 ran
 /// at 0.50 GB/s unbatched, 0.81 with two in flight, 1.15 with four and
 /// 1.17 with eight (at 30% more CPU).
@@ -816,6 +817,7 @@ mod tests {
             sealer.join().unwrap().unwrap();
         });
     }
+
     /// A backend whose hashes wait (up to 5 s) until two run at once.
     #[derive(Default)]
     struct Pair {
