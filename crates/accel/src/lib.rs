@@ -300,30 +300,39 @@ pub fn select(kind: Kind) -> Result<Arc<dyn Accelerator>, AccelError> {
         #[cfg(not(feature = "cuda"))]
         Kind::Auto => (Arc::new(cpu::Cpu::new(threads)), false),
     };
-    let lanes = match std::env::var("TESSERA_ACCEL_BATCH") {
-        Ok(v) if v == "off" || v == "0" => None,
-        Ok(v) if !v.is_empty() => Some(v.parse::<usize>().map_err(|_| AccelError::Unavailable {
-            name: "batch".to_string(),
-            why: format!("TESSERA_ACCEL_BATCH is '{v}': use off or a number of batches in flight"),
-        })?),
-        _ => gpu.then_some(batch::DEFAULT_LANES),
+    // Seal lanes (and hash lanes) from TESSERA_ACCEL_BATCH, or a GPU's
+    // defaults; hash lanes from TESSERA_ACCEL_HASH_LANES above all.
+    let batch = lanes_from_env("TESSERA_ACCEL_BATCH")?;
+    let lanes = match batch {
+        Some(0) => None,
+        Some(lanes) => Some(lanes),
+        None => gpu.then_some(batch::DEFAULT_LANES),
     };
-    // Hash lanes: the environment's, else the GPU's default unless
-    // TESSERA_ACCEL_BATCH named a number for both classes.
-    let hash_lanes = match std::env::var("TESSERA_ACCEL_HASH_LANES") {
-        Ok(v) if !v.is_empty() => Some(v.parse::<usize>().map_err(|_| AccelError::Unavailable {
-            name: "batch".to_string(),
-            why: format!("TESSERA_ACCEL_HASH_LANES is '{v}': use a number of hash batches in flight"),
-        })?),
-        _ if std::env::var("TESSERA_ACCEL_BATCH").is_ok_and(|v| !v.is_empty()) => None,
-        _ => gpu.then_some(batch::DEFAULT_HASH_LANES),
-    };
+    let hash_lanes = lanes_from_env("TESSERA_ACCEL_HASH_LANES")?;
     Ok(match lanes {
-        Some(lanes) => Arc::new(
-            batch::Batching::new(backend, lanes, batch::DEFAULT_MAX_BYTES).with_hash_lanes(hash_lanes.unwrap_or(lanes)),
-        ),
+        Some(lanes) => {
+            let hash_lanes = hash_lanes.unwrap_or(if batch.is_some() {
+                lanes
+            } else {
+                batch::DEFAULT_HASH_LANES
+            });
+            Arc::new(batch::Batching::new(backend, lanes, batch::DEFAULT_MAX_BYTES).with_hash_lanes(hash_lanes))
+        }
         None => backend,
     })
+}
+
+/// Batches in flight that `variable` names: `None` where it is unset or
+/// empty, 0 for `off`.
+fn lanes_from_env(variable: &str) -> Result<Option<usize>, AccelError> {
+    match std::env::var(variable) {
+        Ok(v) if v == "off" => Ok(Some(0)),
+        Ok(v) if !v.is_empty() => v.parse().map(Some).map_err(|_| AccelError::Unavailable {
+            name: "batch".to_string(),
+            why: format!("{variable} is '{v}': use off or a number of batches in flight"),
+        }),
+        _ => Ok(None),
+    }
 }
 
 /// Seal jobs over stripes laid end to end in `stripes`, each its K data

@@ -76,31 +76,22 @@ impl Shared {
         let block = BLOCK_BYTES as u64;
         let (first, end) = (offset / block, (offset + len).div_ceil(block));
         let mut pinned = Pinned::new(&self.pins);
-        // (A sequence of `None`: in a slot page not read yet.)
-        let mut stripes: Vec<(u64, Option<u64>)> = Vec::new();
+        let mut stripes: Vec<u64> = Vec::new();
         self.with_pages(&[(first, end)], |index| {
             for (_, mapping) in index.map.overlapping(first, end) {
                 if let Target::Data { extent, .. } = &mapping.target {
-                    let fresh = !stripes.iter().any(|&(slot, _)| slot == extent.slot);
-                    let sequence = match where_is(index, extent.slot) {
-                        Where::Members { sequence } => Some(Some(sequence)),
-                        Where::Unread => Some(None),
-                        _ => None,
-                    };
-                    if let Some(sequence) = sequence.filter(|_| fresh && !self.data_readable(extent.slot)) {
+                    let on_members = matches!(where_is(index, extent.slot), Where::Members { .. } | Where::Unread);
+                    if on_members && !stripes.contains(&extent.slot) && !self.data_readable(extent.slot) {
                         pinned.add(extent.slot);
-                        stripes.push((extent.slot, sequence));
+                        stripes.push(extent.slot);
                     }
                 }
             }
         })?;
         // More than the cache holds would push out the first ones rebuilt.
-        for &(slot, sequence) in stripes.iter().take(self.cache.capacity()) {
-            let sequence = match sequence {
-                Some(sequence) => sequence,
-                None => self.slot_sequence(slot)?,
-            };
-            self.rebuilt_area(slot, sequence)?;
+        // (A pinned slot is not taken again, so its sequence holds.)
+        for &slot in stripes.iter().take(self.cache.capacity()) {
+            self.rebuilt_area(slot, self.slot_sequence(slot)?)?;
         }
         Ok(())
     }
