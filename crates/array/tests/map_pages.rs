@@ -683,7 +683,10 @@ fn opening_after_a_clean_stop_leaves_slot_pages_for_later() {
     // (their sequences read from the pages).
     array.prefetch(0, 18_000 * BLOCK).unwrap();
     let prefetched = array.status().unwrap().slot_pages_unread;
-    assert!(prefetched < unread, "{prefetched} of {unread} slot pages unread after a prefetch");
+    assert!(
+        prefetched < unread,
+        "{prefetched} of {unread} slot pages unread after a prefetch"
+    );
     // 16 blocks a read: most of each stripe read, so each is rebuilt whole.
     let mut run = vec![0u8; 16 * BLOCK as usize];
     for first in (0..18_000u64).step_by(16) {
