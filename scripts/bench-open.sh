@@ -9,7 +9,12 @@
 # more `status`. Builds alternate for each size; each array is made by
 # the build that opens it (the format may differ).
 #
-#   OLD=path/to/old/tessera [TESSERA=path/to/new] scripts/bench-open.sh [SIZE ...]   (default: 2G 8G)
+# With KILL=1 the server is killed (kill -9) after the fill, which
+# nbdcopy FLUSHes, instead of stopped; each timed opening then opens a
+# fresh sparse copy of the killed array (an opening leaves a checkpoint
+# behind it, so the next one would be after a clean stop).
+#
+#   [KILL=1] OLD=path/to/old/tessera [TESSERA=path/to/new] scripts/bench-open.sh [SIZE ...]   (default: 2G 8G)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -gt 0 ]; then sizes=("$@"); else sizes=(2G 8G); fi
@@ -27,15 +32,31 @@ for size in "${sizes[@]}"; do
       source scripts/bench-lib.sh
       "$TESSERA" create --data 8 --parity 2 --dir "$work/array" --devices 10 --device-size 8G --chunk-size 4K >/dev/null
       serve
-      nbdcopy --connections=4 --requests=64 -- [ nbdkit pattern size="$size" ] "nbd+unix:///tessera?socket=$work/s.sock"
-      stop_server
+      nbdcopy --flush --connections=4 --requests=64 -- [ nbdkit pattern size="$size" ] "nbd+unix:///tessera?socket=$work/s.sock"
+      # A fresh copy of the killed array, for an opening after kill -9.
+      fresh() {
+        if [ "${KILL:-0}" = 1 ]; then
+          rm -rf "$work/array"
+          cp -a --sparse=always "$work/killed" "$work/array"
+          sync
+        fi
+      }
+      if [ "${KILL:-0}" = 1 ]; then
+        kill_server
+        mv "$work/array" "$work/killed"
+      else
+        stop_server
+      fi
+      fresh
       "$TESSERA" status "$work/array" --json >/dev/null
       runs=""
       for _ in 1 2 3 4 5; do
+        fresh
         runs="$runs $("$TESSERA" status "$work/array" --json | json_expr "'%s/%s/%s/%s' % (j['recovery']['milliseconds'], j['recovery'].get('slot_pages_deferred', '-'), j['recovery'].get('slot_pages', '-'), j['stripes_used'])")"
       done
+      fresh
       peak=$(/usr/bin/time -f %M "$TESSERA" status "$work/array" --json 2>&1 >/dev/null | tail -1)
-      echo "${build%%=*} $size: opening ms/slot pages left for later/named/slots used:$runs; status peak RSS $((peak / 1024)) MB"
+      echo "${build%%=*} $size$( [ "${KILL:-0}" = 1 ] && echo " (killed)"): opening ms/slot pages left for later/named/slots used:$runs; status peak RSS $((peak / 1024)) MB"
     )
   done
 done

@@ -32,7 +32,7 @@
 //! |---|---|
 //! | 0 | magic `TSRALIVE` |
 //! | 8 | version (1), u32 |
-//! | 12 | flags, u32: bit 0 closed |
+//! | 12 | flags, u32: bit 0 closed, bit 1 clean, bit 2 read the slot pages |
 //! | 16 | array UUID, 16 bytes |
 //! | 32 | opening id, u64 (random) |
 //! | 40 | sequence, u64 |
@@ -45,6 +45,14 @@
 //!
 //! Version 1 records (before the clean mark) had their CRC at 80; they are
 //! read as not clean.
+//!
+//! Bit 2 says that a slot table page an opening left for later could not
+//! be read (`slot_loader`): the next opening reads every page before it
+//! serves ([`pages_suspect`]), and scans every slot if one still fails.
+//! It is set while that is so, synced by the beat that first carries it;
+//! an opening carries the mark it found until its recovery is done.
+//! Binaries that predate the bit ignore it (they read every page after a
+//! crash anyway).
 //!
 //! Written with the member's direct I/O where it has it, without a sync:
 //! another process on the host sees it through the page cache, another
@@ -71,6 +79,7 @@ const MAGIC: [u8; 8] = *b"TSRALIVE";
 const VERSION: u32 = 2;
 const FLAG_CLOSED: u32 = 1;
 const FLAG_CLEAN: u32 = 2;
+const FLAG_READ_PAGES: u32 = 4;
 const CRC_OFFSET: usize = 88;
 const CRC_OFFSET_V1: usize = 80;
 
@@ -87,6 +96,8 @@ pub struct Record {
     /// Left by a clean stop: the sequence of the checkpoint it wrote last,
     /// with nothing written after it.
     pub clean_at: Option<u64>,
+    /// The next opening is to read every slot table page at once.
+    pub read_pages: bool,
 }
 
 impl Record {
@@ -94,7 +105,9 @@ impl Record {
         let mut s = AlignedBuf::zeroed(SECTOR_BYTES);
         s[0..8].copy_from_slice(&MAGIC);
         s[8..12].copy_from_slice(&VERSION.to_le_bytes());
-        let flags = if self.closed { FLAG_CLOSED } else { 0 } | if self.clean_at.is_some() { FLAG_CLEAN } else { 0 };
+        let flags = if self.closed { FLAG_CLOSED } else { 0 }
+            | if self.clean_at.is_some() { FLAG_CLEAN } else { 0 }
+            | if self.read_pages { FLAG_READ_PAGES } else { 0 };
         s[12..16].copy_from_slice(&flags.to_le_bytes());
         s[16..32].copy_from_slice(&self.array_uuid);
         s[32..40].copy_from_slice(&self.opening.to_le_bytes());
@@ -133,6 +146,7 @@ impl Record {
             unix_ms: u64_at(72),
             closed: flags & FLAG_CLOSED != 0,
             clean_at: (crc_at == CRC_OFFSET && flags & FLAG_CLEAN != 0).then(|| u64_at(80)),
+            read_pages: flags & FLAG_READ_PAGES != 0,
         })
     }
 }
@@ -216,6 +230,16 @@ pub fn clean_at(members: &[Arc<dyn Device>], array_uuid: [u8; 16]) -> Option<u64
     at
 }
 
+/// Whether a record of array `array_uuid` on any of `members` says that
+/// a slot table page left for later could not be read: then opening
+/// reads every page before it serves.
+pub fn pages_suspect(members: &[Arc<dyn Device>], array_uuid: [u8; 16]) -> bool {
+    members
+        .iter()
+        .filter_map(|device| read(device.as_ref()))
+        .any(|r| r.array_uuid == array_uuid && r.read_pages)
+}
+
 /// Refuses to go on if another opening of array `array_uuid` is alive on
 /// any of `members` (name, device): a record that is fresh on this host,
 /// or one whose sequence moves while it is watched for `watch`.
@@ -278,21 +302,27 @@ struct Beats {
     wake: Condvar,
     /// The members the array may write now.
     devices: Box<dyn Fn() -> Vec<Arc<dyn Device>> + Send + Sync>,
+    /// Whether the next opening is to read every slot table page.
+    read_pages: Box<dyn Fn() -> bool + Send + Sync>,
 }
 
 impl Beats {
     /// Advances the record (closed, or marked clean, as `change` says) and
-    /// writes it to every member; with `sync`, durably.
+    /// writes it to every member; with `sync`, durably, as it is when it
+    /// first carries the mark to read every slot page.
     fn beat(&self, change: impl FnOnce(&mut Record), sync: bool) {
-        let record = {
+        let read_pages = (self.read_pages)();
+        let (record, sync) = {
             let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
             let record = &mut state.1;
+            let sync = sync || (read_pages && !record.read_pages);
+            record.read_pages = read_pages;
             change(record);
             record.sequence += 1;
             record.unix_ms = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64);
-            record.clone()
+            (record.clone(), sync)
         };
         for device in (self.devices)() {
             // A member that fails this write fails its next data write
@@ -304,12 +334,14 @@ impl Beats {
 
 impl Heartbeat {
     /// Starts advancing the records of array `array_uuid` on the members
-    /// `devices` returns (those it may write now) every interval. The
-    /// first record, which clears a clean stop's mark, is synced before
-    /// this returns, so before the array writes anything.
+    /// `devices` returns (those it may write now) every interval, each
+    /// with the mark to read every slot page where `read_pages` says so.
+    /// The first record, which clears a clean stop's mark, is synced
+    /// before this returns, so before the array writes anything.
     pub fn start(
         array_uuid: [u8; 16],
         devices: impl Fn() -> Vec<Arc<dyn Device>> + Send + Sync + 'static,
+        read_pages: impl Fn() -> bool + Send + Sync + 'static,
     ) -> std::io::Result<Heartbeat> {
         let opening: u64 = rand::random();
         live_openings()
@@ -325,11 +357,13 @@ impl Heartbeat {
             unix_ms: 0,
             closed: false,
             clean_at: None,
+            read_pages: false,
         };
         let beats = Arc::new(Beats {
             state: Mutex::new((false, record)),
             wake: Condvar::new(),
             devices: Box::new(devices),
+            read_pages: Box::new(read_pages),
         });
         beats.beat(|_| {}, true);
         let shared = beats.clone();
@@ -402,6 +436,7 @@ mod tests {
             unix_ms: 1_700_000_000_000,
             closed: true,
             clean_at: Some(77),
+            read_pages: true,
         };
         let mut bytes = record.encode();
         assert_eq!(Record::decode(&bytes), Some(record));

@@ -535,18 +535,31 @@ impl Array {
             options,
             geometry,
         });
+        // The mark to read every slot page stays on the members while a
+        // page left for later is unreadable, and, where this opening
+        // found it, until its recovery (which reads them all) is done.
+        let recovering_suspect = Arc::new(std::sync::atomic::AtomicBool::new(
+            start == crate::recovery::Start::Suspect,
+        ));
         let heartbeat = {
-            let shared = shared.clone();
-            crate::activity::Heartbeat::start(shared.array_uuid, move || {
+            let (shared, marked) = (shared.clone(), shared.clone());
+            let recovering = recovering_suspect.clone();
+            let devices = move || {
                 shared
                     .writable_members()
                     .into_iter()
                     .filter_map(|m| shared.members.device(m))
                     .collect()
-            })
-            .map_err(|source| ArrayError::ThreadStart {
-                what: "activity thread",
-                source,
+            };
+            let array_uuid = marked.array_uuid;
+            let read_pages = move || {
+                recovering.load(std::sync::atomic::Ordering::Relaxed) || marked.index().slots.pages_unreadable()
+            };
+            crate::activity::Heartbeat::start(array_uuid, devices, read_pages).map_err(|source| {
+                ArrayError::ThreadStart {
+                    what: "activity thread",
+                    source,
+                }
             })?
         };
         let default = crate::volumes::open_volume(&shared, crate::volume::DEFAULT_VOLUME_NAME)?;
@@ -557,6 +570,7 @@ impl Array {
             heartbeat,
         };
         array.shared.recover(start)?;
+        recovering_suspect.store(false, std::sync::atomic::Ordering::Relaxed);
         {
             let r = array.shared.recovery.lock().unwrap_or_else(poisoned).clone();
             array.shared.events.record(crate::events::What::Opened {

@@ -1048,6 +1048,10 @@ pub struct Map {
     /// Pages emptied in memory whose image the directory may still name
     /// (until a checkpoint that wrote them is durable).
     emptied: BTreeSet<u64>,
+    /// The durable images of pages changed while their directory page
+    /// was not in memory (it may go while a clean page of it stays), for
+    /// `durable_image`, until a checkpoint publishes theirs.
+    replaced: BTreeMap<u64, Arc<PageImage>>,
     /// Entries in the resident pages.
     len: usize,
     /// What `Page::bytes` adds up to over the resident pages.
@@ -1060,6 +1064,19 @@ pub struct Map {
     snapshot: Mutex<Option<Snapshot>>,
     /// Ticks once per load or eviction: pages looked at since share a tick.
     clock: AtomicU64,
+}
+
+/// Keeps `image`, the durable image of page `p` that a change drops, where
+/// the directory page that names it is not in memory.
+fn keep_replaced(
+    replaced: &mut BTreeMap<u64, Arc<PageImage>>,
+    directory: &Directory,
+    p: u64,
+    image: Option<Arc<PageImage>>,
+) {
+    if let (Some(image), Lookup::NotInMemory(_)) = (image, directory.lookup(p)) {
+        replaced.insert(p, image);
+    }
 }
 
 /// The pages a checkpoint took and has not copied yet: a page is copied
@@ -1252,7 +1269,10 @@ impl Map {
         match self.directory.lookup(p) {
             Lookup::None => None,
             Lookup::Image(image) => Some(image),
-            Lookup::NotInMemory(dir) => panic!("directory page {dir} of changed page {p} not in memory"),
+            Lookup::NotInMemory(dir) => match self.replaced.get(&p) {
+                Some(image) => Some(image.clone()),
+                None => panic!("directory page {dir} of changed page {p} not in memory"),
+            },
         }
     }
 
@@ -1363,6 +1383,7 @@ impl Map {
             self.directory.publish(update.dir, update.old, update.new, busy);
         }
         for (p, image) in pages {
+            self.replaced.remove(p);
             if let Some(page) = self.pages.get_mut(p) {
                 if !self.dirty.contains(p) {
                     page.image = image.clone();
@@ -1400,9 +1421,20 @@ impl Map {
                 (page.used.load(Ordering::Relaxed), false, p)
             })
             .collect();
+        // A directory page stays while a page of it is changed: dirty, or
+        // taken by a checkpoint and not yet given its image (one that
+        // fails gives its pages back as dirty, and the next asks each
+        // for the image it replaces, `durable_image`).
+        let changed: std::collections::HashSet<u64> = self
+            .pages
+            .iter()
+            .filter(|(_, page)| page.image.is_none())
+            .map(|(&p, _)| directory::dir_of(p))
+            .collect();
         let busy = |d: u64| {
             let (from, to) = (d * MAP_DIRECTORY_PAGES, (d + 1) * MAP_DIRECTORY_PAGES);
             pinned_dir(d)
+                || changed.contains(&d)
                 || self.dirty.range(from..to).next().is_some()
                 || self.emptied.range(from..to).next().is_some()
         };
@@ -1558,7 +1590,7 @@ impl Map {
             let change = page.insert(base, (key, hi), version, &piece, rule, &mut gained, &mut lost);
             if gained.len() + lost.len() > changes {
                 self.dirty.insert(p);
-                page.image = None;
+                keep_replaced(&mut self.replaced, &self.directory, p, page.image.take());
             }
             self.len = self.len.checked_add_signed(change).expect("the map counts its entries");
             let after = if page.entries.is_empty() {
@@ -1610,7 +1642,7 @@ impl Map {
             }
             if to > from {
                 self.dirty.insert(p);
-                page.image = None;
+                keep_replaced(&mut self.replaced, &self.directory, p, page.image.take());
             }
             let removed: usize = gone.iter().map(Entry::arena_words).sum();
             page.words_referred -= removed;
@@ -2153,6 +2185,105 @@ mod tests {
     /// the record and version the model says, every record comes back
     /// with the checksums it went in with, and the deltas add up to what
     /// each record has mapped.
+    /// A page a checkpoint took (changed, its image not yet written) keeps
+    /// its directory page in memory through evictions: a checkpoint that
+    /// fails gives its pages back as changed, and the next one asks each
+    /// for the image it replaces. (The simulation, with a map cache of a
+    /// byte and faulty members, panicked in `durable_image` where the
+    /// directory page had been evicted meanwhile.)
+    #[test]
+    fn a_page_a_checkpoint_took_keeps_its_directory_page_through_evictions() {
+        use rand::SeedableRng;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let mut map = Map::default();
+        let mut write = |map: &mut Map, lba: u64, version: u64| {
+            let extent = random_extent(&mut rng, Algorithm::Crc32c, version, 0, 4);
+            map.insert(lba, 4, version, &Target::Data { extent, skip: 0 }, Rule::Always);
+        };
+        // Pages 0 and 1, both of directory page 0, made durable.
+        write(&mut map, 0, 1);
+        write(&mut map, MAP_PAGE_BLOCKS, 2);
+        let dirty = map.take_dirty();
+        let held: BTreeMap<u64, Arc<PageImage>> = dirty
+            .iter()
+            .map(|&p| {
+                let mut image = Vec::new();
+                assert!(map.encode_page(p, &mut image));
+                let image = PageImage {
+                    bytes: image.len() as u32,
+                    digest: Algorithm::Crc32c.digest(&image),
+                    pieces: Vec::new(),
+                };
+                (p, Arc::new(image))
+            })
+            .collect();
+        publish(&mut map, &BTreeMap::new(), &held, &dirty);
+        // Page 0 changes, a checkpoint takes it, and everything that may
+        // go is evicted meanwhile.
+        write(&mut map, 0, 3);
+        let taken = map.take_dirty();
+        assert_eq!(taken, BTreeSet::from([0]));
+        map.evict(0, &|_| false, &|_| false);
+        assert_eq!(map.page_count(), 1, "page 1 evicted, page 0 kept");
+        // The checkpoint fails: page 0 is changed again, its old image known.
+        map.mark_dirty(taken);
+        assert_eq!(map.durable_image(0), Some(held[&0].clone()));
+    }
+
+    /// A clean page whose directory page was evicted before it (the two
+    /// are evicted least recently used first, and a page in memory is
+    /// looked at without its directory page) still knows the image it
+    /// replaces once it changes.
+    #[test]
+    fn a_page_changed_after_its_directory_page_left_knows_its_durable_image() {
+        use rand::SeedableRng;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(6);
+        let mut map = Map::default();
+        let mut write = |map: &mut Map, lba: u64, version: u64| {
+            let extent = random_extent(&mut rng, Algorithm::Crc32c, version, 0, 4);
+            map.insert(lba, 4, version, &Target::Data { extent, skip: 0 }, Rule::Always);
+        };
+        write(&mut map, 0, 1);
+        write(&mut map, MAP_PAGE_BLOCKS, 2);
+        let dirty = map.take_dirty();
+        let held: BTreeMap<u64, Arc<PageImage>> = dirty
+            .iter()
+            .map(|&p| {
+                let mut image = Vec::new();
+                assert!(map.encode_page(p, &mut image));
+                (
+                    p,
+                    Arc::new(PageImage {
+                        bytes: image.len() as u32,
+                        digest: Algorithm::Crc32c.digest(&image),
+                        pieces: Vec::new(),
+                    }),
+                )
+            })
+            .collect();
+        publish(&mut map, &BTreeMap::new(), &held, &dirty);
+        // Page 0 stays (looked at more recently), its directory page goes.
+        map.evict(0, &|p| p == 0, &|_| false);
+        assert_eq!((map.page_count(), map.directory_counts().1), (1, 0));
+        write(&mut map, 0, 3);
+        assert_eq!(map.take_dirty(), BTreeSet::from([0]));
+        assert_eq!(map.durable_image(0), Some(held[&0].clone()));
+        // A checkpoint publishes its new image (the directory page still
+        // held as its image alone); the next change replaces that one.
+        let mut image = Vec::new();
+        assert!(map.encode_page(0, &mut image));
+        let new = Arc::new(PageImage {
+            bytes: image.len() as u32,
+            digest: Algorithm::Crc32c.digest(&image),
+            pieces: Vec::new(),
+        });
+        let now = BTreeMap::from([(0, new.clone()), (1, held[&1].clone())]);
+        publish(&mut map, &held, &now, &BTreeSet::from([0]));
+        assert_eq!(map.directory_counts().1, 0, "the directory page still out");
+        write(&mut map, 4, 4);
+        assert_eq!(map.durable_image(0), Some(new));
+    }
+
     #[test]
     fn pages_agree_with_a_block_by_block_model() {
         use rand::{Rng, SeedableRng};

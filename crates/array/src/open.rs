@@ -166,6 +166,7 @@ pub fn open_with(devices: Vec<(String, Option<Arc<dyn Device>>)>, engine: Engine
         .collect();
     let start = match activity::clean_at(&readable, newest.array_uuid) {
         Some(sequence) => Start::Clean(sequence),
+        None if activity::pages_suspect(&readable, newest.array_uuid) => Start::Suspect,
         None => Start::Unknown,
     };
     let newest = volume_table(newest, &members)?;

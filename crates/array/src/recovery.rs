@@ -55,8 +55,9 @@ pub struct Recovery {
     #[serde(default)]
     pub clean_stop: bool,
     /// Slot table pages the root names, and those of them opening left to
-    /// be read after it (after a clean stop, all but those of the window's
-    /// slots and of the stripes sealed since the pages).
+    /// be read after it (all but those of the window's slots and of the
+    /// stripes sealed since the pages; none where the members' activity
+    /// records asked for every page, `Start::Suspect`).
     #[serde(default)]
     pub slot_pages: u64,
     #[serde(default)]
@@ -78,6 +79,11 @@ pub(crate) enum Start {
     /// Anything may be there: the checkpoint's window (or every slot) is
     /// scanned.
     Unknown,
+    /// As `Unknown`, and an opening before this one could not read a slot
+    /// table page it left for later (`activity::pages_suspect`): every
+    /// page is read before serving, and if one still cannot be, every
+    /// slot is scanned.
+    Suspect,
 }
 
 /// One scanned slot's chunk headers, folded (`Shared::scan_slot`).
@@ -218,7 +224,7 @@ impl Shared {
         let (mut from, mut max_sequence, mut window) = (0, 0, None);
         // The slots to scan: the window's, none (fresh), or every one.
         let scan: Box<dyn Iterator<Item = u64>> = if let Some(reference) = reference {
-            let loaded = self.load_checkpoint(reference, start == Start::Clean(reference.sequence), &mut recovery)?;
+            let loaded = self.load_checkpoint(reference, start != Start::Suspect, &mut recovery)?;
             from = reference.sequence;
             let stripes = reference.stripe_count(self.meta_stripe_bytes());
             max_sequence = reference.first_stripe_sequence + stripes as u64 - 1;
@@ -451,13 +457,12 @@ impl Shared {
     }
 
     /// Loads the checkpoint `reference` names into the (empty) map and
-    /// slot table; returns its window. After a `clean` stop, the slot
-    /// pages that do not list the window's slots are left to be read
-    /// later.
+    /// slot table; returns its window. With `defer`, the slot pages that
+    /// do not list the window's slots are left to be read later.
     fn load_checkpoint(
         &self,
         reference: &CheckpointRef,
-        clean: bool,
+        defer: bool,
         recovery: &mut Recovery,
     ) -> Result<BTreeSet<u64>, ArrayError> {
         let g = &self.geometry;
@@ -534,13 +539,17 @@ impl Shared {
         // The slot table takes its pages as they are (the counts the
         // map's pages add up to), a batch at a time, then the stripes
         // sealed since; the map's pages stay on the members until
-        // something looks at them. After a clean stop only the pages
-        // listing the slots new stripes may go to (the window's) and
-        // those sealed since are read now: the others are read after
-        // opening (`slot_loader`), the root's counts standing for them
-        // until then.
+        // something looks at them. Only the pages listing the slots new
+        // stripes may go to (the window's, which are all that replay
+        // after a crash seals) and those sealed since are read now: the
+        // others are read after opening (`slot_loader`), the root's
+        // counts standing for them until then, and the deltas of the
+        // stripes replayed kept aside for them as a client write's are.
+        // Not where a page left for later failed to read before
+        // (`Start::Suspect`): then all are read now, and one that fails
+        // sends opening to the full scan.
         let per_page = crate::limits::SLOT_TABLE_PAGE_SLOTS;
-        let now: BTreeSet<u64> = match clean {
+        let now: BTreeSet<u64> = match defer {
             true => checkpoint
                 .window
                 .iter()

@@ -1,6 +1,6 @@
-//! The slot table's durable pages that opening after a clean stop left
-//! unread (`SlotTable::defer_pages`): read after it, in the background,
-//! and at once by whatever needs them first.
+//! The slot table's durable pages that opening left unread
+//! (`SlotTable::defer_pages`): read after it, in the background, and at
+//! once by whatever needs them first.
 //!
 //! - A read of data in a slot whose page is unread reads that page
 //!   (`slot_sequence`), with no lock held, as a map page miss does.
@@ -10,6 +10,12 @@
 //!   a rebuild, a scrub, a heal and the engine's check. So nothing
 //!   durable changes until every page is read, and a crash before then
 //!   reopens from the same root.
+//! - A page that cannot be read (past repair, or not adding up with the
+//!   root) is marked in the members' activity records, synced within a
+//!   heartbeat: the next opening reads every page before it serves, and
+//!   if one still fails, scans every slot (`recovery`). Without the mark
+//!   each opening would leave the page for later again, and no
+//!   checkpoint could ever be written.
 //! - Client writes do not wait: the map's deltas on a slot of an unread
 //!   page are kept aside and taken from what the page lists when it is
 //!   read (`SlotTable::restore_unread`); stripes go only to the window's
@@ -89,8 +95,20 @@ impl Shared {
 
     /// Reads `pages` and takes them into the slot table (those another
     /// took meanwhile are dropped); a slot emptied by the deltas kept
-    /// aside drains as one a write empties does.
+    /// aside drains as one a write empties does. If one cannot be taken,
+    /// the table is marked so, and the activity records then tell the
+    /// next opening to read every page at once (where a page past repair
+    /// sends it to the full scan) instead of leaving them for later
+    /// again.
     fn take_unread(&self, pages: &[(u64, Arc<PageImage>)]) -> Result<(), ArrayError> {
+        let taken = self.take_unread_now(pages);
+        if taken.is_err() {
+            self.index_mut().slots.mark_unreadable();
+        }
+        taken
+    }
+
+    fn take_unread_now(&self, pages: &[(u64, Arc<PageImage>)]) -> Result<(), ArrayError> {
         let unreadable = |why: CheckpointFault| ArrayError::CheckpointUnreadable { why };
         let read = self.read_slot_pages(pages).map_err(unreadable)?;
         // A hold of the index a page (1,024 slots), not a batch: clients

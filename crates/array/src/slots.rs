@@ -200,6 +200,10 @@ pub struct SlotTable {
     /// (live units, pieces), by page and slot, taken from what the page
     /// lists when it is.
     pending: HashMap<u64, BTreeMap<u64, (i128, i64)>>,
+    /// A page not read yet could not be read (past repair, or not adding
+    /// up): the next opening must read every page, and scan every slot
+    /// if one still fails (`activity`'s mark says so).
+    unreadable: bool,
 }
 
 /// A durable page not read yet: where its image is, and the free slots
@@ -272,6 +276,7 @@ impl SlotTable {
             unread: BTreeMap::new(),
             unread_free: 0,
             pending: HashMap::new(),
+            unreadable: false,
         }
     }
 
@@ -555,6 +560,17 @@ impl SlotTable {
     /// Whether `slot` is in a durable page not read yet.
     pub fn is_unread(&self, slot: u64) -> bool {
         !self.unread.is_empty() && self.unread.contains_key(&(slot / PAGE_SLOTS))
+    }
+
+    /// A page not read yet failed to read: until every page is read,
+    /// the next opening is to read them all (`pages_unreadable`).
+    pub fn mark_unreadable(&mut self) {
+        self.unreadable = true;
+    }
+
+    /// Whether a page is still unread after one of them failed to read.
+    pub fn pages_unreadable(&self) -> bool {
+        self.unreadable && !self.unread.is_empty()
     }
 
     /// Durable pages not read yet.

@@ -7,7 +7,7 @@
 //! opens without reading them.
 
 mod common;
-use common::{create_options, kill_and_reopen, kill_and_reopen_with, named, open_list};
+use common::{create_options, kill, kill_and_reopen, kill_and_reopen_with, named, open_list};
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -782,6 +782,89 @@ fn opening_after_a_clean_stop_leaves_slot_pages_for_later() {
     assert_eq!(array.status().unwrap().recovery.slot_pages_deferred, 0);
 }
 
+/// A map stripe of the root on `devices` all of whose bytes are slot
+/// pages' images, none of them a page opening reads (those of the
+/// window's slots and of the stripes sealed since): its slot, and the
+/// pages it holds.
+fn slot_pages_left_for_later(devices: &[Arc<MemoryDevice>]) -> (u64, Vec<u64>) {
+    let root = root(devices);
+    let per_page = tessera_array::limits::SLOT_TABLE_PAGE_SLOTS;
+    let now: std::collections::BTreeSet<u64> = root
+        .window
+        .iter()
+        .chain(root.resealed.iter().map(|(slot, _)| slot))
+        .map(|slot| slot / per_page)
+        .collect();
+    let mut in_stripe: BTreeMap<u64, (u64, Vec<u64>)> = BTreeMap::new();
+    for (&page, p) in &root.images.slot_pages {
+        for piece in &p.image.pieces {
+            let (bytes, pages) = in_stripe.entry(piece.slot).or_default();
+            *bytes += u64::from(piece.bytes);
+            pages.push(page);
+        }
+    }
+    in_stripe
+        .iter()
+        .find(|(slot, (bytes, pages))| {
+            *bytes == root.images.stripes[slot].live && pages.iter().all(|page| !now.contains(page))
+        })
+        .map(|(&slot, (_, pages))| (slot, pages.clone()))
+        .expect("a map stripe of slot pages left for later")
+}
+
+/// Reads every block of `model`: those in stripes a page that cannot be
+/// read lists are refused naming it, the others come back. Returns how
+/// many of each.
+fn read_around_a_bad_slot_page(array: &Array, model: &BTreeMap<u64, u64>) -> (usize, usize) {
+    let (mut good, mut refused) = (0, 0);
+    let mut back = vec![0u8; BLOCK as usize];
+    for (&lba, &tag) in model {
+        match array.read(lba * BLOCK, &mut back) {
+            Ok(()) => {
+                assert!(back == block(lba, tag), "block {lba}");
+                good += 1;
+            }
+            Err(error) => {
+                assert!(error.to_string().contains("slot table page"), "{error}");
+                refused += 1;
+            }
+        }
+    }
+    (good, refused)
+}
+
+/// Waits (boundedly) for the event that says a slot page left for later
+/// cannot be read; returns its text.
+fn slot_pages_unreadable_event(array: &Array) -> String {
+    let said = (0..500).find_map(|_| {
+        let found = array
+            .events()
+            .into_iter()
+            .find(|e| matches!(e.what, tessera_array::events::What::SlotPagesUnreadable { .. }));
+        if found.is_none() {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        found
+    });
+    said.expect("an event says a slot page cannot be read").what.to_string()
+}
+
+/// Whether the members' activity records come to say `want` of reading
+/// every slot page at the next opening (any member asking counts),
+/// waited for boundedly: a heartbeat carries the mark.
+fn pages_mark_becomes(devices: &[Arc<MemoryDevice>], want: bool) -> bool {
+    (0..300).any(|_| {
+        let now = devices
+            .iter()
+            .filter_map(|d| tessera_array::activity::read(d.as_ref()))
+            .any(|r| r.read_pages);
+        if now != want {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        now == want
+    })
+}
+
 /// A slot page left for after opening that cannot be read (a map stripe
 /// holding only slot pages' images, corrupt on three chunks of a 4+2):
 /// opening serves; a read of a stripe the page lists, and what needs
@@ -799,31 +882,7 @@ fn a_slot_page_left_for_later_past_repair_fails_what_needs_it() {
     }
     array.close().unwrap();
     drop(array);
-    // A map stripe all of whose bytes are slot pages' images, none of
-    // them a page opening reads (those of the window's slots).
-    let root = root(&devices);
-    let per_page = tessera_array::limits::SLOT_TABLE_PAGE_SLOTS;
-    let now: std::collections::BTreeSet<u64> = root
-        .window
-        .iter()
-        .chain(root.resealed.iter().map(|(slot, _)| slot))
-        .map(|slot| slot / per_page)
-        .collect();
-    let mut in_stripe: BTreeMap<u64, (u64, Vec<u64>)> = BTreeMap::new();
-    for (&page, p) in &root.images.slot_pages {
-        for piece in &p.image.pieces {
-            let (bytes, pages) = in_stripe.entry(piece.slot).or_default();
-            *bytes += u64::from(piece.bytes);
-            pages.push(page);
-        }
-    }
-    let (slot, pages) = in_stripe
-        .iter()
-        .find(|(slot, (bytes, pages))| {
-            *bytes == root.images.stripes[slot].live && pages.iter().all(|page| !now.contains(page))
-        })
-        .map(|(&slot, (_, pages))| (slot, pages.clone()))
-        .expect("a map stripe of slot pages left for later");
+    let (slot, pages) = slot_pages_left_for_later(&devices);
     for j in 0..3 {
         corrupt(&devices, &g, slot, j);
     }
@@ -835,33 +894,11 @@ fn a_slot_page_left_for_later_past_repair_fails_what_needs_it() {
         "{:?}",
         s.recovery
     );
-    let (mut good, mut refused) = (0, 0);
-    let mut back = vec![0u8; BLOCK as usize];
-    for (&lba, &tag) in &model {
-        match array.read(lba * BLOCK, &mut back) {
-            Ok(()) => {
-                assert!(back == block(lba, tag), "block {lba}");
-                good += 1;
-            }
-            Err(error) => {
-                assert!(error.to_string().contains("slot table page"), "{error}");
-                refused += 1;
-            }
-        }
-    }
+    let (good, refused) = read_around_a_bad_slot_page(&array, &model);
     assert!(good > 10_000 && refused > 0, "{good} blocks read, {refused} refused");
-    let said = (0..500).find_map(|_| {
-        let found = array
-            .events()
-            .into_iter()
-            .find(|e| matches!(e.what, tessera_array::events::What::SlotPagesUnreadable { .. }));
-        if found.is_none() {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        found
-    });
-    let said = said.expect("an event says a slot page cannot be read").what.to_string();
+    let said = slot_pages_unreadable_event(&array);
     assert!(said.contains("slot table page"), "{said}");
+    assert!(pages_mark_becomes(&devices, true), "the members ask for every page");
     assert!(array.status().unwrap().slot_pages_unread > 0);
     let error = array.check().unwrap_err();
     assert!(
@@ -880,6 +917,129 @@ fn a_slot_page_left_for_later_past_repair_fails_what_needs_it() {
     let error = recovery.checkpoint_error.clone().expect("the checkpoint refused");
     assert!(error.contains("slot table page"), "{error}");
     assert_eq!(recovery.slots_scanned, g.slot_count());
+    verify(&array, &model);
+    array.check().unwrap();
+    assert!(pages_mark_becomes(&devices, false), "the mark cleared");
+}
+
+/// Opening after kill -9 leaves the slot pages that do not list the
+/// window's slots for later, as after a clean stop: the stripes replayed
+/// overwrote blocks of stripes those pages list (their counts kept aside
+/// until the pages are read), reads of those blocks read the pages, and
+/// what walks every slot reads them all. Every count agrees with the
+/// map, and every block reads back, after each of two kills.
+#[test]
+fn opening_after_kill_leaves_slot_pages_for_later() {
+    let (devices, array) = many_slots();
+    let mut model = BTreeMap::new();
+    for first in (0..18_000u64).step_by(16) {
+        write_run(&array, &mut model, first, 1);
+    }
+    array.checkpoint().unwrap();
+    // Replayed after the kill: whole stripes of pages 1 to 3 emptied,
+    // single blocks of others overwritten.
+    for first in (3_200..12_000u64).step_by(16 * 5) {
+        write_run(&array, &mut model, first, 2);
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(48);
+    for _ in 0..200 {
+        let lba = rng.gen_range(0..18_000u64);
+        array.write(lba * BLOCK, &block(lba, 3), false).unwrap();
+        model.insert(lba, 3);
+    }
+    array.flush().unwrap();
+    let later = EngineOptions {
+        slot_pages_in_background: false,
+        background: false,
+        ..EngineOptions::default()
+    };
+    let array = kill_and_reopen_with(&devices, array, later);
+    let s = array.status().unwrap();
+    assert!(
+        !s.recovery.clean_stop && s.recovery.checkpoint_error.is_none(),
+        "{:?}",
+        s.recovery
+    );
+    assert!(s.recovery.stripes_replayed > 0, "{:?}", s.recovery);
+    let deferred = s.recovery.slot_pages_deferred;
+    assert!(
+        deferred >= 3 && deferred < s.recovery.slot_pages,
+        "{deferred} of {} slot pages left for later",
+        s.recovery.slot_pages
+    );
+    assert_eq!(s.slot_pages_unread, deferred);
+    verify(&array, &model);
+    assert!(array.status().unwrap().slot_pages_unread < deferred, "reads read pages");
+    for first in (0..18_000u64).step_by(16 * 11) {
+        write_run(&array, &mut model, first, 4);
+    }
+    array.flush().unwrap();
+    array.check().unwrap();
+    assert_eq!(array.status().unwrap().slot_pages_unread, 0);
+    verify(&array, &model);
+    // Again, the pages read in the background this time.
+    let array = flushed_killed_and_verified(&devices, array, EngineOptions::default(), &model);
+    array.checkpoint().unwrap();
+    array.check().unwrap();
+}
+
+/// As `a_slot_page_left_for_later_past_repair_fails_what_needs_it`, after
+/// kill -9: opening leaves the bad page for later again, so only the
+/// members' activity records, marked when it fails to read, send the
+/// next opening to read every page, and so to the full scan. Without the
+/// mark no opening would ever write a checkpoint again.
+#[test]
+fn a_slot_page_left_for_later_after_a_kill_past_repair_is_marked_for_the_next_opening() {
+    let (devices, array) = many_slots();
+    let g = array.geometry().clone();
+    let mut model = BTreeMap::new();
+    for first in (0..18_000u64).step_by(16) {
+        write_run(&array, &mut model, first, 1);
+    }
+    array.checkpoint().unwrap();
+    for first in (3_200..12_000u64).step_by(16 * 5) {
+        write_run(&array, &mut model, first, 2);
+    }
+    array.flush().unwrap();
+    kill(&devices, array);
+    let (slot, pages) = slot_pages_left_for_later(&devices);
+    for j in 0..3 {
+        corrupt(&devices, &g, slot, j);
+    }
+
+    let array = tessera_array::open(open_list(&devices, &[])).unwrap();
+    let s = array.status().unwrap();
+    assert!(
+        !s.recovery.clean_stop && s.recovery.checkpoint_error.is_none() && s.recovery.slot_pages_deferred > 0,
+        "{:?}",
+        s.recovery
+    );
+    let (good, refused) = read_around_a_bad_slot_page(&array, &model);
+    assert!(good > 10_000 && refused > 0, "{good} blocks read, {refused} refused");
+    let said = slot_pages_unreadable_event(&array);
+    assert!(
+        pages
+            .iter()
+            .any(|page| said.contains(&format!("slot table page {page}"))),
+        "{said} (pages {pages:?})"
+    );
+    assert!(pages_mark_becomes(&devices, true), "the members ask for every page");
+    write_run(&array, &mut model, 0, 5);
+    array.flush().unwrap();
+    kill(&devices, array);
+
+    let array = tessera_array::open(open_list(&devices, &[])).unwrap();
+    let recovery = array.status().unwrap().recovery;
+    let error = recovery.checkpoint_error.clone().expect("the checkpoint refused");
+    assert!(error.contains("slot table page"), "{error}");
+    assert_eq!(recovery.slots_scanned, g.slot_count());
+    verify(&array, &model);
+    array.check().unwrap();
+    assert!(pages_mark_becomes(&devices, false), "the mark cleared");
+    kill(&devices, array);
+    let array = tessera_array::open(open_list(&devices, &[])).unwrap();
+    let recovery = array.status().unwrap().recovery;
+    assert!(recovery.checkpoint_error.is_none(), "{recovery:?}");
     verify(&array, &model);
     array.check().unwrap();
 }

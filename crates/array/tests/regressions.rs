@@ -700,6 +700,7 @@ fn an_array_open_elsewhere_is_refused_by_its_activity_records() {
         unix_ms: 0,
         closed: false,
         clean_at: None,
+        read_pages: false,
     };
     for d in &devices {
         activity::write(d.as_ref(), &foreign(1)).unwrap();

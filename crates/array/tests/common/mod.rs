@@ -37,6 +37,12 @@ pub fn kill_and_reopen_with(
     array: tessera_array::Array,
     engine: tessera_array::EngineOptions,
 ) -> tessera_array::Array {
+    kill(devices, array);
+    tessera_array::open_with(open_list(devices, &[]), engine).unwrap()
+}
+
+/// kill -9, and nothing opened after it.
+pub fn kill(devices: &[Arc<MemoryDevice>], array: tessera_array::Array) {
     let dead = Arc::new(AtomicBool::new(true));
     for d in devices {
         d.set_faults(Faults {
@@ -49,7 +55,6 @@ pub fn kill_and_reopen_with(
         d.set_faults(Faults::default());
         d.crash(d.pending_writes());
     }
-    tessera_array::open_with(open_list(devices, &[]), engine).unwrap()
 }
 
 /// Every chunk header on `devices` that decodes: (member, offset, header).
