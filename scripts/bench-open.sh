@@ -10,9 +10,11 @@
 # the build that opens it (the format may differ).
 #
 # With KILL=1 the server is killed (kill -9) after the fill, which
-# nbdcopy FLUSHes, instead of stopped; each timed opening then opens a
-# fresh sparse copy of the killed array (an opening leaves a checkpoint
-# behind it, so the next one would be after a clean stop).
+# nbdcopy FLUSHes, instead of stopped: one killed array a size, made by
+# the last build, and five rounds in which each build in turn opens a
+# fresh sparse copy of it (an opening leaves a checkpoint behind it, so
+# the next one would be after a clean stop). Members of 4 KiB chunks
+# take 2.5x the data on disk (a header sector a chunk): 4G needs ~25 GB.
 #
 #   [KILL=1] OLD=path/to/old/tessera [TESSERA=path/to/new] scripts/bench-open.sh [SIZE ...]   (default: 2G 8G)
 set -euo pipefail
@@ -25,6 +27,34 @@ fi
 builds=("new=$TESSERA")
 [ -n "${OLD:-}" ] && builds=("old=$OLD" "${builds[@]}")
 echo "8+2, 4 KiB chunks, 10 x 8 GiB sparse members; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), model $(grep -m1 '^model\s' /proc/cpuinfo | cut -d: -f2 | xargs)"
+if [ "${KILL:-0}" = 1 ]; then
+  # One killed array a size, made by the last build given, opened by
+  # each build in turn (the format is the same) from fresh copies.
+  for size in "${sizes[@]}"; do
+    (
+      export TESSERA=${builds[-1]#*=}
+      source scripts/bench-lib.sh
+      "$TESSERA" create --data 8 --parity 2 --dir "$work/array" --devices 10 --device-size 8G --chunk-size 4K >/dev/null
+      serve
+      nbdcopy --flush --connections=4 --requests=64 -- [ nbdkit pattern size="$size" ] "nbd+unix:///tessera?socket=$work/s.sock"
+      kill_server
+      mv "$work/array" "$work/killed"
+      declare -A runs=()
+      for _ in 1 2 3 4 5; do
+        for build in "${builds[@]}"; do
+          rm -rf "$work/array"
+          cp -a --sparse=always "$work/killed" "$work/array"
+          sync
+          runs[$build]="${runs[$build]:-} $("${build#*=}" status "$work/array" --json | json_expr "'%s/%s/%s/%s' % (j['recovery']['milliseconds'], j['recovery'].get('slot_pages_deferred', '-'), j['recovery'].get('slot_pages', '-'), j['recovery']['stripes_replayed'])")"
+        done
+      done
+      for build in "${builds[@]}"; do
+        echo "${build%%=*} $size (killed): opening ms/slot pages left for later/named/stripes replayed:${runs[$build]}"
+      done
+    )
+  done
+  exit 0
+fi
 for size in "${sizes[@]}"; do
   for build in "${builds[@]}"; do
     (
@@ -32,31 +62,15 @@ for size in "${sizes[@]}"; do
       source scripts/bench-lib.sh
       "$TESSERA" create --data 8 --parity 2 --dir "$work/array" --devices 10 --device-size 8G --chunk-size 4K >/dev/null
       serve
-      nbdcopy --flush --connections=4 --requests=64 -- [ nbdkit pattern size="$size" ] "nbd+unix:///tessera?socket=$work/s.sock"
-      # A fresh copy of the killed array, for an opening after kill -9.
-      fresh() {
-        if [ "${KILL:-0}" = 1 ]; then
-          rm -rf "$work/array"
-          cp -a --sparse=always "$work/killed" "$work/array"
-          sync
-        fi
-      }
-      if [ "${KILL:-0}" = 1 ]; then
-        kill_server
-        mv "$work/array" "$work/killed"
-      else
-        stop_server
-      fi
-      fresh
+      nbdcopy --connections=4 --requests=64 -- [ nbdkit pattern size="$size" ] "nbd+unix:///tessera?socket=$work/s.sock"
+      stop_server
       "$TESSERA" status "$work/array" --json >/dev/null
       runs=""
       for _ in 1 2 3 4 5; do
-        fresh
         runs="$runs $("$TESSERA" status "$work/array" --json | json_expr "'%s/%s/%s/%s' % (j['recovery']['milliseconds'], j['recovery'].get('slot_pages_deferred', '-'), j['recovery'].get('slot_pages', '-'), j['stripes_used'])")"
       done
-      fresh
       peak=$(/usr/bin/time -f %M "$TESSERA" status "$work/array" --json 2>&1 >/dev/null | tail -1)
-      echo "${build%%=*} $size$( [ "${KILL:-0}" = 1 ] && echo " (killed)"): opening ms/slot pages left for later/named/slots used:$runs; status peak RSS $((peak / 1024)) MB"
+      echo "${build%%=*} $size: opening ms/slot pages left for later/named/slots used:$runs; status peak RSS $((peak / 1024)) MB"
     )
   done
 done

@@ -1412,25 +1412,20 @@ impl Map {
         // A page with an image is clean, and no checkpoint still has to
         // copy it: a change drops the image, and a checkpoint takes only
         // changed pages (its `publish` gives those theirs back).
-        let mut candidates: Vec<(u64, bool, u64)> = self
-            .pages
-            .iter()
-            .filter(|(p, page)| page.image.is_some() && !pinned(**p))
-            .map(|(&p, page)| {
-                debug_assert!(!self.dirty.contains(&p), "page {p} dirty with an image");
-                (page.used.load(Ordering::Relaxed), false, p)
-            })
-            .collect();
         // A directory page stays while a page of it is changed: dirty, or
         // taken by a checkpoint and not yet given its image (one that
         // fails gives its pages back as dirty, and the next asks each
         // for the image it replaces, `durable_image`).
-        let changed: std::collections::HashSet<u64> = self
-            .pages
-            .iter()
-            .filter(|(_, page)| page.image.is_none())
-            .map(|(&p, _)| directory::dir_of(p))
-            .collect();
+        let mut changed = std::collections::HashSet::new();
+        let mut candidates: Vec<(u64, bool, u64)> = Vec::new();
+        for (&p, page) in &self.pages {
+            if page.image.is_none() {
+                changed.insert(directory::dir_of(p));
+            } else if !pinned(p) {
+                debug_assert!(!self.dirty.contains(&p), "page {p} dirty with an image");
+                candidates.push((page.used.load(Ordering::Relaxed), false, p));
+            }
+        }
         let busy = |d: u64| {
             let (from, to) = (d * MAP_DIRECTORY_PAGES, (d + 1) * MAP_DIRECTORY_PAGES);
             pinned_dir(d)
