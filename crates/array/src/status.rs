@@ -184,6 +184,12 @@ pub struct Status {
     /// for them; `recovery` says how many there were).
     #[serde(default)]
     pub slot_pages_unread: u64,
+    /// One of them could not be read (its map stripe past repair, or its
+    /// counts not adding up): the members' activity records ask the next
+    /// opening to read every slot page, and to scan every slot if one
+    /// still fails. Until then no checkpoint can be written.
+    #[serde(default)]
+    pub slot_pages_unreadable: bool,
     /// Its pages in memory (512 blocks of a volume each), those changed since the
     /// last checkpoint (the next one writes their images), and the map
     /// stripes holding the durable checkpoint's images.
@@ -374,6 +380,7 @@ impl Shared {
             map_page_misses: load(&c.map_page_misses),
             map_pages_evicted: load(&c.map_pages_evicted),
             slot_pages_unread: self.index().slots.unread_count() as u64,
+            slot_pages_unreadable: self.index().slots.pages_unreadable(),
             writers_waited_for_members_ms: load(&c.waited_for_members_us) / 1000,
             writers_waited_for_slot_ms: load(&c.waited_for_slot_us) / 1000,
             recovery: self.recovery.lock().unwrap_or_else(|p| p.into_inner()).clone(),

@@ -899,6 +899,7 @@ fn a_slot_page_left_for_later_past_repair_fails_what_needs_it() {
     let said = slot_pages_unreadable_event(&array);
     assert!(said.contains("slot table page"), "{said}");
     assert!(pages_mark_becomes(&devices, true), "the members ask for every page");
+    assert!(array.status().unwrap().slot_pages_unreadable, "status says so");
     assert!(array.status().unwrap().slot_pages_unread > 0);
     let error = array.check().unwrap_err();
     assert!(
@@ -920,6 +921,7 @@ fn a_slot_page_left_for_later_past_repair_fails_what_needs_it() {
     verify(&array, &model);
     array.check().unwrap();
     assert!(pages_mark_becomes(&devices, false), "the mark cleared");
+    assert!(!array.status().unwrap().slot_pages_unreadable);
 }
 
 /// Opening after kill -9 leaves the slot pages that do not list the
@@ -1024,6 +1026,7 @@ fn a_slot_page_left_for_later_after_a_kill_past_repair_is_marked_for_the_next_op
         "{said} (pages {pages:?})"
     );
     assert!(pages_mark_becomes(&devices, true), "the members ask for every page");
+    assert!(array.status().unwrap().slot_pages_unreadable, "status says so");
     write_run(&array, &mut model, 0, 5);
     array.flush().unwrap();
     kill(&devices, array);
@@ -1036,6 +1039,7 @@ fn a_slot_page_left_for_later_after_a_kill_past_repair_is_marked_for_the_next_op
     verify(&array, &model);
     array.check().unwrap();
     assert!(pages_mark_becomes(&devices, false), "the mark cleared");
+    assert!(!array.status().unwrap().slot_pages_unreadable);
     kill(&devices, array);
     let array = tessera_array::open(open_list(&devices, &[])).unwrap();
     let recovery = array.status().unwrap().recovery;

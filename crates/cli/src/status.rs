@@ -277,6 +277,11 @@ fn print_status(s: &Status) {
             r.slot_pages_deferred, r.slot_pages, s.slot_pages_unread
         );
     }
+    if s.slot_pages_unreadable {
+        println!(
+            "  a slot page left for later cannot be read: no checkpoint until the next opening, which reads them all (and scans every slot if one still fails); see the events"
+        );
+    }
     if let Some(error) = &r.checkpoint_error {
         println!("  the checkpoint could not be used ({error}); every slot was scanned instead");
     }
