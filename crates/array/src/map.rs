@@ -2175,11 +2175,35 @@ mod tests {
         }
     }
 
-    /// Random writes, replays, relocations and removals over a few pages,
-    /// checked block by block against a plain model: every block maps to
-    /// the record and version the model says, every record comes back
-    /// with the checksums it went in with, and the deltas add up to what
-    /// each record has mapped.
+    /// Pages 0 and 1 (both of directory page 0) of four blocks each,
+    /// written, taken and published: the map and their images.
+    fn two_durable_pages(rng: &mut rand::rngs::StdRng) -> (Map, BTreeMap<u64, Arc<PageImage>>) {
+        let mut map = Map::default();
+        write_four(&mut map, rng, 0, 1);
+        write_four(&mut map, rng, MAP_PAGE_BLOCKS, 2);
+        let dirty = map.take_dirty();
+        let held: BTreeMap<u64, Arc<PageImage>> = dirty.iter().map(|&p| (p, image_of(&map, p))).collect();
+        publish(&mut map, &BTreeMap::new(), &held, &dirty);
+        (map, held)
+    }
+
+    /// Blocks `lba..lba + 4` mapped by a write of `version`.
+    fn write_four(map: &mut Map, rng: &mut rand::rngs::StdRng, lba: u64, version: u64) {
+        let extent = random_extent(rng, Algorithm::Crc32c, version, 0, 4);
+        map.insert(lba, 4, version, &Target::Data { extent, skip: 0 }, Rule::Always);
+    }
+
+    /// Page `p`'s image as it is now, as a checkpoint would store it.
+    fn image_of(map: &Map, p: u64) -> Arc<PageImage> {
+        let mut image = Vec::new();
+        assert!(map.encode_page(p, &mut image));
+        Arc::new(PageImage {
+            bytes: image.len() as u32,
+            digest: Algorithm::Crc32c.digest(&image),
+            pieces: Vec::new(),
+        })
+    }
+
     /// A page a checkpoint took (changed, its image not yet written) keeps
     /// its directory page in memory through evictions: a checkpoint that
     /// fails gives its pages back as changed, and the next one asks each
@@ -2190,32 +2214,10 @@ mod tests {
     fn a_page_a_checkpoint_took_keeps_its_directory_page_through_evictions() {
         use rand::SeedableRng;
         let mut rng = rand::rngs::StdRng::seed_from_u64(5);
-        let mut map = Map::default();
-        let mut write = |map: &mut Map, lba: u64, version: u64| {
-            let extent = random_extent(&mut rng, Algorithm::Crc32c, version, 0, 4);
-            map.insert(lba, 4, version, &Target::Data { extent, skip: 0 }, Rule::Always);
-        };
-        // Pages 0 and 1, both of directory page 0, made durable.
-        write(&mut map, 0, 1);
-        write(&mut map, MAP_PAGE_BLOCKS, 2);
-        let dirty = map.take_dirty();
-        let held: BTreeMap<u64, Arc<PageImage>> = dirty
-            .iter()
-            .map(|&p| {
-                let mut image = Vec::new();
-                assert!(map.encode_page(p, &mut image));
-                let image = PageImage {
-                    bytes: image.len() as u32,
-                    digest: Algorithm::Crc32c.digest(&image),
-                    pieces: Vec::new(),
-                };
-                (p, Arc::new(image))
-            })
-            .collect();
-        publish(&mut map, &BTreeMap::new(), &held, &dirty);
+        let (mut map, held) = two_durable_pages(&mut rng);
         // Page 0 changes, a checkpoint takes it, and everything that may
         // go is evicted meanwhile.
-        write(&mut map, 0, 3);
+        write_four(&mut map, &mut rng, 0, 3);
         let taken = map.take_dirty();
         assert_eq!(taken, BTreeSet::from([0]));
         map.evict(0, &|_| false, &|_| false);
@@ -2233,52 +2235,28 @@ mod tests {
     fn a_page_changed_after_its_directory_page_left_knows_its_durable_image() {
         use rand::SeedableRng;
         let mut rng = rand::rngs::StdRng::seed_from_u64(6);
-        let mut map = Map::default();
-        let mut write = |map: &mut Map, lba: u64, version: u64| {
-            let extent = random_extent(&mut rng, Algorithm::Crc32c, version, 0, 4);
-            map.insert(lba, 4, version, &Target::Data { extent, skip: 0 }, Rule::Always);
-        };
-        write(&mut map, 0, 1);
-        write(&mut map, MAP_PAGE_BLOCKS, 2);
-        let dirty = map.take_dirty();
-        let held: BTreeMap<u64, Arc<PageImage>> = dirty
-            .iter()
-            .map(|&p| {
-                let mut image = Vec::new();
-                assert!(map.encode_page(p, &mut image));
-                (
-                    p,
-                    Arc::new(PageImage {
-                        bytes: image.len() as u32,
-                        digest: Algorithm::Crc32c.digest(&image),
-                        pieces: Vec::new(),
-                    }),
-                )
-            })
-            .collect();
-        publish(&mut map, &BTreeMap::new(), &held, &dirty);
+        let (mut map, held) = two_durable_pages(&mut rng);
         // Page 0 stays (looked at more recently), its directory page goes.
         map.evict(0, &|p| p == 0, &|_| false);
         assert_eq!((map.page_count(), map.directory_counts().1), (1, 0));
-        write(&mut map, 0, 3);
+        write_four(&mut map, &mut rng, 0, 3);
         assert_eq!(map.take_dirty(), BTreeSet::from([0]));
         assert_eq!(map.durable_image(0), Some(held[&0].clone()));
         // A checkpoint publishes its new image (the directory page still
         // held as its image alone); the next change replaces that one.
-        let mut image = Vec::new();
-        assert!(map.encode_page(0, &mut image));
-        let new = Arc::new(PageImage {
-            bytes: image.len() as u32,
-            digest: Algorithm::Crc32c.digest(&image),
-            pieces: Vec::new(),
-        });
+        let new = image_of(&map, 0);
         let now = BTreeMap::from([(0, new.clone()), (1, held[&1].clone())]);
         publish(&mut map, &held, &now, &BTreeSet::from([0]));
         assert_eq!(map.directory_counts().1, 0, "the directory page still out");
-        write(&mut map, 4, 4);
+        write_four(&mut map, &mut rng, 4, 4);
         assert_eq!(map.durable_image(0), Some(new));
     }
 
+    /// Random writes, replays, relocations and removals over a few pages,
+    /// checked block by block against a plain model: every block maps to
+    /// the record and version the model says, every record comes back
+    /// with the checksums it went in with, and the deltas add up to what
+    /// each record has mapped.
     #[test]
     fn pages_agree_with_a_block_by_block_model() {
         use rand::{Rng, SeedableRng};

@@ -629,6 +629,20 @@ fn many_slots() -> (Vec<Arc<MemoryDevice>>, Array) {
     (devices, array)
 }
 
+/// 18,000 blocks written in runs of 16 (about 6,000 stripes, listed by
+/// slot pages 0 to 5), a checkpoint, then every fifth run of blocks
+/// 3,200 to 12,000 written again, tagged `tag`: whole stripes of pages 1
+/// to 3 emptied.
+fn runs_then_some_emptied(array: &Array, model: &mut BTreeMap<u64, u64>, tag: u64) {
+    for first in (0..18_000u64).step_by(16) {
+        write_run(array, model, first, 1);
+    }
+    array.checkpoint().unwrap();
+    for first in (3_200..12_000u64).step_by(16 * 5) {
+        write_run(array, model, first, tag);
+    }
+}
+
 /// Blocks `first..first + 16` written as one request, tagged `tag`.
 fn write_run(array: &Array, model: &mut BTreeMap<u64, u64>, first: u64, tag: u64) {
     let mut data = Vec::with_capacity(16 * BLOCK as usize);
@@ -651,17 +665,11 @@ fn write_run(array: &Array, model: &mut BTreeMap<u64, u64>, first: u64, tag: u64
 fn opening_after_a_clean_stop_leaves_slot_pages_for_later() {
     let (devices, array) = many_slots();
     let mut model = BTreeMap::new();
-    for first in (0..18_000u64).step_by(16) {
-        write_run(&array, &mut model, first, 1);
-    }
     // Some stripes emptied and freed. (The next window takes their
     // slots, the lowest free ones, so their pages are read at opening:
     // a page read later with free slots in it is the unit test's,
     // `slots::tests::a_page_read_after_opening_is_as_if_read_at_opening_then_changed`.)
-    array.checkpoint().unwrap();
-    for first in (3_200..12_000u64).step_by(16 * 5) {
-        write_run(&array, &mut model, first, 1);
-    }
+    runs_then_some_emptied(&array, &mut model, 1);
     array.flush().unwrap();
     array.checkpoint().unwrap();
     array.close().unwrap();
@@ -812,6 +820,17 @@ fn slot_pages_left_for_later(devices: &[Arc<MemoryDevice>]) -> (u64, Vec<u64>) {
         .expect("a map stripe of slot pages left for later")
 }
 
+/// Corrupts three chunks (of a 4+2) of a map stripe that holds only slot
+/// pages an opening leaves for later, then opens the array: the array,
+/// and the pages now past repair.
+fn opened_with_slot_pages_past_repair(devices: &[Arc<MemoryDevice>], g: &Geometry) -> (Array, Vec<u64>) {
+    let (slot, pages) = slot_pages_left_for_later(devices);
+    for j in 0..3 {
+        corrupt(devices, g, slot, j);
+    }
+    (tessera_array::open(open_list(devices, &[])).unwrap(), pages)
+}
+
 /// Reads every block of `model`: those in stripes a page that cannot be
 /// read lists are refused naming it, the others come back. Returns how
 /// many of each.
@@ -865,6 +884,22 @@ fn pages_mark_becomes(devices: &[Arc<MemoryDevice>], want: bool) -> bool {
     })
 }
 
+/// The opening after one that could not read a slot page it left for
+/// later: it refuses the checkpoint, naming the page, scans every slot,
+/// loses nothing, and the members' mark clears.
+fn opened_by_the_full_scan(devices: &[Arc<MemoryDevice>], model: &BTreeMap<u64, u64>) -> Array {
+    let array = tessera_array::open(open_list(devices, &[])).unwrap();
+    let recovery = array.status().unwrap().recovery;
+    let error = recovery.checkpoint_error.clone().expect("the checkpoint refused");
+    assert!(error.contains("slot table page"), "{error}");
+    assert_eq!(recovery.slots_scanned, array.geometry().slot_count());
+    verify(&array, model);
+    array.check().unwrap();
+    assert!(pages_mark_becomes(devices, false), "the mark cleared");
+    assert!(!array.status().unwrap().slot_pages_unreadable);
+    array
+}
+
 /// A slot page left for after opening that cannot be read (a map stripe
 /// holding only slot pages' images, corrupt on three chunks of a 4+2):
 /// opening serves; a read of a stripe the page lists, and what needs
@@ -882,12 +917,7 @@ fn a_slot_page_left_for_later_past_repair_fails_what_needs_it() {
     }
     array.close().unwrap();
     drop(array);
-    let (slot, pages) = slot_pages_left_for_later(&devices);
-    for j in 0..3 {
-        corrupt(&devices, &g, slot, j);
-    }
-
-    let array = tessera_array::open(open_list(&devices, &[])).unwrap();
+    let (array, pages) = opened_with_slot_pages_past_repair(&devices, &g);
     let s = array.status().unwrap();
     assert!(
         s.recovery.clean_stop && s.recovery.checkpoint_error.is_none(),
@@ -913,15 +943,7 @@ fn a_slot_page_left_for_later_past_repair_fails_what_needs_it() {
     assert!(array.close().is_err(), "no clean stop without the pages");
     drop(array);
 
-    let array = tessera_array::open(open_list(&devices, &[])).unwrap();
-    let recovery = array.status().unwrap().recovery;
-    let error = recovery.checkpoint_error.clone().expect("the checkpoint refused");
-    assert!(error.contains("slot table page"), "{error}");
-    assert_eq!(recovery.slots_scanned, g.slot_count());
-    verify(&array, &model);
-    array.check().unwrap();
-    assert!(pages_mark_becomes(&devices, false), "the mark cleared");
-    assert!(!array.status().unwrap().slot_pages_unreadable);
+    opened_by_the_full_scan(&devices, &model);
 }
 
 /// Opening after kill -9 leaves the slot pages that do not list the
@@ -934,15 +956,9 @@ fn a_slot_page_left_for_later_past_repair_fails_what_needs_it() {
 fn opening_after_kill_leaves_slot_pages_for_later() {
     let (devices, array) = many_slots();
     let mut model = BTreeMap::new();
-    for first in (0..18_000u64).step_by(16) {
-        write_run(&array, &mut model, first, 1);
-    }
-    array.checkpoint().unwrap();
     // Replayed after the kill: whole stripes of pages 1 to 3 emptied,
     // single blocks of others overwritten.
-    for first in (3_200..12_000u64).step_by(16 * 5) {
-        write_run(&array, &mut model, first, 2);
-    }
+    runs_then_some_emptied(&array, &mut model, 2);
     let mut rng = rand::rngs::StdRng::seed_from_u64(48);
     for _ in 0..200 {
         let lba = rng.gen_range(0..18_000u64);
@@ -995,21 +1011,10 @@ fn a_slot_page_left_for_later_after_a_kill_past_repair_is_marked_for_the_next_op
     let (devices, array) = many_slots();
     let g = array.geometry().clone();
     let mut model = BTreeMap::new();
-    for first in (0..18_000u64).step_by(16) {
-        write_run(&array, &mut model, first, 1);
-    }
-    array.checkpoint().unwrap();
-    for first in (3_200..12_000u64).step_by(16 * 5) {
-        write_run(&array, &mut model, first, 2);
-    }
+    runs_then_some_emptied(&array, &mut model, 2);
     array.flush().unwrap();
     kill(&devices, array);
-    let (slot, pages) = slot_pages_left_for_later(&devices);
-    for j in 0..3 {
-        corrupt(&devices, &g, slot, j);
-    }
-
-    let array = tessera_array::open(open_list(&devices, &[])).unwrap();
+    let (array, pages) = opened_with_slot_pages_past_repair(&devices, &g);
     let s = array.status().unwrap();
     assert!(
         !s.recovery.clean_stop && s.recovery.checkpoint_error.is_none() && s.recovery.slot_pages_deferred > 0,
@@ -1031,15 +1036,7 @@ fn a_slot_page_left_for_later_after_a_kill_past_repair_is_marked_for_the_next_op
     array.flush().unwrap();
     kill(&devices, array);
 
-    let array = tessera_array::open(open_list(&devices, &[])).unwrap();
-    let recovery = array.status().unwrap().recovery;
-    let error = recovery.checkpoint_error.clone().expect("the checkpoint refused");
-    assert!(error.contains("slot table page"), "{error}");
-    assert_eq!(recovery.slots_scanned, g.slot_count());
-    verify(&array, &model);
-    array.check().unwrap();
-    assert!(pages_mark_becomes(&devices, false), "the mark cleared");
-    assert!(!array.status().unwrap().slot_pages_unreadable);
+    let array = opened_by_the_full_scan(&devices, &model);
     kill(&devices, array);
     let array = tessera_array::open(open_list(&devices, &[])).unwrap();
     let recovery = array.status().unwrap().recovery;
