@@ -189,8 +189,8 @@ pub struct SlotTable {
     superseded: BTreeMap<u64, HashSet<u64>>,
     /// A checkpoint's copy of the durable pages, being taken.
     snapshot: Option<Snapshot>,
-    /// Opening after a clean stop serves before it has read every durable
-    /// page (`defer_pages`): those not read yet, with where each one's
+    /// Opening serves before it has read every durable page
+    /// (`defer_pages`): those not read yet, with where each one's
     /// image is and how many free slots it counts for in `free_count`.
     /// Empty once every page is read.
     unread: BTreeMap<u64, Unread>,
@@ -525,8 +525,8 @@ impl SlotTable {
         Ok((live, format::SlotPageImage::kept_of(entries)))
     }
 
-    /// Opening after a clean stop, with the root's pages but `pages` read
-    /// (and the checkpoint's own slots taken): those are read later
+    /// Opening (after a clean stop or a crash), with the root's pages but
+    /// `pages` read (and the checkpoint's own slots taken): those are read later
     /// (`restore_unread`), and until then their slots are not handed out
     /// and count as free as the root says (`kept`).
     pub fn defer_pages(
@@ -1192,7 +1192,7 @@ mod tests {
         assert_eq!(table.free_count(), 3 * SLOT_PAGE - 200);
     }
 
-    /// Opening after a clean stop reads some pages and defers the others
+    /// Opening reads some pages and defers the others
     /// (`defer_pages`); deltas on their slots wait, and each page read
     /// later (`restore_unread`) must leave the table as reading every
     /// page at opening, freeing what nothing points at, and then taking
