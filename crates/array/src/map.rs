@@ -1048,10 +1048,6 @@ pub struct Map {
     /// Pages emptied in memory whose image the directory may still name
     /// (until a checkpoint that wrote them is durable).
     emptied: BTreeSet<u64>,
-    /// The durable images of pages changed while their directory page
-    /// was not in memory (it may go while a clean page of it stays), for
-    /// `durable_image`, until a checkpoint publishes theirs.
-    replaced: BTreeMap<u64, Arc<PageImage>>,
     /// Entries in the resident pages.
     len: usize,
     /// What `Page::bytes` adds up to over the resident pages.
@@ -1064,19 +1060,6 @@ pub struct Map {
     snapshot: Mutex<Option<Snapshot>>,
     /// Ticks once per load or eviction: pages looked at since share a tick.
     clock: AtomicU64,
-}
-
-/// Keeps `image`, the durable image of page `p` that a change drops, where
-/// the directory page that names it is not in memory.
-fn keep_replaced(
-    replaced: &mut BTreeMap<u64, Arc<PageImage>>,
-    directory: &Directory,
-    p: u64,
-    image: Option<Arc<PageImage>>,
-) {
-    if let (Some(image), Lookup::NotInMemory(_)) = (image, directory.lookup(p)) {
-        replaced.insert(p, image);
-    }
 }
 
 /// The pages a checkpoint took and has not copied yet: a page is copied
@@ -1263,16 +1246,13 @@ impl Map {
     }
 
     /// Page `p`'s durable image, as the directory names it (`None`: it
-    /// has none). The directory page must be in memory: one holding a
-    /// changed or pinned page is never evicted.
+    /// has none). The directory page must be in memory, as it is for a page in memory
+    /// or emptied in memory (`evict`).
     pub fn durable_image(&self, p: u64) -> Option<Arc<PageImage>> {
         match self.directory.lookup(p) {
             Lookup::None => None,
             Lookup::Image(image) => Some(image),
-            Lookup::NotInMemory(dir) => match self.replaced.get(&p) {
-                Some(image) => Some(image.clone()),
-                None => panic!("directory page {dir} of changed page {p} not in memory"),
-            },
+            Lookup::NotInMemory(dir) => panic!("directory page {dir} of changed page {p} not in memory"),
         }
     }
 
@@ -1383,7 +1363,6 @@ impl Map {
             self.directory.publish(update.dir, update.old, update.new, busy);
         }
         for (p, image) in pages {
-            self.replaced.remove(p);
             if let Some(page) = self.pages.get_mut(p) {
                 if !self.dirty.contains(p) {
                     page.image = image.clone();
@@ -1399,60 +1378,60 @@ impl Map {
         self.bytes + self.directory.bytes()
     }
 
-    /// Evicts clean pages and directory pages, least recently looked at
-    /// first, no page `pinned` names nor a directory page of one (or of a
-    /// changed page: its old image is looked up when it is written),
-    /// until they hold at most `limit` bytes (or a few less, so that it
-    /// is not done at every load). Returns the map pages evicted.
+    /// Evicts clean pages, least recently looked at first, none that
+    /// `pinned` names; then, if that was not enough, directory pages none
+    /// of whose pages is in memory or `pinned_dir`; until they hold at
+    /// most `limit` bytes (or a few less, so that it is not done at every
+    /// load). Returns the map pages evicted.
     pub fn evict(&mut self, limit: usize, pinned: &dyn Fn(u64) -> bool, pinned_dir: &dyn Fn(u64) -> bool) -> usize {
         if self.held_bytes() <= limit {
             return 0;
         }
         let target = limit - limit / 8;
-        // A page with an image is clean, and no checkpoint still has to
-        // copy it: a change drops the image, and a checkpoint takes only
-        // changed pages (its `publish` gives those theirs back).
-        // A directory page stays while a page of it is changed: dirty, or
-        // taken by a checkpoint and not yet given its image (one that
-        // fails gives its pages back as dirty, and the next asks each
-        // for the image it replaces, `durable_image`).
-        let mut changed = std::collections::HashSet::new();
-        let mut candidates: Vec<(u64, bool, u64)> = Vec::new();
-        for (&p, page) in &self.pages {
-            if page.image.is_none() {
-                changed.insert(directory::dir_of(p));
-            } else if !pinned(p) {
+        // Pages first: a page with an image is clean, and no checkpoint
+        // still has to copy it (a change drops the image, and a
+        // checkpoint takes only changed pages; its `publish` gives those
+        // theirs back).
+        let mut pages: Vec<(u64, u64)> = self
+            .pages
+            .iter()
+            .filter(|(p, page)| page.image.is_some() && !pinned(**p))
+            .map(|(&p, page)| {
                 debug_assert!(!self.dirty.contains(&p), "page {p} dirty with an image");
-                candidates.push((page.used.load(Ordering::Relaxed), false, p));
-            }
-        }
-        let busy = |d: u64| {
-            let (from, to) = (d * MAP_DIRECTORY_PAGES, (d + 1) * MAP_DIRECTORY_PAGES);
-            pinned_dir(d)
-                || changed.contains(&d)
-                || self.dirty.range(from..to).next().is_some()
-                || self.emptied.range(from..to).next().is_some()
-        };
-        candidates.extend(
-            self.directory
-                .eviction_candidates(&busy)
-                .into_iter()
-                .map(|(used, d)| (used, true, d)),
-        );
-        candidates.sort_unstable();
+                (page.used.load(Ordering::Relaxed), p)
+            })
+            .collect();
+        pages.sort_unstable();
         let mut evicted = 0;
-        for (_, is_dir, n) in candidates {
+        for (_, p) in pages {
             if self.held_bytes() <= target {
                 break;
             }
-            if is_dir {
-                self.directory.evict(n);
-                continue;
-            }
-            let page = self.pages.remove(&n).expect("listed just now");
+            let page = self.pages.remove(&p).expect("listed just now");
             self.bytes -= page.bytes();
             self.len -= page.entries.len();
             evicted += 1;
+        }
+        // Then directory pages none of whose pages is in memory (nor
+        // emptied in memory, nor pinned): a page in memory can always
+        // name its durable image (`durable_image`), which a checkpoint
+        // asks of each page it writes, whether the page changed while
+        // clean or was given back by a checkpoint that failed.
+        if self.held_bytes() > target {
+            let busy = |d: u64| {
+                let (from, to) = (d * MAP_DIRECTORY_PAGES, (d + 1) * MAP_DIRECTORY_PAGES);
+                pinned_dir(d)
+                    || self.pages.range(from..to).next().is_some()
+                    || self.emptied.range(from..to).next().is_some()
+            };
+            let mut dirs = self.directory.eviction_candidates(&busy);
+            dirs.sort_unstable();
+            for (_, d) in dirs {
+                if self.held_bytes() <= target {
+                    break;
+                }
+                self.directory.evict(d);
+            }
         }
         self.clock.fetch_add(1, Ordering::Relaxed);
         evicted
@@ -1585,7 +1564,7 @@ impl Map {
             let change = page.insert(base, (key, hi), version, &piece, rule, &mut gained, &mut lost);
             if gained.len() + lost.len() > changes {
                 self.dirty.insert(p);
-                keep_replaced(&mut self.replaced, &self.directory, p, page.image.take());
+                page.image = None;
             }
             self.len = self.len.checked_add_signed(change).expect("the map counts its entries");
             let after = if page.entries.is_empty() {
@@ -1637,7 +1616,7 @@ impl Map {
             }
             if to > from {
                 self.dirty.insert(p);
-                keep_replaced(&mut self.replaced, &self.directory, p, page.image.take());
+                page.image = None;
             }
             let removed: usize = gone.iter().map(Entry::arena_words).sum();
             page.words_referred -= removed;
@@ -2227,29 +2206,26 @@ mod tests {
         assert_eq!(map.durable_image(0), Some(held[&0].clone()));
     }
 
-    /// A clean page whose directory page was evicted before it (the two
-    /// are evicted least recently used first, and a page in memory is
-    /// looked at without its directory page) still knows the image it
-    /// replaces once it changes.
+    /// A directory page stays while a page of it is in memory, even one
+    /// that is clean and unpinned (before, it could go first, and a write
+    /// to the page then lost the image the page replaced); it goes once
+    /// its pages have.
     #[test]
-    fn a_page_changed_after_its_directory_page_left_knows_its_durable_image() {
+    fn a_directory_page_stays_while_a_page_of_it_is_in_memory() {
         use rand::SeedableRng;
         let mut rng = rand::rngs::StdRng::seed_from_u64(6);
         let (mut map, held) = two_durable_pages(&mut rng);
-        // Page 0 stays (looked at more recently), its directory page goes.
+        // Page 0 stays (pinned), page 1 goes; its directory page stays.
         map.evict(0, &|p| p == 0, &|_| false);
-        assert_eq!((map.page_count(), map.directory_counts().1), (1, 0));
+        assert_eq!((map.page_count(), map.directory_counts().1), (1, 1));
         write_four(&mut map, &mut rng, 0, 3);
         assert_eq!(map.take_dirty(), BTreeSet::from([0]));
         assert_eq!(map.durable_image(0), Some(held[&0].clone()));
-        // A checkpoint publishes its new image (the directory page still
-        // held as its image alone); the next change replaces that one.
-        let new = image_of(&map, 0);
-        let now = BTreeMap::from([(0, new.clone()), (1, held[&1].clone())]);
+        // Published, then nothing pinned: the pages go, then the directory page.
+        let now = BTreeMap::from([(0, image_of(&map, 0)), (1, held[&1].clone())]);
         publish(&mut map, &held, &now, &BTreeSet::from([0]));
-        assert_eq!(map.directory_counts().1, 0, "the directory page still out");
-        write_four(&mut map, &mut rng, 4, 4);
-        assert_eq!(map.durable_image(0), Some(new));
+        map.evict(0, &|_| false, &|_| false);
+        assert_eq!((map.page_count(), map.directory_counts().1), (0, 0));
     }
 
     /// Random writes, replays, relocations and removals over a few pages,
@@ -2401,7 +2377,11 @@ mod tests {
                         let expected = durable.keys().filter(|&&p| !pinned(p)).count();
                         assert_eq!(evicted, expected, "seed {seed} op {op}: evicted");
                         assert_eq!(map.page_count(), durable.len() - expected, "seed {seed} op {op}");
-                        assert_eq!(map.directory_counts().1, 0, "seed {seed} op {op}: directory evicted");
+                        assert_eq!(
+                            map.directory_counts().1,
+                            usize::from(map.page_count() > 0),
+                            "seed {seed} op {op}: the directory page stays with a page of it"
+                        );
                         read_back(&mut map, &durable, &images, &image_geometry(algorithm));
                         assert_eq!(ranges(&map), before, "seed {seed} op {op}: read back");
                     }

@@ -941,15 +941,18 @@ impl Shared {
     /// with the retries, 300 rounds were refused nothing).
     fn make_room(&self, claim: Claim) -> Result<(), ArrayError> {
         let mut sealed = self.tracker.last_sequence();
-        for _ in 1..crate::limits::MAKE_ROOM_TRIES {
+        let mut tries = 1;
+        loop {
             match self.make_room_once(claim) {
-                Err(ArrayError::NoSpace) if self.tracker.last_sequence() != sealed => {
+                Err(ArrayError::NoSpace)
+                    if tries < crate::limits::MAKE_ROOM_TRIES && self.tracker.last_sequence() != sealed =>
+                {
                     sealed = self.tracker.last_sequence();
+                    tries += 1;
                 }
                 made => return made,
             }
         }
-        self.make_room_once(claim)
     }
 
     /// One try of `make_room`.

@@ -401,7 +401,10 @@ fn a_directory_larger_than_its_cache_reads_back_exactly() {
     verify(&array, &model);
     let s = array.status().unwrap();
     assert!(s.map_bytes <= cache as u64, "{} bytes of pages kept", s.map_bytes);
-    assert!(s.map_directory_pages_in_memory < dirs / 4, "{s:?}");
+    // Most directory pages evicted: pages go first, then directory pages
+    // none of whose pages is in memory, and the 64 KiB cache keeps what
+    // it can of those (each names one page here: about 390 of 1,500).
+    assert!(s.map_directory_pages_in_memory < dirs / 3, "{s:?}");
     drop(array);
     let array = tessera_array::open_with(open_list(&devices, &[]), engine()).unwrap();
     let s = array.status().unwrap();
