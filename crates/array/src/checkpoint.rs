@@ -66,8 +66,8 @@ use crate::format::{
 use crate::limits::MAP_DIRECTORY_PAGES;
 use crate::limits::{
     CHECKPOINT_IMAGE_BYTES_PER_LOCK, CHECKPOINT_PAGES_COST_DIVISOR, CHECKPOINT_ROOTS_PER_PAGES_MAX,
-    CHECKPOINT_SLOT_PAGES_PER_LOCK, CHECKPOINT_WINDOW_DIVISOR, CHECKPOINT_WINDOW_MAX, CHECKPOINT_WINDOW_MIN,
-    MAP_STRIPES_PER_NEEDED,
+    CHECKPOINT_SLOT_PAGES_PER_LOCK, CHECKPOINT_WINDOW_CHUNKS_MAX, CHECKPOINT_WINDOW_DIVISOR, CHECKPOINT_WINDOW_MAX,
+    CHECKPOINT_WINDOW_MIN, MAP_STRIPES_PER_NEEDED,
 };
 use crate::map::directory::NewDir;
 use crate::map::directory::{dir_of, Images};
@@ -200,10 +200,12 @@ struct Written {
 }
 
 impl Shared {
-    /// Slots a checkpoint adds to its window: a quarter of the array, within bounds.
+    /// Slots a checkpoint adds to its window: a quarter of the array, within
+    /// bounds in slots and in chunks.
     pub(crate) fn window_slots(&self) -> u64 {
         let default = || {
-            (self.geometry.slot_count() / CHECKPOINT_WINDOW_DIVISOR).clamp(CHECKPOINT_WINDOW_MIN, CHECKPOINT_WINDOW_MAX)
+            let max = CHECKPOINT_WINDOW_MAX.min(CHECKPOINT_WINDOW_CHUNKS_MAX / self.geometry.width() as u64);
+            (self.geometry.slot_count() / CHECKPOINT_WINDOW_DIVISOR).clamp(CHECKPOINT_WINDOW_MIN, max)
         };
         self.options
             .window_slots

@@ -80,7 +80,8 @@ pub struct EngineOptions {
     /// something needs them (tests that look at the table half read).
     pub slot_pages_in_background: bool,
     /// Slots a checkpoint adds to its window (`None`: a quarter of the
-    /// array's, at most `limits::CHECKPOINT_WINDOW_MAX`). Fewer, for tests
+    /// array's, at most `limits::CHECKPOINT_WINDOW_MAX` and
+    /// `CHECKPOINT_WINDOW_CHUNKS_MAX` chunks). Fewer, for tests
     /// that want a window small beside the array, as on a large one.
     pub window_slots: Option<u64>,
 }

@@ -81,14 +81,26 @@ pub const ADMIT_FRACTION: f64 = 0.97;
 pub const GC_BACKGROUND_LIVE_MAX: f64 = 0.85;
 
 /// Slots a checkpoint adds to its window: a quarter of the array, within
-/// bounds. Recovery reads the headers of the window's slots (at most about
-/// twice this), so this bounds its time; new stripes go only to window
-/// slots, so a larger window means fewer checkpoints and syncs per GiB
-/// written (each costs the members a sync).
+/// bounds. Recovery after a crash reads a header for each chunk of the
+/// window's slots (at most about twice this many slots), so this bounds
+/// its time; new stripes go only to window slots, so a larger window
+/// means fewer checkpoints and syncs per GiB written (each costs the
+/// members a sync).
 pub const CHECKPOINT_WINDOW_DIVISOR: u64 = 4;
 pub const CHECKPOINT_WINDOW_MAX: u64 = 8192;
 pub const CHECKPOINT_WINDOW_MIN: u64 = 16;
 const _: () = assert!(CHECKPOINT_WINDOW_MIN <= CHECKPOINT_WINDOW_MAX);
+/// Chunks in a window at most (its slots times the stripe's width): what
+/// recovery reads grows with the chunks, not the slots. 8,192 slots of
+/// 92+8 were 819,200 header reads a window, and opening a killed 92+8
+/// array took 20.5 s (PERFORMANCE.md, "A window bounded in chunks").
+/// This many is 8,192 slots of 8+2, so no stripe of 10 chunks or fewer
+/// gets a smaller window than before, and no wider one reads more (92+8
+/// gets 819 slots). Data a window holds stays about the same across
+/// widths at one chunk size, so checkpoints come about as often per GiB
+/// written.
+pub const CHECKPOINT_WINDOW_CHUNKS_MAX: u64 = 81_920;
+const _: () = assert!(CHECKPOINT_WINDOW_MIN * 256 <= CHECKPOINT_WINDOW_CHUNKS_MAX);
 /// A new checkpoint starts in the background once fewer than this
 /// fraction of the window's slots are left free: it takes a while, and
 /// writers need the rest meanwhile.
