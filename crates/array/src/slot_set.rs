@@ -5,8 +5,7 @@
 //!   one bit per slot where an ordered set cost about 11 bytes each, and
 //!   iteration in order that skips empty stretches 4,096 slots at a time.
 //! - [`SlotPages`], a value per slot, in pages of `SLOT_PAGE` allocated
-//!   when one of their slots is first touched (read through `&self` from
-//!   many threads, as the pin counts are, or changed through `&mut self`).
+//!   when one of their slots is first changed (through `&mut self`).
 //!
 //! # Guarantees
 //!
@@ -71,12 +70,6 @@ impl<T: Default> SlotPages<T> {
     pub fn get(&self, slot: u64) -> Option<&T> {
         let (page, i) = self.page(slot);
         page.get().map(|page| &page[i])
-    }
-
-    /// Slot `slot`'s value, its page allocated if it was not.
-    pub fn get_or_init(&self, slot: u64) -> &T {
-        let (page, i) = self.page(slot);
-        &page.get_or_init(Self::new_page)[i]
     }
 
     pub fn get_mut(&mut self, slot: u64) -> &mut T {

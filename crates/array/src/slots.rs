@@ -35,30 +35,48 @@ use tessera_checksum::Algorithm;
 /// reader pins the slots it will read while it holds the lock's read side,
 /// so a slot the allocator (holding the write side) sees unpinned cannot
 /// gain a reader of its old contents.
+///
+/// The counts are a fixed table (`PIN_COUNTS` at most), a slot's count
+/// at its number modulo the table's size: slots that far apart share one,
+/// so one of them pinned makes the others look pinned too. Whoever asks
+/// (allocation, a checkpoint's slots, garbage collection's victims,
+/// healing's room) passes such a slot over or waits, so a shared count
+/// delays a slot's reuse for as long as a read, and never lets a slot be
+/// rewritten under a reader. A count per slot cost 4 bytes of RAM a used
+/// slot (PERFORMANCE.md, "Pin counts in a fixed table").
 pub struct Pins {
-    counts: SlotPages<AtomicU32>,
+    counts: Box<[AtomicU32]>,
 }
+
+/// Pin counts at most: 256 KiB, and exact (a count a slot) for arrays of
+/// up to this many slots. A request pins the few slots it reads, and
+/// neighbouring slots never share a count.
+const PIN_COUNTS: u64 = 65_536;
 
 impl Pins {
     pub fn new(count: u64) -> Pins {
         Pins {
-            counts: SlotPages::new(count),
+            counts: (0..count.clamp(1, PIN_COUNTS)).map(|_| AtomicU32::new(0)).collect(),
         }
     }
 
+    fn count(&self, slot: u64) -> &AtomicU32 {
+        &self.counts[(slot % self.counts.len() as u64) as usize]
+    }
+
     pub fn pin(&self, slot: u64) {
-        self.counts.get_or_init(slot).fetch_add(1, Ordering::AcqRel);
+        self.count(slot).fetch_add(1, Ordering::AcqRel);
     }
 
     pub fn unpin(&self, slot: u64) {
-        let before = self.counts.get_or_init(slot).fetch_sub(1, Ordering::AcqRel);
+        let before = self.count(slot).fetch_sub(1, Ordering::AcqRel);
         assert!(before > 0, "slot {slot} unpinned more than pinned");
     }
 
+    /// Whether a reader may be reading `slot` (or a slot sharing its
+    /// count).
     pub fn pinned(&self, slot: u64) -> bool {
-        self.counts
-            .get(slot)
-            .is_some_and(|count| count.load(Ordering::Acquire) > 0)
+        self.count(slot).load(Ordering::Acquire) > 0
     }
 }
 
@@ -1115,6 +1133,36 @@ mod tests {
     fn a_used_slot_costs_24_bytes_of_ram() {
         // docs/ENGINE.md counts the slot table's RAM at scale from this.
         assert_eq!(std::mem::size_of::<Slot>(), 24);
+    }
+
+    /// Pin counts are a fixed table: a slot shares its count with the
+    /// slots `PIN_COUNTS` apart, and allocation passes them all over while
+    /// one is pinned; neighbours are not held up, and the others are
+    /// taken again once it is unpinned.
+    #[test]
+    fn slots_sharing_a_pin_count_are_passed_over_together() {
+        let count = 2 * PIN_COUNTS + 8;
+        let mut table = SlotTable::new(Algorithm::Crc32c, count);
+        let pins = Pins::new(count);
+        assert_eq!(pins.counts.len() as u64, PIN_COUNTS);
+        pins.pin(3);
+        pins.pin(3);
+        let sharing = [3, 3 + PIN_COUNTS, 3 + 2 * PIN_COUNTS];
+        assert!(sharing.iter().all(|&s| pins.pinned(s)));
+        assert!(!pins.pinned(2) && !pins.pinned(4) && !pins.pinned(4 + PIN_COUNTS));
+        let taken: Vec<u64> = (0..5).map(|_| table.allocate(|_| true, &pins).unwrap()).collect();
+        assert_eq!(taken, [0, 1, 2, 4, 5]);
+        // Preferring the slots that share the count takes another.
+        let preferred = |s: u64| s % PIN_COUNTS == 3;
+        let other = table.allocate(preferred, &pins).unwrap();
+        assert!(!sharing.contains(&other), "slot {other} taken while pinned");
+        pins.unpin(3);
+        assert!(sharing.iter().all(|&s| pins.pinned(s)), "still pinned once");
+        pins.unpin(3);
+        assert!(!sharing.iter().any(|&s| pins.pinned(s)));
+        assert_eq!(table.allocate(preferred, &pins), Some(3));
+        // A small array's table has a count a slot.
+        assert_eq!(Pins::new(100).counts.len(), 100);
     }
 
     /// What user stripe superseded a record in a slot last, kept apart from
