@@ -43,8 +43,8 @@ use tessera_checksum::Algorithm;
 /// healing's room) passes such a slot over or waits, so a shared count
 /// delays a slot's reuse for as long as a read, and never lets a slot be
 /// rewritten under a reader. A count per slot cost 4 bytes of RAM a used
-/// slot beside its `Slot` (counted from the types: 840 MB at 100 TiB of
-/// 8+2 with 64 KiB chunks).
+/// slot beside its `Slot` (counted from the types: 840 MB for 100 TiB of
+/// 8+2 data in 64 KiB chunks, 210 M stripes).
 pub struct Pins {
     counts: Box<[AtomicU32]>,
 }
