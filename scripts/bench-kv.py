@@ -20,6 +20,7 @@ import json
 import os
 import statistics
 import subprocess
+import threading
 import time
 
 import numpy as np
@@ -84,20 +85,36 @@ act("create", {"name": "bench", "schema": schema})
 
 
 def put(name, part):
+    """One DoPut of `part`; the times its acknowledgments came, read on
+    a thread of their own while the batches go out."""
     writer, reader = client.do_put(fl.FlightDescriptor.for_path(name), part.schema)
+    acked = []
+
+    def acks():
+        while reader.read() is not None:
+            acked.append(time.perf_counter())
+
+    thread = threading.Thread(target=acks)
+    thread.start()
     writer.write_table(part, max_chunksize=1 << 16)
     writer.done_writing()
-    while reader.read() is not None:
-        pass
+    thread.join()
     writer.close()
+    return acked
 
 
 start = time.perf_counter()
-put("bench", table)
+acked = put("bench", table)
 insert = time.perf_counter() - start
 insert_rate = mb / insert
 row("KV insert (pyarrow.flight, one DoPut stream, durable)", f"{insert_rate:.0f} MB/s, {n / insert / 1e6:.2f} M records/s",
     f"{insert_rate / seq_rate:.2f}x the array's sequential write")
+# An insert stall: the longest the client went on sending with no insert
+# made durable (from the stream's start to its first acknowledgment,
+# then between acknowledgments; an insert is about 16 MiB).
+gaps = [b - a for a, b in zip([start] + acked, acked)]
+row("KV insert, the longest wait for an acknowledgment in that stream", f"{max(gaps) * 1e3:.0f} ms",
+    f"{len(acked)} acknowledgments, median gap {statistics.median(gaps) * 1e3:.0f} ms")
 act("create", {"name": "puts", "schema": schema})
 # The first DoPut of a client process is the slowest: pyarrow's first
 # serialization of 1 M records took 161 ms where the third took 19 (its

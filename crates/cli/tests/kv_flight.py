@@ -170,6 +170,29 @@ if mode == "main":
     assert sorted(table.column("id").to_pylist()) == list(range(1_999_990, 2_000_000))
     assert status("big")["inserted"] == 2_000_000
     act("drop", {"name": "big"})
+    # Acknowledgments come while the stream goes on: after more than two
+    # inserts' worth of batches (43 MB, inserts of about 16 MiB), one is
+    # read before the client is done writing. A server that sent them
+    # only at the end left this read waiting until the call's timeout
+    # (seen).
+    act("create", {"name": "stream", "schema": SCHEMA})
+    parts = [particles(100_000, 100_000 * i, 20 + i) for i in range(14)]
+    writer, reader = client.do_put(fl.FlightDescriptor.for_path("stream"), parts[0].schema,
+                                   fl.FlightCallOptions(timeout=60))
+    for part in parts[:12]:
+        writer.write_table(part)
+    first = json.loads(reader.read().to_pybytes())
+    assert 0 < first["rows"] < 1_200_000, first
+    for part in parts[12:]:
+        writer.write_table(part)
+    writer.done_writing()
+    acks = [first]
+    while (buf := reader.read()) is not None:
+        acks.append(json.loads(buf.to_pybytes()))
+    writer.close()
+    assert acks[-1] == {"rows": 1_400_000}, acks
+    assert status("stream")["inserted"] == 1_400_000
+    act("drop", {"name": "stream"})
     print(json.dumps({"threshold": threshold, "counts": counts}))
 
 elif mode == "fill":

@@ -6,7 +6,8 @@
 //!   every space); the result is JSON.
 //! - `DoPut` with the descriptor path `[space]`: the stream's batches are
 //!   inserted, about 16 MiB an insert; a `PutResult` (`{"rows": n}`,
-//!   the records durable so far) follows each insert.
+//!   the records durable so far) is sent as each insert is durable,
+//!   while the stream goes on.
 //! - `GetFlightInfo` with a command `{"space": ..., "query": ...}` (the
 //!   query as `crate::query` has it), or a path `[space]` (every
 //!   record): one endpoint whose ticket is the command; its app metadata
@@ -24,6 +25,7 @@ use crate::query::Query;
 use crate::space::Space;
 use crate::store::Store;
 use crate::{KvError, SpaceSchema};
+use arrow_array::RecordBatch;
 use arrow_flight::decode::FlightRecordBatchStream;
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::error::FlightError;
@@ -70,6 +72,91 @@ struct CreateRequest {
 struct NameRequest {
     #[serde(default)]
     name: Option<String>,
+}
+
+/// Inserts a DoPut stream's batches into `space`, about
+/// `PUT_INSERT_BYTES` an insert, one running while the next one's batches
+/// arrive; each acknowledged on `acks`, in order, as soon as it returns
+/// (durable). Returns the status that ends the stream early, if one does.
+async fn insert_stream(
+    space: Arc<Space>,
+    data: BoxStream<'static, Result<FlightData, FlightError>>,
+    acks: &tokio::sync::mpsc::UnboundedSender<Result<PutResult, Status>>,
+) -> Result<(), Status> {
+    /// What came first: the insert under way ended, or the stream's
+    /// next batch (or its end).
+    enum Next {
+        Inserted(Result<Result<u64, KvError>, tokio::task::JoinError>),
+        Batch(Option<Result<RecordBatch, FlightError>>),
+    }
+    let mut batches = FlightRecordBatchStream::new_from_flight_data(data);
+    let record_bytes = space.schema().record_bytes();
+    let (mut pending, mut bytes, mut rows) = (Vec::new(), 0usize, 0u64);
+    let inserted_before = |rows: u64, status: Status| {
+        Status::new(
+            status.code(),
+            format!(
+                "{} ({rows} records of this stream were inserted before it)",
+                status.message()
+            ),
+        )
+    };
+    let mut running: Option<tokio::task::JoinHandle<Result<u64, KvError>>> = None;
+    let mut finished = false;
+    loop {
+        let full = !pending.is_empty() && (finished || bytes >= PUT_INSERT_BYTES);
+        if running.is_none() {
+            if full {
+                let space = space.clone();
+                let taken = std::mem::take(&mut pending);
+                bytes = 0;
+                running = Some(tokio::task::spawn_blocking(move || space.insert(&taken)));
+                continue;
+            }
+            if finished {
+                return Ok(());
+            }
+        }
+        let next = match running.as_mut() {
+            // Nothing to do but wait for the insert under way.
+            Some(insert) if full || finished => Next::Inserted(insert.await),
+            Some(insert) => tokio::select! {
+                done = insert => Next::Inserted(done),
+                batch = batches.next() => Next::Batch(batch),
+            },
+            None => Next::Batch(batches.next().await),
+        };
+        match next {
+            Next::Inserted(done) => {
+                running = None;
+                rows += done
+                    .map_err(|e| Status::internal(format!("a KV task failed: {e}")))?
+                    .map_err(|e| inserted_before(rows, status_of(e)))?;
+                let ack = PutResult {
+                    app_metadata: serde_json::to_vec(&serde_json::json!({ "rows": rows })).unwrap().into(),
+                };
+                // A client gone ends the stream at its next message (an
+                // insert under way still ends).
+                let _ = acks.send(Ok(ack));
+            }
+            Next::Batch(Some(Ok(batch))) => {
+                bytes += batch.num_rows() * record_bytes;
+                pending.push(batch);
+            }
+            Next::Batch(Some(Err(e))) => {
+                // The insert under way ends first, so that the count
+                // said is what is in the space.
+                if let Some(insert) = running.take() {
+                    if let Ok(Ok(n)) = insert.await {
+                        rows += n;
+                    }
+                }
+                let status = Status::invalid_argument(format!("malformed Flight data: {e}"));
+                return Err(inserted_before(rows, status));
+            }
+            Next::Batch(None) => finished = true,
+        }
+    }
 }
 
 pub fn status_of(e: KvError) -> Status {
@@ -144,7 +231,15 @@ impl KvFlight {
             })
     }
 
-    async fn put(&self, request: Request<Streaming<FlightData>>) -> Result<Vec<PutResult>, Status> {
+    /// A DoPut stream's space, from its first message (an error here is
+    /// the call's status), and the acknowledgments of its inserts as
+    /// they are made durable: a client streaming a long DoPut sees them
+    /// while it still sends, and an error ends them with a status that
+    /// counts the records inserted before it.
+    async fn put(
+        &self,
+        request: Request<Streaming<FlightData>>,
+    ) -> Result<BoxStream<'static, Result<PutResult, Status>>, Status> {
         let mut input = request.into_inner();
         let first = input
             .message()
@@ -156,64 +251,13 @@ impl KvFlight {
             .ok_or_else(|| Status::invalid_argument("DoPut's first message has no descriptor (path [space])"))?;
         let space = self.space_of_path(&descriptor)?;
         let data = stream::once(async { Ok(first) }).chain(input.map_err(FlightError::from));
-        let mut batches = FlightRecordBatchStream::new_from_flight_data(data);
-        let record_bytes = space.schema().record_bytes();
-        let (mut pending, mut bytes, mut rows) = (Vec::new(), 0usize, 0u64);
-        let mut acks = Vec::new();
-        let inserted_before = |rows: u64, status: Status| {
-            Status::new(
-                status.code(),
-                format!(
-                    "{} ({rows} records of this stream were inserted before it)",
-                    status.message()
-                ),
-            )
-        };
-        // One insert runs while the next one's batches arrive; each is
-        // acknowledged, in order, once it returns (durable).
-        let mut running: Option<tokio::task::JoinHandle<Result<u64, KvError>>> = None;
-        let mut finished = false;
-        loop {
-            if !finished {
-                match batches.next().await {
-                    Some(Ok(batch)) => {
-                        bytes += batch.num_rows() * record_bytes;
-                        pending.push(batch);
-                    }
-                    Some(Err(e)) => {
-                        // The insert under way ends first, so that the
-                        // count said is what is in the space.
-                        if let Some(insert) = running.take() {
-                            if let Ok(Ok(n)) = insert.await {
-                                rows += n;
-                            }
-                        }
-                        let status = Status::invalid_argument(format!("malformed Flight data: {e}"));
-                        return Err(inserted_before(rows, status));
-                    }
-                    None => finished = true,
-                }
+        let (acks, said) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            if let Err(status) = insert_stream(space, data.boxed(), &acks).await {
+                let _ = acks.send(Err(status));
             }
-            let start = !pending.is_empty() && (finished || bytes >= PUT_INSERT_BYTES);
-            if let Some(insert) = running.take_if(|_| start || finished) {
-                rows += insert
-                    .await
-                    .map_err(|e| Status::internal(format!("a KV task failed: {e}")))?
-                    .map_err(|e| inserted_before(rows, status_of(e)))?;
-                acks.push(PutResult {
-                    app_metadata: serde_json::to_vec(&serde_json::json!({ "rows": rows })).unwrap().into(),
-                });
-            }
-            if start {
-                let space = space.clone();
-                let taken = std::mem::take(&mut pending);
-                bytes = 0;
-                running = Some(tokio::task::spawn_blocking(move || space.insert(&taken)));
-            }
-            if finished && running.is_none() && pending.is_empty() {
-                return Ok(acks);
-            }
-        }
+        });
+        Ok(stream::unfold(said, |mut said| async move { said.recv().await.map(|ack| (ack, said)) }).boxed())
     }
 
     async fn action(&self, action: Action) -> Result<serde_json::Value, Status> {
@@ -326,8 +370,7 @@ impl FlightService for KvFlight {
     }
 
     async fn do_put(&self, request: Request<Streaming<FlightData>>) -> Result<Response<Self::DoPutStream>, Status> {
-        let acks = self.put(request).await?;
-        Ok(Response::new(stream::iter(acks.into_iter().map(Ok)).boxed()))
+        Ok(Response::new(self.put(request).await?))
     }
 
     async fn do_action(&self, request: Request<Action>) -> Result<Response<Self::DoActionStream>, Status> {
