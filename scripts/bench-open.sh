@@ -10,13 +10,19 @@
 # the build that opens it (the format may differ).
 #
 # With KILL=1 the server is killed (kill -9) after the fill, which
-# nbdcopy FLUSHes, instead of stopped: one killed array a size, made by
-# the last build, and five rounds in which each build in turn opens a
-# fresh sparse copy of it (an opening leaves a checkpoint behind it, so
-# the next one would be after a clean stop). Members of 4 KiB chunks
-# take 2.5x the data on disk (a header sector a chunk): 4G needs ~25 GB.
+# nbdcopy FLUSHes, instead of stopped, for each of SHAPES (default 8+2;
+# K+M members of DEVICE_SIZE, default 8G): one killed array a size, made
+# by the last build, and ROUNDS (default 5) rounds in which each build in
+# turn opens a fresh sparse copy of it (an opening leaves a checkpoint
+# behind it, so the next one would be after a clean stop); with OWN=1,
+# each build makes and opens its own (the window a checkpoint takes is
+# the writer's), and what its fill cost is printed (seconds, checkpoints,
+# member bytes a client byte). Members of 4 KiB chunks take 2.5x the
+# data on disk (a header sector a chunk): 4G needs ~25 GB; OWN=1 that
+# much a build.
 #
-#   [KILL=1] OLD=path/to/old/tessera [TESSERA=path/to/new] scripts/bench-open.sh [SIZE ...]   (default: 2G 8G)
+#   [KILL=1 [OWN=1] [SHAPES="8+2 92+8"] [DEVICE_SIZE=8G] [ROUNDS=5]] \
+#     OLD=path/to/old/tessera [TESSERA=path/to/new] scripts/bench-open.sh [SIZE ...]   (default: 2G 8G)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -gt 0 ]; then sizes=("$@"); else sizes=(2G 8G); fi
@@ -26,35 +32,51 @@ if [ -z "${TESSERA:-}" ]; then
 fi
 builds=("new=$TESSERA")
 [ -n "${OLD:-}" ] && builds=("old=$OLD" "${builds[@]}")
-echo "8+2, 4 KiB chunks, 10 x 8 GiB sparse members; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), model $(grep -m1 '^model\s' /proc/cpuinfo | cut -d: -f2 | xargs)"
+cpu="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), model $(grep -m1 '^model\s' /proc/cpuinfo | cut -d: -f2 | xargs)"
 if [ "${KILL:-0}" = 1 ]; then
-  # One killed array a size, made by the last build given, opened by
-  # each build in turn (the format is the same) from fresh copies.
-  for size in "${sizes[@]}"; do
-    (
-      export TESSERA=${builds[-1]#*=}
-      source scripts/bench-lib.sh
-      "$TESSERA" create --data 8 --parity 2 --dir "$work/array" --devices 10 --device-size 8G --chunk-size 4K >/dev/null
-      serve
-      nbdcopy --flush --connections=4 --requests=64 -- [ nbdkit pattern size="$size" ] "nbd+unix:///tessera?socket=$work/s.sock"
-      kill_server
-      mv "$work/array" "$work/killed"
-      declare -A runs=()
-      for _ in 1 2 3 4 5; do
-        for build in "${builds[@]}"; do
-          rm -rf "$work/array"
-          cp -a --sparse=always "$work/killed" "$work/array"
-          sync
-          runs[$build]="${runs[$build]:-} $("${build#*=}" status "$work/array" --json | json_expr "'%s/%s/%s/%s' % (j['recovery']['milliseconds'], j['recovery'].get('slot_pages_deferred', '-'), j['recovery'].get('slot_pages', '-'), j['recovery']['stripes_replayed'])")"
+  device_size=${DEVICE_SIZE:-8G}
+  echo "killed after the fill; 4 KiB chunks, members of $device_size, sparse; $cpu"
+  for shape in ${SHAPES:-8+2}; do
+    data=${shape%+*}
+    parity=${shape#*+}
+    for size in "${sizes[@]}"; do
+      (
+        source scripts/bench-lib.sh
+        makers=("${builds[-1]}")
+        [ "${OWN:-0}" = 1 ] && makers=("${builds[@]}")
+        for build in "${makers[@]}"; do
+          TESSERA=${build#*=}
+          "$TESSERA" create --data "$data" --parity "$parity" --dir "$work/array" --devices $((data + parity)) \
+            --device-size "$device_size" --chunk-size 4K >/dev/null
+          serve
+          start=$(date +%s.%N)
+          nbdcopy --flush --connections=4 --requests=64 -- [ nbdkit pattern size="$size" ] "nbd+unix:///tessera?socket=$work/s.sock"
+          end=$(date +%s.%N)
+          fill=$("$TESSERA" status "$work/array" --json | json_expr "'%d checkpoints, %.2f member bytes a client byte' % (j['checkpoints_written'], j['member_bytes_written'] / j['user_bytes_written'])")
+          kill_server
+          mv "$work/array" "$work/killed-${build%%=*}"
+          echo "$shape $size ${build%%=*}: fill $(python3 -c "print(f'{$end - $start:.1f}')") s, $fill"
         done
-      done
-      for build in "${builds[@]}"; do
-        echo "${build%%=*} $size (killed): opening ms/slot pages left for later/named/stripes replayed:${runs[$build]}"
-      done
-    )
+        declare -A runs=()
+        for _ in $(seq "${ROUNDS:-5}"); do
+          for build in "${builds[@]}"; do
+            maker=${builds[-1]%%=*}
+            [ "${OWN:-0}" = 1 ] && maker=${build%%=*}
+            rm -rf "$work/array"
+            cp -a --sparse=always "$work/killed-$maker" "$work/array"
+            sync
+            runs[$build]="${runs[$build]:-} $("${build#*=}" status "$work/array" --json | json_expr "'%s/%s/%s/%s/%s' % (j['recovery']['milliseconds'], j['recovery']['slots_scanned'], j['recovery']['stripes_replayed'], j['recovery'].get('slot_pages_deferred', '-'), j['recovery'].get('slot_pages', '-'))")"
+          done
+        done
+        for build in "${builds[@]}"; do
+          echo "$shape $size ${build%%=*} (killed): opening ms/slots scanned/stripes replayed/slot pages left for later/named:${runs[$build]}"
+        done
+      )
+    done
   done
   exit 0
 fi
+echo "8+2, 4 KiB chunks, 10 x 8 GiB sparse members; $cpu"
 for size in "${sizes[@]}"; do
   for build in "${builds[@]}"; do
     (

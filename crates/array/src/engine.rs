@@ -76,8 +76,9 @@ pub struct EngineOptions {
     /// of them is about 32 KiB a page (`limits::OPEN_SLOT_PAGES_PER_BATCH`
     /// by default). Fewer, to test opening in many batches.
     pub open_slot_pages_per_batch: usize,
-    /// Whether a thread reads the slot pages opening left unread (`slot_loader`); without it they are read when
-    /// something needs them (tests that look at the table half read).
+    /// Whether a thread reads the slot pages opening left unread
+    /// (`slot_loader`); without it they are read when something needs
+    /// them (tests that look at the table half read).
     pub slot_pages_in_background: bool,
     /// Slots a checkpoint adds to its window (`None`: a quarter of the
     /// array's, at most `limits::CHECKPOINT_WINDOW_MAX` and

@@ -1246,8 +1246,8 @@ impl Map {
     }
 
     /// Page `p`'s durable image, as the directory names it (`None`: it
-    /// has none). The directory page must be in memory, as it is for a page in memory
-    /// or emptied in memory (`evict`).
+    /// has none). The directory page must be in memory, as it is for a
+    /// page in memory or emptied in memory (`evict`).
     pub fn durable_image(&self, p: u64) -> Option<Arc<PageImage>> {
         match self.directory.lookup(p) {
             Lookup::None => None,

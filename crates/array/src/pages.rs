@@ -196,12 +196,22 @@ impl Shared {
     /// Evicts clean pages, none pinned, past the cache's size.
     pub(crate) fn evict_pages(&self, index: &mut Index) {
         let pins = self.page_pins.lock();
-        let dirs: std::collections::HashSet<u64> = pins.keys().map(|&p| crate::map::directory::dir_of(p)).collect();
-        let evicted = index
-            .map
-            .evict(self.options.map_cache_bytes, &|page| pins.contains_key(&page), &|dir| {
-                dirs.contains(&dir)
-            });
+        // The pinned pages' directory pages, gathered only if directory
+        // pages are to go (most calls evict nothing, or pages alone).
+        let dirs = std::cell::OnceCell::new();
+        let pinned_dir = |dir: u64| {
+            dirs.get_or_init(|| {
+                pins.keys()
+                    .map(|&p| crate::map::directory::dir_of(p))
+                    .collect::<std::collections::HashSet<u64>>()
+            })
+            .contains(&dir)
+        };
+        let evicted = index.map.evict(
+            self.options.map_cache_bytes,
+            &|page| pins.contains_key(&page),
+            &pinned_dir,
+        );
         Counters::add(&self.counters.map_pages_evicted, evicted as u64);
     }
 

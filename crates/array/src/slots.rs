@@ -545,9 +545,9 @@ impl SlotTable {
     }
 
     /// Opening (after a clean stop or a crash), with the root's pages but
-    /// `pages` read (and the checkpoint's own slots taken): those are read later
-    /// (`restore_unread`), and until then their slots are not handed out
-    /// and count as free as the root says (`kept`).
+    /// `pages` read (and the checkpoint's own slots taken): those are
+    /// read later (`restore_unread`), and until then their slots are not
+    /// handed out and count as free as the root says (`kept`).
     pub fn defer_pages(
         &mut self,
         pages: impl IntoIterator<Item = (u64, format::SlotPageImage)>,

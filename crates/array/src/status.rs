@@ -237,7 +237,7 @@ impl Shared {
         let g = &self.geometry;
         let c = &self.counters;
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        let (used, free, degraded, mapped, stored, map) = {
+        let (used, free, degraded, mapped, stored, map, slot_pages) = {
             let index = self.index();
             // Counted, not walked: `status` is asked every second by the
             // dashboard and `iostat`, and a walk of every slot in use
@@ -272,6 +272,7 @@ impl Shared {
                     index.map.directory_totals().1,
                     index.map.directory_counts(),
                 ),
+                (index.slots.unread_count() as u64, index.slots.pages_unreadable()),
             )
         };
         let volumes = self.volume_statuses();
@@ -379,8 +380,8 @@ impl Shared {
             map_page_hits: load(&c.map_page_hits),
             map_page_misses: load(&c.map_page_misses),
             map_pages_evicted: load(&c.map_pages_evicted),
-            slot_pages_unread: self.index().slots.unread_count() as u64,
-            slot_pages_unreadable: self.index().slots.pages_unreadable(),
+            slot_pages_unread: slot_pages.0,
+            slot_pages_unreadable: slot_pages.1,
             writers_waited_for_members_ms: load(&c.waited_for_members_us) / 1000,
             writers_waited_for_slot_ms: load(&c.waited_for_slot_us) / 1000,
             recovery: self.recovery.lock().unwrap_or_else(|p| p.into_inner()).clone(),
