@@ -23,6 +23,9 @@ pub struct Counters {
     pub map_page_hits: AtomicU64,
     pub map_page_misses: AtomicU64,
     pub map_pages_evicted: AtomicU64,
+    /// Reads of map stripes for page and directory page images: pages
+    /// lying near each other in one stripe are read together.
+    pub map_page_reads: AtomicU64,
     pub user_bytes_written: AtomicU64,
     /// Shared with the member I/O threads, which add what they write.
     pub member_bytes_written: Arc<AtomicU64>,
@@ -179,6 +182,10 @@ pub struct Status {
     pub map_page_misses: u64,
     #[serde(default)]
     pub map_pages_evicted: u64,
+    /// Reads of map stripes that brought pages and directory pages in
+    /// (pages near each other in one stripe are read at once).
+    #[serde(default)]
+    pub map_page_reads: u64,
     /// Slot table pages opening left to be read after it that are still
     /// unread (garbage collection, checkpoints, rebuilds and scrubs wait
     /// for them; `recovery` says how many there were).
@@ -379,6 +386,7 @@ impl Shared {
             map_directory_pages_in_memory: map.7 .1 as u64,
             map_page_hits: load(&c.map_page_hits),
             map_page_misses: load(&c.map_page_misses),
+            map_page_reads: load(&c.map_page_reads),
             map_pages_evicted: load(&c.map_pages_evicted),
             slot_pages_unread: slot_pages.0,
             slot_pages_unreadable: slot_pages.1,

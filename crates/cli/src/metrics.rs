@@ -102,6 +102,7 @@ pub struct Metrics {
     compression_ratio: FloatGauge,
     repairs: Family<KindLabels, Gauge>,
     written: Family<KindLabels, Gauge>,
+    checkpoints: Family<KindLabels, Gauge>,
     map: Family<KindLabels, Gauge>,
     scrub: Family<KindLabels, Gauge>,
     rebuild: Family<KindMemberLabels, Gauge>,
@@ -192,10 +193,16 @@ impl Metrics {
             "Since start: bytes clients wrote, bytes written to the members (stripes with parity, log blocks), bytes garbage collection relocated, bytes of map checkpoints written to the members",
             written.clone(),
         );
+        let checkpoints = Family::<KindLabels, Gauge>::default();
+        registry.register(
+            "checkpoints",
+            "Since start: map checkpoints written, those of them a root alone, those forced for room, those dropped",
+            checkpoints.clone(),
+        );
         let map = Family::<KindLabels, Gauge>::default();
         registry.register(
             "map",
-            "The map: mappings held in memory and the bytes they take, pages held and changed since the checkpoint, map stripes holding the checkpoint's page images; the map cache's size, pages with an image on the members and their bytes, the map's directory pages and those in memory, lookups that found their pages, pages read in and evicted; the slot pages opening left to read after it that are still unread, and whether one of them cannot be read (1: the next opening reads them all)",
+            "The map: mappings held in memory and the bytes they take, pages held and changed since the checkpoint, map stripes holding the checkpoint's page images; the map cache's size, pages with an image on the members and their bytes, the map's directory pages and those in memory, lookups that found their pages, pages read in, reads of map stripes that brought them in, pages evicted; the slot pages opening left to read after it that are still unread, and whether one of them cannot be read (1: the next opening reads them all)",
             map.clone(),
         );
         let scrub = Family::<KindLabels, Gauge>::default();
@@ -247,6 +254,7 @@ impl Metrics {
             compression_ratio,
             repairs,
             written,
+            checkpoints,
             map,
             scrub,
         }
@@ -325,6 +333,10 @@ impl Metrics {
         gauge(&self.written, "members", s.member_bytes_written);
         gauge(&self.written, "gc_relocated", s.gc_bytes_relocated);
         gauge(&self.written, "checkpoint", s.checkpoint_bytes_written);
+        gauge(&self.checkpoints, "written", s.checkpoints_written);
+        gauge(&self.checkpoints, "root_only", s.checkpoints_root_only);
+        gauge(&self.checkpoints, "forced", s.checkpoints_forced);
+        gauge(&self.checkpoints, "dropped", s.checkpoints_dropped);
         gauge(&self.map, "mappings", s.map_mappings);
         gauge(&self.map, "bytes", s.map_bytes);
         gauge(&self.map, "pages", s.map_pages);
@@ -337,6 +349,7 @@ impl Metrics {
         gauge(&self.map, "directory_pages_in_memory", s.map_directory_pages_in_memory);
         gauge(&self.map, "page_hits", s.map_page_hits);
         gauge(&self.map, "page_misses", s.map_page_misses);
+        gauge(&self.map, "page_reads", s.map_page_reads);
         gauge(&self.map, "pages_evicted", s.map_pages_evicted);
         gauge(&self.map, "slot_pages_unread", s.slot_pages_unread);
         gauge(&self.map, "slot_pages_unreadable", u64::from(s.slot_pages_unreadable));

@@ -236,7 +236,7 @@ fn print_status(s: &Status) {
         s.checksum_errors, s.chunks_repaired, s.reconstructed_reads, s.stripes_reconstructed, s.unrecoverable_reads
     );
     println!(
-        "map cache: {} of {} used by {} pages and {} of {} directory pages in memory; {} pages ({}) with an image on the members; {} lookups found their pages, {} pages read in, {} evicted",
+        "map cache: {} of {} used by {} pages and {} of {} directory pages in memory; {} pages ({}) with an image on the members; {} lookups found their pages, {} pages read in ({} reads of map stripes), {} evicted",
         human(s.map_bytes),
         human(s.map_cache_bytes),
         s.map_pages,
@@ -246,6 +246,7 @@ fn print_status(s: &Status) {
         human(s.map_bytes_on_members),
         s.map_page_hits,
         s.map_page_misses,
+        s.map_page_reads,
         s.map_pages_evicted
     );
     let sequence = |value: Option<u64>| value.map_or("none".to_string(), |s| s.to_string());

@@ -1847,11 +1847,15 @@ fn prometheus_metrics_count_requests_and_show_member_states() {
     for kind in ["checkpoint", "gc_relocated"] {
         written(kind);
     }
+    for kind in ["written", "root_only", "forced", "dropped"] {
+        metric(&text, &format!("tessera_checkpoints{{kind=\"{kind}\"}}"));
+    }
     // The map holds the 1 MiB written: 16 extents of at most 64 KiB, at
     // least 40 bytes each.
     let map = |kind: &str| metric(&text, &format!("tessera_map{{kind=\"{kind}\"}}"));
     assert!(map("mappings") >= 16.0, "{text}");
     assert!(map("bytes") >= 40.0 * map("mappings"), "{text}");
+    map("page_reads");
     assert_eq!(
         metric(&text, "tessera_stripes{kind=\"degraded\"}") as u64,
         metric(&text, "tessera_stripes{kind=\"used\"}") as u64
