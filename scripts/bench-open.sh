@@ -19,10 +19,18 @@
 # the writer's), and what its fill cost is printed (seconds, checkpoints,
 # member bytes a client byte). Members of 4 KiB chunks take 2.5x the
 # data on disk (a header sector a chunk): 4G needs ~25 GB; OWN=1 that
-# much a build.
+# much a build. With RANDOM_S=seconds, the array is instead exported thin
+# at SIZE and written by fio at random (4 KiB, QD32, fsync every 256
+# writes, incompressible) for that long, then killed: the window full of
+# writes each in a map page of its own (CHUNK sets the chunk size,
+# default 4K). Each opening also prints the map pages read in and the
+# reads of map stripes that brought them.
 #
-#   [KILL=1 [OWN=1] [SHAPES="8+2 92+8"] [DEVICE_SIZE=8G] [ROUNDS=5]] \
+#   [KILL=1 [OWN=1] [SHAPES="8+2 92+8"] [DEVICE_SIZE=8G] [ROUNDS=5] [RANDOM_S=55 [CHUNK=64K]]] \
 #     OLD=path/to/old/tessera [TESSERA=path/to/new] scripts/bench-open.sh [SIZE ...]   (default: 2G 8G)
+#
+# e.g. the window after random writes over a 1 TiB export:
+#   KILL=1 RANDOM_S=55 CHUNK=64K DEVICE_SIZE=4G ROUNDS=3 OLD=... scripts/bench-open.sh 1T
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -gt 0 ]; then sizes=("$@"); else sizes=(2G 8G); fi
@@ -35,7 +43,8 @@ builds=("new=$TESSERA")
 cpu="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), model $(grep -m1 '^model\s' /proc/cpuinfo | cut -d: -f2 | xargs)"
 if [ "${KILL:-0}" = 1 ]; then
   device_size=${DEVICE_SIZE:-8G}
-  echo "killed after the fill; 4 KiB chunks, members of $device_size, sparse; $cpu"
+  chunk=${CHUNK:-4K}
+  echo "killed after the fill; $chunk chunks, members of $device_size, sparse$([ -n "${RANDOM_S:-}" ] && echo ", ${RANDOM_S} s of random 4 KiB writes"); $cpu"
   for shape in ${SHAPES:-8+2}; do
     data=${shape%+*}
     parity=${shape#*+}
@@ -46,11 +55,19 @@ if [ "${KILL:-0}" = 1 ]; then
         [ "${OWN:-0}" = 1 ] && makers=("${builds[@]}")
         for build in "${makers[@]}"; do
           TESSERA=${build#*=}
+          thin=()
+          [ -n "${RANDOM_S:-}" ] && thin=(--size "$size" --compress none)
           "$TESSERA" create --data "$data" --parity "$parity" --dir "$work/array" --devices $((data + parity)) \
-            --device-size "$device_size" --chunk-size 4K >/dev/null
+            --device-size "$device_size" --chunk-size "$chunk" "${thin[@]}" >/dev/null
           serve
           start=$(date +%s.%N)
-          nbdcopy --flush --connections=4 --requests=64 -- [ nbdkit pattern size="$size" ] "nbd+unix:///tessera?socket=$work/s.sock"
+          if [ -n "${RANDOM_S:-}" ]; then
+            fio --name=random --ioengine=nbd --uri="nbd+unix:///tessera?socket=$work/s.sock" --rw=randwrite --bs=4k \
+              --iodepth=32 --refill_buffers --norandommap --randrepeat=0 --fsync=256 --time_based --runtime="$RANDOM_S" \
+              --output=/dev/null
+          else
+            nbdcopy --flush --connections=4 --requests=64 -- [ nbdkit pattern size="$size" ] "nbd+unix:///tessera?socket=$work/s.sock"
+          fi
           end=$(date +%s.%N)
           fill=$("$TESSERA" status "$work/array" --json | json_expr "'%d checkpoints, %.2f member bytes a client byte' % (j['checkpoints_written'], j['member_bytes_written'] / j['user_bytes_written'])")
           kill_server
@@ -65,11 +82,11 @@ if [ "${KILL:-0}" = 1 ]; then
             rm -rf "$work/array"
             cp -a --sparse=always "$work/killed-$maker" "$work/array"
             sync
-            runs[$build]="${runs[$build]:-} $("${build#*=}" status "$work/array" --json | json_expr "'%s/%s/%s/%s/%s' % (j['recovery']['milliseconds'], j['recovery']['slots_scanned'], j['recovery']['stripes_replayed'], j['recovery'].get('slot_pages_deferred', '-'), j['recovery'].get('slot_pages', '-'))")"
+            runs[$build]="${runs[$build]:-} $("${build#*=}" status "$work/array" --json | json_expr "'%s/%s/%s/%s/%s/%s/%s' % (j['recovery']['milliseconds'], j['recovery']['slots_scanned'], j['recovery']['stripes_replayed'], j['recovery'].get('slot_pages_deferred', '-'), j['recovery'].get('slot_pages', '-'), j['map_page_misses'], j.get('map_page_reads', '-'))")"
           done
         done
         for build in "${builds[@]}"; do
-          echo "$shape $size ${build%%=*} (killed): opening ms/slots scanned/stripes replayed/slot pages left for later/named:${runs[$build]}"
+          echo "$shape $size ${build%%=*} (killed): opening ms/slots scanned/stripes replayed/slot pages left for later/named/map pages read in/reads of map stripes:${runs[$build]}"
         done
       )
     done
