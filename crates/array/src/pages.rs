@@ -292,15 +292,7 @@ impl Shared {
             Err(_) if !self.dir_still_held_as(dir, &image) => return Ok(None),
             Err(error) => return Err(error),
         };
-        let bad = |source| ArrayError::MapDirectoryPage { dir, source };
-        let (number, images) = crate::format::decode_directory_image(&stored, &self.geometry).map_err(bad)?;
-        if number != dir {
-            return Err(bad(crate::format::FormatError::Field {
-                what: "map directory page",
-                field: "number",
-                value: number,
-            }));
-        }
+        let images = self.decode_dir_image(dir, &stored)?;
         let named = ranges
             .iter()
             .flat_map(|&(first, last)| images.range(first..=last))
@@ -443,8 +435,14 @@ impl Shared {
             return Ok(entries);
         }
         let stored = self.read_dir_image(dir, own)?;
+        self.decode_dir_image(dir, &stored)
+    }
+
+    /// The entries of directory page `dir`'s stored image, which must
+    /// say it is that page.
+    fn decode_dir_image(&self, dir: u64, stored: &[u8]) -> Result<BTreeMap<u64, Arc<PageImage>>, ArrayError> {
         let bad = |source| ArrayError::MapDirectoryPage { dir, source };
-        let (number, entries) = crate::format::decode_directory_image(&stored, &self.geometry).map_err(bad)?;
+        let (number, entries) = crate::format::decode_directory_image(stored, &self.geometry).map_err(bad)?;
         if number != dir {
             return Err(bad(crate::format::FormatError::Field {
                 what: "map directory page",
