@@ -287,6 +287,7 @@ impl Shared {
         image: Arc<PageImage>,
         ranges: Vec<(u64, u64)>,
     ) -> Result<Option<DirRead>, ArrayError> {
+        Counters::add(&self.counters.map_page_reads, image.pieces.len() as u64);
         let stored = match self.read_dir_image(dir, &image) {
             Ok(stored) => stored,
             Err(_) if !self.dir_still_held_as(dir, &image) => return Ok(None),
@@ -331,14 +332,17 @@ impl Shared {
             let read_alone;
             let stored = match read_with_others {
                 Some(stored) => stored,
-                None => match self.read_page_image(page, &image) {
-                    Ok(stored) => {
-                        read_alone = stored;
-                        &read_alone[..]
+                None => {
+                    Counters::add(&self.counters.map_page_reads, image.pieces.len() as u64);
+                    match self.read_page_image(page, &image) {
+                        Ok(stored) => {
+                            read_alone = stored;
+                            &read_alone[..]
+                        }
+                        Err(_) if !self.still_held_as(page, &image) => continue,
+                        Err(error) => return Err(error),
                     }
-                    Err(_) if !self.still_held_as(page, &image) => continue,
-                    Err(error) => return Err(error),
-                },
+                }
             };
             let bad = |source| ArrayError::MapPage { page, source };
             let raw = crate::format::load_page_image(stored).map_err(bad)?;
@@ -462,7 +466,6 @@ impl Shared {
         let mut at = 0;
         let direct = image.pieces.iter().all(|piece| {
             let len = piece.bytes as usize;
-            Counters::add(&self.counters.map_page_reads, 1);
             let ok = self.read_area_into(piece.slot, piece.offset as usize, &mut bytes[at..at + len]);
             at += len;
             ok
