@@ -30,6 +30,7 @@ pub use query::{Bound, Query, QueryResult};
 pub use schema::{Duplicates, FieldSpec, FieldType, SpaceSchema};
 pub use space::{Phase, Progress, Space, SpaceStatus};
 pub use store::{Store, StoreOptions};
+pub use table::KEY_TABLE_ROWS;
 
 use tessera_array::ArrayError;
 

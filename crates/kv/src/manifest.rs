@@ -59,7 +59,8 @@ pub struct Log {
 }
 
 /// Records sorted by `column` (then by key): batches of at most
-/// `TABLE_ROWS` back to back in [start, end), and the directory frame at
+/// `TABLE_ROWS` (`KEY_TABLE_ROWS` sorted by the key) back to back in
+/// [start, end), and the directory frame at
 /// `directory` (each batch's offset, bytes, rows and bounds).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -183,7 +183,9 @@ impl Space {
         let sorted = sort_batches(schema, &job.column, &batches, job.column == schema.key)?;
         drop(batches);
         let column = schema.column_of(&job.column).expect("a job sorts by a field");
-        let mut table = TableWriter::new(&self.background, &job.column, column, m.next_free);
+        // A run is the table itself when it is the only one.
+        let key = job.column == schema.key;
+        let mut table = TableWriter::new(&self.background, &job.column, column, key, m.next_free);
         table.push(&sorted)?;
         let run = table.finish()?;
         self.background.flush()?;
@@ -251,7 +253,8 @@ impl Space {
         let last_only = job.column == schema.key && schema.duplicates == Duplicates::KeepLast;
         let total: u64 = job.runs.iter().map(|r| r.rows).sum();
         let step = format!("sorting by {} (merging {} runs)", job.column, job.runs.len());
-        let mut out = TableWriter::new(&self.background, &job.column, column, writer.manifest.next_free);
+        let key = job.column == schema.key;
+        let mut out = TableWriter::new(&self.background, &job.column, column, key, writer.manifest.next_free);
         let mut held: Vec<RecordBatch> = Vec::new();
         let mut cursors = Vec::new();
         let mut heap = BinaryHeap::new();

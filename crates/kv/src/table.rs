@@ -17,9 +17,17 @@ use arrow_schema::{DataType, Field, Schema};
 use std::sync::Arc;
 use tessera_array::Volume;
 
-/// Rows in a table's batch: a point lookup reads one batch (128 KiB of
-/// 32-byte records), a range reads few more rows than it returns.
+/// Rows in a batch of an index's table (and the unit the deferred sort
+/// merges in): a range reads few more rows than it returns, in few
+/// frames.
 pub const TABLE_ROWS: usize = 4096;
+/// Rows in a batch of the key's table, which point gets read one batch
+/// of: a get of one key read 4096 rows (128 KiB of 32-byte records) and
+/// took 0.82-1.11 ms at p50 on a 2-core AMD Zen 4 VM, 0.57-0.59 ms with
+/// 1024 (docs/PERFORMANCE.md, "A point get reads a smaller batch"). The
+/// directory a space keeps for it is 32 bytes a batch: 312 KB for 10 M
+/// records.
+pub const KEY_TABLE_ROWS: usize = 1024;
 
 /// A table's directory, as read from its frame.
 #[derive(Debug)]
@@ -93,26 +101,32 @@ pub struct TableWriter<'a> {
     sort_column: usize,
     start: u64,
     at: u64,
+    /// Rows a batch holds at most.
+    rows: usize,
     entries: [Vec<u64>; 4],
 }
 
 impl<'a> TableWriter<'a> {
-    pub fn new(volume: &'a Volume, column: &str, sort_column: usize, start: u64) -> TableWriter<'a> {
+    /// A table sorted by `column` (the key's table if `key`, with
+    /// batches of `KEY_TABLE_ROWS`; else of `TABLE_ROWS`), written from
+    /// byte `start` of `volume`.
+    pub fn new(volume: &'a Volume, column: &str, sort_column: usize, key: bool, start: u64) -> TableWriter<'a> {
         TableWriter {
             volume,
             column: column.to_string(),
             sort_column,
             start,
             at: start,
+            rows: if key { KEY_TABLE_ROWS } else { TABLE_ROWS },
             entries: Default::default(),
         }
     }
 
     /// Appends `batch` (sorted, and after every batch before) as batches
-    /// of at most `TABLE_ROWS`.
+    /// of at most the table's rows.
     pub fn push(&mut self, batch: &RecordBatch) -> Result<(), KvError> {
-        for start in (0..batch.num_rows()).step_by(TABLE_ROWS) {
-            let part = batch.slice(start, TABLE_ROWS.min(batch.num_rows() - start));
+        for start in (0..batch.num_rows()).step_by(self.rows) {
+            let part = batch.slice(start, self.rows.min(batch.num_rows() - start));
             let ords = ordinals(part.column(self.sort_column).as_ref());
             let number = self.entries[0].len() as u64;
             let bytes = frame::encode(Kind::Table, number, &part);
