@@ -22,7 +22,7 @@ use tessera_array::Volume;
 /// frames.
 pub const TABLE_ROWS: usize = 4096;
 /// Rows in a batch of the key's table, which point gets read one batch
-/// of: a get of one key read 4096 rows (128 KiB of 32-byte records) and
+/// of: a get of one key read 4096 rows (144 KiB of 36-byte records) and
 /// took 0.82-1.11 ms at p50 on a 2-core AMD Zen 4 VM, 0.57-0.59 ms with
 /// 1024 (docs/PERFORMANCE.md, "A point get reads a smaller batch"). The
 /// directory a space keeps for it is 32 bytes a batch: 312 KB for 10 M
