@@ -436,20 +436,28 @@ fn a_directory_larger_than_its_cache_reads_back_exactly() {
     assert!(s.chunks_repaired >= 2 && s.map_directory_pages > dirs, "{s:?}");
 }
 
-#[test]
-fn replay_reads_only_the_pages_its_records_land_in() {
-    // A replayed stripe's records are scattered over one directory page's
-    // range (pages 10, 34, ..., 178 of 200 written): opening reads the
-    // directory page and those pages, not every page between them.
+/// `thin_4_plus_2` with block 0 of each of the first `pages` map pages
+/// written, stopped cleanly (the pages' images written one after another
+/// by its checkpoint) and opened again, with the model of what it holds.
+fn a_block_in_each_page_reopened(pages: u64) -> (Vec<Arc<MemoryDevice>>, Array, BTreeMap<u64, u64>) {
     let (devices, array) = thin_4_plus_2();
     let mut model = BTreeMap::new();
-    for p in 0..200 {
+    for p in 0..pages {
         array.write(p * PAGE * BLOCK, &block(p * PAGE, 1), false).unwrap();
         model.insert(p * PAGE, 1);
     }
     array.close().unwrap();
     drop(array);
     let array = tessera_array::open(open_list(&devices, &[])).unwrap();
+    (devices, array, model)
+}
+
+#[test]
+fn replay_reads_only_the_pages_its_records_land_in() {
+    // A replayed stripe's records are scattered over one directory page's
+    // range (pages 10, 34, ..., 178 of 200 written): opening reads the
+    // directory page and those pages, not every page between them.
+    let (devices, array, mut model) = a_block_in_each_page_reopened(200);
     let scattered: Vec<u64> = (0..8).map(|i| 10 + 24 * i).collect();
     for &p in &scattered {
         array
@@ -478,16 +486,8 @@ fn replay_reads_only_the_pages_its_records_land_in() {
 /// FLUSHed (stripes sealed, not only the intent log), the array killed;
 /// `damage` runs on the members before they are opened again.
 fn pages_to_replay_together(damage: impl FnOnce(&[Arc<MemoryDevice>], &Geometry)) -> (Array, BTreeMap<u64, u64>) {
-    let (devices, array) = thin_4_plus_2();
+    let (devices, array, mut model) = a_block_in_each_page_reopened(64);
     let g = array.geometry().clone();
-    let mut model = BTreeMap::new();
-    for p in 0..64 {
-        array.write(p * PAGE * BLOCK, &block(p * PAGE, 1), false).unwrap();
-        model.insert(p * PAGE, 1);
-    }
-    array.close().unwrap();
-    drop(array);
-    let array = tessera_array::open(open_list(&devices, &[])).unwrap();
     for p in 0..64 {
         for b in 3..7 {
             array

@@ -180,11 +180,12 @@ impl Space {
             frames += 1;
             batches.push(batch);
         }
-        let sorted = sort_batches(schema, &job.column, &batches, job.column == schema.key)?;
+        let key = job.column == schema.key;
+        let sorted = sort_batches(schema, &job.column, &batches, key)?;
         drop(batches);
         let column = schema.column_of(&job.column).expect("a job sorts by a field");
-        // A run is the table itself when it is the only one.
-        let key = job.column == schema.key;
+        // A run is the table itself when it is the only one: the key's
+        // runs are cut as the key's table is.
         let mut table = TableWriter::new(&self.background, &job.column, column, key, m.next_free);
         table.push(&sorted)?;
         let run = table.finish()?;
@@ -250,10 +251,10 @@ impl Space {
         let schema = &writer.manifest.schema;
         let column = schema.column_of(&job.column).expect("a job sorts by a field");
         let key_column = schema.key_column();
-        let last_only = job.column == schema.key && schema.duplicates == Duplicates::KeepLast;
+        let key = job.column == schema.key;
+        let last_only = key && schema.duplicates == Duplicates::KeepLast;
         let total: u64 = job.runs.iter().map(|r| r.rows).sum();
         let step = format!("sorting by {} (merging {} runs)", job.column, job.runs.len());
-        let key = job.column == schema.key;
         let mut out = TableWriter::new(&self.background, &job.column, column, key, writer.manifest.next_free);
         let mut held: Vec<RecordBatch> = Vec::new();
         let mut cursors = Vec::new();
