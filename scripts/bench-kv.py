@@ -8,9 +8,10 @@ runs it against a served array):
   with default options, and with its bulk-load settings (no WAL);
 - the deferred sort and index, records per second;
 - a point get (p50, p99 of 1,000 random keys) and a selective query
-  (energy above the 99.9th percentile: 0.1% of records) against a full
-  scan of the same records in Parquet (pyarrow) and against RocksDB with
-  a secondary index kept as a second column family.
+  (energy above the 99.9th percentile: 0.1% of records; the first time,
+  and asked again, from the server's batch cache) against a full scan of
+  the same records in Parquet (pyarrow) and against RocksDB with a
+  secondary index kept as a second column family.
 
 Every figure is printed as a Markdown table row.
 """
@@ -157,14 +158,18 @@ for k in keys:
     assert got.num_rows == 1
 lat.sort()
 row("KV point get", f"p50 {lat[500] * 1e3:.2f} ms, p99 {lat[990] * 1e3:.2f} ms")
+# The first time, its batches come from the members; asked again, from
+# the server's batch cache (serve --kv-cache), as RocksDB's come from its
+# block cache and the page cache.
 times = []
-for _ in range(5):
+for _ in range(6):
     t0 = time.perf_counter()
     got = kv_query({"where": {"field": "energy", "gt": threshold}})
     times.append(time.perf_counter() - t0)
     assert got.num_rows == selected, (got.num_rows, selected)
-kv_select = statistics.median(times)
-row("KV selective query (0.1%, energy index)", f"{kv_select * 1e3:.1f} ms", f"{selected} records")
+kv_first, kv_select = times[0], statistics.median(times[1:])
+row("KV selective query (0.1%, energy index), asked again", f"{kv_select * 1e3:.1f} ms",
+    f"{selected} records; the first time {kv_first * 1e3:.1f} ms")
 
 # Parquet: the same records, a full scan and a filter.
 path = os.path.join(args.work, "particles.parquet")
@@ -177,7 +182,7 @@ for _ in range(3):
     times.append(time.perf_counter() - t0)
     assert got.num_rows == selected
 scan = statistics.median(times)
-row("Parquet full scan and filter (pyarrow)", f"{scan * 1e3:.0f} ms", f"KV query {scan / kv_select:.1f}x faster")
+row("Parquet full scan and filter (pyarrow)", f"{scan * 1e3:.0f} ms", f"KV query {scan / kv_first:.0f}x faster the first time, {scan / kv_select:.0f}x asked again")
 os.unlink(path)
 
 if args.rocksdb:
@@ -233,14 +238,15 @@ if args.rocksdb:
     row("RocksDB point get", f"p50 {lat[500] * 1e3:.3f} ms, p99 {lat[990] * 1e3:.3f} ms")
     low = int(np.float32(threshold).view(np.uint32)).to_bytes(4, "big") + b"\xff" * 8
     times = []
-    for _ in range(5):
+    for _ in range(6):
         t0 = time.perf_counter()
         found = [v for _, v in cf.items(from_key=low)]
         times.append(time.perf_counter() - t0)
         assert len(found) == selected, (len(found), selected)
-    rocks_select = statistics.median(times)
-    row("RocksDB selective query (energy column family)", f"{rocks_select * 1e3:.1f} ms",
-        f"KV query {rocks_select / kv_select:.2f}x faster")
+    rocks_first, rocks_select = times[0], statistics.median(times[1:])
+    row("RocksDB selective query (energy column family), asked again", f"{rocks_select * 1e3:.1f} ms",
+        f"KV query {rocks_select / kv_select:.2f}x faster; the first time {rocks_first * 1e3:.1f} ms"
+        f" (KV {rocks_first / kv_first:.2f}x)")
     db.close()
 
 act("drop", {"name": "bench"})

@@ -8,11 +8,12 @@
 #   ROCKSDB=0 scripts/bench-kv.sh ...     (leave RocksDB out)
 #   TLS=1 scripts/bench-kv.sh ...         (the Flight server over TLS: --kv-tls-cert,
 #                                          a self-signed P-256 certificate)
+#   TESSERA=path scripts/bench-kv.sh ...  (another build, an older commit's, to compare)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 records=${1:-10000000}
 scripts/install-test-deps.sh
-cargo build --release --quiet
+if [ -z "${TESSERA:-}" ]; then cargo build --release --quiet; fi
 # pyarrow, numpy and rocksdict, apart from the tests' environment.
 venv=target/test-deps/bench-venv
 if ! "$venv/bin/python" -c "import pyarrow.flight, numpy, rocksdict" 2>/dev/null; then
@@ -20,7 +21,7 @@ if ! "$venv/bin/python" -c "import pyarrow.flight, numpy, rocksdict" 2>/dev/null
   /usr/bin/python3 -m venv "$venv"
   "$venv/bin/python" -m pip install -q --only-binary=:all: pyarrow==26.0.1 numpy==2.4.6 rocksdict==0.3.29
 fi
-tessera=$PWD/target/release/tessera
+tessera=${TESSERA:-$PWD/target/release/tessera}
 work=$(mktemp -d -p "${BENCH_DIR:-$PWD/target}" bench-kv.XXXXXX)
 server=
 cleanup() {

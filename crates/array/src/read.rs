@@ -146,11 +146,22 @@ impl Shared {
         let total: usize = cost.values().sum();
         let large = 2 * total >= area && 4 * total >= cost.len() * area;
         let wide = |slot: u64| large || cost.get(&slot).is_some_and(|&bytes| 2 * bytes >= area);
+        let at_once = if self.members.unavailable() == 0 {
+            self.read_runs_at_once(&plan, lba, out)
+        } else {
+            Vec::new()
+        };
+        let mut at_once = at_once.into_iter().peekable();
         let mut filled = lba;
         let mut i = 0;
         while i < plan.len() {
             let (lo, hi) = (plan[i].0, plan[i].1);
             out[block_range(lba, filled, lo)].fill(0);
+            if let Some((_, run)) = at_once.next_if(|&(first, _)| first == i) {
+                filled = plan[i + run - 1].1;
+                i += run;
+                continue;
+            }
             // Raw pieces that lie end to end in one stripe on the members
             // are read together: one read per chunk, not per extent.
             let run = raw_run(&plan[i..]);
@@ -175,6 +186,79 @@ impl Shared {
         }
         out[block_range(lba, filled, end)].fill(0);
         Ok(())
+    }
+
+    /// Where a read's raw pieces on the members lie in more than one
+    /// stripe: reads every chunk they need in one round, side by side,
+    /// rather than a stripe after another (a 504 KiB read of a KV table
+    /// over three stripes of a 4+2 array took ~1 ms so on a 2-core VM).
+    /// Returns the runs (first piece, pieces; as `raw_run` finds them)
+    /// read and checked, in order, their blocks in `out`; the caller reads
+    /// the rest, and any run that failed, the usual way.
+    fn read_runs_at_once(&self, plan: &[Piece], lba: u64, out: &mut [u8]) -> Vec<(usize, usize)> {
+        let g = &self.geometry;
+        // (first piece, pieces, slot, data-area offset)
+        let mut runs: Vec<(usize, usize, u64, usize)> = Vec::new();
+        let mut i = 0;
+        while i < plan.len() {
+            let run = raw_run(&plan[i..]).max(1);
+            if let Some((extent, skip, Where::Members { sequence })) = &plan[i].2 {
+                if extent.codec.is_none() && self.cache.peek((extent.slot, *sequence)).is_none() {
+                    let start = extent.offset as usize + *skip as usize * BLOCK_BYTES;
+                    runs.push((i, run, extent.slot, start));
+                }
+            }
+            i += run;
+        }
+        let bytes: u64 = runs
+            .iter()
+            .map(|&(first, run, ..)| plan[first + run - 1].1 - plan[first].0)
+            .sum::<u64>()
+            * BLOCK_BYTES as u64;
+        let stripes = runs.iter().map(|r| r.2).collect::<std::collections::HashSet<_>>().len();
+        if stripes < 2 || bytes <= SERIAL_READ_BYTES_MAX as u64 {
+            return Vec::new();
+        }
+        // Every run's chunk pieces, each with its part of `out`.
+        let mut jobs: Vec<(usize, usize, u64, &mut [u8], bool)> = Vec::new();
+        let (mut rest, mut rest_lba) = (&mut out[..], lba);
+        for (n, &(first, run, slot, start)) in runs.iter().enumerate() {
+            let (lo, hi) = (plan[first].0, plan[first + run - 1].1);
+            let skipped = (lo - rest_lba) as usize * BLOCK_BYTES;
+            let (mine, tail) = std::mem::take(&mut rest)[skipped..].split_at_mut((hi - lo) as usize * BLOCK_BYTES);
+            (rest, rest_lba) = (tail, hi);
+            let mut mine = mine;
+            for (chunk, within, len, _) in stripe::pieces(g, start, (hi - lo) as usize * BLOCK_BYTES) {
+                let (piece, tail) = std::mem::take(&mut mine).split_at_mut(len);
+                mine = tail;
+                let (member, row) = g.place(slot, chunk);
+                let position = g.row_offset(row) + (SECTOR_BYTES + within) as u64;
+                jobs.push((n, member, position, piece, false));
+            }
+        }
+        self.in_parallel(&mut jobs, |(_, member, position, piece, ok)| {
+            *ok = self.members.read(*member, |device| device.read_at(piece, *position));
+        });
+        let mut read = vec![true; runs.len()];
+        for job in &jobs {
+            read[job.0] &= job.4;
+        }
+        drop(jobs);
+        // Each run checked against its extents' CRCs, as `read_run` does.
+        let algorithm = g.checksum;
+        runs.iter()
+            .zip(read)
+            .filter(|&(&(first, run, ..), read)| {
+                let mut at = block_range(lba, lba, plan[first].0).end;
+                read && plan[first..first + run].iter().all(|(lo, hi, source)| {
+                    let (extent, skip, _) = source.as_ref().expect("runs hold data");
+                    let bytes = &out[at..at + (hi - lo) as usize * BLOCK_BYTES];
+                    at += bytes.len();
+                    raw_ok(algorithm, extent, *skip, bytes)
+                })
+            })
+            .map(|(&(first, run, ..), _)| (first, run))
+            .collect()
     }
 
     /// Reads pieces `raw_run` found adjacent with one read per chunk and

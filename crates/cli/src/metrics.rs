@@ -109,6 +109,7 @@ pub struct Metrics {
     kv_records: Family<SpaceLabels, Gauge>,
     kv_phase: Family<SpaceLabels, Gauge>,
     kv_work: Family<SpaceLabels, Gauge>,
+    kv_cache: Family<KindLabels, Gauge>,
     /// The KV spaces, when `serve --kv` serves them.
     kv: std::sync::OnceLock<Arc<tessera_kv::Store>>,
 }
@@ -235,8 +236,15 @@ impl Metrics {
             "A KV space's deferred work under way: rows done and rows to do in its step (absent when none runs)",
             kv_work.clone(),
         );
+        let kv_cache = Family::<KindLabels, Gauge>::default();
+        registry.register(
+            "kv_cache",
+            "The KV batch cache (serve --kv-cache): its budget and the bytes and batches it holds, bytes; batches queries found there and batches they read",
+            kv_cache.clone(),
+        );
         Metrics {
             kv_records,
+            kv_cache,
             kv_phase,
             kv_work,
             kv: std::sync::OnceLock::new(),
@@ -411,6 +419,18 @@ impl Metrics {
                 set(&self.kv_work, &space.name, "done", progress.done);
                 set(&self.kv_work, &space.name, "total", progress.total);
             }
+        }
+        let cache = store.cache();
+        for (kind, value) in [
+            ("capacity", cache.capacity),
+            ("bytes", cache.bytes),
+            ("batches", cache.batches),
+            ("hits", cache.hits),
+            ("misses", cache.misses),
+        ] {
+            self.kv_cache
+                .get_or_create(&KindLabels { kind })
+                .set(i64::try_from(value).unwrap_or(i64::MAX));
         }
     }
 }

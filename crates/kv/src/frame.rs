@@ -148,22 +148,40 @@ pub fn read(volume: &Volume, offset: u64, kind: Kind, sequence: u64) -> Result<O
     if offset + BLOCK > volume.size() {
         return Ok(None);
     }
-    let mut first = vec![0u8; BLOCK as usize];
-    volume.read(offset, &mut first)?;
-    let Some(header) = Header::decode(&first) else {
+    let mut bytes = vec![0u8; BLOCK as usize];
+    volume.read(offset, &mut bytes)?;
+    let Some(header) = header_of(&bytes, kind, sequence) else {
         return Ok(None);
     };
-    if header.kind != kind || header.sequence != sequence || offset + header.frame_bytes() > volume.size() {
+    if offset + header.frame_bytes() > volume.size() {
         return Ok(None);
     }
-    let end = HEADER_BYTES + header.payload as usize;
-    let mut bytes = first;
-    if end > bytes.len() {
+    if header.frame_bytes() > BLOCK {
         bytes.resize(header.frame_bytes() as usize, 0);
         volume.read(offset + BLOCK, &mut bytes[BLOCK as usize..])?;
     }
-    let payload = bytes[HEADER_BYTES..end].to_vec();
-    Ok((crc32c(&payload) == header.crc).then_some((header, payload)))
+    Ok(payload_of(&bytes, header).map(|payload| (header, payload.to_vec())))
+}
+
+/// The header at the start of `bytes`, if it is a frame's of `kind` and
+/// `sequence`.
+fn header_of(bytes: &[u8], kind: Kind, sequence: u64) -> Option<Header> {
+    Header::decode(bytes.get(..HEADER_BYTES)?).filter(|h| h.kind == kind && h.sequence == sequence)
+}
+
+/// The payload of the frame `header` heads in `bytes`, if it is whole.
+fn payload_of(bytes: &[u8], header: Header) -> Option<&[u8]> {
+    let payload = bytes.get(HEADER_BYTES..HEADER_BYTES + header.payload as usize)?;
+    (crc32c(payload) == header.crc).then_some(payload)
+}
+
+/// The frame of `kind` and `sequence` at the start of `bytes` (read from
+/// where a committed manifest names one), taking `bytes` whole: anything
+/// else is corruption.
+pub fn parse_expected(bytes: &[u8], kind: Kind, sequence: u64) -> Option<(Header, RecordBatch)> {
+    let header = header_of(bytes, kind, sequence).filter(|h| h.frame_bytes() == bytes.len() as u64)?;
+    let batch = decode_batch(payload_of(bytes, header)?).ok()?;
+    Some((header, batch))
 }
 
 /// The frame at `offset`, which a committed manifest names: anything but

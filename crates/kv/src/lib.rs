@@ -8,13 +8,15 @@
 //! - [`space`]: one space: insert, finalize, query, its deferred work.
 //! - `sort`: the deferred work, an external sort into tables; `pace`:
 //!   how it yields to clients.
-//! - `table`: sorted tables, their directories and lookups.
+//! - `table`: sorted tables, their directories and lookups; `cache`:
+//!   their batches kept for the queries that read them again.
 //! - [`store`]: the spaces of an array, each in its own thin volume, and
 //!   the thread that does their deferred work.
 //! - [`flight`]: the spaces served with Arrow Flight.
 //!
 //! Threads and locks: `docs/KV.md`.
 
+mod cache;
 pub mod flight;
 mod frame;
 mod manifest;
@@ -26,6 +28,7 @@ pub mod space;
 pub mod store;
 mod table;
 
+pub use cache::CacheStatus;
 pub use query::{Bound, Query, QueryResult};
 pub use schema::{Duplicates, FieldSpec, FieldType, SpaceSchema};
 pub use space::{Phase, Progress, Space, SpaceStatus};

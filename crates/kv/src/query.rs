@@ -44,13 +44,24 @@ pub struct QueryResult {
     pub batches: Vec<RecordBatch>,
     /// Whether a sorted table answered it (else every record was read).
     pub indexed: bool,
-    /// Bytes of frames read to answer it.
-    pub bytes_read: u64,
+    /// Bytes of the frames of every batch it went through: read from the
+    /// volume, or found in the batch cache.
+    pub frame_bytes: u64,
+    /// Of those, the bytes found in the batch cache.
+    pub cached_bytes: u64,
 }
 
 impl QueryResult {
     pub fn rows(&self) -> usize {
         self.batches.iter().map(|b| b.num_rows()).sum()
+    }
+
+    /// Counts a frame of `bytes` gone through, found in the cache or not.
+    pub(crate) fn count(&mut self, bytes: u64, cached: bool) {
+        self.frame_bytes += bytes;
+        if cached {
+            self.cached_bytes += bytes;
+        }
     }
 }
 

@@ -24,6 +24,7 @@
 //! each change, and hold `regions` shared while they read frames;
 //! trimming what no manifest names any more takes it exclusively.
 
+use crate::cache::BatchCache;
 use crate::frame::{self, Kind};
 use crate::manifest::{Log, Manifest};
 use crate::query::{Plan, Query, QueryResult};
@@ -147,6 +148,8 @@ pub struct Space {
     view: RwLock<Arc<View>>,
     pub(crate) regions: RwLock<()>,
     pub(crate) progress: Mutex<Option<Progress>>,
+    /// The store's, shared by its spaces.
+    cache: Arc<BatchCache>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -155,16 +158,21 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Space {
     /// Writes a new space's manifest into `volume` (fresh, all zeros).
-    pub(crate) fn create(name: &str, volume: Volume, schema: SpaceSchema) -> Result<Space, KvError> {
+    pub(crate) fn create(
+        name: &str,
+        volume: Volume,
+        schema: SpaceSchema,
+        cache: Arc<BatchCache>,
+    ) -> Result<Space, KvError> {
         schema.check()?;
         let mut manifest = Manifest::new(schema);
         manifest.write(&volume)?;
-        Space::open(name, volume)
+        Space::open(name, volume, cache)
     }
 
     /// Opens the space in `volume`: redoes the trims its manifest lists,
     /// finds the log's end and clears what lies past it.
-    pub(crate) fn open(name: &str, volume: Volume) -> Result<Space, KvError> {
+    pub(crate) fn open(name: &str, volume: Volume, cache: Arc<BatchCache>) -> Result<Space, KvError> {
         let mut manifest = Manifest::read(&volume)?.ok_or_else(|| KvError::Corrupt {
             why: format!("volume {} holds no space manifest", volume.name()),
         })?;
@@ -218,6 +226,7 @@ impl Space {
             view: RwLock::new(Arc::new(view)),
             regions: RwLock::new(()),
             progress: Mutex::new(None),
+            cache,
         })
     }
 
@@ -407,19 +416,23 @@ impl Space {
         };
         if let Some(dir) = table {
             result.indexed = true;
-            for i in dir.meeting(lo, hi) {
-                let (batch, bytes) = dir.batch(&self.volume, i)?;
-                result.bytes_read += bytes;
-                keep(&mut result, &batch, &plan.matches(&batch, column));
-            }
+            let range = dir.meeting(lo, hi);
+            self.cache
+                .each_batch(&dir, &self.volume, range, |_, batch, bytes, cached| {
+                    result.count(bytes, cached);
+                    keep(&mut result, &batch, &plan.matches(&batch, column));
+                    Ok(())
+                })?;
             return Ok(result);
         }
         if let Some(dir) = &view.primary {
-            for i in 0..dir.offsets.len() {
-                let (batch, bytes) = dir.batch(&self.volume, i)?;
-                result.bytes_read += bytes;
-                keep(&mut result, &batch, &plan.matches(&batch, column));
-            }
+            let all = 0..dir.offsets.len();
+            self.cache
+                .each_batch(dir, &self.volume, all, |_, batch, bytes, cached| {
+                    result.count(bytes, cached);
+                    keep(&mut result, &batch, &plan.matches(&batch, column));
+                    Ok(())
+                })?;
             return Ok(result);
         }
         self.scan_log(&view, &plan, column, &mut result)?;
@@ -437,7 +450,7 @@ impl Space {
         let mut found: Vec<(u64, usize, u64)> = Vec::new();
         let mut batches = Vec::new();
         self.each_log_frame(view, |number, batch, bytes| {
-            result.bytes_read += bytes;
+            result.count(bytes, false);
             let matches = plan.matches(&batch, column);
             if !last_only {
                 keep(result, &batch, &matches);

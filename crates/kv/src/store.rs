@@ -3,6 +3,7 @@
 //! the space each takes), and one thread that does their deferred work,
 //! a space at a time, at low CPU priority.
 
+use crate::cache::{BatchCache, CacheStatus};
 use crate::schema::SpaceSchema;
 use crate::space::{Space, SpaceStatus};
 use crate::KvError;
@@ -27,6 +28,9 @@ pub struct StoreOptions {
     /// Bytes a second the background work writes at most while clients
     /// make requests (`None`: it never yields).
     pub busy_rate: Option<u64>,
+    /// Bytes of decoded table batches kept for queries, all spaces
+    /// together (`cache.rs`; 0: none).
+    pub cache_bytes: usize,
 }
 
 impl Default for StoreOptions {
@@ -35,6 +39,7 @@ impl Default for StoreOptions {
             sort_memory: 256 << 20,
             background: true,
             busy_rate: Some(64 << 20),
+            cache_bytes: 256 << 20,
         }
     }
 }
@@ -52,6 +57,7 @@ pub struct Store {
     /// Spaces whose volume could not be opened as one, and why: the
     /// others are served.
     broken: BTreeMap<String, String>,
+    cache: Arc<BatchCache>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -67,9 +73,10 @@ impl Store {
     /// `options.background`, starts the worker.
     pub fn open(array: Arc<Array>, options: StoreOptions) -> Result<Arc<Store>, KvError> {
         let (mut spaces, mut broken) = (BTreeMap::new(), BTreeMap::new());
+        let cache = Arc::new(BatchCache::new(options.cache_bytes));
         for volume in array.volumes() {
             if let Some(name) = volume.name.strip_prefix(VOLUME_PREFIX) {
-                match Space::open(name, array.volume(&volume.name)?) {
+                match Space::open(name, array.volume(&volume.name)?, cache.clone()) {
                     Ok(space) => {
                         spaces.insert(name.to_string(), Arc::new(space));
                     }
@@ -89,6 +96,7 @@ impl Store {
             worker: Mutex::new(None),
             errors: Mutex::new(BTreeMap::new()),
             broken,
+            cache,
         });
         if store.options.background {
             let worker = store.clone();
@@ -121,7 +129,7 @@ impl Store {
             Err(ArrayError::VolumeExists { .. }) => return Err(KvError::SpaceExists { name: name.to_string() }),
             other => other?,
         };
-        let space = match Space::create(name, volume, schema) {
+        let space = match Space::create(name, volume, schema, self.cache.clone()) {
             Ok(space) => Arc::new(space),
             Err(e) => {
                 // No half-made space: its volume goes with the failure.
@@ -175,6 +183,11 @@ impl Store {
     pub fn list(&self) -> Vec<SpaceStatus> {
         let spaces: Vec<Arc<Space>> = lock(&self.spaces).values().cloned().collect();
         spaces.iter().map(|s| s.status()).collect()
+    }
+
+    /// The batch cache's budget, use and hits.
+    pub fn cache(&self) -> CacheStatus {
+        self.cache.status()
     }
 
     /// The last error of a space's deferred work, if it failed.

@@ -36,6 +36,8 @@ pub struct Directory {
     pub rows: Vec<u64>,
     pub first: Vec<u64>,
     pub last: Vec<u64>,
+    /// Where the last batch ends: the directory's own frame.
+    pub end: u64,
 }
 
 impl Directory {
@@ -62,8 +64,17 @@ impl Directory {
             rows: column(1)?,
             first: column(2)?,
             last: column(3)?,
+            end: table.directory,
         };
-        if directory.offsets.len() as u64 != table.batches || directory.rows.iter().sum::<u64>() != table.rows {
+        // Batches lie back to back from the table's start up to the
+        // directory: `batches` slices one read by these offsets.
+        let in_order = directory.offsets.first().is_none_or(|&first| first == table.start)
+            && directory.offsets.windows(2).all(|w| w[0] < w[1])
+            && directory.offsets.last().is_none_or(|&last| last < table.directory);
+        if !in_order
+            || directory.offsets.len() as u64 != table.batches
+            || directory.rows.iter().sum::<u64>() != table.rows
+        {
             return Err(KvError::Corrupt {
                 why: format!(
                     "table directory at byte {} disagrees with the manifest",
@@ -83,15 +94,72 @@ impl Directory {
 
     /// Batch `i`, and the bytes its frame takes.
     pub fn batch(&self, volume: &Volume, i: usize) -> Result<(RecordBatch, u64), KvError> {
-        let (header, batch) = frame::read_expected(volume, self.offsets[i], Kind::Table, i as u64)?;
-        if batch.num_rows() as u64 != self.rows[i] {
-            return Err(KvError::Corrupt {
-                why: format!("table batch {i} at byte {} of {}", self.offsets[i], volume.name()),
-            });
+        let mut one = None;
+        self.each_batch(volume, i..i + 1, |_, batch, bytes| {
+            one = Some((batch, bytes));
+            Ok(())
+        })?;
+        Ok(one.expect("one batch asked"))
+    }
+
+    /// Bytes the frames of batches `range` take.
+    pub fn bytes_of(&self, range: std::ops::Range<usize>) -> u64 {
+        match range.is_empty() {
+            true => 0,
+            false => self.end_of(range.end - 1) - self.offsets[range.start],
         }
-        Ok((batch, header.frame_bytes()))
+    }
+
+    /// Where batch `i`'s frame ends: the next one's start.
+    fn end_of(&self, i: usize) -> u64 {
+        self.offsets.get(i + 1).copied().unwrap_or(self.end)
+    }
+
+    /// Calls `each` with the number, batch and frame bytes of each batch
+    /// in `range`, in order. The frames lie back to back, so neighbours
+    /// are read together, up to `READ_BYTES` a read: a query's few
+    /// batches are one read, not two per batch (a header, then the rest),
+    /// and the array reads its members side by side for it.
+    pub fn each_batch(
+        &self,
+        volume: &Volume,
+        range: std::ops::Range<usize>,
+        mut each: impl FnMut(usize, RecordBatch, u64) -> Result<(), KvError>,
+    ) -> Result<(), KvError> {
+        let mut i = range.start;
+        while i < range.end {
+            let start = self.offsets[i];
+            let mut to = i + 1;
+            while to < range.end && self.end_of(to) - start <= READ_BYTES {
+                to += 1;
+            }
+            let end = self.end_of(to - 1);
+            let corrupt = |what: String| KvError::Corrupt {
+                why: format!("{what} at byte {start} of {}", volume.name()),
+            };
+            if end > volume.size() {
+                return Err(corrupt(format!("table batches {i}..{to} ending at byte {end}")));
+            }
+            let mut bytes = vec![0u8; (end - start) as usize];
+            volume.read(start, &mut bytes)?;
+            for n in i..to {
+                let frame = &bytes[(self.offsets[n] - start) as usize..(self.end_of(n) - start) as usize];
+                match frame::parse_expected(frame, Kind::Table, n as u64) {
+                    Some((header, batch)) if batch.num_rows() as u64 == self.rows[n] => {
+                        each(n, batch, header.frame_bytes())?
+                    }
+                    _ => return Err(corrupt(format!("no whole table batch {n} (of batches {i}..{to} read)"))),
+                }
+            }
+            i = to;
+        }
+        Ok(())
     }
 }
+
+/// The most a read of neighbouring batches takes (a whole batch more if
+/// one batch is larger).
+const READ_BYTES: u64 = 4 << 20;
 
 /// Writes a table's batches from `start`, then its directory. Nothing is
 /// flushed: the caller flushes before a manifest names the table.

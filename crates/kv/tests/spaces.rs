@@ -140,6 +140,7 @@ fn quiet(sort_memory: usize) -> StoreOptions {
         sort_memory,
         background: false,
         busy_rate: None,
+        ..StoreOptions::default()
     }
 }
 
@@ -199,6 +200,62 @@ fn last_of_each(model: &[Record]) -> Vec<Record> {
     last.into_values().collect()
 }
 
+/// The batch cache answers a query asked again, never from a table that
+/// is gone (a space dropped and made again under its name lays its tables
+/// at the same offsets of a volume of the same name), keeps within its
+/// budget, and a scan leaves nothing in it.
+#[test]
+fn a_query_asked_again_is_answered_from_the_batch_cache_never_from_a_dropped_table() {
+    let devices = devices();
+    let array = new_array(&devices);
+    let budget = 1 << 20;
+    let options = StoreOptions {
+        cache_bytes: budget,
+        ..quiet(64 << 10)
+    };
+    let store = Store::open(array, options).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let hot: Query = serde_json::from_str(r#"{"where":{"field":"energy","gt":8.5}}"#).unwrap();
+    for round in 0..3 {
+        store.create("c", schema("keep_all")).unwrap();
+        let model = random_records(&mut rng, 30_000, 1 << 40);
+        store.space("c").unwrap().insert(&[batch(&model)]).unwrap();
+        store.finalize("c").unwrap();
+        store.work_all().unwrap();
+        let space = store.space("c").unwrap();
+        let want = sorted(model.iter().filter(|r| r.1 > 8.5).copied().collect());
+        let first = space.query(&hot).unwrap();
+        assert!(first.indexed);
+        assert_eq!(
+            first.cached_bytes, 0,
+            "round {round}: answered from a table that is gone"
+        );
+        assert_eq!(sorted(records(&first.batches)), want, "round {round}");
+        let again = space.query(&hot).unwrap();
+        assert!(again.frame_bytes > 0);
+        assert_eq!(again.cached_bytes, again.frame_bytes, "round {round}");
+        assert_eq!(sorted(records(&again.batches)), want, "round {round}");
+        // A scan of the whole table (~500 KiB, over a quarter of the
+        // budget) is answered whole and keeps nothing new.
+        let held = store.cache();
+        let all = space.query(&Query::All).unwrap();
+        assert_eq!(sorted(records(&all.batches)), sorted(model.clone()));
+        assert_eq!(store.cache().batches, held.batches, "round {round}");
+        assert!(store.cache().bytes <= budget as u64);
+        // Keys looked up at random: the cache stays within its budget.
+        for _ in 0..200 {
+            let key = model[rng.gen_range(0..model.len())].0;
+            let got = space.query(&Query::Get(key)).unwrap();
+            assert!(records(&got.batches).iter().all(|r| r.0 == key) && got.rows() >= 1);
+            assert!(store.cache().bytes <= budget as u64);
+        }
+        drop(space);
+        store.drop_space("c").unwrap();
+    }
+    let status = store.cache();
+    assert!(status.hits > 0 && status.misses > 0, "{status:?}");
+}
+
 #[test]
 fn queries_agree_with_a_model_before_and_after_the_sort_and_indexes() {
     for duplicates in ["keep_all", "keep_last"] {
@@ -246,20 +303,20 @@ fn queries_agree_with_a_model_before_and_after_the_sort_and_indexes() {
         // each of at most KEY_TABLE_ROWS records (and its frame).
         let got = space.query(&Query::Get(17)).unwrap();
         let all = space.query(&Query::All).unwrap();
-        let per_record = all.bytes_read / model.len() as u64;
+        let per_record = all.frame_bytes / model.len() as u64;
         let batch_bytes = tessera_kv::KEY_TABLE_ROWS as u64 * per_record + (4 << 10);
         assert!(
-            got.bytes_read <= 2 * batch_bytes,
+            got.frame_bytes <= 2 * batch_bytes,
             "{} bytes read, {per_record} bytes a record",
-            got.bytes_read
+            got.frame_bytes
         );
         if duplicates == "keep_all" {
             // ~30,000 records: 8 batches (keep_last's 4,000 keys fit one).
             assert!(
-                all.bytes_read >= 4 * got.bytes_read,
+                all.frame_bytes >= 4 * got.frame_bytes,
                 "{} of {} bytes",
-                got.bytes_read,
-                all.bytes_read
+                got.frame_bytes,
+                all.frame_bytes
             );
         }
         // Reopened (a clean stop), the same answers, from the tables.

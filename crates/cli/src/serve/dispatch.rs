@@ -68,6 +68,7 @@ pub fn answer(
             Some(store) => crate::api::KvSpaces {
                 served: true,
                 spaces: store.list(),
+                cache: store.cache(),
             },
             None => crate::api::KvSpaces::default(),
         }),

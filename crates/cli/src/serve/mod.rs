@@ -125,6 +125,10 @@ pub struct Serve {
     /// requests (0: it never yields to them).
     #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_usize, default_value = "64M")]
     pub kv_sort_busy_rate: usize,
+    /// Bytes of KV table batches kept in memory for the queries that read
+    /// them again, all spaces together (0: none kept).
+    #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_usize, default_value = "256M")]
+    pub kv_cache: usize,
     /// Open even if no log device of the array can be read, giving up
     /// the FLUSHed writes that only they held (without it, refused).
     #[arg(long)]
@@ -428,6 +432,7 @@ pub fn serve(s: Serve) -> Result<()> {
                 sort_memory: s.kv_sort_memory,
                 background: true,
                 busy_rate: Some(s.kv_sort_busy_rate as u64).filter(|&r| r > 0),
+                cache_bytes: s.kv_cache,
             };
             let store = tessera_kv::Store::open(array.clone(), options).context("opening the KV spaces")?;
             for (name, why) in store.broken() {
