@@ -9,6 +9,7 @@
 #   TLS=1 scripts/bench-kv.sh ...         (the Flight server over TLS: --kv-tls-cert,
 #                                          a self-signed P-256 certificate)
 #   TESSERA=path scripts/bench-kv.sh ...  (another build, an older commit's, to compare)
+#   KV_CACHE=0 scripts/bench-kv.sh ...    (serve --kv-cache 0: every query reads its batches)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 records=${1:-10000000}
@@ -34,7 +35,8 @@ trap cleanup EXIT
 member=$(( (records * 36 * 8 / 4 >> 20) + 1024 ))M
 "$tessera" create --data 4 --parity 2 --dir "$work/array" --devices 6 --device-size "$member" >/dev/null
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-tls=() scheme=grpc client_tls=()
+tls=() scheme=grpc client_tls=() cache=()
+[ -n "${KV_CACHE:-}" ] && cache=(--kv-cache "$KV_CACHE")
 if [ "${TLS:-0}" = 1 ]; then
   # Not a CA (openssl's default for -x509): rustls, `tessera kv`'s TLS,
   # refuses a CA certificate as the server's own (CaUsedAsEndEntity).
@@ -45,7 +47,7 @@ if [ "${TLS:-0}" = 1 ]; then
   tls=(--kv-tls-cert "$work/cert.pem" --kv-tls-key "$work/key.pem") scheme=grpc+tls
   client_tls=(--tls-ca "$work/cert.pem")
 fi
-"$tessera" serve "$work/array" --socket "$work/nbd.sock" --kv "127.0.0.1:$port" "${tls[@]}" 2>"$work/serve.log" &
+"$tessera" serve "$work/array" --socket "$work/nbd.sock" --kv "127.0.0.1:$port" "${tls[@]}" "${cache[@]}" 2>"$work/serve.log" &
 server=$!
 for _ in $(seq 200); do grep -q "KV spaces" "$work/serve.log" && break; sleep 0.05; done
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; disk: $(df --output=source "$work" | tail -1)"
