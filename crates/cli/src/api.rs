@@ -196,9 +196,9 @@ pub enum Answer {
 pub struct KvSpaces {
     pub served: bool,
     pub spaces: Vec<tessera_kv::SpaceStatus>,
-    /// The batch cache the spaces share.
-    #[serde(default)]
-    pub cache: tessera_kv::CacheStatus,
+    /// The batch cache the spaces share (none where none are served).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<tessera_kv::CacheStatus>,
 }
 
 /// Long work's report so far.
@@ -566,13 +566,13 @@ mod tests {
                         total: 5,
                     }),
                 }],
-                cache: tessera_kv::CacheStatus {
+                cache: Some(tessera_kv::CacheStatus {
                     capacity: 1 << 20,
                     bytes: 4096,
                     batches: 1,
                     hits: 2,
                     misses: 1,
-                },
+                }),
             }),
             Answer::Done,
         ];

@@ -80,15 +80,16 @@ fn print_kv_spaces(kv: &api::KvSpaces) {
         });
         println!("  {}: {phase}, {} records inserted{sorted}{work}", s.name, s.inserted);
     }
-    let c = &kv.cache;
-    println!(
-        "KV batch cache: {} of {} in {} batches; {} batches found there, {} read",
-        human(c.bytes),
-        human(c.capacity),
-        c.batches,
-        c.hits,
-        c.misses
-    );
+    if let Some(c) = &kv.cache {
+        println!(
+            "KV batch cache: {} of {} in {} batches; {} batches found there, {} read",
+            human(c.bytes),
+            human(c.capacity),
+            c.batches,
+            c.hits,
+            c.misses
+        );
+    }
 }
 
 /// The status in an answer.

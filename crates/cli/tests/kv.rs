@@ -155,7 +155,9 @@ fn pyarrow_flight_inserts_and_queries_and_bad_input_changes_nothing() {
     // server (the `kv_spaces` request the dashboard also polls).
     let status = succeeded("status", tessera(&["status", dir.to_str().unwrap()]));
     assert!(
-        status.contains("KV spaces: 1") && status.contains("  p: ready, 300000 records inserted, 300000 sorted"),
+        status.contains("KV spaces: 1")
+            && status.contains("  p: ready, 300000 records inserted, 300000 sorted")
+            && status.contains("KV batch cache: "),
         "{status}"
     );
     // A space's volume is no NBD export and no volume to change by hand.

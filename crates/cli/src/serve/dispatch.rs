@@ -68,7 +68,7 @@ pub fn answer(
             Some(store) => crate::api::KvSpaces {
                 served: true,
                 spaces: store.list(),
-                cache: store.cache(),
+                cache: Some(store.cache()),
             },
             None => crate::api::KvSpaces::default(),
         }),
