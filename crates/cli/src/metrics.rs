@@ -297,11 +297,6 @@ impl Metrics {
     }
 
     fn update(&self, s: &Status) {
-        let gauge = |family: &Family<KindLabels, Gauge>, kind: &'static str, value: u64| {
-            family
-                .get_or_create(&KindLabels { kind })
-                .set(i64::try_from(value).unwrap_or(i64::MAX));
-        };
         self.member_state.clear();
         for m in &s.members {
             let state = m.state.name().to_string();
@@ -421,18 +416,19 @@ impl Metrics {
             }
         }
         let cache = store.cache();
-        for (kind, value) in [
-            ("capacity", cache.capacity),
-            ("bytes", cache.bytes),
-            ("batches", cache.batches),
-            ("hits", cache.hits),
-            ("misses", cache.misses),
-        ] {
-            self.kv_cache
-                .get_or_create(&KindLabels { kind })
-                .set(i64::try_from(value).unwrap_or(i64::MAX));
-        }
+        gauge(&self.kv_cache, "capacity", cache.capacity);
+        gauge(&self.kv_cache, "bytes", cache.bytes);
+        gauge(&self.kv_cache, "batches", cache.batches);
+        gauge(&self.kv_cache, "hits", cache.hits);
+        gauge(&self.kv_cache, "misses", cache.misses);
     }
+}
+
+/// Sets `family`'s gauge of `kind` to `value`.
+fn gauge(family: &Family<KindLabels, Gauge>, kind: &'static str, value: u64) {
+    family
+        .get_or_create(&KindLabels { kind })
+        .set(i64::try_from(value).unwrap_or(i64::MAX));
 }
 
 /// Serves `GET /metrics` on `address` from a thread of its own, for as
