@@ -67,10 +67,14 @@ impl Directory {
             end: table.directory,
         };
         // Batches lie back to back from the table's start up to the
-        // directory: `batches` slices one read by these offsets.
+        // directory, each a frame of at most `frame::PAYLOAD_MAX`:
+        // `each_batch` slices one read by these offsets.
+        let frame_max = frame::frame_bytes(frame::PAYLOAD_MAX);
         let in_order = directory.offsets.first().is_none_or(|&first| first == table.start)
-            && directory.offsets.windows(2).all(|w| w[0] < w[1])
-            && directory.offsets.last().is_none_or(|&last| last < table.directory);
+            && (0..directory.offsets.len()).all(|i| {
+                let (start, end) = (directory.offsets[i], directory.end_of(i));
+                start < end && end - start <= frame_max
+            });
         if !in_order
             || directory.offsets.len() as u64 != table.batches
             || directory.rows.iter().sum::<u64>() != table.rows
@@ -230,5 +234,87 @@ impl<'a> TableWriter<'a> {
             rows: self.entries[1].iter().sum(),
             directory: self.at,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_array::device::{Device, MemoryDevice};
+
+    fn volume() -> Volume {
+        let devices = (0..6)
+            .map(|i| {
+                (
+                    format!("m{i}"),
+                    Arc::new(MemoryDevice::new(48 << 20)) as Arc<dyn Device>,
+                )
+            })
+            .collect();
+        let options = tessera_array::CreateOptions {
+            data: 4,
+            parity: 2,
+            chunk_bytes: 64 << 10,
+            checksum: tessera_checksum::Algorithm::Crc32c,
+            compression: None,
+            logical_bytes: None,
+            log_bytes: None,
+        };
+        let array = tessera_array::create(devices, &options).unwrap();
+        array.create_volume("t", 1 << 30).unwrap()
+    }
+
+    /// `each_batch` slices one read by the directory's offsets, so a
+    /// directory whose batches do not lie back to back, in order, each at
+    /// most a frame's size, is refused as corrupt before anything is read
+    /// by them (a checked frame can still say so: written by a bug).
+    #[test]
+    fn a_directory_whose_batches_do_not_lie_back_to_back_is_refused() {
+        let volume = volume();
+        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::UInt64, false)]));
+        let ids = Arc::new(UInt64Array::from_iter_values(0..3000)) as _;
+        let batch = RecordBatch::try_new(schema, vec![ids]).unwrap();
+        let mut writer = TableWriter::new(&volume, "id", 0, true, 8192);
+        writer.push(&batch).unwrap();
+        let table = writer.finish().unwrap();
+        let good = Directory::read(&volume, &table).unwrap();
+        assert_eq!(good.offsets.len(), 3);
+        let mut rows = Vec::new();
+        good.each_batch(&volume, 0..3, |_, b, _| {
+            rows.push(b.num_rows());
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(rows, [1024, 1024, 952]);
+        let [a, b, c] = [good.offsets[0], good.offsets[1], good.offsets[2]];
+        let far = table.start + 2 * frame::frame_bytes(frame::PAYLOAD_MAX);
+        let cases = [
+            (vec![a, c, b], table.clone()),
+            (vec![a + 4096, b, c], table.clone()),
+            (vec![a, b, b], table.clone()),
+            // The last batch reaching far past a frame's size.
+            (
+                vec![a, b, c],
+                Table {
+                    directory: far,
+                    end: far + 4096,
+                    ..table.clone()
+                },
+            ),
+        ];
+        for (i, (offsets, table)) in cases.into_iter().enumerate() {
+            let n = offsets.len();
+            let columns = [offsets, good.rows.clone(), good.first.clone(), good.last.clone()]
+                .map(|values| Arc::new(UInt64Array::from(values)) as _)
+                .to_vec();
+            let directory = RecordBatch::try_new(Directory::schema(), columns).unwrap();
+            volume
+                .write(table.directory, &frame::encode(Kind::Directory, 0, &directory), false)
+                .unwrap();
+            match Directory::read(&volume, &table) {
+                Err(KvError::Corrupt { why }) => assert!(why.contains("disagrees"), "case {i}: {why}"),
+                other => panic!("case {i} ({n} batches): {other:?}"),
+            }
+        }
     }
 }
