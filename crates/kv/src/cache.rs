@@ -135,6 +135,23 @@ impl BatchCache {
         }
     }
 
+    /// Lets go of the batches of tables that are gone (a space dropped):
+    /// they could never answer again, only wait to be pushed out.
+    pub fn forget_gone(&self) {
+        let mut inner = self.lock();
+        let gone: Vec<(usize, usize)> = inner
+            .entries
+            .iter()
+            .filter(|(_, entry)| entry.table.strong_count() == 0)
+            .map(|(key, _)| *key)
+            .collect();
+        for key in gone {
+            if let Some(entry) = inner.entries.pop(&key) {
+                inner.bytes -= entry.bytes;
+            }
+        }
+    }
+
     fn count(&self, hits: u64, misses: u64) {
         let mut inner = self.lock();
         inner.hits += hits;

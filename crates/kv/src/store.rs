@@ -175,6 +175,11 @@ impl Store {
         let result = self.array.delete_volume(&format!("{VOLUME_PREFIX}{name}"));
         if result.is_err() {
             lock(&self.spaces).insert(name.to_string(), space);
+        } else {
+            // Its tables go with it (unless a query under way still holds
+            // them: their batches are then pushed out in time).
+            drop(space);
+            self.cache.forget_gone();
         }
         lock(&self.errors).remove(name);
         Ok(result?)
