@@ -192,10 +192,14 @@ fn gc_copies_in_the_user_stripes_keep_the_data_right() {
         check_all(&array, &model);
         array.check().unwrap();
     }
-    // Mixed, the copies went into client stripes where one was open
-    // (34-37 against 17-21 in runs so far; background GC sets the timing).
+    // Mixed, the copies went into client stripes where one was open.
+    // Background GC sets the timing: in 26 runs of the `f978904` and
+    // `8a5cd49` builds the GC stream had 33-43 stripes of its own and the
+    // mixed mode 13-27, at most 0.76 as many (which a bound of 0.75 failed
+    // 2 times in 26). With the GC stream in both runs, 0.89-1.09: all six
+    // such runs failed this bound.
     assert!(
-        gc_stripes[1] * 4 < gc_stripes[0] * 3,
+        gc_stripes[1] * 20 < gc_stripes[0] * 17,
         "GC-stream stripes: own stream {}, mixed {}",
         gc_stripes[0],
         gc_stripes[1]
