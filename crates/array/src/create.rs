@@ -28,6 +28,22 @@ pub struct CreateOptions {
     pub log_bytes: Option<u64>,
 }
 
+impl CreateOptions {
+    /// K+M of 64 KiB chunks, CRC32C, no compression, the default export
+    /// and log sizes: what `tessera create` makes unless told otherwise.
+    pub fn new(data: usize, parity: usize) -> CreateOptions {
+        CreateOptions {
+            data,
+            parity,
+            chunk_bytes: 64 << 10,
+            checksum: tessera_checksum::Algorithm::Crc32c,
+            compression: None,
+            logical_bytes: None,
+            log_bytes: None,
+        }
+    }
+}
+
 /// Stripe slots an array needs at least: the reserves (GC, open stripes,
 /// a checkpoint) and a window.
 pub(crate) const SLOTS_MIN: u64 = 16;

@@ -226,7 +226,6 @@ impl Shared {
     /// killed 1 TiB array). With `side_by_side`, the directory pages and
     /// the runs are each read on the I/O pool.
     fn read_pages(&self, missing: Vec<Needed>, side_by_side: bool) -> Result<Vec<Loaded>, ArrayError> {
-        use rayon::prelude::*;
         let mut pinned = Pinned::new(&self.pins);
         let mut dirs = Vec::new();
         let mut pages = Vec::new();
@@ -243,13 +242,9 @@ impl Shared {
                 }
             }
         }
-        let read_dir = |(dir, image, ranges)| self.read_dir_and_names(dir, image, ranges);
-        let dirs: Vec<Option<DirRead>> = match side_by_side && dirs.len() > 1 {
-            true => self
-                .io_pool
-                .install(|| dirs.into_par_iter().map(read_dir).collect::<Result<_, _>>())?,
-            false => dirs.into_iter().map(read_dir).collect::<Result<_, _>>()?,
-        };
+        let dirs: Vec<Option<DirRead>> = self.read_each(dirs, side_by_side, |(dir, image, ranges)| {
+            self.read_dir_and_names(dir, image, ranges)
+        })?;
         let mut loaded = Vec::new();
         {
             // Their pages' stripes are pinned before their own pins go
@@ -265,16 +260,25 @@ impl Shared {
                 loaded.push(dir);
             }
         }
-        let runs = runs(pages);
-        let read_run = |run: Vec<(u64, Arc<PageImage>)>| self.read_page_run(run);
-        let pages: Vec<Vec<Loaded>> = match side_by_side && runs.len() > 1 {
-            true => self
-                .io_pool
-                .install(|| runs.into_par_iter().map(read_run).collect::<Result<_, _>>())?,
-            false => runs.into_iter().map(read_run).collect::<Result<_, _>>()?,
-        };
+        let pages = self.read_each(runs(pages), side_by_side, |run| self.read_page_run(run))?;
         loaded.extend(pages.into_iter().flatten());
         Ok(loaded)
+    }
+
+    /// `read` of each of `items`, in order: side by side on the I/O pool
+    /// with `side_by_side` where there are several, else one after another
+    /// on this thread.
+    fn read_each<T: Send, R: Send>(
+        &self,
+        items: Vec<T>,
+        side_by_side: bool,
+        read: impl Fn(T) -> Result<R, ArrayError> + Sync + Send,
+    ) -> Result<Vec<R>, ArrayError> {
+        use rayon::prelude::*;
+        match side_by_side && items.len() > 1 {
+            true => self.io_pool.install(|| items.into_par_iter().map(read).collect()),
+            false => items.into_iter().map(read).collect(),
+        }
     }
 
     /// Directory page `dir`, held as `image`, read and decoded, with the

@@ -90,7 +90,7 @@ fn close_refuses_later_writes_and_looking_writes_no_checkpoint() {
 fn the_mark_counts_only_where_every_healthy_member_holds_it() {
     use tessera_array::activity;
     let devices: Vec<_> = (0..6).map(|_| Arc::new(MemoryDevice::new(64 << 20))).collect();
-    let array = tessera_array::create(named(&devices), &common::create_options(4, 2)).unwrap();
+    let array = tessera_array::create(named(&devices), &tessera_array::CreateOptions::new(4, 2)).unwrap();
     array.write(0, &[7u8; 1 << 20], false).unwrap();
     array.close().unwrap();
     drop(array);
@@ -138,7 +138,7 @@ fn a_root_alone_is_not_a_clean_stop_s_checkpoint() {
     // No log: FLUSH seals the trims' stripe before the root alone.
     let options = tessera_array::CreateOptions {
         log_bytes: Some(0),
-        ..common::create_options(4, 2)
+        ..tessera_array::CreateOptions::new(4, 2)
     };
     let array = tessera_array::create(named(&devices), &options).unwrap();
     // 64 KiB at the start of each of 64 map pages (512 blocks each).
@@ -237,7 +237,7 @@ fn a_crash_during_close_loses_nothing_flushed() {
 #[test]
 fn a_volume_deleted_before_a_clean_stop_drains_after_it() {
     let devices: Vec<_> = (0..6).map(|_| Arc::new(MemoryDevice::new(64 << 20))).collect();
-    let array = tessera_array::create(named(&devices), &common::create_options(4, 2)).unwrap();
+    let array = tessera_array::create(named(&devices), &tessera_array::CreateOptions::new(4, 2)).unwrap();
     let scratch = array.create_volume("scratch", 8 << 20).unwrap();
     scratch.write(0, &vec![3u8; 4 << 20], false).unwrap();
     array.write(0, &vec![4u8; 1 << 20], false).unwrap();

@@ -7,7 +7,7 @@
 //! opens without reading them.
 
 mod common;
-use common::{create_options, kill, kill_and_reopen, kill_and_reopen_with, named, open_list};
+use common::{kill, kill_and_reopen, kill_and_reopen_with, named, open_list};
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -96,7 +96,7 @@ fn thin_4_plus_2() -> (Vec<Arc<MemoryDevice>>, Array) {
     let devices: Vec<_> = (0..6).map(|_| Arc::new(MemoryDevice::new(128 << 20))).collect();
     let options = tessera_array::CreateOptions {
         logical_bytes: Some(8 << 30),
-        ..create_options(4, 2)
+        ..tessera_array::CreateOptions::new(4, 2)
     };
     let array = tessera_array::create(named(&devices), &options).unwrap();
     (devices, array)
@@ -268,7 +268,7 @@ fn corrupt_at(devices: &[Arc<MemoryDevice>], g: &Geometry, slot: u64, j: usize, 
 #[test]
 fn a_map_stripe_corrupt_on_m_members_is_repaired_by_a_read_and_by_scrub() {
     let devices: Vec<_> = (0..6).map(|_| Arc::new(MemoryDevice::new(64 << 20))).collect();
-    let array = tessera_array::create(named(&devices), &create_options(4, 2)).unwrap();
+    let array = tessera_array::create(named(&devices), &tessera_array::CreateOptions::new(4, 2)).unwrap();
     let g = array.geometry().clone();
     let mut rng = rand::rngs::StdRng::seed_from_u64(9);
     let mut model = BTreeMap::new();
@@ -322,7 +322,8 @@ fn a_map_eight_times_its_cache_reads_back_exactly() {
     let cache = 24 << 10;
     let engine = || cached(cache);
     let devices = six_members();
-    let array = tessera_array::create_with(named(&devices), &create_options(4, 2), engine()).unwrap();
+    let array =
+        tessera_array::create_with(named(&devices), &tessera_array::CreateOptions::new(4, 2), engine()).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     let mut model = BTreeMap::new();
     write_random(&array, &mut model, &mut rng, 20_000, 64);
@@ -377,7 +378,7 @@ fn a_directory_larger_than_its_cache_reads_back_exactly() {
     let devices = six_members();
     let options = tessera_array::CreateOptions {
         logical_bytes: Some(4 << 40),
-        ..create_options(4, 2)
+        ..tessera_array::CreateOptions::new(4, 2)
     };
     let array = tessera_array::create_with(named(&devices), &options, engine()).unwrap();
     let g = array.geometry().clone();
@@ -562,7 +563,7 @@ fn four_kib_chunks() -> (Vec<Arc<MemoryDevice>>, Array) {
     let devices = six_members();
     let options = tessera_array::CreateOptions {
         chunk_bytes: 4096,
-        ..create_options(4, 2)
+        ..tessera_array::CreateOptions::new(4, 2)
     };
     let array = tessera_array::create(named(&devices), &options).unwrap();
     (devices, array)
@@ -692,7 +693,7 @@ fn many_slots() -> (Vec<Arc<MemoryDevice>>, Array) {
     let devices: Vec<Arc<MemoryDevice>> = (0..6).map(|_| Arc::new(MemoryDevice::new(256 << 20))).collect();
     let options = tessera_array::CreateOptions {
         chunk_bytes: 4096,
-        ..create_options(4, 2)
+        ..tessera_array::CreateOptions::new(4, 2)
     };
     let array = tessera_array::create(named(&devices), &options).unwrap();
     (devices, array)

@@ -27,7 +27,7 @@
 //! `TESSERA_SPACE_ROUNDS=N` runs more rounds.
 
 mod common;
-use common::{create_options, named, open_list};
+use common::{named, open_list};
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use tessera_array::device::MemoryDevice;
@@ -45,8 +45,12 @@ fn random_overwrites_of_a_full_array_after_a_restart_never_run_out_of_space() {
         .unwrap_or(ROUNDS);
     for round in 0..rounds {
         let devices: Vec<Arc<MemoryDevice>> = (0..10).map(|_| Arc::new(MemoryDevice::new(64 << 20))).collect();
-        let array =
-            tessera_array::create_with(named(&devices), &create_options(8, 2), EngineOptions::default()).unwrap();
+        let array = tessera_array::create_with(
+            named(&devices),
+            &tessera_array::CreateOptions::new(8, 2),
+            EngineOptions::default(),
+        )
+        .unwrap();
         let size = array.logical_bytes();
         let chunk = vec![7u8; 1 << 20];
         let mut at = 0;

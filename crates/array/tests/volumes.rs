@@ -5,7 +5,7 @@
 //! growing finds zeros; bad requests change nothing.
 
 mod common;
-use common::{create_options, kill_and_reopen, named, open_list};
+use common::{kill_and_reopen, named, open_list};
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -17,7 +17,7 @@ const MIB: u64 = 1 << 20;
 
 fn array() -> (Vec<Arc<MemoryDevice>>, Array) {
     let devices: Vec<_> = (0..6).map(|_| Arc::new(MemoryDevice::new(MEMBER_BYTES))).collect();
-    let array = tessera_array::create(named(&devices), &create_options(4, 2)).unwrap();
+    let array = tessera_array::create(named(&devices), &tessera_array::CreateOptions::new(4, 2)).unwrap();
     (devices, array)
 }
 

@@ -123,7 +123,11 @@ fn pyarrow_flight_inserts_and_queries_and_bad_input_changes_nothing() {
     let dir = tmp.path().join("array");
     create(&dir, "64M");
     // 1 MiB of sort memory: 300,000 records make many runs and a merge.
-    let (server, at) = serve(&dir, &["--kv-sort-memory", "1M"]);
+    let metrics = {
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        free.local_addr().unwrap().to_string()
+    };
+    let (server, at) = serve(&dir, &["--kv-sort-memory", "1M", "--metrics", &metrics]);
     let said: serde_json::Value = serde_json::from_str(script(&at, "main", &[]).trim()).unwrap();
     // `tessera kv` agrees with pyarrow and numpy.
     let threshold = said["threshold"].as_f64().unwrap();
@@ -160,6 +164,21 @@ fn pyarrow_flight_inserts_and_queries_and_bad_input_changes_nothing() {
             && status.contains("KV batch cache: "),
         "{status}"
     );
+    // And the metrics: the queries above asked some ranges twice, so the
+    // batch cache has answered.
+    let out = Command::new("curl")
+        .args(["-s", "-S", "--max-time", "60", &format!("http://{metrics}/metrics")])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let gauge = |series: &str| -> u64 {
+        let line = text.lines().find(|l| l.starts_with(series));
+        let line = line.unwrap_or_else(|| panic!("no {series} in\n{text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(gauge(r#"tessera_kv_cache{kind="capacity"}"#), 256 << 20);
+    assert!(gauge(r#"tessera_kv_cache{kind="hits"}"#) > 0, "{text}");
+    assert!(gauge(r#"tessera_kv_cache{kind="bytes"}"#) > 0, "{text}");
     // A space's volume is no NBD export and no volume to change by hand.
     let out = tessera(&["volume", "delete", dir.to_str().unwrap(), "kv.p"]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("hold KV spaces"));

@@ -87,25 +87,21 @@ impl BatchCache {
         }
     }
 
-    /// Batch `i` of `table`, if held for that very directory.
+    /// Batch `i` of `table`, if held for it. An entry's key is its
+    /// table's address, which its `Weak` keeps from being used again: a
+    /// live entry at that key is `table`'s own.
     fn get(&self, table: &Arc<Directory>, i: usize) -> Option<(RecordBatch, u64)> {
         let mut inner = self.lock();
         let key = (Arc::as_ptr(table) as usize, i);
-        let found = match inner.entries.get(&key) {
-            Some(entry) if entry.table.upgrade().is_some_and(|t| Arc::ptr_eq(&t, table)) => {
-                Some((entry.batch.clone(), entry.frame_bytes))
-            }
-            Some(_) => None,
-            None => return None,
-        };
-        if found.is_none() {
-            // Its table is gone (the entry's `Weak` keeps the address from
-            // being used again meanwhile): nothing to keep it for.
-            if let Some(stale) = inner.entries.pop(&key) {
-                inner.bytes -= stale.bytes;
-            }
+        let entry = inner.entries.get(&key)?;
+        if entry.table.strong_count() > 0 {
+            return Some((entry.batch.clone(), entry.frame_bytes));
         }
-        found
+        // Its table is gone (a query held it over a drop): nothing to keep
+        // it for.
+        let gone = inner.entries.pop(&key).expect("found above");
+        inner.bytes -= gone.bytes;
+        None
     }
 
     fn put(&self, table: &Arc<Directory>, i: usize, batch: &RecordBatch, frame_bytes: u64) {

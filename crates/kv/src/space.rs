@@ -414,21 +414,22 @@ impl Space {
             let i = schema.indexes.iter().position(|f| *f == plan.column);
             i.and_then(|i| view.indexes.get(i).cloned())
         };
-        if let Some(dir) = table {
-            result.indexed = true;
-            let range = dir.meeting(lo, hi);
+        // The table sorted by the column asked reads only the batches
+        // meeting the range; without it, the primary table is read whole.
+        let source = match table {
+            Some(dir) => {
+                result.indexed = true;
+                let range = dir.meeting(lo, hi);
+                Some((dir, range))
+            }
+            None => view.primary.clone().map(|dir| {
+                let all = 0..dir.offsets.len();
+                (dir, all)
+            }),
+        };
+        if let Some((dir, range)) = source {
             self.cache
                 .each_batch(&dir, &self.volume, range, |_, batch, bytes, cached| {
-                    result.count(bytes, cached);
-                    keep(&mut result, &batch, &plan.matches(&batch, column));
-                    Ok(())
-                })?;
-            return Ok(result);
-        }
-        if let Some(dir) = &view.primary {
-            let all = 0..dir.offsets.len();
-            self.cache
-                .each_batch(dir, &self.volume, all, |_, batch, bytes, cached| {
                     result.count(bytes, cached);
                     keep(&mut result, &batch, &plan.matches(&batch, column));
                     Ok(())

@@ -251,16 +251,7 @@ mod tests {
                 )
             })
             .collect();
-        let options = tessera_array::CreateOptions {
-            data: 4,
-            parity: 2,
-            chunk_bytes: 64 << 10,
-            checksum: tessera_checksum::Algorithm::Crc32c,
-            compression: None,
-            logical_bytes: None,
-            log_bytes: None,
-        };
-        let array = tessera_array::create(devices, &options).unwrap();
+        let array = tessera_array::create(devices, &tessera_array::CreateOptions::new(4, 2)).unwrap();
         array.create_volume("t", 1 << 30).unwrap()
     }
 

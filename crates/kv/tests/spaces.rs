@@ -70,16 +70,7 @@ fn named(devices: &[Arc<MemoryDevice>]) -> Vec<(String, Arc<dyn Device>)> {
 }
 
 fn new_array(devices: &[Arc<MemoryDevice>]) -> Arc<Array> {
-    let options = tessera_array::CreateOptions {
-        data: 4,
-        parity: 2,
-        chunk_bytes: 64 << 10,
-        checksum: tessera_checksum::Algorithm::Crc32c,
-        compression: None,
-        logical_bytes: None,
-        log_bytes: None,
-    };
-    Arc::new(tessera_array::create(named(devices), &options).unwrap())
+    Arc::new(tessera_array::create(named(devices), &tessera_array::CreateOptions::new(4, 2)).unwrap())
 }
 
 /// Power loss: the members stop at once, and of each write not yet synced

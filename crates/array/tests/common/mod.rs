@@ -72,19 +72,6 @@ pub fn headers(devices: &[Arc<MemoryDevice>], g: &Geometry) -> Vec<(usize, u64, 
     found
 }
 
-/// K+M of 64 KiB chunks, CRC32C, no compression, default sizes.
-pub fn create_options(data: usize, parity: usize) -> tessera_array::CreateOptions {
-    tessera_array::CreateOptions {
-        data,
-        parity,
-        chunk_bytes: 64 << 10,
-        checksum: tessera_checksum::Algorithm::Crc32c,
-        compression: None,
-        logical_bytes: None,
-        log_bytes: None,
-    }
-}
-
 /// A 4+2 array of 64 KiB chunks (CRC32C, no compression) on `n` members
 /// of `member_bytes` in memory, `bytes` of random data from `seed` written
 /// and flushed: (members, array, data).
@@ -96,7 +83,7 @@ pub fn written_4_plus_2_on(
 ) -> (Vec<Arc<MemoryDevice>>, tessera_array::Array, Vec<u8>) {
     use rand::{Rng, SeedableRng};
     let devices: Vec<_> = (0..n).map(|_| Arc::new(MemoryDevice::new(member_bytes))).collect();
-    let array = tessera_array::create(named(&devices), &create_options(4, 2)).unwrap();
+    let array = tessera_array::create(named(&devices), &tessera_array::CreateOptions::new(4, 2)).unwrap();
     let mut data = vec![0u8; bytes];
     rand::rngs::StdRng::seed_from_u64(seed).fill(&mut data[..]);
     array.write(0, &data, false).unwrap();
