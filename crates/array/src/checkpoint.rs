@@ -204,8 +204,8 @@ impl Shared {
     /// bounds in slots and in chunks.
     pub(crate) fn window_slots(&self) -> u64 {
         let default = || {
-            let max = CHECKPOINT_WINDOW_MAX.min(CHECKPOINT_WINDOW_CHUNKS_MAX / self.geometry.width() as u64);
-            (self.geometry.slot_count() / CHECKPOINT_WINDOW_DIVISOR).clamp(CHECKPOINT_WINDOW_MIN, max)
+            let max = CHECKPOINT_WINDOW_MAX.min(CHECKPOINT_WINDOW_CHUNKS_MAX / self.stripes.geometry.width() as u64);
+            (self.stripes.geometry.slot_count() / CHECKPOINT_WINDOW_DIVISOR).clamp(CHECKPOINT_WINDOW_MIN, max)
         };
         self.options
             .window_slots
@@ -224,7 +224,7 @@ impl Shared {
     /// what the next checkpoint needed (`tests/space.rs`). At most what a
     /// checkpoint may take: past that none is written.
     pub(crate) fn checkpoint_reserve(&self, index: &Index) -> usize {
-        let g = &self.geometry;
+        let g = &self.stripes.geometry;
         let per_stripe = self.meta_stripe_bytes();
         let resident = index.map.page_count();
         let (named, named_bytes) = index.map.directory_totals();
@@ -258,7 +258,7 @@ impl Shared {
 
     /// Bytes of checkpoint (or directory, or page images) one Meta stripe holds.
     pub(crate) fn meta_stripe_bytes(&self) -> usize {
-        format::meta_stripe_bytes(&self.geometry)
+        format::meta_stripe_bytes(&self.stripes.geometry)
     }
 
     /// Writes a checkpoint of the map now: the pages changed since the
@@ -279,10 +279,11 @@ impl Shared {
     /// and writes are not refused for lost members: then the members hold
     /// nothing its map lacks.
     pub(crate) fn nothing_after_checkpoint(&self) -> Option<u64> {
-        let reference = self.members.superblock().checkpoint.clone()?;
+        let reference = self.stripes.members.superblock().checkpoint.clone()?;
         let last = reference.first_stripe_sequence + reference.stripe_count(self.meta_stripe_bytes()) as u64 - 1;
         let mapped = self.index().last_data_sealed <= reference.sequence;
-        (mapped && self.members.lost().is_none() && self.tracker.last_sequence() == last).then_some(reference.sequence)
+        (mapped && self.stripes.members.lost().is_none() && self.tracker.last_sequence() == last)
+            .then_some(reference.sequence)
     }
 
     /// A clean stop's checkpoint: the open stripes sealed and synced, the
@@ -318,7 +319,7 @@ impl Shared {
     }
 
     fn take_checkpoint(&self, root_may_do: bool) -> Result<(), ArrayError> {
-        self.members.check_writable()?;
+        self.stripes.members.check_writable()?;
         // It writes the slot pages that changed, and takes the next
         // window from every free slot.
         self.read_every_slot_page()?;
@@ -645,10 +646,10 @@ impl Shared {
     /// collected and sorted: an array may have hundreds of millions of
     /// free slots, and a checkpoint wants a window's worth.
     fn healthy_first<I: Iterator<Item = u64>>(&self, slots: impl Fn() -> I, count: usize) -> Vec<u64> {
-        let mut picked: Vec<u64> = slots().filter(|&s| self.all_healthy(s)).take(count).collect();
+        let mut picked: Vec<u64> = slots().filter(|&s| self.stripes.all_healthy(s)).take(count).collect();
         if picked.len() < count {
             let wanted = count - picked.len();
-            picked.extend(slots().filter(|&s| !self.all_healthy(s)).take(wanted));
+            picked.extend(slots().filter(|&s| !self.stripes.all_healthy(s)).take(wanted));
         }
         picked
     }
@@ -712,7 +713,7 @@ impl Shared {
         durable: &MapImages,
         changes: Changes<'_>,
     ) -> Result<Option<Written>, ArrayError> {
-        let g = &self.geometry;
+        let g = &self.stripes.geometry;
         let algorithm = g.checksum;
         let per_stripe = self.meta_stripe_bytes();
         let Changes {
@@ -1051,7 +1052,7 @@ impl Shared {
             .zip(pieces)
             .enumerate()
             .map(|(i, (&slot, piece))| {
-                let mut open = OpenStripe::new(slot, Stream::Meta, self.spare_area(), g);
+                let mut open = OpenStripe::new(slot, Stream::Meta, self.stripes.spare_area(), g);
                 open.push_data(piece, false);
                 self.seal_as(open, SlotState::Checkpoint, first + i as u64)
             })
@@ -1077,10 +1078,10 @@ impl Shared {
             directory: directory > 0,
         };
         let published = written.and_then(|()| {
-            let mut superblock = self.members.superblock();
+            let mut superblock = self.stripes.members.superblock();
             let mut template = superblock.clone();
             template.checkpoint = Some(reference);
-            self.members.publish_locked(&mut superblock, template)
+            self.stripes.members.publish_locked(&mut superblock, template)
         });
         if let Err(error) = published {
             // The old checkpoint stays the durable one; these slots are
@@ -1109,11 +1110,11 @@ impl Shared {
     /// given back.
     fn drop_checkpoint(&self, durable: &mut Durable) -> Result<(), ArrayError> {
         durable.since = None;
-        let mut superblock = self.members.superblock();
+        let mut superblock = self.stripes.members.superblock();
         if superblock.checkpoint.is_some() {
             let mut template = superblock.clone();
             template.checkpoint = None;
-            self.members.publish_locked(&mut superblock, template)?;
+            self.stripes.members.publish_locked(&mut superblock, template)?;
             Counters::add(&self.counters.checkpoints_dropped, 1);
         }
         drop(superblock);

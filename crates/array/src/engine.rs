@@ -29,6 +29,7 @@ use crate::recovery::Recovery;
 use crate::slots::{Pins, SlotTable};
 use crate::status::{Counters, Status};
 use crate::stripe::OpenStripe;
+use crate::stripes::Stripes;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use tessera_accel::Accelerator;
@@ -230,35 +231,27 @@ impl Tracker {
 pub(crate) struct Shared {
     /// This engine, for the stripes it hands to the member threads.
     pub me: Weak<Shared>,
-    pub geometry: Geometry,
-    pub array_uuid: [u8; 16],
-    pub accel: Arc<dyn Accelerator>,
+    /// The layer below: the members, their I/O, the array's shape and
+    /// accelerator, reading and rebuilding stripes (`stripes.rs`).
+    pub stripes: Stripes,
     pub policy: Option<Policy>,
     /// Live bytes a stripe can be counted on to hold (admission).
     pub fill_bytes: u64,
     /// Live bytes a stripe could hold at most: its data area less the
     /// summary's header (what garbage collection measures victims by).
     pub stripe_live_max: u64,
-    pub members: Members,
     pub index: RwLock<Index>,
     pub pins: Pins,
-    /// The write path's state: open stripes, partial-block locks, spare
-    /// buffers, admitted bytes.
+    /// The write path's state: open stripes, partial-block locks,
+    /// admitted bytes.
     pub writes: crate::write::Writes,
     pub tracker: Tracker,
-    pub io: MemberIo,
-    /// Threads for work in parallel that waits on members: the stripes
-    /// of a rebuild batch, opening's scans and page reads.
-    pub io_pool: rayon::ThreadPool,
-    /// Threads that only wait on members: the chunk reads of one request
-    /// go out side by side on them (`read::in_parallel`).
-    pub reads: crate::fanout::Fanout,
-    pub cache: ReconstructCache,
     /// The scrub, rebuild and heal running now, one of each at most.
     pub jobs: crate::repair::Jobs,
     /// What happened since the array was opened.
     pub events: Arc<crate::events::Events>,
-    pub counters: Counters,
+    /// The same counters the stripe layer holds.
+    pub counters: Arc<Counters>,
     /// One garbage collection round at a time; held across its I/O.
     pub gc_lock: Mutex<()>,
     /// One checkpoint at a time; held across its I/O. It guards where
@@ -266,13 +259,10 @@ pub(crate) struct Shared {
     pub checkpoint_lock: Mutex<crate::checkpoint::Durable>,
     pub maintenance: crate::maintenance::Signal,
     pub recovery: Mutex<Recovery>,
-    /// Each volume's gate, by id (`crate::volume::Gate`).
-    pub gates: Mutex<HashMap<u32, Arc<crate::volume::Gate>>>,
+    /// The volumes' gates, and the lock volume operations take.
+    pub volumes: crate::volumes::Gates,
     /// Map pages pinned in memory, and by how many.
     pub page_pins: crate::pages::PinTable,
-    /// One volume operation (create, resize, delete) at a time; held
-    /// across its superblock writes.
-    pub volume_lock: Mutex<()>,
     /// Held by whoever reads every slot page opening left unread
     /// (`slot_loader`).
     pub slot_loading: Mutex<()>,
@@ -342,45 +332,6 @@ impl Shared {
         (lane, self.open_lane(lane))
     }
 
-    pub fn spares(&self) -> MutexGuard<'_, crate::write::Spares> {
-        self.writes.spares.lock().unwrap_or_else(poisoned)
-    }
-
-    /// A data area: a spare, or a new one in the accelerator's memory
-    /// (made outside the spares' lock: pinning memory takes a while).
-    pub fn spare_area(&self) -> AlignedBuf {
-        let bytes = self.geometry.data_area_bytes();
-        let (spare, memory) = {
-            let mut spares = self.spares();
-            (spares.areas.pop(), spares.memory.clone())
-        };
-        let mut area = spare.unwrap_or_else(|| AlignedBuf::zeroed_in(memory.as_ref(), bytes));
-        area.resize(bytes);
-        area
-    }
-
-    /// Keeps a data area for the next open stripe, if it is not shared.
-    pub fn recycle_area(&self, area: Arc<AlignedBuf>) {
-        if let Ok(area) = Arc::try_unwrap(area) {
-            let mut spares = self.spares();
-            if spares.areas.len() < crate::write::SPARES_MAX {
-                spares.areas.push(area);
-            }
-        }
-    }
-
-    /// Whether every data chunk of slot `slot` is on a readable member.
-    pub fn data_readable(&self, slot: u64) -> bool {
-        let g = &self.geometry;
-        (0..g.data).all(|j| self.members.is_readable(g.place(slot, j).0))
-    }
-
-    /// Whether every chunk of slot `slot` is on a healthy member.
-    pub fn all_healthy(&self, slot: u64) -> bool {
-        let g = &self.geometry;
-        (0..g.width()).all(|j| self.members.is_readable(g.place(slot, j).0))
-    }
-
     /// Checks a range of the map's key space in bytes (every volume's:
     /// a volume's own bounds are checked by its `Volume` handle).
     pub fn check_range(&self, offset: u64, len: u64) -> Result<(), ArrayError> {
@@ -393,15 +344,6 @@ impl Shared {
 
     pub fn wait_written(&self, sequence: u64) {
         self.tracker.wait_written(sequence);
-    }
-
-    /// Members a sync or a stripe is written to (a member being rebuilt
-    /// is synced too: once it is readmitted, what a FLUSH covered before
-    /// must be durable on it as well).
-    pub fn writable_members(&self) -> Vec<usize> {
-        (0..self.members.count())
-            .filter(|&m| self.members.writable(m))
-            .collect()
     }
 }
 
@@ -423,11 +365,6 @@ impl Array {
             .volume_table
             .clone()
             .unwrap_or_else(|| Arc::new(crate::volume::VolumeTable::default_for(geometry.logical_bytes)));
-        let gates = volume_table
-            .entries
-            .iter()
-            .map(|e| (e.id, crate::volume::Gate::new(e.id, e.bytes)))
-            .collect();
         let accel = match &options.accel {
             Some(accel) => accel.clone(),
             None => tessera_accel::Kind::from_env()
@@ -437,7 +374,6 @@ impl Array {
         // A backend that measures where work runs (auto with a GPU) does
         // so for this shape now, not during the first writes.
         accel.prepare(&crate::stripe::shape(&geometry));
-        let host_memory = accel.host_memory();
         let policy = geometry.compression.map(|codec| Policy {
             mode: tessera_compress::policy::Mode::Aggressive,
             codec,
@@ -445,7 +381,7 @@ impl Array {
             max_blob: crate::write::extent_blocks_max(&geometry) * BLOCK_BYTES,
             ..Policy::default()
         });
-        let counters = Counters::default();
+        let counters = Arc::new(Counters::default());
         let array_uuid = superblock.array_uuid;
         // The members' devices count their I/O; the writers get the
         // counted ones.
@@ -476,14 +412,23 @@ impl Array {
             })?;
         let cache = ReconstructCache::new(options.reconstruct_cache_bytes, geometry.data_area_bytes());
         let fill_bytes = crate::write::stripe_fill_bytes(&geometry, policy.as_ref());
+        let stripes = Stripes::new(
+            geometry.clone(),
+            array_uuid,
+            accel,
+            members,
+            io,
+            io_pool,
+            reads,
+            cache,
+            counters.clone(),
+        );
         let shared = Arc::new_cyclic(|me| Shared {
             fill_bytes,
             stripe_live_max: (geometry.data_area_bytes() - crate::format::SUMMARY_HEADER_BYTES) as u64,
             me: me.clone(),
-            array_uuid,
-            accel,
+            stripes,
             policy,
-            members,
             index: RwLock::new(Index {
                 map: Map::default(),
                 slots: SlotTable::new(geometry.checksum, slot_count),
@@ -506,10 +451,6 @@ impl Array {
                 }),
                 changed: Condvar::new(),
             },
-            io,
-            io_pool,
-            reads,
-            cache,
             jobs: Default::default(),
             events,
             counters,
@@ -520,21 +461,18 @@ impl Array {
                     .unwrap_or_else(|| crate::limits::user_lanes(slot_count))
                     .clamp(1, crate::limits::USER_LANES_MAX)
                     + 1,
-                host_memory,
             ),
             gc_lock: Mutex::new(()),
             checkpoint_lock: Mutex::new(crate::checkpoint::Durable::default()),
             maintenance: crate::maintenance::Signal::default(),
             recovery: Mutex::new(Recovery::default()),
-            gates: Mutex::new(gates),
+            volumes: crate::volumes::Gates::of(&volume_table),
             page_pins: Default::default(),
-            volume_lock: Mutex::new(()),
             slot_loading: Mutex::new(()),
             intent: geometry
                 .has_log()
                 .then(|| crate::intent::IntentLog::new(geometry.members, log_devices)),
             options,
-            geometry,
         });
         // The mark to read every slot page stays on the members while a
         // page left for later is unreadable, and, where this opening
@@ -547,12 +485,13 @@ impl Array {
             let recovering = recovering_suspect.clone();
             let devices = move || {
                 shared
+                    .stripes
                     .writable_members()
                     .into_iter()
-                    .filter_map(|m| shared.members.device(m))
+                    .filter_map(|m| shared.stripes.members.device(m))
                     .collect()
             };
-            let array_uuid = marked.array_uuid;
+            let array_uuid = marked.stripes.array_uuid;
             let read_pages = move || {
                 recovering.load(std::sync::atomic::Ordering::Relaxed) || marked.index().slots.pages_unreadable()
             };
@@ -596,7 +535,7 @@ impl Array {
     }
 
     pub fn geometry(&self) -> &Geometry {
-        &self.shared.geometry
+        &self.shared.stripes.geometry
     }
 
     /// The default volume's size now.
@@ -665,10 +604,10 @@ impl Array {
     /// looks only at what was written while it was away (best effort: a
     /// checkpoint that cannot be written leaves the last one).
     pub fn fail_member(&self, index: usize) -> Result<(), ArrayError> {
-        if index < self.shared.members.count() && self.shared.members.is_readable(index) {
+        if index < self.shared.stripes.members.count() && self.shared.stripes.members.is_readable(index) {
             let _ = self.shared.checkpoint();
         }
-        self.shared.members.set_aside(index)?;
+        self.shared.stripes.members.set_aside(index)?;
         self.shared.maintenance.wake();
         Ok(())
     }
@@ -718,7 +657,7 @@ impl Array {
 
     /// The accelerator the array uses.
     pub fn accelerator(&self) -> &Arc<dyn Accelerator> {
-        &self.shared.accel
+        &self.shared.stripes.accel
     }
 }
 
@@ -754,13 +693,11 @@ impl Array {
     pub fn close(&self) -> Result<(), ArrayError> {
         self.stop_background();
         let shared = &self.shared;
-        let _volumes = shared.volume_lock.lock().unwrap_or_else(poisoned);
-        let mut gates: Vec<Arc<crate::volume::Gate>> =
-            shared.gates.lock().unwrap_or_else(poisoned).values().cloned().collect();
-        gates.sort_by_key(|g| g.id);
+        let _volumes = shared.volumes.operation();
+        let gates = shared.volumes.all();
         let _requests: Vec<_> = gates.iter().map(|g| g.size.write().unwrap_or_else(poisoned)).collect();
         let checkpointed = shared.checkpoint_to_close();
-        shared.members.close_for_writes();
+        shared.stripes.members.close_for_writes();
         checkpointed?;
         let clean = shared.nothing_after_checkpoint();
         if let Some(sequence) = clean {
@@ -791,7 +728,7 @@ impl Drop for Array {
     /// dropped, as a crash would (callers flush first, or close).
     fn drop(&mut self) {
         self.stop_background();
-        self.shared.io.stop();
+        self.shared.stripes.io.stop();
     }
 }
 

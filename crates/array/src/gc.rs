@@ -17,10 +17,9 @@
 //!   write's version, so recovery never prefers it to a newer write.
 //! - A victim's summary says what it held; nothing scans the map.
 
-use crate::device::AlignedBuf;
 use crate::engine::Shared;
 use crate::error::ArrayError;
-use crate::format::{ChunkHeader, Extent, Record, Stream, BLOCK_BYTES, SECTOR_BYTES};
+use crate::format::{Record, Stream, BLOCK_BYTES};
 use crate::limits::{
     GC_FREE_TARGET_DIVISOR, GC_FREE_TARGET_MAX, GC_FREE_TARGET_MIN, GC_RESERVE_SLOTS, GC_ROUND_GARBAGE,
     GC_VICTIMS_PER_ROUND_MAX, GC_VICTIMS_PER_ROUND_MIN,
@@ -29,7 +28,6 @@ use crate::map::Target;
 use crate::slots::{Pinned, SlotState};
 use crate::status::Counters;
 use crate::write::{Claim, Origin, Piece, Stored};
-use std::sync::Arc;
 
 /// A live piece of a victim: blocks, the version they hold, where.
 struct Live {
@@ -43,7 +41,7 @@ impl Shared {
     /// Free slots background collection keeps: a sixteenth of the array,
     /// within bounds, above what user writes must leave free anyway.
     pub(crate) fn gc_free_target(&self) -> usize {
-        let slots = self.geometry.slot_count();
+        let slots = self.stripes.geometry.slot_count();
         let target = (slots / GC_FREE_TARGET_DIVISOR).clamp(GC_FREE_TARGET_MIN, GC_FREE_TARGET_MAX) as usize;
         target + GC_RESERVE_SLOTS + self.checkpoint_reserve(&self.index())
     }
@@ -128,7 +126,7 @@ impl Shared {
             pinned.add(victim);
             s.sequence
         };
-        let (mut area, records) = self.stripe_contents(victim, sequence)?;
+        let (mut area, records) = self.stripes.stripe_contents(victim, sequence)?;
         // The pages its records are in stay in memory until the copies
         // are mapped.
         let ranges: Vec<(u64, u64)> = records.iter().map(Record::keys).collect();
@@ -139,10 +137,10 @@ impl Shared {
                 Target::Zero { .. } => Stored::Zero,
                 Target::Data { extent, skip } => {
                     let mut bytes = vec![0u8; piece.blocks as usize * BLOCK_BYTES];
-                    if !self.extent_from_area(extent, *skip, &area, &mut bytes) {
+                    if !self.stripes.extent_from_area(extent, *skip, &area, &mut bytes) {
                         // A bad chunk: the stripe rebuilt, checked again.
-                        area = self.rebuilt_area(victim, sequence)?;
-                        if !self.extent_from_area(extent, *skip, &area, &mut bytes) {
+                        area = self.stripes.rebuilt_area(victim, sequence)?;
+                        if !self.stripes.extent_from_area(extent, *skip, &area, &mut bytes) {
                             Counters::add(&self.counters.unrecoverable_reads, 1);
                             return Err(ArrayError::Unreadable { slot: victim });
                         }
@@ -222,61 +220,6 @@ impl Shared {
             }
         }
         live
-    }
-
-    /// A stripe's data area (read straight from its data chunks, or
-    /// rebuilt if that fails) and its summary's records.
-    pub(crate) fn stripe_contents(
-        &self,
-        slot: u64,
-        sequence: u64,
-    ) -> Result<(Arc<AlignedBuf>, Vec<Record>), ArrayError> {
-        let header = self
-            .stripe_header(slot, sequence)
-            .ok_or(ArrayError::Unreadable { slot })?;
-        let mut area = self.spare_area();
-        if self.read_area_into(slot, 0, &mut area) {
-            if let Some(records) = self.parse_summary(&area, &header) {
-                return Ok((Arc::new(area), records));
-            }
-        }
-        let area = self.rebuilt_area(slot, sequence)?;
-        let records = self
-            .parse_summary(&area, &header)
-            .ok_or(ArrayError::Unreadable { slot })?;
-        Ok((area, records))
-    }
-
-    /// The header of any chunk of stripe (`slot`, `sequence`) that reads back.
-    pub(crate) fn stripe_header(&self, slot: u64, sequence: u64) -> Option<ChunkHeader> {
-        (0..self.geometry.width())
-            .filter_map(|j| self.read_header(slot, j))
-            .find(|h| h.sequence == sequence && h.slot == slot && h.array_uuid == self.array_uuid)
-    }
-
-    pub(crate) fn read_header(&self, slot: u64, index: usize) -> Option<ChunkHeader> {
-        let (member, row) = self.geometry.place(slot, index);
-        let device = self.members.readable(member)?;
-        let mut sector = AlignedBuf::zeroed(SECTOR_BYTES);
-        device.read_at(&mut sector, self.geometry.row_offset(row)).ok()?;
-        ChunkHeader::decode(&sector, self.geometry.checksum).ok()
-    }
-
-    /// The records of the summary at the tail of `area`, if it matches
-    /// the digest in `header`.
-    pub(crate) fn parse_summary(&self, area: &[u8], header: &ChunkHeader) -> Option<Vec<Record>> {
-        let len = header.summary_bytes as usize;
-        let bytes = area.get(area.len().checked_sub(len)?..)?;
-        if self.geometry.checksum.digest(bytes) != header.summary_digest {
-            return None;
-        }
-        crate::format::decode_summary(bytes, &self.geometry, header.slot).ok()
-    }
-
-    /// Blocks [skip, ..) of `extent` from its stripe's data area into
-    /// `out`, if they check.
-    pub(crate) fn extent_from_area(&self, extent: &Extent, skip: u32, area: &[u8], out: &mut [u8]) -> bool {
-        crate::read::checked_blocks(self.geometry.checksum, extent, skip, area, out)
     }
 }
 

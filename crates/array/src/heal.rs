@@ -81,7 +81,7 @@ impl Shared {
             .slots
             .iter()
             .filter(|(slot, s)| {
-                s.state == SlotState::Sealed && !index.resident.contains_key(slot) && !self.all_healthy(*slot)
+                s.state == SlotState::Sealed && !index.resident.contains_key(slot) && !self.stripes.all_healthy(*slot)
             })
             .map(|(slot, _)| slot)
             .collect()
@@ -94,7 +94,7 @@ impl Shared {
         let found = index
             .slots
             .usable_slots()
-            .any(|slot| !self.pins.pinned(slot) && self.all_healthy(slot));
+            .any(|slot| !self.pins.pinned(slot) && self.stripes.all_healthy(slot));
         found
     }
 
@@ -104,14 +104,14 @@ impl Shared {
         mut progress: impl FnMut(&HealReport) -> bool,
     ) -> Result<HealReport, ArrayError> {
         self.read_every_slot_page()?;
-        let g = &self.geometry;
+        let g = &self.stripes.geometry;
         if g.members <= g.width() {
             return Err(ArrayError::NoRoomToHeal {
                 members: g.members,
                 width: g.width(),
             });
         }
-        self.members.check_writable()?;
+        self.stripes.members.check_writable()?;
         let started = Instant::now();
         let victims = self.degraded_stripes();
         let mut report = HealReport {
@@ -135,7 +135,7 @@ impl Shared {
                     // nor healed by a member's return)?
                     let degraded = {
                         let index = self.index();
-                        index.slots.get(victim).state == SlotState::Sealed && !self.all_healthy(victim)
+                        index.slots.get(victim).state == SlotState::Sealed && !self.stripes.all_healthy(victim)
                     };
                     if degraded {
                         self.relocate(victim)?;

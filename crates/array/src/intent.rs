@@ -34,6 +34,7 @@ use crate::format::{
 };
 use crate::slots::SlotState;
 use crate::status::Counters;
+use crate::stripes::Stripes;
 use crate::write::{Claim, Origin, Piece, Stored};
 use serde::Serialize;
 use std::borrow::Cow;
@@ -229,6 +230,86 @@ impl IntentLog {
     pub fn live_bytes(&self) -> u64 {
         self.live_bytes.load(Ordering::Relaxed)
     }
+
+    /// Copies of each block: M+1 on the members, one on each usable log
+    /// device (0 if none is left).
+    fn copies(&self, stripes: &Stripes) -> usize {
+        if self.devices.is_empty() {
+            stripes.geometry.parity + 1
+        } else {
+            self.devices.iter().filter(|d| d.usable().is_some()).count()
+        }
+    }
+
+    /// Where block copies go: member or log device `target`, if it can be
+    /// written.
+    fn target(&self, stripes: &Stripes, target: usize) -> Option<Arc<dyn Device>> {
+        if self.devices.is_empty() {
+            stripes.members.readable(target)
+        } else {
+            self.devices[target].usable().cloned()
+        }
+    }
+
+    /// (start, bytes) of the log area on each target.
+    fn area(&self, g: &format::Geometry) -> (u64, u64) {
+        if self.devices.is_empty() {
+            (g.log_offset(), g.log_bytes)
+        } else {
+            (LOG_DEVICE_AREA_START, g.log_device_bytes)
+        }
+    }
+
+    /// The targets for a block of `len` bytes (M+1 writable members, from
+    /// the rotating start, or every usable log device) and where it goes
+    /// on each; `None` if there are not enough with room.
+    fn placement(&self, stripes: &Stripes, w: &Writer, len: u64) -> Option<Vec<(usize, u64)>> {
+        let n = w.rings.len();
+        let copies = self.copies(stripes);
+        let (_, area) = self.area(&stripes.geometry);
+        let targets: Vec<(usize, u64)> = (0..n)
+            .map(|i| (w.next_member + i) % n)
+            .filter(|&t| self.target(stripes, t).is_some())
+            .filter_map(|t| w.rings[t].place(len, area).map(|offset| (t, offset)))
+            .take(copies)
+            .collect();
+        (copies > 0 && targets.len() == copies).then_some(targets)
+    }
+
+    /// Writes and syncs `block` on each target at once; returns the
+    /// targets that failed.
+    fn write_copies(&self, stripes: &Stripes, block: &[u8], targets: &[(usize, u64)]) -> Vec<(usize, std::io::Error)> {
+        let (start, _) = self.area(&stripes.geometry);
+        let failures = Mutex::new(Vec::new());
+        stripes.io_pool.scope(|scope| {
+            for &(target, offset) in targets {
+                let failures = &failures;
+                scope.spawn(move |_| {
+                    let result = match self.target(stripes, target) {
+                        Some(device) => device.write_at(block, start + offset).and_then(|()| device.sync()),
+                        None => Err(std::io::Error::other("it failed")),
+                    };
+                    if let Err(error) = result {
+                        failures.lock().unwrap_or_else(|p| p.into_inner()).push((target, error));
+                    }
+                });
+            }
+        });
+        failures.into_inner().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A write, sync or read of the log on `target` failed. A member is
+    /// failed as for a chunk write (more failures than the parity covers
+    /// stop writes; the caller's check reports it); a log device is never
+    /// used again, and the superblocks say so (best effort: if they cannot
+    /// be written, the members that failed say why).
+    fn fail_target(&self, members: &crate::members::Members, target: usize, error: &std::io::Error) {
+        if self.devices.is_empty() {
+            let _ = members.failed_io(target, error);
+        } else if !self.devices[target].failed.swap(true, Ordering::AcqRel) {
+            let _ = members.record_log_failed(target);
+        }
+    }
 }
 
 /// A record taken from an open stripe, with a copy of its stored bytes.
@@ -285,8 +366,8 @@ impl Shared {
         if count == 0 {
             return Ok(());
         }
-        if self
-            .placement(log, &w, format::log_block_bytes(count, stored) as u64)
+        if log
+            .placement(&self.stripes, &w, format::log_block_bytes(count, stored) as u64)
             .is_none()
         {
             let sealed = w.live.iter().filter_map(LiveBlock::sealed_through).max();
@@ -302,9 +383,11 @@ impl Shared {
         let sequence = w.next_sequence;
         w.next_sequence += 1;
         let tail = w.live.front().map_or(sequence, |b| b.sequence);
-        format::encode_log_block(self.array_uuid, sequence, tail, &taken, &mut w.buffer);
+        format::encode_log_block(self.stripes.array_uuid, sequence, tail, &taken, &mut w.buffer);
         let len = w.buffer.len() as u64;
-        let targets = self.placement(log, &w, len).expect("take_unlogged logs only what fits");
+        let targets = log
+            .placement(&self.stripes, &w, len)
+            .expect("take_unlogged logs only what fits");
         if !self.write_block(log, &mut w, &targets) {
             drop(w);
             let sealed = self.seal_user_lanes()?;
@@ -345,16 +428,22 @@ impl Shared {
         // Synced stripes are on K members only while writes are not
         // refused: once members are lost past the parity, the log is the
         // only whole copy of what it holds, and is kept.
-        self.members.check_writable()?;
+        self.stripes.members.check_writable()?;
         let mut w = log.writer();
         self.reclaim(log, &mut w);
         if w.retired || !w.live.is_empty() {
             return Ok(());
         }
         let sequence = w.next_sequence;
-        format::encode_log_block(self.array_uuid, sequence, sequence, &[] as &[Taken], &mut w.buffer);
+        format::encode_log_block(
+            self.stripes.array_uuid,
+            sequence,
+            sequence,
+            &[] as &[Taken],
+            &mut w.buffer,
+        );
         let len = w.buffer.len() as u64;
-        let Some(targets) = self.placement(log, &w, len) else {
+        let Some(targets) = log.placement(&self.stripes, &w, len) else {
             return Ok(());
         };
         w.next_sequence += 1;
@@ -374,7 +463,7 @@ impl Shared {
     /// a target whose write or sync fails is failed. Whether every copy
     /// was written.
     fn write_block(&self, log: &IntentLog, w: &mut Writer, targets: &[(usize, u64)]) -> bool {
-        let failures = self.write_copies(log, &w.buffer, targets);
+        let failures = log.write_copies(&self.stripes, &w.buffer, targets);
         let written = w.buffer.len() as u64 * (targets.len() - failures.len()) as u64;
         if log.devices.is_empty() {
             Counters::add(&self.counters.member_bytes_written, written);
@@ -385,7 +474,7 @@ impl Shared {
         }
         Counters::add(&self.counters.log_write_failures, 1);
         for (target, error) in &failures {
-            self.fail_log_target(log, *target, error);
+            log.fail_target(&self.stripes.members, *target, error);
         }
         false
     }
@@ -425,8 +514,8 @@ impl Shared {
     /// than logging them or they do not fit; returns what was taken and
     /// the stripes it belongs to.
     fn take_unlogged(&self, log: &IntentLog, w: &Writer) -> Result<(Vec<Taken>, Vec<Arc<AtomicU64>>), ArrayError> {
-        let g = &self.geometry;
-        let copies = self.log_copies(log);
+        let g = &self.stripes.geometry;
+        let copies = log.copies(&self.stripes);
         let (mut taken, mut stripes, mut sealed) = (Vec::new(), Vec::new(), Vec::new());
         let mut stored_total = 0;
         for lane in self.user_lanes() {
@@ -442,7 +531,7 @@ impl Shared {
             // its parity, for nothing.
             let seal_waste = open.unused_bytes() * g.width() / g.data;
             let len = format::log_block_bytes(taken.len() + new.len(), stored_total + stored);
-            if seal_waste <= log_cost || self.placement(log, w, len as u64).is_none() {
+            if seal_waste <= log_cost || log.placement(&self.stripes, w, len as u64).is_none() {
                 let open = guard.take().expect("checked above");
                 sealed.extend(self.seal_open(open, SlotState::Sealed));
                 drop(guard);
@@ -483,87 +572,6 @@ impl Shared {
         Ok((taken, stripes))
     }
 
-    /// Copies of each block: M+1 on the members, one on each usable log
-    /// device (0 if none is left).
-    fn log_copies(&self, log: &IntentLog) -> usize {
-        if log.devices.is_empty() {
-            self.geometry.parity + 1
-        } else {
-            log.devices.iter().filter(|d| d.usable().is_some()).count()
-        }
-    }
-
-    /// Where block copies go: member or log device `target`, if it can be
-    /// written.
-    fn log_target(&self, log: &IntentLog, target: usize) -> Option<Arc<dyn Device>> {
-        if log.devices.is_empty() {
-            self.members.readable(target)
-        } else {
-            log.devices[target].usable().cloned()
-        }
-    }
-
-    /// (start, bytes) of the log area on each target.
-    fn log_area(&self, log: &IntentLog) -> (u64, u64) {
-        let g = &self.geometry;
-        if log.devices.is_empty() {
-            (g.log_offset(), g.log_bytes)
-        } else {
-            (LOG_DEVICE_AREA_START, g.log_device_bytes)
-        }
-    }
-
-    /// The targets for a block of `len` bytes (M+1 writable members, from
-    /// the rotating start, or every usable log device) and where it goes
-    /// on each; `None` if there are not enough with room.
-    fn placement(&self, log: &IntentLog, w: &Writer, len: u64) -> Option<Vec<(usize, u64)>> {
-        let n = w.rings.len();
-        let copies = self.log_copies(log);
-        let (_, area) = self.log_area(log);
-        let targets: Vec<(usize, u64)> = (0..n)
-            .map(|i| (w.next_member + i) % n)
-            .filter(|&t| self.log_target(log, t).is_some())
-            .filter_map(|t| w.rings[t].place(len, area).map(|offset| (t, offset)))
-            .take(copies)
-            .collect();
-        (copies > 0 && targets.len() == copies).then_some(targets)
-    }
-
-    /// Writes and syncs `block` on each target at once; returns the
-    /// targets that failed.
-    fn write_copies(&self, log: &IntentLog, block: &[u8], targets: &[(usize, u64)]) -> Vec<(usize, std::io::Error)> {
-        let (start, _) = self.log_area(log);
-        let failures = Mutex::new(Vec::new());
-        self.io_pool.scope(|scope| {
-            for &(target, offset) in targets {
-                let failures = &failures;
-                scope.spawn(move |_| {
-                    let result = match self.log_target(log, target) {
-                        Some(device) => device.write_at(block, start + offset).and_then(|()| device.sync()),
-                        None => Err(std::io::Error::other("it failed")),
-                    };
-                    if let Err(error) = result {
-                        failures.lock().unwrap_or_else(|p| p.into_inner()).push((target, error));
-                    }
-                });
-            }
-        });
-        failures.into_inner().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// A write, sync or read of the log on `target` failed. A member is
-    /// failed as for a chunk write (more failures than the parity covers
-    /// stop writes; the caller's check reports it); a log device is never
-    /// used again, and the superblocks say so (best effort: if they cannot
-    /// be written, the members that failed say why).
-    fn fail_log_target(&self, log: &IntentLog, target: usize, error: &std::io::Error) {
-        if log.devices.is_empty() {
-            let _ = self.members.failed_io(target, error);
-        } else if !log.devices[target].failed.swap(true, Ordering::AcqRel) {
-            let _ = self.members.record_log_failed(target);
-        }
-    }
-
     /// At open, after the stripes are recovered: reads the log area of
     /// every healthy member (or usable log device) and replays the blocks
     /// from the newest one's tail on into stripes, sealed and synced; the
@@ -572,8 +580,8 @@ impl Shared {
         let Some(log) = &self.intent else {
             return Ok(LogRecovery::default());
         };
-        let g = &self.geometry;
-        let (start, area) = self.log_area(log);
+        let g = &self.stripes.geometry;
+        let (start, area) = log.area(&self.stripes.geometry);
         let area = area as usize;
         let mut found = LogRecovery::default();
         let mut blocks: BTreeMap<u64, (u64, Vec<Taken>)> = BTreeMap::new();
@@ -585,7 +593,7 @@ impl Shared {
         let mut unreadable = Vec::new();
         for target in 0..w.rings.len() {
             let read = if log.devices.is_empty() {
-                self.members.read(target, |d| d.read_at(&mut buffer, start))
+                self.stripes.members.read(target, |d| d.read_at(&mut buffer, start))
             } else {
                 let Some(device) = log.devices[target].usable() else {
                     continue;
@@ -607,7 +615,7 @@ impl Shared {
             while at + format::LOG_ALIGN <= area {
                 let decoded = format::decode_log_block(&buffer[at..], g)
                     .ok()
-                    .filter(|(header, _)| header.array_uuid == self.array_uuid);
+                    .filter(|(header, _)| header.array_uuid == self.stripes.array_uuid);
                 let Some((header, records)) = decoded else {
                     at += format::LOG_ALIGN;
                     continue;
@@ -642,7 +650,7 @@ impl Shared {
             });
         }
         for (target, error) in unreadable {
-            self.fail_log_target(log, target, &error);
+            log.fail_target(&self.stripes.members, target, &error);
         }
         let Some((&newest, &(tail, _))) = blocks.iter().next_back() else {
             return Ok(found);
@@ -720,7 +728,7 @@ impl Shared {
                     state: state(d).to_string(),
                 })
                 .collect(),
-            area_bytes: self.log_area(log).1,
+            area_bytes: log.area(&self.stripes.geometry).1,
             live_bytes: log.live_bytes(),
             blocks_written: load(&c.log_blocks_written),
             bytes_written: load(&c.log_bytes_written),

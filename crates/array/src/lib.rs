@@ -49,6 +49,7 @@ mod slot_set;
 pub mod slots;
 mod status;
 pub mod stripe;
+mod stripes;
 pub mod volume;
 mod volumes;
 mod write;

@@ -68,7 +68,7 @@ impl Shared {
     /// The maintenance thread's loop, until the array is dropped.
     pub(crate) fn maintain(&self) {
         while !self.maintenance.wait() {
-            if self.members.lost().is_some() {
+            if self.stripes.members.lost().is_some() {
                 continue;
             }
             if self.awaited_user_stripes_due() {
@@ -126,7 +126,7 @@ impl Shared {
     pub(crate) fn needs_checkpoint(&self) -> bool {
         let window = self.window_slots() as usize;
         // Not under the index's lock: the superblock's is held across I/O.
-        let has_checkpoint = self.members.superblock().checkpoint.is_some();
+        let has_checkpoint = self.stripes.members.superblock().checkpoint.is_some();
         let index = self.index();
         let (usable, free) = (index.slots.usable_count(), index.slots.free_count());
         match index.slots.window() {

@@ -171,9 +171,9 @@ pub fn open_with(devices: Vec<(String, Option<Arc<dyn Device>>)>, engine: Engine
     };
     let newest = volume_table(newest, &members)?;
     let array = Array::assemble(newest, members, engine, rejected, log_devices, start)?;
-    array.shared.members.record_missing()?;
+    array.shared.stripes.members.record_missing()?;
     for index in missing_logs {
-        array.shared.members.record_log_failed(index)?;
+        array.shared.stripes.members.record_log_failed(index)?;
     }
     Ok(array)
 }

@@ -276,7 +276,10 @@ impl Shared {
     ) -> Result<Vec<R>, ArrayError> {
         use rayon::prelude::*;
         match side_by_side && items.len() > 1 {
-            true => self.io_pool.install(|| items.into_par_iter().map(read).collect()),
+            true => self
+                .stripes
+                .io_pool
+                .install(|| items.into_par_iter().map(read).collect()),
             false => items.into_iter().map(read).collect(),
         }
     }
@@ -319,12 +322,13 @@ impl Shared {
                 let start = first.offset as usize;
                 let mut bytes = vec![0u8; (last.offset + last.bytes) as usize - start];
                 Counters::add(&self.counters.map_page_reads, 1);
-                self.read_area_into(first.slot, start, &mut bytes)
+                self.stripes
+                    .read_area_into(first.slot, start, &mut bytes)
                     .then_some((start, bytes))
             }
             _ => None,
         };
-        let algorithm = self.geometry.checksum;
+        let algorithm = self.stripes.geometry.checksum;
         let mut loaded = Vec::with_capacity(run.len());
         for (page, image) in run {
             let read_with_others = together.as_ref().and_then(|(start, bytes)| {
@@ -350,7 +354,7 @@ impl Shared {
             };
             let bad = |source| ArrayError::MapPage { page, source };
             let raw = crate::format::load_page_image(stored).map_err(bad)?;
-            let body = Map::decode_image(&raw, &self.geometry).map_err(bad)?;
+            let body = Map::decode_image(&raw, &self.stripes.geometry).map_err(bad)?;
             if body.page() != page {
                 return Err(bad(crate::format::FormatError::Field {
                     what: "map page",
@@ -450,7 +454,7 @@ impl Shared {
     /// say it is that page.
     fn decode_dir_image(&self, dir: u64, stored: &[u8]) -> Result<BTreeMap<u64, Arc<PageImage>>, ArrayError> {
         let bad = |source| ArrayError::MapDirectoryPage { dir, source };
-        let (number, entries) = crate::format::decode_directory_image(stored, &self.geometry).map_err(bad)?;
+        let (number, entries) = crate::format::decode_directory_image(stored, &self.stripes.geometry).map_err(bad)?;
         if number != dir {
             return Err(bad(crate::format::FormatError::Field {
                 what: "map directory page",
@@ -465,12 +469,14 @@ impl Shared {
     /// map stripes' data chunks, or, if that fails, from the stripes
     /// rebuilt and checked chunk by chunk (their bad chunks rewritten).
     pub(crate) fn read_page_image(&self, page: u64, image: &PageImage) -> Result<Vec<u8>, ArrayError> {
-        let algorithm = self.geometry.checksum;
+        let algorithm = self.stripes.geometry.checksum;
         let mut bytes = vec![0u8; image.bytes as usize];
         let mut at = 0;
         let direct = image.pieces.iter().all(|piece| {
             let len = piece.bytes as usize;
-            let ok = self.read_area_into(piece.slot, piece.offset as usize, &mut bytes[at..at + len]);
+            let ok = self
+                .stripes
+                .read_area_into(piece.slot, piece.offset as usize, &mut bytes[at..at + len]);
             at += len;
             ok
         });
@@ -482,11 +488,11 @@ impl Shared {
         for piece in &image.pieces {
             let len = piece.bytes as usize;
             let sequence = self.index().slots.get(piece.slot).sequence;
-            let stripe = self.rebuild_stripe(piece.slot, sequence, true)?;
+            let stripe = self.stripes.rebuild_stripe(piece.slot, sequence, true)?;
             let from = piece.offset as usize;
             bytes[at..at + len].copy_from_slice(&stripe.area[from..from + len]);
             if rebuilt.insert(piece.slot) {
-                self.repair(piece.slot, &stripe);
+                self.stripes.repair(piece.slot, &stripe);
             }
             at += len;
         }

@@ -132,13 +132,13 @@ impl Array {
     /// The device member `index` has now, healthy or not (`None` if it
     /// was missing).
     pub fn member_device(&self, index: usize) -> Option<Arc<dyn Device>> {
-        self.shared.members.device(index)
+        self.shared.stripes.members.device(index)
     }
 
     /// Whether member `index` can be rebuilt: it exists and is out (a
     /// healthy member has nothing to rebuild; one is rebuilt at a time).
     pub fn check_rebuildable(&self, index: usize) -> Result<(), ArrayError> {
-        let members = &self.shared.members;
+        let members = &self.shared.stripes.members;
         if index >= members.count() {
             return Err(ArrayError::NoSuchMember {
                 index,
@@ -159,7 +159,7 @@ impl Array {
 
     /// Member `index`'s state now.
     pub fn member_state(&self, index: usize) -> MemberState {
-        self.shared.members.state(index)
+        self.shared.stripes.members.state(index)
     }
 
     /// Rebuilds member `index` (failed or missing) onto `device` while the
@@ -177,7 +177,7 @@ impl Array {
         mut save: impl FnMut(&RebuildResume) -> std::io::Result<()>,
     ) -> Result<RebuildReport, ArrayError> {
         let shared = &self.shared;
-        let g = &shared.geometry;
+        let g = &shared.stripes.geometry;
         self.check_rebuildable(index)?;
         // It walks every slot.
         shared.read_every_slot_page()?;
@@ -211,13 +211,14 @@ impl Array {
         }
         // From here on every stripe sealed is written to the device too.
         shared
+            .stripes
             .members
             .begin_rebuild(index, options.name.clone(), device.clone(), |device| {
-                shared.io.attach(index, device.clone())
+                shared.stripes.io.attach(index, device.clone())
             })?;
         shared.events.record(What::RebuildStarted {
             member: index,
-            name: shared.members.name(index),
+            name: shared.stripes.members.name(index),
         });
         let ended = |report: &RebuildReport, error: Option<&ArrayError>| {
             shared.events.record(What::RebuildEnded {
@@ -249,12 +250,12 @@ impl Array {
             Ok(true) => {}
             Ok(false) => {
                 // Stopped by the caller: failed again, as it began.
-                let _ = shared.members.fail(index);
+                let _ = shared.stripes.members.fail(index);
                 ended(&report, None);
                 return Ok(report);
             }
             Err(error) => {
-                let _ = shared.members.fail(index);
+                let _ = shared.stripes.members.fail(index);
                 ended(&report, Some(&error));
                 return Err(error);
             }
@@ -266,9 +267,9 @@ impl Array {
         let finish = crate::intent::clear_log_area(&*device, g)
             .and_then(|()| device.sync())
             .map_err(|source| device_error(index, source))
-            .and_then(|()| shared.members.end_rebuild(index, rand::random()));
+            .and_then(|()| shared.stripes.members.end_rebuild(index, rand::random()));
         if let Err(error) = finish {
-            let _ = shared.members.fail(index);
+            let _ = shared.stripes.members.fail(index);
             ended(&report, Some(&error));
             return Err(error);
         }
@@ -319,7 +320,7 @@ impl Shared {
         let started = Instant::now();
         let mut saved = Instant::now();
         for batch in stripes.chunks(REBUILD_BATCH) {
-            if self.members.state(index) != MemberState::Rebuilding {
+            if self.stripes.members.state(index) != MemberState::Rebuilding {
                 return Err(ArrayError::RebuildStopped { index });
             }
             // Rebuilt and synced by the run that saved `resume`.
@@ -337,7 +338,7 @@ impl Shared {
             // write, which one at a time would leave the members idle.
             // (On the rayon pool: each stripe fans out its chunk reads on
             // the read threads, which must not wait on their own.)
-            self.io_pool.scope(|scope| {
+            self.stripes.io_pool.scope(|scope| {
                 for job in jobs.iter_mut() {
                     scope.spawn(move |_| {
                         if !job.resumed {
@@ -391,7 +392,7 @@ impl Shared {
     ) -> Result<(), ArrayError> {
         let (index, device) = (run.index, run.device);
         let keep_current = run.options.keep_current || run.resume.is_some();
-        let g = &self.geometry;
+        let g = &self.stripes.geometry;
         let mut pinned = Pinned::new(&self.pins);
         {
             let index = self.index();
@@ -406,7 +407,7 @@ impl Shared {
         let which = Which {
             slot,
             sequence,
-            array_uuid: self.array_uuid,
+            array_uuid: self.stripes.array_uuid,
         };
         // Aligned, for direct I/O: a header to write, and (to check what
         // the device holds) a chunk to read.
@@ -425,7 +426,7 @@ impl Shared {
         if stale.is_empty() {
             return Ok(());
         }
-        let rebuilt = self.rebuild_stripe(slot, sequence, false)?;
+        let rebuilt = self.stripes.rebuild_stripe(slot, sequence, false)?;
         for j in stale {
             let (bytes, payload) = rebuilt.chunk(g, j);
             header.copy_from_slice(&bytes);
@@ -436,8 +437,8 @@ impl Shared {
             report.bytes_written += (SECTOR_BYTES + payload.len()) as u64;
         }
         // Bad chunks found on other members on the way are fixed too.
-        self.repair(slot, &rebuilt);
-        self.recycle_area(Arc::new(rebuilt.area));
+        self.stripes.repair(slot, &rebuilt);
+        self.stripes.recycle_area(Arc::new(rebuilt.area));
         Ok(())
     }
 }
@@ -462,7 +463,9 @@ fn device_error(index: usize, source: std::io::Error) -> ArrayError {
 fn trusted_through(shared: &Shared, index: usize, sb: &crate::format::Superblock) -> Option<u64> {
     // (Its own failed bit may be set: a member failed by hand is told so,
     // with the checkpoint it had.)
-    let ours = sb.array_uuid == shared.array_uuid && sb.member_index == index && sb.geometry == shared.geometry;
+    let ours = sb.array_uuid == shared.stripes.array_uuid
+        && sb.member_index == index
+        && sb.geometry == shared.stripes.geometry;
     ours.then_some(sb.checkpoint.as_ref()?.sequence)
 }
 
@@ -492,7 +495,7 @@ fn current_chunk(
     header: &mut AlignedBuf,
     chunk: &mut AlignedBuf,
 ) -> bool {
-    let g = &shared.geometry;
+    let g = &shared.stripes.geometry;
     let offset = g.row_offset(g.place(which.slot, j).1);
     if device
         .read_vectored_at(&mut [&mut **header, &mut **chunk], offset)

@@ -109,7 +109,7 @@ impl Shared {
     /// array of this UUID anyway), nor after a clean stop.
     pub(crate) fn recover(&self, start: Start) -> Result<(), ArrayError> {
         let started = std::time::Instant::now();
-        let reference = self.members.superblock().checkpoint.clone();
+        let reference = self.stripes.members.superblock().checkpoint.clone();
         let replayed = match self.replay(reference.as_ref(), start) {
             Err(error @ ArrayError::CheckpointUnreadable { .. }) => {
                 // Every stripe is self-describing: a full scan still finds
@@ -127,12 +127,12 @@ impl Shared {
             max_sequence,
             torn,
         } = replayed;
-        let g = &self.geometry;
+        let g = &self.stripes.geometry;
         recovery.torn_stripes_dropped = torn.len() as u64;
         for slot in torn {
             for j in 0..g.width() {
                 let (member, row) = g.place(slot, j);
-                self.members.erase_sector(member, g.row_offset(row));
+                self.stripes.members.erase_sector(member, g.row_offset(row));
             }
         }
         {
@@ -155,8 +155,8 @@ impl Shared {
         }
         // Everything replayed, and the erasures, are made durable, so
         // later stripes may say so.
-        for (member, error) in self.io.sync(&self.writable_members()) {
-            self.members.failed_io(member, &error)?;
+        for (member, error) in self.stripes.io.sync(&self.stripes.writable_members()) {
+            self.stripes.members.failed_io(member, &error)?;
         }
         self.tracker.lock().synced_through = max_sequence;
         let has_window = window.is_some();
@@ -180,11 +180,11 @@ impl Shared {
     /// than `from` (user and GC stripes'), and the newest of them.
     fn scan_slot(&self, slot: u64, from: u64) -> SlotScan {
         let mut found = SlotScan::default();
-        for j in 0..self.geometry.width() {
-            let Some(header) = self.read_header(slot, j) else {
+        for j in 0..self.stripes.geometry.width() {
+            let Some(header) = self.stripes.read_header(slot, j) else {
                 continue;
             };
-            if header.array_uuid != self.array_uuid || header.slot != slot || header.index != j {
+            if header.array_uuid != self.stripes.array_uuid || header.slot != slot || header.index != j {
                 continue;
             }
             found.max_sequence = found.max_sequence.max(header.sequence);
@@ -204,7 +204,7 @@ impl Shared {
     fn reset_index(&self) {
         let mut index = self.index_mut();
         index.map = Map::default();
-        index.slots = SlotTable::new(self.geometry.checksum, self.geometry.slot_count());
+        index.slots = SlotTable::new(self.stripes.geometry.checksum, self.stripes.geometry.slot_count());
         index.checkpoint_slots.clear();
         index.map_stripes = 0;
         drop(index);
@@ -219,7 +219,7 @@ impl Shared {
     /// in its window (or every slot; none if fresh, or if a clean stop
     /// left this checkpoint).
     fn replay(&self, reference: Option<&CheckpointRef>, start: Start) -> Result<Replayed, ArrayError> {
-        let g = &self.geometry;
+        let g = &self.stripes.geometry;
         let mut recovery = Recovery::default();
         let (mut from, mut max_sequence, mut window) = (0, 0, None);
         // The slots to scan: the window's, none (fresh), or every one.
@@ -255,7 +255,7 @@ impl Shared {
                 break;
             }
             recovery.slots_scanned += batch.len() as u64;
-            let scanned: Vec<(u64, SlotScan)> = self.io_pool.install(|| {
+            let scanned: Vec<(u64, SlotScan)> = self.stripes.io_pool.install(|| {
                 use rayon::prelude::*;
                 batch
                     .par_iter()
@@ -437,13 +437,13 @@ impl Shared {
         let mut bytes = vec![0u8; total];
         let direct = stripes.iter().enumerate().all(|(i, &(slot, _))| {
             let at = i * per_stripe;
-            self.read_area_into(slot, 0, &mut bytes[at..at + length(i)])
+            self.stripes.read_area_into(slot, 0, &mut bytes[at..at + length(i)])
         });
         if direct && good(&bytes).is_ok() {
             return Ok(bytes);
         }
         for (i, &(slot, sequence)) in stripes.iter().enumerate() {
-            let rebuilt = self.rebuild_stripe(slot, sequence, true).map_err(|e| {
+            let rebuilt = self.stripes.rebuild_stripe(slot, sequence, true).map_err(|e| {
                 unreadable(CheckpointFault::Stripe {
                     slot,
                     source: Box::new(e),
@@ -465,7 +465,7 @@ impl Shared {
         defer: bool,
         recovery: &mut Recovery,
     ) -> Result<BTreeSet<u64>, ArrayError> {
-        let g = &self.geometry;
+        let g = &self.stripes.geometry;
         let unreadable = |why: CheckpointFault| ArrayError::CheckpointUnreadable { why };
         let per_stripe = self.meta_stripe_bytes();
         let total = reference.bytes as usize;
@@ -652,7 +652,7 @@ impl Shared {
                 source: Box::new(source),
             };
             let stored = self.read_page_image(page, image).map_err(unreadable)?;
-            let (number, entries) = crate::format::decode_slot_page_image(&stored, &self.geometry)?;
+            let (number, entries) = crate::format::decode_slot_page_image(&stored, &self.stripes.geometry)?;
             if number != page {
                 return Err(CheckpointFault::Format(crate::format::FormatError::Field {
                     what: "slot table page",
@@ -662,7 +662,7 @@ impl Shared {
             }
             Ok((page, entries))
         };
-        self.io_pool.install(|| pages.par_iter().map(read).collect())
+        self.stripes.io_pool.install(|| pages.par_iter().map(read).collect())
     }
 
     /// The summary of the stripe one of whose chunk `header`s was read.
@@ -676,7 +676,7 @@ impl Shared {
         verify_all: bool,
         recovery: &mut Recovery,
     ) -> Result<Vec<Record>, ArrayError> {
-        let g = &self.geometry;
+        let g = &self.stripes.geometry;
         let slot = header.slot;
         let area = g.data_area_bytes();
         let len = header.summary_bytes as usize;
@@ -685,18 +685,19 @@ impl Shared {
         }
         if !verify_all {
             let mut tail = vec![0u8; len];
-            if self.read_area_into(slot, area - len, &mut tail) {
-                if let Some(records) = self.parse_summary(&tail, header) {
+            if self.stripes.read_area_into(slot, area - len, &mut tail) {
+                if let Some(records) = self.stripes.parse_summary(&tail, header) {
                     return Ok(records);
                 }
             }
         }
-        let rebuilt = self.rebuild_stripe(slot, header.sequence, verify_all)?;
+        let rebuilt = self.stripes.rebuild_stripe(slot, header.sequence, verify_all)?;
         let records = self
+            .stripes
             .parse_summary(&rebuilt.area, header)
             .ok_or(ArrayError::Unreadable { slot })?;
         if verify_all {
-            recovery.chunks_repaired += self.repair(slot, &rebuilt).1;
+            recovery.chunks_repaired += self.stripes.repair(slot, &rebuilt).1;
         }
         Ok(records)
     }

@@ -15,13 +15,11 @@
 //!   root were computed over it). One scrub runs at a time, at a rate a
 //!   caller chooses.
 
-use crate::device::AlignedBuf;
 use crate::engine::Shared;
 use crate::error::ArrayError;
 use crate::format::SECTOR_BYTES;
 use crate::slots::{Pinned, SlotState};
 use crate::status::Counters;
-use crate::stripe::Rebuilt;
 use serde::Serialize;
 
 /// What a scrub found.
@@ -152,41 +150,6 @@ pub(crate) fn stripes_on_members(shared: &Shared) -> Vec<(u64, u64)> {
 }
 
 impl Shared {
-    /// Rewrites the chunks of `rebuilt` found bad that are on healthy
-    /// members (the rest are on failed ones); returns how many were bad
-    /// there and how many were rewritten. A rewrite that fails is left for
-    /// the next read or scrub.
-    pub(crate) fn repair(&self, slot: u64, rebuilt: &Rebuilt) -> (u64, u64) {
-        let g = &self.geometry;
-        let bad: Vec<usize> = rebuilt
-            .bad
-            .iter()
-            .copied()
-            .filter(|&j| self.members.is_readable(g.place(slot, j).0))
-            .collect();
-        Counters::add(&self.counters.checksum_errors, bad.len() as u64);
-        let mut header = AlignedBuf::zeroed(SECTOR_BYTES);
-        let mut repaired = 0;
-        for &j in &bad {
-            let (bytes, payload) = rebuilt.chunk(g, j);
-            header.copy_from_slice(&bytes);
-            let (member, row) = g.place(slot, j);
-            let written = self
-                .members
-                .readable(member)
-                .is_some_and(|device| device.write_vectored_at(&[&header, payload], g.row_offset(row)).is_ok());
-            if written {
-                repaired += 1;
-                self.members.repaired(member);
-            }
-            // Counted after the rewrite: an error that fails the member
-            // must not stop the repair of the chunk that showed it.
-            self.members.checksum_error(member);
-        }
-        Counters::add(&self.counters.chunks_repaired, repaired);
-        (bad.len() as u64, repaired)
-    }
-
     /// Checks every stripe, one at a time, repairing what it can.
     pub fn scrub(&self) -> Result<ScrubReport, ArrayError> {
         self.scrub_with(None, |_| true)
@@ -247,31 +210,18 @@ impl Shared {
             s.sequence
         };
         report.stripes_checked += 1;
-        let g = &self.geometry;
+        let g = &self.stripes.geometry;
         report.bytes_read += (g.width() * (g.chunk_bytes + SECTOR_BYTES)) as u64;
-        match self.rebuild_stripe(slot, sequence, true) {
+        match self.stripes.rebuild_stripe(slot, sequence, true) {
             Ok(rebuilt) => {
                 report.chunks_bad += rebuilt.bad.len() as u64;
-                report.chunks_repaired += self.repair(slot, &rebuilt).1;
-                if !self.parity_matches(&rebuilt) {
+                report.chunks_repaired += self.stripes.repair(slot, &rebuilt).1;
+                if !self.stripes.parity_matches(&rebuilt) {
                     report.parity_mismatches += 1;
                 }
-                self.recycle_area(std::sync::Arc::new(rebuilt.area));
+                self.stripes.recycle_area(std::sync::Arc::new(rebuilt.area));
             }
             Err(_) => report.stripes_unrecoverable += 1,
         }
-    }
-
-    /// Whether the stripe's parity is what its data encodes to now.
-    fn parity_matches(&self, rebuilt: &Rebuilt) -> bool {
-        let g = &self.geometry;
-        let data_bytes = g.data * g.chunk_bytes;
-        let mut parity = AlignedBuf::zeroed(rebuilt.parity.len());
-        let mut jobs = [tessera_accel::SealJob {
-            data: &rebuilt.area[..data_bytes],
-            parity: &mut parity,
-        }];
-        // An accelerator that fails is no evidence against the stripe.
-        self.accel.seal(&crate::stripe::shape(g), &mut jobs).is_err() || parity[..] == rebuilt.parity[..]
     }
 }

@@ -241,7 +241,7 @@ pub struct AcceleratorStatus {
 
 impl Shared {
     pub fn status(&self) -> Status {
-        let g = &self.geometry;
+        let g = &self.stripes.geometry;
         let c = &self.counters;
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         let (used, free, degraded, mapped, stored, map, slot_pages) = {
@@ -254,12 +254,12 @@ impl Shared {
             // (`SlotTable::check`, which the tests run), so the free count
             // gives the used one.
             let used = index.slots.count() - index.slots.free_count() as u64;
-            let out = (0..self.members.count()).any(|m| !self.members.is_readable(m));
+            let out = (0..self.stripes.members.count()).any(|m| !self.stripes.members.is_readable(m));
             let degraded = match out {
                 true => index
                     .slots
                     .iter()
-                    .filter(|&(slot, s)| s.state != SlotState::Free && !self.all_healthy(slot))
+                    .filter(|&(slot, s)| s.state != SlotState::Free && !self.stripes.all_healthy(slot))
                     .count() as u64,
                 false => 0,
             };
@@ -292,18 +292,18 @@ impl Shared {
             _ => member,
         };
         let ratio = |bytes: u64| if user == 0 { 0.0 } else { bytes as f64 / user as f64 };
-        let work = self.accel.work();
-        let members = &self.members;
+        let work = self.stripes.accel.work();
+        let members = &self.stripes.members;
         Status {
-            array_uuid: hex(&self.array_uuid),
+            array_uuid: hex(&self.stripes.array_uuid),
             data: g.data,
             parity: g.parity,
             chunk_bytes: g.chunk_bytes,
             checksum: g.checksum.name().to_string(),
             compression: g.compression.map_or("none".to_string(), |c| c.to_string()),
             accelerator: AcceleratorStatus {
-                name: self.accel.name().to_string(),
-                detail: self.accel.detail(),
+                name: self.stripes.accel.name().to_string(),
+                detail: self.stripes.accel.detail(),
                 stripes_sealed: work.stripes_sealed,
                 stripes_reconstructed: work.stripes_reconstructed,
                 bytes_coded: work.bytes_coded,

@@ -19,7 +19,56 @@ use crate::engine::{Array, Shared};
 use crate::error::ArrayError;
 use crate::format::BLOCK_BYTES;
 use crate::volume::{self, Gate, VolumeEntry, VolumeStatus, VolumeTable, VOLUME_BYTES_MAX, VOLUME_COUNT_MAX};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// The volumes' gates, by id, and the lock that lets one volume operation
+/// (create, resize, delete; a clean stop) run at a time, held across its
+/// superblock writes. Taken in that order: the operation's lock, then the
+/// gates' map (a leaf, held only to look up, add or remove a gate), then
+/// a gate's own lock.
+pub(crate) struct Gates {
+    operation: Mutex<()>,
+    by_id: Mutex<HashMap<u32, Arc<Gate>>>,
+}
+
+impl Gates {
+    /// A gate for every volume of `table`.
+    pub fn of(table: &VolumeTable) -> Gates {
+        Gates {
+            operation: Mutex::new(()),
+            by_id: Mutex::new(table.entries.iter().map(|e| (e.id, Gate::new(e.id, e.bytes))).collect()),
+        }
+    }
+
+    /// The one volume operation allowed at a time.
+    pub fn operation(&self) -> MutexGuard<'_, ()> {
+        self.operation.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn by_id(&self) -> MutexGuard<'_, HashMap<u32, Arc<Gate>>> {
+        self.by_id.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn get(&self, id: u32) -> Option<Arc<Gate>> {
+        self.by_id().get(&id).cloned()
+    }
+
+    fn add(&self, id: u32, bytes: u64) {
+        self.by_id().insert(id, Gate::new(id, bytes));
+    }
+
+    fn remove(&self, id: u32) {
+        self.by_id().remove(&id);
+    }
+
+    /// Every gate, by id.
+    pub fn all(&self) -> Vec<Arc<Gate>> {
+        let mut gates: Vec<Arc<Gate>> = self.by_id().values().cloned().collect();
+        gates.sort_by_key(|g| g.id);
+        gates
+    }
+}
 
 /// One volume of an open array: its requests, at offsets within it.
 #[derive(Clone)]
@@ -124,32 +173,32 @@ impl Volume {
 impl Shared {
     /// The volume table as the superblocks have it now.
     pub(crate) fn volume_table(&self) -> Arc<VolumeTable> {
-        self.members
+        self.stripes
+            .members
             .superblock()
             .volume_table
             .clone()
-            .unwrap_or_else(|| Arc::new(VolumeTable::default_for(self.geometry.logical_bytes)))
+            .unwrap_or_else(|| Arc::new(VolumeTable::default_for(self.stripes.geometry.logical_bytes)))
     }
 
     /// Writes `table` with the next generation of superblocks.
     fn publish_table(&self, table: VolumeTable) -> Result<(), ArrayError> {
-        self.members.check_writable()?;
-        let mut superblock = self.members.superblock();
+        self.stripes.members.check_writable()?;
+        let mut superblock = self.stripes.members.superblock();
         let mut template = superblock.clone();
         template.volume_table_crc = table.crc();
         template.volume_table = Some(Arc::new(table));
-        self.members.publish_locked(&mut superblock, template)
+        self.stripes.members.publish_locked(&mut superblock, template)
     }
 
     /// Every volume, by id, with what it maps and stores.
     pub(crate) fn volume_statuses(&self) -> Vec<VolumeStatus> {
         let table = self.volume_table();
-        let io: std::collections::HashMap<u32, crate::device::IoTotals> = self
-            .gates
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        let io: HashMap<u32, crate::device::IoTotals> = self
+            .volumes
+            .all()
             .iter()
-            .map(|(&id, gate)| (id, gate.io.totals()))
+            .map(|gate| (gate.id, gate.io.totals()))
             .collect();
         let index = self.index();
         table
@@ -173,8 +222,7 @@ impl Shared {
     fn find(&self, table: &VolumeTable, name: &str) -> Result<(usize, Arc<Gate>), ArrayError> {
         let no_such = || ArrayError::NoSuchVolume { name: name.to_string() };
         let at = table.entries.iter().position(|e| e.name == name).ok_or_else(no_such)?;
-        let gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
-        let gate = gates.get(&table.entries[at].id).cloned().ok_or_else(no_such)?;
+        let gate = self.volumes.get(table.entries[at].id).ok_or_else(no_such)?;
         Ok((at, gate))
     }
 
@@ -247,7 +295,7 @@ impl Array {
             return Err(ArrayError::BadVolumeName { name: name.to_string() });
         }
         check_size(bytes)?;
-        let _one = shared.volume_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _one = shared.volumes.operation();
         let mut table = (*shared.volume_table()).clone();
         if table.find(name).is_some() {
             return Err(ArrayError::VolumeExists { name: name.to_string() });
@@ -271,11 +319,7 @@ impl Array {
         let floors = volume::Floors::of(&table);
         shared.publish_table(table)?;
         shared.index_mut().volumes = floors;
-        shared
-            .gates
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, Gate::new(id, bytes));
+        shared.volumes.add(id, bytes);
         self.volume(name)
     }
 
@@ -285,7 +329,7 @@ impl Array {
     pub fn resize_volume(&self, name: &str, bytes: u64) -> Result<(), ArrayError> {
         let shared = &self.shared;
         check_size(bytes)?;
-        let _one = shared.volume_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _one = shared.volumes.operation();
         let mut table = (*shared.volume_table()).clone();
         let (at, gate) = shared.find(&table, name)?;
         let entry = &mut table.entries[at];
@@ -310,7 +354,7 @@ impl Array {
         if name == volume::DEFAULT_VOLUME_NAME {
             return Err(ArrayError::DefaultVolume { name: name.to_string() });
         }
-        let _one = shared.volume_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _one = shared.volumes.operation();
         let mut table = (*shared.volume_table()).clone();
         let (at, gate) = shared.find(&table, name)?;
         let id = table.entries.remove(at).id;
@@ -319,7 +363,7 @@ impl Array {
         shared.publish_table(table)?;
         *size = None;
         drop(size);
-        shared.gates.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        shared.volumes.remove(id);
         // Every page of the volume in memory, to be emptied (what they
         // point into is counted down).
         let whole = (volume::key(id, 0), volume::key(id + 1, 0));

@@ -45,39 +45,21 @@ pub(crate) struct Writes {
     pub open: Vec<Mutex<Option<OpenStripe>>>,
     /// Read-modify-writes of partial blocks, by block number.
     pub partial: Vec<Mutex<()>>,
-    pub spares: Mutex<Spares>,
     /// Live bytes (times LIVE_SCALE) admitted for writes not yet mapped.
     pub admitted: Mutex<u128>,
 }
 
 impl Writes {
-    /// `lanes` open stripes (the GC stream's included); stripe buffers
-    /// from `memory` where the accelerator lends some.
-    pub fn new(lanes: usize, memory: Option<Arc<dyn tessera_accel::HostMemory>>) -> Writes {
+    /// `lanes` open stripes (the GC stream's included).
+    pub fn new(lanes: usize) -> Writes {
         Writes {
             open: (0..lanes).map(|_| Mutex::new(None)).collect(),
             partial: (0..PARTIAL_WRITE_LOCK_COUNT).map(|_| Mutex::new(())).collect(),
-            spares: Mutex::new(Spares {
-                memory,
-                ..Spares::default()
-            }),
             admitted: Mutex::new(0),
         }
     }
 }
 
-/// Spare buffers, so sealing and rebuilding allocate little.
-#[derive(Default)]
-pub(crate) struct Spares {
-    pub areas: Vec<crate::device::AlignedBuf>,
-    pub built: Vec<Built>,
-    /// The accelerator's memory new stripe buffers are made in, if it
-    /// lends any (see `tessera_accel::HostMemory`).
-    pub memory: Option<Arc<dyn tessera_accel::HostMemory>>,
-}
-
-/// Spares kept at most of each kind.
-pub(crate) const SPARES_MAX: usize = 64;
 /// Blocks per extent for a geometry: a raw extent of this many blocks,
 /// with its summary entry, always fits an empty stripe.
 pub fn extent_blocks_max(geometry: &crate::format::Geometry) -> usize {
@@ -227,7 +209,7 @@ impl Shared {
     /// writes to one block never undo each other.
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ArrayError> {
         self.check_range(offset, data.len() as u64)?;
-        self.members.check_writable()?;
+        self.stripes.members.check_writable()?;
         if data.is_empty() {
             return Ok(());
         }
@@ -268,7 +250,7 @@ impl Shared {
     /// where no block was ever written).
     pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), ArrayError> {
         self.check_range(offset, len)?;
-        self.members.check_writable()?;
+        self.stripes.members.check_writable()?;
         if len == 0 {
             return Ok(());
         }
@@ -315,8 +297,8 @@ impl Shared {
     /// `Origin::Relocates`, the pieces are copies of that target at that version.
     pub(crate) fn prepare<'a>(&self, lba: u64, data: &'a [u8], origin: Origin) -> Result<Vec<Piece<'a>>, ArrayError> {
         debug_assert_eq!(data.len() % BLOCK_BYTES, 0);
-        let algorithm = self.geometry.checksum;
-        let per_extent = extent_blocks_max(&self.geometry) * BLOCK_BYTES;
+        let algorithm = self.stripes.geometry.checksum;
+        let per_extent = extent_blocks_max(&self.stripes.geometry) * BLOCK_BYTES;
         let mut pieces = Vec::new();
         let mut to_hash: Vec<(usize, &[u8])> = Vec::new();
         // What each extent's bytes become. Extents are compressed on all
@@ -385,7 +367,7 @@ impl Shared {
                     _ => raw,
                 })
                 .collect();
-            let digests = self.accel.hash(algorithm, &inputs);
+            let digests = self.stripes.accel.hash(algorithm, &inputs);
             for (&(i, _), digest) in to_hash.iter().zip(digests) {
                 match &mut pieces[i].stored {
                     Stored::Compressed { digest: d, .. } | Stored::Raw { digest: d, .. } => *d = digest,
@@ -460,7 +442,7 @@ impl Shared {
     /// Checks that live data after these pieces fits, counting what they
     /// overwrite as freed; refuses with NoSpace, changing nothing.
     fn admit(&self, pieces: &[Piece<'_>]) -> Result<Admitted<'_>, ArrayError> {
-        let algorithm = self.geometry.checksum;
+        let algorithm = self.stripes.geometry.checksum;
         let incoming: u128 =
             pieces.iter().map(|p| u128::from(p.footprint(algorithm))).sum::<u128>() * u128::from(LIVE_SCALE);
         let index = self.index();
@@ -579,7 +561,7 @@ impl Shared {
 
     /// Puts as much of `piece` as fits into `open`.
     fn place<'a>(&self, open: &mut OpenStripe, piece: Piece<'a>) -> Placed<'a> {
-        let algorithm = self.geometry.checksum;
+        let algorithm = self.stripes.geometry.checksum;
         let slot = open.slot;
         match piece.stored {
             Stored::Zero => {
@@ -711,14 +693,14 @@ impl Shared {
     /// A new open stripe for `stream` in a usable slot, if the stream's
     /// reserve allows one.
     fn open_slot(&self, stream: Stream, claim: Claim, lane: usize) -> Option<OpenStripe> {
-        let area = self.spare_area();
+        let area = self.stripes.spare_area();
         let mut index = self.index_mut();
         if !self.has_room(&index, claim) {
             drop(index);
-            self.recycle_area(Arc::new(area));
+            self.stripes.recycle_area(Arc::new(area));
             return None;
         }
-        let slot = index.slots.allocate(|s| self.all_healthy(s), &self.pins)?;
+        let slot = index.slots.allocate(|s| self.stripes.all_healthy(s), &self.pins)?;
         index.resident.insert(slot, Resident::Open(lane));
         if stream == Stream::User {
             let serial = index.user_serial_next;
@@ -727,7 +709,7 @@ impl Shared {
         }
         drop(index);
         self.maintenance.wake();
-        Some(OpenStripe::new(slot, stream, area, &self.geometry))
+        Some(OpenStripe::new(slot, stream, area, &self.stripes.geometry))
     }
 
     /// Whether `claim` may take a usable slot: user data leaves garbage
@@ -769,7 +751,7 @@ impl Shared {
     /// are sealed and synced too.
     pub(crate) fn seal_as(&self, mut open: OpenStripe, state: SlotState, sequence: u64) -> Sealing {
         let synced_through = self.tracker.lock().synced_through;
-        let info = stripe::finish(&self.geometry, &mut open, sequence, synced_through);
+        let info = stripe::finish(&self.stripes.geometry, &mut open, sequence, synced_through);
         open.sealed_as.store(sequence, std::sync::atomic::Ordering::Release);
         let area = Arc::new(std::mem::take(&mut open.data));
         let mut index = self.index_mut();
@@ -810,29 +792,23 @@ impl Shared {
         if sealed.is_empty() {
             return Ok(());
         }
-        // Spares are taken under the lock, new buffers made outside it.
-        let (mut built, memory): (Vec<Built>, _) = {
-            let mut spares = self.spares();
-            let count = spares.built.len().min(sealed.len());
-            let at = spares.built.len() - count;
-            (spares.built.split_off(at), spares.memory.clone())
-        };
-        built.resize_with(sealed.len(), Built::default);
-        let mut built: Vec<Built> = built
-            .into_iter()
-            .map(|b| b.sized(&self.geometry, memory.as_ref()))
-            .collect();
+        let mut built = self.stripes.spare_built(sealed.len());
         {
             let mut batch: Vec<(&[u8], &StripeInfo, &mut Built)> = sealed
                 .iter()
                 .zip(built.iter_mut())
                 .map(|(s, b)| (&s.area[..], &s.info, b))
                 .collect();
-            stripe::build(&self.geometry, self.accel.as_ref(), self.array_uuid, &mut batch)
-                .expect("the accelerator seals stripes of the array's own shape");
+            stripe::build(
+                &self.stripes.geometry,
+                self.stripes.accel.as_ref(),
+                self.stripes.array_uuid,
+                &mut batch,
+            )
+            .expect("the accelerator seals stripes of the array's own shape");
         }
         let done: Arc<dyn StripeDone> = self.me.upgrade().expect("the engine outlives its writers");
-        let bytes = stripe_bytes(&self.geometry);
+        let bytes = stripe_bytes(&self.stripes.geometry);
         for (s, b) in sealed.into_iter().zip(built) {
             let started = std::time::Instant::now();
             self.tracker.wait_for_room(bytes);
@@ -841,7 +817,9 @@ impl Shared {
                 started.elapsed().as_micros() as u64,
             );
             let write = StripeWrite::new(s.info.slot, s.info.sequence, s.area, b, bytes, done.clone());
-            self.io.submit(Arc::new(write), |m| self.members.writable(m));
+            self.stripes
+                .io
+                .submit(Arc::new(write), |m| self.stripes.members.writable(m));
         }
         Ok(())
     }
@@ -884,14 +862,14 @@ impl Shared {
     /// the members and synced. Garbage collection's copies need not be
     /// durable (what they copied stays until they are).
     pub fn flush(&self) -> Result<(), ArrayError> {
-        self.members.check_writable()?;
+        self.stripes.members.check_writable()?;
         if !self.commit_to_log()? {
             self.seal_user_lanes()?;
         }
         let target = self.tracker.last_sequence();
         self.sync_through(target)?;
         Counters::add(&self.counters.flushes, 1);
-        self.members.check_writable()
+        self.stripes.members.check_writable()
     }
 
     /// Returns once every stripe up to `target` is written and synced. One
@@ -912,11 +890,11 @@ impl Shared {
             t.syncing = true;
             let written = t.written_through();
             drop(t);
-            let failures = self.io.sync(&self.writable_members());
+            let failures = self.stripes.io.sync(&self.stripes.writable_members());
             for (member, error) in &failures {
                 // A member past the parity marks the array lost; the
                 // caller's check of it reports that.
-                let _ = self.members.failed_io(*member, error);
+                let _ = self.stripes.members.failed_io(*member, error);
             }
             t = self.tracker.lock();
             t.syncing = false;
@@ -996,7 +974,7 @@ impl Shared {
             }
             // Rounds go on while they empty stripes; admission keeps live
             // data below what the array holds, so some stripe holds garbage.
-            for _ in 0..self.geometry.slot_count() {
+            for _ in 0..self.stripes.geometry.slot_count() {
                 let emptied = self.collect_garbage(true)?;
                 after_checkpoint();
                 if room(self) {
@@ -1121,13 +1099,13 @@ impl StripeDone for Shared {
     /// to the members from now on, and FLUSHes waiting for it are woken.
     fn stripe_written(&self, stripe: &StripeWrite, failed: Vec<(usize, std::io::Error)>) {
         for (member, error) in &failed {
-            let _ = self.members.failed_io(*member, error);
+            let _ = self.stripes.members.failed_io(*member, error);
         }
         // A stripe some members did not take, once writes are refused
         // (more members lost than the parity covers), may be on fewer
         // than K of them: it stays in memory, and readers are served from
         // there (what was in flight then, a bounded amount; no more comes).
-        let kept = !failed.is_empty() && self.members.lost().is_some();
+        let kept = !failed.is_empty() && self.stripes.members.lost().is_some();
         if !kept {
             let mut index = self.index_mut();
             if let Some(Resident::Sealed(area)) = index.resident.get(&stripe.slot) {
@@ -1140,11 +1118,8 @@ impl StripeDone for Shared {
     }
 
     fn recycle(&self, area: Arc<crate::device::AlignedBuf>, built: Built) {
-        self.recycle_area(area);
-        let mut spares = self.spares();
-        if spares.built.len() < 64 {
-            spares.built.push(built);
-        }
+        self.stripes.recycle_area(area);
+        self.stripes.recycle_built(built);
     }
 }
 
