@@ -59,7 +59,7 @@
 //! host through the device.
 
 use crate::device::{AlignedBuf, Device};
-use crate::error::ArrayError;
+use crate::error::{ArrayError, Opener};
 use crate::format::SECTOR_BYTES;
 use std::collections::HashSet;
 use std::sync::{Arc, Condvar, Mutex};
@@ -248,10 +248,10 @@ pub fn check_idle(
     array_uuid: [u8; 16],
     watch: Duration,
 ) -> Result<(), ArrayError> {
-    let live = |name: &str, record: &Record, why: &str| ArrayError::ActiveElsewhere {
+    let live = |name: &str, record: &Record, why: Opener| ArrayError::ActiveElsewhere {
         name: name.to_string(),
         pid: record.pid,
-        why: why.to_string(),
+        why,
     };
     let seen: Vec<(&String, &Arc<dyn Device>, Record)> = members
         .iter()
@@ -267,7 +267,7 @@ pub fn check_idle(
         .iter()
         .find(|(_, _, r)| r.boot_id == boot_id() && r.pid == std::process::id());
     if let Some((name, _, record)) = local {
-        return Err(live(name, record, "this process has it open"));
+        return Err(live(name, record, Opener::ThisProcess));
     }
     std::thread::sleep(watch);
     for (name, device, before) in &seen {
@@ -275,9 +275,9 @@ pub fn check_idle(
             let moved = now.opening != before.opening || now.sequence != before.sequence;
             if moved && !now.closed {
                 let why = if now.boot_id == boot_id() {
-                    "a process on this host writes its activity record"
+                    Opener::ThisHost
                 } else {
-                    "a process on another host writes its activity record"
+                    Opener::AnotherHost
                 };
                 return Err(live(name, &now, why));
             }

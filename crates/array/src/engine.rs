@@ -4,10 +4,12 @@
 //! The threads, the locks, their order and what each protects are in
 //! `docs/ENGINE.md`; in short, no lock is held across device I/O or a
 //! sync by the paths clients take, and every critical section only moves
-//! indexes. The modules beside this one each add one part:
+//! indexes. The layer below, the stripes on the members, is `Stripes`
+//! (`stripes.rs`), which `Shared` holds and which knows nothing of it.
+//! The modules beside this one each add one part:
 //!
 //! - `write`: packing extents into open stripes, sealing, FLUSH.
-//! - `read`: the read path and the reconstruction cache.
+//! - `read`: the read path: the map's lookups, then the stripe layer.
 //! - `repair`: rewriting bad chunks, scrub.
 //! - `gc`: garbage collection.
 //! - `checkpoint` and `recovery`: the map's durable copy, and opening.

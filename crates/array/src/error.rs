@@ -60,7 +60,7 @@ pub enum ArrayError {
         why: Rejections,
     },
     #[error("{name} is in use: the array is open elsewhere (process {pid}: {why}); stop it first, or, if it is truly gone (a host that died), open with --force")]
-    ActiveElsewhere { name: String, pid: u32, why: String },
+    ActiveElsewhere { name: String, pid: u32, why: Opener },
     #[error("a scrub is already running on this array")]
     ScrubRunning,
     #[error("a heal is already running on this array")]
@@ -129,6 +129,18 @@ pub enum ArrayError {
     DefaultVolume { name: String },
     #[error("volume {name:?} was deleted")]
     VolumeGone { name: String },
+}
+
+/// Who has an array open elsewhere, as its activity records show
+/// (`ArrayError::ActiveElsewhere`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Opener {
+    #[error("this process has it open")]
+    ThisProcess,
+    #[error("a process on this host writes its activity record")]
+    ThisHost,
+    #[error("a process on another host writes its activity record")]
+    AnotherHost,
 }
 
 /// Why an array stopped taking writes, for good until it is opened again:

@@ -11,9 +11,13 @@
 //! - `members`: member health and the superblocks that record it.
 //! - `io`: each member's queue of chunk writes, and syncs; `fanout`: the
 //!   threads a request's chunk reads go out on side by side.
-//! - `engine`: the shared state and the public [`Array`]; beside it `write`,
-//!   `read`, `cache`, `repair`, `gc`, `checkpoint`, `recovery`,
-//!   `maintenance` and `status`.
+//! - `stripes`: the stripe layer's state (members, their I/O, the
+//!   reconstruction cache, spare buffers) and its reads: a stripe's data
+//!   area or a range of it, checked; a stripe rebuilt from any K chunks;
+//!   bad chunks rewritten. It knows nothing of the map.
+//! - `engine`: the state of the layers above the stripes and the public
+//!   [`Array`]; beside it `write`, `read`, `repair`, `gc`, `checkpoint`,
+//!   `recovery`, `maintenance`, `volumes` and `status`.
 //!
 //! - `create`, `open`: formatting members; opening them, checked, and
 //!   recovering the map. `error`: every error, typed.
@@ -56,7 +60,7 @@ mod write;
 
 pub use create::{create, create_with, plan, CreateOptions};
 pub use engine::{hex, Array, EngineOptions};
-pub use error::{ArrayError, CheckpointFault, GeometryError, LogsMissing, Lost};
+pub use error::{ArrayError, CheckpointFault, GeometryError, LogsMissing, Lost, Opener};
 pub use heal::HealReport;
 pub use intent::{LogRecovery, LogStatus};
 pub use members::{read_superblock, Member, MemberState};

@@ -723,7 +723,13 @@ fn an_array_open_elsewhere_is_refused_by_its_activity_records() {
     };
     let refused = tessera_array::open(open_list(&devices, &[]));
     assert!(
-        matches!(&refused, Err(ArrayError::ActiveElsewhere { why, .. }) if why.contains("another host")),
+        matches!(
+            &refused,
+            Err(ArrayError::ActiveElsewhere {
+                why: tessera_array::Opener::AnotherHost,
+                ..
+            })
+        ),
         "{:?}",
         refused.err()
     );
