@@ -58,6 +58,7 @@
 //! scans every slot, any free slot may be used, and every page is
 //! written again by the next checkpoint.
 
+use crate::counters::Counters;
 use crate::engine::{Index, Resident, Shared};
 use crate::error::ArrayError;
 use crate::format::{
@@ -73,7 +74,6 @@ use crate::map::directory::NewDir;
 use crate::map::directory::{dir_of, Images};
 use crate::map::DirUpdate;
 use crate::slots::{SlotState, TakenPages};
-use crate::status::Counters;
 use crate::stripe::OpenStripe;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;

@@ -44,10 +44,6 @@ impl CreateOptions {
     }
 }
 
-/// Stripe slots an array needs at least: the reserves (GC, open stripes,
-/// a checkpoint) and a window.
-pub(crate) const SLOTS_MIN: u64 = 16;
-
 /// Client data the array's stripes can hold, uncompressed: each one's
 /// data area less its summary (what the blocks' records take), the slots
 /// the engine keeps for itself (GC's reserve, the open stripes, a
@@ -142,7 +138,7 @@ pub fn plan(
         });
     }
     geometry.rows = Geometry::rows_for(member_bytes, c, geometry.log_bytes);
-    if geometry.slot_count() < SLOTS_MIN {
+    if geometry.slot_count() < limits::SLOTS_MIN {
         return bad(GeometryError::TooFewStripes {
             member_bytes,
             slots: geometry.slot_count(),

@@ -17,6 +17,7 @@
 //! - `status`: counters and `tessera status`.
 
 use crate::cache::ReconstructCache;
+use crate::counters::Counters;
 use crate::device::AlignedBuf;
 use crate::error::ArrayError;
 use crate::format::{Geometry, Stream, Superblock, BLOCK_BYTES, SECTOR_BYTES};
@@ -29,7 +30,7 @@ use crate::map::Map;
 use crate::members::{Member, Members};
 use crate::recovery::Recovery;
 use crate::slots::{Pins, SlotTable};
-use crate::status::{Counters, Status};
+use crate::status::Status;
 use crate::stripe::OpenStripe;
 use crate::stripes::Stripes;
 use std::collections::{BTreeSet, HashMap};
@@ -358,7 +359,7 @@ impl Array {
         superblock: Superblock,
         members: Vec<Member>,
         options: EngineOptions,
-        rejected: Vec<crate::open::Rejected>,
+        rejected: Vec<crate::members::Rejected>,
         log_devices: Vec<crate::intent::LogDevice>,
         start: crate::recovery::Start,
     ) -> Result<Array, ArrayError> {

@@ -1,8 +1,8 @@
 //! The engine's errors: what went wrong, typed, with what to do about it.
 
-use crate::create::SLOTS_MIN;
 use crate::format::{self, FormatError, MEMBER_COUNT_MAX};
-use crate::open::Rejections;
+use crate::limits::SLOTS_MIN;
+use crate::members::Rejections;
 use crate::slots::SlotState;
 use std::sync::Arc;
 

@@ -17,6 +17,7 @@
 //!   write's version, so recovery never prefers it to a newer write.
 //! - A victim's summary says what it held; nothing scans the map.
 
+use crate::counters::Counters;
 use crate::engine::Shared;
 use crate::error::ArrayError;
 use crate::format::{Record, Stream, BLOCK_BYTES};
@@ -26,7 +27,6 @@ use crate::limits::{
 };
 use crate::map::Target;
 use crate::slots::{Pinned, SlotState};
-use crate::status::Counters;
 use crate::write::{Claim, Origin, Piece, Stored};
 
 /// A live piece of a victim: blocks, the version they hold, where.

@@ -26,6 +26,7 @@
 //! The writer's state (rings, live blocks) is owned by whoever holds the
 //! commit role, one thread at a time; no lock is held across its I/O.
 
+use crate::counters::Counters;
 use crate::device::{AlignedBuf, Device};
 use crate::engine::Shared;
 use crate::error::ArrayError;
@@ -33,7 +34,6 @@ use crate::format::{
     self, LogDeviceHeader, LogRecord, Record, Stream, Superblock, LOG_DEVICE_AREA_START, SECTOR_BYTES,
 };
 use crate::slots::SlotState;
-use crate::status::Counters;
 use crate::stripes::Stripes;
 use crate::write::{Claim, Origin, Piece, Stored};
 use serde::Serialize;
@@ -797,7 +797,7 @@ pub(crate) fn find_log_devices(
     superblock: &Superblock,
     given: &[(String, Arc<dyn Device>)],
     discard: bool,
-    rejected: &mut Vec<crate::open::Rejected>,
+    rejected: &mut Vec<crate::members::Rejected>,
 ) -> Result<Vec<LogDevice>, ArrayError> {
     let g = &superblock.geometry;
     let mut devices: Vec<LogDevice> = (0..g.log_devices)
@@ -837,7 +837,7 @@ pub(crate) fn find_log_devices(
                 devices[h.index].name = name.clone();
                 devices[h.index].device = Some(device.clone());
             }
-            Err(why) => rejected.push(crate::open::Rejected {
+            Err(why) => rejected.push(crate::members::Rejected {
                 name: name.clone(),
                 why: format!("{name} is not one of the array's log devices: {why}"),
             }),
@@ -849,7 +849,7 @@ pub(crate) fn find_log_devices(
         return Err(ArrayError::LogDevicesMissing {
             why: crate::error::LogsMissing::NotFound {
                 names: names.iter().map(|n| n.to_string()).collect(),
-                rejected: crate::open::Rejections(rejected.clone()),
+                rejected: crate::members::Rejections(rejected.clone()),
             },
         });
     }

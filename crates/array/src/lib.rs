@@ -27,6 +27,7 @@
 pub mod activity;
 mod cache;
 mod checkpoint;
+mod counters;
 mod create;
 pub mod device;
 mod engine;
@@ -63,8 +64,8 @@ pub use engine::{hex, Array, EngineOptions};
 pub use error::{ArrayError, CheckpointFault, GeometryError, LogsMissing, Lost, Opener};
 pub use heal::HealReport;
 pub use intent::{LogRecovery, LogStatus};
-pub use members::{read_superblock, Member, MemberState};
-pub use open::{open, open_with, Rejected, Rejections};
+pub use members::{read_superblock, Member, MemberState, Rejected, Rejections};
+pub use open::{open, open_with};
 pub use rebuild::{RebuildOptions, RebuildReport, RebuildResume};
 pub use recovery::Recovery;
 pub use repair::ScrubReport;

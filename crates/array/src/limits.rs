@@ -19,6 +19,10 @@ const _: () = {
     }
 };
 
+/// Stripe slots an array needs at least: the reserves (GC, open stripes,
+/// a checkpoint) and a window.
+pub const SLOTS_MIN: u64 = 16;
+
 /// Free slots user writes leave to garbage collection: one for the GC
 /// stream's open stripe, one to seal it into while its victims drain.
 pub const GC_RESERVE_SLOTS: usize = 2;

@@ -137,7 +137,7 @@ pub struct Members {
     /// Where member failures and refused writes are told.
     events: Arc<Events>,
     /// Devices given at open that are not members of this array.
-    rejected: Vec<crate::open::Rejected>,
+    rejected: Vec<Rejected>,
     /// Read and checksum errors after which a member is failed (0: never).
     errors_max: u64,
 }
@@ -200,7 +200,7 @@ impl Members {
     pub fn new(
         members: Vec<Member>,
         superblock: Superblock,
-        rejected: Vec<crate::open::Rejected>,
+        rejected: Vec<Rejected>,
         errors_max: u64,
         events: Arc<Events>,
     ) -> Members {
@@ -362,7 +362,7 @@ impl Members {
     }
 
     /// Devices `open` was given but left out, and why.
-    pub fn rejected(&self) -> &[crate::open::Rejected] {
+    pub fn rejected(&self) -> &[Rejected] {
         &self.rejected
     }
 
@@ -628,5 +628,23 @@ pub fn read_superblock(device: &dyn Device) -> Result<Superblock, FormatError> {
             }
             Superblock::decode(&sector).map_err(|_| error)
         }
+    }
+}
+
+/// A device given to `open` that is not used (not a member, another
+/// array's, the wrong shape, too short): which, and why.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Rejected {
+    pub name: String,
+    pub why: String,
+}
+
+/// The devices left out, in an error: each reason after "; ".
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Rejections(pub Vec<Rejected>);
+
+impl std::fmt::Display for Rejections {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.iter().try_for_each(|r| write!(f, "; {}", r.why))
     }
 }

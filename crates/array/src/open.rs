@@ -5,7 +5,7 @@ use crate::device::Device;
 use crate::engine::{Array, EngineOptions};
 use crate::error::ArrayError;
 use crate::format::Superblock;
-use crate::members::{read_superblock, Member, MemberState};
+use crate::members::{read_superblock, Member, MemberState, Rejected, Rejections};
 use crate::recovery::Start;
 use crate::{activity, engine, intent, volume};
 use std::sync::Arc;
@@ -194,21 +194,4 @@ fn volume_table(mut superblock: Superblock, members: &[Member]) -> Result<Superb
         })?;
     superblock.volume_table = Some(Arc::new(table));
     Ok(superblock)
-}
-
-/// A device given to `open` that is not used: which, and why.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Rejected {
-    pub name: String,
-    pub why: String,
-}
-
-/// The devices left out, in an error: each reason after "; ".
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Rejections(pub Vec<Rejected>);
-
-impl std::fmt::Display for Rejections {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.iter().try_for_each(|r| write!(f, "; {}", r.why))
-    }
 }

@@ -20,12 +20,12 @@
 //! - Records of a volume deleted after the page's image was written are
 //!   dropped as the page is installed, and the slot table told.
 
+use crate::counters::Counters;
 use crate::engine::{Index, Shared};
 use crate::error::ArrayError;
 use crate::format::PageImage;
 use crate::map::{LoadedPage, Map, Needed};
 use crate::slots::{Pinned, SlotState};
-use crate::status::Counters;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 

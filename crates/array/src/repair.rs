@@ -15,11 +15,11 @@
 //!   root were computed over it). One scrub runs at a time, at a rate a
 //!   caller chooses.
 
+use crate::counters::Counters;
 use crate::engine::Shared;
 use crate::error::ArrayError;
 use crate::format::SECTOR_BYTES;
 use crate::slots::{Pinned, SlotState};
-use crate::status::Counters;
 use serde::Serialize;
 
 /// What a scrub found.

@@ -1,8 +1,7 @@
-//! Counters and what `tessera status` reports.
+//! What `tessera status` reports.
 //!
-//! Counters are atomics, bumped where the work happens and read without
-//! a lock; the rest of the report is read from the index under its read
-//! lock, from totals the slot table keeps, so a status request costs a
+//! Counters (`counters.rs`) are atomics, read without a lock; the rest
+//! of the report is read from the index under its read lock, from totals the slot table keeps, so a status request costs a
 //! pass over the slots (not the map) and never stalls writers for long.
 
 use crate::engine::{hex, Shared};
@@ -11,62 +10,6 @@ use crate::recovery::Recovery;
 use crate::slots::SlotState;
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-
-/// Counters, readable while the array serves.
-#[derive(Default)]
-pub struct Counters {
-    /// Reads, writes, zeroes and FLUSHes clients asked for.
-    pub client_requests: AtomicU64,
-    /// Lookups that found every map page they needed in memory, pages
-    /// read from their images, pages evicted.
-    pub map_page_hits: AtomicU64,
-    pub map_page_misses: AtomicU64,
-    pub map_pages_evicted: AtomicU64,
-    /// Reads of map stripes for page and directory page images: pages
-    /// lying near each other in one stripe are read together.
-    pub map_page_reads: AtomicU64,
-    pub user_bytes_written: AtomicU64,
-    /// Shared with the member I/O threads, which add what they write.
-    pub member_bytes_written: Arc<AtomicU64>,
-    pub stripes_sealed: AtomicU64,
-    pub short_stripes_sealed: AtomicU64,
-    pub flushes: AtomicU64,
-    pub syncs: AtomicU64,
-    pub checksum_errors: AtomicU64,
-    pub chunks_repaired: AtomicU64,
-    pub reconstructed_reads: AtomicU64,
-    pub stripes_reconstructed: AtomicU64,
-    pub ranges_decoded: AtomicU64,
-    pub unrecoverable_reads: AtomicU64,
-    pub gc_rounds: AtomicU64,
-    pub gc_stripes_collected: AtomicU64,
-    pub gc_bytes_relocated: AtomicU64,
-    pub checkpoints_written: AtomicU64,
-    pub checkpoints_forced: AtomicU64,
-    pub checkpoints_dropped: AtomicU64,
-    pub checkpoint_bytes_written: AtomicU64,
-    pub checkpoints_root_only: AtomicU64,
-    pub log_blocks_written: AtomicU64,
-    pub log_bytes_written: AtomicU64,
-    pub flushes_logged: AtomicU64,
-    pub log_stripes_sealed_instead: AtomicU64,
-    pub log_write_failures: AtomicU64,
-    /// Microseconds writers waited for the members (writes in flight at
-    /// the bound), and for a free slot.
-    pub waited_for_members_us: AtomicU64,
-    pub waited_for_slot_us: AtomicU64,
-}
-
-impl Counters {
-    pub fn add(counter: &AtomicU64, n: u64) {
-        counter.fetch_add(n, Ordering::Relaxed);
-    }
-
-    pub fn get(counter: &AtomicU64) -> u64 {
-        counter.load(Ordering::Relaxed)
-    }
-}
 
 /// What `tessera status` reports.
 #[derive(Clone, Debug, Serialize, serde::Deserialize)]
@@ -83,7 +26,7 @@ pub struct Status {
     pub members_unavailable: usize,
     /// Devices given at open that were left out (not this array's
     /// members, or damaged), and why.
-    pub devices_rejected: Vec<crate::open::Rejected>,
+    pub devices_rejected: Vec<crate::members::Rejected>,
     /// The scrub running now, its report so far (`null`: none runs).
     pub scrub: Option<crate::repair::ScrubReport>,
     /// The rebuild running now, its report so far (`null`: none runs).

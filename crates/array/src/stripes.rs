@@ -22,12 +22,12 @@
 //!   a buffer, never across I/O or an allocation of page-locked memory.
 
 use crate::cache::ReconstructCache;
+use crate::counters::Counters;
 use crate::device::AlignedBuf;
 use crate::error::ArrayError;
 use crate::format::{ChunkHeader, Extent, Geometry, Record, BLOCK_BYTES, SECTOR_BYTES};
 use crate::io::MemberIo;
 use crate::members::Members;
-use crate::status::Counters;
 use crate::stripe::{self, Built, RebuildError, Rebuilt};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tessera_accel::Accelerator;

@@ -22,6 +22,7 @@
 //! - Syncs are shared: FLUSHes that arrive while one syncs wait for it and
 //!   are covered by the next, one sync for all of them.
 
+use crate::counters::Counters;
 use crate::engine::{stripe_bytes, Resident, Shared};
 use crate::error::ArrayError;
 use crate::format::{self, Extent, Record, Stream, BLOCK_BYTES};
@@ -31,7 +32,6 @@ use crate::limits::{
 };
 use crate::map::{Rule, Target};
 use crate::slots::SlotState;
-use crate::status::Counters;
 use crate::stripe::{self, Built, OpenStripe, StripeInfo};
 use std::borrow::Cow;
 use std::collections::VecDeque;
