@@ -33,8 +33,8 @@ pub enum ArrayError {
     #[error("{name} belongs to another array ({found}), not {expected}")]
     ForeignMember {
         name: String,
-        found: String,
-        expected: String,
+        found: ArrayId,
+        expected: ArrayId,
     },
     #[error("{first} and {second} both claim to be member {index}")]
     DuplicateMember {
@@ -79,8 +79,8 @@ pub enum ArrayError {
         "the devices are split evenly between arrays {first} and {second} ({count} each): list one array's members"
     )]
     SplitMembers {
-        first: String,
-        second: String,
+        first: ArrayId,
+        second: ArrayId,
         count: usize,
     },
     #[error("failing another member would leave {failed} failed with only {parity} parity: refused")]
@@ -129,6 +129,16 @@ pub enum ArrayError {
     DefaultVolume { name: String },
     #[error("volume {name:?} was deleted")]
     VolumeGone { name: String },
+}
+
+/// An array's UUID, shown in hexadecimal (in errors that name arrays).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArrayId(pub [u8; 16]);
+
+impl std::fmt::Display for ArrayId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
 }
 
 /// Who has an array open elsewhere, as its activity records show

@@ -61,7 +61,7 @@ mod write;
 
 pub use create::{create, create_with, plan, CreateOptions};
 pub use engine::{hex, Array, EngineOptions};
-pub use error::{ArrayError, CheckpointFault, GeometryError, LogsMissing, Lost, Opener};
+pub use error::{ArrayError, ArrayId, CheckpointFault, GeometryError, LogsMissing, Lost, Opener};
 pub use heal::HealReport;
 pub use intent::{LogRecovery, LogStatus};
 pub use members::{read_superblock, Member, MemberState, Rejected, Rejections};

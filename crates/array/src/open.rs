@@ -3,11 +3,11 @@
 
 use crate::device::Device;
 use crate::engine::{Array, EngineOptions};
-use crate::error::ArrayError;
+use crate::error::{ArrayError, ArrayId};
 use crate::format::Superblock;
 use crate::members::{read_superblock, Member, MemberState, Rejected, Rejections};
 use crate::recovery::Start;
-use crate::{activity, engine, intent, volume};
+use crate::{activity, intent, volume};
 use std::sync::Arc;
 
 /// A member found at open: its name, device and superblock.
@@ -57,8 +57,8 @@ pub fn open_with(devices: Vec<(String, Option<Arc<dyn Device>>)>, engine: Engine
     if let [(first, count), (second, tied), ..] = votes[..] {
         if count == tied {
             return Err(ArrayError::SplitMembers {
-                first: engine::hex(&first),
-                second: engine::hex(&second),
+                first: ArrayId(first),
+                second: ArrayId(second),
                 count,
             });
         }
@@ -79,8 +79,8 @@ pub fn open_with(devices: Vec<(String, Option<Arc<dyn Device>>)>, engine: Engine
             Some(
                 ArrayError::ForeignMember {
                     name: name.clone(),
-                    found: engine::hex(&sb.array_uuid),
-                    expected: engine::hex(&newest.array_uuid),
+                    found: ArrayId(sb.array_uuid),
+                    expected: ArrayId(newest.array_uuid),
                 }
                 .to_string(),
             )
