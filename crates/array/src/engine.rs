@@ -16,16 +16,11 @@
 //! - `maintenance`: the background thread that runs GC and checkpoints.
 //! - `status`: counters and `tessera status`.
 
-use crate::cache::ReconstructCache;
 use crate::counters::Counters;
 use crate::device::AlignedBuf;
 use crate::error::ArrayError;
 use crate::format::{Geometry, Stream, Superblock, BLOCK_BYTES, SECTOR_BYTES};
-use crate::io::MemberIo;
-use crate::limits::{
-    IO_POOL_THREADS_MAX, IO_POOL_THREADS_MIN, IO_POOL_THREADS_PER_MEMBER, RECONSTRUCT_CACHE_BYTES_DEFAULT,
-    WRITE_BYTES_IN_FLIGHT_MAX,
-};
+use crate::limits::{RECONSTRUCT_CACHE_BYTES_DEFAULT, WRITE_BYTES_IN_FLIGHT_MAX};
 use crate::map::Map;
 use crate::members::{Member, Members};
 use crate::recovery::Recovery;
@@ -390,42 +385,16 @@ impl Array {
         // counted ones.
         let events = Arc::new(crate::events::Events::default());
         let members = Members::new(members, superblock, rejected, options.member_errors_max, events.clone());
-        let devices = (0..members.count()).map(|i| members.device(i)).collect();
-        let io = MemberIo::start(&geometry, devices, counters.member_bytes_written.clone()).map_err(|source| {
-            ArrayError::ThreadStart {
-                what: "member I/O threads",
-                source,
-            }
-        })?;
         let slot_count = geometry.slot_count();
-        let io_threads =
-            (geometry.members * IO_POOL_THREADS_PER_MEMBER).clamp(IO_POOL_THREADS_MIN, IO_POOL_THREADS_MAX);
-        let io_pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(io_threads)
-            .thread_name(|i| format!("tessera-io-{i}"))
-            .build()
-            .map_err(|e| ArrayError::ThreadStart {
-                what: "I/O pool threads",
-                source: std::io::Error::other(e),
-            })?;
-        let reads =
-            crate::fanout::Fanout::start(io_threads, "tessera-read").map_err(|source| ArrayError::ThreadStart {
-                what: "read threads",
-                source,
-            })?;
-        let cache = ReconstructCache::new(options.reconstruct_cache_bytes, geometry.data_area_bytes());
         let fill_bytes = crate::write::stripe_fill_bytes(&geometry, policy.as_ref());
-        let stripes = Stripes::new(
+        let stripes = Stripes::start(
             geometry.clone(),
             array_uuid,
             accel,
             members,
-            io,
-            io_pool,
-            reads,
-            cache,
             counters.clone(),
-        );
+            options.reconstruct_cache_bytes,
+        )?;
         let shared = Arc::new_cyclic(|me| Shared {
             fill_bytes,
             stripe_live_max: (geometry.data_area_bytes() - crate::format::SUMMARY_HEADER_BYTES) as u64,

@@ -27,6 +27,7 @@ use crate::device::AlignedBuf;
 use crate::error::ArrayError;
 use crate::format::{ChunkHeader, Extent, Geometry, Record, BLOCK_BYTES, SECTOR_BYTES};
 use crate::io::MemberIo;
+use crate::limits::{IO_POOL_THREADS_MAX, IO_POOL_THREADS_MIN, IO_POOL_THREADS_PER_MEMBER};
 use crate::members::Members;
 use crate::stripe::{self, Built, RebuildError, Rebuilt};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -75,20 +76,33 @@ struct Spares {
 const SPARES_MAX: usize = 64;
 
 impl Stripes {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
+    /// The stripe layer over `members`, its threads started: each
+    /// member's writers (which write through the members' counted
+    /// devices), the I/O pool and the read threads (4 per member, 8 to
+    /// 256); a reconstruction cache of `cache_bytes`.
+    pub fn start(
         geometry: Geometry,
         array_uuid: [u8; 16],
         accel: Arc<dyn Accelerator>,
         members: Members,
-        io: MemberIo,
-        io_pool: rayon::ThreadPool,
-        reads: crate::fanout::Fanout,
-        cache: ReconstructCache,
         counters: Arc<Counters>,
-    ) -> Stripes {
+        cache_bytes: usize,
+    ) -> Result<Stripes, ArrayError> {
+        let failed = |what| move |source| ArrayError::ThreadStart { what, source };
+        let devices = (0..members.count()).map(|i| members.device(i)).collect();
+        let io = MemberIo::start(&geometry, devices, counters.member_bytes_written.clone())
+            .map_err(failed("member I/O threads"))?;
+        let io_threads =
+            (geometry.members * IO_POOL_THREADS_PER_MEMBER).clamp(IO_POOL_THREADS_MIN, IO_POOL_THREADS_MAX);
+        let io_pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(io_threads)
+            .thread_name(|i| format!("tessera-io-{i}"))
+            .build()
+            .map_err(|e| failed("I/O pool threads")(std::io::Error::other(e)))?;
+        let reads = crate::fanout::Fanout::start(io_threads, "tessera-read").map_err(failed("read threads"))?;
+        let cache = ReconstructCache::new(cache_bytes, geometry.data_area_bytes());
         let memory = accel.host_memory();
-        Stripes {
+        Ok(Stripes {
             geometry,
             array_uuid,
             accel,
@@ -102,7 +116,7 @@ impl Stripes {
                 memory,
                 ..Spares::default()
             }),
-        }
+        })
     }
 
     /// Whether every data chunk of slot `slot` is on a readable member.
