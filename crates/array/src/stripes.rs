@@ -18,8 +18,11 @@
 //! - It knows nothing of the map, the slot table or volumes: callers name
 //!   the slot and the sequence of the stripe they want, and keep the slot
 //!   pinned while they read it, so no slot is rewritten under a reader.
-//! - Its only lock is the spares' mutex, a leaf held to take or give back
+//! - Its own lock is the spares' mutex, a leaf held to take or give back
 //!   a buffer, never across I/O or an allocation of page-locked memory.
+//!   The reconstruction cache, the members and their queues keep theirs
+//!   (`docs/ENGINE.md`); none is held across a read here but a stripe's
+//!   own slot in the cache while that stripe is rebuilt.
 
 use crate::cache::ReconstructCache;
 use crate::counters::Counters;
