@@ -92,6 +92,10 @@ enum Command {
     /// Serve the array in DIR over NBD (export name "tessera") until SIGINT or SIGTERM.
     Serve(Box<serve::Serve>),
     /// Health, capacity, compression, write amplification and errors of the array in DIR.
+    ///
+    /// Asked of the array's server if one serves it. Otherwise the array is
+    /// opened here (after a crash, recovered first, as `serve` would) and
+    /// closed cleanly, which writes a checkpoint: so the array changes.
     Status(status::Args),
     /// Reads and writes per second of the served array in DIR, per volume and per member, every SECONDS (like `zpool iostat -v`).
     Iostat(iostat::Args),
