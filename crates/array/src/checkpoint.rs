@@ -342,7 +342,7 @@ impl Shared {
     /// pages taken, dirty again).
     fn take_checkpoint_locked(&self, durable: &mut Durable, root_may_do: bool) -> Result<Option<()>, ArrayError> {
         let start = self.tracker.last_sequence();
-        let user_bytes = Counters::get(&self.counters.user_bytes_written);
+        let user_bytes = Counters::get(&self.stripes.counters.user_bytes_written);
         let root_only = root_may_do
             && durable.since.as_ref().is_some_and(|since| {
                 let index = self.index();
@@ -466,7 +466,7 @@ impl Shared {
                     Some(since) => {
                         since.replay = written.replay;
                         since.roots += 1;
-                        Counters::add(&self.counters.checkpoints_root_only, 1);
+                        Counters::add(&self.stripes.counters.checkpoints_root_only, 1);
                     }
                     None => {
                         durable.since = Some(SincePages {
@@ -480,7 +480,7 @@ impl Shared {
                         })
                     }
                 }
-                Counters::add(&self.counters.checkpoints_written, 1);
+                Counters::add(&self.stripes.counters.checkpoints_written, 1);
                 Ok(Some(()))
             }
             Ok(None) => {
@@ -1061,7 +1061,7 @@ impl Shared {
         let written = self.submit(sealed).and_then(|()| self.sync_through(last));
         if written.is_ok() {
             Counters::add(
-                &self.counters.checkpoint_bytes_written,
+                &self.stripes.counters.checkpoint_bytes_written,
                 (meta.len() * crate::engine::stripe_bytes(g)) as u64,
             );
         }
@@ -1115,7 +1115,7 @@ impl Shared {
             let mut template = superblock.clone();
             template.checkpoint = None;
             self.stripes.members.publish_locked(&mut superblock, template)?;
-            Counters::add(&self.counters.checkpoints_dropped, 1);
+            Counters::add(&self.stripes.counters.checkpoints_dropped, 1);
         }
         drop(superblock);
         let synced = self.tracker.lock().synced_through;

@@ -248,8 +248,6 @@ pub(crate) struct Shared {
     pub jobs: crate::repair::Jobs,
     /// What happened since the array was opened.
     pub events: Arc<crate::events::Events>,
-    /// The same counters the stripe layer holds.
-    pub counters: Arc<Counters>,
     /// One garbage collection round at a time; held across its I/O.
     pub gc_lock: Mutex<()>,
     /// One checkpoint at a time; held across its I/O. It guards where
@@ -289,7 +287,7 @@ fn poisoned<T>(guard: std::sync::PoisonError<T>) -> T {
 impl Shared {
     /// Counts a client request (background work yields to them).
     pub fn client_request(&self) {
-        Counters::add(&self.counters.client_requests, 1);
+        Counters::add(&self.stripes.counters.client_requests, 1);
     }
 
     pub fn index(&self) -> RwLockReadGuard<'_, Index> {
@@ -379,7 +377,6 @@ impl Array {
             max_blob: crate::write::extent_blocks_max(&geometry) * BLOCK_BYTES,
             ..Policy::default()
         });
-        let counters = Arc::new(Counters::default());
         let array_uuid = superblock.array_uuid;
         // The members' devices count their I/O; the writers get the
         // counted ones.
@@ -392,7 +389,6 @@ impl Array {
             array_uuid,
             accel,
             members,
-            counters.clone(),
             options.reconstruct_cache_bytes,
         )?;
         let shared = Arc::new_cyclic(|me| Shared {
@@ -425,7 +421,6 @@ impl Array {
             },
             jobs: Default::default(),
             events,
-            counters,
             // The user lanes, and the GC stream's.
             writes: crate::write::Writes::new(
                 options
@@ -613,6 +608,7 @@ impl Array {
     /// work that sees it move yields to clients.
     pub fn client_requests(&self) -> u64 {
         self.shared
+            .stripes
             .counters
             .client_requests
             .load(std::sync::atomic::Ordering::Relaxed)

@@ -86,7 +86,7 @@ impl Shared {
         if candidates.is_empty() {
             return Ok(Some(0));
         }
-        Counters::add(&self.counters.gc_rounds, 1);
+        Counters::add(&self.stripes.counters.gc_rounds, 1);
         // Victims are taken until their garbage adds up to a stripe and a
         // half: the copies then fill about one stripe fewer than the
         // victims emptied, so the round frees at least one slot net.
@@ -110,7 +110,7 @@ impl Shared {
                 .count()
         };
         self.sync_through(self.tracker.last_sequence())?;
-        Counters::add(&self.counters.gc_stripes_collected, emptied as u64);
+        Counters::add(&self.stripes.counters.gc_stripes_collected, emptied as u64);
         Ok(Some(emptied))
     }
 
@@ -141,11 +141,11 @@ impl Shared {
                         // A bad chunk: the stripe rebuilt, checked again.
                         area = self.stripes.rebuilt_area(victim, sequence)?;
                         if !self.stripes.extent_from_area(extent, *skip, &area, &mut bytes) {
-                            Counters::add(&self.counters.unrecoverable_reads, 1);
+                            Counters::add(&self.stripes.counters.unrecoverable_reads, 1);
                             return Err(ArrayError::Unreadable { slot: victim });
                         }
                     }
-                    Counters::add(&self.counters.gc_bytes_relocated, bytes.len() as u64);
+                    Counters::add(&self.stripes.counters.gc_bytes_relocated, bytes.len() as u64);
                     let pieces = self.prepare(
                         piece.lba,
                         &bytes,

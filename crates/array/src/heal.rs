@@ -129,7 +129,7 @@ impl Shared {
             let copied = {
                 let _round = self.gc_lock.lock().unwrap_or_else(|p| p.into_inner());
                 // Only this batch relocates while the lock is held.
-                let before = self.counters.gc_bytes_relocated.load(Ordering::Relaxed);
+                let before = self.stripes.counters.gc_bytes_relocated.load(Ordering::Relaxed);
                 for &victim in batch {
                     // Still a degraded stripe (not collected meanwhile,
                     // nor healed by a member's return)?
@@ -144,13 +144,13 @@ impl Shared {
                 }
                 self.submit(self.seal_lane(self.gc_lane()).into_iter().collect())?;
                 self.sync_through(self.tracker.last_sequence())?;
-                self.counters.gc_bytes_relocated.load(Ordering::Relaxed) - before
+                self.stripes.counters.gc_bytes_relocated.load(Ordering::Relaxed) - before
             };
             report.bytes_relocated += copied;
             report.stripes_done += batch.len() as u64;
             report.milliseconds = started.elapsed().as_millis() as u64;
             self.jobs.heal.set(report);
-            throttle.step(copied, &self.counters);
+            throttle.step(copied, &self.stripes.counters);
             if !progress(&report) {
                 report.stopped = true;
                 break;

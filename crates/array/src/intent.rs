@@ -391,7 +391,7 @@ impl Shared {
         if !self.write_block(log, &mut w, &targets) {
             drop(w);
             let sealed = self.seal_user_lanes()?;
-            Counters::add(&self.counters.log_stripes_sealed_instead, sealed as u64);
+            Counters::add(&self.stripes.counters.log_stripes_sealed_instead, sealed as u64);
             return Ok(());
         }
         for &(member, offset) in &targets {
@@ -408,8 +408,8 @@ impl Shared {
             stripes,
         });
         log.live_bytes.fetch_add(len * targets.len() as u64, Ordering::Relaxed);
-        Counters::add(&self.counters.log_blocks_written, 1);
-        Counters::add(&self.counters.flushes_logged, 1);
+        Counters::add(&self.stripes.counters.log_blocks_written, 1);
+        Counters::add(&self.stripes.counters.flushes_logged, 1);
         Ok(())
     }
 
@@ -466,13 +466,13 @@ impl Shared {
         let failures = log.write_copies(&self.stripes, &w.buffer, targets);
         let written = w.buffer.len() as u64 * (targets.len() - failures.len()) as u64;
         if log.devices.is_empty() {
-            Counters::add(&self.counters.member_bytes_written, written);
+            Counters::add(&self.stripes.counters.member_bytes_written, written);
         }
-        Counters::add(&self.counters.log_bytes_written, written);
+        Counters::add(&self.stripes.counters.log_bytes_written, written);
         if failures.is_empty() {
             return true;
         }
-        Counters::add(&self.counters.log_write_failures, 1);
+        Counters::add(&self.stripes.counters.log_write_failures, 1);
         for (target, error) in &failures {
             log.fail_target(&self.stripes.members, *target, error);
         }
@@ -566,8 +566,8 @@ impl Shared {
             open.logged = open.records.len();
             stripes.push(open.sealed_as.clone());
         }
-        Counters::add(&self.counters.short_stripes_sealed, sealed.len() as u64);
-        Counters::add(&self.counters.log_stripes_sealed_instead, sealed.len() as u64);
+        Counters::add(&self.stripes.counters.short_stripes_sealed, sealed.len() as u64);
+        Counters::add(&self.stripes.counters.log_stripes_sealed_instead, sealed.len() as u64);
         self.submit(sealed)?;
         Ok((taken, stripes))
     }
@@ -711,7 +711,7 @@ impl Shared {
     /// The log's part of `status`.
     pub(crate) fn log_status(&self) -> Option<LogStatus> {
         let log = self.intent.as_ref()?;
-        let c = &self.counters;
+        let c = &self.stripes.counters;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let state = |d: &LogDevice| match (&d.device, d.failed.load(Ordering::Relaxed)) {
             (None, _) => "missing",

@@ -79,7 +79,7 @@ impl Shared {
                 let index = self.index();
                 let missing = missing(&index.map, ranges);
                 if missing.is_empty() {
-                    Counters::add(&self.counters.map_page_hits, 1);
+                    Counters::add(&self.stripes.counters.map_page_hits, 1);
                     return Ok(then(&index));
                 }
                 missing
@@ -202,7 +202,7 @@ impl Shared {
             &|page| pins.contains_key(&page),
             &pinned_dir,
         );
-        Counters::add(&self.counters.map_pages_evicted, evicted as u64);
+        Counters::add(&self.stripes.counters.map_pages_evicted, evicted as u64);
     }
 
     /// Whether the pages changed since the last checkpoint fill more than
@@ -294,7 +294,7 @@ impl Shared {
         image: Arc<PageImage>,
         ranges: Vec<(u64, u64)>,
     ) -> Result<Option<DirRead>, ArrayError> {
-        Counters::add(&self.counters.map_page_reads, image.pieces.len() as u64);
+        Counters::add(&self.stripes.counters.map_page_reads, image.pieces.len() as u64);
         let stored = match self.read_dir_image(dir, &image) {
             Ok(stored) => stored,
             Err(_) if !self.dir_still_held_as(dir, &image) => return Ok(None),
@@ -321,7 +321,7 @@ impl Shared {
                 let (first, last) = (&first.pieces[0], &last.pieces[0]);
                 let start = first.offset as usize;
                 let mut bytes = vec![0u8; (last.offset + last.bytes) as usize - start];
-                Counters::add(&self.counters.map_page_reads, 1);
+                Counters::add(&self.stripes.counters.map_page_reads, 1);
                 self.stripes
                     .read_area_into(first.slot, start, &mut bytes)
                     .then_some((start, bytes))
@@ -341,7 +341,7 @@ impl Shared {
             let stored = match read_with_others {
                 Some(stored) => stored,
                 None => {
-                    Counters::add(&self.counters.map_page_reads, image.pieces.len() as u64);
+                    Counters::add(&self.stripes.counters.map_page_reads, image.pieces.len() as u64);
                     match self.read_page_image(page, &image) {
                         Ok(stored) => {
                             read_alone = stored;
@@ -393,7 +393,7 @@ impl Shared {
             if !installed {
                 continue;
             }
-            Counters::add(&self.counters.map_page_misses, 1);
+            Counters::add(&self.stripes.counters.map_page_misses, 1);
             let (base, end) = (page * PAGE, (page + 1) * PAGE);
             // A page lies in one volume: where every mapping is newer
             // than the volume's floor (as all are, but where a volume was

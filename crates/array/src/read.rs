@@ -20,11 +20,10 @@
 use crate::device::AlignedBuf;
 use crate::engine::{block_range, Resident, Shared};
 use crate::error::ArrayError;
-use crate::format::{Extent, BLOCK_BYTES, SECTOR_BYTES};
+use crate::format::{Extent, BLOCK_BYTES};
 use crate::map::Target;
 use crate::slots::Pinned;
-use crate::stripe;
-use crate::stripes::{decompress_blocks, raw_ok, stored_range, SERIAL_READ_BYTES_MAX};
+use crate::stripes::{decompress_blocks, raw_ok, stored_range};
 use std::sync::Arc;
 
 /// Where a stripe's data area is.
@@ -116,11 +115,13 @@ impl Shared {
                 };
             }
         }
-        // Stripes this read wants most of: rebuilt whole if degraded (and
-        // kept for the next reads); of the others only the ranges wanted
-        // are read or decoded. "Most" is by what reading the ranges would
-        // cost: a range on a member that is out costs K times its length.
-        // With every member in, nothing is rebuilt for want of one.
+        // Raw pieces whose chunks are all on readable members are read
+        // straight (`read_runs`). Of the rest, those in stripes this read
+        // wants most of come from the stripe rebuilt whole (kept for the
+        // next reads); in the others only the ranges wanted are read or
+        // decoded. "Most" is by what reading the ranges would cost: a
+        // range on a member that is out costs K times its length. With
+        // every member in, nothing is rebuilt for want of one.
         let mut cost: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
         if self.stripes.members.unavailable() > 0 {
             for (lo, hi, source) in &plan {
@@ -140,32 +141,19 @@ impl Shared {
         let total: usize = cost.values().sum();
         let large = 2 * total >= area && 4 * total >= cost.len() * area;
         let wide = |slot: u64| large || cost.get(&slot).is_some_and(|&bytes| 2 * bytes >= area);
-        let at_once = if self.stripes.members.unavailable() == 0 {
-            self.read_runs_at_once(&plan, lba, out)
-        } else {
-            Vec::new()
-        };
-        let mut at_once = at_once.into_iter().peekable();
+        // A degraded stripe read whole is rebuilt for this request: its
+        // healthy chunks are not read beside that.
+        let rebuilt = |slot: u64| wide(slot) && !self.stripes.data_readable(slot);
+        let mut read = self.read_runs(&plan, lba, out, rebuilt).into_iter().peekable();
         let mut filled = lba;
         let mut i = 0;
         while i < plan.len() {
             let (lo, hi) = (plan[i].0, plan[i].1);
             out[block_range(lba, filled, lo)].fill(0);
-            if let Some((_, run)) = at_once.next_if(|&(first, _)| first == i) {
+            if let Some((_, run)) = read.next_if(|&(first, _)| first == i) {
                 filled = plan[i + run - 1].1;
                 i += run;
                 continue;
-            }
-            // Raw pieces that lie end to end in one stripe on the members
-            // are read together: one read per chunk, not per extent.
-            let run = raw_run(&plan[i..]);
-            if run > 1 {
-                let run_hi = plan[i + run - 1].1;
-                if self.read_run(&plan[i..i + run], &mut out[block_range(lba, lo, run_hi)]) {
-                    filled = run_hi;
-                    i += run;
-                    continue;
-                }
             }
             filled = hi;
             let target = &mut out[block_range(lba, lo, hi)];
@@ -182,105 +170,64 @@ impl Shared {
         Ok(())
     }
 
-    /// Where a read's raw pieces on the members lie in more than one
-    /// stripe: reads every chunk they need in one round, side by side,
-    /// rather than a stripe after another (a 504 KiB read of a KV table
-    /// over three stripes of a 4+2 array took ~1 ms so on a 2-core VM).
-    /// Returns the runs (first piece, pieces; as `raw_run` finds them)
-    /// read and checked, in order, their blocks in `out`; the caller reads
-    /// the rest, and any run that failed, the usual way.
-    fn read_runs_at_once(&self, plan: &[Piece], lba: u64, out: &mut [u8]) -> Vec<(usize, usize)> {
-        let g = &self.stripes.geometry;
+    /// The raw pieces of `plan` on the members, taken in runs (`raw_run`:
+    /// pieces end to end in one stripe) and read together: every run's
+    /// chunks in one round of reads side by side (`Stripes::read_areas_into`;
+    /// a request over three stripes of a 4+2 array took ~1 ms more read
+    /// a stripe after another on a 2-core VM), one read a chunk, not one
+    /// an extent; then each run checked against its extents' CRCs.
+    /// Returns the runs (first piece, pieces) read and checked, in order,
+    /// their blocks in `out`. The caller reads the rest the usual way (a
+    /// run whose stripe is rebuilt, or is to be: `rebuilt`, or with a chunk
+    /// on a member that is out, or that failed its check), rebuilding as
+    /// needed.
+    fn read_runs(
+        &self,
+        plan: &[Piece],
+        lba: u64,
+        out: &mut [u8],
+        rebuilt: impl Fn(u64) -> bool,
+    ) -> Vec<(usize, usize)> {
         // (first piece, pieces, slot, data-area offset)
         let mut runs: Vec<(usize, usize, u64, usize)> = Vec::new();
         let mut i = 0;
         while i < plan.len() {
             let run = raw_run(&plan[i..]).max(1);
             if let Some((extent, skip, Where::Members { sequence })) = &plan[i].2 {
-                if extent.codec.is_none() && self.stripes.cache.peek((extent.slot, *sequence)).is_none() {
+                let from_rebuild = rebuilt(extent.slot) || self.stripes.cache.peek((extent.slot, *sequence)).is_some();
+                if extent.codec.is_none() && !from_rebuild {
                     let start = extent.offset as usize + *skip as usize * BLOCK_BYTES;
                     runs.push((i, run, extent.slot, start));
                 }
             }
             i += run;
         }
-        let bytes: u64 = runs
-            .iter()
-            .map(|&(first, run, ..)| plan[first + run - 1].1 - plan[first].0)
-            .sum::<u64>()
-            * BLOCK_BYTES as u64;
-        let stripes = runs.iter().map(|r| r.2).collect::<std::collections::HashSet<_>>().len();
-        if stripes < 2 || bytes <= SERIAL_READ_BYTES_MAX as u64 {
-            return Vec::new();
-        }
-        // Every run's chunk pieces, each with its part of `out`.
-        let mut jobs: Vec<(usize, usize, u64, &mut [u8], bool)> = Vec::new();
+        // Each run's part of `out`.
+        let mut areas: Vec<(u64, usize, &mut [u8])> = Vec::with_capacity(runs.len());
         let (mut rest, mut rest_lba) = (&mut out[..], lba);
-        for (n, &(first, run, slot, start)) in runs.iter().enumerate() {
+        for &(first, run, slot, start) in &runs {
             let (lo, hi) = (plan[first].0, plan[first + run - 1].1);
             let skipped = (lo - rest_lba) as usize * BLOCK_BYTES;
             let (mine, tail) = std::mem::take(&mut rest)[skipped..].split_at_mut((hi - lo) as usize * BLOCK_BYTES);
             (rest, rest_lba) = (tail, hi);
-            let mut mine = mine;
-            for (chunk, within, len, _) in stripe::pieces(g, start, (hi - lo) as usize * BLOCK_BYTES) {
-                let (piece, tail) = std::mem::take(&mut mine).split_at_mut(len);
-                mine = tail;
-                let (member, row) = g.place(slot, chunk);
-                let position = g.row_offset(row) + (SECTOR_BYTES + within) as u64;
-                jobs.push((n, member, position, piece, false));
-            }
+            areas.push((slot, start, mine));
         }
-        self.stripes.in_parallel(&mut jobs, |(_, member, position, piece, ok)| {
-            *ok = self
-                .stripes
-                .members
-                .read(*member, |device| device.read_at(piece, *position));
-        });
-        let mut read = vec![true; runs.len()];
-        for job in &jobs {
-            read[job.0] &= job.4;
-        }
-        drop(jobs);
-        // Each run checked against its extents' CRCs, as `read_run` does.
-        let algorithm = g.checksum;
+        let read = self.stripes.read_areas_into(&mut areas);
+        let algorithm = self.stripes.geometry.checksum;
         runs.iter()
+            .zip(&areas)
             .zip(read)
-            .filter(|&(&(first, run, ..), read)| {
-                let mut at = block_range(lba, lba, plan[first].0).end;
+            .filter(|&((&(first, run, ..), (_, _, bytes)), read)| {
+                let mut at = 0;
                 read && plan[first..first + run].iter().all(|(lo, hi, source)| {
                     let (extent, skip, _) = source.as_ref().expect("runs hold data");
-                    let bytes = &out[at..at + (hi - lo) as usize * BLOCK_BYTES];
-                    at += bytes.len();
-                    raw_ok(algorithm, extent, *skip, bytes)
+                    let blocks = &bytes[at..at + (hi - lo) as usize * BLOCK_BYTES];
+                    at += blocks.len();
+                    raw_ok(algorithm, extent, *skip, blocks)
                 })
             })
-            .map(|(&(first, run, ..), _)| (first, run))
+            .map(|((&(first, run, ..), _), _)| (first, run))
             .collect()
-    }
-
-    /// Reads pieces `raw_run` found adjacent with one read per chunk and
-    /// checks each; false (and nothing trusted) if a member is out, the
-    /// stripe has been rebuilt, or a check fails: the caller then reads
-    /// them one by one, rebuilding as needed.
-    fn read_run(&self, run: &[Piece], out: &mut [u8]) -> bool {
-        let Some((first, skip, Where::Members { sequence })) = &run[0].2 else {
-            return false;
-        };
-        if self.stripes.cache.peek((first.slot, *sequence)).is_some() {
-            return false;
-        }
-        let start = first.offset as usize + *skip as usize * BLOCK_BYTES;
-        if !self.stripes.read_area_into(first.slot, start, out) {
-            return false;
-        }
-        let algorithm = self.stripes.geometry.checksum;
-        let mut at = 0;
-        run.iter().all(|(lo, hi, source)| {
-            let (extent, skip, _) = source.as_ref().expect("raw runs hold data");
-            let bytes = &out[at..at + (hi - lo) as usize * BLOCK_BYTES];
-            at += bytes.len();
-            raw_ok(algorithm, extent, *skip, bytes)
-        })
     }
 
     /// Blocks [skip, skip+blocks) of `extent` into `out`, checked; its

@@ -356,7 +356,7 @@ impl Shared {
                 report.stripes_done += 1;
                 report.milliseconds = started.elapsed().as_millis() as u64;
                 self.jobs.rebuild.set(*report);
-                throttle.step(job.done.bytes_written, &self.counters);
+                throttle.step(job.done.bytes_written, &self.stripes.counters);
                 let go_on = progress(report);
                 // Saved now and then, and where a stop leaves it.
                 if saved.elapsed() >= SAVE_INTERVAL || !go_on {

@@ -180,7 +180,7 @@ impl Shared {
             self.scrub_slot(slot, &mut report);
             report.milliseconds = started.elapsed().as_millis() as u64;
             self.jobs.scrub.set(report);
-            throttle.step(report.bytes_read - read_before, &self.counters);
+            throttle.step(report.bytes_read - read_before, &self.stripes.counters);
             if !progress(&report) {
                 report.stopped = true;
                 break;

@@ -185,7 +185,7 @@ pub struct AcceleratorStatus {
 impl Shared {
     pub fn status(&self) -> Status {
         let g = &self.stripes.geometry;
-        let c = &self.counters;
+        let c = &self.stripes.counters;
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         let (used, free, degraded, mapped, stored, map, slot_pages) = {
             let index = self.index();

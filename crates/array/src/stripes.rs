@@ -40,7 +40,7 @@ use tessera_checksum::Algorithm;
 /// Reads of at most this many bytes read their pieces (at most two or
 /// three chunks) one after the other on the calling thread: handing a few
 /// kilobytes to the read threads costs more in wake-ups than the reads do.
-pub(crate) const SERIAL_READ_BYTES_MAX: usize = 16 << 10;
+const SERIAL_READ_BYTES_MAX: usize = 16 << 10;
 
 /// What the stripe layer owns: the members and their I/O, the array's
 /// shape and accelerator, the reconstruction cache and the spare buffers.
@@ -59,9 +59,10 @@ pub(crate) struct Stripes {
     /// go out side by side on them (`in_parallel`).
     pub reads: crate::fanout::Fanout,
     pub cache: ReconstructCache,
-    /// The engine's counters (the same ones `Shared` holds): this layer
-    /// counts checksum errors, repairs and reconstructions.
-    pub counters: Arc<Counters>,
+    /// The engine's counters, kept here, the lowest layer that counts
+    /// (checksum errors, repairs, reconstructions); the layers above
+    /// count through it.
+    pub counters: Counters,
     spares: Mutex<Spares>,
 }
 
@@ -88,9 +89,9 @@ impl Stripes {
         array_uuid: [u8; 16],
         accel: Arc<dyn Accelerator>,
         members: Members,
-        counters: Arc<Counters>,
         cache_bytes: usize,
     ) -> Result<Stripes, ArrayError> {
+        let counters = Counters::default();
         let failed = |what| move |source| ArrayError::ThreadStart { what, source };
         let devices = (0..members.count()).map(|i| members.device(i)).collect();
         let io = MemberIo::start(&geometry, devices, counters.member_bytes_written.clone())
@@ -201,36 +202,58 @@ impl Stripes {
     }
 
     /// Fills `out` with data-area bytes from `offset`, straight from the
-    /// data chunks' members (in parallel); false if a member is out or a
-    /// read fails.
+    /// data chunks' members; false if a member is out or a read fails.
     pub(crate) fn read_area_into(&self, slot: u64, offset: usize, out: &mut [u8]) -> bool {
+        self.read_areas_into(&mut [(slot, offset, out)])[0]
+    }
+
+    /// Fills each area's buffer with data-area bytes of its slot from its
+    /// offset, straight from the data chunks' members: every chunk piece
+    /// of every area side by side on the read threads, or one after the
+    /// other on this thread where they come to at most
+    /// `SERIAL_READ_BYTES_MAX`. Whether each area was read: not where a
+    /// member it needs is out (nothing of it is read) or a read failed.
+    pub(crate) fn read_areas_into(&self, areas: &mut [(u64, usize, &mut [u8])]) -> Vec<bool> {
         let g = &self.geometry;
-        let pieces = stripe::pieces(g, offset, out.len());
-        if pieces
-            .iter()
-            .any(|&(chunk, ..)| !self.members.is_readable(g.place(slot, chunk).0))
-        {
-            return false;
+        let mut read = vec![true; areas.len()];
+        let total: usize = areas.iter().map(|area| area.2.len()).sum();
+        // (area, member, position, its part of the area's buffer, done)
+        let mut jobs: Vec<(usize, usize, u64, &mut [u8], bool)> = Vec::new();
+        for (n, (slot, offset, out)) in areas.iter_mut().enumerate() {
+            let pieces = stripe::pieces(g, *offset, out.len());
+            if pieces
+                .iter()
+                .any(|&(chunk, ..)| !self.members.is_readable(g.place(*slot, chunk).0))
+            {
+                read[n] = false;
+                continue;
+            }
+            let mut rest = &mut out[..];
+            for (chunk, within, len, _) in pieces {
+                let (piece, tail) = std::mem::take(&mut rest).split_at_mut(len);
+                rest = tail;
+                let (member, row) = g.place(*slot, chunk);
+                jobs.push((
+                    n,
+                    member,
+                    g.row_offset(row) + (SECTOR_BYTES + within) as u64,
+                    piece,
+                    false,
+                ));
+            }
         }
-        let out_len = out.len();
-        let mut rest = out;
-        let mut jobs: Vec<(usize, usize, &mut [u8], bool)> = Vec::with_capacity(pieces.len());
-        for (chunk, within, n, _) in pieces {
-            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(n);
-            rest = tail;
-            jobs.push((chunk, within, piece, false));
-        }
-        let read = |(chunk, within, piece, ok): &mut (usize, usize, &mut [u8], bool)| {
-            let (member, row) = g.place(slot, *chunk);
-            let position = g.row_offset(row) + (SECTOR_BYTES + *within) as u64;
-            *ok = self.members.read(member, |device| device.read_at(piece, position));
+        let each = |(_, member, position, piece, done): &mut (usize, usize, u64, &mut [u8], bool)| {
+            *done = self.members.read(*member, |device| device.read_at(piece, *position));
         };
-        if out_len <= SERIAL_READ_BYTES_MAX {
-            jobs.iter_mut().for_each(read);
+        if total <= SERIAL_READ_BYTES_MAX {
+            jobs.iter_mut().for_each(each);
         } else {
-            self.in_parallel(&mut jobs, read);
+            self.in_parallel(&mut jobs, each);
         }
-        jobs.iter().all(|job| job.3)
+        for job in &jobs {
+            read[job.0] &= job.4;
+        }
+        read
     }
 
     /// Bytes reading data-area range [offset, offset+len) of `slot` takes

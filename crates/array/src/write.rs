@@ -226,7 +226,7 @@ impl Shared {
             blocks[skip..skip + data.len()].copy_from_slice(data);
             self.write_blocks(first, &blocks)?;
         }
-        Counters::add(&self.counters.user_bytes_written, data.len() as u64);
+        Counters::add(&self.stripes.counters.user_bytes_written, data.len() as u64);
         if fua {
             self.flush()?;
         }
@@ -523,7 +523,10 @@ impl Shared {
                         self.submit(std::mem::take(&mut sealed))?;
                         let started = std::time::Instant::now();
                         let made = self.make_room(claim);
-                        Counters::add(&self.counters.waited_for_slot_us, started.elapsed().as_micros() as u64);
+                        Counters::add(
+                            &self.stripes.counters.waited_for_slot_us,
+                            started.elapsed().as_micros() as u64,
+                        );
                         made?;
                         continue;
                     }
@@ -782,7 +785,7 @@ impl Shared {
             user_stripe_done(&mut index, sequence);
         }
         drop(index);
-        Counters::add(&self.counters.stripes_sealed, 1);
+        Counters::add(&self.stripes.counters.stripes_sealed, 1);
         Sealing { info, area }
     }
 
@@ -813,7 +816,7 @@ impl Shared {
             let started = std::time::Instant::now();
             self.tracker.wait_for_room(bytes);
             Counters::add(
-                &self.counters.waited_for_members_us,
+                &self.stripes.counters.waited_for_members_us,
                 started.elapsed().as_micros() as u64,
             );
             let write = StripeWrite::new(s.info.slot, s.info.sequence, s.area, b, bytes, done.clone());
@@ -833,7 +836,7 @@ impl Shared {
         let sealing = self.seal_open(open, SlotState::Sealed);
         drop(guard);
         let sealing = sealing?;
-        Counters::add(&self.counters.short_stripes_sealed, 1);
+        Counters::add(&self.stripes.counters.short_stripes_sealed, 1);
         Some(sealing)
     }
 
@@ -868,7 +871,7 @@ impl Shared {
         }
         let target = self.tracker.last_sequence();
         self.sync_through(target)?;
-        Counters::add(&self.counters.flushes, 1);
+        Counters::add(&self.stripes.counters.flushes, 1);
         self.stripes.members.check_writable()
     }
 
@@ -901,7 +904,7 @@ impl Shared {
             t.synced_through = t.synced_through.max(written);
             self.tracker.changed.notify_all();
             drop(t);
-            Counters::add(&self.counters.syncs, 1);
+            Counters::add(&self.stripes.counters.syncs, 1);
             self.index_mut().slots.release_drained(written);
             t = self.tracker.lock();
         }
@@ -1005,7 +1008,7 @@ impl Shared {
         // slots are freed and every free slot is usable (recovery scans
         // them all until the next checkpoint is written).
         if !outside && self.index().slots.window().is_some() {
-            Counters::add(&self.counters.checkpoints_forced, 1);
+            Counters::add(&self.stripes.counters.checkpoints_forced, 1);
             self.checkpoint_as_needed()?;
             if room(self) || collect()? {
                 return Ok(());

@@ -94,8 +94,10 @@ enum Command {
     /// Health, capacity, compression, write amplification and errors of the array in DIR.
     ///
     /// Asked of the array's server if one serves it. Otherwise the array is
-    /// opened here (after a crash, recovered first, as `serve` would) and
-    /// closed cleanly, which writes a checkpoint: so the array changes.
+    /// opened here and closed cleanly: after a crash it is recovered first,
+    /// as `serve` would, and the close writes a checkpoint of what was
+    /// recovered; after a clean stop only the members' activity records
+    /// are written.
     Status(status::Args),
     /// Reads and writes per second of the served array in DIR, per volume and per member, every SECONDS (like `zpool iostat -v`).
     Iostat(iostat::Args),

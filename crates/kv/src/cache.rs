@@ -109,9 +109,6 @@ impl BatchCache {
         // IPC body (`get_array_memory_size` counts that buffer once a
         // column): the frame's bytes are what it holds.
         let bytes = frame_bytes as usize;
-        if bytes > self.capacity / 8 {
-            return;
-        }
         let mut inner = self.lock();
         let entry = Entry {
             table: Arc::downgrade(table),
