@@ -64,8 +64,8 @@ def particles(n, first_id, seed):
     return pa.table(columns)
 
 
-def put(name, table, chunk=50_000):
-    writer, reader = client.do_put(fl.FlightDescriptor.for_path(name), table.schema, OPTIONS)
+def put(name, table, chunk=50_000, options=None):
+    writer, reader = client.do_put(fl.FlightDescriptor.for_path(name), table.schema, options or OPTIONS)
     writer.write_table(table, max_chunksize=chunk)
     writer.done_writing()
     acks = []
@@ -135,6 +135,9 @@ if mode == "main":
     refused("a batch of the wrong type", "does not match", lambda: put("p", wrong))
     with_nulls = model.slice(0, 10).set_column(1, "x", pa.array([None] * 10, pa.float32()))
     refused("a batch with nulls", "nulls", lambda: put("p", with_nulls))
+    lz4 = fl.FlightCallOptions(write_options=pa.ipc.IpcWriteOptions(compression="lz4"))
+    refused("a batch with a compressed body", "send batches uncompressed",
+            lambda: put("p", model.slice(0, 10), options=lz4))
     refused("a malformed ticket", "a ticket", lambda: client.do_get(fl.Ticket(b"not json")).read_all())
     refused("a query of an unknown field", "no field",
             lambda: query("p", {"where": {"field": "mass", "gt": 1}}))
@@ -170,6 +173,14 @@ if mode == "main":
     assert sorted(table.column("id").to_pylist()) == list(range(1_999_990, 2_000_000))
     assert status("big")["inserted"] == 2_000_000
     act("drop", {"name": "big"})
+    # The same records as one batch (72 MB): more than a frame holds, so
+    # decoded and cut, where smaller batches are stored as they came.
+    act("create", {"name": "one", "schema": SCHEMA})
+    assert put("one", big, chunk=len(big)) == [{"rows": 2_000_000}]
+    table, _ = query("one", {"keys": {"ge": 1_999_990}})
+    assert sorted(table.column("id").to_pylist()) == list(range(1_999_990, 2_000_000))
+    assert status("one")["inserted"] == 2_000_000
+    act("drop", {"name": "one"})
     # Acknowledgments come while the stream goes on: after more than two
     # inserts' worth of batches (43 MB, inserts of about 16 MiB), one is
     # read before the client is done writing. A server that sent them

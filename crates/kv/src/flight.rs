@@ -21,21 +21,21 @@
 //! `DATA_LOSS`. The work runs on tokio's blocking threads: the array's
 //! calls block.
 
+use crate::message::{Incoming, IpcBatch};
 use crate::query::Query;
 use crate::space::Space;
 use crate::store::Store;
 use crate::{KvError, SpaceSchema};
-use arrow_array::RecordBatch;
-use arrow_flight::decode::FlightRecordBatchStream;
 use arrow_flight::encode::FlightDataEncoderBuilder;
-use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
 use arrow_flight::{
     Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, HandshakeRequest,
     HandshakeResponse, PollInfo, PutResult, SchemaAsIpc, SchemaResult, Ticket,
 };
+use arrow_ipc::MessageHeader;
 use futures::stream::{self, BoxStream, StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tessera_array::ArrayError;
@@ -80,17 +80,16 @@ struct NameRequest {
 /// (durable). Returns the status that ends the stream early, if one does.
 async fn insert_stream(
     space: Arc<Space>,
-    data: BoxStream<'static, Result<FlightData, FlightError>>,
+    mut data: BoxStream<'static, Result<FlightData, Status>>,
     acks: &tokio::sync::mpsc::UnboundedSender<Result<PutResult, Status>>,
 ) -> Result<(), Status> {
     /// What came first: the insert under way ended, or the stream's
-    /// next batch (or its end).
+    /// next message (or its end).
     enum Next {
         Inserted(Result<Result<u64, KvError>, tokio::task::JoinError>),
-        Batch(Option<Result<RecordBatch, FlightError>>),
+        Message(Option<Result<FlightData, Status>>),
     }
-    let mut batches = FlightRecordBatchStream::new_from_flight_data(data);
-    let record_bytes = space.schema().record_bytes();
+    let mut reader = PutReader::new(space.schema());
     let (mut pending, mut bytes, mut rows) = (Vec::new(), 0usize, 0u64);
     let inserted_before = |rows: u64, status: Status| {
         Status::new(
@@ -110,7 +109,7 @@ async fn insert_stream(
                 let space = space.clone();
                 let taken = std::mem::take(&mut pending);
                 bytes = 0;
-                running = Some(tokio::task::spawn_blocking(move || space.insert(&taken)));
+                running = Some(tokio::task::spawn_blocking(move || space.insert_incoming(&taken)));
                 continue;
             }
             if finished {
@@ -122,11 +121,11 @@ async fn insert_stream(
             Some(insert) if full || finished => Next::Inserted(insert.await),
             Some(insert) => tokio::select! {
                 done = insert => Next::Inserted(done),
-                batch = batches.next() => Next::Batch(batch),
+                message = data.next() => Next::Message(message),
             },
-            None => Next::Batch(batches.next().await),
+            None => Next::Message(data.next().await),
         };
-        match next {
+        let refused = match next {
             Next::Inserted(done) => {
                 running = None;
                 rows += done
@@ -138,23 +137,89 @@ async fn insert_stream(
                 // A client gone ends the stream at its next message (an
                 // insert under way still ends).
                 let _ = acks.send(Ok(ack));
+                continue;
             }
-            Next::Batch(Some(Ok(batch))) => {
-                bytes += batch.num_rows() * record_bytes;
-                pending.push(batch);
+            Next::Message(None) => {
+                finished = true;
+                continue;
             }
-            Next::Batch(Some(Err(e))) => {
-                // The insert under way ends first, so that the count
-                // said is what is in the space.
-                if let Some(insert) = running.take() {
-                    if let Ok(Ok(n)) = insert.await {
-                        rows += n;
-                    }
+            Next::Message(Some(Ok(message))) => match reader.read(message) {
+                Ok(Some(batch)) => {
+                    bytes += match &batch {
+                        Incoming::Decoded(b) => b.num_rows() * reader.record_bytes,
+                        Incoming::Ipc(ipc) => ipc.body_bytes(),
+                    };
+                    pending.push(batch);
+                    continue;
                 }
-                let status = Status::invalid_argument(format!("malformed Flight data: {e}"));
-                return Err(inserted_before(rows, status));
+                Ok(None) => continue,
+                Err(e) => status_of(e),
+            },
+            Next::Message(Some(Err(status))) => Status::invalid_argument(format!("malformed Flight data: {status}")),
+        };
+        // The insert under way ends first, so that the count said is what
+        // is in the space; the batches pending with the one refused are
+        // not inserted.
+        if let Some(insert) = running.take() {
+            if let Ok(Ok(n)) = insert.await {
+                rows += n;
             }
-            Next::Batch(None) => finished = true,
+        }
+        return Err(inserted_before(rows, refused));
+    }
+}
+
+/// Reads a DoPut's messages: the schema first, then record batches, each
+/// checked against the space's schema and taken as it came where
+/// `IpcBatch::check` can, decoded where it cannot.
+struct PutReader {
+    schema: SpaceSchema,
+    arrow: arrow_schema::SchemaRef,
+    record_bytes: usize,
+    /// Bytes a message may take in a frame's payload.
+    room: usize,
+    schema_seen: bool,
+}
+
+impl PutReader {
+    fn new(schema: SpaceSchema) -> PutReader {
+        PutReader {
+            arrow: schema.arrow(),
+            record_bytes: schema.record_bytes(),
+            room: crate::frame::message_room(&schema.arrow()),
+            schema,
+            schema_seen: false,
+        }
+    }
+
+    /// The batch `data` carries; `None` for a message with none (the
+    /// schema, or app metadata alone).
+    fn read(&mut self, data: FlightData) -> Result<Option<Incoming>, KvError> {
+        let malformed = |why: String| KvError::BadBatch { why };
+        let message = arrow_ipc::root_as_message(&data.data_header)
+            .map_err(|e| malformed(format!("a message header that is no Arrow IPC: {e}")))?;
+        match message.header_type() {
+            MessageHeader::NONE => Ok(None),
+            MessageHeader::Schema => {
+                let theirs =
+                    arrow_schema::Schema::try_from(&data).map_err(|e| malformed(format!("its schema: {e}")))?;
+                self.schema.conform_schema(&theirs)?;
+                self.schema_seen = true;
+                Ok(None)
+            }
+            MessageHeader::RecordBatch if self.schema_seen => {
+                match IpcBatch::check(&self.schema, &message, &data.data_header, &data.data_body, self.room)? {
+                    Some(ipc) => Ok(Some(Incoming::Ipc(ipc))),
+                    None => arrow_flight::utils::flight_data_to_arrow_batch(&data, self.arrow.clone(), &HashMap::new())
+                        .map(|batch| Some(Incoming::Decoded(batch)))
+                        .map_err(|e| malformed(e.to_string())),
+                }
+            }
+            MessageHeader::RecordBatch => Err(malformed("a record batch before the schema".to_string())),
+            other => Err(malformed(format!(
+                "a {} message: a space's fields are fixed-width, its batches record batches",
+                other.variant_name().unwrap_or("unknown")
+            ))),
         }
     }
 }
@@ -164,6 +229,7 @@ pub fn status_of(e: KvError) -> Status {
     match e {
         KvError::BadSchema { .. }
         | KvError::SchemaMismatch { .. }
+        | KvError::BadBatch { .. }
         | KvError::BadName { .. }
         | KvError::BadQuery { .. }
         | KvError::TooLarge { .. } => Status::invalid_argument(text),
@@ -250,7 +316,7 @@ impl KvFlight {
             .clone()
             .ok_or_else(|| Status::invalid_argument("DoPut's first message has no descriptor (path [space])"))?;
         let space = self.space_of_path(&descriptor)?;
-        let data = stream::once(async { Ok(first) }).chain(input.map_err(FlightError::from));
+        let data = stream::once(async { Ok(first) }).chain(input);
         let (acks, said) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(async move {
             if let Err(status) = insert_stream(space, data.boxed(), &acks).await {

@@ -17,6 +17,7 @@
 //! these checks are about which frames were written whole, not about
 //! bit rot.)
 
+use crate::message::{IpcBatch, CONTINUATION};
 use crate::KvError;
 use arrow_array::RecordBatch;
 use arrow_ipc::reader::StreamReader;
@@ -109,22 +110,36 @@ impl Unsealed {
     /// Appends a frame of `batch` (as an Arrow IPC stream) to `out`, the
     /// IPC written in place after room for the header.
     pub fn append(out: &mut Vec<u8>, batch: &RecordBatch) -> Unsealed {
+        Unsealed::append_with(out, batch.num_rows() as u32, |out| {
+            let mut writer = StreamWriter::try_new(&mut *out, &batch.schema()).expect("a valid schema");
+            writer.write(batch).expect("writing to memory");
+            writer.finish().expect("writing to memory");
+        })
+    }
+
+    /// Appends a frame of a checked message as it came: the space's
+    /// schema message (`schema_message`), the message, the stream's end;
+    /// the IPC stream `append` would have written for the batch, but for
+    /// the message's own header and padding.
+    pub fn append_ipc(out: &mut Vec<u8>, schema_message: &[u8], batch: &IpcBatch) -> Unsealed {
+        Unsealed::append_with(out, batch.rows(), |out| {
+            out.extend_from_slice(schema_message);
+            batch.append_to(out);
+            out.extend_from_slice(&CONTINUATION);
+            out.extend_from_slice(&[0; 4]);
+        })
+    }
+
+    /// Appends a frame whose payload `write` appends, of `rows` records.
+    fn append_with(out: &mut Vec<u8>, rows: u32, write: impl FnOnce(&mut Vec<u8>)) -> Unsealed {
         let at = out.len();
         out.resize(at + HEADER_BYTES, 0);
-        let mut writer = StreamWriter::try_new(&mut *out, &batch.schema()).expect("a valid schema");
-        writer.write(batch).expect("writing to memory");
-        writer.finish().expect("writing to memory");
-        drop(writer);
+        write(out);
         let payload = out.len() - at - HEADER_BYTES;
         assert!(payload <= PAYLOAD_MAX, "a frame's payload is cut to PAYLOAD_MAX");
         let crc = crc32c(&out[at + HEADER_BYTES..]);
         out.resize(at + frame_bytes(payload) as usize, 0);
-        Unsealed {
-            at,
-            payload,
-            crc,
-            rows: batch.num_rows() as u32,
-        }
+        Unsealed { at, payload, crc, rows }
     }
 
     /// Writes the frame's header into `out`.
@@ -214,6 +229,19 @@ pub fn decode_batch(payload: &[u8]) -> Result<RecordBatch, KvError> {
             why: "a frame with no record batch".into(),
         }),
     }
+}
+
+/// The IPC stream's schema message for `schema`: what starts every frame's
+/// payload.
+pub fn schema_message(schema: &arrow_schema::Schema) -> Vec<u8> {
+    let writer = StreamWriter::try_new(Vec::new(), schema).expect("a valid schema");
+    writer.get_ref().clone()
+}
+
+/// Bytes a record batch message may take in a frame's payload, with the
+/// schema message of `schema` before it and the stream's end after.
+pub fn message_room(schema: &arrow_schema::Schema) -> usize {
+    PAYLOAD_MAX - schema_message(schema).len() - 8
 }
 
 /// `batch` cut into slices whose IPC payloads fit a frame.

@@ -3,7 +3,9 @@
 //! (KV-CSD's split of work, in software).
 //!
 //! - [`schema`]: a space's schema (a u64 key, typed fields, indexes).
-//! - `frame`: how batches sit in a volume (Arrow IPC in checked frames).
+//! - `frame`: how batches sit in a volume (Arrow IPC in checked frames);
+//!   [`message`]: inserted batches checked as Flight carries them, stored
+//!   without decoding.
 //! - `manifest`: a space's durable state, in two copies at its start.
 //! - [`space`]: one space: insert, finalize, query, its deferred work.
 //! - `sort`: the deferred work, an external sort into tables; `pace`:
@@ -20,6 +22,7 @@ mod cache;
 pub mod flight;
 mod frame;
 mod manifest;
+pub mod message;
 mod pace;
 pub mod query;
 pub mod schema;
@@ -29,6 +32,7 @@ pub mod store;
 mod table;
 
 pub use cache::CacheStatus;
+pub use message::{Incoming, IpcBatch};
 pub use query::{Bound, Query, QueryResult};
 pub use schema::{Duplicates, FieldSpec, FieldType, SpaceSchema};
 pub use space::{Phase, Progress, Space, SpaceStatus};
@@ -43,6 +47,8 @@ pub enum KvError {
     BadSchema { why: String },
     #[error("the batch does not match the space's schema: {why}")]
     SchemaMismatch { why: String },
+    #[error("an Arrow IPC batch the space cannot take: {why}")]
+    BadBatch { why: String },
     #[error("bad space name {name:?}: 1 to {max} bytes of letters, digits, '-', '_' and '.'", max = store::SPACE_NAME_BYTES_MAX)]
     BadName { name: String },
     #[error("no space named {name:?}")]

@@ -156,7 +156,19 @@ impl SpaceSchema {
     /// order, and no nulls; returns it with the space's own (non-nullable)
     /// schema, so that every stored batch says the same.
     pub fn conform(&self, batch: &RecordBatch) -> Result<RecordBatch, KvError> {
-        let theirs = batch.schema();
+        self.conform_schema(&batch.schema())?;
+        for (column, spec) in batch.columns().iter().zip(&self.fields) {
+            if column.null_count() > 0 {
+                return Err(nulls(&spec.name, column.null_count()));
+            }
+        }
+        let columns: Vec<ArrayRef> = batch.columns().to_vec();
+        RecordBatch::try_new(self.arrow(), columns).map_err(|e| KvError::SchemaMismatch { why: e.to_string() })
+    }
+
+    /// Checks that `theirs` has this schema's fields, names and types in
+    /// order (nullability aside: nulls are refused batch by batch).
+    pub fn conform_schema(&self, theirs: &Schema) -> Result<(), KvError> {
         let mismatch = |why: String| Err(KvError::SchemaMismatch { why });
         if theirs.fields().len() != self.fields.len() {
             return mismatch(format!(
@@ -176,13 +188,14 @@ impl SpaceSchema {
                 ));
             }
         }
-        for (column, spec) in batch.columns().iter().zip(&self.fields) {
-            if column.null_count() > 0 {
-                return mismatch(format!("column {:?} has {} nulls", spec.name, column.null_count()));
-            }
-        }
-        let columns: Vec<ArrayRef> = batch.columns().to_vec();
-        RecordBatch::try_new(self.arrow(), columns).map_err(|e| KvError::SchemaMismatch { why: e.to_string() })
+        Ok(())
+    }
+}
+
+/// The error for a column with nulls: a space's fields have none.
+pub(crate) fn nulls(column: &str, count: usize) -> KvError {
+    KvError::SchemaMismatch {
+        why: format!("column {column:?} has {count} nulls"),
     }
 }
 

@@ -27,6 +27,7 @@
 use crate::cache::BatchCache;
 use crate::frame::{self, Kind};
 use crate::manifest::{Log, Manifest};
+use crate::message::Incoming;
 use crate::query::{Plan, Query, QueryResult};
 use crate::schema::{Duplicates, SpaceSchema};
 use crate::table::Directory;
@@ -263,6 +264,13 @@ impl Space {
     /// Appends `batches` to the log and returns once they are durable:
     /// the rows inserted.
     pub fn insert(&self, batches: &[RecordBatch]) -> Result<u64, KvError> {
+        let batches: Vec<Incoming> = batches.iter().cloned().map(Incoming::Decoded).collect();
+        self.insert_incoming(&batches)
+    }
+
+    /// `insert`, of batches decoded or as they came (checked against
+    /// this space's schema by `IpcBatch::check`).
+    pub fn insert_incoming(&self, batches: &[Incoming]) -> Result<u64, KvError> {
         let view = self.view();
         let schema = &view.manifest.schema;
         if view.manifest.finalized {
@@ -272,17 +280,38 @@ impl Space {
         }
         // The frames are built end to end in one buffer outside the lock,
         // the IPC written in place; their headers once the log is held.
+        let schema_message = frame::schema_message(&schema.arrow());
         let mut parts = Vec::new();
         for batch in batches {
-            let batch = schema.conform(batch)?;
-            parts.extend(frame::cut(&batch, schema.record_bytes()));
+            match batch {
+                Incoming::Decoded(batch) => {
+                    let batch = schema.conform(batch)?;
+                    parts.extend(
+                        frame::cut(&batch, schema.record_bytes())
+                            .into_iter()
+                            .map(Incoming::Decoded),
+                    );
+                }
+                Incoming::Ipc(ipc) if ipc.rows() == 0 => {}
+                Incoming::Ipc(_) => parts.push(batch.clone()),
+            }
         }
         let estimate: usize = parts
             .iter()
-            .map(|p| p.num_rows() * schema.record_bytes() + 3 * frame::BLOCK as usize)
+            .map(|p| match p {
+                Incoming::Decoded(b) => b.num_rows() * schema.record_bytes(),
+                Incoming::Ipc(ipc) => ipc.body_bytes(),
+            })
+            .map(|bytes| bytes + schema_message.len() + 3 * frame::BLOCK as usize)
             .sum();
         let mut frames = Vec::with_capacity(estimate);
-        let unsealed: Vec<frame::Unsealed> = parts.iter().map(|p| frame::Unsealed::append(&mut frames, p)).collect();
+        let unsealed: Vec<frame::Unsealed> = parts
+            .iter()
+            .map(|p| match p {
+                Incoming::Decoded(batch) => frame::Unsealed::append(&mut frames, batch),
+                Incoming::Ipc(ipc) => frame::Unsealed::append_ipc(&mut frames, &schema_message, ipc),
+            })
+            .collect();
         drop(parts);
         if frames.len() > INSERT_BYTES_MAX {
             return Err(KvError::TooLarge {
