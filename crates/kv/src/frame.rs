@@ -22,8 +22,9 @@ use crate::KvError;
 use arrow_array::RecordBatch;
 use arrow_ipc::reader::StreamReader;
 use arrow_ipc::writer::StreamWriter;
+use bytes::Bytes;
 use tessera_array::Volume;
-use tessera_checksum::crc32c;
+use tessera_checksum::{crc32c, crc32c_parts};
 
 pub const BLOCK: u64 = 4096;
 pub const HEADER_BYTES: usize = 64;
@@ -157,6 +158,136 @@ impl Unsealed {
     }
 }
 
+/// A message whose body is at least this long goes into its frame without
+/// being copied (`LogFrames::push_ipc`); a smaller one is copied, where
+/// padding its frame's head to a block would cost more than the copy.
+pub const BODY_AS_IT_CAME_MIN: usize = 256 << 10;
+
+/// An insert's log frames, end to end in whole blocks, to be written from
+/// one offset: built in one buffer, but for the bodies of large messages,
+/// which are written from where they came (the frame's head, its header,
+/// schema message and message header, padded so that the body starts on
+/// a block; its tail, the body's last partial block and the stream's end,
+/// built). The frames and their bytes are as `Unsealed::append_ipc` would
+/// make them, but for that padding.
+#[derive(Default)]
+pub struct LogFrames {
+    built: Vec<u8>,
+    parts: Vec<Part>,
+    unsealed: Vec<Unsealed>,
+    bytes: usize,
+}
+
+/// Bytes of an insert's frames, in order.
+enum Part {
+    Built(std::ops::Range<usize>),
+    Body(Bytes),
+}
+
+impl LogFrames {
+    /// Frames built in a buffer of `capacity` bytes to start with.
+    pub fn with_capacity(capacity: usize) -> LogFrames {
+        LogFrames {
+            built: Vec::with_capacity(capacity),
+            ..LogFrames::default()
+        }
+    }
+
+    /// A frame of a decoded batch.
+    pub fn push_batch(&mut self, batch: &RecordBatch) {
+        let at = self.built.len();
+        let frame = Unsealed::append(&mut self.built, batch);
+        self.push_built(at, frame);
+    }
+
+    /// A frame of a checked message, after the space's schema message.
+    pub fn push_ipc(&mut self, schema_message: &[u8], batch: &IpcBatch) {
+        if batch.body().len() < BODY_AS_IT_CAME_MIN {
+            let at = self.built.len();
+            let frame = Unsealed::append_ipc(&mut self.built, schema_message, batch);
+            self.push_built(at, frame);
+            return;
+        }
+        let block = BLOCK as usize;
+        let at = self.built.len();
+        self.built.resize(at + HEADER_BYTES, 0);
+        self.built.extend_from_slice(schema_message);
+        // The message header padded so that the body starts on a block.
+        let before = self.built.len() - at + 8;
+        let meta = (before + batch.header_bytes()).next_multiple_of(block) - before;
+        batch.append_header(&mut self.built, meta);
+        let head = at..self.built.len();
+        let whole = batch.body().len() / block * block;
+        let body = batch.body().slice(..whole);
+        let tail = self.built.len();
+        self.built.extend_from_slice(&batch.body()[whole..]);
+        self.built.extend_from_slice(&CONTINUATION);
+        self.built.extend_from_slice(&[0; 4]);
+        let tail_payload = tail..self.built.len();
+        self.built.resize(tail + tail_payload.len().next_multiple_of(block), 0);
+        let payload = head.len() - HEADER_BYTES + whole + tail_payload.len();
+        assert!(payload <= PAYLOAD_MAX, "a message's room in a frame is checked");
+        let crc = crc32c_parts(&[
+            &self.built[at + HEADER_BYTES..head.end],
+            &body,
+            &self.built[tail_payload],
+        ]);
+        let frame = Unsealed {
+            at,
+            payload,
+            crc,
+            rows: batch.rows(),
+        };
+        debug_assert_eq!(
+            frame_bytes(payload) as usize,
+            head.len() + whole + self.built.len() - tail
+        );
+        self.bytes += frame_bytes(payload) as usize;
+        self.unsealed.push(frame);
+        self.parts.push(Part::Built(head));
+        self.parts.push(Part::Body(body));
+        self.parts.push(Part::Built(tail..self.built.len()));
+    }
+
+    fn push_built(&mut self, at: usize, frame: Unsealed) {
+        self.bytes += self.built.len() - at;
+        self.unsealed.push(frame);
+        match self.parts.last_mut() {
+            Some(Part::Built(range)) if range.end == at => range.end = self.built.len(),
+            _ => self.parts.push(Part::Built(at..self.built.len())),
+        }
+    }
+
+    /// Bytes the frames take.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn frames(&self) -> &[Unsealed] {
+        &self.unsealed
+    }
+
+    /// Writes the frames' headers, the first `first_sequence`, the last
+    /// the end of the insert.
+    pub fn seal(&mut self, first_sequence: u64) {
+        let last = self.unsealed.len().saturating_sub(1);
+        for (i, frame) in self.unsealed.iter().enumerate() {
+            frame.seal(&mut self.built, Kind::Log, first_sequence + i as u64, i == last);
+        }
+    }
+
+    /// The frames' bytes in order, each piece whole blocks.
+    pub fn pieces(&self) -> Vec<&[u8]> {
+        self.parts
+            .iter()
+            .map(|part| match part {
+                Part::Built(range) => &self.built[range.clone()],
+                Part::Body(body) => &body[..],
+            })
+            .collect()
+    }
+}
+
 /// The frame at `offset`, if one of `kind` and `sequence` is there whole;
 /// `None` where there is none (zeros, a torn or an older frame).
 pub fn read(volume: &Volume, offset: u64, kind: Kind, sequence: u64) -> Result<Option<(Header, Vec<u8>)>, KvError> {
@@ -241,7 +372,8 @@ pub fn schema_message(schema: &arrow_schema::Schema) -> Vec<u8> {
 /// Bytes a record batch message may take in a frame's payload, with the
 /// schema message of `schema` before it and the stream's end after.
 pub fn message_room(schema: &arrow_schema::Schema) -> usize {
-    PAYLOAD_MAX - schema_message(schema).len() - 8
+    // (Less a block: the padding that starts a large body on one.)
+    PAYLOAD_MAX - schema_message(schema).len() - 8 - BLOCK as usize
 }
 
 /// `batch` cut into slices whose IPC payloads fit a frame.
@@ -256,6 +388,71 @@ pub fn cut(batch: &RecordBatch, row_bytes: usize) -> Vec<RecordBatch> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_frames_with_bodies_as_they_came_read_back_as_the_batches_sent() {
+        use crate::schema::{FieldSpec, FieldType, SpaceSchema};
+        let schema = SpaceSchema {
+            key: "id".into(),
+            fields: vec![
+                FieldSpec {
+                    name: "id".into(),
+                    kind: FieldType::U64,
+                },
+                FieldSpec {
+                    name: "v".into(),
+                    kind: FieldType::F32,
+                },
+            ],
+            indexes: vec![],
+            duplicates: Default::default(),
+        };
+        let batch = |rows: u64, from: u64| {
+            RecordBatch::try_new(
+                schema.arrow(),
+                vec![
+                    std::sync::Arc::new(arrow_array::UInt64Array::from_iter_values(from..from + rows)),
+                    std::sync::Arc::new(arrow_array::Float32Array::from_iter_values(
+                        (from..from + rows).map(|i| i as f32),
+                    )),
+                ],
+            )
+            .unwrap()
+        };
+        // Bodies past the bound (one a whole number of blocks, one not),
+        // one under it, and a decoded batch, in one insert.
+        let big = BODY_AS_IT_CAME_MIN / 12 + 1000;
+        let sent = [
+            batch(big as u64, 0),
+            batch(49_152, 1 << 20),
+            batch(1000, 2 << 20),
+            batch(77, 3 << 20),
+        ];
+        let ipc: Vec<IpcBatch> = sent[..3].iter().map(|b| crate::message::sent(&schema, b)).collect();
+        assert!(ipc[0].body_bytes() >= BODY_AS_IT_CAME_MIN && ipc[0].body_bytes() % BLOCK as usize != 0);
+        assert!(ipc[1].body_bytes() >= BODY_AS_IT_CAME_MIN && ipc[1].body_bytes() % BLOCK as usize == 0);
+        assert!(ipc[2].body_bytes() < BODY_AS_IT_CAME_MIN);
+        let schema_message = schema_message(&schema.arrow());
+        let mut frames = LogFrames::default();
+        for ipc in &ipc {
+            frames.push_ipc(&schema_message, ipc);
+        }
+        frames.push_batch(&sent[3]);
+        frames.seal(40);
+        let bytes: Vec<u8> = frames.pieces().concat();
+        assert_eq!(bytes.len(), frames.bytes());
+        assert!(frames.pieces().iter().all(|p| p.len() % BLOCK as usize == 0));
+        let mut at = 0;
+        for (i, want) in sent.iter().enumerate() {
+            let header = header_of(&bytes[at..], Kind::Log, 40 + i as u64).expect("a frame where the last ended");
+            assert_eq!(header.ends_insert, i == sent.len() - 1);
+            let frame = &bytes[at..at + header.frame_bytes() as usize];
+            let (_, got) = parse_expected(frame, Kind::Log, 40 + i as u64).expect("a whole frame");
+            assert_eq!(&got, want, "frame {i}");
+            at += frame.len();
+        }
+        assert_eq!(at, bytes.len());
+    }
 
     #[test]
     fn a_frame_s_header_refuses_what_is_not_one() {

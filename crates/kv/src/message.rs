@@ -113,16 +113,33 @@ impl IpcBatch {
         self.body.len()
     }
 
+    /// Bytes of the message's header (its flatbuffer, unpadded).
+    pub fn header_bytes(&self) -> usize {
+        self.header.len()
+    }
+
     /// Appends the message as an IPC stream has it (`stream_bytes`): the
     /// continuation marker, the header's length (padded so that the body
     /// starts 8-aligned), the header and its padding, the body.
     pub fn append_to(&self, out: &mut Vec<u8>) {
-        let padded = padded_header(self.header.len());
-        out.extend_from_slice(&CONTINUATION);
-        out.extend_from_slice(&(padded as i32).to_le_bytes());
-        out.extend_from_slice(&self.header);
-        out.resize(out.len() + padded - self.header.len(), 0);
+        self.append_header(out, padded_header(self.header.len()));
         out.extend_from_slice(&self.body);
+    }
+
+    /// Appends what comes before the body: the continuation marker, the
+    /// header's length `meta` (a multiple of 8, at least the header's),
+    /// the header and zeros to `meta` bytes. (IPC readers take the header
+    /// from the `meta` bytes and skip the padding.)
+    pub fn append_header(&self, out: &mut Vec<u8>, meta: usize) {
+        assert!(meta >= self.header.len() && meta.is_multiple_of(8));
+        out.extend_from_slice(&CONTINUATION);
+        out.extend_from_slice(&(meta as i32).to_le_bytes());
+        out.extend_from_slice(&self.header);
+        out.resize(out.len() + meta - self.header.len(), 0);
+    }
+
+    pub fn body(&self) -> &Bytes {
+        &self.body
     }
 }
 
@@ -189,6 +206,17 @@ fn check_columns(schema: &SpaceSchema, batch: &BatchHeader<'_>, rows: u32, body:
         }
     }
     Ok(())
+}
+
+/// `batch` as a Flight client sends it, checked against `schema`.
+#[cfg(test)]
+pub(crate) fn sent(schema: &SpaceSchema, batch: &RecordBatch) -> IpcBatch {
+    let messages = arrow_flight::utils::batches_to_flight_data(&schema.arrow(), [batch]).unwrap();
+    let data = &messages[1];
+    let message = arrow_ipc::root_as_message(&data.data_header).unwrap();
+    IpcBatch::check(schema, &message, &data.data_header, &data.data_body, usize::MAX)
+        .unwrap()
+        .expect("a batch sent whole is taken as it came")
 }
 
 #[cfg(test)]

@@ -278,8 +278,9 @@ impl Space {
                 name: self.name.clone(),
             });
         }
-        // The frames are built end to end in one buffer outside the lock,
-        // the IPC written in place; their headers once the log is held.
+        // The frames are built end to end outside the lock (the IPC
+        // written in place, large bodies left where they came); their
+        // headers once the log is held.
         let schema_message = frame::schema_message(&schema.arrow());
         let mut parts = Vec::new();
         for batch in batches {
@@ -300,22 +301,25 @@ impl Space {
             .iter()
             .map(|p| match p {
                 Incoming::Decoded(b) => b.num_rows() * schema.record_bytes(),
+                Incoming::Ipc(ipc) if ipc.body_bytes() >= frame::BODY_AS_IT_CAME_MIN => 0,
                 Incoming::Ipc(ipc) => ipc.body_bytes(),
             })
             .map(|bytes| bytes + schema_message.len() + 3 * frame::BLOCK as usize)
             .sum();
-        let mut frames = Vec::with_capacity(estimate);
-        let unsealed: Vec<frame::Unsealed> = parts
-            .iter()
-            .map(|p| match p {
-                Incoming::Decoded(batch) => frame::Unsealed::append(&mut frames, batch),
-                Incoming::Ipc(ipc) => frame::Unsealed::append_ipc(&mut frames, &schema_message, ipc),
-            })
-            .collect();
+        let mut frames = frame::LogFrames::with_capacity(estimate);
+        for part in &parts {
+            match part {
+                Incoming::Decoded(batch) => frames.push_batch(batch),
+                Incoming::Ipc(ipc) => frames.push_ipc(&schema_message, ipc),
+            }
+        }
         drop(parts);
-        if frames.len() > INSERT_BYTES_MAX {
+        if frames.bytes() > INSERT_BYTES_MAX {
             return Err(KvError::TooLarge {
-                why: format!("an insert of {} bytes; at most {INSERT_BYTES_MAX} a call", frames.len()),
+                why: format!(
+                    "an insert of {} bytes; at most {INSERT_BYTES_MAX} a call",
+                    frames.bytes()
+                ),
             });
         }
         let mut writer = lock(&self.writer);
@@ -332,17 +336,14 @@ impl Space {
         }
         let start = writer.tail.clone();
         let mut tail = start.clone();
-        let last = unsealed.len().saturating_sub(1);
-        for (i, frame) in unsealed.iter().enumerate() {
-            frame.seal(&mut frames, Kind::Log, tail.frames, i == last);
-            tail.frames += 1;
-            tail.rows += u64::from(frame.rows);
-        }
-        tail.offset += frames.len() as u64;
-        let written = write_parallel(&self.volume, start.offset, &frames);
+        frames.seal(tail.frames);
+        tail.frames += frames.frames().len() as u64;
+        tail.rows += frames.frames().iter().map(|f| u64::from(f.rows)).sum::<u64>();
+        tail.offset += frames.bytes() as u64;
+        let written = write_parallel(&self.volume, start.offset, &frames.pieces());
         if let Err(e) = written.and_then(|()| Ok(self.volume.flush()?)) {
             // Leave nothing a later opening could take for this insert's.
-            let span = (frames.len() as u64).min(self.volume.size() - start.offset);
+            let span = (frames.bytes() as u64).min(self.volume.size() - start.offset);
             if let Err(clear) = self.volume.write_zeroes(start.offset, span, false) {
                 writer.poisoned = Some(clear.to_string());
             }
@@ -537,16 +538,24 @@ impl Space {
     }
 }
 
-/// Writes `bytes` at `offset` in pieces of `WRITE_PIECE_BYTES`, from
-/// rayon's threads: a DoPut stream of 8 M records went at 406-482 MB/s
-/// so, 348-352 written from one thread (docs/PERFORMANCE.md, "KV spaces").
-fn write_parallel(volume: &Volume, offset: u64, bytes: &[u8]) -> Result<(), KvError> {
+/// Writes `pieces` end to end from `offset`, cut into writes of at most
+/// `WRITE_PIECE_BYTES`, from rayon's threads: a DoPut stream of 8 M
+/// records went at 406-482 MB/s so, 348-352 written from one thread
+/// (docs/PERFORMANCE.md, "KV spaces").
+fn write_parallel(volume: &Volume, offset: u64, pieces: &[&[u8]]) -> Result<(), KvError> {
     use rayon::prelude::*;
     const WRITE_PIECE_BYTES: usize = 4 << 20;
-    bytes
-        .par_chunks(WRITE_PIECE_BYTES)
-        .enumerate()
-        .try_for_each(|(i, piece)| volume.write(offset + (i * WRITE_PIECE_BYTES) as u64, piece, false))?;
+    let mut writes = Vec::new();
+    let mut at = offset;
+    for piece in pieces {
+        for chunk in piece.chunks(WRITE_PIECE_BYTES) {
+            writes.push((at, chunk));
+            at += chunk.len() as u64;
+        }
+    }
+    writes
+        .par_iter()
+        .try_for_each(|&(at, bytes)| volume.write(at, bytes, false))?;
     Ok(())
 }
 
