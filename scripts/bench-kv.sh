@@ -54,4 +54,5 @@ echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc
 rocksdb=()
 [ "${ROCKSDB:-1}" = 1 ] && rocksdb=(--rocksdb)
 "$venv/bin/python" scripts/bench-kv.py --address "$scheme://127.0.0.1:$port" "${client_tls[@]}" \
-  --nbd "nbd+unix:///tessera?socket=$work/nbd.sock" --records "$records" --work "$work" "${rocksdb[@]}"
+  --nbd "nbd+unix:///tessera?socket=$work/nbd.sock" --records "$records" --work "$work" "${rocksdb[@]}" \
+  --server-pid "$server"
