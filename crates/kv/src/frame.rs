@@ -429,8 +429,8 @@ mod tests {
             batch(77, 3 << 20),
         ];
         let ipc: Vec<IpcBatch> = sent[..3].iter().map(|b| crate::message::sent(&schema, b)).collect();
-        assert!(ipc[0].body_bytes() >= BODY_AS_IT_CAME_MIN && ipc[0].body_bytes() % BLOCK as usize != 0);
-        assert!(ipc[1].body_bytes() >= BODY_AS_IT_CAME_MIN && ipc[1].body_bytes() % BLOCK as usize == 0);
+        assert!(ipc[0].body_bytes() >= BODY_AS_IT_CAME_MIN && !ipc[0].body_bytes().is_multiple_of(BLOCK as usize));
+        assert!(ipc[1].body_bytes() >= BODY_AS_IT_CAME_MIN && ipc[1].body_bytes().is_multiple_of(BLOCK as usize));
         assert!(ipc[2].body_bytes() < BODY_AS_IT_CAME_MIN);
         let schema_message = schema_message(&schema.arrow());
         let mut frames = LogFrames::default();
@@ -441,7 +441,7 @@ mod tests {
         frames.seal(40);
         let bytes: Vec<u8> = frames.pieces().concat();
         assert_eq!(bytes.len(), frames.bytes());
-        assert!(frames.pieces().iter().all(|p| p.len() % BLOCK as usize == 0));
+        assert!(frames.pieces().iter().all(|p| p.len().is_multiple_of(BLOCK as usize)));
         let mut at = 0;
         for (i, want) in sent.iter().enumerate() {
             let header = header_of(&bytes[at..], Kind::Log, 40 + i as u64).expect("a frame where the last ended");
