@@ -391,22 +391,7 @@ mod tests {
 
     #[test]
     fn log_frames_with_bodies_as_they_came_read_back_as_the_batches_sent() {
-        use crate::schema::{FieldSpec, FieldType, SpaceSchema};
-        let schema = SpaceSchema {
-            key: "id".into(),
-            fields: vec![
-                FieldSpec {
-                    name: "id".into(),
-                    kind: FieldType::U64,
-                },
-                FieldSpec {
-                    name: "v".into(),
-                    kind: FieldType::F32,
-                },
-            ],
-            indexes: vec![],
-            duplicates: Default::default(),
-        };
+        let schema = crate::message::tests::schema();
         let batch = |rows: u64, from: u64| {
             RecordBatch::try_new(
                 schema.arrow(),

@@ -220,14 +220,15 @@ pub(crate) fn sent(schema: &SpaceSchema, batch: &RecordBatch) -> IpcBatch {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::schema::{FieldSpec, FieldType};
     use arrow_array::{Float32Array, UInt64Array};
     use arrow_ipc::{BodyCompression, BodyCompressionArgs, FieldNode, Message, MessageArgs, MessageHeader};
     use std::sync::Arc;
 
-    fn schema() -> SpaceSchema {
+    /// A u64 key `id` and an f32 `e`.
+    pub(crate) fn schema() -> SpaceSchema {
         SpaceSchema {
             key: "id".into(),
             fields: vec![
