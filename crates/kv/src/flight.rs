@@ -145,10 +145,7 @@ async fn insert_stream(
             }
             Next::Message(Some(Ok(message))) => match reader.read(message) {
                 Ok(Some(batch)) => {
-                    bytes += match &batch {
-                        Incoming::Decoded(b) => b.num_rows() * reader.record_bytes,
-                        Incoming::Ipc(ipc) => ipc.body_bytes(),
-                    };
+                    bytes += batch.bytes(reader.record_bytes);
                     pending.push(batch);
                     continue;
                 }

@@ -45,11 +45,12 @@ pub enum Incoming {
 }
 
 impl Incoming {
-    /// Records in it.
-    pub fn rows(&self) -> usize {
+    /// Bytes it brings, for records of `record_bytes`: what a DoPut
+    /// gathers into an insert by.
+    pub fn bytes(&self, record_bytes: usize) -> usize {
         match self {
-            Incoming::Decoded(batch) => batch.num_rows(),
-            Incoming::Ipc(ipc) => ipc.rows as usize,
+            Incoming::Decoded(batch) => batch.num_rows() * record_bytes,
+            Incoming::Ipc(ipc) => ipc.body.len(),
         }
     }
 }
