@@ -33,6 +33,7 @@ use crate::error::ArrayError;
 use crate::format::{
     self, LogDeviceHeader, LogRecord, Record, Stream, Superblock, LOG_DEVICE_AREA_START, SECTOR_BYTES,
 };
+use crate::members::MemberState;
 use crate::slots::SlotState;
 use crate::stripes::Stripes;
 use crate::write::{Claim, Origin, Piece, Stored};
@@ -149,9 +150,8 @@ impl LiveBlock {
 /// What the log holds and has done, for `status`.
 #[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct LogStatus {
-    /// Where the log is: "members" (M+1 copies of each block) or
-    /// "devices" (a copy on each log device).
-    pub on: String,
+    /// Where the log is.
+    pub on: LogPlace,
     /// The log devices, if any, with their state.
     pub devices: Vec<LogDeviceStatus>,
     /// Bytes of each member's or log device's log area.
@@ -173,12 +173,23 @@ pub struct LogStatus {
     pub write_failures: u64,
 }
 
+/// Where the intent log is (`status`'s `log.on`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogPlace {
+    /// On the members: M+1 copies of each block.
+    #[default]
+    Members,
+    /// On the log devices: a copy on each.
+    Devices,
+}
+
 /// A log device in `status`.
 #[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct LogDeviceStatus {
     pub name: String,
-    /// "healthy", "failed" or "missing".
-    pub state: String,
+    /// `Healthy`, `Failed` or `Missing`.
+    pub state: crate::members::MemberState,
 }
 
 /// What opening found in the log.
@@ -714,18 +725,21 @@ impl Shared {
         let c = &self.stripes.counters;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let state = |d: &LogDevice| match (&d.device, d.failed.load(Ordering::Relaxed)) {
-            (None, _) => "missing",
-            (Some(_), true) => "failed",
-            (Some(_), false) => "healthy",
+            (None, _) => MemberState::Missing,
+            (Some(_), true) => MemberState::Failed,
+            (Some(_), false) => MemberState::Healthy,
         };
         Some(LogStatus {
-            on: if log.devices.is_empty() { "members" } else { "devices" }.to_string(),
+            on: match log.devices.is_empty() {
+                true => LogPlace::Members,
+                false => LogPlace::Devices,
+            },
             devices: log
                 .devices
                 .iter()
                 .map(|d| LogDeviceStatus {
                     name: d.name.clone(),
-                    state: state(d).to_string(),
+                    state: state(d),
                 })
                 .collect(),
             area_bytes: log.area(&self.stripes.geometry).1,
@@ -809,25 +823,30 @@ pub(crate) fn find_log_devices(
         .collect();
     for (name, device) in given {
         let mut sector = AlignedBuf::zeroed(SECTOR_BYTES);
+        use crate::members::{LeftOut, Rejected};
         let header = device
             .read_at(&mut sector, 0)
-            .map_err(|e| e.to_string())
-            .and_then(|()| LogDeviceHeader::decode(&sector).map_err(|e| e.to_string()))
+            .map_err(|e| (LeftOut::NotALogDevice, e.to_string()))
+            .and_then(|()| LogDeviceHeader::decode(&sector).map_err(|e| (LeftOut::NotALogDevice, e.to_string())))
             .and_then(|h| {
+                let needed = LOG_DEVICE_AREA_START + h.area_bytes;
                 if h.array_uuid != superblock.array_uuid {
-                    Err(format!("belongs to array {}", crate::engine::hex(&h.array_uuid)))
+                    let array = crate::engine::hex(&h.array_uuid);
+                    Err((
+                        LeftOut::OtherArray { array: array.clone() },
+                        format!("belongs to array {array}"),
+                    ))
                 } else if h.count != g.log_devices || h.area_bytes != g.log_device_bytes {
-                    Err("disagrees with the members about the log devices".to_string())
-                } else if device.size() < LOG_DEVICE_AREA_START + h.area_bytes {
-                    Err(format!(
-                        "is {} bytes, shorter than its log area: truncated?",
-                        device.size()
-                    ))
+                    let why = "disagrees with the members about the log devices".to_string();
+                    Err((LeftOut::OtherShape, why))
+                } else if device.size() < needed {
+                    let bytes = device.size();
+                    let why = format!("is {bytes} bytes, shorter than its log area: truncated?");
+                    Err((LeftOut::TooShort { bytes, needed }, why))
                 } else if devices[h.index].device.is_some() {
-                    Err(format!(
-                        "claims to be log device {} as {} does",
-                        h.index, devices[h.index].name
-                    ))
+                    let other = devices[h.index].name.clone();
+                    let why = format!("claims to be log device {} as {other} does", h.index);
+                    Err((LeftOut::SameAs { other }, why))
                 } else {
                     Ok(h)
                 }
@@ -837,10 +856,10 @@ pub(crate) fn find_log_devices(
                 devices[h.index].name = name.clone();
                 devices[h.index].device = Some(device.clone());
             }
-            Err(why) => rejected.push(crate::members::Rejected {
-                name: name.clone(),
-                why: format!("{name} is not one of the array's log devices: {why}"),
-            }),
+            Err((reason, why)) => {
+                let words = format!("{name} is not one of the array's log devices: {why}");
+                rejected.push(Rejected::new(name.clone(), reason, words));
+            }
         }
     }
     let expected: Vec<&LogDevice> = devices.iter().filter(|d| !d.failed.load(Ordering::Relaxed)).collect();

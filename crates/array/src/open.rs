@@ -5,7 +5,7 @@ use crate::device::Device;
 use crate::engine::{Array, EngineOptions};
 use crate::error::{ArrayError, ArrayId};
 use crate::format::Superblock;
-use crate::members::{read_superblock, Member, MemberState, Rejected, Rejections};
+use crate::members::{read_superblock, LeftOut, Member, MemberState, Rejected, Rejections};
 use crate::recovery::Start;
 use crate::{activity, intent, volume};
 use std::sync::Arc;
@@ -34,12 +34,12 @@ pub fn open_with(devices: Vec<(String, Option<Arc<dyn Device>>)>, engine: Engine
         match read_superblock(device.as_ref()) {
             Ok(sb) => found.push((name, device, sb)),
             Err(source) => {
-                let why = ArrayError::NotAMember {
+                let words = ArrayError::NotAMember {
                     name: name.clone(),
                     source,
                 }
                 .to_string();
-                rejected.push(Rejected { name, why });
+                rejected.push(Rejected::new(name, LeftOut::NotAMember, words));
             }
         }
     }
@@ -75,28 +75,28 @@ pub fn open_with(devices: Vec<(String, Option<Arc<dyn Device>>)>, engine: Engine
     let geometry = &newest.geometry;
     let mut members: Vec<Option<Found>> = (0..geometry.members).map(|_| None).collect();
     for (name, device, sb) in found {
-        let why = if sb.array_uuid != newest.array_uuid {
-            Some(
-                ArrayError::ForeignMember {
-                    name: name.clone(),
-                    found: ArrayId(sb.array_uuid),
-                    expected: ArrayId(newest.array_uuid),
-                }
-                .to_string(),
-            )
+        let reason = if sb.array_uuid != newest.array_uuid {
+            let words = ArrayError::ForeignMember {
+                name: name.clone(),
+                found: ArrayId(sb.array_uuid),
+                expected: ArrayId(newest.array_uuid),
+            }
+            .to_string();
+            let array = ArrayId(sb.array_uuid).to_string();
+            Some((LeftOut::OtherArray { array }, words))
         } else if sb.geometry != *geometry {
-            Some(ArrayError::WrongMember { name: name.clone() }.to_string())
+            let words = ArrayError::WrongMember { name: name.clone() }.to_string();
+            Some((LeftOut::OtherShape, words))
         } else if device.size() < geometry.member_bytes {
-            Some(format!(
-                "{name} is {} bytes, shorter than the array's members ({} bytes): truncated?",
-                device.size(),
-                geometry.member_bytes
-            ))
+            let (bytes, needed) = (device.size(), geometry.member_bytes);
+            let words =
+                format!("{name} is {bytes} bytes, shorter than the array's members ({needed} bytes): truncated?");
+            Some((LeftOut::TooShort { bytes, needed }, words))
         } else {
             None
         };
-        if let Some(why) = why {
-            rejected.push(Rejected { name, why });
+        if let Some((reason, words)) = reason {
+            rejected.push(Rejected::new(name, reason, words));
             continue;
         }
         let index = sb.member_index;

@@ -7,7 +7,7 @@ use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use tessera_array::device::{Device, Faults, MemoryDevice};
 use tessera_array::format::{Stream, SECTOR_BYTES};
-use tessera_array::{ArrayError, CreateOptions};
+use tessera_array::{ArrayError, CreateOptions, LeftOut};
 use tessera_checksum::Algorithm;
 
 const MEMBER_BYTES: u64 = 6 << 20;
@@ -395,12 +395,21 @@ fn wrong_members_are_left_out_within_m_and_refused_beyond() {
         status
     };
     // A member of another (newer) array, a blank device, a truncated one.
+    // Each says why in words and typed (`reason`), as `status --json`
+    // gives both.
     let status = check(listed(&fresh(), &[(3, b[3].clone())]), &["bad3"]);
     assert!(status.devices_rejected[0].why.contains("belongs to another array"));
-    check(
+    let other_uuid = tessera_array::read_superblock(b[3].as_ref()).unwrap().array_uuid;
+    let other_hex: String = other_uuid.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(
+        status.devices_rejected[0].reason,
+        LeftOut::OtherArray { array: other_hex }
+    );
+    let status = check(
         listed(&fresh(), &[(0, Arc::new(MemoryDevice::new(MEMBER_BYTES)))]),
         &["bad0"],
     );
+    assert_eq!(status.devices_rejected[0].reason, LeftOut::NotAMember);
     let a = fresh();
     let short = MemoryDevice::new(MEMBER_BYTES / 2);
     let mut sector = vec![0u8; 4096];
@@ -412,12 +421,22 @@ fn wrong_members_are_left_out_within_m_and_refused_beyond() {
         "{:?}",
         status.devices_rejected
     );
+    let needed = tessera_array::read_superblock(a[4].as_ref())
+        .unwrap()
+        .geometry
+        .member_bytes;
+    let bytes = MEMBER_BYTES / 2;
+    assert_eq!(status.devices_rejected[0].reason, LeftOut::TooShort { bytes, needed });
+    // The JSON API tags the reason by kind.
+    let json = serde_json::to_value(&status.devices_rejected[0]).unwrap();
+    assert_eq!(json["reason"]["kind"], "too_short", "{json}");
     // Both superblocks of a member corrupt.
     let a = fresh();
     let size = a[1].size();
     a[1].flip_bit(100, 3);
     a[1].flip_bit(size - 4096 + 100, 3);
-    check(listed(&a, &[]), &["a1"]);
+    let status = check(listed(&a, &[]), &["a1"]);
+    assert_eq!(status.devices_rejected[0].reason, LeftOut::NotAMember);
     // Three bad with M = 2: refused, saying which and why.
     let a = fresh();
     a[1].flip_bit(100, 3);

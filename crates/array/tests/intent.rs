@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use tessera_array::device::{Device, Faults, MemoryDevice, RandomFaults};
 use tessera_array::format::{self, Geometry, BLOCK_BYTES};
-use tessera_array::{Array, CreateOptions, EngineOptions};
+use tessera_array::{Array, CreateOptions, EngineOptions, LogPlace, MemberState};
 use tessera_checksum::Algorithm;
 
 const MEMBER_BYTES: u64 = 32 << 20;
@@ -397,8 +397,8 @@ fn a_log_device_takes_the_log_and_brings_it_back_after_power_loss() {
     let model = write_flushed(&array, 10, 30);
     let status = array.status().unwrap();
     let log = status.log.clone().unwrap();
-    assert_eq!(log.on, "devices");
-    assert_eq!(log.devices[0].state, "healthy");
+    assert_eq!(log.on, LogPlace::Devices);
+    assert_eq!(log.devices[0].state, MemberState::Healthy);
     assert_eq!(log.flushes_logged, 30);
     assert_eq!(status.short_stripes_sealed, 0);
     // No user stripe on the members (and they have no log area).
@@ -432,14 +432,14 @@ fn a_mirrored_log_device_survives_the_loss_of_one() {
     let array = open_with_logs(&devices, &logs, &[1]).unwrap();
     check_model(&array, &model);
     let log = array.status().unwrap().log.unwrap();
-    assert_eq!(log.devices[0].state, "missing", "{log:?}");
-    assert_eq!(log.devices[1].state, "healthy", "{log:?}");
+    assert_eq!(log.devices[0].state, MemberState::Missing, "{log:?}");
+    assert_eq!(log.devices[1].state, MemberState::Healthy, "{log:?}");
     let more = write_flushed(&array, 12, 10);
     crash(array, &[&devices[..], &logs[..]].concat());
     // Log device 0 is back with stale blocks: failed, not read.
     let array = open_with_logs(&devices, &logs, &[1, 0]).unwrap();
     let log = array.status().unwrap().log.unwrap();
-    assert_eq!(log.devices[0].state, "failed", "{log:?}");
+    assert_eq!(log.devices[0].state, MemberState::Failed, "{log:?}");
     check_model(&array, &model.into_iter().chain(more).collect());
 }
 
@@ -474,7 +474,7 @@ fn a_missing_sole_log_device_refuses_the_open_unless_discarded() {
     )
     .unwrap();
     let status = array.status().unwrap();
-    assert_eq!(status.log.as_ref().unwrap().devices[0].state, "missing");
+    assert_eq!(status.log.as_ref().unwrap().devices[0].state, MemberState::Missing);
     fua_write_seals_a_short_stripe_and_survives(array, &devices, 5);
 }
 
@@ -493,7 +493,7 @@ fn a_failing_log_device_falls_back_to_short_stripes() {
     let second = write_flushed(&array, 15, 3);
     let status = array.status().unwrap();
     let log = status.log.unwrap();
-    assert_eq!(log.devices[0].state, "failed", "{log:?}");
+    assert_eq!(log.devices[0].state, MemberState::Failed, "{log:?}");
     assert_eq!(log.write_failures, 1, "{log:?}");
     assert_eq!(status.short_stripes_sealed, 3);
     assert_eq!(status.members_unavailable, 0);
@@ -597,4 +597,53 @@ fn opening_after_a_clean_stop_or_a_replay_looks_at_no_logged_record() {
     let array = reopen_without(&devices, &[]);
     nothing_replayed(&array);
     check_model(&array, &model);
+}
+
+/// Devices given as log devices that are not this array's are left out,
+/// each with its reason typed (blank, another array's, a second claim to
+/// a place already held), and the array opens from the one that is.
+#[test]
+fn wrong_log_devices_are_left_out_with_their_reasons() {
+    use tessera_array::LeftOut;
+    let devices = members(6);
+    let logs = log_devices(2);
+    let array = tessera_array::create_with(named(&devices), &options(None, None), with_logs(&logs, &[0, 1])).unwrap();
+    let model = write_flushed(&array, 13, 10);
+    crash(array, &[&devices[..], &logs[..]].concat());
+    let others = log_devices(1);
+    let other = tessera_array::create_with(named(&members(6)), &options(None, None), with_logs(&others, &[0])).unwrap();
+    let foreign = other.status().unwrap().array_uuid;
+    drop(other);
+    let given: Vec<(String, Arc<dyn Device>)> = vec![
+        ("log0".into(), logs[0].clone()),
+        ("log0-again".into(), logs[0].clone()),
+        ("blank".into(), Arc::new(MemoryDevice::new(LOG_DEVICE_BYTES))),
+        ("foreign".into(), others[0].clone()),
+        ("log1".into(), logs[1].clone()),
+    ];
+    let engine = EngineOptions {
+        log_devices: given,
+        ..quiet()
+    };
+    let array = tessera_array::open_with(open_list(&devices, &[]), engine).unwrap();
+    check_model(&array, &model);
+    let status = array.status().unwrap();
+    let rejected: Vec<(&str, &LeftOut)> = status
+        .devices_rejected
+        .iter()
+        .map(|r| (r.name.as_str(), &r.reason))
+        .collect();
+    assert_eq!(
+        rejected,
+        [
+            ("log0-again", &LeftOut::SameAs { other: "log0".into() }),
+            ("blank", &LeftOut::NotALogDevice),
+            ("foreign", &LeftOut::OtherArray { array: foreign }),
+        ],
+        "{:?}",
+        status.devices_rejected
+    );
+    let log = status.log.unwrap();
+    assert_eq!(log.devices[0].state, MemberState::Healthy, "{log:?}");
+    assert_eq!(log.devices[1].state, MemberState::Healthy, "{log:?}");
 }

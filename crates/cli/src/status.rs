@@ -210,7 +210,7 @@ fn print_status(s: &Status) {
             let devices: Vec<String> = log
                 .devices
                 .iter()
-                .map(|d| format!("{} ({})", d.name, d.state))
+                .map(|d| format!("{} ({})", d.name, d.state.name()))
                 .collect();
             let where_log = if devices.is_empty() {
                 "on each member".to_string()
