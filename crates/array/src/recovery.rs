@@ -313,11 +313,15 @@ impl Shared {
                 }
                 group.push(stripe);
             }
-            let ranges: Vec<(u64, u64)> = group.iter().flat_map(|s| s.2.iter().map(Record::keys)).collect();
+            let ranges = page_runs(group.iter().flat_map(|s| s.2.iter().map(Record::keys)));
             self.install_missing(&ranges)?;
+            // Pinned once for the group (a page evicted since is read
+            // again), not once a stripe: ~1 M lookups for a full window.
+            let pins = self.pin_pages(&ranges)?;
             for (sequence, slot, records) in group {
-                self.replay_stripe(sequence, slot, records, &mut replayed_slots, &mut fresh)?;
+                self.replay_stripe(sequence, slot, records, &pins, &mut replayed_slots, &mut fresh);
             }
+            drop(pins);
             self.evict_pages(&mut self.index_mut());
         }
         // The checkpoint's copy of the map must not point into a slot that
@@ -354,21 +358,19 @@ impl Shared {
         })
     }
 
-    /// Maps the records of stripe `sequence` in slot `slot` (its pages
-    /// pinned, read if not in memory), newer than what the map holds of
-    /// their keys; the slot is sealed, and noted in `replayed_slots`, its
-    /// data records' places in `fresh`.
+    /// Maps the records of stripe `sequence` in slot `slot` (every page
+    /// they land in in memory, held there by `_pinned`, the group's pins),
+    /// newer than what the map holds of their keys; the slot is sealed,
+    /// and noted in `replayed_slots`, its data records' places in `fresh`.
     fn replay_stripe(
         &self,
         sequence: u64,
         slot: u64,
         records: Vec<Record>,
+        _pinned: &crate::pages::PagePins<'_>,
         replayed_slots: &mut SlotSet,
         fresh: &mut HashSet<Location>,
-    ) -> Result<(), ArrayError> {
-        // The pages the stripe's records land in, in memory.
-        let ranges: Vec<(u64, u64)> = records.iter().map(Record::keys).collect();
-        let _pages = self.pin_pages(&ranges)?;
+    ) {
         let mut index = self.index_mut();
         index.slots.set(slot, SlotState::Sealed, sequence);
         replayed_slots.insert(slot);
@@ -400,7 +402,6 @@ impl Shared {
             let deltas = index.map.insert(lba, blocks, version, &target, Rule::IfNotNewer);
             index.slots.account(&deltas);
         }
-        Ok(())
     }
 
     /// What `parse` makes of the data areas of `stripes` (slot, sequence),
@@ -700,5 +701,56 @@ impl Shared {
             recovery.chunks_repaired += self.stripes.repair(slot, &rebuilt).1;
         }
         Ok(records)
+    }
+}
+
+/// The pages that keys `ranges` fall in, as runs of whole pages, in order
+/// and merged: what a replay group looks up once a run (`install_missing`)
+/// rather than once a record. A window full of random writes is ~1 M
+/// records, and looking up each one's pages took about a quarter of the
+/// time spent bringing them in (PERFORMANCE.md, "Opening after kill -9:
+/// a group's pages looked up a run at a time").
+fn page_runs(ranges: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
+    let mut pages: Vec<(u64, u64)> = ranges
+        .filter(|(lba, end)| end > lba)
+        .map(|(lba, end)| {
+            let (first, last) = (lba / MAP_PAGE_BLOCKS, (end - 1) / MAP_PAGE_BLOCKS);
+            (first * MAP_PAGE_BLOCKS, (last + 1).saturating_mul(MAP_PAGE_BLOCKS))
+        })
+        .collect();
+    pages.sort_unstable();
+    let mut runs: Vec<(u64, u64)> = Vec::with_capacity(pages.len());
+    for (start, end) in pages {
+        match runs.last_mut() {
+            Some(run) if start <= run.1 => run.1 = run.1.max(end),
+            _ => runs.push((start, end)),
+        }
+    }
+    runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::page_runs;
+    use crate::limits::MAP_PAGE_BLOCKS as P;
+
+    /// Every page a record's keys touch is in a run, whole, and no other:
+    /// records in one page make one run, neighbouring pages merge, a
+    /// record across a page boundary takes both, an empty one none.
+    #[test]
+    fn page_runs_cover_exactly_the_pages_of_the_keys() {
+        let ranges = [
+            (5 * P + 3, 5 * P + 4),
+            (5 * P + 100, 5 * P + 101),
+            (9 * P + 7, 9 * P + 7),
+            (2 * P - 1, 2 * P + 1),
+            (6 * P, 6 * P + 1),
+            (40 * P + 511, 40 * P + 512),
+        ];
+        assert_eq!(
+            page_runs(ranges.into_iter()),
+            [(P, 3 * P), (5 * P, 7 * P), (40 * P, 41 * P)]
+        );
+        assert!(page_runs(std::iter::empty()).is_empty());
     }
 }
