@@ -293,9 +293,9 @@ impl Shared {
         let mut replayed_slots = SlotSet::empty(g.slot_count());
         let mut fresh: HashSet<Location> = HashSet::new();
         // In groups whose pages the map cache holds at once: a group's
-        // pages read in parallel, then its stripes mapped in order (each
-        // still pins its pages, reading any evicted since), then what the
-        // cache has no room for evicted.
+        // pages read in parallel and pinned (any evicted since read
+        // again), then its stripes mapped in order, then what the cache
+        // has no room for evicted.
         // (A zero record may span a whole volume: a stripe with one that
         // spans more than the cache holds is a group of its own.)
         let cache_pages = self.cache_pages();
