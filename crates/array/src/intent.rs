@@ -33,7 +33,7 @@ use crate::error::ArrayError;
 use crate::format::{
     self, LogDeviceHeader, LogRecord, Record, Stream, Superblock, LOG_DEVICE_AREA_START, SECTOR_BYTES,
 };
-use crate::members::MemberState;
+use crate::members::{LeftOut, MemberState, Rejected};
 use crate::slots::SlotState;
 use crate::stripes::Stripes;
 use crate::write::{Claim, Origin, Piece, Stored};
@@ -811,7 +811,7 @@ pub(crate) fn find_log_devices(
     superblock: &Superblock,
     given: &[(String, Arc<dyn Device>)],
     discard: bool,
-    rejected: &mut Vec<crate::members::Rejected>,
+    rejected: &mut Vec<Rejected>,
 ) -> Result<Vec<LogDevice>, ArrayError> {
     let g = &superblock.geometry;
     let mut devices: Vec<LogDevice> = (0..g.log_devices)
@@ -823,7 +823,6 @@ pub(crate) fn find_log_devices(
         .collect();
     for (name, device) in given {
         let mut sector = AlignedBuf::zeroed(SECTOR_BYTES);
-        use crate::members::{LeftOut, Rejected};
         let header = device
             .read_at(&mut sector, 0)
             .map_err(|e| (LeftOut::NotALogDevice, e.to_string()))
@@ -858,7 +857,11 @@ pub(crate) fn find_log_devices(
             }
             Err((reason, why)) => {
                 let words = format!("{name} is not one of the array's log devices: {why}");
-                rejected.push(Rejected::new(name.clone(), reason, words));
+                rejected.push(Rejected {
+                    name: name.clone(),
+                    reason,
+                    why: words,
+                });
             }
         }
     }

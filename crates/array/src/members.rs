@@ -642,12 +642,6 @@ pub struct Rejected {
     pub why: String,
 }
 
-impl Rejected {
-    pub(crate) fn new(name: String, reason: LeftOut, why: String) -> Rejected {
-        Rejected { name, reason, why }
-    }
-}
-
 /// Why a device was left out, typed: `status --json`'s
 /// `devices_rejected[].reason`, tagged by `kind`.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -39,7 +39,11 @@ pub fn open_with(devices: Vec<(String, Option<Arc<dyn Device>>)>, engine: Engine
                     source,
                 }
                 .to_string();
-                rejected.push(Rejected::new(name, LeftOut::NotAMember, words));
+                rejected.push(Rejected {
+                    name,
+                    reason: LeftOut::NotAMember,
+                    why: words,
+                });
             }
         }
     }
@@ -96,7 +100,11 @@ pub fn open_with(devices: Vec<(String, Option<Arc<dyn Device>>)>, engine: Engine
             None
         };
         if let Some((reason, words)) = reason {
-            rejected.push(Rejected::new(name, reason, words));
+            rejected.push(Rejected {
+                name,
+                reason,
+                why: words,
+            });
             continue;
         }
         let index = sb.member_index;

@@ -17,7 +17,7 @@
 //! these checks are about which frames were written whole, not about
 //! bit rot.)
 
-use crate::message::{IpcBatch, CONTINUATION};
+use crate::message::{Incoming, IpcBatch, CONTINUATION};
 use crate::KvError;
 use arrow_array::RecordBatch;
 use arrow_ipc::reader::StreamReader;
@@ -185,10 +185,21 @@ enum Part {
 }
 
 impl LogFrames {
-    /// Frames built in a buffer of `capacity` bytes to start with.
-    pub fn with_capacity(capacity: usize) -> LogFrames {
+    /// Frames for `parts` (records of `record_bytes`, behind
+    /// `schema_message`), their buffer sized for what `push_batch` and
+    /// `push_ipc` will build of them: a large body is not copied.
+    pub fn for_parts(parts: &[Incoming], record_bytes: usize, schema_message: &[u8]) -> LogFrames {
+        let built = parts
+            .iter()
+            .map(|p| match p {
+                Incoming::Decoded(b) => b.num_rows() * record_bytes,
+                Incoming::Ipc(ipc) if ipc.body_bytes() >= BODY_AS_IT_CAME_MIN => 0,
+                Incoming::Ipc(ipc) => ipc.body_bytes(),
+            })
+            .map(|bytes| bytes + schema_message.len() + 3 * BLOCK as usize)
+            .sum();
         LogFrames {
-            built: Vec::with_capacity(capacity),
+            built: Vec::with_capacity(built),
             ..LogFrames::default()
         }
     }

@@ -297,16 +297,7 @@ impl Space {
                 Incoming::Ipc(_) => parts.push(batch.clone()),
             }
         }
-        let estimate: usize = parts
-            .iter()
-            .map(|p| match p {
-                Incoming::Decoded(b) => b.num_rows() * schema.record_bytes(),
-                Incoming::Ipc(ipc) if ipc.body_bytes() >= frame::BODY_AS_IT_CAME_MIN => 0,
-                Incoming::Ipc(ipc) => ipc.body_bytes(),
-            })
-            .map(|bytes| bytes + schema_message.len() + 3 * frame::BLOCK as usize)
-            .sum();
-        let mut frames = frame::LogFrames::with_capacity(estimate);
+        let mut frames = frame::LogFrames::for_parts(&parts, schema.record_bytes(), &schema_message);
         for part in &parts {
             match part {
                 Incoming::Decoded(batch) => frames.push_batch(batch),
