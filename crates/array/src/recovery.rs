@@ -275,13 +275,27 @@ impl Shared {
         // stripe its other chunks still hold (where power loss tore the
         // checkpoint's) was garbage, and may have fewer than K chunks left.
         newest.retain(|_, header| header.stream != Stream::Meta);
-        // Pass 2: each slot's newest stripe, checked, its summary read.
+        // Pass 2: each slot's newest stripe, checked, its summary read,
+        // on the I/O pool (a full window is ~8,000 stripes, a read or two
+        // each: one after another, they took ~0.6 s of a 6 s opening).
+        let summaries: Vec<(u64, u64, bool, Result<_, ArrayError>)> = self.stripes.io_pool.install(|| {
+            use rayon::prelude::*;
+            newest
+                .par_iter()
+                .map(|(&slot, header)| {
+                    let verify_all = header.sequence > synced_through;
+                    (header.sequence, slot, verify_all, self.read_summary(header, verify_all))
+                })
+                .collect()
+        });
         let mut stripes: Vec<(u64, u64, Vec<Record>)> = Vec::new();
         let mut torn = Vec::new();
-        for (&slot, header) in &newest {
-            let verify_all = header.sequence > synced_through;
-            match self.read_summary(header, verify_all, &mut recovery) {
-                Ok(records) => stripes.push((header.sequence, slot, records)),
+        for (sequence, slot, verify_all, summary) in summaries {
+            match summary {
+                Ok((records, repaired)) => {
+                    recovery.chunks_repaired += repaired;
+                    stripes.push((sequence, slot, records));
+                }
                 // Written after the last sync and torn by a crash: it held
                 // nothing acknowledged.
                 Err(_) if verify_all => torn.push(slot),
@@ -670,13 +684,8 @@ impl Shared {
     /// With `verify_all`, every chunk is read and checked against the
     /// root (a stripe a crash may have torn), and missing or bad ones are
     /// rewritten; otherwise only the tail of the data area is read,
-    /// rebuilding the stripe if that fails.
-    fn read_summary(
-        &self,
-        header: &ChunkHeader,
-        verify_all: bool,
-        recovery: &mut Recovery,
-    ) -> Result<Vec<Record>, ArrayError> {
+    /// rebuilding the stripe if that fails. With the chunks rewritten.
+    fn read_summary(&self, header: &ChunkHeader, verify_all: bool) -> Result<(Vec<Record>, u64), ArrayError> {
         let g = &self.stripes.geometry;
         let slot = header.slot;
         let area = g.data_area_bytes();
@@ -688,7 +697,7 @@ impl Shared {
             let mut tail = vec![0u8; len];
             if self.stripes.read_area_into(slot, area - len, &mut tail) {
                 if let Some(records) = self.stripes.parse_summary(&tail, header) {
-                    return Ok(records);
+                    return Ok((records, 0));
                 }
             }
         }
@@ -697,10 +706,11 @@ impl Shared {
             .stripes
             .parse_summary(&rebuilt.area, header)
             .ok_or(ArrayError::Unreadable { slot })?;
-        if verify_all {
-            recovery.chunks_repaired += self.stripes.repair(slot, &rebuilt).1;
-        }
-        Ok(records)
+        let repaired = match verify_all {
+            true => self.stripes.repair(slot, &rebuilt).1,
+            false => 0,
+        };
+        Ok((records, repaired))
     }
 }
 
