@@ -173,6 +173,31 @@ pub enum Lost {
     },
 }
 
+impl Lost {
+    /// What the history keeps of it (`events::Refused`).
+    pub fn reason(&self) -> crate::events::Refused {
+        use crate::events::Refused;
+        match self {
+            Lost::MemberFailed {
+                member,
+                name,
+                already,
+                parity,
+                ..
+            } => Refused::MemberFailed {
+                member: *member,
+                name: name.clone(),
+                already: *already,
+                parity: *parity,
+            },
+            Lost::SuperblockUnwritten { member, name, .. } => Refused::SuperblockUnwritten {
+                member: *member,
+                name: name.clone(),
+            },
+        }
+    }
+}
+
 /// Why no log device can be used at open.
 #[derive(Debug, thiserror::Error)]
 pub enum LogsMissing {

@@ -37,8 +37,12 @@ pub enum What {
         by_hand: bool,
     },
     /// More members are lost than the parity covers: writes are refused.
+    /// `why` in words, `reason` typed (none in a history written before
+    /// it was kept: such lines still read).
     WritesRefused {
         why: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<Refused>,
     },
     RebuildStarted {
         member: usize,
@@ -75,6 +79,24 @@ pub enum What {
     },
 }
 
+/// Why writes were refused (`error::Lost`, less the I/O error itself,
+/// which `why` words): typed by its `kind`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Refused {
+    /// Member `member` failed with `already` others unavailable, more in
+    /// all than the `parity` covers.
+    MemberFailed {
+        member: usize,
+        name: String,
+        already: usize,
+        parity: usize,
+    },
+    /// Member `member`'s superblock could not be written, and no more
+    /// members may fail.
+    SuperblockUnwritten { member: usize, name: String },
+}
+
 impl std::fmt::Display for What {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -91,7 +113,7 @@ impl std::fmt::Display for What {
             What::MemberFailed { member, name, by_hand } => {
                 write!(f, "member {member} ({name}) failed{}", if *by_hand { " by hand" } else { "" })
             }
-            What::WritesRefused { why } => write!(f, "writes refused: {why}"),
+            What::WritesRefused { why, .. } => write!(f, "writes refused: {why}"),
             What::SlotPagesUnreadable { why } => write!(f, "slot pages left for after opening cannot be read: {why}"),
             What::RebuildStarted { member, name } => write!(f, "rebuild of member {member} onto {name} started"),
             What::RebuildEnded {

@@ -427,9 +427,12 @@ impl Members {
     /// Refuses writes from now on, for `why` (the first reason stays),
     /// and tells the history.
     fn refuse_writes(&self, why: Lost) {
-        let told = why.to_string();
+        let told = What::WritesRefused {
+            why: why.to_string(),
+            reason: Some(why.reason()),
+        };
         if self.lost.set(why).is_ok() {
-            self.events.record(What::WritesRefused { why: told });
+            self.events.record(told);
         }
     }
 

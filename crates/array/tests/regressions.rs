@@ -10,6 +10,7 @@ use common::{headers, named, open_list};
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use tessera_array::device::{Device, Faults, MemoryDevice};
+use tessera_array::events::{Refused, What};
 use tessera_array::format::{Geometry, SECTOR_BYTES};
 use tessera_array::{Array, ArrayError, CreateOptions, EngineOptions};
 use tessera_checksum::Algorithm;
@@ -166,6 +167,28 @@ fn a_failed_flush_is_not_forgotten() {
     let status = array.status().unwrap();
     let why = status.writes_refused.expect("status says writes are refused");
     assert!(why.contains("member 2"), "{why}");
+    // The history says so once, typed: member 2 failed with two others
+    // gone, past the parity of 2.
+    let refused: Vec<_> = array
+        .events()
+        .into_iter()
+        .filter_map(|e| match e.what {
+            What::WritesRefused { reason, .. } => reason,
+            _ => None,
+        })
+        .collect();
+    assert!(
+        matches!(
+            refused.as_slice(),
+            [Refused::MemberFailed {
+                member: 2,
+                already: 2,
+                parity: 2,
+                ..
+            }]
+        ),
+        "{refused:?}"
+    );
     assert!(array.flush().is_err(), "a third FLUSH reported success");
 }
 

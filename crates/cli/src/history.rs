@@ -159,4 +159,41 @@ mod tests {
         assert_eq!(events[EVENTS_MAX - 1], event(9_999));
         assert_eq!(events[EVENTS_MAX - 2], event(EVENTS_MAX + 4));
     }
+
+    /// A history written before writes refused said why typed still reads
+    /// (with no `reason`), beside one that does.
+    #[test]
+    fn writes_refused_reads_with_and_without_its_typed_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let new = Event {
+            unix_ms: 2,
+            what: What::WritesRefused {
+                why: "member 2 (m2) failed".into(),
+                reason: Some(tessera_array::events::Refused::MemberFailed {
+                    member: 2,
+                    name: "m2".into(),
+                    already: 2,
+                    parity: 2,
+                }),
+            },
+        };
+        let text = format!(
+            "{{\"unix_ms\":1,\"kind\":\"writes_refused\",\"why\":\"member 1 (m1) failed\"}}\n{}\n",
+            serde_json::to_string(&new).unwrap()
+        );
+        assert!(
+            text.contains("\"reason\":{\"kind\":\"member_failed\",\"member\":2"),
+            "{text}"
+        );
+        std::fs::write(dir.path().join(HISTORY_FILE), text).unwrap();
+        let events = read(dir.path()).unwrap();
+        let old = Event {
+            unix_ms: 1,
+            what: What::WritesRefused {
+                why: "member 1 (m1) failed".into(),
+                reason: None,
+            },
+        };
+        assert_eq!(events, [old, new]);
+    }
 }
