@@ -495,9 +495,24 @@ fn lost_writes_on_a_member_are_caught_and_repaired() {
     check_all(&reopen(&devices, &[]).unwrap(), &model);
 }
 
-#[test]
-fn a_torn_stripe_stays_dropped_after_later_syncs() {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+/// A 4+2 array stopped as a crash would leave it: 1 MiB of random bytes
+/// from `seed` written and flushed, then its first 256 KiB overwritten
+/// (several stripes) and not flushed. Dropping the array waits for its
+/// writer, so every sealed stripe is on the members.
+struct Crashed {
+    devices: Vec<Arc<MemoryDevice>>,
+    g: tessera_array::format::Geometry,
+    flushed: Vec<u8>,
+    /// The bytes written last (the overwrites not flushed).
+    data: Vec<u8>,
+    /// Every chunk header on the members (`common::headers`).
+    all: Vec<(usize, u64, tessera_array::format::ChunkHeader)>,
+    /// The newest stripe's sequence.
+    newest: u64,
+}
+
+fn crashed_with_unflushed_overwrites(seed: u64) -> Crashed {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let devices = members(6);
     let array = tessera_array::create(named(&devices), &options(4, 2, None)).unwrap();
     let mut data = vec![0u8; 1 << 20];
@@ -505,16 +520,34 @@ fn a_torn_stripe_stays_dropped_after_later_syncs() {
     array.write(0, &data, false).unwrap();
     array.flush().unwrap();
     let flushed = data.clone();
-    // Unflushed overwrites fill several stripes; then the crash tears the
-    // older of the two newest: three of its six chunks are gone, but the
-    // one holding its summary is there.
     rng.fill(&mut data[..256 << 10]);
     array.write(0, &data[..256 << 10], false).unwrap();
     let g = array.geometry().clone();
-    // Dropping the array waits for its writer: every sealed stripe is written.
     drop(array);
     let all = headers(&devices, &g);
     let newest = all.iter().map(|(_, _, h)| h.sequence).max().unwrap();
+    Crashed {
+        devices,
+        g,
+        flushed,
+        data,
+        all,
+        newest,
+    }
+}
+
+#[test]
+fn a_torn_stripe_stays_dropped_after_later_syncs() {
+    // The crash tears the older of the two newest stripes: three of its
+    // six chunks are gone, but the one holding its summary is there.
+    let Crashed {
+        devices,
+        g,
+        flushed,
+        data,
+        all,
+        newest,
+    } = crashed_with_unflushed_overwrites(5);
     let torn = all.iter().find(|(_, _, h)| h.sequence == newest - 1).unwrap().2.slot;
     for (member, offset, header) in &all {
         if header.slot == torn && header.sequence == newest - 1 && [0, 1, 4].contains(&header.index) {
@@ -553,20 +586,14 @@ fn a_damaged_chunk_of_an_unsynced_stripe_is_repaired_by_recovery() {
     // of the stripe still open), with one chunk of the older of the two
     // newest stripes damaged or not.
     let crash = |damage: bool| {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(6);
-        let devices = members(6);
-        let array = tessera_array::create(named(&devices), &options(4, 2, None)).unwrap();
-        let mut data = vec![0u8; 1 << 20];
-        rng.fill(&mut data[..]);
-        array.write(0, &data, false).unwrap();
-        array.flush().unwrap();
-        let flushed = data.clone();
-        rng.fill(&mut data[..256 << 10]);
-        array.write(0, &data[..256 << 10], false).unwrap();
-        let g = array.geometry().clone();
-        drop(array);
-        let all = headers(&devices, &g);
-        let newest = all.iter().map(|(_, _, h)| h.sequence).max().unwrap();
+        let Crashed {
+            devices,
+            g,
+            flushed,
+            data,
+            all,
+            newest,
+        } = crashed_with_unflushed_overwrites(6);
         let (member, offset) = all
             .iter()
             .find(|(_, _, h)| h.sequence == newest - 1 && h.index == 1)
