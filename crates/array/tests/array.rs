@@ -540,23 +540,23 @@ fn crashed_with_unflushed_overwrites(seed: u64) -> Crashed {
 fn a_torn_stripe_stays_dropped_after_later_syncs() {
     // The crash tears the older of the two newest stripes: three of its
     // six chunks are gone, but the one holding its summary is there.
-    let Crashed {
-        devices,
-        g,
-        flushed,
-        data,
-        all,
-        newest,
-    } = crashed_with_unflushed_overwrites(5);
-    let torn = all.iter().find(|(_, _, h)| h.sequence == newest - 1).unwrap().2.slot;
-    for (member, offset, header) in &all {
-        if header.slot == torn && header.sequence == newest - 1 && [0, 1, 4].contains(&header.index) {
+    let c = crashed_with_unflushed_overwrites(5);
+    let (devices, data, flushed) = (&c.devices, &c.data, &c.flushed);
+    let torn = c
+        .all
+        .iter()
+        .find(|(_, _, h)| h.sequence == c.newest - 1)
+        .unwrap()
+        .2
+        .slot;
+    for (member, offset, header) in &c.all {
+        if header.slot == torn && header.sequence == c.newest - 1 && [0, 1, 4].contains(&header.index) {
             devices[*member]
-                .write_at(&vec![0u8; SECTOR_BYTES + g.chunk_bytes], *offset)
+                .write_at(&vec![0u8; SECTOR_BYTES + c.g.chunk_bytes], *offset)
                 .unwrap();
         }
     }
-    let array = reopen(&devices, &[]).unwrap();
+    let array = reopen(devices, &[]).unwrap();
     assert_eq!(array.status().unwrap().recovery.torn_stripes_dropped, 1);
     let mut after_crash = vec![0u8; data.len()];
     array.read(0, &mut after_crash).unwrap();
@@ -568,7 +568,7 @@ fn a_torn_stripe_stays_dropped_after_later_syncs() {
     // the torn stripe's included. Reopened, the torn stripe must not return.
     array.write(8 << 20, &[7u8; 4096], true).unwrap();
     drop(array);
-    let array = reopen(&devices, &[]).unwrap();
+    let array = reopen(devices, &[]).unwrap();
     let mut again = vec![0u8; data.len()];
     array.read(0, &mut again).unwrap();
     assert!(again == after_crash, "the volume changed across a clean reopen");
@@ -586,17 +586,12 @@ fn a_damaged_chunk_of_an_unsynced_stripe_is_repaired_by_recovery() {
     // of the stripe still open), with one chunk of the older of the two
     // newest stripes damaged or not.
     let crash = |damage: bool| {
-        let Crashed {
-            devices,
-            g,
-            flushed,
-            data,
-            all,
-            newest,
-        } = crashed_with_unflushed_overwrites(6);
-        let (member, offset) = all
+        let c = crashed_with_unflushed_overwrites(6);
+        let (devices, g) = (&c.devices, &c.g);
+        let (member, offset) = c
+            .all
             .iter()
-            .find(|(_, _, h)| h.sequence == newest - 1 && h.index == 1)
+            .find(|(_, _, h)| h.sequence == c.newest - 1 && h.index == 1)
             .map(|(member, offset, _)| (*member, *offset + SECTOR_BYTES as u64))
             .unwrap();
         let mut body = vec![0u8; g.chunk_bytes];
@@ -606,16 +601,16 @@ fn a_damaged_chunk_of_an_unsynced_stripe_is_repaired_by_recovery() {
             bad[100] ^= 0x40;
             devices[member].write_at(&bad, offset).unwrap();
         }
-        let array = reopen(&devices, &[]).unwrap();
+        let array = reopen(devices, &[]).unwrap();
         let recovery = array.status().unwrap().recovery;
-        let mut back = vec![0u8; data.len()];
+        let mut back = vec![0u8; c.data.len()];
         array.read(0, &mut back).unwrap();
         drop(array);
         let mut chunk = vec![0u8; g.chunk_bytes];
         devices[member].read_at(&mut chunk, offset).unwrap();
         let kept = back
             .chunks(4096)
-            .zip(flushed.chunks(4096))
+            .zip(c.flushed.chunks(4096))
             .filter(|(a, b)| a != b)
             .count();
         (recovery, back, kept, chunk == body)
