@@ -672,7 +672,8 @@ impl Shared {
     /// With `verify_all`, every chunk is read and checked against the
     /// root (a stripe a crash may have torn), and missing or bad ones are
     /// rewritten; otherwise only the tail of the data area is read,
-    /// rebuilding the stripe if that fails. With the chunks rewritten.
+    /// rebuilding the stripe if that fails. Returns the records and how
+    /// many chunks were rewritten.
     fn read_summary(&self, header: &ChunkHeader, verify_all: bool) -> Result<(Vec<Record>, u64), ArrayError> {
         let g = &self.stripes.geometry;
         let slot = header.slot;
