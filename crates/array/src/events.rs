@@ -38,10 +38,11 @@ pub enum What {
     },
     /// More members are lost than the parity covers: writes are refused.
     /// `why` in words, `reason` typed (none in a history written before
-    /// it was kept: such lines still read).
+    /// it was kept: such lines still read, a missing `Option` being
+    /// `None` to serde).
     WritesRefused {
         why: String,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(skip_serializing_if = "Option::is_none")]
         reason: Option<Refused>,
     },
     RebuildStarted {

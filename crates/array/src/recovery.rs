@@ -318,9 +318,8 @@ impl Shared {
             let mut group = Vec::new();
             let (mut pages, mut full) = (BTreeSet::new(), false);
             while let Some(stripe) = stripes.next_if(|_| group.is_empty() || (!full && pages.len() < cache_pages)) {
-                for (lba, end) in stripe.2.iter().map(Record::keys) {
-                    let (first, last) = (lba / MAP_PAGE_BLOCKS, end.saturating_sub(1) / MAP_PAGE_BLOCKS);
-                    match last.saturating_sub(first) < cache_pages as u64 {
+                for (first, last) in stripe.2.iter().filter_map(|r| pages_of(r.keys())) {
+                    match last - first < cache_pages as u64 {
                         true => pages.extend(first..=last),
                         false => full = true,
                     }
@@ -711,11 +710,8 @@ impl Shared {
 /// a group's pages looked up a run at a time").
 fn page_runs(ranges: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
     let mut pages: Vec<(u64, u64)> = ranges
-        .filter(|(lba, end)| end > lba)
-        .map(|(lba, end)| {
-            let (first, last) = (lba / MAP_PAGE_BLOCKS, (end - 1) / MAP_PAGE_BLOCKS);
-            (first * MAP_PAGE_BLOCKS, (last + 1).saturating_mul(MAP_PAGE_BLOCKS))
-        })
+        .filter_map(pages_of)
+        .map(|(first, last)| (first * MAP_PAGE_BLOCKS, (last + 1).saturating_mul(MAP_PAGE_BLOCKS)))
         .collect();
     pages.sort_unstable();
     let mut runs: Vec<(u64, u64)> = Vec::with_capacity(pages.len());
@@ -728,6 +724,12 @@ fn page_runs(ranges: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
     runs
 }
 
+/// The first and last map pages that keys [lba, end) fall in; none for
+/// no keys.
+fn pages_of((lba, end): (u64, u64)) -> Option<(u64, u64)> {
+    (end > lba).then(|| (lba / MAP_PAGE_BLOCKS, (end - 1) / MAP_PAGE_BLOCKS))
+}
+
 /// The records of a replay group's stripes (sequence, slot, records, in
 /// sequence order), each with its slot, in the order `replay_group` maps
 /// them: the runs of records that each fall in one page sorted by page
@@ -735,7 +737,6 @@ fn page_runs(ranges: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
 /// where it stands, between the runs before and after it. So every page
 /// sees the records that fall in it in their stripes' order.
 fn page_order(group: Vec<(u64, u64, Vec<Record>)>) -> Vec<(u64, Record)> {
-    let in_one_page = |(lba, end): (u64, u64)| end > lba && lba / MAP_PAGE_BLOCKS == (end - 1) / MAP_PAGE_BLOCKS;
     let mut ordered = Vec::with_capacity(group.iter().map(|s| s.2.len()).sum());
     let mut run: Vec<(u64, u64, Record)> = Vec::new();
     let end_run = |run: &mut Vec<(u64, u64, Record)>, ordered: &mut Vec<(u64, Record)>| {
@@ -744,11 +745,12 @@ fn page_order(group: Vec<(u64, u64, Vec<Record>)>) -> Vec<(u64, Record)> {
     };
     for (_, slot, records) in group {
         for record in records {
-            if in_one_page(record.keys()) {
-                run.push((record.lba() / MAP_PAGE_BLOCKS, slot, record));
-            } else {
-                end_run(&mut run, &mut ordered);
-                ordered.push((slot, record));
+            match pages_of(record.keys()) {
+                Some((first, last)) if first == last => run.push((first, slot, record)),
+                _ => {
+                    end_run(&mut run, &mut ordered);
+                    ordered.push((slot, record));
+                }
             }
         }
     }
@@ -795,9 +797,6 @@ mod tests {
     use crate::format::Record;
     use crate::limits::MAP_PAGE_BLOCKS as P;
 
-    /// Every page a record's keys touch is in a run, whole, and no other:
-    /// records in one page make one run, neighbouring pages merge, a
-    /// record across a page boundary takes both, an empty one none.
     /// Every page sees the records that fall in it in their stripes'
     /// order, whatever the order they are mapped in; records that each
     /// fall in one page, between those that span pages, come in page
@@ -825,14 +824,14 @@ mod tests {
                     (stripe + 100, stripe, records)
                 })
                 .collect();
-            let pages_of = |r: &Record| {
+            let pages_touched = |r: &Record| {
                 let (lba, end) = r.keys();
                 lba / P..=(end - 1) / P
             };
             let by_page = |records: &mut dyn Iterator<Item = &Record>| {
                 let mut seen: std::collections::BTreeMap<u64, Vec<u64>> = Default::default();
                 for r in records {
-                    for page in pages_of(r) {
+                    for page in pages_touched(r) {
                         seen.entry(page).or_default().push(r.version());
                     }
                 }
@@ -851,7 +850,7 @@ mod tests {
                 "a page's records out of order"
             );
             // Between records spanning pages, page order.
-            for run in ordered.split(|(_, r)| pages_of(r).count() > 1) {
+            for run in ordered.split(|(_, r)| pages_touched(r).count() > 1) {
                 assert!(run.windows(2).all(|w| w[0].1.lba() / P <= w[1].1.lba() / P));
             }
             if spanning == 0.0 {
@@ -860,6 +859,9 @@ mod tests {
         }
     }
 
+    /// Every page a record's keys touch is in a run, whole, and no other:
+    /// records in one page make one run, neighbouring pages merge, a
+    /// record across a page boundary takes both, an empty one none.
     #[test]
     fn page_runs_cover_exactly_the_pages_of_the_keys() {
         let ranges = [

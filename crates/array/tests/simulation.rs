@@ -139,7 +139,7 @@ fn run(seed: u64, met: &mut Met, shape: Shape) {
     let n = rng.gen_range(k + m..=k + m + 2);
     let (member_bytes, chunk_bytes) = match shape {
         Shape::Small => (MEMBER_BYTES, 16 << 10),
-        // Room for 6-9 slot pages in use: at 48 MiB (3-6 pages), the
+        // Room for 5-9 slot pages in use: at 48 MiB (1-6 pages), the
         // window's ~130 slots (those allocation may take, the root's, the
         // map stripes it empties) often listed in every one, and no
         // opening of seeds 0..6 left a page for later (seen once).
