@@ -17,7 +17,7 @@
 //! these checks are about which frames were written whole, not about
 //! bit rot.)
 
-use crate::message::{Incoming, IpcBatch, CONTINUATION};
+use crate::message::{append_end_of_stream, Incoming, IpcBatch};
 use crate::KvError;
 use arrow_array::RecordBatch;
 use arrow_ipc::reader::StreamReader;
@@ -126,8 +126,7 @@ impl Unsealed {
         Unsealed::append_with(out, batch.rows(), |out| {
             out.extend_from_slice(schema_message);
             batch.append_to(out);
-            out.extend_from_slice(&CONTINUATION);
-            out.extend_from_slice(&[0; 4]);
+            append_end_of_stream(out);
         })
     }
 
@@ -232,8 +231,7 @@ impl LogFrames {
         let body = batch.body().slice(..whole);
         let tail = self.built.len();
         self.built.extend_from_slice(&batch.body()[whole..]);
-        self.built.extend_from_slice(&CONTINUATION);
-        self.built.extend_from_slice(&[0; 4]);
+        append_end_of_stream(&mut self.built);
         let tail_payload = tail..self.built.len();
         self.built.resize(tail + tail_payload.len().next_multiple_of(block), 0);
         let payload = head.len() - HEADER_BYTES + whole + tail_payload.len();

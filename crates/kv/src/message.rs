@@ -159,6 +159,13 @@ pub fn stream_bytes(header: usize, body: usize) -> usize {
 /// ends it).
 pub const CONTINUATION: [u8; 4] = [0xff; 4];
 
+/// Appends the end of an IPC stream: the continuation marker with a
+/// length of 0.
+pub fn append_end_of_stream(out: &mut Vec<u8>) {
+    out.extend_from_slice(&CONTINUATION);
+    out.extend_from_slice(&[0; 4]);
+}
+
 /// The field nodes and buffers of `batch`, for `rows` records in a body
 /// of `body` bytes.
 fn check_columns(schema: &SpaceSchema, batch: &BatchHeader<'_>, rows: u32, body: usize) -> Result<(), KvError> {
@@ -356,8 +363,7 @@ pub(crate) mod tests {
                 .get_ref()
                 .clone();
             ipc.append_to(&mut stream);
-            stream.extend_from_slice(&CONTINUATION);
-            stream.extend_from_slice(&[0; 4]);
+            append_end_of_stream(&mut stream);
             let read: Vec<RecordBatch> = arrow_ipc::reader::StreamReader::try_new(&stream[..], None)
                 .unwrap()
                 .collect::<Result<_, _>>()
