@@ -6,6 +6,9 @@ runs it against a served array):
   sequential write (nbdcopy of as many bytes to a volume, flushed), and
   against RocksDB (rocksdict) on a file system on the same disk: WAL on
   with default options, and with its bulk-load settings (no WAL);
+- insert stalls: the longest one batch's send was held up, and the
+  longest the stream went without an acknowledgment, beside the disk
+  alone making as many bytes durable in as many pieces;
 - the deferred sort and index, records per second;
 - a point get (p50, p99 of 1,000 random keys) and a selective query
   (energy above the 99.9th percentile: 0.1% of records; the first time,
@@ -18,6 +21,7 @@ Every figure is printed as a Markdown table row.
 
 import argparse
 import json
+import mmap
 import os
 import statistics
 import subprocess
@@ -95,8 +99,10 @@ act("create", {"name": "bench", "schema": schema})
 
 
 def put(name, part):
-    """One DoPut of `part`; the times its acknowledgments came, read on
-    a thread of their own while the batches go out."""
+    """One DoPut of `part`: the times its acknowledgments came, read on
+    a thread of their own while the batches go out, and how long each
+    batch's send took (one held up by the server not taking more is an
+    insert stall, as a RocksDB write stall holds up `Put`)."""
     writer, reader = client.do_put(fl.FlightDescriptor.for_path(name), part.schema)
     acked = []
 
@@ -106,16 +112,20 @@ def put(name, part):
 
     thread = threading.Thread(target=acks)
     thread.start()
-    writer.write_table(part, max_chunksize=1 << 16)
+    sends = []
+    for batch in part.to_batches(max_chunksize=1 << 16):
+        t = time.perf_counter()
+        writer.write_batch(batch)
+        sends.append(time.perf_counter() - t)
     writer.done_writing()
     thread.join()
     writer.close()
-    return acked
+    return acked, sends
 
 
 cpu_before = server_cpu()
 start = time.perf_counter()
-acked = put("bench", table)
+acked, sends = put("bench", table)
 insert = time.perf_counter() - start
 cpu_after = server_cpu()
 insert_rate = mb / insert
@@ -125,14 +135,46 @@ if cpu_before is not None:
     cpu = cpu_after - cpu_before
     row("KV insert, the server's CPU time in that stream", f"{cpu:.2f} s",
         f"{cpu / data_bytes * 1e9:.2f} ns a byte, {cpu / insert:.2f} cores")
-# An insert stall: the longest the client went on sending with no insert
-# made durable (from the stream's start to its first acknowledgment,
+# An insert stall: the longest one batch's send was held up.
+row("KV insert, the longest send of one batch (an insert stall) in that stream", f"{max(sends) * 1e3:.0f} ms",
+    f"{len(sends)} batches of up to 65,536 records, median {statistics.median(sends) * 1e3:.1f} ms")
+# The longest the client went on sending with no insert made durable (from the stream's start to its first acknowledgment,
 # then between acknowledgments; an insert is about 16 MiB).
 gaps = [b - a for a, b in zip([start] + acked, acked)]
 longest = max(range(len(gaps)), key=gaps.__getitem__)
 row("KV insert, the longest wait for an acknowledgment in that stream", f"{gaps[longest] * 1e3:.0f} ms",
     f"{len(acked)} acknowledgments, median gap {statistics.median(gaps) * 1e3:.0f} ms;"
     f" the longest before acknowledgment {longest + 1}")
+# The disk alone, as the peer for that wait: as many bytes as the
+# stream's inserts put on the members (their data and parity, 6/4 of it
+# at 4+2), written to one file on the same file system with O_DIRECT (as
+# the array writes its members), in as many pieces as there were
+# acknowledgments, each one write made durable (fdatasync) before the
+# next. Its longest piece is how long the disk by itself held up a
+# writer that waited for each piece.
+pieces = max(len(acked), 1)
+piece = mmap.mmap(-1, max(1, (data_bytes * 6 // 4 // pieces) >> 20) << 20)
+piece.write(os.urandom(1 << 20) * (len(piece) >> 20))
+peer = os.path.join(args.work, "disk-peer")
+try:
+    fd = os.open(peer, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+    direct = "O_DIRECT"
+except OSError:
+    fd = os.open(peer, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    direct = "through the page cache (no O_DIRECT here)"
+times = []
+try:
+    for _ in range(pieces):
+        t = time.perf_counter()
+        os.write(fd, piece)
+        os.fdatasync(fd)
+        times.append(time.perf_counter() - t)
+finally:
+    os.close(fd)
+    os.unlink(peer)
+row("disk alone: the longest write + fdatasync of one insert's member bytes", f"{max(times) * 1e3:.0f} ms",
+    f"{pieces} pieces of {len(piece) >> 20} MiB, {direct}, median {statistics.median(times) * 1e3:.0f} ms;"
+    f" the KV wait above is {gaps[longest] / max(times):.2f}x this")
 act("create", {"name": "puts", "schema": schema})
 # The first DoPut of a client process is the slowest: pyarrow's first
 # serialization of 1 M records took 161 ms where the third took 19 (its
@@ -225,27 +267,33 @@ if args.rocksdb:
         handle = db.get_column_family_handle("energy") if index else None
         write = WriteOptions()
         write.disable_wal = bulk
-        t0 = time.perf_counter()
+        t0, held = time.perf_counter(), 0.0
         for at in range(0, n, 100_000):
             batch = WriteBatch(raw_mode=True)
             for i in range(at, min(at + 100_000, n)):
                 batch.put(id_keys[i], values[i])
                 if index:
                     batch.put(energy_keys[i], values[i], handle)
+            t = time.perf_counter()
             db.write(batch, write)
+            held = max(held, time.perf_counter() - t)
         db.flush()
-        return db, cf, time.perf_counter() - t0
+        return db, cf, time.perf_counter() - t0, held
 
-    db, _, took = rocks("rocks-default", bulk=False, index=False)
+    # `held`: the longest one `write` of a 100,000-record batch took (a
+    # stall, when compaction falls behind, shows there).
+    db, _, took, held = rocks("rocks-default", bulk=False, index=False)
     row("RocksDB insert, WAL on, default options", f"{mb / took:.0f} MB/s",
-        f"KV insert {insert_rate / (mb / took):.1f}x (RocksDB not synced per batch)")
+        f"KV insert {insert_rate / (mb / took):.1f}x (RocksDB not synced per batch);"
+        f" the longest write of a batch {held * 1e3:.0f} ms")
     db.close()
-    db, _, took = rocks("rocks-bulk", bulk=True, index=False)
+    db, _, took, held = rocks("rocks-bulk", bulk=True, index=False)
     row("RocksDB insert, bulk-load settings (no WAL)", f"{mb / took:.0f} MB/s",
-        f"KV insert {insert_rate / (mb / took):.1f}x")
+        f"KV insert {insert_rate / (mb / took):.1f}x; the longest write of a batch {held * 1e3:.0f} ms")
     db.close()
-    db, cf, took = rocks("rocks-index", bulk=False, index=True)
-    row("RocksDB insert with an energy index (2nd column family)", f"{mb / took:.0f} MB/s")
+    db, cf, took, held = rocks("rocks-index", bulk=False, index=True)
+    row("RocksDB insert with an energy index (2nd column family)", f"{mb / took:.0f} MB/s",
+        f"the longest write of a batch {held * 1e3:.0f} ms")
     lat = []
     for k in keys:
         t0 = time.perf_counter()
