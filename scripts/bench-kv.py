@@ -267,7 +267,7 @@ if args.rocksdb:
         handle = db.get_column_family_handle("energy") if index else None
         write = WriteOptions()
         write.disable_wal = bulk
-        t0, held = time.perf_counter(), 0.0
+        t0, held = time.perf_counter(), []
         for at in range(0, n, 100_000):
             batch = WriteBatch(raw_mode=True)
             for i in range(at, min(at + 100_000, n)):
@@ -276,24 +276,25 @@ if args.rocksdb:
                     batch.put(energy_keys[i], values[i], handle)
             t = time.perf_counter()
             db.write(batch, write)
-            held = max(held, time.perf_counter() - t)
+            held.append(time.perf_counter() - t)
         db.flush()
         return db, cf, time.perf_counter() - t0, held
 
-    # `held`: the longest one `write` of a 100,000-record batch took (a
-    # stall, when compaction falls behind, shows there).
+    # `held`: how long each `write` of a 100,000-record batch took; a
+    # stall, when compaction falls behind, shows in the longest, against
+    # the median that the insert rate alone makes.
     db, _, took, held = rocks("rocks-default", bulk=False, index=False)
     row("RocksDB insert, WAL on, default options", f"{mb / took:.0f} MB/s",
         f"KV insert {insert_rate / (mb / took):.1f}x (RocksDB not synced per batch);"
-        f" the longest write of a batch {held * 1e3:.0f} ms")
+        f" the longest write of a batch {max(held) * 1e3:.0f} ms (median {statistics.median(held) * 1e3:.0f})")
     db.close()
     db, _, took, held = rocks("rocks-bulk", bulk=True, index=False)
     row("RocksDB insert, bulk-load settings (no WAL)", f"{mb / took:.0f} MB/s",
-        f"KV insert {insert_rate / (mb / took):.1f}x; the longest write of a batch {held * 1e3:.0f} ms")
+        f"KV insert {insert_rate / (mb / took):.1f}x; the longest write of a batch {max(held) * 1e3:.0f} ms (median {statistics.median(held) * 1e3:.0f})")
     db.close()
     db, cf, took, held = rocks("rocks-index", bulk=False, index=True)
     row("RocksDB insert with an energy index (2nd column family)", f"{mb / took:.0f} MB/s",
-        f"the longest write of a batch {held * 1e3:.0f} ms")
+        f"the longest write of a batch {max(held) * 1e3:.0f} ms (median {statistics.median(held) * 1e3:.0f})")
     lat = []
     for k in keys:
         t0 = time.perf_counter()
