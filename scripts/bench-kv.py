@@ -138,8 +138,9 @@ if cpu_before is not None:
 # An insert stall: the longest one batch's send was held up.
 row("KV insert, the longest send of one batch (an insert stall) in that stream", f"{max(sends) * 1e3:.0f} ms",
     f"{len(sends)} batches of up to 65,536 records, median {statistics.median(sends) * 1e3:.1f} ms")
-# The longest the client went on sending with no insert made durable (from the stream's start to its first acknowledgment,
-# then between acknowledgments; an insert is about 16 MiB).
+# The longest the client went on sending with no insert made durable
+# (from the stream's start to its first acknowledgment, then between
+# acknowledgments; an insert is about 16 MiB).
 gaps = [b - a for a, b in zip([start] + acked, acked)]
 longest = max(range(len(gaps)), key=gaps.__getitem__)
 row("KV insert, the longest wait for an acknowledgment in that stream", f"{gaps[longest] * 1e3:.0f} ms",
@@ -283,18 +284,22 @@ if args.rocksdb:
     # `held`: how long each `write` of a 100,000-record batch took; a
     # stall, when compaction falls behind, shows in the longest, against
     # the median that the insert rate alone makes.
+    def batch_writes(held):
+        return (f"the longest write of a batch {max(held) * 1e3:.0f} ms"
+                f" (median {statistics.median(held) * 1e3:.0f})")
+
     db, _, took, held = rocks("rocks-default", bulk=False, index=False)
     row("RocksDB insert, WAL on, default options", f"{mb / took:.0f} MB/s",
         f"KV insert {insert_rate / (mb / took):.1f}x (RocksDB not synced per batch);"
-        f" the longest write of a batch {max(held) * 1e3:.0f} ms (median {statistics.median(held) * 1e3:.0f})")
+        f" {batch_writes(held)}")
     db.close()
     db, _, took, held = rocks("rocks-bulk", bulk=True, index=False)
     row("RocksDB insert, bulk-load settings (no WAL)", f"{mb / took:.0f} MB/s",
-        f"KV insert {insert_rate / (mb / took):.1f}x; the longest write of a batch {max(held) * 1e3:.0f} ms (median {statistics.median(held) * 1e3:.0f})")
+        f"KV insert {insert_rate / (mb / took):.1f}x; {batch_writes(held)}")
     db.close()
     db, cf, took, held = rocks("rocks-index", bulk=False, index=True)
     row("RocksDB insert with an energy index (2nd column family)", f"{mb / took:.0f} MB/s",
-        f"the longest write of a batch {max(held) * 1e3:.0f} ms (median {statistics.median(held) * 1e3:.0f})")
+        batch_writes(held))
     lat = []
     for k in keys:
         t0 = time.perf_counter()

@@ -390,9 +390,12 @@ impl Shared {
         replayed_slots: &mut SlotSet,
         fresh: &mut HashSet<Location>,
     ) {
-        let mut index = self.index_mut();
         let sealed: Vec<(u64, u64)> = group.iter().map(|&(sequence, slot, _)| (slot, sequence)).collect();
-        for (slot, record) in page_order(group) {
+        // Ordered (a sort of ~1 M places for a full window) before the
+        // index's lock is taken.
+        let ordered = page_order(group);
+        let mut index = self.index_mut();
+        for (slot, record) in ordered {
             map_record(&mut index, slot, record, fresh);
         }
         // Sealed once their records are mapped: a slot that held an older
@@ -763,12 +766,13 @@ fn page_order(mut group: Vec<(u64, u64, Vec<Record>)>) -> impl Iterator<Item = (
     order[run..].sort_unstable();
     order.into_iter().map(move |(_, stripe, at)| {
         let (_, slot, records) = &mut group[stripe as usize];
-        let taken = Record::Zero {
+        // Each place comes once: what is left behind is never read.
+        let left = Record::Zero {
             lba: 0,
             blocks: 0,
             version: 0,
         };
-        (*slot, std::mem::replace(&mut records[at as usize], taken))
+        (*slot, std::mem::replace(&mut records[at as usize], left))
     })
 }
 
