@@ -197,6 +197,29 @@ pub trait Device: Send + Sync {
     fn sync(&self) -> io::Result<()>;
     /// Size in bytes.
     fn size(&self) -> u64;
+    /// Reads the sector ([`SECTOR_BYTES`](crate::format::SECTOR_BYTES))
+    /// at each of `offsets`, and hands each to `each` with its index in
+    /// `offsets`, every one once, in any order. Where the device can,
+    /// many are in flight at once (a file: `io_uring`); by default one
+    /// after another, with [`Device::read_at`].
+    fn read_sectors(&self, offsets: &[u64], each: &mut dyn FnMut(usize, io::Result<&[u8]>)) {
+        read_sectors_one_by_one(self, offsets, each);
+    }
+}
+
+/// [`Device::read_sectors`] a sector at a time, with `read_at`.
+fn read_sectors_one_by_one<D: Device + ?Sized>(
+    device: &D,
+    offsets: &[u64],
+    each: &mut dyn FnMut(usize, io::Result<&[u8]>),
+) {
+    let mut sector = AlignedBuf::zeroed(crate::format::SECTOR_BYTES);
+    for (i, &offset) in offsets.iter().enumerate() {
+        match device.read_at(&mut sector, offset) {
+            Ok(()) => each(i, Ok(&sector)),
+            Err(error) => each(i, Err(error)),
+        }
+    }
 }
 
 /// I/O done on one member (or volume), counted as it completes:
@@ -287,6 +310,15 @@ impl Device for Counted {
 
     fn size(&self) -> u64 {
         self.inner.size()
+    }
+
+    fn read_sectors(&self, offsets: &[u64], each: &mut dyn FnMut(usize, io::Result<&[u8]>)) {
+        self.inner.read_sectors(offsets, &mut |i, result| {
+            if let Ok(bytes) = &result {
+                self.counts.add(false, bytes.len());
+            }
+            each(i, result)
+        });
     }
 }
 
@@ -504,6 +536,141 @@ impl Device for FileDevice {
     }
     fn size(&self) -> u64 {
         self.size
+    }
+    fn read_sectors(&self, offsets: &[u64], each: &mut dyn FnMut(usize, io::Result<&[u8]>)) {
+        if let Err(done) = self.read_sectors_in_ring(offsets, each) {
+            // No ring (refused, or `TESSERA_NO_IO_URING`): the rest one
+            // by one.
+            let rest: Vec<usize> = (0..offsets.len()).filter(|&i| !done[i]).collect();
+            let at: Vec<u64> = rest.iter().map(|&i| offsets[i]).collect();
+            read_sectors_one_by_one(self, &at, &mut |j, result| each(rest[j], result));
+        }
+    }
+}
+
+/// Sector reads a ring keeps in flight at once.
+const RING_DEPTH: usize = 64;
+
+impl FileDevice {
+    /// [`Device::read_sectors`] through an `io_uring` of its own,
+    /// [`RING_DEPTH`] reads in flight; a read the ring did not finish
+    /// whole (direct I/O refused there, a short read at the end, an
+    /// interrupted one) is done again with `read_at`, so what `each` gets
+    /// is what `read_at` would give. Fails, with which reads were handed
+    /// to `each`, where no ring can be had (the kernel or a sandbox
+    /// refuses it, or `TESSERA_NO_IO_URING` is set) or one stops working:
+    /// the caller does the rest another way.
+    fn read_sectors_in_ring(
+        &self,
+        offsets: &[u64],
+        each: &mut dyn FnMut(usize, io::Result<&[u8]>),
+    ) -> Result<(), Vec<bool>> {
+        use io_uring::{opcode, types, IoUring};
+        use std::os::fd::AsRawFd;
+        const SECTOR: usize = crate::format::SECTOR_BYTES;
+        let mut done = vec![false; offsets.len()];
+        if offsets.is_empty() {
+            return Ok(());
+        }
+        let depth = offsets.len().min(RING_DEPTH);
+        let ring = match std::env::var_os("TESSERA_NO_IO_URING") {
+            Some(_) => None,
+            None => IoUring::new(depth.next_power_of_two() as u32).ok(),
+        };
+        let Some(ring) = ring else { return Err(done) };
+        let fd = types::Fd(self.direct.as_ref().unwrap_or(&self.file).as_raw_fd());
+        let mut ring = Ring {
+            ring,
+            buffers: (0..depth).map(|_| AlignedBuf::zeroed(SECTOR)).collect(),
+            in_flight: 0,
+        };
+        // Which offset each buffer reads, and the buffers free.
+        let mut reading: Vec<Option<usize>> = vec![None; depth];
+        let mut idle: Vec<usize> = (0..depth).collect();
+        let mut next = 0;
+        while next < offsets.len() || ring.in_flight > 0 {
+            while let (Some(&b), true) = (idle.last(), next < offsets.len()) {
+                let read = opcode::Read::new(fd, ring.buffers[b].as_mut_ptr(), SECTOR as u32)
+                    .offset(offsets[next])
+                    .build()
+                    .user_data(b as u64);
+                // SAFETY: the buffer and the descriptor outlive the read:
+                // `Ring` waits for every read in flight before it lets its
+                // buffers go (or never lets them go), and the descriptor
+                // is `self`'s.
+                if unsafe { ring.ring.submission().push(&read) }.is_err() {
+                    break;
+                }
+                idle.pop();
+                reading[b] = Some(next);
+                next += 1;
+                ring.in_flight += 1;
+            }
+            if !ring.wait() {
+                return Err(done);
+            }
+            let finished: Vec<(usize, i32)> = ring
+                .ring
+                .completion()
+                .map(|c| (c.user_data() as usize, c.result()))
+                .collect();
+            for (b, result) in finished {
+                let i = reading[b].take().expect("a completion for a read in flight");
+                ring.in_flight -= 1;
+                idle.push(b);
+                done[i] = true;
+                let buffer = &mut ring.buffers[b];
+                if result == SECTOR as i32 {
+                    each(i, Ok(buffer));
+                } else if result < 0 && ![libc::EINVAL, libc::EINTR, libc::EAGAIN].contains(&-result) {
+                    each(i, Err(io::Error::from_raw_os_error(-result)));
+                } else {
+                    match self.read_at(buffer, offsets[i]) {
+                        Ok(()) => each(i, Ok(buffer)),
+                        Err(error) => each(i, Err(error)),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An `io_uring` and the buffers its reads fill. Dropped (at the end, on
+/// an error, or while a panic unwinds), it waits for the reads still in
+/// flight before their buffers go; if it cannot, it leaks them rather
+/// than let the kernel write into freed memory.
+struct Ring {
+    ring: io_uring::IoUring,
+    buffers: Vec<AlignedBuf>,
+    in_flight: usize,
+}
+
+impl Ring {
+    /// Submits what is queued and waits for a completion; false if the
+    /// ring failed.
+    fn wait(&mut self) -> bool {
+        match self.ring.submit_and_wait(1) {
+            Ok(_) => true,
+            Err(e) => matches!(e.raw_os_error(), Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)),
+        }
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        for _ in 0..1_000 {
+            if self.in_flight == 0 {
+                return;
+            }
+            if !self.wait() {
+                break;
+            }
+            self.in_flight -= self.ring.completion().count();
+        }
+        if self.in_flight > 0 {
+            std::mem::forget(std::mem::take(&mut self.buffers));
+        }
     }
 }
 
@@ -978,6 +1145,51 @@ mod tests {
         want[1..3].copy_from_slice(b"xy");
         assert_eq!(back, want);
         eprintln!("direct I/O on {}: {}", dir.path().display(), d.is_direct());
+    }
+
+    /// Sectors read many at a time (through an io_uring where the kernel
+    /// gives one) are what `read_at` reads, each handed over once: more
+    /// than a ring holds at once, repeated offsets, an unaligned one
+    /// (direct I/O refuses it: read again through the page cache), one
+    /// cut short by the end of the device and one past it (errors).
+    #[test]
+    fn sectors_read_many_at_a_time_are_what_read_at_reads() {
+        use rand::{Rng, SeedableRng};
+        let dir = tempfile::tempdir().unwrap();
+        let sectors = 300u64;
+        let d = FileDevice::create(&dir.path().join("m"), sectors * 4096 + 100).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let mut sector = AlignedBuf::zeroed(4096);
+        for k in 0..sectors {
+            rng.fill(&mut sector[..]);
+            d.write_at(&sector, k * 4096).unwrap();
+        }
+        d.sync().unwrap();
+        let mut offsets: Vec<u64> = (0..200).map(|_| rng.gen_range(0..sectors) * 4096).collect();
+        offsets.extend([5 * 4096 + 100, sectors * 4096, (sectors + 3) * 4096, offsets[7]]);
+        let counts = Arc::new(IoCounts::default());
+        let counted = Counted::wrap(Arc::new(d), counts.clone());
+        let mut got: Vec<Option<Result<Vec<u8>, io::ErrorKind>>> = vec![None; offsets.len()];
+        counted.read_sectors(&offsets, &mut |i, result| {
+            assert!(got[i].is_none(), "read {i} handed over twice");
+            got[i] = Some(result.map(|b| b.to_vec()).map_err(|e| e.kind()));
+        });
+        for (i, &offset) in offsets.iter().enumerate() {
+            let mut want = AlignedBuf::zeroed(4096);
+            let want = counted
+                .read_at(&mut want, offset)
+                .map(|()| want.to_vec())
+                .map_err(|e| e.kind());
+            assert_eq!(got[i].as_ref(), Some(&want), "the sector at {offset}");
+        }
+        assert_eq!(got.iter().filter(|g| matches!(g, Some(Err(_)))).count(), 2);
+        let read = offsets.len() as u64 - 2;
+        let totals = counts.totals();
+        assert_eq!(
+            (totals.reads, totals.read_bytes),
+            (2 * read, 2 * read * 4096),
+            "counted as read_at counts"
+        );
     }
 
     #[test]

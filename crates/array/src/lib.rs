@@ -67,7 +67,7 @@ pub use intent::{LogDeviceStatus, LogPlace, LogRecovery, LogStatus};
 pub use members::{read_superblock, LeftOut, Member, MemberState, Rejected, Rejections};
 pub use open::{open, open_with};
 pub use rebuild::{RebuildOptions, RebuildReport, RebuildResume};
-pub use recovery::Recovery;
+pub use recovery::{Recovery, RecoveryPhases};
 pub use repair::ScrubReport;
 pub use status::{AcceleratorStatus, MemberStatus, Status};
 pub use volume::VolumeStatus;

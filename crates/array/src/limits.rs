@@ -242,3 +242,12 @@ pub const LOG_DEVICE_BYTES_DEFAULT_MAX: u64 = 256 << 20;
 /// `CHECKPOINT_WINDOW_MAX`), and a full scan of a huge array holds one
 /// batch's results at a time.
 pub const SCAN_BATCH_SLOTS: usize = 16_384;
+/// Chunk headers of one member one task of recovery's scan reads (in
+/// flight `RING_DEPTH` at a time): a window's 16,384 slots of 8+2 give
+/// 80 tasks, so the I/O pool's threads share them out.
+pub const SCAN_READS_PER_TASK: usize = 2_048;
+/// Records a part of a replayed run has at least, where the run is mapped
+/// in parts side by side (`Map::insert_parts`), and parts at most: a
+/// thread each, so a part is worth its start.
+pub const REPLAY_PART_RECORDS_MIN: usize = 16_384;
+pub const REPLAY_PARTS_MAX: usize = 8;

@@ -33,7 +33,7 @@ use crate::map::{Location, Map, Rule, Target};
 use crate::slot_set::SlotSet;
 use crate::slots::{SlotState, SlotTable};
 use serde::Serialize;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 /// What opening the array found and did, for `status`.
@@ -65,6 +65,33 @@ pub struct Recovery {
     /// What the intent log held (`None`: the array has no log).
     pub log: Option<crate::intent::LogRecovery>,
     pub milliseconds: u64,
+    /// Where the time went, for whoever tunes opening after a crash.
+    #[serde(default)]
+    pub phases: RecoveryPhases,
+}
+
+/// Milliseconds of an opening's steps: the checkpoint's root and pages
+/// read, the scanned slots' chunk headers read, the replayed stripes'
+/// summaries read, the map pages they land in brought in, their records
+/// mapped (with the order they are mapped in), and the map checked
+/// against them (no mapping left pointing at a place they overwrote)
+/// and the slots nothing points at freed.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
+pub struct RecoveryPhases {
+    pub checkpoint: u64,
+    pub headers: u64,
+    pub summaries: u64,
+    pub map_pages: u64,
+    pub mapping: u64,
+    pub check: u64,
+}
+
+/// Milliseconds since `since`, and `since` moved to now.
+fn lap(since: &mut std::time::Instant) -> u64 {
+    let now = std::time::Instant::now();
+    let ms = (now - *since).as_millis() as u64;
+    *since = now;
+    ms
 }
 
 /// What opening knows of the members before recovery reads them.
@@ -86,13 +113,9 @@ pub(crate) enum Start {
     Suspect,
 }
 
-/// One scanned slot's chunk headers, folded (`Shared::scan_slot`).
-#[derive(Default)]
-struct SlotScan {
-    max_sequence: u64,
-    synced_through: u64,
-    newest: Option<ChunkHeader>,
-}
+/// A chunk header recovery reads: where on its member, and its slot and
+/// chunk index.
+type HeaderRead = (u64, u64, usize);
 
 /// What a replay found, for the steps after it.
 struct Replayed {
@@ -175,29 +198,56 @@ impl Shared {
         Ok(())
     }
 
-    /// What the chunk headers of `slot` say: the newest sequence any of
-    /// this array's holds, the newest "synced through" of those newer
-    /// than `from` (user and GC stripes'), and the newest of them.
-    fn scan_slot(&self, slot: u64, from: u64) -> SlotScan {
-        let mut found = SlotScan::default();
-        for j in 0..self.stripes.geometry.width() {
-            let Some(header) = self.stripes.read_header(slot, j) else {
-                continue;
-            };
-            if header.array_uuid != self.stripes.array_uuid || header.slot != slot || header.index != j {
-                continue;
-            }
-            found.max_sequence = found.max_sequence.max(header.sequence);
-            if header.sequence <= from {
-                continue;
-            }
-            if header.stream != Stream::Meta {
-                found.synced_through = found.synced_through.max(header.synced_through);
-            }
-            if found.newest.as_ref().is_none_or(|best| best.sequence < header.sequence) {
-                found.newest = Some(header);
+    /// The chunk headers of `slots` (in order) that are this array's
+    /// and where they should be, each with its slot and chunk index, in
+    /// slot and then chunk order. Read a member at a time, many at once
+    /// (`Device::read_sectors`), the members side by side on the I/O pool:
+    /// read one by one on 40 threads, a window's 163,840 headers took
+    /// 1.5 s of a 4 s opening on a 2-vCPU VM, most of it the kernel's
+    /// (PERFORMANCE.md, "Opening after kill -9: the headers read through
+    /// io_uring").
+    fn read_headers(&self, slots: &[u64]) -> Vec<(u64, usize, ChunkHeader)> {
+        use rayon::prelude::*;
+        let g = &self.stripes.geometry;
+        // Each member's reads: where, and which slot and chunk.
+        let mut reads: Vec<Vec<HeaderRead>> = vec![Vec::new(); g.members];
+        for &slot in slots {
+            for j in 0..g.width() {
+                let (member, row) = g.place(slot, j);
+                reads[member].push((g.row_offset(row), slot, j));
             }
         }
+        let pieces: Vec<(usize, &[HeaderRead])> = reads
+            .iter()
+            .enumerate()
+            .flat_map(|(member, reads)| {
+                reads
+                    .chunks(crate::limits::SCAN_READS_PER_TASK)
+                    .map(move |r| (member, r))
+            })
+            .collect();
+        let mut found: Vec<(u64, usize, ChunkHeader)> = self.stripes.io_pool.install(|| {
+            pieces
+                .par_iter()
+                .flat_map_iter(|&(member, reads)| {
+                    let mut found = Vec::new();
+                    if let Some(device) = self.stripes.members.readable(member) {
+                        let offsets: Vec<u64> = reads.iter().map(|r| r.0).collect();
+                        device.read_sectors(&offsets, &mut |i, bytes| {
+                            let (_, slot, j) = reads[i];
+                            let header = bytes.ok().and_then(|b| ChunkHeader::decode(b, g.checksum).ok());
+                            if let Some(header) = header
+                                .filter(|h| h.array_uuid == self.stripes.array_uuid && h.slot == slot && h.index == j)
+                            {
+                                found.push((slot, j, header));
+                            }
+                        });
+                    }
+                    found
+                })
+                .collect()
+        });
+        found.sort_unstable_by_key(|&(slot, j, _)| (slot, j));
         found
     }
 
@@ -221,6 +271,7 @@ impl Shared {
     fn replay(&self, reference: Option<&CheckpointRef>, start: Start) -> Result<Replayed, ArrayError> {
         let g = &self.stripes.geometry;
         let mut recovery = Recovery::default();
+        let mut clock = std::time::Instant::now();
         let (mut from, mut max_sequence, mut window) = (0, 0, None);
         // The slots to scan: the window's, none (fresh), or every one.
         let scan: Box<dyn Iterator<Item = u64>> = if let Some(reference) = reference {
@@ -242,6 +293,7 @@ impl Shared {
             Box::new(0..g.slot_count())
         };
         recovery.checkpoint_sequence = reference.map(|r| r.sequence);
+        recovery.phases.checkpoint = lap(&mut clock);
         // Pass 1: the headers of every chunk in the scanned slots, read on
         // the I/O pool (the reads only wait on the members), each slot's
         // folded to what the passes after need.
@@ -255,18 +307,27 @@ impl Shared {
                 break;
             }
             recovery.slots_scanned += batch.len() as u64;
-            let scanned: Vec<(u64, SlotScan)> = self.stripes.io_pool.install(|| {
-                use rayon::prelude::*;
-                batch
-                    .par_iter()
-                    .map(|&slot| (slot, self.scan_slot(slot, from)))
-                    .collect()
-            });
-            for (slot, found) in scanned {
-                max_sequence = max_sequence.max(found.max_sequence);
-                synced_through = synced_through.max(found.synced_through);
-                if let Some(header) = found.newest {
-                    newest.insert(slot, header);
+            // Folded a slot at a time, its chunks in order: the newest
+            // sequence any of them holds, the newest "synced through" of
+            // those newer than `from` (user and GC stripes'), and the
+            // newest of them (its first chunk's header).
+            for (slot, _, header) in self.read_headers(&batch) {
+                max_sequence = max_sequence.max(header.sequence);
+                if header.sequence <= from {
+                    continue;
+                }
+                if header.stream != Stream::Meta {
+                    synced_through = synced_through.max(header.synced_through);
+                }
+                match newest.entry(slot) {
+                    std::collections::hash_map::Entry::Occupied(mut best) => {
+                        if best.get().sequence < header.sequence {
+                            best.insert(header);
+                        }
+                    }
+                    std::collections::hash_map::Entry::Vacant(place) => {
+                        place.insert(header);
+                    }
                 }
             }
         }
@@ -275,6 +336,7 @@ impl Shared {
         // stripe its other chunks still hold (where power loss tore the
         // checkpoint's) was garbage, and may have fewer than K chunks left.
         newest.retain(|_, header| header.stream != Stream::Meta);
+        recovery.phases.headers = lap(&mut clock);
         // Pass 2: each slot's newest stripe, checked, its summary read,
         // on the I/O pool (a full window is ~8,000 stripes, a read or two
         // each: one after another, they took ~0.6 s of a 6 s opening).
@@ -303,9 +365,12 @@ impl Shared {
             }
         }
         stripes.sort_by_key(|s| s.0);
+        recovery.phases.summaries = lap(&mut clock);
         recovery.stripes_replayed = stripes.len() as u64;
         let mut replayed_slots = SlotSet::empty(g.slot_count());
-        let mut fresh: HashSet<Location> = HashSet::new();
+        // A list, sorted once all are in, not a hash set: a set's inserts
+        // (and rehashes as it grew) took 0.25 s of mapping a full window.
+        let mut fresh: Vec<Location> = Vec::with_capacity(stripes.iter().map(|s| s.2.len()).sum());
         // In groups whose pages the map cache holds at once: a group's
         // pages read in parallel and pinned (any evicted since read
         // again), then its stripes mapped in order, then what the cache
@@ -331,20 +396,33 @@ impl Shared {
             // Pinned once for the group (a page evicted since is read
             // again), not once a stripe: ~1 M lookups for a full window.
             let pins = self.pin_pages(&ranges)?;
+            recovery.phases.map_pages += lap(&mut clock);
             self.replay_group(group, &pins, &mut replayed_slots, &mut fresh);
             drop(pins);
             self.evict_pages(&mut self.index_mut());
+            recovery.phases.mapping += lap(&mut clock);
         }
         // The checkpoint's copy of the map must not point into a slot that
         // now holds a newer stripe: every such block was overwritten by a
         // replayed write. If one is left, the checkpoint is not trusted.
         // (Checked over the pages in memory: those replay changed.)
+        fresh.sort_unstable();
         let mut index = self.index_mut();
         let replayed = &replayed_slots;
-        let stale = index
+        // Both lists sorted and walked together: a search of `fresh` for
+        // each of the ~1 M places of a full window took 0.57 s.
+        let mut kept: Vec<(Location, u64)> = index
             .map
             .locations_in_slots(|slot| replayed.contains(slot))
-            .find_map(|(lba, at)| (at.offset.is_some() && !fresh.contains(&at)).then_some((lba, at.slot)));
+            .filter(|(_, at)| at.offset.is_some())
+            .map(|(lba, at)| (at, lba))
+            .collect();
+        kept.sort_unstable();
+        let mut fresh = fresh.iter().peekable();
+        let stale = kept.into_iter().find_map(|(at, lba)| {
+            while fresh.next_if(|&&f| f < at).is_some() {}
+            (fresh.peek() != Some(&&at)).then_some((lba, at.slot))
+        });
         if let Some((lba, slot)) = stale {
             return Err(ArrayError::CheckpointUnreadable {
                 why: CheckpointFault::Stale { lba, slot },
@@ -361,6 +439,7 @@ impl Shared {
         for slot in empty {
             index.slots.set(slot, SlotState::Free, 0);
         }
+        recovery.phases.check = lap(&mut clock);
         Ok(Replayed {
             recovery,
             window,
@@ -382,27 +461,36 @@ impl Shared {
     /// "Opening after kill -9: the records mapped page by page"). A
     /// page's records keep their order: one copied by garbage collection
     /// keeps its version, and the copy is mapped over the original only
-    /// by coming later.
+    /// by coming later. A long run of records that each fall in one page
+    /// is mapped in parts of whole pages, side by side
+    /// (`Map::insert_parts`), which changes nothing a page sees.
     fn replay_group(
         &self,
         group: Vec<(u64, u64, Vec<Record>)>,
         _pinned: &crate::pages::PagePins<'_>,
         replayed_slots: &mut SlotSet,
-        fresh: &mut HashSet<Location>,
+        fresh: &mut Vec<Location>,
     ) {
-        let sealed: Vec<(u64, u64)> = group.iter().map(|&(sequence, slot, _)| (slot, sequence)).collect();
         // Ordered (a sort of ~1 M places for a full window) before the
         // index's lock is taken.
-        let ordered = page_order(group);
+        let order = page_order(&group);
         let mut index = self.index_mut();
-        for (slot, record) in ordered {
-            map_record(&mut index, slot, record, fresh);
+        let newest = group.iter().flat_map(|s| s.2.iter()).map(Record::version).max();
+        index.next_version = index.next_version.max(newest.map_or(0, |v| v + 1));
+        let mut start = 0;
+        for end in order.spanning.iter().copied().chain([order.places.len()]) {
+            map_run(&mut index, &group, &order.places[start..end], fresh);
+            if let Some(&(_, stripe, at)) = order.places.get(end) {
+                let (_, slot, records) = &group[stripe as usize];
+                map_record(&mut index, *slot, &records[at as usize], fresh);
+            }
+            start = end + 1;
         }
         // Sealed once their records are mapped: a slot that held an older
         // stripe loses its pieces, and turns draining at none, before or
         // after its new one gains, as the pages come; sealed first, it
         // would be left draining with pieces.
-        for (slot, sequence) in sealed {
+        for &(sequence, slot, _) in &group {
             index.slots.set(slot, SlotState::Sealed, sequence);
             replayed_slots.insert(slot);
         }
@@ -733,78 +821,140 @@ fn pages_of((lba, end): (u64, u64)) -> Option<(u64, u64)> {
     (end > lba).then(|| (lba / MAP_PAGE_BLOCKS, (end - 1) / MAP_PAGE_BLOCKS))
 }
 
-/// The records of a replay group's stripes (sequence, slot, records, in
-/// sequence order), each with its slot, in the order `replay_group` maps
-/// them: the runs of records that each fall in one page sorted by page
-/// (stably: a page's records keep their order), a record spanning pages
-/// where it stands, between the runs before and after it. So every page
-/// sees the records that fall in it in their stripes' order.
+/// The order `replay_group` maps a replay group's records in (its
+/// stripes' sequence, slot and records, in sequence order): runs of
+/// records that each fall in one page, sorted by page (stably: a page's
+/// records keep their order), and a record spanning pages where it
+/// stands, between the runs before and after it. So every page sees the
+/// records that fall in it in their stripes' order.
 ///
 /// What is sorted is each record's page and place (16 bytes), not the
 /// record (~180 bytes with its digest and block CRCs): sorting and
 /// moving a full window's ~1 M records took ~14% of an opening's samples
 /// (PERFORMANCE.md, "Opening after kill -9 on a Zen 3: replay's order
-/// sorted by place"). Each record is moved once, as it is mapped.
-fn page_order(mut group: Vec<(u64, u64, Vec<Record>)>) -> impl Iterator<Item = (u64, Record)> {
+/// sorted by place").
+struct PageOrder {
+    /// Each record's page (0 for one spanning pages), stripe and place
+    /// in its stripe, in the order they are mapped.
+    places: Vec<(u64, u32, u32)>,
+    /// Where in `places` the records spanning pages stand, in order.
+    spanning: Vec<usize>,
+}
+
+fn page_order(group: &[(u64, u64, Vec<Record>)]) -> PageOrder {
     let place = |n: usize| u32::try_from(n).expect("a replay group's stripes and a stripe's records fit in u32");
-    let mut order: Vec<(u64, u32, u32)> = Vec::with_capacity(group.iter().map(|s| s.2.len()).sum());
+    let mut places: Vec<(u64, u32, u32)> = Vec::with_capacity(group.iter().map(|s| s.2.len()).sum());
+    let mut spanning = Vec::new();
     let mut run = 0;
     for (stripe, (_, _, records)) in group.iter().enumerate() {
         for (at, record) in records.iter().enumerate() {
             match pages_of(record.keys()) {
-                Some((first, last)) if first == last => order.push((first, place(stripe), place(at))),
+                Some((first, last)) if first == last => places.push((first, place(stripe), place(at))),
                 _ => {
                     // (page, stripe, record) is unique, so an unstable
                     // sort keeps a page's records in their order.
-                    order[run..].sort_unstable();
-                    order.push((0, place(stripe), place(at)));
-                    run = order.len();
+                    places[run..].sort_unstable();
+                    spanning.push(places.len());
+                    places.push((0, place(stripe), place(at)));
+                    run = places.len();
                 }
             }
         }
     }
-    order[run..].sort_unstable();
-    order.into_iter().map(move |(_, stripe, at)| {
-        let (_, slot, records) = &mut group[stripe as usize];
-        // Each place comes once: what is left behind is never read.
-        let left = Record::Zero {
-            lba: 0,
-            blocks: 0,
-            version: 0,
-        };
-        (*slot, std::mem::replace(&mut records[at as usize], left))
-    })
+    places[run..].sort_unstable();
+    PageOrder { places, spanning }
+}
+
+/// Maps the records at `run` (page, stripe, place: each in one page, in
+/// page order) of a replay group's stripes, as `map_record` does one by
+/// one, in parts of whole pages side by side where the run is long
+/// (`limits::REPLAY_PART_RECORDS_MIN` a part at least), one a core.
+fn map_run(index: &mut Index, group: &[(u64, u64, Vec<Record>)], run: &[(u64, u32, u32)], fresh: &mut Vec<Location>) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let parts =
+        (run.len() / crate::limits::REPLAY_PART_RECORDS_MIN).clamp(1, cores.min(crate::limits::REPLAY_PARTS_MAX));
+    if parts == 1 {
+        for &(_, stripe, at) in run {
+            let (_, slot, records) = &group[stripe as usize];
+            map_record(index, *slot, &records[at as usize], fresh);
+        }
+        return;
+    }
+    // Cut where the page changes, near each k/parts of the run.
+    let mut cuts = vec![0];
+    for k in 1..parts {
+        let mut cut = (run.len() * k / parts).max(*cuts.last().expect("a cut"));
+        while cut > 0 && cut < run.len() && run[cut].0 == run[cut - 1].0 {
+            cut += 1;
+        }
+        cuts.push(cut);
+    }
+    cuts.push(run.len());
+    let Index {
+        map, slots, volumes, ..
+    } = index;
+    let volumes = &*volumes;
+    let mut placed: Vec<Vec<Location>> = (0..parts).map(|_| Vec::new()).collect();
+    let inserts: Vec<_> = cuts
+        .windows(2)
+        .zip(placed.iter_mut())
+        .map(|(cut, placed)| {
+            let part = &run[cut[0]..cut[1]];
+            let first = part.first().map_or(u64::MAX, |p| p.0);
+            let records = part.iter().filter_map(move |&(_, stripe, at)| {
+                let (_, slot, records) = &group[stripe as usize];
+                let (lba, blocks, version, target, at) = target_of(*slot, &records[at as usize]);
+                (volumes.admits(lba, version)).then(|| {
+                    placed.extend(at);
+                    (lba, blocks, version, target)
+                })
+            });
+            (first, records)
+        })
+        .collect();
+    for deltas in map.insert_parts(inserts, Rule::IfNotNewer) {
+        slots.account(&deltas);
+    }
+    for mut placed in placed {
+        fresh.append(&mut placed);
+    }
+}
+
+/// What `record`, of the stripe replayed in `slot`, maps: its keys,
+/// blocks, version and target, and a data record's place.
+fn target_of(slot: u64, record: &Record) -> (u64, u32, u64, Target, Option<Location>) {
+    let version = record.version();
+    match record {
+        Record::Data { lba, extent, .. } => (
+            *lba,
+            extent.blocks,
+            version,
+            Target::Data {
+                extent: Arc::new(extent.clone()),
+                skip: 0,
+            },
+            Some(Location {
+                slot,
+                offset: Some(extent.offset),
+                version,
+            }),
+        ),
+        Record::Zero { lba, blocks, .. } => (*lba, *blocks, version, Target::Zero { slot }, None),
+    }
 }
 
 /// Maps `record`, of the stripe replayed in `slot`, where it is newer
 /// than what the map holds of its keys (and its volume admits it), and
 /// counts what the slots gain and lose; a data record's place goes in
 /// `fresh`.
-fn map_record(index: &mut Index, slot: u64, record: Record, fresh: &mut HashSet<Location>) {
-    let version = record.version();
+fn map_record(index: &mut Index, slot: u64, record: &Record, fresh: &mut Vec<Location>) {
+    let (lba, blocks, version, target, at) = target_of(slot, record);
     index.next_version = index.next_version.max(version + 1);
     // A record of a volume deleted since is not mapped.
-    if !index.volumes.admits(record.lba(), version) {
+    if !index.volumes.admits(lba, version) {
         return;
     }
-    let (lba, blocks, target) = match record {
-        Record::Data { lba, extent, .. } => {
-            fresh.insert(Location {
-                slot,
-                offset: Some(extent.offset),
-                version,
-            });
-            (
-                lba,
-                extent.blocks,
-                Target::Data {
-                    extent: Arc::new(extent),
-                    skip: 0,
-                },
-            )
-        }
-        Record::Zero { lba, blocks, .. } => (lba, blocks, Target::Zero { slot }),
-    };
+    fresh.extend(at);
     let deltas = index.map.insert(lba, blocks, version, &target, Rule::IfNotNewer);
     index.slots.account(&deltas);
 }
@@ -855,7 +1005,25 @@ mod tests {
                 }
                 seen
             };
-            let ordered: Vec<(u64, Record)> = page_order(group.clone()).collect();
+            let order = page_order(&group);
+            assert!(order.spanning.iter().all(|&at| {
+                let (_, stripe, at) = order.places[at];
+                pages_touched(&group[stripe as usize].2[at as usize]).count() > 1
+            }));
+            let spans = group
+                .iter()
+                .flat_map(|s| s.2.iter())
+                .filter(|r| pages_touched(r).count() > 1);
+            assert_eq!(
+                order.spanning.len(),
+                spans.count(),
+                "every record spanning pages listed"
+            );
+            let ordered: Vec<(u64, Record)> = order
+                .places
+                .iter()
+                .map(|&(_, stripe, at)| (group[stripe as usize].1, group[stripe as usize].2[at as usize].clone()))
+                .collect();
             assert!(ordered
                 .iter()
                 .all(|(slot, r)| group[*slot as usize].2.iter().any(|g| g.version() == r.version())));
