@@ -84,6 +84,12 @@ pub struct EngineOptions {
     /// `CHECKPOINT_WINDOW_CHUNKS_MAX` chunks). Fewer, for tests
     /// that want a window small beside the array, as on a large one.
     pub window_slots: Option<u64>,
+    /// Records a part has at least where replay maps a long run of
+    /// records in parts side by side, one a core
+    /// (`limits::REPLAY_PART_RECORDS_MIN`). Fewer, for tests that want
+    /// small replays mapped in parts, which then get up to
+    /// `limits::REPLAY_PARTS_MAX` parts whatever the cores.
+    pub replay_part_records: usize,
 }
 
 impl Default for EngineOptions {
@@ -102,6 +108,7 @@ impl Default for EngineOptions {
             open_slot_pages_per_batch: crate::limits::OPEN_SLOT_PAGES_PER_BATCH,
             slot_pages_in_background: true,
             window_slots: None,
+            replay_part_records: crate::limits::REPLAY_PART_RECORDS_MIN,
         }
     }
 }

@@ -2809,6 +2809,7 @@ mod tests {
                 cuts.push(cut);
             }
             cuts.push(records.len());
+            cuts.dedup();
             let mut one_by_one = before.clone_pages();
             let mut side_by_side = before.clone_pages();
             let expected: Vec<Delta> = records

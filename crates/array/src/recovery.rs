@@ -479,7 +479,8 @@ impl Shared {
         index.next_version = index.next_version.max(newest.map_or(0, |v| v + 1));
         let mut start = 0;
         for end in order.spanning.iter().copied().chain([order.places.len()]) {
-            map_run(&mut index, &group, &order.places[start..end], fresh);
+            let min = self.options.replay_part_records.max(1);
+            map_run(&mut index, &group, &order.places[start..end], min, fresh);
             if let Some(&(_, stripe, at)) = order.places.get(end) {
                 let (_, slot, records) = &group[stripe as usize];
                 map_record(&mut index, *slot, &records[at as usize], fresh);
@@ -868,11 +869,23 @@ fn page_order(group: &[(u64, u64, Vec<Record>)]) -> PageOrder {
 /// Maps the records at `run` (page, stripe, place: each in one page, in
 /// page order) of a replay group's stripes, as `map_record` does one by
 /// one, in parts of whole pages side by side where the run is long
-/// (`limits::REPLAY_PART_RECORDS_MIN` a part at least), one a core.
-fn map_run(index: &mut Index, group: &[(u64, u64, Vec<Record>)], run: &[(u64, u32, u32)], fresh: &mut Vec<Location>) {
+/// (`min` records a part at least), one a core (any number up to
+/// `limits::REPLAY_PARTS_MAX` where `min` is below the default, for
+/// tests).
+fn map_run(
+    index: &mut Index,
+    group: &[(u64, u64, Vec<Record>)],
+    run: &[(u64, u32, u32)],
+    min: usize,
+    fresh: &mut Vec<Location>,
+) {
+    use crate::limits::{REPLAY_PARTS_MAX, REPLAY_PART_RECORDS_MIN};
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let parts =
-        (run.len() / crate::limits::REPLAY_PART_RECORDS_MIN).clamp(1, cores.min(crate::limits::REPLAY_PARTS_MAX));
+    let most = match min < REPLAY_PART_RECORDS_MIN {
+        true => REPLAY_PARTS_MAX,
+        false => cores.min(REPLAY_PARTS_MAX),
+    };
+    let parts = (run.len() / min).clamp(1, most);
     if parts == 1 {
         for &(_, stripe, at) in run {
             let (_, slot, records) = &group[stripe as usize];
@@ -890,6 +903,8 @@ fn map_run(index: &mut Index, group: &[(u64, u64, Vec<Record>)], run: &[(u64, u3
         cuts.push(cut);
     }
     cuts.push(run.len());
+    // (Cuts that meet leave no part between them.)
+    cuts.dedup();
     let Index {
         map, slots, volumes, ..
     } = index;

@@ -171,6 +171,11 @@ fn run(seed: u64, met: &mut Met, shape: Shape) {
             1 => 1,
             _ => EngineOptions::default().map_cache_bytes,
         },
+        // Replay's runs mapped in parts side by side, in some seeds.
+        replay_part_records: match rng.gen_bool(0.5) {
+            true => rng.gen_range(1..=8),
+            false => EngineOptions::default().replay_part_records,
+        },
         ..EngineOptions::default()
     };
     let array = tessera_array::create_with(named(&devices), &options, engine.clone())

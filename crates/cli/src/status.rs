@@ -282,6 +282,13 @@ fn print_status(s: &Status) {
         r.torn_stripes_dropped,
         r.chunks_repaired
     );
+    if r.stripes_replayed > 0 || r.slots_scanned > 0 {
+        let p = &r.phases;
+        println!(
+            "  opening's steps: checkpoint {} ms, headers {} ms, summaries {} ms, map pages {} ms, mapping {} ms, check {} ms",
+            p.checkpoint, p.headers, p.summaries, p.map_pages, p.mapping, p.check
+        );
+    }
     if r.slot_pages_deferred > 0 {
         println!(
             "  {} of its {} slot pages left to be read after opening; {} still unread",
