@@ -237,11 +237,12 @@ pub const LOG_BYTES_MIN: u64 = 1 << 20;
 /// areas), and opening reads the whole area.
 pub const LOG_DEVICE_BYTES_DEFAULT_MAX: u64 = 256 << 20;
 
-/// Slots whose chunk headers recovery reads at once, in parallel on the
-/// I/O pool: a window's worth (it is at most about twice
-/// `CHECKPOINT_WINDOW_MAX`), and a full scan of a huge array holds one
-/// batch's results at a time.
-pub const SCAN_BATCH_SLOTS: usize = 16_384;
+/// Chunk headers recovery reads at once, in parallel on the I/O pool:
+/// a window's worth (it is at most about twice
+/// `CHECKPOINT_WINDOW_CHUNKS_MAX`), and a full scan of a huge array holds
+/// one batch's headers at a time (~300 bytes each decoded: ~50 MB).
+pub const SCAN_BATCH_CHUNKS: usize = 163_840;
+const _: () = assert!(SCAN_BATCH_CHUNKS as u64 >= 2 * CHECKPOINT_WINDOW_CHUNKS_MAX);
 /// Chunk headers of one member one task of recovery's scan reads (in
 /// flight `RING_DEPTH` at a time): a window's 16,384 slots of 8+2 give
 /// 80 tasks, so the I/O pool's threads share them out.

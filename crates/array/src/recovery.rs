@@ -302,7 +302,8 @@ impl Shared {
         let mut newest: HashMap<u64, ChunkHeader> = HashMap::new();
         let mut synced_through = from;
         loop {
-            let batch: Vec<u64> = scan.by_ref().take(crate::limits::SCAN_BATCH_SLOTS).collect();
+            let slots = (crate::limits::SCAN_BATCH_CHUNKS / g.width()).max(1);
+            let batch: Vec<u64> = scan.by_ref().take(slots).collect();
             if batch.is_empty() {
                 break;
             }
