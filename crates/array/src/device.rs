@@ -587,7 +587,7 @@ impl FileDevice {
         // Which offset each buffer reads, and the buffers free.
         let mut reading: Vec<Option<usize>> = vec![None; depth];
         let mut idle: Vec<usize> = (0..depth).collect();
-        let mut next = 0;
+        let (mut next, mut finished) = (0, Vec::with_capacity(depth));
         while next < offsets.len() || ring.in_flight > 0 {
             while let (Some(&b), true) = (idle.last(), next < offsets.len()) {
                 let read = opcode::Read::new(fd, ring.buffers[b].as_mut_ptr(), SECTOR as u32)
@@ -609,12 +609,8 @@ impl FileDevice {
             if !ring.wait() {
                 return Err(done);
             }
-            let finished: Vec<(usize, i32)> = ring
-                .ring
-                .completion()
-                .map(|c| (c.user_data() as usize, c.result()))
-                .collect();
-            for (b, result) in finished {
+            finished.extend(ring.ring.completion().map(|c| (c.user_data() as usize, c.result())));
+            for (b, result) in finished.drain(..) {
                 let i = reading[b].take().expect("a completion for a read in flight");
                 ring.in_flight -= 1;
                 idle.push(b);

@@ -1116,6 +1116,24 @@ fn page_of(lba: u64) -> (u64, u16) {
     (lba / MAP_PAGE_BLOCKS, (lba % MAP_PAGE_BLOCKS) as u16)
 }
 
+/// Where to cut `len` items, in page order (`page` of each), into about
+/// `parts` parts of whole pages for `Map::insert_parts`: near each k/parts,
+/// moved on to where the page changes; cuts that meet leave no part.
+/// Starts with 0 and ends with `len`.
+pub(crate) fn page_cuts(len: usize, parts: usize, page: impl Fn(usize) -> u64) -> Vec<usize> {
+    let mut cuts = vec![0];
+    for k in 1..parts.max(1) {
+        let mut cut = (len * k / parts).max(*cuts.last().expect("a cut"));
+        while cut > 0 && cut < len && page(cut) == page(cut - 1) {
+            cut += 1;
+        }
+        cuts.push(cut);
+    }
+    cuts.push(len);
+    cuts.dedup();
+    cuts
+}
+
 /// Checks that an insert of `insert_parts` lies within one page of its
 /// part's pages [first, next).
 fn in_part(lba: u64, blocks: u32, (first, next): (u64, u64)) {
@@ -1613,7 +1631,9 @@ impl Map {
             let page_end = (base + MAP_PAGE_BLOCKS).min(end);
             let hi = (page_end - base) as u16;
             let piece = target.advanced_by(cursor - lba);
-            if self.pages.contains_key(&p) || rule.fills_gaps() {
+            // (Whether the page will change, asked only of a rule that may
+            // leave it as it is: a write's costs no second lookup.)
+            if rule.fills_gaps() || self.pages.contains_key(&p) {
                 self.preserve(p);
             }
             let mut pages = PagesMut {
@@ -2799,17 +2819,7 @@ mod tests {
                 })
                 .collect();
             records.sort_by_key(|r| r.0 / p);
-            let parts = 1 + round % 4;
-            let mut cuts = vec![0];
-            for k in 1..parts {
-                let mut cut = (records.len() * k / parts).max(*cuts.last().unwrap());
-                while cut > 0 && cut < records.len() && records[cut].0 / p == records[cut - 1].0 / p {
-                    cut += 1;
-                }
-                cuts.push(cut);
-            }
-            cuts.push(records.len());
-            cuts.dedup();
+            let cuts = page_cuts(records.len(), 1 + round % 4, |i| records[i].0 / p);
             let mut one_by_one = before.clone_pages();
             let mut side_by_side = before.clone_pages();
             let expected: Vec<Delta> = records

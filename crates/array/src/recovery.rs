@@ -478,9 +478,9 @@ impl Shared {
         let mut index = self.index_mut();
         let newest = group.iter().flat_map(|s| s.2.iter()).map(Record::version).max();
         index.next_version = index.next_version.max(newest.map_or(0, |v| v + 1));
+        let min = self.options.replay_part_records.max(1);
         let mut start = 0;
         for end in order.spanning.iter().copied().chain([order.places.len()]) {
-            let min = self.options.replay_part_records.max(1);
             map_run(&mut index, &group, &order.places[start..end], min, fresh);
             if let Some(&(_, stripe, at)) = order.places.get(end) {
                 let (_, slot, records) = &group[stripe as usize];
@@ -894,18 +894,7 @@ fn map_run(
         }
         return;
     }
-    // Cut where the page changes, near each k/parts of the run.
-    let mut cuts = vec![0];
-    for k in 1..parts {
-        let mut cut = (run.len() * k / parts).max(*cuts.last().expect("a cut"));
-        while cut > 0 && cut < run.len() && run[cut].0 == run[cut - 1].0 {
-            cut += 1;
-        }
-        cuts.push(cut);
-    }
-    cuts.push(run.len());
-    // (Cuts that meet leave no part between them.)
-    cuts.dedup();
+    let cuts = crate::map::page_cuts(run.len(), parts, |i| run[i].0);
     let Index {
         map, slots, volumes, ..
     } = index;
@@ -962,10 +951,10 @@ fn target_of(slot: u64, record: &Record) -> (u64, u32, u64, Target, Option<Locat
 /// Maps `record`, of the stripe replayed in `slot`, where it is newer
 /// than what the map holds of its keys (and its volume admits it), and
 /// counts what the slots gain and lose; a data record's place goes in
-/// `fresh`.
+/// `fresh`. (The versions to come were moved past its group's by
+/// `replay_group`.)
 fn map_record(index: &mut Index, slot: u64, record: &Record, fresh: &mut Vec<Location>) {
     let (lba, blocks, version, target, at) = target_of(slot, record);
-    index.next_version = index.next_version.max(version + 1);
     // A record of a volume deleted since is not mapped.
     if !index.volumes.admits(lba, version) {
         return;
