@@ -321,8 +321,10 @@ impl Shared {
     fn take_checkpoint(&self, root_may_do: bool) -> Result<(), ArrayError> {
         self.stripes.members.check_writable()?;
         // It writes the slot pages that changed, and takes the next
-        // window from every free slot.
+        // window from every free slot; and the map with every record
+        // replayed.
         self.read_every_slot_page()?;
+        self.finish_replay()?;
         let mut durable = self.checkpoint_lock.lock().unwrap_or_else(|p| p.into_inner());
         // A root alone may not fit where the pages would: it may not take
         // the free slots it lists as live, and on a full array those are

@@ -90,6 +90,10 @@ pub struct EngineOptions {
     /// small replays mapped in parts, which then get up to
     /// `limits::REPLAY_PARTS_MAX` parts whatever the cores.
     pub replay_part_records: usize,
+    /// Whether a replay after a crash is mapped after opening, page by
+    /// page as they are needed and by a background thread
+    /// (`replay::Pending`); off, before serving (tests do both).
+    pub replay_later: bool,
 }
 
 impl Default for EngineOptions {
@@ -109,6 +113,7 @@ impl Default for EngineOptions {
             slot_pages_in_background: true,
             window_slots: None,
             replay_part_records: crate::limits::REPLAY_PART_RECORDS_MIN,
+            replay_later: true,
         }
     }
 }
@@ -152,6 +157,8 @@ pub(crate) struct Index {
     pub last_data_sealed: u64,
     /// Which volumes' records are mapped (`crate::volume::Floors`).
     pub volumes: crate::volume::Floors,
+    /// A replay's records not mapped yet (`replay::Pending`).
+    pub pending: Option<Box<crate::replay::Pending>>,
 }
 
 /// Sequences and the progress of writes and syncs.
@@ -269,6 +276,9 @@ pub(crate) struct Shared {
     /// Held by whoever reads every slot page opening left unread
     /// (`slot_loader`).
     pub slot_loading: Mutex<()>,
+    /// Held by whoever maps the rest of a replay left for after opening
+    /// (`replay`).
+    pub replay_finishing: Mutex<()>,
     /// The intent log, if the array has an area for one.
     pub intent: Option<crate::intent::IntentLog>,
     pub options: EngineOptions,
@@ -417,6 +427,7 @@ impl Array {
                 last_sealed: 0,
                 last_data_sealed: 0,
                 volumes: crate::volume::Floors::of(&volume_table),
+                pending: None,
             }),
             pins: Pins::new(slot_count),
             tracker: Tracker {
@@ -443,6 +454,7 @@ impl Array {
             volumes: crate::volumes::Gates::of(&volume_table),
             page_pins: Default::default(),
             slot_loading: Mutex::new(()),
+            replay_finishing: Mutex::new(()),
             intent: geometry
                 .has_log()
                 .then(|| crate::intent::IntentLog::new(geometry.members, log_devices)),
@@ -504,6 +516,10 @@ impl Array {
                 "slot page thread",
                 Shared::read_slot_pages_in_background,
             )?;
+        }
+        let waiting = array.shared.index().pending.is_some();
+        if waiting && array.shared.options.background {
+            array.spawn("tessera-replay", "replay thread", Shared::finish_replay_in_background)?;
         }
         Ok(array)
     }
@@ -625,6 +641,7 @@ impl Array {
     /// tests call it between operations.
     pub fn check(&self) -> Result<(), String> {
         self.shared.read_every_slot_page().map_err(|e| e.to_string())?;
+        self.shared.finish_replay().map_err(|e| e.to_string())?;
         self.shared
             .with_every_page(|index| index.slots.check(&index.map))
             .map_err(|e| e.to_string())?

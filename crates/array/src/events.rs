@@ -74,6 +74,12 @@ pub enum What {
     SlotPagesUnreadable {
         why: String,
     },
+    /// A replay mapped after opening could not read a page it needed:
+    /// what needs the page fails (a checkpoint, so a clean stop), and a
+    /// crash reopens from the same root.
+    ReplayUnfinished {
+        why: String,
+    },
     /// Closed: cleanly (the next opening reads no stripe header) or not.
     Closed {
         clean: bool,
@@ -116,6 +122,7 @@ impl std::fmt::Display for What {
             }
             What::WritesRefused { why, .. } => write!(f, "writes refused: {why}"),
             What::SlotPagesUnreadable { why } => write!(f, "slot pages left for after opening cannot be read: {why}"),
+            What::ReplayUnfinished { why } => write!(f, "the replay left for after opening cannot be mapped: {why}"),
             What::RebuildStarted { member, name } => write!(f, "rebuild of member {member} onto {name} started"),
             What::RebuildEnded {
                 member,

@@ -60,6 +60,7 @@ impl Shared {
     pub(crate) fn collect_garbage(&self, urgent: bool) -> Result<Option<usize>, ArrayError> {
         // It chooses among every sealed slot, and relocates.
         self.read_every_slot_page()?;
+        self.finish_replay()?;
         let _round = self.gc_lock.lock().unwrap_or_else(|p| p.into_inner());
         // A round that ran while this one waited may have done the work.
         let done = if urgent {
@@ -292,15 +293,19 @@ mod tests {
         array.check().unwrap();
     }
 
-    /// The slot block `lba` of the default volume maps into.
+    /// The slot block `lba` of the default volume maps into (its page
+    /// brought in first, with any replayed records waiting for it).
     fn slot_of(shared: &crate::engine::Shared, lba: u64) -> u64 {
-        match shared
-            .index()
-            .map
-            .overlapping(lba, lba + 1)
-            .next()
-            .map(|(_, m)| m.target.clone())
-        {
+        let target = shared
+            .with_pages(&[(lba, lba + 1)], |index| {
+                index
+                    .map
+                    .overlapping(lba, lba + 1)
+                    .next()
+                    .map(|(_, m)| m.target.clone())
+            })
+            .unwrap();
+        match target {
             Some(Target::Data { extent, .. }) => extent.slot,
             other => panic!("block {lba} maps to {other:?}"),
         }
@@ -372,6 +377,9 @@ mod tests {
             after, before,
             "blocks map elsewhere after replay (victim slot {victim}, copy {copy})"
         );
+        // Where the replay was left for after opening, the victim (a
+        // replayed slot) is held until every page is mapped, then freed.
+        shared.finish_replay().unwrap();
         assert_eq!(
             shared.index().slots.get(victim).state,
             SlotState::Free,

@@ -104,6 +104,7 @@ impl Shared {
         mut progress: impl FnMut(&HealReport) -> bool,
     ) -> Result<HealReport, ArrayError> {
         self.read_every_slot_page()?;
+        self.finish_replay()?;
         let g = &self.stripes.geometry;
         if g.members <= g.width() {
             return Err(ArrayError::NoRoomToHeal {

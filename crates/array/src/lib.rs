@@ -49,6 +49,7 @@ mod read;
 mod rebuild;
 mod recovery;
 mod repair;
+mod replay;
 mod slot_loader;
 mod slot_set;
 pub mod slots;

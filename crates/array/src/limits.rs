@@ -252,3 +252,15 @@ pub const SCAN_READS_PER_TASK: usize = 2_048;
 /// thread each, so a part is worth its start.
 pub const REPLAY_PART_RECORDS_MIN: usize = 16_384;
 pub const REPLAY_PARTS_MAX: usize = 8;
+/// A replay is mapped after opening (`replay::Pending`) only where its
+/// records fall in at most this many (page, record) places (16 bytes
+/// each, beside the records: a full window of random writes is ~1 M),
+/// and none spans more than `REPLAY_LATER_SPAN_PAGES_MAX` pages (a TRIM
+/// of a whole volume would be a place for each of its pages); else it is
+/// mapped before serving.
+pub const REPLAY_LATER_PLACES_MAX: usize = 8 << 20;
+pub const REPLAY_LATER_SPAN_PAGES_MAX: u64 = 64;
+/// Pages the background thread maps a replay's records into at a time
+/// (fewer if the map cache holds fewer): one hold of the index's write
+/// lock each, so clients go on between.
+pub const REPLAY_LATER_BATCH_PAGES: usize = 1_024;

@@ -1155,6 +1155,12 @@ struct PagesMut<'a> {
     bytes: isize,
 }
 
+/// Whether page `p`, not among the pages held, is in memory all the
+/// same: emptied since its image, or never written.
+fn in_memory(emptied: &BTreeSet<u64>, directory: &Directory, p: u64) -> bool {
+    emptied.contains(&p) || matches!(directory.lookup(p), Lookup::None)
+}
+
 impl PagesMut<'_> {
     /// Maps keys [key, hi) of page `p` to `piece` at `version`, over the
     /// entries `rule` allows (`Page::insert`); the page is made dirty if
@@ -1174,7 +1180,7 @@ impl PagesMut<'_> {
     ) {
         let exists = self.pages.contains_key(&p);
         assert!(
-            exists || self.emptied.contains(&p) || matches!(self.directory.lookup(p), Lookup::None),
+            exists || in_memory(self.emptied, self.directory, p),
             "map page {p} changed while not in memory (not loaded and pinned first)"
         );
         if !exists && !rule.fills_gaps() {
@@ -1317,6 +1323,13 @@ impl Map {
             });
         }
         needed
+    }
+
+    /// Whether page `p` is as it is in memory: held, emptied, or never
+    /// written (not held only as its image, nor named by a directory page
+    /// held only as its own).
+    pub fn in_memory(&self, p: u64) -> bool {
+        self.pages.contains_key(&p) || in_memory(&self.emptied, &self.directory, p)
     }
 
     /// Whether page `page` is held only as its image, and not yet read.

@@ -78,12 +78,17 @@ impl Shared {
             let missing = {
                 let index = self.index();
                 let missing = missing(&index.map, ranges);
-                if missing.is_empty() {
+                if missing.is_empty() && !waiting(&index, ranges) {
                     Counters::add(&self.stripes.counters.map_page_hits, 1);
                     return Ok(then(&index));
                 }
                 missing
             };
+            if missing.is_empty() {
+                // In memory, with a replay's records waiting for them.
+                crate::replay::map_waiting(&mut self.index_mut(), ranges);
+                continue;
+            }
             let mut done = None;
             self.bring_in(missing, ranges, &mut |index| done = Some(then(index)))?;
             if let Some(done) = done {
@@ -151,7 +156,8 @@ impl Shared {
         let loaded = self.read_pages(missing, false)?;
         let mut index = self.index_mut();
         self.install_loaded(&mut index, loaded)?;
-        if self::missing(&index.map, ranges).is_empty() {
+        crate::replay::map_waiting(&mut index, ranges);
+        if self::missing(&index.map, ranges).is_empty() && !waiting(&index, ranges) {
             then(&index);
         }
         self.evict_pages(&mut index);
@@ -395,6 +401,9 @@ impl Shared {
             }
             Counters::add(&self.stripes.counters.map_page_misses, 1);
             let (base, end) = (page * PAGE, (page + 1) * PAGE);
+            // A replay's records waiting for it, mapped before anything
+            // sees it.
+            crate::replay::map_waiting(index, &[(base, end)]);
             // A page lies in one volume: where every mapping is newer
             // than the volume's floor (as all are, but where a volume was
             // deleted and its keys used again since), none is refused.
@@ -553,6 +562,12 @@ fn runs(mut pages: Vec<(u64, Arc<PageImage>)>) -> Vec<Vec<(u64, Arc<PageImage>)>
         }
     }
     runs
+}
+
+/// Whether a page of `ranges` has a replay's records waiting for it
+/// (`replay::Pending`).
+fn waiting(index: &Index, ranges: &[(u64, u64)]) -> bool {
+    index.pending.as_ref().is_some_and(|pending| pending.waiting_in(ranges))
 }
 
 /// What must be read for the pages of `ranges` to be in memory.

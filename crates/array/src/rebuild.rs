@@ -181,6 +181,7 @@ impl Array {
         self.check_rebuildable(index)?;
         // It walks every slot.
         shared.read_every_slot_page()?;
+        shared.finish_replay()?;
         if device.size() < g.member_bytes {
             return Err(ArrayError::DeviceTooSmall {
                 index,

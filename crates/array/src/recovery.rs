@@ -22,6 +22,9 @@
 //!   into a slot that holds a newer stripe than the one it was copied
 //!   from, recovery starts over from every stripe's summary and says why
 //!   in `status`.
+//! - Where the checkpoint's map cannot point into a replayed slot, the
+//!   records are left to be mapped after opening, page by page, before
+//!   anything looks at a page (`replay.rs`).
 
 use crate::engine::{Index, Shared};
 use crate::error::{ArrayError, CheckpointFault};
@@ -68,6 +71,11 @@ pub struct Recovery {
     /// Where the time went, for whoever tunes opening after a crash.
     #[serde(default)]
     pub phases: RecoveryPhases,
+    /// Map pages whose replayed records were left to be mapped after
+    /// opening (`replay::Pending`); 0 where replay mapped them before
+    /// serving.
+    #[serde(default)]
+    pub pages_mapped_later: u64,
 }
 
 /// Milliseconds of an opening's steps: the checkpoint's root and pages
@@ -368,6 +376,19 @@ impl Shared {
         stripes.sort_by_key(|s| s.0);
         recovery.phases.summaries = lap(&mut clock);
         recovery.stripes_replayed = stripes.len() as u64;
+        let stripes = match self.replay_later(window.is_some(), stripes) {
+            Ok(pages) => {
+                recovery.pages_mapped_later = pages as u64;
+                recovery.phases.check = lap(&mut clock);
+                return Ok(Replayed {
+                    recovery,
+                    window,
+                    max_sequence,
+                    torn,
+                });
+            }
+            Err(stripes) => stripes,
+        };
         let mut replayed_slots = SlotSet::empty(g.slot_count());
         // A list, sorted once all are in, not a hash set: a set's inserts
         // (and rehashes as it grew) took 0.25 s of mapping a full window.
@@ -447,6 +468,61 @@ impl Shared {
             max_sequence,
             torn,
         })
+    }
+
+    /// Leaves the records of `stripes` (sequence, slot, records, in
+    /// sequence order) to be mapped after opening (`replay::Pending`),
+    /// where that is on, there is a checkpoint, the checkpoint's map
+    /// cannot point into a replayed slot (each holds no piece in the slot
+    /// table it restored), and the records fit; returns the pages they
+    /// wait for, or the stripes back. The slots are sealed as their
+    /// stripes left them, and held so (`SlotTable::hold`); the other slots
+    /// nothing points at are freed, as after eager replay.
+    #[allow(clippy::type_complexity)]
+    fn replay_later(
+        &self,
+        checkpoint: bool,
+        stripes: Vec<(u64, u64, Vec<Record>)>,
+    ) -> Result<usize, Vec<(u64, u64, Vec<Record>)>> {
+        if !self.options.replay_later || !checkpoint || stripes.is_empty() {
+            return Err(stripes);
+        }
+        let pending = {
+            let index = self.index();
+            let counted = |slot: u64| index.slots.is_unread(slot) || index.slots.get(slot).pieces > 0;
+            if stripes.iter().any(|&(_, slot, _)| counted(slot)) {
+                return Err(stripes);
+            }
+            crate::replay::Pending::new(stripes, |record| index.slots.record_live(record))?
+        };
+        let newest = pending.records().map(Record::version).max();
+        let mut index = self.index_mut();
+        index.next_version = index.next_version.max(newest.map_or(0, |v| v + 1));
+        let replayed = pending.slots(self.stripes.geometry.slot_count());
+        for (sequence, slot) in pending.sealed() {
+            index.slots.set(slot, SlotState::Sealed, sequence);
+        }
+        // What nothing points at is free, but the replayed slots: their
+        // pieces come as their pages are mapped.
+        index.slots.forget_draining();
+        let empty: Vec<u64> = index
+            .slots
+            .iter()
+            .filter(|&(slot, s)| {
+                s.state != SlotState::Checkpoint
+                    && s.pieces == 0
+                    && s.state != SlotState::Free
+                    && !replayed.contains(slot)
+            })
+            .map(|(slot, _)| slot)
+            .collect();
+        for slot in empty {
+            index.slots.set(slot, SlotState::Free, 0);
+        }
+        index.slots.hold(replayed);
+        let pages = pending.pages_left();
+        index.pending = Some(Box::new(pending));
+        Ok(pages)
     }
 
     /// Maps the records of a replay group's stripes (sequence, slot,

@@ -165,6 +165,7 @@ impl Shared {
         mut progress: impl FnMut(&ScrubReport) -> bool,
     ) -> Result<ScrubReport, ArrayError> {
         self.read_every_slot_page()?;
+        self.finish_replay()?;
         let stripes = stripes_on_members(self);
         let mut report = ScrubReport {
             stripes_total: stripes.len() as u64,

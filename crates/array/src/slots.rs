@@ -223,6 +223,11 @@ pub struct SlotTable {
     /// up): the next opening must read every page, and scan every slot
     /// if one still fails (`activity`'s mark says so).
     unreadable: bool,
+    /// While a replay's records are mapped page by page after opening
+    /// (`replay::Pending`), the slots it replayed: they gain pieces as
+    /// their pages are mapped, so one left with none meanwhile is not
+    /// emptied (it stays sealed) until every page is (`release_held`).
+    held: Option<SlotSet>,
 }
 
 /// A durable page not read yet: where its image is, and the free slots
@@ -296,6 +301,7 @@ impl SlotTable {
             unread_free: 0,
             pending: HashMap::new(),
             unreadable: false,
+            held: None,
         }
     }
 
@@ -344,6 +350,17 @@ impl SlotTable {
         match target {
             Target::Data { extent, .. } => block_live(self.algorithm, &DataRecord::of(extent)).0 * u64::from(blocks),
             Target::Zero { .. } => format::zero_record_bytes() as u64 * LIVE_SCALE,
+        }
+    }
+
+    /// Live bytes times LIVE_SCALE that `record` stands for while mapped
+    /// whole (as `footprint` counts its target).
+    pub fn record_live(&self, record: &format::Record) -> u64 {
+        match record {
+            format::Record::Data { extent, .. } => {
+                block_live(self.algorithm, &DataRecord::of(extent)).0 * u64::from(extent.blocks)
+            }
+            format::Record::Zero { .. } => format::zero_record_bytes() as u64 * LIVE_SCALE,
         }
     }
 
@@ -782,10 +799,11 @@ impl SlotTable {
                     s.pieces += 1;
                 });
             } else {
+                let held = self.held.as_ref().is_some_and(|held| held.contains(slot));
                 let drained = self.change(slot, |s| {
                     s.live = s.live.checked_sub(live).expect("a slot loses only what it gained");
                     s.pieces = s.pieces.checked_sub(1).expect("a slot loses only pieces it has");
-                    let drained = s.pieces == 0 && s.state == SlotState::Sealed;
+                    let drained = s.pieces == 0 && s.state == SlotState::Sealed && !held;
                     if s.pieces == 0 {
                         assert_eq!(s.live, 0, "slot {slot}: no pieces, yet live bytes");
                     }
@@ -798,6 +816,31 @@ impl SlotTable {
                     emptied.push(slot);
                 }
             }
+        }
+        emptied
+    }
+
+    /// Holds the slots `replayed` sealed whatever pieces they lose, until
+    /// `release_held` (a replay mapped after opening).
+    pub fn hold(&mut self, replayed: SlotSet) {
+        self.held = Some(replayed);
+    }
+
+    /// Ends the hold: the held slots left with no pieces are `Draining`
+    /// and returned, for the caller to say after what each may be freed.
+    pub fn release_held(&mut self) -> Vec<u64> {
+        let Some(held) = self.held.take() else {
+            return Vec::new();
+        };
+        let emptied: Vec<u64> = held
+            .iter()
+            .filter(|&slot| {
+                let s = self.get(slot);
+                s.state == SlotState::Sealed && s.pieces == 0
+            })
+            .collect();
+        for &slot in &emptied {
+            self.change(slot, |s| s.state = SlotState::Draining);
         }
         emptied
     }

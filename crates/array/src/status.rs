@@ -140,6 +140,12 @@ pub struct Status {
     /// still fails. Until then no checkpoint can be written.
     #[serde(default)]
     pub slot_pages_unreadable: bool,
+    /// Map pages a replay after a crash left for after opening whose
+    /// records are not mapped yet (checkpoints, garbage collection,
+    /// rebuilds and scrubs wait for them; `recovery.pages_mapped_later`
+    /// says how many there were).
+    #[serde(default)]
+    pub replay_pages_waiting: u64,
     /// Its pages in memory (512 blocks of a volume each), those changed since the
     /// last checkpoint (the next one writes their images), and the map
     /// stripes holding the durable checkpoint's images.
@@ -222,7 +228,11 @@ impl Shared {
                     index.map.directory_totals().1,
                     index.map.directory_counts(),
                 ),
-                (index.slots.unread_count() as u64, index.slots.pages_unreadable()),
+                (
+                    index.slots.unread_count() as u64,
+                    index.slots.pages_unreadable(),
+                    index.pending.as_ref().map_or(0, |p| p.pages_left() as u64),
+                ),
             )
         };
         let volumes = self.volume_statuses();
@@ -333,6 +343,7 @@ impl Shared {
             map_pages_evicted: load(&c.map_pages_evicted),
             slot_pages_unread: slot_pages.0,
             slot_pages_unreadable: slot_pages.1,
+            replay_pages_waiting: slot_pages.2,
             writers_waited_for_members_ms: load(&c.waited_for_members_us) / 1000,
             writers_waited_for_slot_ms: load(&c.waited_for_slot_us) / 1000,
             recovery: self.recovery.lock().unwrap_or_else(|p| p.into_inner()).clone(),

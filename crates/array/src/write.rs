@@ -465,7 +465,8 @@ impl Shared {
             + 1;
         let slots = (index.slots.count() as usize).saturating_sub(reserved_slots) as u128;
         let capacity = (slots as f64 * self.fill_bytes as f64 * ADMIT_FRACTION) as u128 * u128::from(LIVE_SCALE);
-        let live = index.slots.live_units();
+        // With what a replay's records not mapped yet will add.
+        let live = index.slots.live_units() + index.pending.as_ref().map_or(0, |p| p.live_left());
         drop(index);
         // Summary entries are not held against a write: an overwrite may
         // cut its extents where the write it replaces did not, and must

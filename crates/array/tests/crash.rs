@@ -172,16 +172,19 @@ fn engine(seed: u64) -> EngineOptions {
             1 => 16 << 10,
             _ => EngineOptions::default().map_cache_bytes,
         },
-        // Replay's runs mapped in parts side by side, in two seeds of three.
+        // Replay's runs mapped in parts side by side, in two seeds of three
+        // (where replay maps before serving).
         replay_part_records: match seed % 3 {
             0 => EngineOptions::default().replay_part_records,
             _ => 4,
         },
+        // Replay mapped after opening, page by page, in half the seeds.
+        replay_later: (seed / 3) % 2 == 0,
         ..EngineOptions::default()
     }
 }
 
-fn run(seed: u64, met: &mut (u64, u64, u64)) {
+fn run(seed: u64, met: &mut (u64, u64, u64, u64)) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let devices: Vec<Arc<MemoryDevice>> = (0..6).map(|_| Arc::new(MemoryDevice::new(MEMBER_BYTES))).collect();
     let default = create(&devices, seed, None).logical_bytes();
@@ -279,6 +282,7 @@ fn run(seed: u64, met: &mut (u64, u64, u64)) {
         array = tessera_array::open_with(open_list(&devices, &[]), engine(seed))
             .unwrap_or_else(|e| panic!("{context}: reopening: {e}"));
         let status = array.status().unwrap_or_else(|e| panic!("{context}: status: {e}"));
+        met.3 += u64::from(status.recovery.pages_mapped_later > 0);
         assert_eq!(
             status.recovery.clean_stop, clean,
             "{context}: a clean stop is what lets the opening skip the scan, and only it"
@@ -300,14 +304,15 @@ fn run(seed: u64, met: &mut (u64, u64, u64)) {
 
 #[test]
 fn nothing_flushed_is_lost_when_killed_under_collection() {
-    // (garbage collection rounds, checkpoints written)
-    let mut met = (0, 0, 0);
+    // (garbage collection rounds, checkpoints written, map pages evicted,
+    // openings that left the replay for after)
+    let mut met = (0, 0, 0, 0);
     for seed in common::seeds("TESSERA_CRASH_SEEDS", SEEDS_DEFAULT) {
         run(seed, &mut met);
     }
-    eprintln!("garbage collection rounds, checkpoints, map pages evicted: {met:?}");
+    eprintln!("garbage collection rounds, checkpoints, map pages evicted, replays mapped later: {met:?}");
     assert!(
-        met.0 > 0 && met.1 > 0 && met.2 > 0,
-        "no collection, no checkpoint or no page evicted: {met:?}"
+        met.0 > 0 && met.1 > 0 && met.2 > 0 && met.3 > 0,
+        "no collection, no checkpoint, no page evicted or no replay mapped later: {met:?}"
     );
 }

@@ -503,8 +503,28 @@ fn pages_to_replay_together(damage: impl FnOnce(&[Arc<MemoryDevice>], &Geometry)
     let array = tessera_array::open(open_list(&devices, &[])).unwrap();
     let s = array.status().unwrap();
     assert!(s.recovery.stripes_replayed > 0, "{:?}", s.recovery);
+    // Opening serves first; the background thread maps the records into
+    // the pages after.
+    assert_eq!(s.recovery.pages_mapped_later, 64, "{:?}", s.recovery);
+    let s = replayed_in_background(&array);
     assert_eq!(s.map_page_misses, 64, "{:?}", s.recovery);
     (array, model)
+}
+
+/// The status once the background thread has mapped every record a
+/// replay left for after opening (within 30 s).
+fn replayed_in_background(array: &Array) -> tessera_array::Status {
+    for _ in 0..3_000 {
+        let s = array.status().unwrap();
+        if s.replay_pages_waiting == 0 {
+            return s;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    panic!(
+        "the replay was not mapped in 30 s: {:?}",
+        array.status().unwrap().recovery
+    );
 }
 
 #[test]
@@ -515,7 +535,7 @@ fn replay_reads_pages_lying_together_in_a_map_stripe_at_once() {
     let s = array.status().unwrap();
     assert!(
         s.map_page_reads <= 4,
-        "opening read {} pages with {} reads of map stripes",
+        "the replay read {} pages with {} reads of map stripes",
         s.map_page_misses,
         s.map_page_reads
     );
@@ -1111,6 +1131,136 @@ fn a_slot_page_left_for_later_after_a_kill_past_repair_is_marked_for_the_next_op
     let array = tessera_array::open(open_list(&devices, &[])).unwrap();
     let recovery = array.status().unwrap().recovery;
     assert!(recovery.checkpoint_error.is_none(), "{recovery:?}");
+    verify(&array, &model);
+    array.check().unwrap();
+}
+
+/// Engine options for opening after a crash: the replay mapped after
+/// opening (`later`) or before serving, no background thread (so what
+/// is left waits for whoever needs it), and a map cache of `cache` bytes.
+fn replaying(later: bool, cache: usize) -> EngineOptions {
+    EngineOptions {
+        replay_later: later,
+        background: false,
+        map_cache_bytes: cache,
+        ..EngineOptions::default()
+    }
+}
+
+/// What a replay leaves in the counts, to compare two ways of doing it.
+fn counts(array: &Array) -> (u64, u64, u64) {
+    let s = array.status().unwrap();
+    (s.mapped_bytes, s.stored_bytes, s.map_mappings)
+}
+
+/// `thin_4_plus_2` with a block in each of 300 pages, stopped cleanly and
+/// opened, then random blocks over those pages and 100 more, writes
+/// across page boundaries and a TRIM over two page boundaries, FLUSHed,
+/// and killed: the replay's records fall in ~400 pages.
+fn killed_with_a_replay_over_many_pages() -> (Vec<Arc<MemoryDevice>>, BTreeMap<u64, u64>) {
+    let (devices, array, mut model) = a_block_in_each_page_reopened(300);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(25);
+    write_random(&array, &mut model, &mut rng, 1_500, 400);
+    for p in [17u64, 18, 250, 399] {
+        // Two blocks, the last of page p and the first of the next.
+        let lba = p * PAGE + PAGE - 1;
+        let mut two = block(lba, 7);
+        two.extend(block(lba + 1, 7));
+        array.write(lba * BLOCK, &two, false).unwrap();
+        model.insert(lba, 7);
+        model.insert(lba + 1, 7);
+    }
+    let (from, to) = (40 * PAGE + 100, 42 * PAGE + 100);
+    array.trim(from * BLOCK, (to - from) * BLOCK, false).unwrap();
+    model.retain(|&lba, _| lba < from || lba >= to);
+    array.flush().unwrap();
+    kill(&devices, array);
+    (devices, model)
+}
+
+#[test]
+fn a_replay_mapped_after_opening_serves_before_it_is_done_and_ends_as_one_mapped_before() {
+    let (devices, mut model) = killed_with_a_replay_over_many_pages();
+    // Mapped before serving: what every block reads and what the counts
+    // say, to compare with.
+    let array = tessera_array::open_with(open_list(&devices, &[]), replaying(false, 64 << 20)).unwrap();
+    let eager = array.status().unwrap().recovery;
+    assert_eq!(eager.pages_mapped_later, 0, "{eager:?}");
+    verify(&array, &model);
+    array.check().unwrap();
+    let before = counts(&array);
+    // Killed again before any checkpoint: the next opening replays the
+    // same stripes (and the one that opening wrote the intent log's
+    // records to).
+    kill(&devices, array);
+    // Mapped after opening: no map page read to open, every block reads
+    // as it did, and the counts end the same.
+    let array = tessera_array::open_with(open_list(&devices, &[]), replaying(true, 64 << 20)).unwrap();
+    let s = array.status().unwrap();
+    assert!(
+        s.recovery.stripes_replayed >= eager.stripes_replayed,
+        "{:?}",
+        s.recovery
+    );
+    assert!(s.recovery.pages_mapped_later >= 300, "{:?}", s.recovery);
+    assert_eq!(s.map_page_misses, 0, "opening read map pages: {:?}", s.recovery);
+    assert_eq!(s.replay_pages_waiting, s.recovery.pages_mapped_later);
+    verify(&array, &model);
+    array.check().unwrap();
+    assert_eq!(array.status().unwrap().replay_pages_waiting, 0);
+    assert_eq!(counts(&array), before, "mapped, stored, mappings");
+    kill(&devices, array);
+    // With a cache of a few pages (pages read, mapped and evicted in
+    // turn): writes, a TRIM and reads into pages still waiting, then a
+    // kill before the rest is mapped.
+    let array = tessera_array::open_with(open_list(&devices, &[]), replaying(true, 16 << 10)).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(26);
+    write_random(&array, &mut model, &mut rng, 200, 400);
+    let (from, to) = (120 * PAGE, 120 * PAGE + 300);
+    array.trim(from * BLOCK, (to - from) * BLOCK, false).unwrap();
+    model.retain(|&lba, _| lba < from || lba >= to);
+    let mut back = vec![0u8; BLOCK as usize];
+    for (&lba, &tag) in model.range(200 * PAGE..260 * PAGE) {
+        array.read(lba * BLOCK, &mut back).unwrap();
+        assert!(back == block(lba, tag), "block {lba} (tag {tag})");
+    }
+    let waiting = array.status().unwrap().replay_pages_waiting;
+    assert!(
+        waiting > 0 && waiting < s.recovery.pages_mapped_later,
+        "{waiting} pages waiting"
+    );
+    array.flush().unwrap();
+    kill(&devices, array);
+    // Opened again: the first replay's stripes and the writes since.
+    let array = tessera_array::open_with(open_list(&devices, &[]), replaying(true, 16 << 10)).unwrap();
+    assert!(array.status().unwrap().recovery.pages_mapped_later > 0);
+    verify(&array, &model);
+    array.check().unwrap();
+    array.close().unwrap();
+    drop(array);
+    let array = tessera_array::open(open_list(&devices, &[])).unwrap();
+    assert!(array.status().unwrap().recovery.clean_stop);
+    verify(&array, &model);
+    array.check().unwrap();
+}
+
+#[test]
+fn a_replay_with_a_trim_of_many_pages_is_mapped_before_serving() {
+    // A TRIM spanning more than `REPLAY_LATER_SPAN_PAGES_MAX` pages would
+    // wait in each of them: the whole replay is mapped before serving.
+    let (devices, array, mut model) = a_block_in_each_page_reopened(300);
+    let (from, to) = (10 * PAGE, 200 * PAGE);
+    array.trim(from * BLOCK, (to - from) * BLOCK, false).unwrap();
+    model.retain(|&lba, _| lba < from || lba >= to);
+    // Enough after it that its stripe is sealed, not only logged.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(27);
+    write_random(&array, &mut model, &mut rng, 600, 8);
+    array.flush().unwrap();
+    kill(&devices, array);
+    let array = tessera_array::open_with(open_list(&devices, &[]), replaying(true, 64 << 20)).unwrap();
+    let s = array.status().unwrap();
+    assert!(s.recovery.stripes_replayed > 0, "{:?}", s.recovery);
+    assert_eq!(s.recovery.pages_mapped_later, 0, "{:?}", s.recovery);
     verify(&array, &model);
     array.check().unwrap();
 }

@@ -176,6 +176,8 @@ fn run(seed: u64, met: &mut Met, shape: Shape) {
             true => rng.gen_range(1..=8),
             false => EngineOptions::default().replay_part_records,
         },
+        // Replay mapped after opening, page by page, in half the seeds.
+        replay_later: (seed / 2) % 2 == 0,
         ..EngineOptions::default()
     };
     let array = tessera_array::create_with(named(&devices), &options, engine.clone())

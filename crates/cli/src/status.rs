@@ -289,6 +289,12 @@ fn print_status(s: &Status) {
             p.checkpoint, p.headers, p.summaries, p.map_pages, p.mapping, p.check
         );
     }
+    if r.pages_mapped_later > 0 {
+        println!(
+            "  the replay's records in {} map pages left to be mapped after opening; {} still waiting",
+            r.pages_mapped_later, s.replay_pages_waiting
+        );
+    }
     if r.slot_pages_deferred > 0 {
         println!(
             "  {} of its {} slot pages left to be read after opening; {} still unread",
