@@ -26,7 +26,11 @@
 # default 4K). Each opening also prints the map pages read in and the
 # reads of map stripes that brought them, and how long reading the chunk
 # headers and mapping the records took (`recovery.phases`; '-' for a
-# build that does not time them).
+# build that does not time them). Then each build serves one more fresh
+# copy in each round: the milliseconds until `nbdinfo` answers, and until
+# `status` shows no replayed record waiting to be mapped
+# (`replay_pages_waiting`; a build without it maps them all before
+# serving).
 #
 #   [KILL=1 [OWN=1] [SHAPES="8+2 92+8"] [DEVICE_SIZE=8G] [ROUNDS=5] [RANDOM_S=55 [CHUNK=64K]]] \
 #     OLD=path/to/old/tessera [TESSERA=path/to/new] scripts/bench-open.sh [SIZE ...]   (default: 2G 8G)
@@ -76,7 +80,28 @@ if [ "${KILL:-0}" = 1 ]; then
           mv "$work/array" "$work/killed-${build%%=*}"
           echo "$shape $size ${build%%=*}: fill $(python3 -c "print(f'{$end - $start:.1f}')") s, $fill"
         done
-        declare -A runs=()
+        declare -A runs=() served=()
+        # Milliseconds from `serve` until nbdinfo answers, and until no
+        # replayed record waits to be mapped.
+        served_ms() {
+          local t0 t1 t2 waiting
+          TESSERA=$1
+          t0=$(date +%s%N)
+          serve
+          for _ in $(seq 1500); do
+            nbdinfo --size "nbd+unix:///tessera?socket=$work/s.sock" >/dev/null 2>&1 && break
+            sleep 0.02
+          done
+          t1=$(date +%s%N)
+          for _ in $(seq 1200); do
+            waiting=$("$TESSERA" status "$work/array" --json | json_expr "j.get('replay_pages_waiting', 0)")
+            [ "$waiting" = 0 ] && break
+            sleep 0.05
+          done
+          t2=$(date +%s%N)
+          kill_server
+          echo "$(( (t1 - t0) / 1000000 ))/$(( (t2 - t0) / 1000000 ))"
+        }
         for _ in $(seq "${ROUNDS:-5}"); do
           for build in "${builds[@]}"; do
             maker=${builds[-1]%%=*}
@@ -84,11 +109,16 @@ if [ "${KILL:-0}" = 1 ]; then
             rm -rf "$work/array"
             cp -a --sparse=always "$work/killed-$maker" "$work/array"
             sync
-            runs[$build]="${runs[$build]:-} $("${build#*=}" status "$work/array" --json | json_expr "'%s/%s/%s/%s/%s/%s/%s/%s/%s' % (j['recovery']['milliseconds'], j['recovery']['slots_scanned'], j['recovery']['stripes_replayed'], j['recovery'].get('slot_pages_deferred', '-'), j['recovery'].get('slot_pages', '-'), j['map_page_misses'], j.get('map_page_reads', '-'), j['recovery'].get('phases', {}).get('headers', '-'), j['recovery'].get('phases', {}).get('mapping', '-'))")"
+            runs[$build]="${runs[$build]:-} $("${build#*=}" status "$work/array" --json | json_expr "'%s/%s/%s/%s/%s/%s/%s/%s/%s/%s' % (j['recovery']['milliseconds'], j['recovery']['slots_scanned'], j['recovery']['stripes_replayed'], j['recovery'].get('slot_pages_deferred', '-'), j['recovery'].get('slot_pages', '-'), j['map_page_misses'], j.get('map_page_reads', '-'), j['recovery'].get('phases', {}).get('headers', '-'), j['recovery'].get('phases', {}).get('mapping', '-'), j['recovery'].get('pages_mapped_later', '-'))")"
+            rm -rf "$work/array"
+            cp -a --sparse=always "$work/killed-$maker" "$work/array"
+            sync
+            served[$build]="${served[$build]:-} $(served_ms "${build#*=}")"
           done
         done
         for build in "${builds[@]}"; do
-          echo "$shape $size ${build%%=*} (killed): opening ms/slots scanned/stripes replayed/slot pages left for later/named/map pages read in/reads of map stripes/headers ms/mapping ms:${runs[$build]}"
+          echo "$shape $size ${build%%=*} (killed): opening ms/slots scanned/stripes replayed/slot pages left for later/named/map pages read in/reads of map stripes/headers ms/mapping ms/map pages mapped after opening:${runs[$build]}"
+          echo "$shape $size ${build%%=*} (killed, served): ms to serve/ms until no replayed record waits:${served[$build]}"
         done
       )
     done

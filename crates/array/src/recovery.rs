@@ -495,7 +495,7 @@ impl Shared {
             }
             crate::replay::Pending::new(stripes, |record| index.slots.record_live(record))?
         };
-        let newest = pending.records().map(Record::version).max();
+        let newest = pending.newest();
         let mut index = self.index_mut();
         index.next_version = index.next_version.max(newest.map_or(0, |v| v + 1));
         let replayed = pending.slots(self.stripes.geometry.slot_count());

@@ -179,7 +179,7 @@ fn engine(seed: u64) -> EngineOptions {
             _ => 4,
         },
         // Replay mapped after opening, page by page, in half the seeds.
-        replay_later: (seed / 3) % 2 == 0,
+        replay_later: (seed / 3).is_multiple_of(2),
         ..EngineOptions::default()
     }
 }

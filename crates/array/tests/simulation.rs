@@ -177,7 +177,7 @@ fn run(seed: u64, met: &mut Met, shape: Shape) {
             false => EngineOptions::default().replay_part_records,
         },
         // Replay mapped after opening, page by page, in half the seeds.
-        replay_later: (seed / 2) % 2 == 0,
+        replay_later: (seed / 2).is_multiple_of(2),
         ..EngineOptions::default()
     };
     let array = tessera_array::create_with(named(&devices), &options, engine.clone())
