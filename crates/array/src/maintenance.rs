@@ -65,6 +65,42 @@ impl Signal {
 }
 
 impl Shared {
+    /// Work opening left for after it, done now by one that needs all of
+    /// it: `batch` (false once none is left) until it is, holding `one`
+    /// so that the background thread does not do the same batches.
+    pub(crate) fn every_batch(
+        &self,
+        one: &Mutex<()>,
+        batch: impl Fn() -> Result<bool, crate::error::ArrayError>,
+    ) -> Result<(), crate::error::ArrayError> {
+        let _one = one.lock().unwrap_or_else(|p| p.into_inner());
+        while batch()? {}
+        Ok(())
+    }
+
+    /// The same work in a background thread: a batch at a time under
+    /// `one`, stopping between batches once the array closes (whoever
+    /// needs the rest then does it). An error ends it, with the event
+    /// `event` makes of it: what needs the rest fails with it again.
+    pub(crate) fn batches_in_background(
+        &self,
+        one: &Mutex<()>,
+        batch: impl Fn() -> Result<bool, crate::error::ArrayError>,
+        event: impl Fn(String) -> crate::events::What,
+    ) {
+        while !self.maintenance.stopped() {
+            let _one = one.lock().unwrap_or_else(|p| p.into_inner());
+            match batch() {
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(error) => {
+                    self.events.record(event(error.to_string()));
+                    return;
+                }
+            }
+        }
+    }
+
     /// The maintenance thread's loop, until the array is dropped.
     pub(crate) fn maintain(&self) {
         while !self.maintenance.wait() {

@@ -3,8 +3,8 @@
 //! checkpoint, then serves; the records are mapped into each map page
 //! when something first needs that page, and by a background thread for
 //! the rest. Opening so no longer reads the map pages a replay lands in
-//! nor maps its records before serving (on a 2-vCPU VM, 1.5-1.9 s of a
-//! 3.2-3.3 s opening with a full window of random writes: PERFORMANCE.md,
+//! nor maps its records before serving (on a 2-vCPU VM, 1.3-1.4 s of a
+//! 2.7-3.2 s opening with a full window of random writes: PERFORMANCE.md,
 //! "Opening after kill -9: the replay mapped after serving").
 //!
 //! # Guarantees
@@ -252,9 +252,7 @@ impl Shared {
         if self.index().pending.is_none() {
             return Ok(());
         }
-        let _one = self.replay_finishing.lock().unwrap_or_else(|p| p.into_inner());
-        while self.map_waiting_batch()? {}
-        Ok(())
+        self.every_batch(&self.replay_finishing, || self.map_waiting_batch())
     }
 
     /// The background thread's work after opening (`finish_replay`),
@@ -262,18 +260,11 @@ impl Shared {
     /// closing writes finishes it). An error is reported as an event: what
     /// needs the page fails with it again.
     pub(crate) fn finish_replay_in_background(&self) {
-        while !self.maintenance.stopped() {
-            let _one = self.replay_finishing.lock().unwrap_or_else(|p| p.into_inner());
-            match self.map_waiting_batch() {
-                Ok(true) => {}
-                Ok(false) => return,
-                Err(error) => {
-                    let why = error.to_string();
-                    self.events.record(crate::events::What::ReplayUnfinished { why });
-                    return;
-                }
-            }
-        }
+        self.batches_in_background(
+            &self.replay_finishing,
+            || self.map_waiting_batch(),
+            |why| crate::events::What::ReplayUnfinished { why },
+        );
     }
 
     /// Reads and maps one batch of waiting pages; false once none is left
@@ -287,8 +278,9 @@ impl Shared {
         if pages.is_empty() {
             let synced = self.tracker.lock().synced_through;
             let mut index = self.index_mut();
+            let mut done = None;
             if index.pending.as_ref().is_some_and(|p| p.pages_left() == 0) {
-                index.pending = None;
+                done = index.pending.take();
                 // Emptied as any slot is, and free at once where what
                 // emptied them is synced (as after eager replay, where
                 // nothing was written since).
@@ -296,15 +288,15 @@ impl Shared {
                 crate::write::drain_emptied_now(&mut index, emptied);
                 index.slots.release_drained(synced);
             }
+            // The records (~90 MB for a full window) freed with no lock held.
+            drop(index);
+            drop(done);
             return Ok(false);
         }
         let ranges: Vec<(u64, u64)> = pages.iter().map(|&p| (p * PAGE, (p + 1) * PAGE)).collect();
         // Read in, and mapped under the hold that installs them.
         self.install_missing(&ranges)?;
-        {
-            let mut index = self.index_mut();
-            map_waiting(&mut index, &ranges);
-        }
+        map_waiting(&mut self.index_mut(), &ranges);
         self.evict_pages(&mut self.index_mut());
         Ok(true)
     }

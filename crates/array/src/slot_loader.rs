@@ -39,9 +39,7 @@ impl Shared {
         if self.index().slots.unread_count() == 0 {
             return Ok(());
         }
-        let _one = self.slot_loading.lock().unwrap_or_else(|p| p.into_inner());
-        while self.read_unread_batch()? {}
-        Ok(())
+        self.every_batch(&self.slot_loading, || self.read_unread_batch())
     }
 
     /// The background thread's work after opening: every unread page,
@@ -49,18 +47,11 @@ impl Shared {
     /// the rest then reads it). A page that cannot be read is left
     /// unread, and an event says so: what needs it fails with the error.
     pub(crate) fn read_slot_pages_in_background(&self) {
-        while !self.maintenance.stopped() {
-            let _one = self.slot_loading.lock().unwrap_or_else(|p| p.into_inner());
-            match self.read_unread_batch() {
-                Ok(true) => {}
-                Ok(false) => return,
-                Err(error) => {
-                    let why = error.to_string();
-                    self.events.record(crate::events::What::SlotPagesUnreadable { why });
-                    return;
-                }
-            }
-        }
+        self.batches_in_background(
+            &self.slot_loading,
+            || self.read_unread_batch(),
+            |why| crate::events::What::SlotPagesUnreadable { why },
+        );
     }
 
     /// Reads and takes in one batch of unread pages; false if none was
