@@ -487,14 +487,16 @@ impl Shared {
         if !self.options.replay_later || !checkpoint || stripes.is_empty() {
             return Err(stripes);
         }
-        let pending = {
+        {
             let index = self.index();
             let counted = |slot: u64| index.slots.is_unread(slot) || index.slots.get(slot).pieces > 0;
             if stripes.iter().any(|&(_, slot, _)| counted(slot)) {
                 return Err(stripes);
             }
-            crate::replay::Pending::new(stripes, |record| index.slots.record_live(record))?
-        };
+        }
+        // Sorted with no lock held.
+        let algorithm = self.stripes.geometry.checksum;
+        let pending = crate::replay::Pending::new(stripes, |record| crate::slots::record_live(algorithm, record))?;
         let newest = pending.newest();
         let mut index = self.index_mut();
         index.next_version = index.next_version.max(newest.map_or(0, |v| v + 1));

@@ -278,6 +278,18 @@ fn block_live(algorithm: Algorithm, record: &DataRecord) -> (u64, u64) {
     )
 }
 
+/// Live bytes times LIVE_SCALE that `record` stands for while mapped
+/// whole, its checksums of `algorithm` (as `SlotTable::footprint` counts
+/// its target).
+pub fn record_live(algorithm: Algorithm, record: &format::Record) -> u64 {
+    match record {
+        format::Record::Data { extent, .. } => {
+            block_live(algorithm, &DataRecord::of(extent)).0 * u64::from(extent.blocks)
+        }
+        format::Record::Zero { .. } => format::zero_record_bytes() as u64 * LIVE_SCALE,
+    }
+}
+
 impl SlotTable {
     /// A table of `count` free slots and no window.
     pub fn new(algorithm: Algorithm, count: u64) -> SlotTable {
@@ -350,17 +362,6 @@ impl SlotTable {
         match target {
             Target::Data { extent, .. } => block_live(self.algorithm, &DataRecord::of(extent)).0 * u64::from(blocks),
             Target::Zero { .. } => format::zero_record_bytes() as u64 * LIVE_SCALE,
-        }
-    }
-
-    /// Live bytes times LIVE_SCALE that `record` stands for while mapped
-    /// whole (as `footprint` counts its target).
-    pub fn record_live(&self, record: &format::Record) -> u64 {
-        match record {
-            format::Record::Data { extent, .. } => {
-                block_live(self.algorithm, &DataRecord::of(extent)).0 * u64::from(extent.blocks)
-            }
-            format::Record::Zero { .. } => format::zero_record_bytes() as u64 * LIVE_SCALE,
         }
     }
 
