@@ -451,16 +451,7 @@ impl Shared {
             });
         }
         // What nothing points at is free; everything replayed is durable.
-        index.slots.forget_draining();
-        let empty: Vec<u64> = index
-            .slots
-            .iter()
-            .filter(|(_, s)| s.state != SlotState::Checkpoint && s.pieces == 0 && s.state != SlotState::Free)
-            .map(|(slot, _)| slot)
-            .collect();
-        for slot in empty {
-            index.slots.set(slot, SlotState::Free, 0);
-        }
+        free_unpointed(&mut index.slots, |_| false);
         recovery.phases.check = lap(&mut clock);
         Ok(Replayed {
             recovery,
@@ -506,21 +497,7 @@ impl Shared {
         }
         // What nothing points at is free, but the replayed slots: their
         // pieces come as their pages are mapped.
-        index.slots.forget_draining();
-        let empty: Vec<u64> = index
-            .slots
-            .iter()
-            .filter(|&(slot, s)| {
-                s.state != SlotState::Checkpoint
-                    && s.pieces == 0
-                    && s.state != SlotState::Free
-                    && !replayed.contains(slot)
-            })
-            .map(|(slot, _)| slot)
-            .collect();
-        for slot in empty {
-            index.slots.set(slot, SlotState::Free, 0);
-        }
+        free_unpointed(&mut index.slots, |slot| replayed.contains(slot));
         index.slots.hold(replayed);
         let pages = pending.pages_left();
         index.pending = Some(Box::new(pending));
@@ -1003,9 +980,26 @@ fn map_run(
     }
 }
 
+/// Frees every slot nothing points at (no piece; not a checkpoint's),
+/// but those `keep` names, once replay has made everything durable (no
+/// slot waits to drain).
+fn free_unpointed(slots: &mut SlotTable, keep: impl Fn(u64) -> bool) {
+    slots.forget_draining();
+    let empty: Vec<u64> = slots
+        .iter()
+        .filter(|&(slot, s)| {
+            s.state != SlotState::Checkpoint && s.state != SlotState::Free && s.pieces == 0 && !keep(slot)
+        })
+        .map(|(slot, _)| slot)
+        .collect();
+    for slot in empty {
+        slots.set(slot, SlotState::Free, 0);
+    }
+}
+
 /// What `record`, of the stripe replayed in `slot`, maps: its keys,
 /// blocks, version and target, and a data record's place.
-fn target_of(slot: u64, record: &Record) -> (u64, u32, u64, Target, Option<Location>) {
+pub(crate) fn target_of(slot: u64, record: &Record) -> (u64, u32, u64, Target, Option<Location>) {
     let version = record.version();
     match record {
         Record::Data { lba, extent, .. } => (

@@ -39,9 +39,8 @@ use crate::engine::{Index, Shared};
 use crate::error::ArrayError;
 use crate::format::Record;
 use crate::limits::{MAP_PAGE_BLOCKS as PAGE, REPLAY_LATER_PLACES_MAX, REPLAY_LATER_SPAN_PAGES_MAX};
-use crate::map::{Rule, Target};
+use crate::map::Rule;
 use crate::slot_set::SlotSet;
-use std::sync::Arc;
 
 /// A replay's records, waiting to be mapped page by page.
 pub(crate) struct Pending {
@@ -222,21 +221,13 @@ fn map_page(pending: &mut Pending, i: usize, index: &mut Index) {
     let (base, limit) = (p * PAGE, (p + 1) * PAGE);
     for &(_, stripe, at) in &pending.places[start..end] {
         let (_, slot, records) = &pending.stripes[stripe as usize];
-        let record = &records[at as usize];
-        let (lba, end) = record.keys();
-        let version = record.version();
+        let (lba, blocks, version, target, _) = crate::recovery::target_of(*slot, &records[at as usize]);
         // A record of a volume deleted since is not mapped.
         if !index.volumes.admits(lba, version) {
             continue;
         }
-        let (from, to) = (lba.max(base), end.min(limit));
-        let target = match record {
-            Record::Data { extent, .. } => Target::Data {
-                extent: Arc::new(extent.clone()),
-                skip: (from - lba) as u32,
-            },
-            Record::Zero { .. } => Target::Zero { slot: *slot },
-        };
+        let (from, to) = (lba.max(base), (lba + u64::from(blocks)).min(limit));
+        let target = target.advanced_by(from - lba);
         let blocks = u32::try_from(to - from).expect("a page's part of a record");
         let deltas = index.map.insert(from, blocks, version, &target, Rule::IfNotNewer);
         index.slots.account(&deltas);
