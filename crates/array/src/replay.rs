@@ -243,7 +243,9 @@ impl Shared {
         if self.index().pending.is_none() {
             return Ok(());
         }
-        self.every_batch(&self.replay_finishing, || self.map_waiting_batch())
+        self.every_batch(&self.replay_finishing, || {
+            self.map_waiting_batch(crate::limits::REPLAY_LATER_BATCH_PAGES)
+        })
     }
 
     /// The background thread's work after opening (`finish_replay`),
@@ -253,15 +255,15 @@ impl Shared {
     pub(crate) fn finish_replay_in_background(&self) {
         self.batches_in_background(
             &self.replay_finishing,
-            || self.map_waiting_batch(),
+            || self.map_waiting_batch(crate::limits::REPLAY_LATER_BACKGROUND_PAGES),
             |why| crate::events::What::ReplayUnfinished { why },
         );
     }
 
-    /// Reads and maps one batch of waiting pages; false once none is left
-    /// (the hold then ended).
-    fn map_waiting_batch(&self) -> Result<bool, ArrayError> {
-        let most = self.cache_pages().clamp(1, crate::limits::REPLAY_LATER_BATCH_PAGES);
+    /// Reads and maps a batch of at most `most` waiting pages; false once
+    /// none is left (the hold then ended).
+    fn map_waiting_batch(&self, most: usize) -> Result<bool, ArrayError> {
+        let most = self.cache_pages().clamp(1, most);
         let pages = match self.index_mut().pending.as_mut() {
             Some(pending) => pending.next_pages(most),
             None => return Ok(false),
