@@ -225,7 +225,7 @@ impl Shared {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use crate::create::CreateOptions;
     use crate::device::{Device, MemoryDevice};
     use crate::engine::EngineOptions;
@@ -235,7 +235,7 @@ mod tests {
 
     /// 4+2 with 16 KiB chunks, no log: FLUSH seals the user stripe (with
     /// a log it would stay open).
-    fn options() -> CreateOptions {
+    pub(crate) fn options() -> CreateOptions {
         CreateOptions {
             data: 4,
             parity: 2,
@@ -248,11 +248,19 @@ mod tests {
     }
 
     /// No background work: the tests collect and sync by hand.
-    fn engine() -> EngineOptions {
+    pub(crate) fn engine() -> EngineOptions {
         EngineOptions {
             background: false,
             ..EngineOptions::default()
         }
+    }
+
+    /// A new array of `options()` on six 4 MiB memory devices.
+    pub(crate) fn memory_array() -> crate::Array {
+        let devices: Vec<(String, Arc<dyn Device>)> = (0..6)
+            .map(|i| (format!("m{i}"), Arc::new(MemoryDevice::new(4 << 20)) as Arc<dyn Device>))
+            .collect();
+        crate::create::create_with(devices, &options(), engine()).unwrap()
     }
 
     /// A GC copy overwritten by a client write that is still in the open
@@ -262,10 +270,7 @@ mod tests {
     /// before GC stripes sealed empty waited for the user stream.
     #[test]
     fn an_emptied_gc_stripe_waits_for_the_writes_that_emptied_it() {
-        let devices: Vec<(String, Arc<dyn Device>)> = (0..6)
-            .map(|i| (format!("m{i}"), Arc::new(MemoryDevice::new(4 << 20)) as Arc<dyn Device>))
-            .collect();
-        let array = crate::create::create_with(devices, &options(), engine()).unwrap();
+        let array = memory_array();
         let shared = &array.shared;
         array.write(0, &[1u8; 4096], true).unwrap();
         let victim = slot_of(shared, 0);

@@ -199,11 +199,8 @@ impl Shared {
 
 #[cfg(test)]
 mod tests {
-    use crate::create::CreateOptions;
-    use crate::device::{Device, MemoryDevice};
-    use crate::engine::EngineOptions;
     use std::sync::atomic::Ordering;
-    use std::sync::{Arc, Mutex};
+    use std::sync::Mutex;
     use std::time::{Duration, Instant};
 
     /// Background batches rest as long as they took while clients make
@@ -214,23 +211,7 @@ mod tests {
     /// background (docs/PERFORMANCE.md).
     #[test]
     fn background_batches_leave_clients_half_the_time() {
-        let devices: Vec<(String, Arc<dyn Device>)> = (0..6)
-            .map(|i| (format!("m{i}"), Arc::new(MemoryDevice::new(4 << 20)) as Arc<dyn Device>))
-            .collect();
-        let options = CreateOptions {
-            data: 4,
-            parity: 2,
-            chunk_bytes: 16 << 10,
-            checksum: tessera_checksum::Algorithm::Crc32c,
-            compression: None,
-            logical_bytes: None,
-            log_bytes: Some(0),
-        };
-        let engine = EngineOptions {
-            background: false,
-            ..EngineOptions::default()
-        };
-        let array = crate::create::create_with(devices, &options, engine).unwrap();
+        let array = crate::gc::tests::memory_array();
         let shared = &array.shared;
         let one = Mutex::new(());
         const BATCHES: u32 = 10;
