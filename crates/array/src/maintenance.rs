@@ -89,10 +89,10 @@ impl Shared {
     ///
     /// While clients make requests it takes at most half the time: after
     /// each batch it sleeps as long as the batch took (at most
-    /// `BACKGROUND_REST_MAX`). A batch holds the index's write lock, and
-    /// a lock let go is taken again at once by the thread that let it go,
-    /// before a client woken for it runs: with no rest, a client waiting
-    /// for the index waited through batch after batch (tens of ms).
+    /// `BACKGROUND_REST_MAX`). A batch holds the index's write lock; with
+    /// no rest, a client waiting for the index waited through batch after
+    /// batch (tens of ms): the thread that let the lock go took it again
+    /// before the client woken for it ran, as far as timers showed.
     pub(crate) fn batches_in_background(
         &self,
         one: &Mutex<()>,
