@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Write latency while garbage collection works: a 4+2 array of six sparse
+# member files (DEVICE_SIZE, default 1G), FILL percent of its export
+# (default 90) written sequentially by fio (1 MiB, QD8), then fio 4 KiB
+# random writes over that range at QD (default 4) for SECONDS (default
+# 40). Prints fio's completion latency (p50, p99, p99.9, max, and the
+# share of writes past each ms bound), then what the array counted: GC
+# rounds and bytes relocated, checkpoints, and how long writers waited
+# for the members and for a free slot (summed over writers).
+#
+#   scripts/bench-gc-latency.sh
+#   QD=1 SECONDS_RUN=20 scripts/bench-gc-latency.sh     (checkpoints, little GC)
+#   TESSERA=path scripts/bench-gc-latency.sh            (another build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/bench-lib.sh
+size=${DEVICE_SIZE:-1G} fill_pct=${FILL:-90} qd=${QD:-4} seconds=${SECONDS_RUN:-40}
+echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; $TESSERA"
+"$TESSERA" create --data 4 --parity 2 --dir "$work/array" --devices 6 --device-size "$size" >/dev/null
+serve
+uri="nbd+unix:///tessera?socket=$work/s.sock"
+export_bytes=$(nbdinfo --size "$uri")
+fill=$(( export_bytes * fill_pct / 100 / 1048576 ))M
+fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1m --iodepth=8 --size="$fill" --output=/dev/null
+fio --name=overwrite --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth="$qd" --size="$fill" \
+  --time_based --runtime="$seconds" --randrepeat=0 --output-format=json |
+  json_expr "(lambda w, lm: '%d writes, %.0f IOPS; clat p50 %.0f us, p99 %.0f us, p99.9 %.0f us, max %.1f ms\nwrites past each bound (ms: %%): %s' % (w['total_ios'], w['iops'], w['clat_ns']['percentile']['50.000000'] / 1e3, w['clat_ns']['percentile']['99.000000'] / 1e3, w['clat_ns']['percentile']['99.900000'] / 1e3, w['clat_ns']['max'] / 1e6, {k: round(v, 3) for k, v in lm.items() if v > 0}))(j['jobs'][0]['write'], j['jobs'][0]['latency_ms'])"
+"$TESSERA" status "$work/array" --json |
+  json_expr "'GC rounds %d, %d MB relocated; checkpoints %d; writers waited %d ms for the members, %d ms for a slot' % (j['gc_rounds'], j['gc_bytes_relocated'] / 1e6, j['checkpoints_written'], j['writers_waited_for_members_ms'], j['writers_waited_for_slot_ms'])"
+stop_server
