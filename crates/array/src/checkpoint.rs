@@ -66,9 +66,9 @@ use crate::format::{
 };
 use crate::limits::MAP_DIRECTORY_PAGES;
 use crate::limits::{
-    CHECKPOINT_COPY_HOLD_MAX, CHECKPOINT_IMAGE_BYTES_PER_LOCK, CHECKPOINT_PAGES_COST_DIVISOR,
-    CHECKPOINT_ROOTS_PER_PAGES_MAX, CHECKPOINT_SLOT_PAGES_PER_LOCK, CHECKPOINT_WINDOW_CHUNKS_MAX,
-    CHECKPOINT_WINDOW_DIVISOR, CHECKPOINT_WINDOW_MAX, CHECKPOINT_WINDOW_MIN, MAP_STRIPES_PER_NEEDED,
+    CHECKPOINT_COPY_HOLD_MAX, CHECKPOINT_PAGES_COST_DIVISOR, CHECKPOINT_ROOTS_PER_PAGES_MAX,
+    CHECKPOINT_SLOT_PAGES_PER_LOCK, CHECKPOINT_WINDOW_CHUNKS_MAX, CHECKPOINT_WINDOW_DIVISOR, CHECKPOINT_WINDOW_MAX,
+    CHECKPOINT_WINDOW_MIN, MAP_STRIPES_PER_NEEDED,
 };
 use crate::map::directory::NewDir;
 use crate::map::directory::{dir_of, Images};
@@ -665,9 +665,8 @@ impl Shared {
     }
 
     /// Step 2: the images of the pages `dirty` names, as they were when
-    /// taken, copied a megabyte or a millisecond per hold of the index's
-    /// read lock, whichever comes first,
-    /// then compressed; and the stored images of the pages `moved` names,
+    /// taken, copied for a millisecond per hold of the index's read lock
+    /// (a page at least), then compressed; and the stored images of the pages `moved` names,
     /// read from their map stripes.
     fn copy_pages(&self, dirty: &BTreeSet<u64>, moved: &BTreeMap<u64, Arc<PageImage>>) -> Result<Copied, ArrayError> {
         let mut raw = Vec::new();
@@ -676,14 +675,11 @@ impl Shared {
         while left.peek().is_some() {
             let index = self.index();
             let held_since = std::time::Instant::now();
-            let hold_start = raw.len();
             for page in left.by_ref() {
                 let at = raw.len();
                 let held = index.map.snapshot_image(page, &mut raw);
                 pages.push((page, held.then_some(at..raw.len())));
-                if raw.len() - hold_start >= CHECKPOINT_IMAGE_BYTES_PER_LOCK
-                    || held_since.elapsed() >= CHECKPOINT_COPY_HOLD_MAX
-                {
+                if held_since.elapsed() >= CHECKPOINT_COPY_HOLD_MAX {
                     break;
                 }
             }

@@ -145,11 +145,10 @@ pub const OPEN_SLOT_PAGES_PER_BATCH: usize = 256;
 /// (1,024 slots looked at each): writers wait a fraction of a millisecond.
 pub const CHECKPOINT_SLOT_PAGES_PER_LOCK: usize = 64;
 
-/// Bytes of page images a checkpoint copies under one hold of the map's
-/// read lock, and how long it holds it, at most (a page is copied whole):
-/// writers wait for it. Encoding a page is the cost, not the copy: 1 MiB
+/// How long a checkpoint copies page images under one hold of the map's
+/// read lock (a page at least, copied whole): writers wait for it.
+/// Encoding a page is the cost, not the copy: the 1 MiB this once was
 /// (195 pages) took 13-20 ms on a 2-vCPU Zen 3 under client writes.
-pub const CHECKPOINT_IMAGE_BYTES_PER_LOCK: usize = 1 << 20;
 pub const CHECKPOINT_COPY_HOLD_MAX: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// A checkpoint for a spent window writes the changed pages only once
@@ -266,6 +265,6 @@ pub const REPLAY_LATER_SPAN_PAGES_MAX: u64 = 64;
 /// cache holds fewer): one hold of the index's write lock each, so
 /// clients go on between. The background thread takes fewer, and rests
 /// between batches while clients are about: 1,024 pages held the lock
-/// ~5 ms (2-vCPU Zen 3), 128 ~0.6 ms.
+/// ~5 ms (2-vCPU Zen 3; 128 were not timed).
 pub const REPLAY_LATER_BATCH_PAGES: usize = 1_024;
 pub const REPLAY_LATER_BACKGROUND_PAGES: usize = 128;

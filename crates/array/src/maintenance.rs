@@ -102,22 +102,24 @@ impl Shared {
         let requests = || self.stripes.counters.client_requests.load(Ordering::Relaxed);
         let mut seen = requests();
         while !self.maintenance.stopped() {
-            let started = Instant::now();
             let more = {
                 let _one = one.lock().unwrap_or_else(|p| p.into_inner());
-                batch()
+                // Timed from when `one` is held: waiting for whoever did
+                // the rest of the work is not this thread's to rest for.
+                let started = Instant::now();
+                batch().map(|more| (more, started.elapsed()))
             };
-            match more {
-                Ok(true) => {}
-                Ok(false) => return,
+            let took = match more {
+                Ok((true, took)) => took,
+                Ok((false, _)) => return,
                 Err(error) => {
                     self.events.record(event(error.to_string()));
                     return;
                 }
-            }
+            };
             let now = requests();
             if now != seen {
-                std::thread::sleep(started.elapsed().min(BACKGROUND_REST_MAX));
+                std::thread::sleep(took.min(BACKGROUND_REST_MAX));
             }
             seen = now;
         }
