@@ -24,7 +24,7 @@ pub struct CreateOptions {
     pub logical_bytes: Option<u64>,
     /// Bytes of each member kept for the intent log (rounded up to 4 KiB;
     /// 0: none, FLUSH seals short stripes); default:
-    /// `limits::log_bytes_default`.
+    /// `log_bytes_default`.
     pub log_bytes: Option<u64>,
 }
 
@@ -109,7 +109,7 @@ pub fn plan(
         .log_bytes
         .map(|bytes| bytes.next_multiple_of(SECTOR_BYTES as u64));
     if log_devices.is_empty() {
-        geometry.log_bytes = asked.unwrap_or_else(|| limits::log_bytes_default(&geometry));
+        geometry.log_bytes = asked.unwrap_or_else(|| log_bytes_default(&geometry));
     } else {
         // The log is on the log devices, all of it: none on the members.
         let (name, smallest) = log_devices.iter().min_by_key(|(_, d)| d.size()).expect("not empty");
@@ -222,4 +222,25 @@ pub fn create_with(
         });
     }
     Array::assemble(superblock, members, engine, Vec::new(), log_devices, Start::Fresh)
+}
+
+/// The intent log's area on each member, by default: room for every user
+/// lane's open stripe to be logged whole twice over (a lane's next stripe
+/// fills while its last waits for a sync), in M+1 copies spread over the
+/// N members, with a sixth more for the log's own headers; at least
+/// `limits::LOG_BYTES_MIN` and at most a sixteenth of a member (a log that fills
+/// makes FLUSH seal short stripes, as it did before there was one).
+fn log_bytes_default(geometry: &Geometry) -> u64 {
+    let slots = Geometry::rows_for(geometry.member_bytes, geometry.chunk_bytes, 0) * geometry.members as u64
+        / geometry.width() as u64;
+    let copies = (geometry.parity + 1) as u64;
+    let want = 2 * limits::user_lanes(slots) as u64 * geometry.data_area_bytes() as u64 * copies * 7
+        / 6
+        / geometry.members as u64;
+    let sector = SECTOR_BYTES as u64;
+    want.clamp(
+        limits::LOG_BYTES_MIN,
+        (geometry.member_bytes / 16).max(limits::LOG_BYTES_MIN),
+    )
+    .next_multiple_of(sector)
 }

@@ -14,6 +14,10 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+/// Bytes of a sector: the unit of a direct read or write and of its
+/// buffer's alignment, and the size of a superblock and a chunk header.
+pub const SECTOR_BYTES: usize = 4096;
+
 /// Alignment of the memory this crate hands to direct I/O.
 pub const IO_ALIGN: usize = 4096;
 /// Offsets and lengths of direct I/O are multiples of this: the logical
@@ -197,7 +201,7 @@ pub trait Device: Send + Sync {
     fn sync(&self) -> io::Result<()>;
     /// Size in bytes.
     fn size(&self) -> u64;
-    /// Reads the sector ([`SECTOR_BYTES`](crate::format::SECTOR_BYTES))
+    /// Reads the sector ([`SECTOR_BYTES`])
     /// at each of `offsets`, and hands each to `each` with its index in
     /// `offsets`, every one once, in any order. Where the device can,
     /// many are in flight at once (a file: `io_uring`); by default one
@@ -213,7 +217,7 @@ fn read_sectors_one_by_one<D: Device + ?Sized>(
     offsets: &[u64],
     each: &mut dyn FnMut(usize, io::Result<&[u8]>),
 ) {
-    let mut sector = AlignedBuf::zeroed(crate::format::SECTOR_BYTES);
+    let mut sector = AlignedBuf::zeroed(SECTOR_BYTES);
     for (i, &offset) in offsets.iter().enumerate() {
         match device.read_at(&mut sector, offset) {
             Ok(()) => each(i, Ok(&sector)),
@@ -567,7 +571,7 @@ impl FileDevice {
     ) -> Result<(), Vec<bool>> {
         use io_uring::{opcode, types, IoUring};
         use std::os::fd::AsRawFd;
-        const SECTOR: usize = crate::format::SECTOR_BYTES;
+        const SECTOR: usize = SECTOR_BYTES;
         let mut done = vec![false; offsets.len()];
         if offsets.is_empty() {
             return Ok(());

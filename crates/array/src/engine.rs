@@ -155,8 +155,8 @@ pub(crate) struct Index {
     /// The newest user or GC stripe's sequence (not a checkpoint's): a
     /// clean stop's checkpoint must be as of this or later.
     pub last_data_sealed: u64,
-    /// Which volumes' records are mapped (`crate::volume::Floors`).
-    pub volumes: crate::volume::Floors,
+    /// Which volumes' records are mapped (`crate::volumes::Floors`).
+    pub volumes: crate::volumes::Floors,
     /// A replay's records not mapped yet (`replay::Pending`).
     pub pending: Option<Box<crate::replay::Pending>>,
 }
@@ -369,7 +369,7 @@ impl Array {
         superblock: Superblock,
         members: Vec<Member>,
         options: EngineOptions,
-        rejected: Vec<crate::members::Rejected>,
+        rejected: Vec<crate::error::Rejected>,
         log_devices: Vec<crate::intent::LogDevice>,
         start: crate::recovery::Start,
     ) -> Result<Array, ArrayError> {
@@ -426,7 +426,7 @@ impl Array {
                 user_serial_next: 1,
                 last_sealed: 0,
                 last_data_sealed: 0,
-                volumes: crate::volume::Floors::of(&volume_table),
+                volumes: crate::volumes::Floors::of(&volume_table),
                 pending: None,
             }),
             pins: Pins::new(slot_count),

@@ -2,8 +2,7 @@
 
 use crate::format::{self, FormatError, MEMBER_COUNT_MAX};
 use crate::limits::SLOTS_MIN;
-use crate::members::Rejections;
-use crate::slots::SlotState;
+use crate::slot_set::SlotState;
 use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
@@ -305,5 +304,48 @@ mod tests {
                 "ff".repeat(16)
             )
         );
+    }
+}
+
+/// A device given to `open` that is not used (not a member, another
+/// array's, the wrong shape, too short): which, why (typed, for programs),
+/// and what it said (for people).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Rejected {
+    pub name: String,
+    pub reason: LeftOut,
+    /// The reason in words, with what was read from the device.
+    pub why: String,
+}
+
+/// Why a device was left out, typed: `status --json`'s
+/// `devices_rejected[].reason`, tagged by `kind`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum LeftOut {
+    /// No superblock of a Tessera array could be read from it.
+    NotAMember,
+    /// Its header is not one of the array's log devices' (unreadable, or
+    /// at odds with the members about the log devices).
+    NotALogDevice,
+    /// A member or log device of another array (its UUID in hex).
+    OtherArray { array: String },
+    /// This array's, but of another shape than its newest superblock
+    /// says (a member's geometry, or a log device's count or size).
+    OtherShape,
+    /// Shorter than what it must hold (the members' size, or its log
+    /// area): truncated?
+    TooShort { bytes: u64, needed: u64 },
+    /// Claims a log device's place that another device given holds.
+    SameAs { other: String },
+}
+
+/// The devices left out, in an error: each reason after "; ".
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Rejections(pub Vec<Rejected>);
+
+impl std::fmt::Display for Rejections {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.iter().try_for_each(|r| write!(f, "; {}", r.why))
     }
 }

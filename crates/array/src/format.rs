@@ -36,8 +36,13 @@ use crate::limits::EXTENT_BLOCKS_MAX;
 use tessera_checksum::{Algorithm, Digest};
 use tessera_compress::Codec;
 
-/// Bytes of a superblock, and of a chunk header: one 4 KiB sector each.
-pub const SECTOR_BYTES: usize = 4096;
+/// The volume table (written beside the superblocks) and the map's key
+/// space, volume by volume.
+pub mod volume;
+
+/// Bytes of a superblock, and of a chunk header: one 4 KiB sector each
+/// (the unit the device layer reads and aligns to).
+pub use crate::device::SECTOR_BYTES;
 /// Where row 0 starts on every member: room for the superblock, aligned.
 pub const DATA_START: u64 = 1 << 20;
 /// Logical block size of the exported volume.

@@ -256,7 +256,7 @@ pub(crate) mod tests {
     }
 
     /// A new array of `options()` on six 4 MiB memory devices.
-    pub(crate) fn memory_array() -> crate::Array {
+    pub(crate) fn memory_array() -> crate::engine::Array {
         let devices: Vec<(String, Arc<dyn Device>)> = (0..6)
             .map(|i| (format!("m{i}"), Arc::new(MemoryDevice::new(4 << 20)) as Arc<dyn Device>))
             .collect();

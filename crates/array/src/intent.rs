@@ -30,10 +30,11 @@ use crate::counters::Counters;
 use crate::device::{AlignedBuf, Device};
 use crate::engine::Shared;
 use crate::error::ArrayError;
+use crate::error::{LeftOut, Rejected};
 use crate::format::{
     self, LogDeviceHeader, LogRecord, Record, Stream, Superblock, LOG_DEVICE_AREA_START, SECTOR_BYTES,
 };
-use crate::members::{LeftOut, MemberState, Rejected};
+use crate::members::MemberState;
 use crate::slots::SlotState;
 use crate::stripes::Stripes;
 use crate::write::{Claim, Origin, Piece, Stored};
@@ -871,7 +872,7 @@ pub(crate) fn find_log_devices(
         return Err(ArrayError::LogDevicesMissing {
             why: crate::error::LogsMissing::NotFound {
                 names: names.iter().map(|n| n.to_string()).collect(),
-                rejected: crate::members::Rejections(rejected.clone()),
+                rejected: crate::error::Rejections(rejected.clone()),
             },
         });
     }

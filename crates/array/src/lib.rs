@@ -56,21 +56,23 @@ pub mod slots;
 mod status;
 pub mod stripe;
 mod stripes;
-pub mod volume;
 mod volumes;
 mod write;
 
 pub use create::{create, create_with, plan, CreateOptions};
 pub use engine::{hex, Array, EngineOptions};
-pub use error::{ArrayError, ArrayId, CheckpointFault, GeometryError, LogsMissing, Lost, Opener};
+pub use error::{
+    ArrayError, ArrayId, CheckpointFault, GeometryError, LeftOut, LogsMissing, Lost, Opener, Rejected, Rejections,
+};
+pub use format::volume;
 pub use heal::HealReport;
 pub use intent::{LogDeviceStatus, LogPlace, LogRecovery, LogStatus};
-pub use members::{read_superblock, LeftOut, Member, MemberState, Rejected, Rejections};
+pub use members::{read_superblock, Member, MemberState};
 pub use open::{open, open_with};
 pub use rebuild::{RebuildOptions, RebuildReport, RebuildResume};
 pub use recovery::{Recovery, RecoveryPhases};
 pub use repair::ScrubReport;
 pub use status::{AcceleratorStatus, MemberStatus, Status};
-pub use volume::VolumeStatus;
 pub use volumes::Volume;
+pub use volumes::VolumeStatus;
 pub use write::extent_blocks_max;

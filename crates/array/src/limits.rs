@@ -215,23 +215,6 @@ pub const PARTIAL_WRITE_LOCK_COUNT: usize = 64;
 /// minutes; this counts from open, so it is higher. 0 turns it off.
 pub const MEMBER_ERRORS_MAX_DEFAULT: u64 = 32;
 
-/// The intent log's area on each member, by default: room for every user
-/// lane's open stripe to be logged whole twice over (a lane's next stripe
-/// fills while its last waits for a sync), in M+1 copies spread over the
-/// N members, with a sixth more for the log's own headers; at least
-/// `LOG_BYTES_MIN` and at most a sixteenth of a member (a log that fills
-/// makes FLUSH seal short stripes, as it did before there was one).
-pub fn log_bytes_default(geometry: &crate::format::Geometry) -> u64 {
-    let slots = crate::format::Geometry::rows_for(geometry.member_bytes, geometry.chunk_bytes, 0)
-        * geometry.members as u64
-        / geometry.width() as u64;
-    let copies = (geometry.parity + 1) as u64;
-    let want =
-        2 * user_lanes(slots) as u64 * geometry.data_area_bytes() as u64 * copies * 7 / 6 / geometry.members as u64;
-    let sector = crate::format::SECTOR_BYTES as u64;
-    want.clamp(LOG_BYTES_MIN, (geometry.member_bytes / 16).max(LOG_BYTES_MIN))
-        .next_multiple_of(sector)
-}
 pub const LOG_BYTES_MIN: u64 = 1 << 20;
 /// A log device's area by default: all of it, up to this. The live part
 /// of the log is bounded by the open stripes (a few times their data

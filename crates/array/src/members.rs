@@ -16,7 +16,7 @@
 //!   (once the members are back) is the way out.
 
 use crate::device::{Counted, Device, IoCounts, IoTotals};
-use crate::error::{ArrayError, Lost};
+use crate::error::{ArrayError, Lost, Rejected};
 use crate::events::{Events, What};
 use crate::format::{FormatError, Superblock, SECTOR_BYTES};
 use serde::Serialize;
@@ -631,48 +631,5 @@ pub fn read_superblock(device: &dyn Device) -> Result<Superblock, FormatError> {
             }
             Superblock::decode(&sector).map_err(|_| error)
         }
-    }
-}
-
-/// A device given to `open` that is not used (not a member, another
-/// array's, the wrong shape, too short): which, why (typed, for programs),
-/// and what it said (for people).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Rejected {
-    pub name: String,
-    pub reason: LeftOut,
-    /// The reason in words, with what was read from the device.
-    pub why: String,
-}
-
-/// Why a device was left out, typed: `status --json`'s
-/// `devices_rejected[].reason`, tagged by `kind`.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum LeftOut {
-    /// No superblock of a Tessera array could be read from it.
-    NotAMember,
-    /// Its header is not one of the array's log devices' (unreadable, or
-    /// at odds with the members about the log devices).
-    NotALogDevice,
-    /// A member or log device of another array (its UUID in hex).
-    OtherArray { array: String },
-    /// This array's, but of another shape than its newest superblock
-    /// says (a member's geometry, or a log device's count or size).
-    OtherShape,
-    /// Shorter than what it must hold (the members' size, or its log
-    /// area): truncated?
-    TooShort { bytes: u64, needed: u64 },
-    /// Claims a log device's place that another device given holds.
-    SameAs { other: String },
-}
-
-/// The devices left out, in an error: each reason after "; ".
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Rejections(pub Vec<Rejected>);
-
-impl std::fmt::Display for Rejections {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.iter().try_for_each(|r| write!(f, "; {}", r.why))
     }
 }

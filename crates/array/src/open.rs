@@ -4,8 +4,9 @@
 use crate::device::Device;
 use crate::engine::{Array, EngineOptions};
 use crate::error::{ArrayError, ArrayId};
+use crate::error::{LeftOut, Rejected, Rejections};
 use crate::format::Superblock;
-use crate::members::{read_superblock, LeftOut, Member, MemberState, Rejected, Rejections};
+use crate::members::{read_superblock, Member, MemberState};
 use crate::recovery::Start;
 use crate::{activity, intent, volume};
 use std::sync::Arc;

@@ -6,6 +6,8 @@
 //!   iteration in order that skips empty stretches 4,096 slots at a time.
 //! - [`SlotPages`], a value per slot, in pages of `SLOT_PAGE` allocated
 //!   when one of their slots is first changed (through `&mut self`).
+//! - [`SlotState`], what a slot holds (here so that `error` can name it
+//!   without importing the slot table).
 //!
 //! # Guarantees
 //!
@@ -15,6 +17,21 @@
 //! - A slot whose page was never allocated holds `T::default()`.
 
 use std::sync::OnceLock;
+
+/// What a slot holds now (the slot table's `Slot::state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotState {
+    Free,
+    /// An open stripe is being filled in it.
+    Open,
+    /// A sealed stripe (being written, or on the members).
+    Sealed,
+    /// Empty, rewritable once the stripes that superseded it are synced.
+    Draining,
+    /// Holds part of the durable map checkpoint: rewritable once a newer
+    /// checkpoint is durable.
+    Checkpoint,
+}
 
 /// Slots per page of a [`SlotPages`].
 pub const SLOT_PAGE: usize = 4096;

@@ -110,19 +110,7 @@ impl Drop for Pinned<'_> {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SlotState {
-    Free,
-    /// An open stripe is being filled in it.
-    Open,
-    /// A sealed stripe (being written, or on the members).
-    Sealed,
-    /// Empty, rewritable once the stripes that superseded it are synced.
-    Draining,
-    /// Holds part of the durable map checkpoint: rewritable once a newer
-    /// checkpoint is durable.
-    Checkpoint,
-}
+pub use crate::slot_set::SlotState;
 
 #[derive(Clone, Copy, Debug)]
 pub struct Slot {

@@ -26,7 +26,7 @@ pub struct Status {
     pub members_unavailable: usize,
     /// Devices given at open that were left out (not this array's
     /// members, or damaged), and why.
-    pub devices_rejected: Vec<crate::members::Rejected>,
+    pub devices_rejected: Vec<crate::error::Rejected>,
     /// The scrub running now, its report so far (`null`: none runs).
     pub scrub: Option<crate::repair::ScrubReport>,
     /// The rebuild running now, its report so far (`null`: none runs).
@@ -48,7 +48,7 @@ pub struct Status {
     pub logical_bytes: u64,
     /// Every volume, by id (the default first), with what it maps and stores.
     #[serde(default)]
-    pub volumes: Vec<crate::volume::VolumeStatus>,
+    pub volumes: Vec<crate::volumes::VolumeStatus>,
     pub mapped_bytes: u64,
     /// Stored bytes of live data (compressed size where compressed).
     pub stored_bytes: u64,

@@ -18,8 +18,9 @@
 use crate::engine::{Array, Shared};
 use crate::error::ArrayError;
 use crate::format::BLOCK_BYTES;
-use crate::volume::{self, Gate, VolumeEntry, VolumeStatus, VolumeTable, VOLUME_BYTES_MAX, VOLUME_COUNT_MAX};
+use crate::volume::{self, volume_of, VolumeEntry, VolumeTable, VOLUME_BYTES_MAX, VOLUME_COUNT_MAX};
 use std::collections::HashMap;
+use std::sync::RwLock;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// The volumes' gates, by id, and the lock that lets one volume operation
@@ -316,7 +317,7 @@ impl Array {
             created_version,
         });
         table.entries.sort_by_key(|e| e.id);
-        let floors = volume::Floors::of(&table);
+        let floors = Floors::of(&table);
         shared.publish_table(table)?;
         shared.index_mut().volumes = floors;
         shared.volumes.add(id, bytes);
@@ -359,7 +360,7 @@ impl Array {
         let (at, gate) = shared.find(&table, name)?;
         let id = table.entries.remove(at).id;
         let mut size = gate.size.write().unwrap_or_else(|p| p.into_inner());
-        let floors = volume::Floors::of(&table);
+        let floors = Floors::of(&table);
         shared.publish_table(table)?;
         *size = None;
         drop(size);
@@ -376,5 +377,100 @@ impl Array {
         drop(index);
         shared.maintenance.wake();
         Ok(())
+    }
+}
+
+/// What the engine's mapping checks: each volume's `created` version, by
+/// id. A record (or a checkpoint's mapping) of a volume not here, or
+/// older than its volume, belongs to a deleted volume and is not mapped.
+#[derive(Clone, Debug, Default)]
+pub struct Floors {
+    created: std::collections::HashMap<u32, u64>,
+}
+
+impl Floors {
+    pub fn of(table: &VolumeTable) -> Floors {
+        Floors {
+            created: table.entries.iter().map(|e| (e.id, e.created_version)).collect(),
+        }
+    }
+
+    /// The oldest version a record at map key `key` may have to be its
+    /// volume's; `None` if that volume is not a current one.
+    pub fn floor(&self, key: u64) -> Option<u64> {
+        self.created.get(&volume_of(key)).copied()
+    }
+
+    /// Whether a record at map key `key` with `version` is a current volume's.
+    pub fn admits(&self, key: u64, version: u64) -> bool {
+        self.created
+            .get(&volume_of(key))
+            .is_some_and(|&created| version >= created)
+    }
+
+    /// The newest created version (the next write version must pass it).
+    pub fn newest(&self) -> u64 {
+        self.created.values().copied().max().unwrap_or(0)
+    }
+}
+
+/// A volume's gate: its size while it exists, `None` once deleted. Client
+/// requests hold it shared for their length; deleting or resizing the
+/// volume holds it exclusively.
+#[derive(Debug)]
+pub struct Gate {
+    pub id: u32,
+    pub size: RwLock<Option<u64>>,
+    /// The volume's client reads and writes since the array was opened.
+    pub io: crate::device::IoCounts,
+}
+
+impl Gate {
+    pub fn new(id: u32, bytes: u64) -> Arc<Gate> {
+        Arc::new(Gate {
+            id,
+            size: RwLock::new(Some(bytes)),
+            io: Default::default(),
+        })
+    }
+}
+
+/// A volume's report for `status` and `tessera volume list`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct VolumeStatus {
+    pub id: u32,
+    pub name: String,
+    pub bytes: u64,
+    /// Bytes of its blocks that map to data.
+    pub mapped_bytes: u64,
+    /// Bytes those blocks take in stripes (after compression).
+    pub stored_bytes: u64,
+    /// Its clients' reads and writes of data since the array was opened
+    /// (not TRIM, WRITE_ZEROES or FLUSH).
+    #[serde(default)]
+    pub io: crate::device::IoTotals,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::volume::key;
+
+    #[test]
+    fn floors_refuse_deleted_and_older_volumes() {
+        let entry = |id, created_version| VolumeEntry {
+            id,
+            name: format!("v{id}"),
+            bytes: 1 << 30,
+            created_version,
+        };
+        let floors = Floors::of(&VolumeTable {
+            entries: vec![entry(0, 0), entry(1, 812)],
+        });
+        assert!(floors.admits(key(0, 5), 1));
+        assert!(floors.admits(key(1, 5), 812));
+        assert!(!floors.admits(key(1, 5), 811), "a deleted volume 1's record");
+        assert!(!floors.admits(key(2, 0), 9999), "no volume 2");
+        assert_eq!(floors.newest(), 812);
     }
 }
