@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Write latency while garbage collection works: a 4+2 array of six sparse
 # member files (DEVICE_SIZE, default 1G), FILL percent of its export
-# (default 90) written sequentially by fio (1 MiB, QD8), then fio 4 KiB
-# random writes over that range at QD (default 4) for SECONDS (default
-# 40). Prints fio's completion latency (p50, p99, p99.9, max, and the
+# (default 90) written sequentially by fio (1 MiB, QD8; its rate and
+# latency printed), then fio 4 KiB random writes over that range at QD
+# (default 4) for SECONDS (default 40). Prints fio's completion latency (p50, p99, p99.9, max, and the
 # share of writes past each ms bound), then what the array counted: GC
 # rounds and bytes relocated, checkpoints, and how long writers waited
 # for the members and for a free slot (summed over writers).
@@ -21,7 +21,8 @@ serve
 uri="nbd+unix:///tessera?socket=$work/s.sock"
 export_bytes=$(nbdinfo --size "$uri")
 fill=$(( export_bytes * fill_pct / 100 / 1048576 ))M
-fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1m --iodepth=8 --size="$fill" --output=/dev/null
+fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1m --iodepth=8 --size="$fill" --output-format=json |
+  json_expr "(lambda w: 'fill: %.0f MB/s; clat p50 %.1f ms, p99 %.1f ms, max %.0f ms' % (w['bw_bytes'] / 1e6, w['clat_ns']['percentile']['50.000000'] / 1e6, w['clat_ns']['percentile']['99.000000'] / 1e6, w['clat_ns']['max'] / 1e6))(j['jobs'][0]['write'])"
 fio --name=overwrite --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth="$qd" --size="$fill" \
   --time_based --runtime="$seconds" --randrepeat=0 --output-format=json |
   json_expr "(lambda w, lm: '%d writes, %.0f IOPS; clat p50 %.0f us, p99 %.0f us, p99.9 %.0f us, max %.1f ms\nwrites past each bound (ms: %%): %s' % (w['total_ios'], w['iops'], w['clat_ns']['percentile']['50.000000'] / 1e3, w['clat_ns']['percentile']['99.000000'] / 1e3, w['clat_ns']['percentile']['99.900000'] / 1e3, w['clat_ns']['max'] / 1e6, {k: round(v, 3) for k, v in lm.items() if v > 0}))(j['jobs'][0]['write'], j['jobs'][0]['latency_ms'])"
