@@ -25,13 +25,14 @@ import mmap
 import os
 import statistics
 import subprocess
-import threading
 import time
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.flight as fl
 import pyarrow.parquet as pq
+
+import kv_records
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--address", required=True)
@@ -67,12 +68,7 @@ def act(kind, body):
 
 
 # The records, made before anything is timed.
-rng = np.random.default_rng(1)
-columns = {"id": rng.permutation(n).astype(np.uint64)}
-for f in ["x", "y", "z", "ux", "uy", "uz"]:
-    columns[f] = rng.random(n, dtype=np.float32)
-columns["energy"] = rng.exponential(1.0, n).astype(np.float32)
-table = pa.table(columns)
+rng, columns, table, schema = kv_records.vpic(n)
 data_bytes = table.nbytes
 threshold = float(np.quantile(columns["energy"], 0.999))
 selected = int((columns["energy"] > np.float32(threshold)).sum())
@@ -93,39 +89,10 @@ row("array: sequential write (nbdcopy, flushed)", f"{seq_rate:.0f} MB/s", f"{(da
 # KV insert: the records as one DoPut stream (as a simulation's writer
 # streams its timestep), acknowledged durable; then, into another space,
 # 1 M records (36 MB) a DoPut, each waited for: the latency a writer sees.
-schema = {"key": "id", "fields": [{"name": c, "type": "u64" if c == "id" else "f32"} for c in columns],
-          "indexes": ["energy"]}
 act("create", {"name": "bench", "schema": schema})
-
-
-def put(name, part):
-    """One DoPut of `part`: the times its acknowledgments came, read on
-    a thread of their own while the batches go out, and how long each
-    batch's send took (one held up by the server not taking more is an
-    insert stall, as a RocksDB write stall holds up `Put`)."""
-    writer, reader = client.do_put(fl.FlightDescriptor.for_path(name), part.schema)
-    acked = []
-
-    def acks():
-        while reader.read() is not None:
-            acked.append(time.perf_counter())
-
-    thread = threading.Thread(target=acks)
-    thread.start()
-    sends = []
-    for batch in part.to_batches(max_chunksize=1 << 16):
-        t = time.perf_counter()
-        writer.write_batch(batch)
-        sends.append(time.perf_counter() - t)
-    writer.done_writing()
-    thread.join()
-    writer.close()
-    return acked, sends
-
-
 cpu_before = server_cpu()
 start = time.perf_counter()
-acked, sends = put("bench", table)
+acked, sends = kv_records.put(client, "bench", table)
 insert = time.perf_counter() - start
 cpu_after = server_cpu()
 insert_rate = mb / insert
@@ -185,7 +152,7 @@ per_put = []
 start = time.perf_counter()
 for at in range(0, n, 1_000_000):
     t0 = time.perf_counter()
-    put("puts", table.slice(at, 1_000_000))
+    kv_records.put(client, "puts", table.slice(at, 1_000_000))
     per_put.append(time.perf_counter() - t0)
 puts = time.perf_counter() - start
 act("drop", {"name": "puts"})

@@ -279,34 +279,6 @@ pub enum GeometryError {
     LogicalTooLarge { bytes: u64 },
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// An array named in an error reads as its UUID in hexadecimal, as
-    /// `tessera status` shows it.
-    #[test]
-    fn an_array_id_shows_as_its_uuid_in_hexadecimal() {
-        let mut uuid = [0u8; 16];
-        uuid[0] = 0xab;
-        uuid[15] = 0x01;
-        assert_eq!(ArrayId(uuid).to_string(), format!("ab{}01", "00".repeat(14)));
-        let error = ArrayError::ForeignMember {
-            name: "m3".into(),
-            found: ArrayId(uuid),
-            expected: ArrayId([0xff; 16]),
-        };
-        assert_eq!(
-            error.to_string(),
-            format!(
-                "m3 belongs to another array (ab{}01), not {}",
-                "00".repeat(14),
-                "ff".repeat(16)
-            )
-        );
-    }
-}
-
 /// A device given to `open` that is not used (not a member, another
 /// array's, the wrong shape, too short): which, why (typed, for programs),
 /// and what it said (for people).
@@ -347,5 +319,33 @@ pub struct Rejections(pub Vec<Rejected>);
 impl std::fmt::Display for Rejections {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.0.iter().try_for_each(|r| write!(f, "; {}", r.why))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An array named in an error reads as its UUID in hexadecimal, as
+    /// `tessera status` shows it.
+    #[test]
+    fn an_array_id_shows_as_its_uuid_in_hexadecimal() {
+        let mut uuid = [0u8; 16];
+        uuid[0] = 0xab;
+        uuid[15] = 0x01;
+        assert_eq!(ArrayId(uuid).to_string(), format!("ab{}01", "00".repeat(14)));
+        let error = ArrayError::ForeignMember {
+            name: "m3".into(),
+            found: ArrayId(uuid),
+            expected: ArrayId([0xff; 16]),
+        };
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "m3 belongs to another array (ab{}01), not {}",
+                "00".repeat(14),
+                "ff".repeat(16)
+            )
+        );
     }
 }

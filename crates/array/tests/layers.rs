@@ -6,8 +6,8 @@
 //!
 //! A module is a file of `src/` (a folder's files belong to the module of
 //! the same name: `map/entries.rs` is `map`); what it imports is every
-//! `crate::NAME` it says outside comments and outside its tests (the
-//! `#[cfg(test)]` module at its end).
+//! `crate::NAME` it says outside comments and outside its tests (its
+//! `#[cfg(test)] mod tests`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -69,7 +69,9 @@ fn imports() -> (BTreeMap<String, BTreeSet<String>>, BTreeMap<String, BTreeSet<S
     (deps, root)
 }
 
-/// `text` without comments and without the tests module at its end.
+/// `text` without comments and without its tests module (from
+/// `#[cfg(test)]` before `mod tests` to the `}` that closes it, the first
+/// line that is `}` alone).
 fn code_of(text: &str) -> String {
     let mut code = String::new();
     let mut lines = text.lines().peekable();
@@ -82,7 +84,8 @@ fn code_of(text: &str) -> String {
                     .starts_with("mod tests")
             })
         {
-            break;
+            lines.by_ref().take_while(|l| *l != "}").for_each(drop);
+            continue;
         }
         if trimmed.starts_with("//") {
             continue;
@@ -197,7 +200,7 @@ fn lib_rs_only_declares_modules_and_re_exports() {
 #[test]
 fn crate_paths_are_read_as_rust_writes_them() {
     let code = code_of(
-        "use crate::a::B;\nuse crate::{c, d::{E, F}, g::H as I};\n// crate::comment\nlet x = crate::j::k(); // crate::tail\n#[cfg(test)]\nmod tests {\n    use crate::z;\n}\n",
+        "use crate::a::B;\nuse crate::{c, d::{E, F}, g::H as I};\n// crate::comment\nlet x = crate::j::k(); // crate::tail\n#[cfg(test)]\nmod tests {\n    use crate::z;\n}\nfn after() { crate::m::n() }\n",
     );
-    assert_eq!(crate_paths(&code), ["a", "c", "d", "g", "j"]);
+    assert_eq!(crate_paths(&code), ["a", "c", "d", "g", "j", "m"]);
 }

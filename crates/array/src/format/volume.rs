@@ -1,5 +1,8 @@
 //! Volumes: one array, many thin block devices (like zvols), each served
-//! as its own NBD export by name.
+//! as its own NBD export by name. This module is their on-disk part (the
+//! volume table and the map's key space); creating, resizing and
+//! deleting them, their gates and which records are mapped are
+//! `volumes.rs`'s.
 //!
 //! # Guarantees
 //!
