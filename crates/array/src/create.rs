@@ -228,8 +228,9 @@ pub fn create_with(
 /// lane's open stripe to be logged whole twice over (a lane's next stripe
 /// fills while its last waits for a sync), in M+1 copies spread over the
 /// N members, with a sixth more for the log's own headers; at least
-/// `limits::LOG_BYTES_MIN` and at most a sixteenth of a member (a log that fills
-/// makes FLUSH seal short stripes, as it did before there was one).
+/// `limits::LOG_BYTES_MIN` and at most a sixteenth of a member (a log
+/// that fills makes FLUSH seal short stripes, as it did before there was
+/// one).
 fn log_bytes_default(geometry: &Geometry) -> u64 {
     let slots = Geometry::rows_for(geometry.member_bytes, geometry.chunk_bytes, 0) * geometry.members as u64
         / geometry.width() as u64;

@@ -73,6 +73,5 @@ pub use rebuild::{RebuildOptions, RebuildReport, RebuildResume};
 pub use recovery::{Recovery, RecoveryPhases};
 pub use repair::ScrubReport;
 pub use status::{AcceleratorStatus, MemberStatus, Status};
-pub use volumes::Volume;
-pub use volumes::VolumeStatus;
+pub use volumes::{Volume, VolumeStatus};
 pub use write::extent_blocks_max;
