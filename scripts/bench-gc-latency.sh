@@ -3,10 +3,11 @@
 # member files (DEVICE_SIZE, default 1G), FILL percent of its export
 # (default 90) written sequentially by fio (1 MiB, QD8; its rate and
 # latency printed), then fio 4 KiB random writes over that range at QD
-# (default 4) for SECONDS (default 40). Prints fio's completion latency (p50, p99, p99.9, max, and the
-# share of writes past each ms bound), then what the array counted: GC
-# rounds and bytes relocated, checkpoints, and how long writers waited
-# for the members and for a free slot (summed over writers).
+# (default 4) for SECONDS (default 40). Prints fio's completion latency
+# (p50, p99, p99.9, max, and the share of writes past each ms bound),
+# then what the array counted: GC rounds and bytes relocated,
+# checkpoints, and how long writers waited for the members and for a
+# free slot (summed over writers).
 #
 #   scripts/bench-gc-latency.sh
 #   QD=1 SECONDS_RUN=20 scripts/bench-gc-latency.sh     (checkpoints, little GC)

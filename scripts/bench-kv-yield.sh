@@ -12,18 +12,9 @@ scripts/install-test-deps.sh
 cargo build --release --quiet
 tessera=$PWD/target/release/tessera
 python=$PWD/target/test-deps/venv/bin/python
-work=$(mktemp -d -p "$PWD/target" bench-kv-yield.XXXXXX)
-server=
-cleanup() {
-  [ -n "$server" ] && kill -TERM "$server" 2>/dev/null && wait "$server" 2>/dev/null
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source scripts/kv-bench-lib.sh bench-kv-yield
 "$tessera" create --data 4 --parity 2 --dir "$work/array" --devices 6 --device-size 4G >/dev/null
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"$tessera" serve "$work/array" --socket "$work/nbd.sock" --kv "127.0.0.1:$port" --kv-sort-busy-rate "$rate" 2>"$work/serve.log" &
-server=$!
-for _ in $(seq 200); do grep -q "KV spaces" "$work/serve.log" && break; sleep 0.05; done
+kv_serve "$work/array" --kv-sort-busy-rate "$rate"
 uri="nbd+unix:///tessera?socket=$work/nbd.sock"
 head -c 1G /dev/urandom > "$work/image"
 nbdcopy "$work/image" "$uri"

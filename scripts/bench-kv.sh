@@ -23,18 +23,11 @@ if ! "$venv/bin/python" -c "import pyarrow.flight, numpy, rocksdict" 2>/dev/null
   "$venv/bin/python" -m pip install -q --only-binary=:all: pyarrow==26.0.1 numpy==2.4.6 rocksdict==0.3.29
 fi
 tessera=${TESSERA:-$PWD/target/release/tessera}
-work=$(mktemp -d -p "${BENCH_DIR:-$PWD/target}" bench-kv.XXXXXX)
-server=
-cleanup() {
-  [ -n "$server" ] && kill -TERM "$server" 2>/dev/null && wait "$server" 2>/dev/null
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source scripts/kv-bench-lib.sh bench-kv
 # The log, the table and the index (3x the records), the baseline's copy,
 # over 4 data members, twice over for room: sparse files.
 member=$(( (records * 36 * 8 / 4 >> 20) + 1024 ))M
 "$tessera" create --data 4 --parity 2 --dir "$work/array" --devices 6 --device-size "$member" >/dev/null
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 tls=() scheme=grpc client_tls=() cache=()
 [ -n "${KV_CACHE:-}" ] && cache=(--kv-cache "$KV_CACHE")
 if [ "${TLS:-0}" = 1 ]; then
@@ -47,9 +40,7 @@ if [ "${TLS:-0}" = 1 ]; then
   tls=(--kv-tls-cert "$work/cert.pem" --kv-tls-key "$work/key.pem") scheme=grpc+tls
   client_tls=(--tls-ca "$work/cert.pem")
 fi
-"$tessera" serve "$work/array" --socket "$work/nbd.sock" --kv "127.0.0.1:$port" "${tls[@]}" "${cache[@]}" 2>"$work/serve.log" &
-server=$!
-for _ in $(seq 200); do grep -q "KV spaces" "$work/serve.log" && break; sleep 0.05; done
+kv_serve "$work/array" "${tls[@]}" "${cache[@]}"
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; disk: $(df --output=source "$work" | tail -1)"
 rocksdb=()
 [ "${ROCKSDB:-1}" = 1 ] && rocksdb=(--rocksdb)

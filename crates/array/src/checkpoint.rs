@@ -666,8 +666,8 @@ impl Shared {
 
     /// Step 2: the images of the pages `dirty` names, as they were when
     /// taken, copied for a millisecond per hold of the index's read lock
-    /// (a page at least), then compressed; and the stored images of the pages `moved` names,
-    /// read from their map stripes.
+    /// (a page at least), then compressed; and the stored images of the
+    /// pages `moved` names, read from their map stripes.
     fn copy_pages(&self, dirty: &BTreeSet<u64>, moved: &BTreeMap<u64, Arc<PageImage>>) -> Result<Copied, ArrayError> {
         let mut raw = Vec::new();
         let mut pages: Vec<(u64, Option<Range<usize>>)> = Vec::with_capacity(dirty.len() + moved.len());

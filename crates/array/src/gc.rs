@@ -235,7 +235,7 @@ pub(crate) mod tests {
 
     /// 4+2 with 16 KiB chunks, no log: FLUSH seals the user stripe (with
     /// a log it would stay open).
-    pub(crate) fn options() -> CreateOptions {
+    fn options() -> CreateOptions {
         CreateOptions {
             data: 4,
             parity: 2,
@@ -248,7 +248,7 @@ pub(crate) mod tests {
     }
 
     /// No background work: the tests collect and sync by hand.
-    pub(crate) fn engine() -> EngineOptions {
+    fn engine() -> EngineOptions {
         EngineOptions {
             background: false,
             ..EngineOptions::default()

@@ -20,9 +20,6 @@ const BELOW_THE_ENGINE: &[&str] = &[
     "slot_set", "slots", "stripe", "stripes",
 ];
 
-/// Names `lib.rs` gives a module under another name (`pub use format::volume`).
-const ALIASES: &[(&str, &str)] = &[("volume", "format")];
-
 /// Each module's imports of other modules, and the names it reaches
 /// through the crate root that are not modules.
 fn imports() -> (BTreeMap<String, BTreeSet<String>>, BTreeMap<String, BTreeSet<String>>) {
@@ -40,12 +37,19 @@ fn imports() -> (BTreeMap<String, BTreeSet<String>>, BTreeMap<String, BTreeSet<S
         }
     }
     let modules: BTreeSet<String> = files.iter().map(|(m, _)| m.clone()).filter(|m| m != "lib").collect();
-    let resolve = |name: &str| {
-        ALIASES
-            .iter()
-            .find(|(alias, _)| *alias == name)
-            .map_or(name.to_string(), |(_, module)| module.to_string())
-    };
+    // A folder's file that `lib.rs` re-exports as a module of the crate
+    // root (`pub use format::volume;`) is reached as `crate::volume`:
+    // it is its folder's module.
+    let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
+    let aliases: BTreeMap<String, String> = files
+        .iter()
+        .filter_map(|(module, path)| {
+            let stem = path.file_stem()?.to_str()?;
+            (stem != module.as_str() && lib.contains(&format!("pub use {module}::{stem};")))
+                .then(|| (stem.to_string(), module.clone()))
+        })
+        .collect();
+    let resolve = |name: &str| aliases.get(name).cloned().unwrap_or_else(|| name.to_string());
     let (mut deps, mut root): (BTreeMap<String, BTreeSet<String>>, BTreeMap<String, BTreeSet<String>>) =
         Default::default();
     for (module, path) in &files {
