@@ -11,6 +11,7 @@
 #
 #   scripts/bench-gc-latency.sh
 #   QD=1 SECONDS_RUN=20 scripts/bench-gc-latency.sh     (checkpoints, little GC)
+#   SECONDS_RUN=0 scripts/bench-gc-latency.sh           (the fill alone)
 #   TESSERA=path scripts/bench-gc-latency.sh            (another build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +25,7 @@ export_bytes=$(nbdinfo --size "$uri")
 fill=$(( export_bytes * fill_pct / 100 / 1048576 ))M
 fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1m --iodepth=8 --size="$fill" --output-format=json |
   json_expr "(lambda w: 'fill: %.0f MB/s; clat p50 %.1f ms, p99 %.1f ms, max %.0f ms' % (w['bw_bytes'] / 1e6, w['clat_ns']['percentile']['50.000000'] / 1e6, w['clat_ns']['percentile']['99.000000'] / 1e6, w['clat_ns']['max'] / 1e6))(j['jobs'][0]['write'])"
-fio --name=overwrite --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth="$qd" --size="$fill" \
+[ "$seconds" -gt 0 ] && fio --name=overwrite --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth="$qd" --size="$fill" \
   --time_based --runtime="$seconds" --randrepeat=0 --output-format=json |
   json_expr "(lambda w, lm: '%d writes, %.0f IOPS; clat p50 %.0f us, p99 %.0f us, p99.9 %.0f us, max %.1f ms\nwrites past each bound (ms: %%): %s' % (w['total_ios'], w['iops'], w['clat_ns']['percentile']['50.000000'] / 1e3, w['clat_ns']['percentile']['99.000000'] / 1e3, w['clat_ns']['percentile']['99.900000'] / 1e3, w['clat_ns']['max'] / 1e6, {k: round(v, 3) for k, v in lm.items() if v > 0}))(j['jobs'][0]['write'], j['jobs'][0]['latency_ms'])"
 "$TESSERA" status "$work/array" --json |

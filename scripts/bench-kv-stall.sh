@@ -8,6 +8,7 @@
 #   scripts/bench-kv-stall.sh [RECORDS] [STREAMS]   (default 10000000, 3)
 #   OLD=path scripts/bench-kv-stall.sh ...           (another build, alternating)
 #   TESSERA=path ROUNDS=3 scripts/bench-kv-stall.sh ...
+#   WRITTEN=1 scripts/bench-kv-stall.sh ...         (member files written with zeros first)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 records=${1:-10000000} streams=${2:-3}
@@ -23,7 +24,7 @@ for round in $(seq "${ROUNDS:-1}"); do
   for build in "${builds[@]}"; do
     label=${build%%:*} tessera=${build#*:}
     rm -rf "$work/array"
-    "$tessera" create --data 4 --parity 2 --dir "$work/array" --devices 6 --device-size 2G >/dev/null
+    kv_create "$work/array" 2G
     kv_serve "$work/array"
     "$python" scripts/bench-kv-stall.py "grpc://127.0.0.1:$port" "$records" "$streams" "$label"
     kv_stop

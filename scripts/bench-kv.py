@@ -42,6 +42,8 @@ parser.add_argument("--work", required=True, help="a directory on the array's di
 parser.add_argument("--rocksdb", action="store_true", help="measure RocksDB too (rocksdict)")
 parser.add_argument("--tls-ca", help="PEM CA certificate to trust (a grpc+tls:// address)")
 parser.add_argument("--server-pid", type=int, help="the server's process: its CPU time during the insert is shown")
+parser.add_argument("--written", action="store_true",
+                    help="the array's members were written with zeros first: the disk peer's file is too")
 args = parser.parse_args()
 n = args.records
 tls = {"tls_root_certs": open(args.tls_ca, "rb").read()} if args.tls_ca else {}
@@ -119,7 +121,9 @@ row("KV insert, the longest wait for an acknowledgment in that stream", f"{gaps[
 # the array writes its members), in as many pieces as there were
 # acknowledgments, each one write made durable (fdatasync) before the
 # next. Its longest piece is how long the disk by itself held up a
-# writer that waited for each piece.
+# writer that waited for each piece. With --written, the file is written
+# with zeros and synced first, as the members were, so that no piece's
+# sync allocates blocks.
 pieces = max(len(acked), 1)
 piece = mmap.mmap(-1, max(1, (data_bytes * 6 // 4 // pieces) >> 20) << 20)
 piece.write(os.urandom(1 << 20) * (len(piece) >> 20))
@@ -132,6 +136,13 @@ except OSError:
     direct = "through the page cache (no O_DIRECT here)"
 times = []
 try:
+    if args.written:
+        zeros = mmap.mmap(-1, len(piece))
+        for _ in range(pieces):
+            os.write(fd, zeros)
+        os.fsync(fd)
+        os.lseek(fd, 0, os.SEEK_SET)
+        direct += ", over blocks written before"
     for _ in range(pieces):
         t = time.perf_counter()
         os.write(fd, piece)

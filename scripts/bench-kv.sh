@@ -10,6 +10,8 @@
 #                                          a self-signed P-256 certificate)
 #   TESSERA=path scripts/bench-kv.sh ...  (another build, an older commit's, to compare)
 #   KV_CACHE=0 scripts/bench-kv.sh ...    (serve --kv-cache 0: every query reads its batches)
+#   WRITTEN=1 scripts/bench-kv.sh ...     (member files written with zeros first, as a disk:
+#                                          see kv_create in scripts/kv-bench-lib.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 records=${1:-10000000}
@@ -25,9 +27,9 @@ fi
 tessera=${TESSERA:-$PWD/target/release/tessera}
 source scripts/kv-bench-lib.sh bench-kv
 # The log, the table and the index (3x the records), the baseline's copy,
-# over 4 data members, twice over for room: sparse files.
+# over 4 data members, twice over for room.
 member=$(( (records * 36 * 8 / 4 >> 20) + 1024 ))M
-"$tessera" create --data 4 --parity 2 --dir "$work/array" --devices 6 --device-size "$member" >/dev/null
+kv_create "$work/array" "$member"
 tls=() scheme=grpc client_tls=() cache=()
 [ -n "${KV_CACHE:-}" ] && cache=(--kv-cache "$KV_CACHE")
 if [ "${TLS:-0}" = 1 ]; then
@@ -42,8 +44,9 @@ if [ "${TLS:-0}" = 1 ]; then
 fi
 kv_serve "$work/array" "${tls[@]}" "${cache[@]}"
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; disk: $(df --output=source "$work" | tail -1)"
-rocksdb=()
+rocksdb=() written=()
 [ "${ROCKSDB:-1}" = 1 ] && rocksdb=(--rocksdb)
+[ "${WRITTEN:-0}" = 1 ] && written=(--written)
 "$venv/bin/python" scripts/bench-kv.py --address "$scheme://127.0.0.1:$port" "${client_tls[@]}" \
   --nbd "nbd+unix:///tessera?socket=$work/nbd.sock" --records "$records" --work "$work" "${rocksdb[@]}" \
-  --server-pid "$server"
+  --server-pid "$server" "${written[@]}"

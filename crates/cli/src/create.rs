@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tessera_array::device::{Device, FileDevice};
 use tessera_array::{CreateOptions, EngineOptions};
 
-use crate::array_dir::{human, refuse_if_in_use, LOG_DEVICES_FILE, MEMBERS_FILE};
+use crate::array_dir::{human, refuse_if_in_use, Progress, LOG_DEVICES_FILE, MEMBERS_FILE};
 
 /// `tessera create`'s flags.
 #[derive(clap::Args)]
@@ -59,6 +59,14 @@ pub struct Create {
     /// Overwrite --device members that hold data or another array's superblock.
     #[arg(long)]
     pub force: bool,
+    /// Write zeros over every byte of the member files this create
+    /// makes, so that no later write allocates a block: on a sparse
+    /// file each sync after writes to new blocks commits the file
+    /// system's journal too (a durable 16 MiB KV insert's flush took
+    /// 85-126 ms on sparse members, 62-70 ms on written ones). Takes
+    /// the members' full size on disk, and the time to write it.
+    #[arg(long)]
+    pub preallocate: bool,
 }
 
 /// A codec for extents, or none (`--compress`).
@@ -107,6 +115,9 @@ fn create_in_dir(c: &Create) -> Result<()> {
     let mut made: Vec<PathBuf> = Vec::new();
     let mut log_devices = Vec::new();
     let result = create_members(c, &mut members, &mut lines, &mut made).and_then(|()| {
+        if c.preallocate {
+            preallocate(&members, &made)?;
+        }
         for path in &c.log_device_paths {
             // A missing file is made at the log area's size plus its header.
             let size = c
@@ -248,6 +259,64 @@ fn take_device(
     Ok((absolute.display().to_string(), Arc::new(device)))
 }
 
+/// The files this create made (`made`), each named as given and in full:
+/// the names members may have.
+fn made_names(made: &[PathBuf]) -> Vec<PathBuf> {
+    made.iter()
+        .flat_map(|p| [p.clone(), std::fs::canonicalize(p).unwrap_or_default()])
+        .collect()
+}
+
+/// Bytes of zeros `preallocate` writes with one call.
+const PREALLOCATE_PIECE_BYTES: usize = 8 << 20;
+
+/// `--preallocate`: zeros over every byte of the member files this create
+/// made, all side by side, each synced; progress on stderr. The first
+/// failure stops the others.
+fn preallocate(members: &[(String, Arc<dyn Device>)], made: &[PathBuf]) -> Result<()> {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let made = made_names(made);
+    let files: Vec<&(String, Arc<dyn Device>)> = members
+        .iter()
+        .filter(|(name, _)| made.iter().any(|p| p.as_os_str() == name.as_str()))
+        .collect();
+    let total: u64 = files.iter().map(|(_, device)| device.size()).sum();
+    let (written, failed) = (AtomicU64::new(0), AtomicBool::new(false));
+    let zeros = tessera_array::device::AlignedBuf::zeroed(PREALLOCATE_PIECE_BYTES);
+    std::thread::scope(|scope| {
+        let writers: Vec<_> = files
+            .iter()
+            .map(|(name, device)| {
+                let (zeros, written, failed) = (&zeros, &written, &failed);
+                scope.spawn(move || -> Result<()> {
+                    let mut at = 0;
+                    while at < device.size() && !failed.load(Ordering::Relaxed) {
+                        let len = (device.size() - at).min(zeros.len() as u64) as usize;
+                        let result = device.write_at(&zeros[..len], at);
+                        if let Err(error) = result {
+                            failed.store(true, Ordering::Relaxed);
+                            return Err(error).with_context(|| format!("writing zeros over {name} at byte {at}"));
+                        }
+                        at += len as u64;
+                        written.fetch_add(len as u64, Ordering::Relaxed);
+                    }
+                    device.sync().with_context(|| format!("syncing {name}"))
+                })
+            })
+            .collect();
+        let mut progress = Progress::counting("writing zeros over the member files", "MiB");
+        while !writers.iter().all(|w| w.is_finished()) {
+            let message = format!("{} files", files.len());
+            progress.update(written.load(Ordering::Relaxed) >> 20, total >> 20, message);
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        progress.finish();
+        writers
+            .into_iter()
+            .try_for_each(|w| w.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+    })
+}
+
 /// Refuses existing members that hold data anywhere `create` writes (the
 /// regions of [`tessera_array::format::Geometry::written_at_create`]: the
 /// first MiB, and the log area and backup superblock at the end, measured
@@ -259,10 +328,7 @@ fn refuse_written_regions(
     made: &[PathBuf],
     geometry: &tessera_array::format::Geometry,
 ) -> Result<()> {
-    let made: Vec<PathBuf> = made
-        .iter()
-        .flat_map(|p| [p.clone(), std::fs::canonicalize(p).unwrap_or_default()])
-        .collect();
+    let made = made_names(made);
     let mut buffer = vec![0u8; 1 << 20];
     for (name, device) in members {
         if made.iter().any(|p| p.as_os_str() == name.as_str()) {

@@ -375,6 +375,63 @@ fn create_refuses_bad_shapes_and_open_leaves_out_foreign_members() {
     assert_eq!(status_json(&dir)["members"][2]["state"], "failed");
 }
 
+/// `--preallocate` writes every byte of the member files create makes
+/// (`--devices`, or `--device` paths that did not exist), before the
+/// superblocks: the array opens, and no block is left for a later
+/// write to allocate; without it the files are sparse.
+#[test]
+fn preallocate_writes_every_byte_of_the_member_files_create_makes() {
+    use std::os::unix::fs::MetadataExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let allocated = |path: &Path| {
+        let meta = std::fs::metadata(path).unwrap();
+        (meta.blocks() * 512, meta.len())
+    };
+    let sparse = tmp.path().join("sparse");
+    create(&sparse, &[]);
+    let (blocks, len) = allocated(&sparse.join("member-000"));
+    assert!(
+        blocks < len / 2,
+        "a member without --preallocate: {blocks} of {len} bytes allocated"
+    );
+    let written = tmp.path().join("written");
+    create(&written, &["--preallocate"]);
+    for i in 0..6 {
+        let (blocks, len) = allocated(&written.join(format!("member-{i:03}")));
+        assert!(
+            blocks >= len,
+            "member {i} with --preallocate: {blocks} of {len} bytes allocated"
+        );
+    }
+    assert_eq!(status_json(&written)["members"].as_array().unwrap().len(), 6);
+    let named = tmp.path().join("named");
+    let paths: Vec<String> = (0..6)
+        .map(|i| tmp.path().join(format!("d{i}")).display().to_string())
+        .collect();
+    let mut args = vec![
+        "create",
+        "--data",
+        "4",
+        "--parity",
+        "2",
+        "--dir",
+        named.to_str().unwrap(),
+    ];
+    for path in &paths {
+        args.extend(["--device", path.as_str()]);
+    }
+    args.extend(["--device-size", "40M", "--preallocate"]);
+    succeeded("create --device ... --preallocate", tessera(&args));
+    for path in &paths {
+        let (blocks, len) = allocated(Path::new(path));
+        assert!(
+            blocks >= len,
+            "{path} with --preallocate: {blocks} of {len} bytes allocated"
+        );
+    }
+    assert_eq!(status_json(&named)["members"].as_array().unwrap().len(), 6);
+}
+
 /// Sizes NBD clients would read as negative, a mistyped directory, a list
 /// of devices none of which is a member, and output that cannot be
 /// written: each is a clear error that leaves nothing behind.
