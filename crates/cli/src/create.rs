@@ -272,7 +272,8 @@ const PREALLOCATE_PIECE_BYTES: usize = 8 << 20;
 
 /// `--preallocate`: zeros over every byte of the member files this create
 /// made, all side by side, each synced; progress on stderr. The first
-/// failure stops the others.
+/// failure stops the others. Refused where it made none (the flag would
+/// do nothing, and devices given may hold what they should not lose).
 fn preallocate(members: &[(String, Arc<dyn Device>)], made: &[PathBuf]) -> Result<()> {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let made = made_names(made);
@@ -280,6 +281,9 @@ fn preallocate(members: &[(String, Arc<dyn Device>)], made: &[PathBuf]) -> Resul
         .iter()
         .filter(|(name, _)| made.iter().any(|p| p.as_os_str() == name.as_str()))
         .collect();
+    if files.is_empty() {
+        bail!("--preallocate writes the member files create makes, and every member given exists already");
+    }
     let total: u64 = files.iter().map(|(_, device)| device.size()).sum();
     let (written, failed) = (AtomicU64::new(0), AtomicBool::new(false));
     let zeros = tessera_array::device::AlignedBuf::zeroed(PREALLOCATE_PIECE_BYTES);

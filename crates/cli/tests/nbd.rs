@@ -408,20 +408,17 @@ fn preallocate_writes_every_byte_of_the_member_files_create_makes() {
     let paths: Vec<String> = (0..6)
         .map(|i| tmp.path().join(format!("d{i}")).display().to_string())
         .collect();
-    let mut args = vec![
-        "create",
-        "--data",
-        "4",
-        "--parity",
-        "2",
-        "--dir",
-        named.to_str().unwrap(),
-    ];
-    for path in &paths {
-        args.extend(["--device", path.as_str()]);
-    }
-    args.extend(["--device-size", "40M", "--preallocate"]);
-    succeeded("create --device ... --preallocate", tessera(&args));
+    let on_devices = |dir: &Path, devices: &[String], extra: &[&str]| {
+        let mut args = ["create", "--data", "4", "--parity", "2", "--dir"].to_vec();
+        args.push(dir.to_str().unwrap());
+        for path in devices {
+            args.extend(["--device", path.as_str()]);
+        }
+        args.extend_from_slice(extra);
+        tessera(&args)
+    };
+    let out = on_devices(&named, &paths, &["--device-size", "40M", "--preallocate"]);
+    succeeded("create --device ... --preallocate", out);
     for path in &paths {
         let (blocks, len) = allocated(Path::new(path));
         assert!(
@@ -430,6 +427,21 @@ fn preallocate_writes_every_byte_of_the_member_files_create_makes() {
         );
     }
     assert_eq!(status_json(&named)["members"].as_array().unwrap().len(), 6);
+    // Members that all exist already: refused, not quietly left sparse.
+    let given: Vec<String> = (0..6)
+        .map(|i| tmp.path().join(format!("e{i}")).display().to_string())
+        .collect();
+    for path in &given {
+        std::fs::File::create(path).unwrap().set_len(40 << 20).unwrap();
+    }
+    let refused = tmp.path().join("refused");
+    let out = on_devices(&refused, &given, &["--preallocate"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("--preallocate writes the member files create makes"),
+        "{stderr}"
+    );
+    assert!(!refused.exists(), "a refused create leaves no directory behind");
 }
 
 /// Sizes NBD clients would read as negative, a mistyped directory, a list
