@@ -17,7 +17,7 @@ trap cleanup EXIT
 # a disk is. A sparse file's first write to a block makes the next
 # fdatasync commit the file system's journal too (fallocate's unwritten
 # extents do the same), which a disk does not: each durable KV insert's
-# flush took 62-70 ms on written files against 85-126 ms on sparse ones
+# flush took 62-70 ms on written files against 84-126 ms on sparse ones
 # (docs/PERFORMANCE.md).
 kv_create() {
   local preallocate=()

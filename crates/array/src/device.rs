@@ -226,6 +226,33 @@ fn read_sectors_one_by_one<D: Device + ?Sized>(
     }
 }
 
+/// Bytes of zeros [`write_zeros`] writes with one call at most.
+const ZEROS_PIECE_BYTES: u64 = 8 << 20;
+
+/// Writes zeros over `range` of `device`, a piece at a time, telling
+/// `written` each piece's length; stops early (still `Ok`) where
+/// `written` returns false. On a file this allocates every block of the
+/// range, so that later writes there allocate none: a sparse file's first
+/// write to a block makes the sync after it commit the file system's
+/// journal too.
+pub fn write_zeros(
+    device: &dyn Device,
+    range: std::ops::Range<u64>,
+    written: &mut dyn FnMut(u64) -> bool,
+) -> io::Result<()> {
+    let zeros = AlignedBuf::zeroed((range.end - range.start).min(ZEROS_PIECE_BYTES) as usize);
+    let mut at = range.start;
+    while at < range.end {
+        let len = (range.end - at).min(ZEROS_PIECE_BYTES);
+        device.write_at(&zeros[..len as usize], at)?;
+        at += len;
+        if !written(len) {
+            break;
+        }
+    }
+    Ok(())
+}
+
 /// I/O done on one member (or volume), counted as it completes:
 /// operations and bytes, reads and writes (`tessera iostat` shows their
 /// rates).
@@ -1007,6 +1034,40 @@ impl Device for MemoryDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `write_zeros` covers its range exactly, in pieces of at most
+    /// `ZEROS_PIECE_BYTES` that it reports, and stops after the piece
+    /// its caller said no to.
+    #[test]
+    fn write_zeros_covers_its_range_in_pieces_and_stops_when_told() {
+        let size = 3 * ZEROS_PIECE_BYTES + 4096;
+        let d = MemoryDevice::new(size);
+        d.write_at(&vec![7; size as usize], 0).unwrap();
+        let range = 4096..size - 4096;
+        let mut pieces = Vec::new();
+        write_zeros(&d, range.clone(), &mut |len| {
+            pieces.push(len);
+            true
+        })
+        .unwrap();
+        assert_eq!(pieces, [ZEROS_PIECE_BYTES, ZEROS_PIECE_BYTES, ZEROS_PIECE_BYTES - 4096]);
+        let mut all = vec![0; size as usize];
+        d.read_at(&mut all, 0).unwrap();
+        let (start, end) = (range.start as usize, range.end as usize);
+        assert!(all[..start].iter().chain(&all[end..]).all(|&b| b == 7));
+        assert!(all[start..end].iter().all(|&b| b == 0));
+        d.write_at(&vec![7; size as usize], 0).unwrap();
+        let mut calls = 0;
+        write_zeros(&d, 0..size, &mut |_| {
+            calls += 1;
+            false
+        })
+        .unwrap();
+        d.read_at(&mut all, 0).unwrap();
+        assert_eq!(calls, 1);
+        let piece = ZEROS_PIECE_BYTES as usize;
+        assert!(all[..piece].iter().all(|&b| b == 0) && all[piece..].iter().all(|&b| b == 7));
+    }
 
     #[test]
     fn memory_device_caches_until_sync_and_crash_drops_the_rest() {

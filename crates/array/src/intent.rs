@@ -755,20 +755,12 @@ impl Shared {
 }
 
 /// Writes zeros over a member's log area: at create, so log writes
-/// overwrite allocated blocks (a sparse file's first write to a block
-/// makes its sync commit the file system's journal too) and a reused
+/// overwrite allocated blocks (see `device::write_zeros`) and a reused
 /// device's old blocks are gone; and on a rebuilt device, whose blocks
 /// from before it left must never be read as current.
 pub(crate) fn clear_log_area(device: &dyn Device, g: &format::Geometry) -> std::io::Result<()> {
-    const PIECE: u64 = 1 << 20;
-    let zeros = AlignedBuf::zeroed(g.log_bytes.min(PIECE) as usize);
-    let mut at = 0;
-    while at < g.log_bytes {
-        let len = (g.log_bytes - at).min(PIECE) as usize;
-        device.write_at(&zeros[..len], g.log_offset() + at)?;
-        at += len as u64;
-    }
-    Ok(())
+    let start = g.log_offset();
+    crate::device::write_zeros(device, start..start + g.log_bytes, &mut |_| true)
 }
 
 /// At create: writes the header of each log device, in order, for an

@@ -4,7 +4,7 @@
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tessera_array::device::{Device, FileDevice};
+use tessera_array::device::{write_zeros, Device, FileDevice};
 use tessera_array::{CreateOptions, EngineOptions};
 
 use crate::array_dir::{human, refuse_if_in_use, Progress, LOG_DEVICES_FILE, MEMBERS_FILE};
@@ -63,7 +63,7 @@ pub struct Create {
     /// makes, so that no later write allocates a block: on a sparse
     /// file each sync after writes to new blocks commits the file
     /// system's journal too (a durable 16 MiB KV insert's flush took
-    /// 85-126 ms on sparse members, 62-70 ms on written ones). Takes
+    /// 84-126 ms on sparse members, 62-70 ms on written ones). Takes
     /// the members' full size on disk, and the time to write it.
     #[arg(long)]
     pub preallocate: bool,
@@ -267,9 +267,6 @@ fn made_names(made: &[PathBuf]) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Bytes of zeros `preallocate` writes with one call.
-const PREALLOCATE_PIECE_BYTES: usize = 8 << 20;
-
 /// `--preallocate`: zeros over every byte of the member files this create
 /// made, all side by side, each synced; progress on stderr. The first
 /// failure stops the others. Refused where it made none (the flag would
@@ -286,32 +283,27 @@ fn preallocate(members: &[(String, Arc<dyn Device>)], made: &[PathBuf]) -> Resul
     }
     let total: u64 = files.iter().map(|(_, device)| device.size()).sum();
     let (written, failed) = (AtomicU64::new(0), AtomicBool::new(false));
-    let zeros = tessera_array::device::AlignedBuf::zeroed(PREALLOCATE_PIECE_BYTES);
     std::thread::scope(|scope| {
         let writers: Vec<_> = files
             .iter()
             .map(|(name, device)| {
-                let (zeros, written, failed) = (&zeros, &written, &failed);
+                let (written, failed) = (&written, &failed);
                 scope.spawn(move || -> Result<()> {
-                    let mut at = 0;
-                    while at < device.size() && !failed.load(Ordering::Relaxed) {
-                        let len = (device.size() - at).min(zeros.len() as u64) as usize;
-                        let result = device.write_at(&zeros[..len], at);
-                        if let Err(error) = result {
-                            failed.store(true, Ordering::Relaxed);
-                            return Err(error).with_context(|| format!("writing zeros over {name} at byte {at}"));
-                        }
-                        at += len as u64;
-                        written.fetch_add(len as u64, Ordering::Relaxed);
-                    }
-                    device.sync().with_context(|| format!("syncing {name}"))
+                    let mut went_on = |len| {
+                        written.fetch_add(len, Ordering::Relaxed);
+                        !failed.load(Ordering::Relaxed)
+                    };
+                    write_zeros(&**device, 0..device.size(), &mut went_on)
+                        .and_then(|()| device.sync())
+                        .inspect_err(|_| failed.store(true, Ordering::Relaxed))
+                        .with_context(|| format!("writing zeros over {name}"))
                 })
             })
             .collect();
         let mut progress = Progress::counting("writing zeros over the member files", "MiB");
+        let message = format!("{} files", files.len());
         while !writers.iter().all(|w| w.is_finished()) {
-            let message = format!("{} files", files.len());
-            progress.update(written.load(Ordering::Relaxed) >> 20, total >> 20, message);
+            progress.update(written.load(Ordering::Relaxed) >> 20, total >> 20, message.clone());
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
         progress.finish();
