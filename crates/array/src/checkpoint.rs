@@ -318,7 +318,7 @@ impl Shared {
         self.take_checkpoint(true)
     }
 
-    fn take_checkpoint(&self, root_may_do: bool) -> Result<(), ArrayError> {
+    pub(crate) fn take_checkpoint(&self, root_may_do: bool) -> Result<(), ArrayError> {
         self.stripes.members.check_writable()?;
         // It writes the slot pages that changed, and takes the next
         // window from every free slot; and the map with every record
@@ -345,7 +345,11 @@ impl Shared {
     fn take_checkpoint_locked(&self, durable: &mut Durable, root_may_do: bool) -> Result<Option<()>, ArrayError> {
         let start = self.tracker.last_sequence();
         let user_bytes = Counters::get(&self.stripes.counters.user_bytes_written);
+        // Stripes taken early by a checkpoint that then failed lie outside
+        // every window a root names: only pages (which hold what they
+        // hold) name them.
         let root_only = root_may_do
+            && !self.early_unnamed()
             && durable.since.as_ref().is_some_and(|since| {
                 let index = self.index();
                 let per_page = index.map.bytes() / index.map.page_count().max(1);
@@ -445,13 +449,15 @@ impl Shared {
         };
         match self.write_checkpoint(checkpoint, &mut window, replay, &durable.images, changes) {
             Ok(Some(written)) => {
-                let synced = self.tracker.lock().synced_through;
                 let mut index = self.index_mut();
                 for (page, entries) in slot_pages.iter().flat_map(|taken| &taken.pages) {
                     index.slots.page_durable(*page, entries);
                 }
                 index.slots.set_window(Some(window.clone()));
-                index.slots.release_drained(synced);
+                // Every stripe taken early is named now: in the window, or
+                // sealed before the pages were taken.
+                let recoverable = self.all_named();
+                index.slots.release_drained(recoverable);
                 let old = std::mem::replace(&mut index.checkpoint_slots, written.root_slots);
                 for slot in old.into_iter().chain(written.emptied) {
                     index.slots.free(slot);
@@ -497,10 +503,37 @@ impl Shared {
     /// Ends a failed checkpoint's narrowing of allocation, and frees what
     /// drained meanwhile.
     fn end_restriction(&self) {
-        let synced = self.tracker.lock().synced_through;
+        let recoverable = self.tracker.lock().recoverable_through();
         let mut index = self.index_mut();
         index.slots.lift_restriction();
-        index.slots.release_drained(synced);
+        index.slots.release_drained(recoverable);
+    }
+
+    /// Whether a stripe taken early (in the next window's slots while a
+    /// checkpoint was written) is not named by the durable checkpoint:
+    /// that checkpoint failed (sealed, or still open).
+    fn early_unnamed(&self) -> bool {
+        if self.tracker.lock().unnamed_from.is_some() {
+            return true;
+        }
+        let index = self.index();
+        let open = index
+            .resident
+            .iter()
+            .any(|(&slot, r)| matches!(r, Resident::Open(_)) && index.slots.outside_window(slot));
+        open
+    }
+
+    /// Called under the `index` write lock once a checkpoint that names
+    /// every stripe is durable: FLUSHes waiting for it go on. Returns the
+    /// sequence recovery finds every stripe through.
+    fn all_named(&self) -> u64 {
+        let mut t = self.tracker.lock();
+        t.unnamed_from = None;
+        let recoverable = t.recoverable_through();
+        drop(t);
+        self.tracker.changed.notify_all();
+        recoverable
     }
 
     /// The images in map stripes `sparse`: the pages', found by reading
@@ -631,7 +664,7 @@ impl Shared {
                 });
             window.extend(victims);
         }
-        index.slots.restrict_usable(&window);
+        index.slots.restrict_usable(&window, self.options.next_window_early);
         Taken {
             window,
             dirty,
@@ -906,6 +939,9 @@ impl Shared {
             let spare = meta.split_off(image_stripes + body + directory);
             let mut index = self.index_mut();
             for slot in spare {
+                // Not in the root's window (any more): no writer may take
+                // it until a root names it.
+                index.slots.narrow(slot);
                 index.slots.release_open(slot);
             }
         }
@@ -1120,10 +1156,11 @@ impl Shared {
             Counters::add(&self.stripes.counters.checkpoints_dropped, 1);
         }
         drop(superblock);
-        let synced = self.tracker.lock().synced_through;
         let mut index = self.index_mut();
         index.slots.set_window(None);
-        index.slots.release_drained(synced);
+        // Recovery scans every slot now.
+        let recoverable = self.all_named();
+        index.slots.release_drained(recoverable);
         for slot in std::mem::take(&mut index.checkpoint_slots) {
             index.slots.free(slot);
         }

@@ -48,6 +48,11 @@ pub struct Counters {
     /// the bound), and for a free slot.
     pub waited_for_members_us: AtomicU64,
     pub waited_for_slot_us: AtomicU64,
+    /// Stripes sealed in slots taken early (the next window's, while a
+    /// checkpoint was written), and milliseconds FLUSHes waited for the
+    /// checkpoint that names them.
+    pub stripes_sealed_early: AtomicU64,
+    pub flushes_waited_for_checkpoint_ms: AtomicU64,
 }
 
 impl Counters {

@@ -94,6 +94,11 @@ pub struct EngineOptions {
     /// page as they are needed and by a background thread
     /// (`replay::Pending`); off, before serving (tests do both).
     pub replay_later: bool,
+    /// Whether writers may take the next window's slots while a
+    /// checkpoint is written, once the current window's run out, rather
+    /// than wait for it; a FLUSH then waits for that checkpoint to be
+    /// durable (`SlotTable::early`). Off only to measure what it saves.
+    pub next_window_early: bool,
 }
 
 impl Default for EngineOptions {
@@ -114,6 +119,7 @@ impl Default for EngineOptions {
             window_slots: None,
             replay_part_records: crate::limits::REPLAY_PART_RECORDS_MIN,
             replay_later: true,
+            next_window_early: true,
         }
     }
 }
@@ -171,9 +177,26 @@ pub(crate) struct TrackerState {
     pub submitted_bytes: usize,
     pub synced_through: u64,
     pub syncing: bool,
+    /// The first sequence sealed (since the durable checkpoint) in a slot
+    /// outside that checkpoint's window, taken early while the next one
+    /// was written (`SlotTable::outside_window`): recovery from the
+    /// durable checkpoint would not find it, nor anything after it, so
+    /// nothing from it on counts as durable until a checkpoint that names
+    /// it is (`recoverable_through`).
+    pub unnamed_from: Option<u64>,
 }
 
 impl TrackerState {
+    /// Every stripe up to this sequence is synced and found by recovery
+    /// from the durable checkpoint: what a FLUSH acknowledges, and what
+    /// a slot that drained, or the intent log's blocks, wait for.
+    pub fn recoverable_through(&self) -> u64 {
+        match self.unnamed_from {
+            Some(first) => self.synced_through.min(first - 1),
+            None => self.synced_through,
+        }
+    }
+
     /// Every stripe up to this sequence is on the members (not yet synced).
     pub fn written_through(&self) -> u64 {
         match self.in_flight.first() {

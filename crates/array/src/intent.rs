@@ -494,7 +494,9 @@ impl Shared {
     /// Drops the blocks at the front whose stripes are all sealed and
     /// synced: nothing needs them any more.
     fn reclaim(&self, log: &IntentLog, w: &mut Writer) {
-        let synced = self.tracker.lock().synced_through;
+        // Found by recovery too: a stripe taken early is not, until the
+        // checkpoint being written is durable.
+        let synced = self.tracker.lock().recoverable_through();
         while let Some(front) = w.live.front() {
             if front.sealed_through().is_none_or(|sequence| sequence > synced) {
                 break;

@@ -269,7 +269,7 @@ impl Shared {
             None => return Ok(false),
         };
         if pages.is_empty() {
-            let synced = self.tracker.lock().synced_through;
+            let synced = self.tracker.lock().recoverable_through();
             let mut index = self.index_mut();
             let mut done = None;
             if index.pending.as_ref().is_some_and(|p| p.pages_left() == 0) {

@@ -170,6 +170,13 @@ pub struct SlotTable {
     /// The next checkpoint's window while it is being written: slots
     /// outside it are not handed out meanwhile.
     restrict: Option<BTreeSet<u64>>,
+    /// While a checkpoint is written and writers may go on past the
+    /// window (`restrict_usable`'s `early`): the free slots of its window
+    /// that the durable one does not hold, handed out once `usable` has
+    /// none left. Recovery finds a stripe in one only from the checkpoint
+    /// being written (`outside_window`), so nothing in it counts as
+    /// durable until that checkpoint is.
+    early: Option<BTreeSet<u64>>,
     /// Empty slots and the sequence that must be synced before each is free.
     draining: Vec<(u64, u64)>,
     /// Totals over all slots.
@@ -288,6 +295,7 @@ impl SlotTable {
             window: None,
             usable: None,
             restrict: None,
+            early: None,
             draining: Vec::new(),
             live_total: 0,
             stored_total: 0,
@@ -374,9 +382,10 @@ impl SlotTable {
         self.free.len() + self.unread_free as usize
     }
 
-    /// Free slots new stripes may take now (in the window).
+    /// Free slots new stripes may take now (in the window, or in the
+    /// next one's early).
     pub fn usable_count(&self) -> usize {
-        self.usable.as_ref().map_or(self.free.len(), |u| u.len())
+        self.usable.as_ref().map_or(self.free.len(), |u| u.len()) + self.early.as_ref().map_or(0, |e| e.len())
     }
 
     pub fn draining_count(&self) -> usize {
@@ -388,10 +397,12 @@ impl SlotTable {
         self.draining.iter().map(|&(_, sequence)| sequence).max()
     }
 
+    /// The usable slots, those in the durable window first.
     pub fn usable_slots(&self) -> Box<dyn Iterator<Item = u64> + '_> {
+        let early = self.early.iter().flatten().copied();
         match &self.usable {
-            Some(usable) => Box::new(usable.iter().copied()),
-            None => Box::new(self.free.iter()),
+            Some(usable) => Box::new(usable.iter().copied().chain(early)),
+            None => Box::new(self.free.iter().chain(early)),
         }
     }
 
@@ -399,6 +410,14 @@ impl SlotTable {
         self.usable
             .as_ref()
             .map_or(self.free.contains(slot), |u| u.contains(&slot))
+            || self.early.as_ref().is_some_and(|e| e.contains(&slot))
+    }
+
+    /// Whether a stripe in `slot` lies outside the durable checkpoint's
+    /// window: recovery from it would not find the stripe (it was taken
+    /// early, while the next checkpoint was written).
+    pub fn outside_window(&self, slot: u64) -> bool {
+        self.window.as_ref().is_some_and(|w| !w.contains(&slot))
     }
 
     pub fn window(&self) -> Option<&BTreeSet<u64>> {
@@ -903,9 +922,14 @@ impl SlotTable {
     /// Lists `slot` as free, and usable if it may be used.
     fn list_free(&mut self, slot: u64) {
         self.free.insert(slot);
-        let may = self.may_use(slot);
-        if let Some(usable) = self.usable.as_mut().filter(|_| may) {
-            usable.insert(slot);
+        if self.may_use(slot) {
+            if let Some(usable) = self.usable.as_mut() {
+                usable.insert(slot);
+            }
+        } else if self.may_use_early(slot) {
+            if let Some(early) = self.early.as_mut() {
+                early.insert(slot);
+            }
         }
     }
 
@@ -914,7 +938,16 @@ impl SlotTable {
         if let Some(usable) = self.usable.as_mut() {
             usable.remove(&slot);
         }
+        if let Some(early) = self.early.as_mut() {
+            early.remove(&slot);
+        }
         self.free.remove(slot)
+    }
+
+    /// Whether a free slot the window does not hold may be handed out
+    /// early: the checkpoint being written names it.
+    fn may_use_early(&self, slot: u64) -> bool {
+        self.early.is_some() && self.restrict.as_ref().is_some_and(|r| r.contains(&slot))
     }
 
     /// Whether a free slot may be handed out: in the window and the
@@ -940,13 +973,24 @@ impl SlotTable {
 
     /// Takes a usable slot for a new open stripe, preferring one for which
     /// `preferred` holds (all its members healthy); pinned slots are skipped.
+    /// Those of the durable window first: one taken early makes what is
+    /// written to it wait for the next checkpoint to be durable.
     pub fn allocate(&mut self, preferred: impl Fn(u64) -> bool, pins: &Pins) -> Option<u64> {
-        let mut candidates = self.usable_slots().filter(|&s| !pins.pinned(s));
-        let first = candidates.next()?;
-        let slot = std::iter::once(first)
-            .chain(candidates)
-            .find(|&s| preferred(s))
-            .unwrap_or(first);
+        let pick = |slots: &mut dyn Iterator<Item = u64>| {
+            let mut candidates = slots.filter(|&s| !pins.pinned(s));
+            let first = candidates.next()?;
+            Some(
+                std::iter::once(first)
+                    .chain(candidates)
+                    .find(|&s| preferred(s))
+                    .unwrap_or(first),
+            )
+        };
+        let slot = match &self.usable {
+            Some(usable) => pick(&mut usable.iter().copied()),
+            None => pick(&mut self.free.iter()),
+        }
+        .or_else(|| pick(&mut self.early.iter().flatten().copied()))?;
         self.take(slot, SlotState::Open, pins);
         Some(slot)
     }
@@ -1001,20 +1045,41 @@ impl SlotTable {
     pub fn set_window(&mut self, window: Option<BTreeSet<u64>>) {
         self.window = window;
         self.restrict = None;
+        self.early = None;
         self.recompute_usable();
     }
 
     /// Narrows the usable slots to those in `keep` too, until the window
-    /// is set or the restriction lifted (while a checkpoint is written,
-    /// only slots both its window and the current one hold may be used).
-    pub fn restrict_usable(&mut self, keep: &BTreeSet<u64>) {
+    /// is set or the restriction lifted: while a checkpoint is written,
+    /// the slots both its window and the current one hold, and with
+    /// `early` (once those run out) the free slots of its window that
+    /// the current one does not hold.
+    pub fn restrict_usable(&mut self, keep: &BTreeSet<u64>, early: bool) {
         self.restrict = Some(keep.clone());
+        self.early = (early && self.window.is_some()).then(BTreeSet::new);
         self.recompute_usable();
     }
 
     pub fn lift_restriction(&mut self) {
         self.restrict = None;
+        self.early = None;
         self.recompute_usable();
+    }
+
+    /// Takes `slot` out of the restriction: the checkpoint being written
+    /// took it from its window and gives it back unused, so its root
+    /// does not name it, and nothing may be written to it before the
+    /// next one does.
+    pub fn narrow(&mut self, slot: u64) {
+        if let Some(restrict) = self.restrict.as_mut() {
+            restrict.remove(&slot);
+        }
+        if let Some(usable) = self.usable.as_mut() {
+            usable.remove(&slot);
+        }
+        if let Some(early) = self.early.as_mut() {
+            early.remove(&slot);
+        }
     }
 
     fn recompute_usable(&mut self) {
@@ -1031,6 +1096,14 @@ impl SlotTable {
                 .filter(|&s| self.free.contains(s) && self.may_use(s))
                 .collect()
         });
+        if self.early.is_some() {
+            let early = self.restrict.iter().flatten().copied();
+            self.early = Some(
+                early
+                    .filter(|&s| self.free.contains(s) && !self.may_use(s) && self.may_use_early(s))
+                    .collect(),
+            );
+        }
     }
 
     /// Fraction of `fill` bytes (what a stripe can hold at most) a

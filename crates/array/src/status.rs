@@ -159,6 +159,13 @@ pub struct Status {
     /// (the write bound), and for a free slot (sync, GC, checkpoint).
     pub writers_waited_for_members_ms: u64,
     pub writers_waited_for_slot_ms: u64,
+    /// Stripes written to the next window's slots while a checkpoint
+    /// was written (rather than waiting for it), and milliseconds
+    /// FLUSHes then waited for that checkpoint to be durable.
+    #[serde(default)]
+    pub stripes_sealed_early: u64,
+    #[serde(default)]
+    pub flushes_waited_for_checkpoint_ms: u64,
     pub recovery: Recovery,
 }
 
@@ -346,6 +353,8 @@ impl Shared {
             replay_pages_waiting: slot_pages.2,
             writers_waited_for_members_ms: load(&c.waited_for_members_us) / 1000,
             writers_waited_for_slot_ms: load(&c.waited_for_slot_us) / 1000,
+            stripes_sealed_early: load(&c.stripes_sealed_early),
+            flushes_waited_for_checkpoint_ms: load(&c.flushes_waited_for_checkpoint_ms),
             recovery: self.recovery.lock().unwrap_or_else(|p| p.into_inner()).clone(),
         }
     }

@@ -759,6 +759,13 @@ impl Shared {
         open.sealed_as.store(sequence, std::sync::atomic::Ordering::Release);
         let area = Arc::new(std::mem::take(&mut open.data));
         let mut index = self.index_mut();
+        if open.stream != Stream::Meta && index.slots.outside_window(open.slot) {
+            // Taken early: durable only once the checkpoint being written
+            // (or a later one) is (a checkpoint names its own stripes).
+            let mut t = self.tracker.lock();
+            t.unnamed_from = Some(t.unnamed_from.map_or(sequence, |first| first.min(sequence)));
+            Counters::add(&self.stripes.counters.stripes_sealed_early, 1);
+        }
         let empty = index.slots.sealed(open.slot, sequence, state);
         index.resident.insert(open.slot, Resident::Sealed(area.clone()));
         index.last_sealed = index.last_sealed.max(sequence);
@@ -872,8 +879,35 @@ impl Shared {
         }
         let target = self.tracker.last_sequence();
         self.sync_through(target)?;
+        self.wait_named(target)?;
         Counters::add(&self.stripes.counters.flushes, 1);
         self.stripes.members.check_writable()
+    }
+
+    /// Returns once recovery from the durable checkpoint finds every
+    /// stripe up to `target`: at once, unless one was sealed in a slot
+    /// taken early (`TrackerState::unnamed_from`); then once the
+    /// checkpoint being written is durable, or one taken here is (the one
+    /// under way may have failed).
+    fn wait_named(&self, target: u64) -> Result<(), ArrayError> {
+        let named = || self.tracker.lock().recoverable_through() >= target;
+        if named() {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        drop(self.checkpoint_lock.lock().unwrap_or_else(|p| p.into_inner()));
+        // The stripes up to `target` are sealed, so a checkpoint that
+        // begins after this names them (those taken early are in its
+        // pages, or in its window), and syncs them: one pass.
+        if !named() {
+            self.take_checkpoint(false)?;
+        }
+        debug_assert!(named(), "a checkpoint names every stripe sealed before it");
+        Counters::add(
+            &self.stripes.counters.flushes_waited_for_checkpoint_ms,
+            started.elapsed().as_millis() as u64,
+        );
+        Ok(())
     }
 
     /// Returns once every stripe up to `target` is written and synced. One
@@ -903,10 +937,11 @@ impl Shared {
             t = self.tracker.lock();
             t.syncing = false;
             t.synced_through = t.synced_through.max(written);
+            let recoverable = t.recoverable_through();
             self.tracker.changed.notify_all();
             drop(t);
             Counters::add(&self.stripes.counters.syncs, 1);
-            self.index_mut().slots.release_drained(written);
+            self.index_mut().slots.release_drained(recoverable);
             t = self.tracker.lock();
         }
     }

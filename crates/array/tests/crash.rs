@@ -184,7 +184,7 @@ fn engine(seed: u64) -> EngineOptions {
     }
 }
 
-fn run(seed: u64, met: &mut (u64, u64, u64, u64)) {
+fn run(seed: u64, met: &mut (u64, u64, u64, u64, u64)) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let devices: Vec<Arc<MemoryDevice>> = (0..6).map(|_| Arc::new(MemoryDevice::new(MEMBER_BYTES))).collect();
     let default = create(&devices, seed, None).logical_bytes();
@@ -265,6 +265,7 @@ fn run(seed: u64, met: &mut (u64, u64, u64, u64)) {
         met.0 += before.gc_rounds;
         met.1 += before.checkpoints_written;
         met.2 += before.map_pages_evicted;
+        met.4 += before.stripes_sealed_early;
         // What the dead process still does reaches nothing.
         drop(array);
         // Odd rounds: kill -9 (what was written is in the page cache and
@@ -305,8 +306,9 @@ fn run(seed: u64, met: &mut (u64, u64, u64, u64)) {
 #[test]
 fn nothing_flushed_is_lost_when_killed_under_collection() {
     // (garbage collection rounds, checkpoints written, map pages evicted,
-    // openings that left the replay for after)
-    let mut met = (0, 0, 0, 0);
+    // openings that left the replay for after, stripes written to the
+    // next window's slots while a checkpoint was written)
+    let mut met = (0, 0, 0, 0, 0);
     for seed in common::seeds("TESSERA_CRASH_SEEDS", SEEDS_DEFAULT) {
         run(seed, &mut met);
     }
@@ -314,9 +316,240 @@ fn nothing_flushed_is_lost_when_killed_under_collection() {
     // after (most replay into GC victims that still held pieces at the
     // checkpoint), and which do varies with timing: 0 or 1 of seeds 0..8,
     // 5 of 8..48. Counted, not required; `map_pages.rs` tests that path.
-    eprintln!("garbage collection rounds, checkpoints, map pages evicted, replays mapped later: {met:?}");
+    eprintln!(
+        "garbage collection rounds, checkpoints, map pages evicted, replays mapped later, stripes sealed early: {met:?}"
+    );
     assert!(
         met.0 > 0 && met.1 > 0 && met.2 > 0,
         "no collection, no checkpoint or no page evicted: {met:?}"
     );
+}
+
+/// A member whose superblock writes (at offset 0: what makes a
+/// checkpoint durable) wait while its gate is shut.
+struct Gated {
+    inner: Arc<MemoryDevice>,
+    gate: Arc<Gate>,
+}
+
+#[derive(Default)]
+struct Gate {
+    shut: std::sync::Mutex<bool>,
+    opened: std::sync::Condvar,
+    waiting: std::sync::atomic::AtomicUsize,
+}
+
+impl Gate {
+    fn set(&self, shut: bool) {
+        *self.shut.lock().unwrap() = shut;
+        self.opened.notify_all();
+    }
+
+    fn pass(&self) {
+        let mut shut = self.shut.lock().unwrap();
+        if *shut {
+            self.waiting.fetch_add(1, Ordering::SeqCst);
+            while *shut {
+                shut = self.opened.wait(shut).unwrap();
+            }
+        }
+    }
+}
+
+impl tessera_array::device::Device for Gated {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        if offset == 0 {
+            self.gate.pass();
+        }
+        self.inner.write_at(buf, offset)
+    }
+
+    fn sync(&self) -> std::io::Result<()> {
+        self.inner.sync()
+    }
+
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+}
+
+/// Opens its gate when dropped.
+struct Opens<'a>(&'a Gate);
+
+impl Drop for Opens<'_> {
+    fn drop(&mut self) {
+        self.0.set(false);
+    }
+}
+
+/// Polls `done` every millisecond for up to `seconds`; whether it held.
+fn within(seconds: u64, done: impl Fn() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
+    while std::time::Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    done()
+}
+
+/// A checkpoint held just before it is durable (its superblock writes
+/// wait at a gate), with the window's slots it leaves usable too few for
+/// what clients write meanwhile: the writes go on into the next window's
+/// slots instead of waiting for it, and a FLUSH after them waits until
+/// that checkpoint is durable, since recovery from the one before would
+/// not find those stripes. Killed while it is held, the array reopens
+/// from the checkpoint before with every FLUSHed block and every other
+/// block whole; killed once it is durable, with every block written.
+#[test]
+fn writers_go_on_past_the_window_while_a_checkpoint_is_written_and_flush_waits_for_it() {
+    const STRIPE_DATA: usize = 4 * (16 << 10);
+    // The smallest window (`limits::CHECKPOINT_WINDOW_MIN`): a checkpoint
+    // takes twice that many slots, up to a window's worth of the free
+    // ones the current window has left and others.
+    const WINDOW: u64 = 16;
+    // Stripes written before the checkpoint is held, so that the window
+    // has fewer free slots left than it takes (about 9 of 33), and while
+    // it is held: more than those, fewer than those and the next
+    // window's other free slots together (a window's worth).
+    const BEFORE: usize = 20;
+    const WRITES: usize = 20;
+    for killed_while_held in [true, false] {
+        let context = format!("killed while the checkpoint is held: {killed_while_held}");
+        let devices: Vec<Arc<MemoryDevice>> = (0..6).map(|_| Arc::new(MemoryDevice::new(MEMBER_BYTES))).collect();
+        let gate = Arc::new(Gate::default());
+        let gated: Vec<(String, Arc<dyn tessera_array::device::Device>)> = devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let device = Gated {
+                    inner: d.clone(),
+                    gate: gate.clone(),
+                };
+                (
+                    format!("m{i}"),
+                    Arc::new(device) as Arc<dyn tessera_array::device::Device>,
+                )
+            })
+            .collect();
+        let options = CreateOptions {
+            data: 4,
+            parity: 2,
+            chunk_bytes: 16 << 10,
+            checksum: tessera_checksum::Algorithm::Crc32c,
+            compression: None,
+            logical_bytes: None,
+            log_bytes: None,
+        };
+        let engine = EngineOptions {
+            background: false,
+            user_lanes: Some(1),
+            window_slots: Some(WINDOW),
+            ..EngineOptions::default()
+        };
+        let array = tessera_array::create_with(gated, &options, engine).unwrap();
+        let stripe_bytes = |i: usize| {
+            let lba = (i * STRIPE_DATA / BLOCK_BYTES) as u64;
+            (0..STRIPE_DATA / BLOCK_BYTES as usize)
+                .flat_map(|b| block(i as u64 + 1, lba + b as u64))
+                .collect::<Vec<u8>>()
+        };
+        let expect = |array: &Array, i: usize, whole_or_zeros: bool| {
+            let mut got = vec![0u8; STRIPE_DATA];
+            array.read((i * STRIPE_DATA) as u64, &mut got).unwrap();
+            for (b, got) in got.chunks(BLOCK_BYTES).enumerate() {
+                let lba = (i * STRIPE_DATA / BLOCK_BYTES + b) as u64;
+                let written = got == block(i as u64 + 1, lba).as_slice();
+                assert!(
+                    written || (whole_or_zeros && got == block(0, lba).as_slice()),
+                    "{context}: block {lba} (write {i}) is neither what was written{}",
+                    if whole_or_zeros { " nor zeros" } else { "" }
+                );
+            }
+        };
+        // FLUSHed, and named by a durable checkpoint.
+        array.write(0, &stripe_bytes(0), false).unwrap();
+        array.flush().unwrap();
+        array.checkpoint().unwrap();
+        // FLUSHed, in the durable checkpoint's window.
+        for i in 1..=BEFORE {
+            array.write((i * STRIPE_DATA) as u64, &stripe_bytes(i), false).unwrap();
+        }
+        array.flush().unwrap();
+        gate.set(true);
+        let wrote = std::sync::atomic::AtomicUsize::new(0);
+        let flushed = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            // Opened whatever happens, so that a failed assertion ends the
+            // test rather than leaving the checkpoint held for ever.
+            let _opens = Opens(&gate);
+            let held = scope.spawn(|| array.checkpoint());
+            assert!(
+                within(10, || gate.waiting.load(Ordering::SeqCst) > 0),
+                "{context}: the checkpoint never reached its superblock writes"
+            );
+            let writer = scope.spawn(|| {
+                for i in BEFORE + 1..=BEFORE + WRITES {
+                    array.write((i * STRIPE_DATA) as u64, &stripe_bytes(i), false).unwrap();
+                    wrote.fetch_add(1, Ordering::SeqCst);
+                }
+            });
+            assert!(
+                within(20, || wrote.load(Ordering::SeqCst) == WRITES),
+                "{context}: {} of {WRITES} writes done while a checkpoint was held: writers waited for it",
+                wrote.load(Ordering::SeqCst)
+            );
+            writer.join().unwrap();
+            let flush = scope.spawn(|| {
+                let result = array.flush();
+                flushed.store(true, Ordering::SeqCst);
+                result
+            });
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            assert!(
+                !flushed.load(Ordering::SeqCst),
+                "{context}: a FLUSH returned while the checkpoint naming its stripes was not durable"
+            );
+            if killed_while_held {
+                let dead = Arc::new(AtomicBool::new(true));
+                for d in &devices {
+                    d.set_faults(Faults {
+                        dead: Some(dead.clone()),
+                        ..Faults::default()
+                    });
+                }
+            }
+            gate.set(false);
+            held.join().unwrap().unwrap();
+            flush.join().unwrap().unwrap();
+        });
+        // (`status` waits for the superblocks, held at the gate above.)
+        let early = array.status().unwrap().stripes_sealed_early;
+        assert!(early > 0, "{context}: no stripe went to the next window's slots");
+        if killed_while_held {
+            drop(array);
+            for d in &devices {
+                d.set_faults(Faults::default());
+                d.crash(d.pending_writes());
+            }
+        } else {
+            common::kill(&devices, array);
+        }
+        let array = tessera_array::open_with(open_list(&devices, &[]), EngineOptions::default())
+            .unwrap_or_else(|e| panic!("{context}: reopening: {e}"));
+        let status = array.status().unwrap();
+        assert_eq!(status.recovery.checkpoint_error, None, "{context}");
+        for i in 0..=BEFORE {
+            expect(&array, i, false);
+        }
+        for i in BEFORE + 1..=BEFORE + WRITES {
+            expect(&array, i, killed_while_held);
+        }
+        array.check().unwrap_or_else(|e| panic!("{context}: {e}"));
+    }
 }

@@ -242,6 +242,10 @@ fn print_status(s: &Status) {
         s.writers_waited_for_slot_ms
     );
     println!(
+        "during checkpoints: {} stripes written to the next window's slots; FLUSHes waited {} ms for the checkpoint naming them",
+        s.stripes_sealed_early, s.flushes_waited_for_checkpoint_ms
+    );
+    println!(
         "errors: {} bad chunks found, {} repaired; {} reads reconstructed (from {} stripes rebuilt), {} unrecoverable",
         s.checksum_errors, s.chunks_repaired, s.reconstructed_reads, s.stripes_reconstructed, s.unrecoverable_reads
     );
