@@ -455,7 +455,7 @@ fn writers_go_on_past_the_window_while_a_checkpoint_is_written_and_flush_waits_f
         let array = tessera_array::create_with(gated, &options, engine).unwrap();
         let stripe_bytes = |i: usize| {
             let lba = (i * STRIPE_DATA / BLOCK_BYTES) as u64;
-            (0..STRIPE_DATA / BLOCK_BYTES as usize)
+            (0..STRIPE_DATA / BLOCK_BYTES)
                 .flat_map(|b| block(i as u64 + 1, lba + b as u64))
                 .collect::<Vec<u8>>()
         };
