@@ -113,7 +113,12 @@ struct Queue {
     /// after its last stripe was written and synced).
     writes: BTreeMap<u64, ChunkWrite>,
     /// Where the last run ended: runs are taken upwards from here, and
-    /// wrap (C-SCAN), so no row waits for ever.
+    /// wrap (C-SCAN), so no row waits for ever; but a row past a stream
+    /// of chunks arriving just above the cursor (a sequential fill) waits
+    /// until the stream stops: a checkpoint's own stripes, beyond the
+    /// slots the fill writes, waited for the whole of a fill
+    /// (PERFORMANCE.md, "Writers into the next window's slots while a
+    /// checkpoint is written", which also has two fairer sweeps tried).
     cursor: u64,
     syncs: VecDeque<Arc<SyncWait>>,
     /// Threads of this member writing now.
