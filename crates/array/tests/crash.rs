@@ -147,19 +147,23 @@ impl Client {
     }
 }
 
-/// 4+2 of 16 KiB chunks on 6 small members (about 150 stripes), one user
-/// stripe per client.
-fn create(devices: &[Arc<MemoryDevice>], seed: u64, logical_bytes: Option<u64>) -> Array {
-    let options = CreateOptions {
+/// 4+2 of `chunk_bytes` chunks, CRC32C, no compression, the default log.
+fn options(chunk_bytes: usize, logical_bytes: Option<u64>) -> CreateOptions {
+    CreateOptions {
         data: 4,
         parity: 2,
-        chunk_bytes: 64 << 10,
+        chunk_bytes,
         checksum: tessera_checksum::Algorithm::Crc32c,
         compression: None,
         logical_bytes,
         log_bytes: None,
-    };
-    tessera_array::create_with(named(devices), &options, engine(seed))
+    }
+}
+
+/// 4+2 of 64 KiB chunks on 6 small members (about 110 stripes), one user
+/// stripe per client.
+fn create(devices: &[Arc<MemoryDevice>], seed: u64, logical_bytes: Option<u64>) -> Array {
+    tessera_array::create_with(named(devices), &options(64 << 10, logical_bytes), engine(seed))
         .unwrap_or_else(|e| panic!("seed {seed}: create: {e}"))
 }
 
@@ -437,22 +441,13 @@ fn writers_go_on_past_the_window_while_a_checkpoint_is_written_and_flush_waits_f
                 )
             })
             .collect();
-        let options = CreateOptions {
-            data: 4,
-            parity: 2,
-            chunk_bytes: 16 << 10,
-            checksum: tessera_checksum::Algorithm::Crc32c,
-            compression: None,
-            logical_bytes: None,
-            log_bytes: None,
-        };
         let engine = EngineOptions {
             background: false,
             user_lanes: Some(1),
             window_slots: Some(WINDOW),
             ..EngineOptions::default()
         };
-        let array = tessera_array::create_with(gated, &options, engine).unwrap();
+        let array = tessera_array::create_with(gated, &options(16 << 10, None), engine).unwrap();
         let stripe_bytes = |i: usize| {
             let lba = (i * STRIPE_DATA / BLOCK_BYTES) as u64;
             (0..STRIPE_DATA / BLOCK_BYTES)
