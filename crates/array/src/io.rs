@@ -118,7 +118,7 @@ struct Queue {
     /// until the stream stops: a checkpoint's own stripes, beyond the
     /// slots the fill writes, waited for the whole of a fill
     /// (PERFORMANCE.md, "Writers into the next window's slots while a
-    /// checkpoint is written", which also has two fairer sweeps tried).
+    /// checkpoint is written", which also has three fairer sweeps tried).
     cursor: u64,
     syncs: VecDeque<Arc<SyncWait>>,
     /// Threads of this member writing now.
