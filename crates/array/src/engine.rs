@@ -97,7 +97,11 @@ pub struct EngineOptions {
     /// Whether writers may take the next window's slots while a
     /// checkpoint is written, once the current window's run out, rather
     /// than wait for it; a FLUSH then waits for that checkpoint to be
-    /// durable (`SlotTable::early`). Off only to measure what it saves.
+    /// durable (`SlotTable::early`). Off by default: it shortened a
+    /// sequential fill's longest write about threefold, but raised p99.9
+    /// under random writes and GC, and `bench-nbd.sh`'s sequential write
+    /// ran at 0.77-0.78x in two of three rounds (PERFORMANCE.md, "Writers
+    /// into the next window's slots while a checkpoint is written").
     pub next_window_early: bool,
 }
 
@@ -119,7 +123,7 @@ impl Default for EngineOptions {
             window_slots: None,
             replay_part_records: crate::limits::REPLAY_PART_RECORDS_MIN,
             replay_later: true,
-            next_window_early: true,
+            next_window_early: false,
         }
     }
 }

@@ -178,6 +178,9 @@ fn run(seed: u64, met: &mut Met, shape: Shape) {
         },
         // Replay mapped after opening, page by page, in half the seeds.
         replay_later: (seed / 2).is_multiple_of(2),
+        // Writers into the next window's slots while a checkpoint is
+        // written, in some seeds.
+        next_window_early: (seed / 4).is_multiple_of(2),
         ..EngineOptions::default()
     };
     let array = tessera_array::create_with(named(&devices), &options, engine.clone())
