@@ -157,6 +157,9 @@ pub(crate) fn piece_ranges(pieces: &[Piece<'_>]) -> Vec<(u64, u64)> {
     pieces.iter().map(|p| (p.lba, p.lba + u64::from(p.blocks))).collect()
 }
 
+// `crc32c_of_4k_blocks` (a raw extent's digest from its blocks' CRCs).
+const _: () = assert!(BLOCK_BYTES == 4096);
+
 pub(crate) fn block_crcs(bytes: &[u8]) -> format::BlockCrcs {
     bytes.chunks(BLOCK_BYTES).map(tessera_checksum::crc32c).collect()
 }
@@ -343,11 +346,20 @@ impl Shared {
                     }
                 }
                 Kind::Raw => {
-                    to_hash.push((pieces.len(), bytes));
+                    let crcs = block_crcs(bytes);
+                    // A CRC32C digest follows from the blocks' CRCs with
+                    // no second pass over the bytes; other digests are
+                    // the accelerator's.
+                    let digest = if algorithm == Algorithm::Crc32c {
+                        tessera_checksum::crc32c_digest(tessera_checksum::crc32c_of_4k_blocks(&crcs))
+                    } else {
+                        to_hash.push((pieces.len(), bytes));
+                        Digest::from_bytes(&[])
+                    };
                     Stored::Raw {
                         bytes: Cow::Borrowed(bytes),
-                        crcs: block_crcs(bytes),
-                        digest: Digest::from_bytes(&[]),
+                        crcs,
+                        digest,
                     }
                 }
             };
