@@ -7,7 +7,9 @@
 //! SSE4.2 instruction, for pieces under 64 KiB on x86-64 without AVX-512), `xxhash-rust`,
 //! `blake3` (its AVX-512 path), and the system's OpenSSL for SHA-256 and
 //! SHA3-512 (SHA-NI or AVX2 assembly, the same code `openssl speed` times).
-//! No hash is written by hand here.
+//! No hash is written by hand here; what is, [`crc32c_of_4k_blocks`], only
+//! combines CRC32Cs those crates computed, with tables made from their own
+//! CRCs of zeros.
 //!
 //! - [`Algorithm`] and [`Digest`]: one checksum of one block, chosen by name.
 //! - [`merkle`]: a tree over the chunks of a stripe, its root, and proofs that
