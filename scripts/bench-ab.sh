@@ -6,6 +6,7 @@
 #   scripts/bench-ab.sh OLD NEW degraded [ROUNDS]   (default 3 rounds)
 #   scripts/bench-ab.sh OLD NEW fastlog [ROUNDS]    (default 4 rounds)
 #   scripts/bench-ab.sh OLD NEW random [ROUNDS]     (default 3 rounds)
+#   scripts/bench-ab.sh OLD NEW seq [ROUNDS]        (default 3 rounds)
 #
 # degraded: 8+2 on ten 1 GiB files, 1 GiB written by fio, two healthy
 #   passes of `nbdcopy --connections=4 --requests=64 URI null:`, members 0
@@ -18,17 +19,23 @@
 #   (every block once: 524,288 map entries in 1,024 full pages), then
 #   4 KiB randread QD32 for 15 s; IOPS of each, and the server's CPU
 #   ticks over its life.
+# seq: 4+2 on six 1 GiB member files written first (`create --preallocate`),
+#   `nbdcopy --connections=4 --requests=64` of 1.5 GiB of random bytes from
+#   /dev/shm; MB/s, and the server's CPU time (user + system, from its
+#   start to the copy's end) per byte written: what the write path costs in
+#   CPU, which a disk-bound rate hides.
 set -euo pipefail
-[ $# -ge 3 ] || { echo "usage: $0 OLD NEW degraded|fastlog|random [ROUNDS]" >&2; exit 2; }
+[ $# -ge 3 ] || { echo "usage: $0 OLD NEW degraded|fastlog|random|seq [ROUNDS]" >&2; exit 2; }
 old=$1; new=$2; mode=$3
 case "$mode" in
   degraded) rounds=${4:-3} ;;
   fastlog) rounds=${4:-4} ;;
   random) rounds=${4:-3} ;;
-  *) echo "mode: degraded, fastlog or random" >&2; exit 2 ;;
+  seq) rounds=${4:-3} ;;
+  *) echo "mode: degraded, fastlog, random or seq" >&2; exit 2 ;;
 esac
-work=""; fast=""; pid=""
-cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$work" "$fast"; }
+work=""; fast=""; pid=""; source=""
+cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$work" "$fast" "$source"; }
 trap cleanup EXIT
 
 serve() { # tessera
@@ -52,6 +59,11 @@ json_iops() {
   python3 -c "import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index('{'):]); print(round(j['jobs'][0]['$1']['iops']))"
 }
 
+if [ "$mode" = seq ]; then
+  # The same random bytes for every round, made before any is timed.
+  source=$(mktemp /dev/shm/tessera-ab-seq.XXXXXX)
+  head -c 1536M /dev/urandom >"$source"
+fi
 echo "$mode: $old against $new, $rounds rounds; $(nproc) x $(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)"
 for round in $(seq "$rounds"); do
   for which in old new; do
@@ -90,6 +102,17 @@ for round in $(seq "$rounds"); do
             --time_based --runtime=15 --randseed=9 --output-format=json 2>/dev/null | json_iops read)
         ticks=$(awk '{print $14 + $15}' "/proc/$pid/stat")
         echo "round $round $which: randwrite $write IOPS, randread $read IOPS, server CPU ticks $ticks"
+        ;;
+      seq)
+        "$tessera" create --data 4 --parity 2 --dir "$work/array" --devices 6 --device-size 1G \
+          --preallocate >/dev/null 2>&1
+        serve "$tessera"
+        start=$(date +%s.%N)
+        nbdcopy --connections=4 --requests=64 "$source" "nbd+unix:///tessera?socket=$work/s.sock"
+        end=$(date +%s.%N)
+        ticks=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+        python3 -c "b = 1536 << 20; t = $end - $start; c = $ticks / 100
+print(f'round $round $which: {b / t / 1e6:.0f} MB/s, server CPU {c:.2f} s, {c / b * 1e9:.2f} ns a byte')"
         ;;
     esac
     stop
