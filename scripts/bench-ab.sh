@@ -23,7 +23,9 @@
 #   `nbdcopy --connections=4 --requests=64` of 1.5 GiB of random bytes from
 #   /dev/shm; MB/s, and the server's CPU time (user + system, from its
 #   start to the copy's end) per byte written: what the write path costs in
-#   CPU, which a disk-bound rate hides.
+#   CPU, which a disk-bound rate hides. With PERF=DIR, each round's server
+#   runs under `perf record -F 999` (DIR/ROUND-old|new.data), and the share
+#   of its samples in CRC code is printed.
 set -euo pipefail
 [ $# -ge 3 ] || { echo "usage: $0 OLD NEW degraded|fastlog|random|seq [ROUNDS]" >&2; exit 2; }
 old=$1; new=$2; mode=$3
@@ -34,8 +36,8 @@ case "$mode" in
   seq) rounds=${4:-3} ;;
   *) echo "mode: degraded, fastlog, random or seq" >&2; exit 2 ;;
 esac
-work=""; fast=""; pid=""; source=""
-cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$work" "$fast" "$source"; }
+work=""; fast=""; pid=""; bytes_file=""
+cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$work" "$fast" "$bytes_file"; }
 trap cleanup EXIT
 
 serve() { # tessera
@@ -61,8 +63,8 @@ json_iops() {
 
 if [ "$mode" = seq ]; then
   # The same random bytes for every round, made before any is timed.
-  source=$(mktemp /dev/shm/tessera-ab-seq.XXXXXX)
-  head -c 1536M /dev/urandom >"$source"
+  bytes_file=$(mktemp /dev/shm/tessera-ab-seq.XXXXXX)
+  head -c 1536M /dev/urandom >"$bytes_file"
 fi
 echo "$mode: $old against $new, $rounds rounds; $(nproc) x $(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)"
 for round in $(seq "$rounds"); do
@@ -107,10 +109,21 @@ for round in $(seq "$rounds"); do
         "$tessera" create --data 4 --parity 2 --dir "$work/array" --devices 6 --device-size 1G \
           --preallocate >/dev/null 2>&1
         serve "$tessera"
+        perf=""
+        if [ -n "${PERF:-}" ]; then
+          mkdir -p "$PERF"
+          perf record -F 999 -p "$pid" -o "$PERF/$round-$which.data" >/dev/null 2>&1 & perf=$!
+          sleep 0.5
+        fi
         start=$(date +%s.%N)
-        nbdcopy --connections=4 --requests=64 "$source" "nbd+unix:///tessera?socket=$work/s.sock"
+        nbdcopy --connections=4 --requests=64 "$bytes_file" "nbd+unix:///tessera?socket=$work/s.sock"
         end=$(date +%s.%N)
         ticks=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+        if [ -n "$perf" ]; then
+          kill -INT "$perf"; wait "$perf" || true
+          perf report -i "$PERF/$round-$which.data" --no-children --sort symbol --stdio 2>/dev/null |
+            awk '/^ +[0-9.]+%/ && tolower($0) ~ /crc/ {sub("%", "", $1); c += $1} END {printf "round %s %s: %.1f%% of the server\x27s samples in CRC code\n", r, w, c}' r="$round" w="$which"
+        fi
         python3 -c "b = 1536 << 20; t = $end - $start; c = $ticks / 100
 print(f'round $round $which: {b / t / 1e6:.0f} MB/s, server CPU {c:.2f} s, {c / b * 1e9:.2f} ns a byte')"
         ;;

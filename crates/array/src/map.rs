@@ -376,7 +376,7 @@ impl Page {
         // needs one.
         let codec = codec_from_code(e.codec, 0).expect("the map keeps only codecs it was given");
         let (digest, crcs) = if e.flags & DIGEST_IS_CRC != 0 {
-            (Digest::from_bytes(&rest[0].to_be_bytes()), rest)
+            (tessera_checksum::crc32c_digest(rest[0]), rest)
         } else {
             let (digest, crcs) = rest.split_at(usize::from(e.digest_bytes).div_ceil(4));
             let mut bytes = [0u8; 64];

@@ -164,6 +164,14 @@ pub(crate) fn block_crcs(bytes: &[u8]) -> format::BlockCrcs {
     bytes.chunks(BLOCK_BYTES).map(tessera_checksum::crc32c).collect()
 }
 
+/// A raw extent's digest from its blocks' CRCs, with no pass over its
+/// bytes, where the array's digest is CRC32C (the CRC of the blocks one
+/// after another); `None` for the other algorithms, which hash the bytes.
+fn folded_digest(algorithm: Algorithm, crcs: &[u32]) -> Option<Digest> {
+    (algorithm == Algorithm::Crc32c)
+        .then(|| tessera_checksum::crc32c_digest(tessera_checksum::crc32c_of_4k_blocks(crcs)))
+}
+
 /// A stripe sealed (sequence given, data area final) and not yet built.
 pub(crate) struct Sealing {
     pub info: StripeInfo,
@@ -347,15 +355,12 @@ impl Shared {
                 }
                 Kind::Raw => {
                     let crcs = block_crcs(bytes);
-                    // A CRC32C digest follows from the blocks' CRCs with
-                    // no second pass over the bytes; other digests are
-                    // the accelerator's.
-                    let digest = if algorithm == Algorithm::Crc32c {
-                        tessera_checksum::crc32c_digest(tessera_checksum::crc32c_of_4k_blocks(&crcs))
-                    } else {
+                    // Digests that do not follow from the CRCs are the
+                    // accelerator's, in one batch below.
+                    let digest = folded_digest(algorithm, &crcs).unwrap_or_else(|| {
                         to_hash.push((pieces.len(), bytes));
                         Digest::from_bytes(&[])
-                    };
+                    });
                     Stored::Raw {
                         bytes: Cow::Borrowed(bytes),
                         crcs,
@@ -1114,7 +1119,7 @@ fn split_raw<'a>(algorithm: Algorithm, piece: Piece<'a>, blocks: usize) -> (Piec
         lba,
         blocks: crcs.len() as u32,
         stored: Stored::Raw {
-            digest: algorithm.digest(&bytes),
+            digest: folded_digest(algorithm, &crcs).unwrap_or_else(|| algorithm.digest(&bytes)),
             bytes,
             crcs,
         },

@@ -35,7 +35,7 @@ const BUFFER_BYTES_KEPT_MAX: usize = 4 << 20;
 /// Spare buffers a connection keeps, of each kind: as many as it may
 /// have requests in flight, so a client that keeps that many going (as
 /// `nbdcopy --requests=64` does) is not given a new, zeroed buffer for
-/// most of them. With 16, 2% of the server's CPU samples during a
+/// most of them. With 16, about 1.7% of the server's CPU samples during a
 /// sequential write were that zeroing (PERFORMANCE.md, "CRC32C of 4 KiB
 /// blocks"). `SPARE_BYTES_MAX` still bounds them all.
 const BUFFERS_KEPT_COUNT: usize = REQUESTS_IN_FLIGHT_MAX;
