@@ -59,11 +59,12 @@
 //! written again by the next checkpoint.
 
 use crate::counters::Counters;
-use crate::engine::{Index, Resident, Shared};
+use crate::engine::Shared;
 use crate::error::ArrayError;
 use crate::format::{
     self, Checkpoint, CheckpointRef, ImagePiece, MapImages, MapStripe, PageImage, Stream, CHECKPOINT_SLOTS_MAX,
 };
+use crate::index::{Index, Resident};
 use crate::limits::MAP_DIRECTORY_PAGES;
 use crate::limits::{
     CHECKPOINT_COPY_HOLD_MAX, CHECKPOINT_PAGES_COST_DIVISOR, CHECKPOINT_ROOTS_PER_PAGES_MAX,
@@ -281,7 +282,7 @@ impl Shared {
     pub(crate) fn nothing_after_checkpoint(&self) -> Option<u64> {
         let reference = self.stripes.members.superblock().checkpoint.clone()?;
         let last = reference.first_stripe_sequence + reference.stripe_count(self.meta_stripe_bytes()) as u64 - 1;
-        let mapped = self.index().last_data_sealed <= reference.sequence;
+        let mapped = self.catalog.index().last_data_sealed <= reference.sequence;
         (mapped && self.stripes.members.lost().is_none() && self.tracker.last_sequence() == last)
             .then_some(reference.sequence)
     }
@@ -351,7 +352,7 @@ impl Shared {
         let root_only = root_may_do
             && !self.early_unnamed()
             && durable.since.as_ref().is_some_and(|since| {
-                let index = self.index();
+                let index = self.catalog.index();
                 let per_page = index.map.bytes() / index.map.page_count().max(1);
                 let pages_cost = (index.map.dirty_count() * per_page) as u64;
                 since.roots < CHECKPOINT_ROOTS_PER_PAGES_MAX
@@ -377,7 +378,7 @@ impl Shared {
         } = taken;
         let slot_pages = slot_pages.map(|_| self.copy_slot_pages());
         let give_back_pages = || {
-            let mut index = self.index_mut();
+            let mut index = self.catalog.index_mut();
             index.map.mark_dirty(dirty.iter().copied());
             if let Some(taken) = &slot_pages {
                 index.slots.give_back_pages(taken);
@@ -411,7 +412,7 @@ impl Shared {
         // that are still there (a page left alone points only where the
         // map did when its image was taken: where the last pages'
         // checkpoint said, or where the slot's newer stripe is now).
-        let mut resealed: BTreeMap<u64, u64> = self.index().slots.resealed().into_iter().collect();
+        let mut resealed: BTreeMap<u64, u64> = self.catalog.index().slots.resealed().into_iter().collect();
         let (sequence, replay, as_of) = match (as_of, durable.since.as_ref()) {
             (Some(as_of), _) => (start, BTreeSet::new(), as_of),
             (None, Some(since)) => {
@@ -449,7 +450,7 @@ impl Shared {
         };
         match self.write_checkpoint(checkpoint, &mut window, replay, &durable.images, changes) {
             Ok(Some(written)) => {
-                let mut index = self.index_mut();
+                let mut index = self.catalog.index_mut();
                 for (page, entries) in slot_pages.iter().flat_map(|taken| &taken.pages) {
                     index.slots.page_durable(*page, entries);
                 }
@@ -467,7 +468,7 @@ impl Shared {
                 // The pages written are as their new images say, unless
                 // they changed since they were taken (dirty again).
                 index.map.publish(written.dirs, &written.pages);
-                self.evict_pages(&mut index);
+                self.catalog.evict_pages(&mut index);
                 drop(index);
                 durable.images = root.images;
                 match durable.since.as_mut().filter(|_| root_only) {
@@ -504,7 +505,7 @@ impl Shared {
     /// drained meanwhile.
     fn end_restriction(&self) {
         let recoverable = self.tracker.lock().recoverable_through();
-        let mut index = self.index_mut();
+        let mut index = self.catalog.index_mut();
         index.slots.lift_restriction();
         index.slots.release_drained(recoverable);
     }
@@ -516,7 +517,7 @@ impl Shared {
         if self.tracker.lock().unnamed_from.is_some() {
             return true;
         }
-        let index = self.index();
+        let index = self.catalog.index();
         let open = index
             .resident
             .iter()
@@ -558,7 +559,7 @@ impl Shared {
             if in_sparse(own) {
                 found.dirs.insert(dir);
             }
-            let entries = self.directory_page(dir, own)?;
+            let entries = self.catalog.directory_page(dir, own)?;
             found
                 .pages
                 .extend(entries.into_iter().filter(|(_, image)| in_sparse(image)));
@@ -575,7 +576,7 @@ impl Shared {
     fn choose_window(&self, start: u64, images: &MapImages, pages: bool, in_sparse: InStripes) -> Taken {
         let size = self.window_slots() as usize;
         let mut live = images.live_bytes();
-        let mut index = self.index_mut();
+        let mut index = self.catalog.index_mut();
         let dirty = if pages { index.map.take_dirty() } else { BTreeSet::new() };
         // Clean pages in sparse map stripes: their images are copied as
         // they are stored.
@@ -693,8 +694,13 @@ impl Shared {
     /// copied some per hold of the index (each changed before it is
     /// copied is copied before it changes).
     fn copy_slot_pages(&self) -> TakenPages {
-        while !self.index_mut().slots.copy_snapshot(CHECKPOINT_SLOT_PAGES_PER_LOCK) {}
-        self.index_mut().slots.end_snapshot()
+        while !self
+            .catalog
+            .index_mut()
+            .slots
+            .copy_snapshot(CHECKPOINT_SLOT_PAGES_PER_LOCK)
+        {}
+        self.catalog.index_mut().slots.end_snapshot()
     }
 
     /// Step 2: the images of the pages `dirty` names, as they were when
@@ -706,7 +712,7 @@ impl Shared {
         let mut pages: Vec<(u64, Option<Range<usize>>)> = Vec::with_capacity(dirty.len() + moved.len());
         let mut left = dirty.iter().copied().peekable();
         while left.peek().is_some() {
-            let index = self.index();
+            let index = self.catalog.index();
             let held_since = std::time::Instant::now();
             for page in left.by_ref() {
                 let at = raw.len();
@@ -717,7 +723,7 @@ impl Shared {
                 }
             }
         }
-        self.index().map.end_snapshot();
+        self.catalog.index().map.end_snapshot();
         // Compressed as stored, outside the lock.
         let mut stored = Vec::with_capacity(raw.len() / 2);
         for (_, range) in &mut pages {
@@ -729,7 +735,7 @@ impl Shared {
         }
         for (&page, image) in moved {
             let at = stored.len();
-            stored.extend_from_slice(&self.read_page_image(page, image)?);
+            stored.extend_from_slice(&self.catalog.read_page_image(page, image)?);
             pages.push((page, Some(at..stored.len())));
         }
         Ok(Copied { bytes: stored, pages })
@@ -795,7 +801,7 @@ impl Shared {
         // to be written once the slots are known.
         let entries_of = |dir: u64| -> Result<Images, ArrayError> {
             match durable.dirs.get(&dir) {
-                Some(own) => self.directory_page(dir, own),
+                Some(own) => self.catalog.directory_page(dir, own),
                 None => Ok(BTreeMap::new()),
             }
         };
@@ -887,7 +893,7 @@ impl Shared {
         };
         let count = image_stripes + body + directory;
         let mut meta: Vec<u64> = {
-            let mut index = self.index_mut();
+            let mut index = self.catalog.index_mut();
             // A free slot has held nothing since the checkpoint began (no
             // slot drains free while allocation is restricted), so one in
             // the window may be taken (it then leaves the window).
@@ -907,10 +913,9 @@ impl Shared {
                 let wanted = count - free.len();
                 let more = self.healthy_first(
                     || {
-                        index
-                            .slots
-                            .free_slots()
-                            .filter(move |&s| !self.pins.pinned(s) && window.contains(&s) == in_window && !listed(s))
+                        index.slots.free_slots().filter(move |&s| {
+                            !self.catalog.pins.pinned(s) && window.contains(&s) == in_window && !listed(s)
+                        })
                     },
                     wanted,
                 );
@@ -920,7 +925,7 @@ impl Shared {
                 return Ok(None);
             }
             for &slot in &free {
-                index.slots.take(slot, SlotState::Open, &self.pins);
+                index.slots.take(slot, SlotState::Open, &self.catalog.pins);
             }
             free
         };
@@ -937,7 +942,7 @@ impl Shared {
             (body, directory) = checkpoint_stripes(algorithm, per_stripe, root_bytes(&checkpoint))
                 .expect("a root whose window shrank needs no more stripes");
             let spare = meta.split_off(image_stripes + body + directory);
-            let mut index = self.index_mut();
+            let mut index = self.catalog.index_mut();
             for slot in spare {
                 // Not in the root's window (any more): no writer may take
                 // it until a root names it.
@@ -984,7 +989,7 @@ impl Shared {
                 Ok(entries) => entries,
                 Err(error) => {
                     // Nothing written yet: the slots taken go back.
-                    let mut index = self.index_mut();
+                    let mut index = self.catalog.index_mut();
                     for &slot in &meta {
                         index.slots.release_open(slot);
                     }
@@ -1125,7 +1130,7 @@ impl Shared {
             // The old checkpoint stays the durable one; these slots are
             // free again once their writes are done.
             self.wait_written(last);
-            let mut index = self.index_mut();
+            let mut index = self.catalog.index_mut();
             for &slot in &meta {
                 index.slots.free(slot);
             }
@@ -1156,7 +1161,7 @@ impl Shared {
             Counters::add(&self.stripes.counters.checkpoints_dropped, 1);
         }
         drop(superblock);
-        let mut index = self.index_mut();
+        let mut index = self.catalog.index_mut();
         index.slots.set_window(None);
         // Recovery scans every slot now.
         let recoverable = self.all_named();

@@ -4,8 +4,10 @@
 //! The threads, the locks, their order and what each protects are in
 //! `docs/ENGINE.md`; in short, no lock is held across device I/O or a
 //! sync by the paths clients take, and every critical section only moves
-//! indexes. The layer below, the stripes on the members, is `Stripes`
-//! (`stripes.rs`), which `Shared` holds and which knows nothing of it.
+//! indexes. The layers below, which `Shared` holds and which know nothing
+//! of it: the stripes on the members (`Stripes`, `stripes.rs`), and over
+//! them the index (`Catalog`, `catalog.rs`: the map and the slot table
+//! under the index's lock, the pins, the map cache).
 //! The modules beside this one each add one part:
 //!
 //! - `write`: packing extents into open stripes, sealing, FLUSH.
@@ -17,10 +19,10 @@
 //! - `status`: counters and `tessera status`.
 
 use crate::counters::Counters;
-use crate::device::AlignedBuf;
 use crate::error::ArrayError;
 use crate::format::{Geometry, Stream, Superblock, BLOCK_BYTES, SECTOR_BYTES};
-use crate::limits::{RECONSTRUCT_CACHE_BYTES_DEFAULT, WRITE_BYTES_IN_FLIGHT_MAX};
+use crate::index::Index;
+use crate::limits::RECONSTRUCT_CACHE_BYTES_DEFAULT;
 use crate::map::Map;
 use crate::members::{Member, Members};
 use crate::recovery::Recovery;
@@ -28,8 +30,9 @@ use crate::slots::{Pins, SlotTable};
 use crate::status::Status;
 use crate::stripe::OpenStripe;
 use crate::stripes::Stripes;
-use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
+use crate::tracker::Tracker;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use tessera_accel::Accelerator;
 use tessera_compress::policy::Policy;
 
@@ -92,7 +95,7 @@ pub struct EngineOptions {
     pub replay_part_records: usize,
     /// Whether a replay after a crash is mapped after opening, page by
     /// page as they are needed and by a background thread
-    /// (`replay::Pending`); off, before serving (tests do both).
+    /// (`index::Pending`); off, before serving (tests do both).
     pub replay_later: bool,
     /// Whether writers may take the next window's slots while a
     /// checkpoint is written, once the current window's run out, rather
@@ -128,159 +131,21 @@ impl Default for EngineOptions {
     }
 }
 
-/// Where a slot's data area is while it is not (only) on the members.
-pub(crate) enum Resident {
-    /// Being filled: in `Shared::open[lane]`, under its lock.
-    Open(usize),
-    /// Sealed, being written: immutable in memory until the write is done.
-    Sealed(Arc<AlignedBuf>),
-}
-
-/// What the index's lock protects: the map, the slot table and where
-/// unwritten stripes are. Critical sections only move indexes.
-pub(crate) struct Index {
-    pub map: Map,
-    pub slots: SlotTable,
-    pub resident: HashMap<u64, Resident>,
-    /// The version the next mapped write gets.
-    pub next_version: u64,
-    /// The durable checkpoint's own stripes (its root).
-    pub checkpoint_slots: Vec<u64>,
-    /// Map stripes holding the durable checkpoint's page images
-    /// (`Shared::checkpoint_lock` has which).
-    pub map_stripes: usize,
-    /// Slots emptied (by overwrites or by garbage collection's copies)
-    /// while a user stripe that holds a write superseding one of their
-    /// records was open, with the serial of the newest such stripe and
-    /// the sequence of the stripe that emptied them: each drains once
-    /// every user stripe up to that serial is sealed, and after both.
-    pub drain_after_user: Vec<(u64, u64, u64)>,
-    /// The open user stripes' slots, with their serials (user stripes are
-    /// numbered as they open, from 1).
-    pub user_open: HashMap<u64, u64>,
-    /// The serial the next user stripe gets.
-    pub user_serial_next: u64,
-    /// The newest sequence sealed so far.
-    pub last_sealed: u64,
-    /// The newest user or GC stripe's sequence (not a checkpoint's): a
-    /// clean stop's checkpoint must be as of this or later.
-    pub last_data_sealed: u64,
-    /// Which volumes' records are mapped (`crate::volumes::Floors`).
-    pub volumes: crate::volumes::Floors,
-    /// A replay's records not mapped yet (`replay::Pending`).
-    pub pending: Option<Box<crate::replay::Pending>>,
-}
-
-/// Sequences and the progress of writes and syncs.
-#[derive(Default)]
-pub(crate) struct TrackerState {
-    pub next_sequence: u64,
-    /// Sealed stripes not yet on the members.
-    pub in_flight: BTreeSet<u64>,
-    /// Bytes of stripes handed to the members and not yet written.
-    pub submitted_bytes: usize,
-    pub synced_through: u64,
-    pub syncing: bool,
-    /// The first sequence sealed (since the durable checkpoint) in a slot
-    /// outside that checkpoint's window, taken early while the next one
-    /// was written (`SlotTable::outside_window`): recovery from the
-    /// durable checkpoint would not find it, nor anything after it, so
-    /// nothing from it on counts as durable until a checkpoint that names
-    /// it is (`recoverable_through`).
-    pub unnamed_from: Option<u64>,
-}
-
-impl TrackerState {
-    /// Every stripe up to this sequence is synced and found by recovery
-    /// from the durable checkpoint: what a FLUSH acknowledges, and what
-    /// a slot that drained, or the intent log's blocks, wait for.
-    pub fn recoverable_through(&self) -> u64 {
-        match self.unnamed_from {
-            Some(first) => self.synced_through.min(first - 1),
-            None => self.synced_through,
-        }
-    }
-
-    /// Every stripe up to this sequence is on the members (not yet synced).
-    pub fn written_through(&self) -> u64 {
-        match self.in_flight.first() {
-            Some(&oldest) => oldest - 1,
-            None => self.next_sequence - 1,
-        }
-    }
-}
-
-pub(crate) struct Tracker {
-    state: Mutex<TrackerState>,
-    pub changed: Condvar,
-}
-
-impl Tracker {
-    pub fn lock(&self) -> MutexGuard<'_, TrackerState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub fn wait<'a>(&self, guard: MutexGuard<'a, TrackerState>) -> MutexGuard<'a, TrackerState> {
-        self.changed.wait(guard).unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The next `count` sequences (consecutive), registered as in flight
-    /// until each is `written`; returns the first.
-    pub fn assign_many(&self, count: usize) -> u64 {
-        let mut t = self.lock();
-        let first = t.next_sequence;
-        t.next_sequence += count as u64;
-        t.in_flight.extend(first..first + count as u64);
-        first
-    }
-
-    pub fn last_sequence(&self) -> u64 {
-        self.lock().next_sequence - 1
-    }
-
-    /// Waits until `bytes` more may be handed to the members.
-    pub fn wait_for_room(&self, bytes: usize) {
-        let mut t = self.lock();
-        while t.submitted_bytes > 0 && t.submitted_bytes + bytes > WRITE_BYTES_IN_FLIGHT_MAX {
-            t = self.wait(t);
-        }
-        t.submitted_bytes += bytes;
-    }
-
-    /// Waits until every stripe up to `sequence` is written (not synced).
-    pub fn wait_written(&self, sequence: u64) {
-        let mut t = self.lock();
-        while t.written_through() < sequence {
-            t = self.wait(t);
-        }
-    }
-
-    pub fn written(&self, sequence: u64, bytes: usize) {
-        let mut t = self.lock();
-        assert!(
-            t.in_flight.remove(&sequence),
-            "stripe {sequence} reported written twice"
-        );
-        t.submitted_bytes -= bytes;
-        drop(t);
-        self.changed.notify_all();
-    }
-}
-
 pub(crate) struct Shared {
     /// This engine, for the stripes it hands to the member threads.
     pub me: Weak<Shared>,
-    /// The layer below: the members, their I/O, the array's shape and
+    /// The stripe layer: the members, their I/O, the array's shape and
     /// accelerator, reading and rebuilding stripes (`stripes.rs`).
-    pub stripes: Stripes,
+    pub stripes: Arc<Stripes>,
+    /// The index layer over it: the map and the slot table under the
+    /// index's lock, the slots' pins, the map cache (`catalog.rs`).
+    pub catalog: crate::catalog::Catalog,
     pub policy: Option<Policy>,
     /// Live bytes a stripe can be counted on to hold (admission).
     pub fill_bytes: u64,
     /// Live bytes a stripe could hold at most: its data area less the
     /// summary's header (what garbage collection measures victims by).
     pub stripe_live_max: u64,
-    pub index: RwLock<Index>,
-    pub pins: Pins,
     /// The write path's state: open stripes, partial-block locks,
     /// admitted bytes.
     pub writes: crate::write::Writes,
@@ -298,8 +163,6 @@ pub(crate) struct Shared {
     pub recovery: Mutex<Recovery>,
     /// The volumes' gates, and the lock volume operations take.
     pub volumes: crate::volumes::Gates,
-    /// Map pages pinned in memory, and by how many.
-    pub page_pins: crate::pages::PinTable,
     /// Held by whoever reads every slot page opening left unread
     /// (`slot_loader`).
     pub slot_loading: Mutex<()>,
@@ -332,14 +195,6 @@ impl Shared {
     /// Counts a client request (background work yields to them).
     pub fn client_request(&self) {
         Counters::add(&self.stripes.counters.client_requests, 1);
-    }
-
-    pub fn index(&self) -> RwLockReadGuard<'_, Index> {
-        self.index.read().unwrap_or_else(poisoned)
-    }
-
-    pub fn index_mut(&self) -> RwLockWriteGuard<'_, Index> {
-        self.index.write().unwrap_or_else(poisoned)
     }
 
     /// The open stripe of `lane` (see `open`), locked.
@@ -428,42 +283,40 @@ impl Array {
         let members = Members::new(members, superblock, rejected, options.member_errors_max, events.clone());
         let slot_count = geometry.slot_count();
         let fill_bytes = crate::write::stripe_fill_bytes(&geometry, policy.as_ref());
-        let stripes = Stripes::start(
+        let stripes = Arc::new(Stripes::start(
             geometry.clone(),
             array_uuid,
             accel,
             members,
             options.reconstruct_cache_bytes,
-        )?;
+        )?);
         let shared = Arc::new_cyclic(|me| Shared {
             fill_bytes,
             stripe_live_max: (geometry.data_area_bytes() - crate::format::SUMMARY_HEADER_BYTES) as u64,
             me: me.clone(),
-            stripes,
+            stripes: stripes.clone(),
             policy,
-            index: RwLock::new(Index {
-                map: Map::default(),
-                slots: SlotTable::new(geometry.checksum, slot_count),
-                resident: HashMap::new(),
-                next_version: 1,
-                checkpoint_slots: Vec::new(),
-                map_stripes: 0,
-                drain_after_user: Vec::new(),
-                user_open: HashMap::new(),
-                user_serial_next: 1,
-                last_sealed: 0,
-                last_data_sealed: 0,
-                volumes: crate::volumes::Floors::of(&volume_table),
-                pending: None,
-            }),
-            pins: Pins::new(slot_count),
-            tracker: Tracker {
-                state: Mutex::new(TrackerState {
-                    next_sequence: 1,
-                    ..TrackerState::default()
-                }),
-                changed: Condvar::new(),
-            },
+            catalog: crate::catalog::Catalog::new(
+                stripes.clone(),
+                Index {
+                    map: Map::default(),
+                    slots: SlotTable::new(geometry.checksum, slot_count),
+                    resident: HashMap::new(),
+                    next_version: 1,
+                    checkpoint_slots: Vec::new(),
+                    map_stripes: 0,
+                    drain_after_user: Vec::new(),
+                    user_open: HashMap::new(),
+                    user_serial_next: 1,
+                    last_sealed: 0,
+                    last_data_sealed: 0,
+                    volumes: crate::index::Floors::of(&volume_table),
+                    pending: None,
+                },
+                Pins::new(slot_count),
+                options.map_cache_bytes,
+            ),
+            tracker: Tracker::new(),
             jobs: Default::default(),
             events,
             // The user lanes, and the GC stream's.
@@ -479,7 +332,6 @@ impl Array {
             maintenance: crate::maintenance::Signal::default(),
             recovery: Mutex::new(Recovery::default()),
             volumes: crate::volumes::Gates::of(&volume_table),
-            page_pins: Default::default(),
             slot_loading: Mutex::new(()),
             replay_finishing: Mutex::new(()),
             intent: geometry
@@ -506,7 +358,7 @@ impl Array {
             };
             let array_uuid = marked.stripes.array_uuid;
             let read_pages = move || {
-                recovering.load(std::sync::atomic::Ordering::Relaxed) || marked.index().slots.pages_unreadable()
+                recovering.load(std::sync::atomic::Ordering::Relaxed) || marked.catalog.index().slots.pages_unreadable()
             };
             crate::activity::Heartbeat::start(array_uuid, devices, read_pages).map_err(|source| {
                 ArrayError::ThreadStart {
@@ -536,7 +388,7 @@ impl Array {
         if array.shared.options.background {
             array.spawn("tessera-maintenance", "maintenance thread", Shared::maintain)?;
         }
-        let unread = array.shared.index().slots.unread_count() > 0;
+        let unread = array.shared.catalog.index().slots.unread_count() > 0;
         if unread && array.shared.options.slot_pages_in_background {
             array.spawn(
                 "tessera-slot-pages",
@@ -544,7 +396,7 @@ impl Array {
                 Shared::read_slot_pages_in_background,
             )?;
         }
-        let waiting = array.shared.index().pending.is_some();
+        let waiting = array.shared.catalog.index().pending.is_some();
         if waiting && array.shared.options.background {
             array.spawn("tessera-replay", "replay thread", Shared::finish_replay_in_background)?;
         }
@@ -670,6 +522,7 @@ impl Array {
         self.shared.read_every_slot_page().map_err(|e| e.to_string())?;
         self.shared.finish_replay().map_err(|e| e.to_string())?;
         self.shared
+            .catalog
             .with_every_page(|index| index.slots.check(&index.map))
             .map_err(|e| e.to_string())?
     }

@@ -43,13 +43,13 @@ impl Shared {
     pub(crate) fn gc_free_target(&self) -> usize {
         let slots = self.stripes.geometry.slot_count();
         let target = (slots / GC_FREE_TARGET_DIVISOR).clamp(GC_FREE_TARGET_MIN, GC_FREE_TARGET_MAX) as usize;
-        target + GC_RESERVE_SLOTS + self.checkpoint_reserve(&self.index())
+        target + GC_RESERVE_SLOTS + self.checkpoint_reserve(&self.catalog.index())
     }
 
     /// Whether fewer slots are free than collection keeps.
     pub(crate) fn needs_gc(&self) -> bool {
         let target = self.gc_free_target();
-        self.index().slots.free_count() < target
+        self.catalog.index().slots.free_count() < target
     }
 
     /// One round of collection: relocates the live data of the best
@@ -64,7 +64,7 @@ impl Shared {
         let _round = self.gc_lock.lock().unwrap_or_else(|p| p.into_inner());
         // A round that ran while this one waited may have done the work.
         let done = if urgent {
-            self.has_room(&self.index(), crate::write::Claim::Write)
+            self.has_room(&self.catalog.index(), crate::write::Claim::Write)
         } else {
             !self.needs_gc()
         };
@@ -73,12 +73,12 @@ impl Shared {
         }
         let next = self.tracker.last_sequence() + 1;
         let candidates: Vec<(u64, f64)> = {
-            let index = self.index();
+            let index = self.catalog.index();
             let fill = self.stripe_live_max;
             index
                 .slots
                 .victims(fill, next, GC_VICTIMS_PER_ROUND_MAX, urgent, |slot| {
-                    self.pins.pinned(slot) || index.resident.contains_key(&slot)
+                    self.catalog.pins.pinned(slot) || index.resident.contains_key(&slot)
                 })
                 .into_iter()
                 .map(|slot| (slot, index.slots.utilization(slot, fill)))
@@ -104,7 +104,7 @@ impl Shared {
         // The copies are made durable; then the victims drain.
         self.submit(self.seal_lane(self.gc_lane()).into_iter().collect())?;
         let emptied = {
-            let index = self.index();
+            let index = self.catalog.index();
             victims
                 .iter()
                 .filter(|&&v| index.slots.get(v).state == SlotState::Draining)
@@ -117,9 +117,9 @@ impl Shared {
 
     /// Copies what is still live in `victim` into the GC stream.
     pub(crate) fn relocate(&self, victim: u64) -> Result<(), ArrayError> {
-        let mut pinned = Pinned::new(&self.pins);
+        let mut pinned = Pinned::new(&self.catalog.pins);
         let sequence = {
-            let index = self.index();
+            let index = self.catalog.index();
             let s = index.slots.get(victim);
             if s.state != SlotState::Sealed || index.resident.contains_key(&victim) {
                 return Ok(());
@@ -131,7 +131,7 @@ impl Shared {
         // The pages its records are in stay in memory until the copies
         // are mapped.
         let ranges: Vec<(u64, u64)> = records.iter().map(Record::keys).collect();
-        let _pages = self.pin_pages(&ranges)?;
+        let _pages = self.catalog.pin_pages(&ranges)?;
         let live = self.live_pieces(victim, &records);
         for piece in live {
             let stored = match &piece.target {
@@ -184,7 +184,7 @@ impl Shared {
     /// The pieces of the map that still point into `victim`, as its
     /// summary's records name them.
     fn live_pieces(&self, victim: u64, records: &[Record]) -> Vec<Live> {
-        let index = self.index();
+        let index = self.catalog.index();
         let mut live = Vec::new();
         for record in records {
             let (lba, blocks, version) = match record {
@@ -288,13 +288,17 @@ pub(crate) mod tests {
             .unwrap();
         shared.sync_through(shared.tracker.last_sequence()).unwrap();
         assert_ne!(
-            shared.index().slots.get(copy).state,
+            shared.catalog.index().slots.get(copy).state,
             SlotState::Free,
             "the emptied GC stripe was freed before the write that emptied it is durable"
         );
         array.flush().unwrap();
         shared.sync_through(shared.tracker.last_sequence()).unwrap();
-        assert_eq!(shared.index().slots.get(copy).state, SlotState::Free, "and freed after");
+        assert_eq!(
+            shared.catalog.index().slots.get(copy).state,
+            SlotState::Free,
+            "and freed after"
+        );
         array.check().unwrap();
     }
 
@@ -302,6 +306,7 @@ pub(crate) mod tests {
     /// brought in first, with any replayed records waiting for it).
     fn slot_of(shared: &crate::engine::Shared, lba: u64) -> u64 {
         let target = shared
+            .catalog
             .with_pages(&[(lba, lba + 1)], |index| {
                 index
                     .map
@@ -355,7 +360,7 @@ pub(crate) mod tests {
         shared.sync_through(shared.tracker.last_sequence()).unwrap();
         let copy = slot_of(shared, 0);
         assert_ne!(copy, victim, "block 0 was not relocated");
-        assert_eq!(shared.index().slots.get(victim).state, SlotState::Free);
+        assert_eq!(shared.catalog.index().slots.get(victim).state, SlotState::Free);
         let before: Vec<u64> = (0..16).map(|lba| slot_of(shared, lba)).collect();
         // kill -9: the members take nothing more.
         let dead = Arc::new(std::sync::atomic::AtomicBool::new(true));
@@ -386,7 +391,7 @@ pub(crate) mod tests {
         // replayed slot) is held until every page is mapped, then freed.
         shared.finish_replay().unwrap();
         assert_eq!(
-            shared.index().slots.get(victim).state,
+            shared.catalog.index().slots.get(victim).state,
             SlotState::Free,
             "the victim holds data again"
         );

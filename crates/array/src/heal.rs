@@ -76,7 +76,7 @@ impl Array {
 impl Shared {
     /// Sealed data stripes with a chunk on a member that is out.
     fn degraded_stripes(&self) -> Vec<u64> {
-        let index = self.index();
+        let index = self.catalog.index();
         index
             .slots
             .iter()
@@ -90,11 +90,11 @@ impl Shared {
     /// Whether a free slot that new stripes may take lies on healthy
     /// members only.
     fn room_on_healthy_members(&self) -> bool {
-        let index = self.index();
+        let index = self.catalog.index();
         let found = index
             .slots
             .usable_slots()
-            .any(|slot| !self.pins.pinned(slot) && self.stripes.all_healthy(slot));
+            .any(|slot| !self.catalog.pins.pinned(slot) && self.stripes.all_healthy(slot));
         found
     }
 
@@ -135,7 +135,7 @@ impl Shared {
                     // Still a degraded stripe (not collected meanwhile,
                     // nor healed by a member's return)?
                     let degraded = {
-                        let index = self.index();
+                        let index = self.catalog.index();
                         index.slots.get(victim).state == SlotState::Sealed && !self.stripes.all_healthy(victim)
                     };
                     if degraded {

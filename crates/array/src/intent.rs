@@ -679,12 +679,12 @@ impl Shared {
             .flat_map(|(_, (_, records))| records.iter())
             .map(|(record, _)| (record.lba, record.lba + u64::from(record.blocks)))
             .collect();
-        let _pages = self.pin_pages(&ranges)?;
+        let _pages = self.catalog.pin_pages(&ranges)?;
         {
             // A record mapped at its version or a newer one is in a
             // stripe already (the stripe it went to was sealed after
             // all, or its blocks were written again): not written again.
-            let index = self.index();
+            let index = self.catalog.index();
             for (_, (_, records)) in blocks.range(tail..).filter(|(_, (_, records))| !records.is_empty()) {
                 found.blocks_replayed += 1;
                 for (record, bytes) in records {

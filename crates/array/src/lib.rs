@@ -15,7 +15,12 @@
 //!   reconstruction cache, spare buffers) and its reads: a stripe's data
 //!   area or a range of it, checked; a stripe rebuilt from any K chunks;
 //!   bad chunks rewritten. It knows nothing of the map.
-//! - `engine`: the state of the layers above the stripes and the public
+//! - `index`: what the index's lock protects (the map, the slot table,
+//!   where unwritten stripes are, a replay's records not mapped yet).
+//! - `catalog`: the index layer over the stripes: the index under its
+//!   lock, the slots' pins, the map cache. `tracker`: sequences, and how
+//!   far writes and syncs have gone.
+//! - `engine`: the state of the layers above the index and the public
 //!   [`Array`]; beside it `write`, `read`, `repair`, `gc`, `checkpoint`,
 //!   `recovery`, `maintenance`, `volumes` and `status`.
 //!
@@ -26,6 +31,7 @@
 
 pub mod activity;
 mod cache;
+mod catalog;
 mod checkpoint;
 mod counters;
 mod create;
@@ -37,6 +43,7 @@ mod fanout;
 pub mod format;
 mod gc;
 mod heal;
+mod index;
 mod intent;
 mod io;
 pub mod limits;
@@ -44,7 +51,6 @@ mod maintenance;
 pub mod map;
 mod members;
 mod open;
-mod pages;
 mod read;
 mod rebuild;
 mod recovery;
@@ -56,6 +62,7 @@ pub mod slots;
 mod status;
 pub mod stripe;
 mod stripes;
+mod tracker;
 mod volumes;
 mod write;
 

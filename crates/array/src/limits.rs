@@ -236,7 +236,7 @@ pub const SCAN_READS_PER_TASK: usize = 2_048;
 /// thread each, so a part is worth its start.
 pub const REPLAY_PART_RECORDS_MIN: usize = 16_384;
 pub const REPLAY_PARTS_MAX: usize = 8;
-/// A replay is mapped after opening (`replay::Pending`) only where its
+/// A replay is mapped after opening (`index::Pending`) only where its
 /// records fall in at most this many (page, record) places (16 bytes
 /// each, beside the records: a full window of random writes is ~1 M),
 /// and none spans more than `REPLAY_LATER_SPAN_PAGES_MAX` pages (a TRIM

@@ -139,7 +139,7 @@ impl Shared {
                 // A failure is reported when a writer or FLUSH syncs.
                 let _ = self.sync_through(sequence);
             }
-            if self.dirty_pages_over_cache() {
+            if self.catalog.dirty_pages_over_cache() {
                 // Only written pages can leave the cache.
                 let _ = self.checkpoint();
             } else if self.needs_checkpoint() {
@@ -164,7 +164,7 @@ impl Shared {
     /// sync costs the members, so it waits until its slots are wanted.
     pub(crate) fn drain_sync_due(&self) -> Option<u64> {
         let window = self.window_slots() as usize;
-        let index = self.index();
+        let index = self.catalog.index();
         let draining = index.slots.draining_count();
         let low = index.slots.usable_count() < window / CHECKPOINT_WINDOW_LOW_DIVISOR as usize;
         let due = draining >= (window / DRAIN_SYNC_DIVISOR).max(1) || (low && draining > 0);
@@ -176,7 +176,7 @@ impl Shared {
     /// needing room would, instead of waiting for clients to fill them.
     pub(crate) fn awaited_user_stripes_due(&self) -> bool {
         let window = self.window_slots() as usize;
-        let index = self.index();
+        let index = self.catalog.index();
         !index.drain_after_user.is_empty()
             && index.slots.usable_count() < window / CHECKPOINT_WINDOW_LOW_DIVISOR as usize
     }
@@ -187,7 +187,7 @@ impl Shared {
         let window = self.window_slots() as usize;
         // Not under the index's lock: the superblock's is held across I/O.
         let has_checkpoint = self.stripes.members.superblock().checkpoint.is_some();
-        let index = self.index();
+        let index = self.catalog.index();
         let (usable, free) = (index.slots.usable_count(), index.slots.free_count());
         match index.slots.window() {
             Some(_) => {

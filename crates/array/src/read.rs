@@ -18,9 +18,10 @@
 //!   for all readers (the reconstruction cache).
 
 use crate::device::AlignedBuf;
-use crate::engine::{block_range, Resident, Shared};
+use crate::engine::{block_range, Shared};
 use crate::error::ArrayError;
 use crate::format::{Extent, BLOCK_BYTES};
+use crate::index::Resident;
 use crate::map::Target;
 use crate::slots::Pinned;
 use crate::stripes::{decompress_blocks, raw_ok, stored_range};
@@ -68,9 +69,9 @@ impl Shared {
         }
         let block = BLOCK_BYTES as u64;
         let (first, end) = (offset / block, (offset + len).div_ceil(block));
-        let mut pinned = Pinned::new(&self.pins);
+        let mut pinned = Pinned::new(&self.catalog.pins);
         let mut stripes: Vec<u64> = Vec::new();
-        self.with_pages(&[(first, end)], |index| {
+        self.catalog.with_pages(&[(first, end)], |index| {
             for (_, mapping) in index.map.overlapping(first, end) {
                 if let Target::Data { extent, .. } = &mapping.target {
                     let on_members = matches!(where_is(index, extent.slot), Where::Members { .. } | Where::Unread);
@@ -93,9 +94,9 @@ impl Shared {
     /// zeros.
     pub(crate) fn read_blocks_into(&self, lba: u64, out: &mut [u8]) -> Result<(), ArrayError> {
         let end = lba + (out.len() / BLOCK_BYTES) as u64;
-        let mut pinned = Pinned::new(&self.pins);
+        let mut pinned = Pinned::new(&self.catalog.pins);
         let mut plan: Vec<Piece> = Vec::new();
-        self.with_pages(&[(lba, end)], |index| {
+        self.catalog.with_pages(&[(lba, end)], |index| {
             for (start, mapping) in index.map.overlapping(lba, end) {
                 let (lo, hi) = (start.max(lba), (start + u64::from(mapping.blocks)).min(end));
                 if let Target::Data { extent, skip } = &mapping.target {
@@ -255,7 +256,7 @@ impl Shared {
                         return copy_blocks(extent, skip, &open.data, out);
                     }
                     drop(open);
-                    at = where_is(&self.index(), extent.slot);
+                    at = where_is(&self.catalog.index(), extent.slot);
                 }
                 Where::Members { sequence } => {
                     return self
@@ -307,7 +308,7 @@ fn raw_run(plan: &[Piece]) -> usize {
 }
 
 /// Where slot `slot`'s data area is, as the index says now.
-pub(crate) fn where_is(index: &crate::engine::Index, slot: u64) -> Where {
+pub(crate) fn where_is(index: &crate::index::Index, slot: u64) -> Where {
     match index.resident.get(&slot) {
         Some(Resident::Open(lane)) => Where::Open(*lane),
         Some(Resident::Sealed(area)) => Where::Memory(area.clone()),

@@ -394,9 +394,9 @@ impl Shared {
         let (index, device) = (run.index, run.device);
         let keep_current = run.options.keep_current || run.resume.is_some();
         let g = &self.stripes.geometry;
-        let mut pinned = Pinned::new(&self.pins);
+        let mut pinned = Pinned::new(&self.catalog.pins);
         {
-            let index = self.index();
+            let index = self.catalog.index();
             let s = index.slots.get(slot);
             // Collected since (its new stripe, if any, went to the device
             // as it was sealed).

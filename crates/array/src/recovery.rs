@@ -26,13 +26,14 @@
 //!   records are left to be mapped after opening, page by page, before
 //!   anything looks at a page (`replay.rs`).
 
-use crate::engine::{Index, Shared};
+use crate::engine::Shared;
 use crate::error::{ArrayError, CheckpointFault};
 use crate::format::{
     Checkpoint, CheckpointRef, ChunkHeader, PageImage, Record, SlotEntry, Stream, SUMMARY_HEADER_BYTES,
 };
+use crate::index::{target_of, Index};
 use crate::limits::MAP_PAGE_BLOCKS;
-use crate::map::{Location, Map, Rule, Target};
+use crate::map::{Location, Map, Rule};
 use crate::slot_set::SlotSet;
 use crate::slots::{SlotState, SlotTable};
 use serde::Serialize;
@@ -72,7 +73,7 @@ pub struct Recovery {
     #[serde(default)]
     pub phases: RecoveryPhases,
     /// Map pages whose replayed records were left to be mapped after
-    /// opening (`replay::Pending`); 0 where replay mapped them before
+    /// opening (`index::Pending`); 0 where replay mapped them before
     /// serving.
     #[serde(default)]
     pub pages_mapped_later: u64,
@@ -171,7 +172,7 @@ impl Shared {
             t.next_sequence = max_sequence + 1;
         }
         {
-            let mut index = self.index_mut();
+            let mut index = self.catalog.index_mut();
             index.last_sealed = max_sequence;
             // After a clean stop no data stripe is newer than the
             // checkpoint; else any may be, as far as a later clean stop
@@ -191,7 +192,7 @@ impl Shared {
         }
         self.tracker.lock().synced_through = max_sequence;
         let has_window = window.is_some();
-        self.index_mut().slots.set_window(window);
+        self.catalog.index_mut().slots.set_window(window);
         if !has_window {
             self.checkpoint()?;
         }
@@ -200,7 +201,7 @@ impl Shared {
         }
         // Pages replay pinned (and the log's, looked at to see whether
         // its records are mapped) go, past the cache's size.
-        self.evict_pages(&mut self.index_mut());
+        self.catalog.evict_pages(&mut self.catalog.index_mut());
         recovery.milliseconds = started.elapsed().as_millis() as u64;
         *self.recovery.lock().unwrap_or_else(|p| p.into_inner()) = recovery;
         Ok(())
@@ -260,14 +261,14 @@ impl Shared {
     }
 
     fn reset_index(&self) {
-        let mut index = self.index_mut();
+        let mut index = self.catalog.index_mut();
         index.map = Map::default();
         index.slots = SlotTable::new(self.stripes.geometry.checksum, self.stripes.geometry.slot_count());
         index.checkpoint_slots.clear();
         index.map_stripes = 0;
         drop(index);
         *self.checkpoint_lock.lock().unwrap_or_else(|p| p.into_inner()) = crate::checkpoint::Durable::default();
-        let mut index = self.index_mut();
+        let mut index = self.catalog.index_mut();
         index.drain_after_user.clear();
         index.user_open.clear();
         index.next_version = 1;
@@ -399,7 +400,7 @@ impl Shared {
         // has no room for evicted.
         // (A zero record may span a whole volume: a stripe with one that
         // spans more than the cache holds is a group of its own.)
-        let cache_pages = self.cache_pages();
+        let cache_pages = self.catalog.cache_pages();
         let mut stripes = stripes.into_iter().peekable();
         while stripes.peek().is_some() {
             let mut group = Vec::new();
@@ -414,14 +415,14 @@ impl Shared {
                 group.push(stripe);
             }
             let ranges = page_runs(group.iter().flat_map(|s| s.2.iter().map(Record::keys)));
-            self.install_missing(&ranges)?;
+            self.catalog.install_missing(&ranges)?;
             // Pinned once for the group (a page evicted since is read
             // again), not once a stripe: ~1 M lookups for a full window.
-            let pins = self.pin_pages(&ranges)?;
+            let pins = self.catalog.pin_pages(&ranges)?;
             recovery.phases.map_pages += lap(&mut clock);
             self.replay_group(group, &pins, &mut replayed_slots, &mut fresh);
             drop(pins);
-            self.evict_pages(&mut self.index_mut());
+            self.catalog.evict_pages(&mut self.catalog.index_mut());
             recovery.phases.mapping += lap(&mut clock);
         }
         // The checkpoint's copy of the map must not point into a slot that
@@ -429,7 +430,7 @@ impl Shared {
         // replayed write. If one is left, the checkpoint is not trusted.
         // (Checked over the pages in memory: those replay changed.)
         fresh.sort_unstable();
-        let mut index = self.index_mut();
+        let mut index = self.catalog.index_mut();
         let replayed = &replayed_slots;
         // Both lists sorted and walked together: a search of `fresh` for
         // each of the ~1 M places of a full window took 0.57 s.
@@ -462,7 +463,7 @@ impl Shared {
     }
 
     /// Leaves the records of `stripes` (sequence, slot, records, in
-    /// sequence order) to be mapped after opening (`replay::Pending`),
+    /// sequence order) to be mapped after opening (`index::Pending`),
     /// where that is on, there is a checkpoint, the checkpoint's map
     /// cannot point into a replayed slot (each holds no piece in the slot
     /// table it restored), and the records fit; returns the pages they
@@ -479,7 +480,7 @@ impl Shared {
             return Err(stripes);
         }
         {
-            let index = self.index();
+            let index = self.catalog.index();
             let counted = |slot: u64| index.slots.is_unread(slot) || index.slots.get(slot).pieces > 0;
             if stripes.iter().any(|&(_, slot, _)| counted(slot)) {
                 return Err(stripes);
@@ -487,9 +488,9 @@ impl Shared {
         }
         // Sorted with no lock held.
         let algorithm = self.stripes.geometry.checksum;
-        let pending = crate::replay::Pending::new(stripes, |record| crate::slots::record_live(algorithm, record))?;
+        let pending = crate::index::Pending::new(stripes, |record| crate::slots::record_live(algorithm, record))?;
         let newest = pending.newest();
-        let mut index = self.index_mut();
+        let mut index = self.catalog.index_mut();
         index.next_version = index.next_version.max(newest.map_or(0, |v| v + 1));
         let replayed = pending.slots(self.stripes.geometry.slot_count());
         for (sequence, slot) in pending.sealed() {
@@ -523,14 +524,14 @@ impl Shared {
     fn replay_group(
         &self,
         group: Vec<(u64, u64, Vec<Record>)>,
-        _pinned: &crate::pages::PagePins<'_>,
+        _pinned: &crate::catalog::PagePins<'_>,
         replayed_slots: &mut SlotSet,
         fresh: &mut Vec<Location>,
     ) {
         // Ordered (a sort of ~1 M places for a full window) before the
         // index's lock is taken.
         let order = page_order(&group);
-        let mut index = self.index_mut();
+        let mut index = self.catalog.index_mut();
         let newest = group.iter().flat_map(|s| s.2.iter()).map(Record::version).max();
         index.next_version = index.next_version.max(newest.map_or(0, |v| v + 1));
         let min = self.options.replay_part_records.max(1);
@@ -680,7 +681,7 @@ impl Shared {
         // The checkpoint's own slots and its map stripes first: the slot
         // table's pages are read from those (and rebuilt, if need be).
         {
-            let mut index = self.index_mut();
+            let mut index = self.catalog.index_mut();
             let in_map_stripes = map_stripes.iter().map(|(&slot, stripe)| (slot, stripe.sequence));
             for (slot, sequence) in listed.iter().copied().chain(in_map_stripes) {
                 index.slots.set(slot, SlotState::Checkpoint, sequence);
@@ -720,7 +721,7 @@ impl Shared {
         for batch in read_now.chunks(self.options.open_slot_pages_per_batch.max(1)) {
             let images: Vec<(u64, Arc<PageImage>)> = batch.iter().map(|(page, p)| (*page, p.image.clone())).collect();
             let read = self.read_slot_pages(&images).map_err(unreadable)?;
-            let mut index = self.index_mut();
+            let mut index = self.catalog.index_mut();
             for ((page, entries), (_, p)) in read.iter().zip(batch) {
                 let (page_live, kept) = index.slots.restore_page(*page, entries).map_err(unreadable)?;
                 if kept != p.kept {
@@ -730,7 +731,7 @@ impl Shared {
             }
         }
         let stale_volume_pages: Vec<crate::map::Needed> = {
-            let mut index = self.index_mut();
+            let mut index = self.catalog.index_mut();
             let root_live = checkpoint.images.slot_live;
             match later.is_empty() {
                 true if live != root_live => {
@@ -774,8 +775,8 @@ impl Shared {
                 .collect()
         };
         for batch in stale_volume_pages.chunks(1) {
-            self.install_pages(batch.to_vec())?;
-            self.evict_pages(&mut self.index_mut());
+            self.catalog.install_pages(batch.to_vec())?;
+            self.catalog.evict_pages(&mut self.catalog.index_mut());
         }
         let window = checkpoint.window.iter().copied().collect();
         // The next checkpoint writes pages: this process knows nothing of
@@ -801,7 +802,7 @@ impl Shared {
                 page,
                 source: Box::new(source),
             };
-            let stored = self.read_page_image(page, image).map_err(unreadable)?;
+            let stored = self.catalog.read_page_image(page, image).map_err(unreadable)?;
             let (number, entries) = crate::format::decode_slot_page_image(&stored, &self.stripes.geometry)?;
             if number != page {
                 return Err(CheckpointFault::Format(crate::format::FormatError::Field {
@@ -994,29 +995,6 @@ fn free_unpointed(slots: &mut SlotTable, keep: impl Fn(u64) -> bool) {
         .collect();
     for slot in empty {
         slots.set(slot, SlotState::Free, 0);
-    }
-}
-
-/// What `record`, of the stripe replayed in `slot`, maps: its keys,
-/// blocks, version and target, and a data record's place.
-pub(crate) fn target_of(slot: u64, record: &Record) -> (u64, u32, u64, Target, Option<Location>) {
-    let version = record.version();
-    match record {
-        Record::Data { lba, extent, .. } => (
-            *lba,
-            extent.blocks,
-            version,
-            Target::Data {
-                extent: Arc::new(extent.clone()),
-                skip: 0,
-            },
-            Some(Location {
-                slot,
-                offset: Some(extent.offset),
-                version,
-            }),
-        ),
-        Record::Zero { lba, blocks, .. } => (*lba, *blocks, version, Target::Zero { slot }, None),
     }
 }
 

@@ -137,7 +137,7 @@ impl<T: Copy> Drop for RunningGuard<'_, T> {
 /// Slots whose stripes are on the members (sealed data or a checkpoint),
 /// with their sequences: what a scrub checks and a rebuild rewrites.
 pub(crate) fn stripes_on_members(shared: &Shared) -> Vec<(u64, u64)> {
-    let index = shared.index();
+    let index = shared.catalog.index();
     index
         .slots
         .iter()
@@ -198,9 +198,9 @@ impl Shared {
 
     /// Checks the stripe in `slot`, if it holds one on the members.
     pub(crate) fn scrub_slot(&self, slot: u64, report: &mut ScrubReport) {
-        let mut pinned = Pinned::new(&self.pins);
+        let mut pinned = Pinned::new(&self.catalog.pins);
         let sequence = {
-            let index = self.index();
+            let index = self.catalog.index();
             let s = index.slots.get(slot);
             let on_members =
                 matches!(s.state, SlotState::Sealed | SlotState::Checkpoint) && !index.resident.contains_key(&slot);

@@ -10,7 +10,7 @@
 //! # Guarantees
 //!
 //! - Every page is as eager replay leaves it before anything looks at it:
-//!   reads and writes bring a page in through `Shared::pin_pages` or
+//!   reads and writes bring a page in through `Catalog::pin_pages` or
 //!   `with_pages`, which map the page's waiting records (in their
 //!   stripes' order, as eager replay does) under the same hold of the
 //!   index's write lock that finds it in memory. A write's newer version
@@ -35,204 +35,10 @@
 //!   memory to hold this way, the replay is mapped before serving, as
 //!   before.
 
-use crate::engine::{Index, Shared};
+use crate::engine::Shared;
 use crate::error::ArrayError;
-use crate::format::Record;
-use crate::limits::{MAP_PAGE_BLOCKS as PAGE, REPLAY_LATER_PLACES_MAX, REPLAY_LATER_SPAN_PAGES_MAX};
-use crate::map::Rule;
-use crate::slot_set::SlotSet;
-
-/// A replay's records, waiting to be mapped page by page.
-pub(crate) struct Pending {
-    /// The replayed stripes (sequence, slot, records), in sequence order.
-    stripes: Vec<(u64, u64, Vec<Record>)>,
-    /// Each record's page, stripe and place in its stripe, once a page it
-    /// covers; sorted, so a page's records keep their stripes' order.
-    places: Vec<(u64, u32, u32)>,
-    /// The pages `places` holds, in order.
-    pages: Vec<WaitingPage>,
-    /// Pages not mapped yet, and the live units their records stand for.
-    left: usize,
-    live_left: u128,
-    /// Where the background thread looks next (every page before is done).
-    cursor: usize,
-    newest: Option<u64>,
-}
-
-struct WaitingPage {
-    page: u64,
-    /// Its first place in `places` (the next page's is its end).
-    start: usize,
-    /// Live units its records stand for, whole (one spanning pages is
-    /// counted in each: admission overcounts, never under).
-    live: u64,
-    done: bool,
-}
-
-impl Pending {
-    /// The records of `stripes` (sequence, slot, records, in sequence
-    /// order) to be mapped page by page, each standing for `live_of` live
-    /// units; the stripes back if a record spans more than
-    /// `REPLAY_LATER_SPAN_PAGES_MAX` pages (a TRIM of a whole volume) or
-    /// they would be more than `REPLAY_LATER_PLACES_MAX` places.
-    pub fn new(
-        stripes: Vec<(u64, u64, Vec<Record>)>,
-        live_of: impl Fn(&Record) -> u64,
-    ) -> Result<Pending, Vec<(u64, u64, Vec<Record>)>> {
-        let place = |n: usize| u32::try_from(n).expect("a replay's stripes and a stripe's records fit in u32");
-        let records: usize = stripes.iter().map(|s| s.2.len()).sum();
-        let mut places = Vec::with_capacity(records);
-        // Each record's live units, by its place in `stripes` taken as one
-        // list (`first`: each stripe's first), and the newest version:
-        // gathered in the one pass that reads the records in memory order;
-        // looked up in page order, the records themselves (~180 bytes each)
-        // took most of the time this takes.
-        let (mut lives, mut first, mut newest) = (Vec::with_capacity(records), Vec::with_capacity(stripes.len()), None);
-        for (stripe, (_, _, records)) in stripes.iter().enumerate() {
-            first.push(lives.len());
-            for (at, record) in records.iter().enumerate() {
-                lives.push(live_of(record));
-                newest = newest.max(Some(record.version()));
-                let (lba, end) = record.keys();
-                if end <= lba {
-                    continue;
-                }
-                let (first, last) = (lba / PAGE, (end - 1) / PAGE);
-                if last - first >= REPLAY_LATER_SPAN_PAGES_MAX || places.len() > REPLAY_LATER_PLACES_MAX {
-                    return Err(stripes);
-                }
-                places.extend((first..=last).map(|page| (page, place(stripe), place(at))));
-            }
-        }
-        // (page, stripe, place) is unique: an unstable sort keeps a
-        // page's records in their stripes' order.
-        places.sort_unstable();
-        let mut pages: Vec<WaitingPage> = Vec::new();
-        for (i, &(page, stripe, at)) in places.iter().enumerate() {
-            let live = lives[first[stripe as usize] + at as usize];
-            match pages.last_mut() {
-                Some(last) if last.page == page => last.live += live,
-                _ => pages.push(WaitingPage {
-                    page,
-                    start: i,
-                    live,
-                    done: false,
-                }),
-            }
-        }
-        Ok(Pending {
-            left: pages.len(),
-            live_left: pages.iter().map(|p| u128::from(p.live)).sum(),
-            stripes,
-            places,
-            pages,
-            cursor: 0,
-            newest,
-        })
-    }
-
-    /// The newest version a replayed record has.
-    pub fn newest(&self) -> Option<u64> {
-        self.newest
-    }
-
-    /// Each replayed stripe's sequence and slot.
-    pub fn sealed(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.stripes.iter().map(|&(sequence, slot, _)| (sequence, slot))
-    }
-
-    /// The slots replayed.
-    pub fn slots(&self, count: u64) -> SlotSet {
-        let mut slots = SlotSet::empty(count);
-        for &(_, slot, _) in &self.stripes {
-            slots.insert(slot);
-        }
-        slots
-    }
-
-    /// Pages whose records are not mapped yet.
-    pub fn pages_left(&self) -> usize {
-        self.left
-    }
-
-    /// Live units the records not mapped yet stand for.
-    pub fn live_left(&self) -> u128 {
-        self.live_left
-    }
-
-    /// Indexes in `pages` of the pages keys [lba, end) fall in.
-    fn pages_in(&self, lba: u64, end: u64) -> std::ops::Range<usize> {
-        if end <= lba {
-            return 0..0;
-        }
-        let (first, last) = (lba / PAGE, (end - 1) / PAGE);
-        let from = self.pages.partition_point(|p| p.page < first);
-        let to = self.pages.partition_point(|p| p.page <= last);
-        from..to
-    }
-
-    /// Whether a page of `ranges` has records not mapped yet.
-    pub fn waiting_in(&self, ranges: &[(u64, u64)]) -> bool {
-        ranges
-            .iter()
-            .any(|&(lba, end)| self.pages[self.pages_in(lba, end)].iter().any(|p| !p.done))
-    }
-
-    /// Up to `most` pages not mapped yet, from the first.
-    fn next_pages(&mut self, most: usize) -> Vec<u64> {
-        while self.pages.get(self.cursor).is_some_and(|p| p.done) {
-            self.cursor += 1;
-        }
-        self.pages[self.cursor..]
-            .iter()
-            .filter(|p| !p.done)
-            .take(most)
-            .map(|p| p.page)
-            .collect()
-    }
-}
-
-/// Maps the waiting records of every page of `ranges` that is in memory
-/// (`Map::in_memory`), in their order, where nothing newer is mapped.
-pub(crate) fn map_waiting(index: &mut Index, ranges: &[(u64, u64)]) {
-    let Some(mut pending) = index.pending.take() else {
-        return;
-    };
-    for &(lba, end) in ranges {
-        for i in pending.pages_in(lba, end) {
-            let page = &pending.pages[i];
-            if page.done || !index.map.in_memory(page.page) {
-                continue;
-            }
-            map_page(&mut pending, i, index);
-        }
-    }
-    index.pending = Some(pending);
-}
-
-/// Maps page `i`'s records: for each, its keys in that page.
-fn map_page(pending: &mut Pending, i: usize, index: &mut Index) {
-    let page = &mut pending.pages[i];
-    page.done = true;
-    pending.left -= 1;
-    pending.live_left -= u128::from(page.live);
-    let (p, start) = (page.page, page.start);
-    let end = pending.pages.get(i + 1).map_or(pending.places.len(), |next| next.start);
-    let (base, limit) = (p * PAGE, (p + 1) * PAGE);
-    for &(_, stripe, at) in &pending.places[start..end] {
-        let (_, slot, records) = &pending.stripes[stripe as usize];
-        let (lba, blocks, version, target, _) = crate::recovery::target_of(*slot, &records[at as usize]);
-        // A record of a volume deleted since is not mapped.
-        if !index.volumes.admits(lba, version) {
-            continue;
-        }
-        let (from, to) = (lba.max(base), (lba + u64::from(blocks)).min(limit));
-        let target = target.advanced_by(from - lba);
-        let blocks = u32::try_from(to - from).expect("a page's part of a record");
-        let deltas = index.map.insert(from, blocks, version, &target, Rule::IfNotNewer);
-        index.slots.account(&deltas);
-    }
-}
+use crate::index::map_waiting;
+use crate::limits::MAP_PAGE_BLOCKS as PAGE;
 
 impl Shared {
     /// Maps every record a replay left waiting (reading their pages in
@@ -240,7 +46,7 @@ impl Shared {
     /// index's write lock, so clients go on between), then ends the
     /// replayed slots' hold.
     pub(crate) fn finish_replay(&self) -> Result<(), ArrayError> {
-        if self.index().pending.is_none() {
+        if self.catalog.index().pending.is_none() {
             return Ok(());
         }
         self.every_batch(&self.replay_finishing, || {
@@ -263,14 +69,14 @@ impl Shared {
     /// Reads and maps a batch of at most `most` waiting pages; false once
     /// none is left (the hold then ended).
     fn map_waiting_batch(&self, most: usize) -> Result<bool, ArrayError> {
-        let most = self.cache_pages().clamp(1, most);
-        let pages = match self.index_mut().pending.as_mut() {
+        let most = self.catalog.cache_pages().clamp(1, most);
+        let pages = match self.catalog.index_mut().pending.as_mut() {
             Some(pending) => pending.next_pages(most),
             None => return Ok(false),
         };
         if pages.is_empty() {
             let synced = self.tracker.lock().recoverable_through();
-            let mut index = self.index_mut();
+            let mut index = self.catalog.index_mut();
             let mut done = None;
             if index.pending.as_ref().is_some_and(|p| p.pages_left() == 0) {
                 done = index.pending.take();
@@ -278,7 +84,7 @@ impl Shared {
                 // emptied them is synced (as after eager replay, where
                 // nothing was written since).
                 let emptied = index.slots.release_held();
-                crate::write::drain_emptied_now(&mut index, emptied);
+                index.drain_emptied_now(emptied);
                 index.slots.release_drained(synced);
             }
             // The records (~90 MB for a full window) freed with no lock held.
@@ -288,9 +94,9 @@ impl Shared {
         }
         let ranges: Vec<(u64, u64)> = pages.iter().map(|&p| (p * PAGE, (p + 1) * PAGE)).collect();
         // Read in, and mapped under the hold that installs them.
-        self.install_missing(&ranges)?;
-        map_waiting(&mut self.index_mut(), &ranges);
-        self.evict_pages(&mut self.index_mut());
+        self.catalog.install_missing(&ranges)?;
+        map_waiting(&mut self.catalog.index_mut(), &ranges);
+        self.catalog.evict_pages(&mut self.catalog.index_mut());
         Ok(true)
     }
 }

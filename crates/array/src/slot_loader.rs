@@ -36,7 +36,7 @@ use std::sync::Arc;
 impl Shared {
     /// Reads every slot page opening left unread, if any is.
     pub(crate) fn read_every_slot_page(&self) -> Result<(), ArrayError> {
-        if self.index().slots.unread_count() == 0 {
+        if self.catalog.index().slots.unread_count() == 0 {
             return Ok(());
         }
         self.every_batch(&self.slot_loading, || self.read_unread_batch())
@@ -58,6 +58,7 @@ impl Shared {
     /// left.
     fn read_unread_batch(&self) -> Result<bool, ArrayError> {
         let batch = self
+            .catalog
             .index()
             .slots
             .unread_pages(.., self.options.open_slot_pages_per_batch.max(1));
@@ -72,7 +73,7 @@ impl Shared {
     /// page read first if opening left it unread.
     pub(crate) fn slot_sequence(&self, slot: u64) -> Result<u64, ArrayError> {
         let page = {
-            let index = self.index();
+            let index = self.catalog.index();
             if !index.slots.is_unread(slot) {
                 return Ok(index.slots.get(slot).sequence);
             }
@@ -81,7 +82,7 @@ impl Shared {
         };
         // Taken in here, or by another meanwhile: either way it is read.
         self.take_unread(&page)?;
-        Ok(self.index().slots.get(slot).sequence)
+        Ok(self.catalog.index().slots.get(slot).sequence)
     }
 
     /// Reads `pages` and takes them into the slot table (those another
@@ -94,7 +95,7 @@ impl Shared {
     fn take_unread(&self, pages: &[(u64, Arc<PageImage>)]) -> Result<(), ArrayError> {
         let taken = self.take_unread_now(pages);
         if taken.is_err() {
-            self.index_mut().slots.mark_unreadable();
+            self.catalog.index_mut().slots.mark_unreadable();
         }
         taken
     }
@@ -105,7 +106,7 @@ impl Shared {
         // A hold of the index a page (1,024 slots), not a batch: clients
         // go on between.
         for (page, entries) in read {
-            let mut index = self.index_mut();
+            let mut index = self.catalog.index_mut();
             let emptied = index.slots.restore_unread(page, &entries).map_err(|fault| {
                 unreadable(CheckpointFault::SlotPage {
                     page,
@@ -115,7 +116,7 @@ impl Shared {
             // Every stripe that superseded what they held is sealed by
             // now, or open and known to `superseded` (garbage collection,
             // which relocates, waits for every page).
-            crate::write::drain_emptied_now(&mut index, emptied);
+            index.drain_emptied_now(emptied);
         }
         Ok(())
     }

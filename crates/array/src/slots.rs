@@ -219,7 +219,7 @@ pub struct SlotTable {
     /// if one still fails (`activity`'s mark says so).
     unreadable: bool,
     /// While a replay's records are mapped page by page after opening
-    /// (`replay::Pending`), the slots it replayed: they gain pieces as
+    /// (`index::Pending`), the slots it replayed: they gain pieces as
     /// their pages are mapped, so one left with none meanwhile is not
     /// emptied (it stays sealed) until every page is (`release_held`).
     held: Option<SlotSet>,
@@ -1272,7 +1272,7 @@ mod tests {
     }
 
     /// What user stripe superseded a record in a slot last, kept apart from
-    /// the slots (`write::drain_emptied` reads it; the GC test
+    /// the slots (`Index::drain_emptied` reads it; the GC test
     /// `an_emptied_gc_stripe_waits_for_the_writes_that_emptied_it` fails
     /// with it always 0): the newest stripe that did, until every stripe up
     /// to it is sealed; a slot a write only added to is not superseded.

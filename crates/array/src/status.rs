@@ -201,7 +201,7 @@ impl Shared {
         let c = &self.stripes.counters;
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         let (used, free, degraded, mapped, stored, map, slot_pages) = {
-            let index = self.index();
+            let index = self.catalog.index();
             // Counted, not walked: `status` is asked every second by the
             // dashboard and `iostat`, and a walk of every slot in use
             // under the index's lock held writers back on a large array.

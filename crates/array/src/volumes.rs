@@ -18,7 +18,8 @@
 use crate::engine::{Array, Shared};
 use crate::error::ArrayError;
 use crate::format::BLOCK_BYTES;
-use crate::volume::{self, volume_of, VolumeEntry, VolumeTable, VOLUME_BYTES_MAX, VOLUME_COUNT_MAX};
+use crate::index::Floors;
+use crate::volume::{self, VolumeEntry, VolumeTable, VOLUME_BYTES_MAX, VOLUME_COUNT_MAX};
 use std::collections::HashMap;
 use std::sync::RwLock;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -201,7 +202,7 @@ impl Shared {
             .iter()
             .map(|gate| (gate.id, gate.io.totals()))
             .collect();
-        let index = self.index();
+        let index = self.catalog.index();
         table
             .entries
             .iter()
@@ -244,7 +245,7 @@ impl Shared {
                 _ => runs.push((to - from, stored)),
             }
         };
-        self.with_pages(&[(first, last)], |index| {
+        self.catalog.with_pages(&[(first, last)], |index| {
             let mut at = first;
             for (start, mapping) in index.map.overlapping(first, last) {
                 let stop = start + u64::from(mapping.blocks);
@@ -306,7 +307,7 @@ impl Array {
         })?;
         // Newer than every record its id may have from a deleted volume.
         let created_version = {
-            let mut index = shared.index_mut();
+            let mut index = shared.catalog.index_mut();
             index.next_version += 1;
             index.next_version - 1
         };
@@ -319,7 +320,7 @@ impl Array {
         table.entries.sort_by_key(|e| e.id);
         let floors = Floors::of(&table);
         shared.publish_table(table)?;
-        shared.index_mut().volumes = floors;
+        shared.catalog.index_mut().volumes = floors;
         shared.volumes.add(id, bytes);
         self.volume(name)
     }
@@ -368,49 +369,15 @@ impl Array {
         // Every page of the volume in memory, to be emptied (what they
         // point into is counted down).
         let whole = (volume::key(id, 0), volume::key(id + 1, 0));
-        let _pages = shared.pin_pages(&[whole])?;
-        let mut index = shared.index_mut();
+        let _pages = shared.catalog.pin_pages(&[whole])?;
+        let mut index = shared.catalog.index_mut();
         index.volumes = floors;
         let deltas = index.map.remove_from(volume::key(id, 0), volume::key(id + 1, 0));
         let emptied = index.slots.account(&deltas);
-        crate::write::drain_emptied_now(&mut index, emptied);
+        index.drain_emptied_now(emptied);
         drop(index);
         shared.maintenance.wake();
         Ok(())
-    }
-}
-
-/// What the engine's mapping checks: each volume's `created` version, by
-/// id. A record (or a checkpoint's mapping) of a volume not here, or
-/// older than its volume, belongs to a deleted volume and is not mapped.
-#[derive(Clone, Debug, Default)]
-pub struct Floors {
-    created: std::collections::HashMap<u32, u64>,
-}
-
-impl Floors {
-    pub fn of(table: &VolumeTable) -> Floors {
-        Floors {
-            created: table.entries.iter().map(|e| (e.id, e.created_version)).collect(),
-        }
-    }
-
-    /// The oldest version a record at map key `key` may have to be its
-    /// volume's; `None` if that volume is not a current one.
-    pub fn floor(&self, key: u64) -> Option<u64> {
-        self.created.get(&volume_of(key)).copied()
-    }
-
-    /// Whether a record at map key `key` with `version` is a current volume's.
-    pub fn admits(&self, key: u64, version: u64) -> bool {
-        self.created
-            .get(&volume_of(key))
-            .is_some_and(|&created| version >= created)
-    }
-
-    /// The newest created version (the next write version must pass it).
-    pub fn newest(&self) -> u64 {
-        self.created.values().copied().max().unwrap_or(0)
     }
 }
 

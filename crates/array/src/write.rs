@@ -23,9 +23,10 @@
 //!   are covered by the next, one sync for all of them.
 
 use crate::counters::Counters;
-use crate::engine::{stripe_bytes, Resident, Shared};
+use crate::engine::{stripe_bytes, Shared};
 use crate::error::ArrayError;
 use crate::format::{self, Extent, Record, Stream, BLOCK_BYTES};
+use crate::index::Resident;
 use crate::io::{StripeDone, StripeWrite};
 use crate::limits::{
     ADMIT_FRACTION, EXTENT_BLOCKS_MAX, GC_RESERVE_SLOTS, LIVE_SCALE, MAP_PAGE_BLOCKS, PARTIAL_WRITE_LOCK_COUNT,
@@ -176,30 +177,6 @@ fn folded_digest(algorithm: Algorithm, crcs: &[u32]) -> Option<Digest> {
 pub(crate) struct Sealing {
     pub info: StripeInfo,
     pub area: Arc<crate::device::AlignedBuf>,
-}
-
-/// Slot `slot`, just emptied, drains once `sequence` is synced and, if a
-/// write into a user stripe still open superseded one of its records,
-/// once every user stripe up to that one is sealed (and not before
-/// `sequence` either: that stripe may hold the copies).
-pub(crate) fn drain_emptied(index: &mut crate::engine::Index, slot: u64, sequence: u64) {
-    let open_serial_min = index.user_open.values().copied().min().unwrap_or(u64::MAX);
-    let needed = index.slots.superseded_by(slot);
-    if needed < open_serial_min {
-        index.slots.drain_after(slot, sequence);
-    } else {
-        index.drain_after_user.push((slot, needed, sequence));
-    }
-}
-
-/// Slots emptied with no new stripe of their own (records dropped,
-/// deltas taken in late): each drains after the last stripe sealed, or
-/// after the open user stripe that superseded it (`drain_emptied`).
-pub(crate) fn drain_emptied_now(index: &mut crate::engine::Index, emptied: Vec<u64>) {
-    let after = index.last_sealed;
-    for slot in emptied {
-        drain_emptied(index, slot, after);
-    }
 }
 
 /// Live bytes a write has been admitted for and not yet mapped.
@@ -398,7 +375,7 @@ impl Shared {
     /// Admits, packs, seals and submits pieces of `stream`.
     pub(crate) fn store(&self, stream: Stream, pieces: Vec<Piece<'_>>) -> Result<(), ArrayError> {
         // The pages the pieces land in stay in memory until mapped.
-        let _pages = self.pin_pages(&piece_ranges(&pieces))?;
+        let _pages = self.catalog.pin_pages(&piece_ranges(&pieces))?;
         let pieces = self.drop_needless_zeros(pieces);
         if pieces.is_empty() {
             return Ok(());
@@ -430,7 +407,7 @@ impl Shared {
         if !pieces.iter().any(client_zeros) {
             return pieces;
         }
-        let index = self.index();
+        let index = self.catalog.index();
         let mut kept = Vec::with_capacity(pieces.len());
         for piece in pieces {
             if !client_zeros(&piece) {
@@ -462,7 +439,7 @@ impl Shared {
         let algorithm = self.stripes.geometry.checksum;
         let incoming: u128 =
             pieces.iter().map(|p| u128::from(p.footprint(algorithm))).sum::<u128>() * u128::from(LIVE_SCALE);
-        let index = self.index();
+        let index = self.catalog.index();
         let mut overwritten: u128 = 0;
         for p in pieces {
             for (start, mapping) in index.map.overlapping(p.lba, p.lba + u64::from(p.blocks)) {
@@ -659,7 +636,7 @@ impl Shared {
     /// Slots this empties drain once `open` is synced.
     fn map_records(&self, open: &mut OpenStripe, origins: Vec<Origin>) {
         debug_assert_eq!(open.mapped + origins.len(), open.records.len());
-        let mut index = self.index_mut();
+        let mut index = self.catalog.index_mut();
         for (record, origin) in open.records[open.mapped..].iter_mut().zip(origins) {
             let (lba, blocks, target) = match &*record {
                 Record::Data { lba, extent, .. } => (
@@ -715,13 +692,15 @@ impl Shared {
     /// reserve allows one.
     fn open_slot(&self, stream: Stream, claim: Claim, lane: usize) -> Option<OpenStripe> {
         let area = self.stripes.spare_area();
-        let mut index = self.index_mut();
+        let mut index = self.catalog.index_mut();
         if !self.has_room(&index, claim) {
             drop(index);
             self.stripes.recycle_area(Arc::new(area));
             return None;
         }
-        let slot = index.slots.allocate(|s| self.stripes.all_healthy(s), &self.pins)?;
+        let slot = index
+            .slots
+            .allocate(|s| self.stripes.all_healthy(s), &self.catalog.pins)?;
         index.resident.insert(slot, Resident::Open(lane));
         if stream == Stream::User {
             let serial = index.user_serial_next;
@@ -736,7 +715,7 @@ impl Shared {
     /// Whether `claim` may take a usable slot: user data leaves garbage
     /// collection its reserve and the next checkpoint its stripes; zero
     /// records, which free space, leave collection its last slot.
-    pub(crate) fn has_room(&self, index: &crate::engine::Index, claim: Claim) -> bool {
+    pub(crate) fn has_room(&self, index: &crate::index::Index, claim: Claim) -> bool {
         let (usable, free) = (index.slots.usable_count(), index.slots.free_count());
         match claim {
             Claim::Write => usable > GC_RESERVE_SLOTS && free > GC_RESERVE_SLOTS + self.checkpoint_reserve(index),
@@ -749,7 +728,7 @@ impl Shared {
     /// took nothing gives its slot back instead.
     pub(crate) fn seal_open(&self, open: OpenStripe, state: SlotState) -> Option<Sealing> {
         if open.is_empty() && open.stream != Stream::Meta {
-            let mut index = self.index_mut();
+            let mut index = self.catalog.index_mut();
             index.resident.remove(&open.slot);
             index.slots.release_open(open.slot);
             if open.stream == Stream::User {
@@ -775,7 +754,7 @@ impl Shared {
         let info = stripe::finish(&self.stripes.geometry, &mut open, sequence, synced_through);
         open.sealed_as.store(sequence, std::sync::atomic::Ordering::Release);
         let area = Arc::new(std::mem::take(&mut open.data));
-        let mut index = self.index_mut();
+        let mut index = self.catalog.index_mut();
         if open.stream != Stream::Meta && index.slots.outside_window(open.slot) {
             // Taken early: durable only once the checkpoint being written
             // (or a later one) is (a checkpoint names its own stripes).
@@ -804,7 +783,7 @@ impl Shared {
             index.user_open.remove(&open.slot);
         }
         for slot in drains {
-            drain_emptied(&mut index, slot, sequence);
+            index.drain_emptied(slot, sequence);
         }
         if open.stream == Stream::User {
             user_stripe_done(&mut index, sequence);
@@ -879,7 +858,7 @@ impl Shared {
     /// maintenance when usable slots run low, does this rather than wait
     /// for clients to fill them. Returns whether it sealed any.
     pub(crate) fn seal_awaited_user_stripes(&self) -> Result<bool, ArrayError> {
-        if self.index().drain_after_user.is_empty() {
+        if self.catalog.index().drain_after_user.is_empty() {
             return Ok(false);
         }
         Ok(self.seal_user_lanes()? > 0)
@@ -958,7 +937,7 @@ impl Shared {
             self.tracker.changed.notify_all();
             drop(t);
             Counters::add(&self.stripes.counters.syncs, 1);
-            self.index_mut().slots.release_drained(recoverable);
+            self.catalog.index_mut().slots.release_drained(recoverable);
             t = self.tracker.lock();
         }
     }
@@ -991,7 +970,7 @@ impl Shared {
 
     /// One try of `make_room`.
     fn make_room_once(&self, claim: Claim) -> Result<(), ArrayError> {
-        let room = |shared: &Shared| shared.has_room(&shared.index(), claim);
+        let room = |shared: &Shared| shared.has_room(&shared.catalog.index(), claim);
         // Nothing is freed while a checkpoint is written: wait for one in
         // progress, which frees what drained meanwhile as it ends.
         let after_checkpoint = || drop(self.checkpoint_lock.lock().unwrap_or_else(|p| p.into_inner()));
@@ -1004,7 +983,7 @@ impl Shared {
         // those and syncing: writers that need room fill no stripe.
         let drain = || -> Result<Option<u64>, ArrayError> {
             self.seal_awaited_user_stripes()?;
-            let drained = self.index().slots.draining_sequence_max();
+            let drained = self.catalog.index().slots.draining_sequence_max();
             if let Some(sequence) = drained {
                 self.sync_through(sequence)?;
             }
@@ -1015,7 +994,7 @@ impl Shared {
             return Ok(());
         }
         let outside = {
-            let index = self.index();
+            let index = self.catalog.index();
             index.slots.free_count() > index.slots.usable_count() + self.checkpoint_reserve(&index)
         };
         if outside {
@@ -1060,7 +1039,7 @@ impl Shared {
         // if not, it is dropped: the superblocks say there is none, its
         // slots are freed and every free slot is usable (recovery scans
         // them all until the next checkpoint is written).
-        if !outside && self.index().slots.window().is_some() {
+        if !outside && self.catalog.index().slots.window().is_some() {
             Counters::add(&self.stripes.counters.checkpoints_forced, 1);
             self.checkpoint_as_needed()?;
             if room(self) || collect()? {
@@ -1163,7 +1142,7 @@ impl StripeDone for Shared {
         // there (what was in flight then, a bounded amount; no more comes).
         let kept = !failed.is_empty() && self.stripes.members.lost().is_some();
         if !kept {
-            let mut index = self.index_mut();
+            let mut index = self.catalog.index_mut();
             if let Some(Resident::Sealed(area)) = index.resident.get(&stripe.slot) {
                 if Arc::ptr_eq(area, &stripe.area) {
                     index.resident.remove(&stripe.slot);
@@ -1183,7 +1162,7 @@ impl StripeDone for Shared {
 /// in it, `sequence` the last sealed): the emptied slots that waited for
 /// it, and for no user stripe still open, drain after it (and after the
 /// stripe that emptied them).
-fn user_stripe_done(index: &mut crate::engine::Index, sequence: u64) {
+fn user_stripe_done(index: &mut crate::index::Index, sequence: u64) {
     let open_serial_min = index.user_open.values().copied().min().unwrap_or(u64::MAX);
     index.slots.forget_superseded(open_serial_min);
     let mut waiting = std::mem::take(&mut index.drain_after_user);

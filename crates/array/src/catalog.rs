@@ -1,9 +1,11 @@
-//! The map's pages in and out of memory: a page held only as its durable
-//! image (evicted, or not looked at since the array opened) is read from
-//! its map stripe when a request needs it, outside every lock; pages a
-//! write or a collection will change are pinned from before it looks at
-//! them until it has changed them; past the cache's size, clean pages
-//! are evicted, least recently looked at first.
+//! The index layer: the index's lock over the map and the slot table
+//! (`index::Index`), the slots' pins, and the map cache over the stripe
+//! layer. A map page held only as its durable image (evicted, or not
+//! looked at since the array opened) is read from its map stripe when a
+//! request needs it, outside every lock; pages a write or a collection
+//! will change are pinned from before it looks at them until it has
+//! changed them; past the cache's size, clean pages are evicted, least
+//! recently looked at first.
 //!
 //! # Guarantees
 //!
@@ -18,38 +20,57 @@
 //!   reads are pinned (as a reader pins data stripes), so none is
 //!   rewritten under it.
 //! - Records of a volume deleted after the page's image was written are
-//!   dropped as the page is installed, and the slot table told.
+//!   dropped as the page is installed, and the slot table told; a
+//!   replay's records waiting for the page are mapped before anything
+//!   sees it.
+//! - It knows nothing of the layers above it (the write path,
+//!   checkpoints, GC, recovery): they reach the index through it.
 
 use crate::counters::Counters;
-use crate::engine::{Index, Shared};
 use crate::error::ArrayError;
 use crate::format::PageImage;
+use crate::index::{map_waiting, Index};
 use crate::map::{LoadedPage, Map, Needed};
-use crate::slots::{Pinned, SlotState};
+use crate::slots::{Pinned, Pins, SlotState};
+use crate::stripes::Stripes;
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// The index layer (see the module's doc).
+pub(crate) struct Catalog {
+    /// The stripe layer, which the engine holds too.
+    pub stripes: Arc<Stripes>,
+    /// The map and the slot table, under the lock whose critical
+    /// sections only move indexes (`docs/ENGINE.md`).
+    index: RwLock<Index>,
+    /// Slots pinned against being rewritten while someone reads them.
+    pub pins: Pins,
+    page_pins: PinTable,
+    /// Bytes of map pages kept in memory (`EngineOptions::map_cache_bytes`).
+    cache_bytes: usize,
+}
 
 /// Map pages pinned in memory (`PagePins`), and by how many. Taken under
 /// the index's lock (either side) when pinning or evicting; alone when
 /// unpinning.
 #[derive(Default)]
-pub(crate) struct PinTable(std::sync::Mutex<std::collections::HashMap<u64, u32>>);
+struct PinTable(std::sync::Mutex<std::collections::HashMap<u64, u32>>);
 
 impl PinTable {
-    pub fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, u32>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, u32>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 /// Pages pinned in memory for as long as this lives.
 pub(crate) struct PagePins<'a> {
-    shared: &'a Shared,
+    catalog: &'a Catalog,
     pages: Vec<u64>,
 }
 
 impl Drop for PagePins<'_> {
     fn drop(&mut self) {
-        let mut pins = self.shared.page_pins.lock();
+        let mut pins = self.catalog.page_pins.lock();
         for page in &self.pages {
             let count = pins.get_mut(page).expect("a pinned page is counted");
             *count -= 1;
@@ -60,7 +81,27 @@ impl Drop for PagePins<'_> {
     }
 }
 
-impl Shared {
+impl Catalog {
+    pub fn new(stripes: Arc<Stripes>, index: Index, pins: Pins, cache_bytes: usize) -> Catalog {
+        Catalog {
+            stripes,
+            index: RwLock::new(index),
+            pins,
+            page_pins: PinTable::default(),
+            cache_bytes,
+        }
+    }
+
+    /// The index, read.
+    pub fn index(&self) -> RwLockReadGuard<'_, Index> {
+        self.index.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The index, to change.
+    pub fn index_mut(&self) -> RwLockWriteGuard<'_, Index> {
+        self.index.write().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Runs `f` under the index's lock once every page holding keys of
     /// `ranges` is in memory (under the write side if it had to load
     /// some, so that none is evicted before `f` has looked).
@@ -86,7 +127,7 @@ impl Shared {
             };
             if missing.is_empty() {
                 // In memory, with a replay's records waiting for them.
-                crate::replay::map_waiting(&mut self.index_mut(), ranges);
+                map_waiting(&mut self.index_mut(), ranges);
                 continue;
             }
             let mut done = None;
@@ -122,7 +163,7 @@ impl Shared {
         for &page in &pages {
             *pins.entry(page).or_default() += 1;
         }
-        PagePins { shared: self, pages }
+        PagePins { catalog: self, pages }
     }
 
     /// Runs `check` under the index's lock with every page in memory,
@@ -156,7 +197,7 @@ impl Shared {
         let loaded = self.read_pages(missing, false)?;
         let mut index = self.index_mut();
         self.install_loaded(&mut index, loaded)?;
-        crate::replay::map_waiting(&mut index, ranges);
+        map_waiting(&mut index, ranges);
         if self::missing(&index.map, ranges).is_empty() && !waiting(&index, ranges) {
             then(&index);
         }
@@ -186,7 +227,7 @@ impl Shared {
     pub(crate) fn cache_pages(&self) -> usize {
         let index = self.index();
         let per_page = (index.map.bytes() / index.map.page_count().max(1)).max(PAGE_BYTES_LEAST);
-        (self.options.map_cache_bytes / per_page).max(1)
+        (self.cache_bytes / per_page).max(1)
     }
 
     /// Evicts clean pages, none pinned, past the cache's size.
@@ -203,11 +244,9 @@ impl Shared {
             })
             .contains(&dir)
         };
-        let evicted = index.map.evict(
-            self.options.map_cache_bytes,
-            &|page| pins.contains_key(&page),
-            &pinned_dir,
-        );
+        let evicted = index
+            .map
+            .evict(self.cache_bytes, &|page| pins.contains_key(&page), &pinned_dir);
         Counters::add(&self.stripes.counters.map_pages_evicted, evicted as u64);
     }
 
@@ -217,7 +256,7 @@ impl Shared {
         let index = self.index();
         let map = &index.map;
         let per_page = map.bytes() / map.page_count().max(1);
-        map.bytes() > self.options.map_cache_bytes && map.dirty_count() * per_page > self.options.map_cache_bytes / 2
+        map.bytes() > self.cache_bytes && map.dirty_count() * per_page > self.cache_bytes / 2
     }
 
     /// The pages `missing` names, read from their map stripes (pinned
@@ -403,7 +442,7 @@ impl Shared {
             let (base, end) = (page * PAGE, (page + 1) * PAGE);
             // A replay's records waiting for it, mapped before anything
             // sees it.
-            crate::replay::map_waiting(index, &[(base, end)]);
+            map_waiting(index, &[(base, end)]);
             // A page lies in one volume: where every mapping is newer
             // than the volume's floor (as all are, but where a volume was
             // deleted and its keys used again since), none is refused.
@@ -421,7 +460,7 @@ impl Shared {
             for lba in refused {
                 let lost = index.map.remove_from(lba, lba + 1);
                 let emptied = index.slots.account(&lost);
-                crate::write::drain_emptied_now(index, emptied);
+                index.drain_emptied_now(emptied);
             }
         }
         Ok(())
@@ -565,7 +604,7 @@ fn runs(mut pages: Vec<(u64, Arc<PageImage>)>) -> Vec<Vec<(u64, Arc<PageImage>)>
 }
 
 /// Whether a page of `ranges` has a replay's records waiting for it
-/// (`replay::Pending`).
+/// (`index::Pending`).
 fn waiting(index: &Index, ranges: &[(u64, u64)]) -> bool {
     index.pending.as_ref().is_some_and(|pending| pending.waiting_in(ranges))
 }
