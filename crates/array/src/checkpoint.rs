@@ -283,7 +283,7 @@ impl Shared {
         let reference = self.stripes.members.superblock().checkpoint.clone()?;
         let last = reference.first_stripe_sequence + reference.stripe_count(self.meta_stripe_bytes()) as u64 - 1;
         let mapped = self.catalog.index().last_data_sealed <= reference.sequence;
-        (mapped && self.stripes.members.lost().is_none() && self.tracker.last_sequence() == last)
+        (mapped && self.stripes.members.lost().is_none() && self.lanes.tracker.last_sequence() == last)
             .then_some(reference.sequence)
     }
 
@@ -301,11 +301,12 @@ impl Shared {
 
     /// Seals the open stripes and syncs through the last one.
     fn seal_and_sync_open(&self) -> Result<(), ArrayError> {
-        let sealed: Vec<_> = (0..self.writes.open.len())
-            .filter_map(|lane| self.seal_lane(lane))
+        let sealed: Vec<_> = (0..self.lanes.open.len())
+            .filter_map(|lane| self.lanes.seal_lane(lane))
             .collect();
-        self.submit(sealed)
-            .and_then(|()| self.sync_through(self.tracker.last_sequence()))
+        self.lanes
+            .submit(sealed)
+            .and_then(|()| self.lanes.sync_through(self.lanes.tracker.last_sequence()))
     }
 
     /// The checkpoint a spent window needs: a new root alone, naming the
@@ -344,7 +345,7 @@ impl Shared {
     /// worth it); `None` if it did not fit (nothing changed then but the
     /// pages taken, dirty again).
     fn take_checkpoint_locked(&self, durable: &mut Durable, root_may_do: bool) -> Result<Option<()>, ArrayError> {
-        let start = self.tracker.last_sequence();
+        let start = self.lanes.tracker.last_sequence();
         let user_bytes = Counters::get(&self.stripes.counters.user_bytes_written);
         // Stripes taken early by a checkpoint that then failed lie outside
         // every window a root names: only pages (which hold what they
@@ -504,7 +505,7 @@ impl Shared {
     /// Ends a failed checkpoint's narrowing of allocation, and frees what
     /// drained meanwhile.
     fn end_restriction(&self) {
-        let recoverable = self.tracker.lock().recoverable_through();
+        let recoverable = self.lanes.tracker.lock().recoverable_through();
         let mut index = self.catalog.index_mut();
         index.slots.lift_restriction();
         index.slots.release_drained(recoverable);
@@ -514,7 +515,7 @@ impl Shared {
     /// checkpoint was written) is not named by the durable checkpoint:
     /// that checkpoint failed (sealed, or still open).
     fn early_unnamed(&self) -> bool {
-        if self.tracker.lock().unnamed_from.is_some() {
+        if self.lanes.tracker.lock().unnamed_from.is_some() {
             return true;
         }
         let index = self.catalog.index();
@@ -529,11 +530,11 @@ impl Shared {
     /// every stripe is durable: FLUSHes waiting for it go on. Returns the
     /// sequence recovery finds every stripe through.
     fn all_named(&self) -> u64 {
-        let mut t = self.tracker.lock();
+        let mut t = self.lanes.tracker.lock();
         t.unnamed_from = None;
         let recoverable = t.recoverable_through();
         drop(t);
-        self.tracker.changed.notify_all();
+        self.lanes.tracker.changed.notify_all();
         recoverable
     }
 
@@ -1064,7 +1065,7 @@ impl Shared {
             );
         }
         assert_eq!(run.len(), run_bytes);
-        let first = self.tracker.assign_many(meta.len());
+        let first = self.lanes.tracker.assign_many(meta.len());
         for (slot, bytes) in live {
             let sequence = durable.stripes[&slot].sequence;
             images.stripes.insert(slot, MapStripe { sequence, live: bytes });
@@ -1097,15 +1098,15 @@ impl Shared {
             .map(|(i, (&slot, piece))| {
                 let mut open = OpenStripe::new(slot, Stream::Meta, self.stripes.spare_area(), g);
                 open.push_data(piece, false);
-                self.seal_as(open, SlotState::Checkpoint, first + i as u64)
+                self.lanes.seal_as(open, SlotState::Checkpoint, first + i as u64)
             })
             .collect();
         let last = first + meta.len() as u64 - 1;
-        let written = self.submit(sealed).and_then(|()| self.sync_through(last));
+        let written = self.lanes.submit(sealed).and_then(|()| self.lanes.sync_through(last));
         if written.is_ok() {
             Counters::add(
                 &self.stripes.counters.checkpoint_bytes_written,
-                (meta.len() * crate::engine::stripe_bytes(g)) as u64,
+                (meta.len() * crate::lanes::stripe_bytes(g)) as u64,
             );
         }
         let reference = CheckpointRef {
@@ -1129,7 +1130,7 @@ impl Shared {
         if let Err(error) = published {
             // The old checkpoint stays the durable one; these slots are
             // free again once their writes are done.
-            self.wait_written(last);
+            self.lanes.tracker.wait_written(last);
             let mut index = self.catalog.index_mut();
             for &slot in &meta {
                 index.slots.free(slot);

@@ -5,12 +5,15 @@
 //! `docs/ENGINE.md`; in short, no lock is held across device I/O or a
 //! sync by the paths clients take, and every critical section only moves
 //! indexes. The layers below, which `Shared` holds and which know nothing
-//! of it: the stripes on the members (`Stripes`, `stripes.rs`), and over
+//! of it: the stripes on the members (`Stripes`, `stripes.rs`); over
 //! them the index (`Catalog`, `catalog.rs`: the map and the slot table
-//! under the index's lock, the pins, the map cache).
-//! The modules beside this one each add one part:
+//! under the index's lock, the pins, the map cache); over both the lanes
+//! (`Lanes`, `lanes.rs`: the open stripes, sealing, handing stripes to the
+//! members, syncs, sequences). The modules beside this one each add one
+//! part:
 //!
-//! - `write`: packing extents into open stripes, sealing, FLUSH.
+//! - `write`: admission, packing extents into the lanes, FLUSH, finding
+//!   room.
 //! - `read`: the read path: the map's lookups, then the stripe layer.
 //! - `repair`: rewriting bad chunks, scrub.
 //! - `gc`: garbage collection.
@@ -20,7 +23,7 @@
 
 use crate::counters::Counters;
 use crate::error::ArrayError;
-use crate::format::{Geometry, Stream, Superblock, BLOCK_BYTES, SECTOR_BYTES};
+use crate::format::{Geometry, Superblock, BLOCK_BYTES};
 use crate::index::Index;
 use crate::limits::RECONSTRUCT_CACHE_BYTES_DEFAULT;
 use crate::map::Map;
@@ -28,11 +31,9 @@ use crate::members::{Member, Members};
 use crate::recovery::Recovery;
 use crate::slots::{Pins, SlotTable};
 use crate::status::Status;
-use crate::stripe::OpenStripe;
 use crate::stripes::Stripes;
-use crate::tracker::Tracker;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex};
 use tessera_accel::Accelerator;
 use tessera_compress::policy::Policy;
 
@@ -132,24 +133,23 @@ impl Default for EngineOptions {
 }
 
 pub(crate) struct Shared {
-    /// This engine, for the stripes it hands to the member threads.
-    pub me: Weak<Shared>,
     /// The stripe layer: the members, their I/O, the array's shape and
     /// accelerator, reading and rebuilding stripes (`stripes.rs`).
     pub stripes: Arc<Stripes>,
     /// The index layer over it: the map and the slot table under the
     /// index's lock, the slots' pins, the map cache (`catalog.rs`).
-    pub catalog: crate::catalog::Catalog,
+    pub catalog: Arc<crate::catalog::Catalog>,
+    /// The lanes over it: the open stripes, sealing, handing stripes to
+    /// the members, syncs, and the sequences' tracker (`lanes.rs`).
+    pub lanes: Arc<crate::lanes::Lanes>,
     pub policy: Option<Policy>,
     /// Live bytes a stripe can be counted on to hold (admission).
     pub fill_bytes: u64,
     /// Live bytes a stripe could hold at most: its data area less the
     /// summary's header (what garbage collection measures victims by).
     pub stripe_live_max: u64,
-    /// The write path's state: open stripes, partial-block locks,
-    /// admitted bytes.
+    /// The write path's state: partial-block locks, admitted bytes.
     pub writes: crate::write::Writes,
-    pub tracker: Tracker,
     /// The scrub, rebuild and heal running now, one of each at most.
     pub jobs: crate::repair::Jobs,
     /// What happened since the array was opened.
@@ -197,36 +197,6 @@ impl Shared {
         Counters::add(&self.stripes.counters.client_requests, 1);
     }
 
-    /// The open stripe of `lane` (see `open`), locked.
-    pub fn open_lane(&self, lane: usize) -> MutexGuard<'_, Option<OpenStripe>> {
-        self.writes.open[lane].lock().unwrap_or_else(poisoned)
-    }
-
-    /// The GC stream's lane.
-    pub fn gc_lane(&self) -> usize {
-        self.writes.open.len() - 1
-    }
-
-    /// The user lanes.
-    pub fn user_lanes(&self) -> std::ops::Range<usize> {
-        0..self.writes.open.len() - 1
-    }
-
-    /// The lane a writer of `stream` at block `lba` fills, locked. User
-    /// data goes by region of the volume (`LANE_REGION_BLOCKS`), so that
-    /// writers of different regions fill different stripes at once, while
-    /// a region written in order lies in order in its lane's stripes (a
-    /// later sequential read reads whole chunks, not pieces of four
-    /// interleaved stripes).
-    pub fn lane_for(&self, stream: Stream, lba: u64) -> (usize, MutexGuard<'_, Option<OpenStripe>>) {
-        let lane = match stream {
-            Stream::Gc => self.gc_lane(),
-            Stream::Meta => unreachable!("checkpoint stripes are never left open"),
-            Stream::User => (lba / crate::limits::LANE_REGION_BLOCKS % self.user_lanes().len() as u64) as usize,
-        };
-        (lane, self.open_lane(lane))
-    }
-
     /// Checks a range of the map's key space in bytes (every volume's:
     /// a volume's own bounds are checked by its `Volume` handle).
     pub fn check_range(&self, offset: u64, len: u64) -> Result<(), ArrayError> {
@@ -235,10 +205,6 @@ impl Shared {
             Some(end) if end <= size => Ok(()),
             _ => Err(ArrayError::OutOfRange { offset, len, size }),
         }
-    }
-
-    pub fn wait_written(&self, sequence: u64) {
-        self.tracker.wait_written(sequence);
     }
 }
 
@@ -290,43 +256,43 @@ impl Array {
             members,
             options.reconstruct_cache_bytes,
         )?);
-        let shared = Arc::new_cyclic(|me| Shared {
+        let catalog = Arc::new(crate::catalog::Catalog::new(
+            stripes.clone(),
+            Index {
+                map: Map::default(),
+                slots: SlotTable::new(geometry.checksum, slot_count),
+                resident: HashMap::new(),
+                next_version: 1,
+                checkpoint_slots: Vec::new(),
+                map_stripes: 0,
+                drain_after_user: Vec::new(),
+                user_open: HashMap::new(),
+                user_serial_next: 1,
+                last_sealed: 0,
+                last_data_sealed: 0,
+                volumes: crate::index::Floors::of(&volume_table),
+                pending: None,
+            },
+            Pins::new(slot_count),
+            options.map_cache_bytes,
+        ));
+        // The user lanes, and the GC stream's.
+        let lanes = options
+            .user_lanes
+            .unwrap_or_else(|| crate::limits::user_lanes(slot_count))
+            .clamp(1, crate::limits::USER_LANES_MAX)
+            + 1;
+        let lanes = crate::lanes::Lanes::new(stripes.clone(), catalog.clone(), lanes);
+        let shared = Arc::new(Shared {
             fill_bytes,
             stripe_live_max: (geometry.data_area_bytes() - crate::format::SUMMARY_HEADER_BYTES) as u64,
-            me: me.clone(),
-            stripes: stripes.clone(),
+            stripes,
             policy,
-            catalog: crate::catalog::Catalog::new(
-                stripes.clone(),
-                Index {
-                    map: Map::default(),
-                    slots: SlotTable::new(geometry.checksum, slot_count),
-                    resident: HashMap::new(),
-                    next_version: 1,
-                    checkpoint_slots: Vec::new(),
-                    map_stripes: 0,
-                    drain_after_user: Vec::new(),
-                    user_open: HashMap::new(),
-                    user_serial_next: 1,
-                    last_sealed: 0,
-                    last_data_sealed: 0,
-                    volumes: crate::index::Floors::of(&volume_table),
-                    pending: None,
-                },
-                Pins::new(slot_count),
-                options.map_cache_bytes,
-            ),
-            tracker: Tracker::new(),
+            catalog,
+            lanes,
             jobs: Default::default(),
             events,
-            // The user lanes, and the GC stream's.
-            writes: crate::write::Writes::new(
-                options
-                    .user_lanes
-                    .unwrap_or_else(|| crate::limits::user_lanes(slot_count))
-                    .clamp(1, crate::limits::USER_LANES_MAX)
-                    + 1,
-            ),
+            writes: crate::write::Writes::new(),
             gc_lock: Mutex::new(()),
             checkpoint_lock: Mutex::new(crate::checkpoint::Durable::default()),
             maintenance: crate::maintenance::Signal::default(),
@@ -612,9 +578,4 @@ pub(crate) fn block_range(lba: u64, from: u64, end: u64) -> std::ops::Range<usiz
 /// Bytes as lowercase hexadecimal (UUIDs in messages).
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Bytes of one sealed stripe on the members.
-pub(crate) fn stripe_bytes(geometry: &Geometry) -> usize {
-    geometry.width() * (SECTOR_BYTES + geometry.chunk_bytes)
 }

@@ -21,13 +21,14 @@ use crate::counters::Counters;
 use crate::engine::Shared;
 use crate::error::ArrayError;
 use crate::format::{Record, Stream, BLOCK_BYTES};
+use crate::lanes::{Origin, Piece, Stored};
 use crate::limits::{
     GC_FREE_TARGET_DIVISOR, GC_FREE_TARGET_MAX, GC_FREE_TARGET_MIN, GC_RESERVE_SLOTS, GC_ROUND_GARBAGE,
     GC_VICTIMS_PER_ROUND_MAX, GC_VICTIMS_PER_ROUND_MIN,
 };
 use crate::map::Target;
 use crate::slots::{Pinned, SlotState};
-use crate::write::{Claim, Origin, Piece, Stored};
+use crate::write::Claim;
 
 /// A live piece of a victim: blocks, the version they hold, where.
 struct Live {
@@ -71,7 +72,7 @@ impl Shared {
         if done {
             return Ok(None);
         }
-        let next = self.tracker.last_sequence() + 1;
+        let next = self.lanes.tracker.last_sequence() + 1;
         let candidates: Vec<(u64, f64)> = {
             let index = self.catalog.index();
             let fill = self.stripe_live_max;
@@ -102,7 +103,8 @@ impl Shared {
             }
         }
         // The copies are made durable; then the victims drain.
-        self.submit(self.seal_lane(self.gc_lane()).into_iter().collect())?;
+        self.lanes
+            .submit(self.lanes.seal_lane(self.lanes.gc_lane()).into_iter().collect())?;
         let emptied = {
             let index = self.catalog.index();
             victims
@@ -110,7 +112,7 @@ impl Shared {
                 .filter(|&&v| index.slots.get(v).state == SlotState::Draining)
                 .count()
         };
-        self.sync_through(self.tracker.last_sequence())?;
+        self.lanes.sync_through(self.lanes.tracker.last_sequence())?;
         Counters::add(&self.stripes.counters.gc_stripes_collected, emptied as u64);
         Ok(Some(emptied))
     }
@@ -178,7 +180,7 @@ impl Shared {
         } else {
             self.pack(Stream::User, Claim::CollectMixed, pieces)?
         };
-        self.submit(sealed)
+        self.lanes.submit(sealed)
     }
 
     /// The pieces of the map that still point into `victim`, as its
@@ -276,7 +278,8 @@ pub(crate) mod tests {
         let victim = slot_of(shared, 0);
         shared.relocate(victim).unwrap();
         let copy = shared
-            .open_lane(shared.gc_lane())
+            .lanes
+            .open_lane(shared.lanes.gc_lane())
             .as_ref()
             .expect("a GC stripe took the copy")
             .slot;
@@ -284,16 +287,17 @@ pub(crate) mod tests {
         // replaced it is only in the open user stripe.
         array.write(0, &[2u8; 4096], false).unwrap();
         shared
-            .submit(shared.seal_lane(shared.gc_lane()).into_iter().collect())
+            .lanes
+            .submit(shared.lanes.seal_lane(shared.lanes.gc_lane()).into_iter().collect())
             .unwrap();
-        shared.sync_through(shared.tracker.last_sequence()).unwrap();
+        shared.lanes.sync_through(shared.lanes.tracker.last_sequence()).unwrap();
         assert_ne!(
             shared.catalog.index().slots.get(copy).state,
             SlotState::Free,
             "the emptied GC stripe was freed before the write that emptied it is durable"
         );
         array.flush().unwrap();
-        shared.sync_through(shared.tracker.last_sequence()).unwrap();
+        shared.lanes.sync_through(shared.lanes.tracker.last_sequence()).unwrap();
         assert_eq!(
             shared.catalog.index().slots.get(copy).state,
             SlotState::Free,
@@ -355,9 +359,10 @@ pub(crate) mod tests {
         array.flush().unwrap();
         shared.relocate(victim).unwrap();
         shared
-            .submit(shared.seal_lane(shared.gc_lane()).into_iter().collect())
+            .lanes
+            .submit(shared.lanes.seal_lane(shared.lanes.gc_lane()).into_iter().collect())
             .unwrap();
-        shared.sync_through(shared.tracker.last_sequence()).unwrap();
+        shared.lanes.sync_through(shared.lanes.tracker.last_sequence()).unwrap();
         let copy = slot_of(shared, 0);
         assert_ne!(copy, victim, "block 0 was not relocated");
         assert_eq!(shared.catalog.index().slots.get(victim).state, SlotState::Free);

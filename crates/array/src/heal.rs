@@ -143,8 +143,9 @@ impl Shared {
                         report.stripes_healed += 1;
                     }
                 }
-                self.submit(self.seal_lane(self.gc_lane()).into_iter().collect())?;
-                self.sync_through(self.tracker.last_sequence())?;
+                self.lanes
+                    .submit(self.lanes.seal_lane(self.lanes.gc_lane()).into_iter().collect())?;
+                self.lanes.sync_through(self.lanes.tracker.last_sequence())?;
                 self.stripes.counters.gc_bytes_relocated.load(Ordering::Relaxed) - before
             };
             report.bytes_relocated += copied;

@@ -34,10 +34,11 @@ use crate::error::{LeftOut, Rejected};
 use crate::format::{
     self, LogDeviceHeader, LogRecord, Record, Stream, Superblock, LOG_DEVICE_AREA_START, SECTOR_BYTES,
 };
+use crate::lanes::{Origin, Piece, Stored};
 use crate::members::MemberState;
 use crate::slots::SlotState;
 use crate::stripes::Stripes;
-use crate::write::{Claim, Origin, Piece, Stored};
+use crate::write::Claim;
 use serde::Serialize;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, VecDeque};
@@ -384,7 +385,7 @@ impl Shared {
         {
             let sealed = w.live.iter().filter_map(LiveBlock::sealed_through).max();
             if let Some(sequence) = sealed {
-                self.sync_through(sequence)?;
+                self.lanes.sync_through(sequence)?;
                 self.reclaim(log, &mut w);
             }
         }
@@ -402,7 +403,7 @@ impl Shared {
             .expect("take_unlogged logs only what fits");
         if !self.write_block(log, &mut w, &targets) {
             drop(w);
-            let sealed = self.seal_user_lanes()?;
+            let sealed = self.lanes.seal_user_lanes()?;
             Counters::add(&self.stripes.counters.log_stripes_sealed_instead, sealed as u64);
             return Ok(());
         }
@@ -496,7 +497,7 @@ impl Shared {
     fn reclaim(&self, log: &IntentLog, w: &mut Writer) {
         // Found by recovery too: a stripe taken early is not, until the
         // checkpoint being written is durable.
-        let synced = self.tracker.lock().recoverable_through();
+        let synced = self.lanes.tracker.lock().recoverable_through();
         while let Some(front) = w.live.front() {
             if front.sealed_through().is_none_or(|sequence| sequence > synced) {
                 break;
@@ -514,8 +515,8 @@ impl Shared {
     /// Records and stored bytes the open user stripes hold unlogged.
     fn unlogged(&self) -> (usize, usize) {
         let (mut count, mut stored) = (0, 0);
-        for lane in self.user_lanes() {
-            if let Some(open) = self.open_lane(lane).as_ref() {
+        for lane in self.lanes.user_lanes() {
+            if let Some(open) = self.lanes.open_lane(lane).as_ref() {
                 count += open.records.len() - open.logged;
                 stored += open.records[open.logged..].iter().map(stored_bytes).sum::<usize>();
             }
@@ -532,8 +533,8 @@ impl Shared {
         let copies = log.copies(&self.stripes);
         let (mut taken, mut stripes, mut sealed) = (Vec::new(), Vec::new(), Vec::new());
         let mut stored_total = 0;
-        for lane in self.user_lanes() {
-            let mut guard = self.open_lane(lane);
+        for lane in self.lanes.user_lanes() {
+            let mut guard = self.lanes.open_lane(lane);
             let Some(open) = guard.as_mut() else { continue };
             let new = &open.records[open.logged..];
             if new.is_empty() {
@@ -547,7 +548,7 @@ impl Shared {
             let len = format::log_block_bytes(taken.len() + new.len(), stored_total + stored);
             if seal_waste <= log_cost || log.placement(&self.stripes, w, len as u64).is_none() {
                 let open = guard.take().expect("checked above");
-                sealed.extend(self.seal_open(open, SlotState::Sealed));
+                sealed.extend(self.lanes.seal_open(open, SlotState::Sealed));
                 drop(guard);
                 continue;
             }
@@ -582,7 +583,7 @@ impl Shared {
         }
         Counters::add(&self.stripes.counters.short_stripes_sealed, sealed.len() as u64);
         Counters::add(&self.stripes.counters.log_stripes_sealed_instead, sealed.len() as u64);
-        self.submit(sealed)?;
+        self.lanes.submit(sealed)?;
         Ok((taken, stripes))
     }
 
@@ -701,9 +702,9 @@ impl Shared {
         // No admission: this was admitted before the crash.
         let replayed = self
             .pack(Stream::User, Claim::Collect, pieces)
-            .and_then(|sealed| self.submit(sealed))
-            .and_then(|_| self.seal_user_lanes())
-            .and_then(|_| self.sync_through(self.tracker.last_sequence()));
+            .and_then(|sealed| self.lanes.submit(sealed))
+            .and_then(|_| self.lanes.seal_user_lanes())
+            .and_then(|_| self.lanes.sync_through(self.lanes.tracker.last_sequence()));
         // What was replayed is sealed and synced: the next opening need
         // not look at it again.
         let replayed = replayed.and_then(|()| self.retire_log());
@@ -892,7 +893,7 @@ fn replayed_piece<'a>(record: &LogRecord, bytes: &'a [u8]) -> Piece<'a> {
         None => Stored::Zero,
         Some((None, digest)) => Stored::Raw {
             bytes: Cow::Borrowed(bytes),
-            crcs: crate::write::block_crcs(bytes),
+            crcs: crate::lanes::block_crcs(bytes),
             digest: *digest,
         },
         Some((Some(codec), digest)) => Stored::Compressed {

@@ -18,9 +18,11 @@
 //! - `index`: what the index's lock protects (the map, the slot table,
 //!   where unwritten stripes are, a replay's records not mapped yet).
 //! - `catalog`: the index layer over the stripes: the index under its
-//!   lock, the slots' pins, the map cache. `tracker`: sequences, and how
-//!   far writes and syncs have gone.
-//! - `engine`: the state of the layers above the index and the public
+//!   lock, the slots' pins, the map cache.
+//! - `lanes`: the open stripes writes are packed into, sealing, handing
+//!   stripes to the members, syncs; `tracker`: sequences, and how far
+//!   writes and syncs have gone.
+//! - `engine`: the state of the layers above the lanes and the public
 //!   [`Array`]; beside it `write`, `read`, `repair`, `gc`, `checkpoint`,
 //!   `recovery`, `maintenance`, `volumes` and `status`.
 //!
@@ -46,6 +48,7 @@ mod heal;
 mod index;
 mod intent;
 mod io;
+mod lanes;
 pub mod limits;
 mod maintenance;
 pub mod map;

@@ -133,11 +133,11 @@ impl Shared {
             }
             if self.awaited_user_stripes_due() {
                 // A failure is reported when a writer or FLUSH syncs.
-                let _ = self.seal_awaited_user_stripes();
+                let _ = self.lanes.seal_awaited_user_stripes();
             }
             if let Some(sequence) = self.drain_sync_due() {
                 // A failure is reported when a writer or FLUSH syncs.
-                let _ = self.sync_through(sequence);
+                let _ = self.lanes.sync_through(sequence);
             }
             if self.catalog.dirty_pages_over_cache() {
                 // Only written pages can leave the cache.

@@ -251,7 +251,7 @@ impl Shared {
             match at {
                 Where::Memory(area) => return copy_blocks(extent, skip, &area, out),
                 Where::Open(lane) => {
-                    let open = self.open_lane(lane);
+                    let open = self.lanes.open_lane(lane);
                     if let Some(open) = open.as_ref().filter(|o| o.slot == extent.slot) {
                         return copy_blocks(extent, skip, &open.data, out);
                     }

@@ -229,9 +229,9 @@ impl Array {
                 error: error.map(ToString::to_string),
             })
         };
-        let start_sequence = shared.tracker.last_sequence() + 1;
+        let start_sequence = shared.lanes.tracker.last_sequence() + 1;
         // Those sealed before, once written, are the work.
-        shared.wait_written(start_sequence - 1);
+        shared.lanes.tracker.wait_written(start_sequence - 1);
         let (held, stripes): (Vec<_>, Vec<_>) = stripes_on_members(shared)
             .into_iter()
             .filter(|&(_, sequence)| sequence < start_sequence)

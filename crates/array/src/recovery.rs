@@ -168,7 +168,7 @@ impl Shared {
             }
         }
         {
-            let mut t = self.tracker.lock();
+            let mut t = self.lanes.tracker.lock();
             t.next_sequence = max_sequence + 1;
         }
         {
@@ -190,7 +190,7 @@ impl Shared {
         for (member, error) in self.stripes.io.sync(&self.stripes.writable_members()) {
             self.stripes.members.failed_io(member, &error)?;
         }
-        self.tracker.lock().synced_through = max_sequence;
+        self.lanes.tracker.lock().synced_through = max_sequence;
         let has_window = window.is_some();
         self.catalog.index_mut().slots.set_window(window);
         if !has_window {

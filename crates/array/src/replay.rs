@@ -75,7 +75,7 @@ impl Shared {
             None => return Ok(false),
         };
         if pages.is_empty() {
-            let synced = self.tracker.lock().recoverable_through();
+            let synced = self.lanes.tracker.lock().recoverable_through();
             let mut index = self.catalog.index_mut();
             let mut done = None;
             if index.pending.as_ref().is_some_and(|p| p.pages_left() == 0) {

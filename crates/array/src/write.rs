@@ -1,6 +1,7 @@
-//! The write path: extents prepared outside every lock, packed into the
-//! open stripe of their stream, sealed into whole stripes and handed to
-//! the members; FLUSH; and finding a slot when none is free.
+//! The write path: extents prepared outside every lock, admitted, packed
+//! into the open stripe of their stream (the lanes, `lanes.rs`, place,
+//! map, seal and hand them to the members); FLUSH; and finding a slot
+//! when none is free (syncs, garbage collection, checkpoints).
 //!
 //! # Guarantees
 //!
@@ -23,27 +24,22 @@
 //!   are covered by the next, one sync for all of them.
 
 use crate::counters::Counters;
-use crate::engine::{stripe_bytes, Shared};
+use crate::engine::Shared;
 use crate::error::ArrayError;
-use crate::format::{self, Extent, Record, Stream, BLOCK_BYTES};
-use crate::index::Resident;
-use crate::io::{StripeDone, StripeWrite};
+use crate::format::{self, Stream, BLOCK_BYTES};
+use crate::lanes::{block_crcs, folded_digest, piece_ranges, Origin, Piece, Placed, Sealing, Stored};
 use crate::limits::{
     ADMIT_FRACTION, EXTENT_BLOCKS_MAX, GC_RESERVE_SLOTS, LIVE_SCALE, MAP_PAGE_BLOCKS, PARTIAL_WRITE_LOCK_COUNT,
 };
-use crate::map::{Rule, Target};
 use crate::slots::SlotState;
-use crate::stripe::{self, Built, OpenStripe, StripeInfo};
 use std::borrow::Cow;
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
-use tessera_checksum::{Algorithm, Digest};
+use std::sync::Mutex;
+use tessera_checksum::Digest;
 use tessera_compress::policy::{Blob, Hint};
 
 /// The write path's own state, which `Shared` holds.
 pub(crate) struct Writes {
-    /// The open stripes: the user lanes, then the GC stream's (last).
-    pub open: Vec<Mutex<Option<OpenStripe>>>,
     /// Read-modify-writes of partial blocks, by block number.
     pub partial: Vec<Mutex<()>>,
     /// Live bytes (times LIVE_SCALE) admitted for writes not yet mapped.
@@ -51,10 +47,8 @@ pub(crate) struct Writes {
 }
 
 impl Writes {
-    /// `lanes` open stripes (the GC stream's included).
-    pub fn new(lanes: usize) -> Writes {
+    pub fn new() -> Writes {
         Writes {
-            open: (0..lanes).map(|_| Mutex::new(None)).collect(),
             partial: (0..PARTIAL_WRITE_LOCK_COUNT).map(|_| Mutex::new(())).collect(),
             admitted: Mutex::new(0),
         }
@@ -93,90 +87,6 @@ pub fn stripe_fill_bytes(geometry: &crate::format::Geometry, policy: Option<&tes
         .unwrap_or(0);
     let gap = policy.map_or(0.0, |p| p.required_ratio * (per_extent * BLOCK_BYTES) as f64 / 2.0);
     (footprint(blocks) as f64 - gap).max(0.0) as u64
-}
-
-/// What one record of a write stores.
-pub(crate) enum Stored<'a> {
-    Zero,
-    /// Raw blocks, the CRC32C of each, and the digest of them all.
-    Raw {
-        bytes: Cow<'a, [u8]>,
-        crcs: format::BlockCrcs,
-        digest: Digest,
-    },
-    Compressed {
-        codec: tessera_compress::Codec,
-        bytes: Vec<u8>,
-        digest: Digest,
-    },
-}
-
-/// One record to pack: blocks [lba, lba+blocks) and what they store.
-pub(crate) struct Piece<'a> {
-    pub lba: u64,
-    pub blocks: u32,
-    pub stored: Stored<'a>,
-    pub origin: Origin,
-}
-
-/// Where a piece comes from, which sets the version it is mapped with.
-#[derive(Clone)]
-pub(crate) enum Origin {
-    /// A client's write: the next version, over whatever is there.
-    Write,
-    /// Garbage collection's copy of a target at that write's version:
-    /// mapped only where the map still points at what was copied.
-    Relocates(Target, u64),
-    /// An intent log record replayed at open, with its write's version:
-    /// mapped where nothing newer is.
-    Replays(u64),
-}
-
-impl Origin {
-    /// The origin of the part `blocks` blocks into a piece of this one.
-    fn advanced_by(&self, blocks: u64) -> Origin {
-        match self {
-            Origin::Relocates(target, version) => Origin::Relocates(target.advanced_by(blocks), *version),
-            other => other.clone(),
-        }
-    }
-}
-
-impl Piece<'_> {
-    /// Bytes it will take in a stripe, its summary entry included.
-    fn footprint(&self, algorithm: Algorithm) -> u64 {
-        (match &self.stored {
-            Stored::Zero => format::zero_record_bytes(),
-            Stored::Raw { bytes, crcs, .. } => bytes.len() + format::data_record_bytes(algorithm, crcs.len()),
-            Stored::Compressed { bytes, .. } => bytes.len() + format::data_record_bytes(algorithm, 0),
-        }) as u64
-    }
-}
-
-/// The key ranges pieces cover.
-pub(crate) fn piece_ranges(pieces: &[Piece<'_>]) -> Vec<(u64, u64)> {
-    pieces.iter().map(|p| (p.lba, p.lba + u64::from(p.blocks))).collect()
-}
-
-// `crc32c_of_4k_blocks` (a raw extent's digest from its blocks' CRCs).
-const _: () = assert!(BLOCK_BYTES == 4096);
-
-pub(crate) fn block_crcs(bytes: &[u8]) -> format::BlockCrcs {
-    bytes.chunks(BLOCK_BYTES).map(tessera_checksum::crc32c).collect()
-}
-
-/// A raw extent's digest from its blocks' CRCs, with no pass over its
-/// bytes, where the array's digest is CRC32C (the CRC of the blocks one
-/// after another); `None` for the other algorithms, which hash the bytes.
-fn folded_digest(algorithm: Algorithm, crcs: &[u32]) -> Option<Digest> {
-    (algorithm == Algorithm::Crc32c)
-        .then(|| tessera_checksum::crc32c_digest(tessera_checksum::crc32c_of_4k_blocks(crcs)))
-}
-
-/// A stripe sealed (sequence given, data area final) and not yet built.
-pub(crate) struct Sealing {
-    pub info: StripeInfo,
-    pub area: Arc<crate::device::AlignedBuf>,
 }
 
 /// Live bytes a write has been admitted for and not yet mapped.
@@ -390,7 +300,7 @@ impl Shared {
             _ => None,
         };
         let sealed = self.pack(stream, claim, pieces)?;
-        self.submit(sealed)
+        self.lanes.submit(sealed)
     }
 
     /// Zero pieces need a record only over blocks that are mapped: the
@@ -452,7 +362,7 @@ impl Shared {
         // the durable checkpoint (its root and map stripes) and room for
         // the next, and one more for the open stripes' tails.
         let reserved_slots = GC_RESERVE_SLOTS
-            + self.writes.open.len()
+            + self.lanes.open.len()
             + index.checkpoint_slots.len()
             + index.map_stripes
             + self.checkpoint_reserve(&index)
@@ -499,23 +409,26 @@ impl Shared {
         // other writers keep taking first ends in NoSpace, not forever.
         for _ in 0..(16 + 4 * queue.len()) * 64 {
             let lba = queue.front().map_or(0, |p| p.lba);
-            let (mut lane, mut guard) = self.lane_for(stream, lba);
+            let (mut lane, mut guard) = self.lanes.lane_for(stream, lba);
             let mut stream = stream;
             if guard.is_none() && claim == Claim::CollectMixed {
                 // A client stripe opened for GC's copies would take GC's
                 // reserve, and clients would fill it: GC's own lane.
                 drop(guard);
                 stream = Stream::Gc;
-                (lane, guard) = self.lane_for(stream, lba);
+                (lane, guard) = self.lanes.lane_for(stream, lba);
             }
             if guard.is_none() {
-                match self.open_slot(stream, claim, lane) {
-                    Some(open) => *guard = Some(open),
+                match self.lanes.open_slot(stream, lane, &|index| self.has_room(index, claim)) {
+                    Some(open) => {
+                        *guard = Some(open);
+                        self.maintenance.wake();
+                    }
                     None => {
                         drop(guard);
                         // What this request filled goes out first: its
                         // drains may be what frees a slot.
-                        self.submit(std::mem::take(&mut sealed))?;
+                        self.lanes.submit(std::mem::take(&mut sealed))?;
                         let started = std::time::Instant::now();
                         let made = self.make_room(claim);
                         Counters::add(
@@ -531,7 +444,7 @@ impl Shared {
             let mut origins = Vec::new();
             while let Some(piece) = queue.pop_front() {
                 let origin = piece.origin.clone();
-                match self.place(open, piece) {
+                match self.lanes.place(open, piece) {
                     Placed::All => origins.push(origin),
                     Placed::Part(rest) => {
                         origins.push(origin);
@@ -545,171 +458,16 @@ impl Shared {
                     }
                 }
             }
-            self.map_records(open, origins);
+            self.lanes.map_records(open, origins);
             if queue.is_empty() {
                 return Ok(sealed);
             }
             // Full: sealed now, a new one opened next round.
             let full = guard.take().expect("open");
-            sealed.extend(self.seal_open(full, SlotState::Sealed));
+            sealed.extend(self.lanes.seal_open(full, SlotState::Sealed));
         }
-        self.submit(sealed)?;
+        self.lanes.submit(sealed)?;
         Err(ArrayError::NoSpace)
-    }
-
-    /// Puts as much of `piece` as fits into `open`.
-    fn place<'a>(&self, open: &mut OpenStripe, piece: Piece<'a>) -> Placed<'a> {
-        let algorithm = self.stripes.geometry.checksum;
-        let slot = open.slot;
-        match piece.stored {
-            Stored::Zero => {
-                if !open.fits(false, 0, format::zero_record_bytes()) {
-                    return Placed::Nothing(piece);
-                }
-                open.push_record(
-                    algorithm,
-                    Record::Zero {
-                        lba: piece.lba,
-                        blocks: piece.blocks,
-                        version: 0,
-                    },
-                );
-                Placed::All
-            }
-            Stored::Compressed {
-                codec,
-                ref bytes,
-                digest,
-            } => {
-                if !open.fits(false, bytes.len(), format::data_record_bytes(algorithm, 0)) {
-                    return Placed::Nothing(piece);
-                }
-                let offset = open.push_data(bytes, false);
-                let extent = Extent {
-                    slot,
-                    offset,
-                    stored_bytes: bytes.len() as u32,
-                    blocks: piece.blocks,
-                    codec: Some(codec),
-                    digest,
-                    block_crcs: format::BlockCrcs::new(),
-                };
-                open.push_record(algorithm, data_record(piece.lba, extent));
-                Placed::All
-            }
-            Stored::Raw { .. } => {
-                let fit = open.raw_blocks_that_fit(algorithm, piece.blocks as usize);
-                if fit == 0 {
-                    return Placed::Nothing(piece);
-                }
-                let (head, rest) = if fit < piece.blocks as usize {
-                    let (head, rest) = split_raw(algorithm, piece, fit);
-                    (head, Some(rest))
-                } else {
-                    (piece, None)
-                };
-                let Stored::Raw { bytes, crcs, digest } = head.stored else {
-                    unreachable!("split keeps raw pieces raw")
-                };
-                let offset = open.push_data(&bytes, true);
-                let extent = Extent {
-                    slot,
-                    offset,
-                    stored_bytes: bytes.len() as u32,
-                    blocks: head.blocks,
-                    codec: None,
-                    digest,
-                    block_crcs: crcs,
-                };
-                open.push_record(algorithm, data_record(head.lba, extent));
-                match rest {
-                    Some(rest) => Placed::Part(rest),
-                    None => Placed::All,
-                }
-            }
-        }
-    }
-
-    /// Maps the records `open` took since it was last mapped, in order:
-    /// each new write takes the next version; each relocation keeps its
-    /// version and maps only where the map still points at what it copied.
-    /// Slots this empties drain once `open` is synced.
-    fn map_records(&self, open: &mut OpenStripe, origins: Vec<Origin>) {
-        debug_assert_eq!(open.mapped + origins.len(), open.records.len());
-        let mut index = self.catalog.index_mut();
-        for (record, origin) in open.records[open.mapped..].iter_mut().zip(origins) {
-            let (lba, blocks, target) = match &*record {
-                Record::Data { lba, extent, .. } => (
-                    *lba,
-                    extent.blocks,
-                    Target::Data {
-                        extent: Arc::new(extent.clone()),
-                        skip: 0,
-                    },
-                ),
-                Record::Zero { lba, blocks, .. } => (*lba, *blocks, Target::Zero { slot: open.slot }),
-            };
-            let deltas = match origin {
-                Origin::Write => {
-                    let version = index.next_version;
-                    index.next_version += 1;
-                    record.set_version(version);
-                    let deltas = index.map.insert(lba, blocks, version, &target, Rule::Always);
-                    if let Some(&serial) = index.user_open.get(&open.slot) {
-                        index.slots.superseded(&deltas, serial);
-                    }
-                    deltas
-                }
-                Origin::Relocates(copied, version) => {
-                    record.set_version(version);
-                    let rule = Rule::IfStill {
-                        target: &copied,
-                        version,
-                    };
-                    index.map.insert(lba, blocks, version, &target, rule)
-                }
-                Origin::Replays(version) => {
-                    record.set_version(version);
-                    index.next_version = index.next_version.max(version + 1);
-                    // A logged write to a volume deleted since is not mapped.
-                    let deltas = match index.volumes.admits(lba, version) {
-                        true => index.map.insert(lba, blocks, version, &target, Rule::IfNotNewer),
-                        false => Vec::new(),
-                    };
-                    if let Some(&serial) = index.user_open.get(&open.slot) {
-                        index.slots.superseded(&deltas, serial);
-                    }
-                    deltas
-                }
-            };
-            let emptied = index.slots.account(&deltas);
-            open.drains.extend(emptied);
-        }
-        open.mapped = open.records.len();
-    }
-
-    /// A new open stripe for `stream` in a usable slot, if the stream's
-    /// reserve allows one.
-    fn open_slot(&self, stream: Stream, claim: Claim, lane: usize) -> Option<OpenStripe> {
-        let area = self.stripes.spare_area();
-        let mut index = self.catalog.index_mut();
-        if !self.has_room(&index, claim) {
-            drop(index);
-            self.stripes.recycle_area(Arc::new(area));
-            return None;
-        }
-        let slot = index
-            .slots
-            .allocate(|s| self.stripes.all_healthy(s), &self.catalog.pins)?;
-        index.resident.insert(slot, Resident::Open(lane));
-        if stream == Stream::User {
-            let serial = index.user_serial_next;
-            index.user_serial_next += 1;
-            index.user_open.insert(slot, serial);
-        }
-        drop(index);
-        self.maintenance.wake();
-        Some(OpenStripe::new(slot, stream, area, &self.stripes.geometry))
     }
 
     /// Whether `claim` may take a usable slot: user data leaves garbage
@@ -724,146 +482,6 @@ impl Shared {
         }
     }
 
-    /// Seals an open stripe with the next sequence; an open stripe that
-    /// took nothing gives its slot back instead.
-    pub(crate) fn seal_open(&self, open: OpenStripe, state: SlotState) -> Option<Sealing> {
-        if open.is_empty() && open.stream != Stream::Meta {
-            let mut index = self.catalog.index_mut();
-            index.resident.remove(&open.slot);
-            index.slots.release_open(open.slot);
-            if open.stream == Stream::User {
-                // It held no records: none of the slots waiting on it is
-                // waiting for anything but stripes sealed already.
-                index.user_open.remove(&open.slot);
-                let sealed = index.last_sealed;
-                user_stripe_done(&mut index, sealed);
-            }
-            return None;
-        }
-        let sequence = self.tracker.assign_many(1);
-        Some(self.seal_as(open, state, sequence))
-    }
-
-    /// Seals an open stripe as `sequence` (assigned to it): its summary
-    /// into the data area, and the area kept in memory for readers until
-    /// it is written. Slots its records emptied drain once it is synced,
-    /// and the user stripes holding writes that superseded what they held
-    /// are sealed and synced too.
-    pub(crate) fn seal_as(&self, mut open: OpenStripe, state: SlotState, sequence: u64) -> Sealing {
-        let synced_through = self.tracker.lock().synced_through;
-        let info = stripe::finish(&self.stripes.geometry, &mut open, sequence, synced_through);
-        open.sealed_as.store(sequence, std::sync::atomic::Ordering::Release);
-        let area = Arc::new(std::mem::take(&mut open.data));
-        let mut index = self.catalog.index_mut();
-        if open.stream != Stream::Meta && index.slots.outside_window(open.slot) {
-            // Taken early: durable only once the checkpoint being written
-            // (or a later one) is (a checkpoint names its own stripes).
-            let mut t = self.tracker.lock();
-            t.unnamed_from = Some(t.unnamed_from.map_or(sequence, |first| first.min(sequence)));
-            Counters::add(&self.stripes.counters.stripes_sealed_early, 1);
-        }
-        let empty = index.slots.sealed(open.slot, sequence, state);
-        index.resident.insert(open.slot, Resident::Sealed(area.clone()));
-        index.last_sealed = index.last_sealed.max(sequence);
-        if open.stream != Stream::Meta {
-            index.last_data_sealed = index.last_data_sealed.max(sequence);
-        }
-        // A slot emptied here (by this stripe's records, or this stripe
-        // itself, all it took overwritten while it was open) may hold the
-        // last durable copy of blocks whose newer writes are in a user
-        // stripe still open: garbage collection leaves behind records a
-        // write superseded, and a crash loses open stripes. Such a slot
-        // drains once that user stripe is sealed too (any sealed before
-        // this one has a smaller sequence, and is synced with it).
-        let mut drains = open.drains;
-        if empty {
-            drains.push(open.slot);
-        }
-        if open.stream == Stream::User {
-            index.user_open.remove(&open.slot);
-        }
-        for slot in drains {
-            index.drain_emptied(slot, sequence);
-        }
-        if open.stream == Stream::User {
-            user_stripe_done(&mut index, sequence);
-        }
-        drop(index);
-        Counters::add(&self.stripes.counters.stripes_sealed, 1);
-        Sealing { info, area }
-    }
-
-    /// Builds sealed stripes (one accelerator batch) and hands their
-    /// chunks to the members, waiting while too much is in flight.
-    pub(crate) fn submit(&self, sealed: Vec<Sealing>) -> Result<(), ArrayError> {
-        if sealed.is_empty() {
-            return Ok(());
-        }
-        let mut built = self.stripes.spare_built(sealed.len());
-        {
-            let mut batch: Vec<(&[u8], &StripeInfo, &mut Built)> = sealed
-                .iter()
-                .zip(built.iter_mut())
-                .map(|(s, b)| (&s.area[..], &s.info, b))
-                .collect();
-            stripe::build(
-                &self.stripes.geometry,
-                self.stripes.accel.as_ref(),
-                self.stripes.array_uuid,
-                &mut batch,
-            )
-            .expect("the accelerator seals stripes of the array's own shape");
-        }
-        let done: Arc<dyn StripeDone> = self.me.upgrade().expect("the engine outlives its writers");
-        let bytes = stripe_bytes(&self.stripes.geometry);
-        for (s, b) in sealed.into_iter().zip(built) {
-            let started = std::time::Instant::now();
-            self.tracker.wait_for_room(bytes);
-            Counters::add(
-                &self.stripes.counters.waited_for_members_us,
-                started.elapsed().as_micros() as u64,
-            );
-            let write = StripeWrite::new(s.info.slot, s.info.sequence, s.area, b, bytes, done.clone());
-            self.stripes
-                .io
-                .submit(Arc::new(write), |m| self.stripes.members.writable(m));
-        }
-        Ok(())
-    }
-
-    /// Seals the open stripe of `lane`, however full (FLUSH, checkpoints).
-    pub(crate) fn seal_lane(&self, lane: usize) -> Option<Sealing> {
-        // Sealed under the open stripe's lock: a reader that found the
-        // stripe open and waits for the lock then finds it sealed.
-        let mut guard = self.open_lane(lane);
-        let open = guard.take()?;
-        let sealing = self.seal_open(open, SlotState::Sealed);
-        drop(guard);
-        let sealing = sealing?;
-        Counters::add(&self.stripes.counters.short_stripes_sealed, 1);
-        Some(sealing)
-    }
-
-    /// Seals every open user stripe, however full, and submits them;
-    /// returns how many there were.
-    pub(crate) fn seal_user_lanes(&self) -> Result<usize, ArrayError> {
-        let sealed: Vec<Sealing> = self.user_lanes().filter_map(|lane| self.seal_lane(lane)).collect();
-        let count = sealed.len();
-        self.submit(sealed)?;
-        Ok(count)
-    }
-
-    /// Seals the open user stripes, short if need be, when emptied slots
-    /// wait for them (see `seal_as`): a writer that needs room, or
-    /// maintenance when usable slots run low, does this rather than wait
-    /// for clients to fill them. Returns whether it sealed any.
-    pub(crate) fn seal_awaited_user_stripes(&self) -> Result<bool, ArrayError> {
-        if self.catalog.index().drain_after_user.is_empty() {
-            return Ok(false);
-        }
-        Ok(self.seal_user_lanes()? > 0)
-    }
-
     /// FLUSH: logs what the open user stripes hold (or, without a log,
     /// seals them short) and returns once every stripe sealed so far is on
     /// the members and synced. Garbage collection's copies need not be
@@ -871,10 +489,10 @@ impl Shared {
     pub fn flush(&self) -> Result<(), ArrayError> {
         self.stripes.members.check_writable()?;
         if !self.commit_to_log()? {
-            self.seal_user_lanes()?;
+            self.lanes.seal_user_lanes()?;
         }
-        let target = self.tracker.last_sequence();
-        self.sync_through(target)?;
+        let target = self.lanes.tracker.last_sequence();
+        self.lanes.sync_through(target)?;
         self.wait_named(target)?;
         Counters::add(&self.stripes.counters.flushes, 1);
         self.stripes.members.check_writable()
@@ -886,7 +504,7 @@ impl Shared {
     /// checkpoint being written is durable, or one taken here is (the one
     /// under way may have failed).
     fn wait_named(&self, target: u64) -> Result<(), ArrayError> {
-        let named = || self.tracker.lock().recoverable_through() >= target;
+        let named = || self.lanes.tracker.lock().recoverable_through() >= target;
         if named() {
             return Ok(());
         }
@@ -906,42 +524,6 @@ impl Shared {
         Ok(())
     }
 
-    /// Returns once every stripe up to `target` is written and synced. One
-    /// caller syncs the members at a time; the others wait and are covered
-    /// by the sync that follows. Members whose sync fails are failed.
-    pub(crate) fn sync_through(&self, target: u64) -> Result<(), ArrayError> {
-        let mut t = self.tracker.lock();
-        // Each pass either returns, syncs, or waits for a write or a sync
-        // to finish; every stripe in flight finishes.
-        loop {
-            if t.synced_through >= target {
-                return Ok(());
-            }
-            if t.syncing || t.written_through() < target {
-                t = self.tracker.wait(t);
-                continue;
-            }
-            t.syncing = true;
-            let written = t.written_through();
-            drop(t);
-            let failures = self.stripes.io.sync(&self.stripes.writable_members());
-            for (member, error) in &failures {
-                // A member past the parity marks the array lost; the
-                // caller's check of it reports that.
-                let _ = self.stripes.members.failed_io(*member, error);
-            }
-            t = self.tracker.lock();
-            t.syncing = false;
-            t.synced_through = t.synced_through.max(written);
-            let recoverable = t.recoverable_through();
-            self.tracker.changed.notify_all();
-            drop(t);
-            Counters::add(&self.stripes.counters.syncs, 1);
-            self.catalog.index_mut().slots.release_drained(recoverable);
-            t = self.tracker.lock();
-        }
-    }
-
     /// Finds a usable slot for `claim` when there is none: syncs stripes
     /// whose drains would free slots, writes a checkpoint if free slots
     /// lie outside the window, or collects garbage (not for the GC stream
@@ -953,14 +535,14 @@ impl Shared {
     /// rounds freed to the other seven and was refused (round 7 of a loop;
     /// with the retries, 300 rounds were refused nothing).
     fn make_room(&self, claim: Claim) -> Result<(), ArrayError> {
-        let mut sealed = self.tracker.last_sequence();
+        let mut sealed = self.lanes.tracker.last_sequence();
         let mut tries = 1;
         loop {
             match self.make_room_once(claim) {
                 Err(ArrayError::NoSpace)
-                    if tries < crate::limits::MAKE_ROOM_TRIES && self.tracker.last_sequence() != sealed =>
+                    if tries < crate::limits::MAKE_ROOM_TRIES && self.lanes.tracker.last_sequence() != sealed =>
                 {
-                    sealed = self.tracker.last_sequence();
+                    sealed = self.lanes.tracker.last_sequence();
                     tries += 1;
                 }
                 made => return made,
@@ -982,10 +564,10 @@ impl Shared {
         // superseded their blocks), or for a sync, are freed by sealing
         // those and syncing: writers that need room fill no stripe.
         let drain = || -> Result<Option<u64>, ArrayError> {
-            self.seal_awaited_user_stripes()?;
+            self.lanes.seal_awaited_user_stripes()?;
             let drained = self.catalog.index().slots.draining_sequence_max();
             if let Some(sequence) = drained {
-                self.sync_through(sequence)?;
+                self.lanes.sync_through(sequence)?;
             }
             Ok(drained)
         };
@@ -1065,52 +647,6 @@ pub(crate) enum Claim {
     CollectMixed,
 }
 
-enum Placed<'a> {
-    All,
-    /// The head went in; this is the rest.
-    Part(Piece<'a>),
-    Nothing(Piece<'a>),
-}
-
-fn data_record(lba: u64, extent: Extent) -> Record {
-    Record::Data {
-        lba,
-        version: 0,
-        extent,
-    }
-}
-
-/// Cuts a raw piece after `blocks` blocks; each part gets its own digest.
-fn split_raw<'a>(algorithm: Algorithm, piece: Piece<'a>, blocks: usize) -> (Piece<'a>, Piece<'a>) {
-    let Stored::Raw { bytes, crcs, .. } = piece.stored else {
-        unreachable!("only raw pieces are split")
-    };
-    let at = blocks * BLOCK_BYTES;
-    let (head_bytes, rest_bytes): (Cow<[u8]>, Cow<[u8]>) = match bytes {
-        Cow::Borrowed(b) => (Cow::Borrowed(&b[..at]), Cow::Borrowed(&b[at..])),
-        Cow::Owned(b) => (Cow::Owned(b[..at].to_vec()), Cow::Owned(b[at..].to_vec())),
-    };
-    let (head_crcs, rest_crcs) = (
-        crcs[..blocks].iter().copied().collect(),
-        crcs[blocks..].iter().copied().collect(),
-    );
-    let part = |lba: u64, bytes: Cow<'a, [u8]>, crcs: format::BlockCrcs, origin: Origin| Piece {
-        lba,
-        blocks: crcs.len() as u32,
-        stored: Stored::Raw {
-            digest: folded_digest(algorithm, &crcs).unwrap_or_else(|| algorithm.digest(&bytes)),
-            bytes,
-            crcs,
-        },
-        origin,
-    };
-    let rest_origin = piece.origin.advanced_by(blocks as u64);
-    (
-        part(piece.lba, head_bytes, head_crcs, piece.origin),
-        part(piece.lba + blocks as u64, rest_bytes, rest_crcs, rest_origin),
-    )
-}
-
 /// Joins consecutive zero pieces of a new write into one record.
 fn merge_zero_runs(pieces: Vec<Piece<'_>>) -> Vec<Piece<'_>> {
     let mut out: Vec<Piece> = Vec::with_capacity(pieces.len());
@@ -1126,52 +662,4 @@ fn merge_zero_runs(pieces: Vec<Piece<'_>>) -> Vec<Piece<'_>> {
         out.push(piece);
     }
     out
-}
-
-impl StripeDone for Shared {
-    /// A stripe's chunks are all written: members whose writes failed are
-    /// failed (before any FLUSH can see the stripe as written), readers go
-    /// to the members from now on, and FLUSHes waiting for it are woken.
-    fn stripe_written(&self, stripe: &StripeWrite, failed: Vec<(usize, std::io::Error)>) {
-        for (member, error) in &failed {
-            let _ = self.stripes.members.failed_io(*member, error);
-        }
-        // A stripe some members did not take, once writes are refused
-        // (more members lost than the parity covers), may be on fewer
-        // than K of them: it stays in memory, and readers are served from
-        // there (what was in flight then, a bounded amount; no more comes).
-        let kept = !failed.is_empty() && self.stripes.members.lost().is_some();
-        if !kept {
-            let mut index = self.catalog.index_mut();
-            if let Some(Resident::Sealed(area)) = index.resident.get(&stripe.slot) {
-                if Arc::ptr_eq(area, &stripe.area) {
-                    index.resident.remove(&stripe.slot);
-                }
-            }
-        }
-        self.tracker.written(stripe.sequence, stripe.bytes);
-    }
-
-    fn recycle(&self, area: Arc<crate::device::AlignedBuf>, built: Built) {
-        self.stripes.recycle_area(area);
-        self.stripes.recycle_built(built);
-    }
-}
-
-/// A user stripe was sealed as `sequence` (or gave its slot back, nothing
-/// in it, `sequence` the last sealed): the emptied slots that waited for
-/// it, and for no user stripe still open, drain after it (and after the
-/// stripe that emptied them).
-fn user_stripe_done(index: &mut crate::index::Index, sequence: u64) {
-    let open_serial_min = index.user_open.values().copied().min().unwrap_or(u64::MAX);
-    index.slots.forget_superseded(open_serial_min);
-    let mut waiting = std::mem::take(&mut index.drain_after_user);
-    waiting.retain(|&(slot, needed, floor)| {
-        let ready = needed < open_serial_min;
-        if ready {
-            index.slots.drain_after(slot, sequence.max(floor));
-        }
-        !ready
-    });
-    index.drain_after_user = waiting;
 }
