@@ -27,9 +27,10 @@
 //!   checkpoints, GC, recovery): they reach the index through it.
 
 use crate::counters::Counters;
-use crate::error::ArrayError;
-use crate::format::PageImage;
+use crate::error::{ArrayError, CheckpointFault};
+use crate::format::{PageImage, SlotEntry};
 use crate::index::{map_waiting, Index};
+use crate::limits::SLOT_TABLE_PAGE_SLOTS;
 use crate::map::{LoadedPage, Map, Needed};
 use crate::slots::{Pinned, Pins, SlotState};
 use crate::stripes::Stripes;
@@ -551,6 +552,85 @@ impl Catalog {
             });
         }
         Ok(bytes)
+    }
+
+    /// The sequence of the stripe in `slot` (on the members), its slot
+    /// page read first if opening left it unread.
+    pub fn slot_sequence(&self, slot: u64) -> Result<u64, ArrayError> {
+        let page = {
+            let index = self.index();
+            if !index.slots.is_unread(slot) {
+                return Ok(index.slots.get(slot).sequence);
+            }
+            let page = slot / SLOT_TABLE_PAGE_SLOTS;
+            index.slots.unread_pages(page..=page, 1)
+        };
+        // Taken in here, or by another meanwhile: either way it is read.
+        self.take_unread(&page)?;
+        Ok(self.index().slots.get(slot).sequence)
+    }
+
+    /// Reads `pages` and takes them into the slot table (those another
+    /// took meanwhile are dropped); a slot emptied by the deltas kept
+    /// aside drains as one a write empties does. If one cannot be taken,
+    /// the table is marked so, and the activity records then tell the
+    /// next opening to read every page at once (where a page past repair
+    /// sends it to the full scan) instead of leaving them for later
+    /// again.
+    pub fn take_unread(&self, pages: &[(u64, Arc<PageImage>)]) -> Result<(), ArrayError> {
+        let taken = self.take_unread_now(pages);
+        if taken.is_err() {
+            self.index_mut().slots.mark_unreadable();
+        }
+        taken
+    }
+
+    pub fn take_unread_now(&self, pages: &[(u64, Arc<PageImage>)]) -> Result<(), ArrayError> {
+        let unreadable = |why: CheckpointFault| ArrayError::CheckpointUnreadable { why };
+        let read = self.read_slot_pages(pages).map_err(unreadable)?;
+        // A hold of the index a page (1,024 slots), not a batch: clients
+        // go on between.
+        for (page, entries) in read {
+            let mut index = self.index_mut();
+            let emptied = index.slots.restore_unread(page, &entries).map_err(|fault| {
+                unreadable(CheckpointFault::SlotPage {
+                    page,
+                    source: Box::new(unreadable(fault)),
+                })
+            })?;
+            // Every stripe that superseded what they held is sealed by
+            // now, or open and known to `superseded` (garbage collection,
+            // which relocates, waits for every page).
+            index.drain_emptied_now(emptied);
+        }
+        Ok(())
+    }
+    /// Slot table pages a root names, read from its map stripes (whose
+    /// slots the table knows) in parallel on the I/O pool, each checked
+    /// against its number.
+    pub fn read_slot_pages(
+        &self,
+        pages: &[(u64, Arc<PageImage>)],
+    ) -> Result<Vec<(u64, Vec<SlotEntry>)>, CheckpointFault> {
+        use rayon::prelude::*;
+        let read = |(page, image): &(u64, Arc<PageImage>)| {
+            let page = *page;
+            let unreadable = |source| CheckpointFault::SlotPage {
+                page,
+                source: Box::new(source),
+            };
+            let stored = self.read_page_image(page, image).map_err(unreadable)?;
+            let (number, entries) = crate::format::decode_slot_page_image(&stored, &self.stripes.geometry)?;
+            if number != page {
+                return Err(CheckpointFault::Format(crate::format::FormatError::Field {
+                    what: "slot table page",
+                    field: "number",
+                    value: number,
+                }));
+            }
+            Ok((page, entries))
+        };
+        self.stripes.io_pool.install(|| pages.par_iter().map(read).collect())
     }
 }
 

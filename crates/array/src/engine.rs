@@ -9,12 +9,11 @@
 //! them the index (`Catalog`, `catalog.rs`: the map and the slot table
 //! under the index's lock, the pins, the map cache); over both the lanes
 //! (`Lanes`, `lanes.rs`: the open stripes, sealing, handing stripes to the
-//! members, syncs, sequences). The modules beside this one each add one
-//! part:
+//! members, syncs, sequences); and the read path over those (`Reader`,
+//! `read.rs`). The modules beside this one each add one part:
 //!
 //! - `write`: admission, packing extents into the lanes, FLUSH, finding
 //!   room.
-//! - `read`: the read path: the map's lookups, then the stripe layer.
 //! - `repair`: rewriting bad chunks, scrub.
 //! - `gc`: garbage collection.
 //! - `checkpoint` and `recovery`: the map's durable copy, and opening.
@@ -142,6 +141,8 @@ pub(crate) struct Shared {
     /// The lanes over it: the open stripes, sealing, handing stripes to
     /// the members, syncs, and the sequences' tracker (`lanes.rs`).
     pub lanes: Arc<crate::lanes::Lanes>,
+    /// The read path over those three (`read.rs`).
+    pub reader: crate::read::Reader,
     pub policy: Option<Policy>,
     /// Live bytes a stripe can be counted on to hold (admission).
     pub fill_bytes: u64,
@@ -205,6 +206,18 @@ impl Shared {
             Some(end) if end <= size => Ok(()),
             _ => Err(ArrayError::OutOfRange { offset, len, size }),
         }
+    }
+
+    /// Reads `buf.len()` bytes at byte `offset` of the map's key space.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ArrayError> {
+        self.check_range(offset, buf.len() as u64)?;
+        self.reader.read(offset, buf)
+    }
+
+    /// NBD_CMD_CACHE over [offset, offset+len) (`Reader::prefetch`).
+    pub fn prefetch(&self, offset: u64, len: u64) -> Result<(), ArrayError> {
+        self.check_range(offset, len)?;
+        self.reader.prefetch(offset, len)
     }
 }
 
@@ -283,7 +296,13 @@ impl Array {
             .clamp(1, crate::limits::USER_LANES_MAX)
             + 1;
         let lanes = crate::lanes::Lanes::new(stripes.clone(), catalog.clone(), lanes);
+        let reader = crate::read::Reader {
+            stripes: stripes.clone(),
+            catalog: catalog.clone(),
+            lanes: lanes.clone(),
+        };
         let shared = Arc::new(Shared {
+            reader,
             fill_bytes,
             stripe_live_max: (geometry.data_area_bytes() - crate::format::SUMMARY_HEADER_BYTES) as u64,
             stripes,
@@ -568,11 +587,6 @@ impl Drop for Array {
         self.stop_background();
         self.shared.stripes.io.stop();
     }
-}
-
-/// Byte range in a block buffer starting at `lba` for blocks [from, end).
-pub(crate) fn block_range(lba: u64, from: u64, end: u64) -> std::ops::Range<usize> {
-    (from - lba) as usize * BLOCK_BYTES..(end - lba) as usize * BLOCK_BYTES
 }
 
 /// Bytes as lowercase hexadecimal (UUIDs in messages).

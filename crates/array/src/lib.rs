@@ -22,7 +22,8 @@
 //! - `lanes`: the open stripes writes are packed into, sealing, handing
 //!   stripes to the members, syncs; `tracker`: sequences, and how far
 //!   writes and syncs have gone.
-//! - `engine`: the state of the layers above the lanes and the public
+//! - `read`: the read path over the stripes, the index and the lanes.
+//! - `engine`: the state of the layers above those and the public
 //!   [`Array`]; beside it `write`, `read`, `repair`, `gc`, `checkpoint`,
 //!   `recovery`, `maintenance`, `volumes` and `status`.
 //!

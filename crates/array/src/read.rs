@@ -17,14 +17,15 @@
 //!   rebuilt only when a chunk a read needs is out or bad, and then once
 //!   for all readers (the reconstruction cache).
 
+use crate::catalog::Catalog;
 use crate::device::AlignedBuf;
-use crate::engine::{block_range, Shared};
 use crate::error::ArrayError;
 use crate::format::{Extent, BLOCK_BYTES};
 use crate::index::Resident;
+use crate::lanes::Lanes;
 use crate::map::Target;
 use crate::slots::Pinned;
-use crate::stripes::{decompress_blocks, raw_ok, stored_range};
+use crate::stripes::{decompress_blocks, raw_ok, stored_range, Stripes};
 use std::sync::Arc;
 
 /// Where a stripe's data area is.
@@ -36,14 +37,22 @@ pub(crate) enum Where {
         sequence: u64,
     },
     /// On the members, in a slot whose slot table page opening left to be
-    /// read later: `Shared::slot_sequence` reads it.
+    /// read later: `Catalog::slot_sequence` reads it.
     Unread,
 }
 
-impl Shared {
-    /// Reads `buf.len()` bytes at byte `offset` of the volume.
+/// The read path, over the stripes, the index and the lanes (see the
+/// module's doc).
+pub(crate) struct Reader {
+    pub stripes: Arc<Stripes>,
+    pub catalog: Arc<Catalog>,
+    pub lanes: Arc<Lanes>,
+}
+
+impl Reader {
+    /// Reads `buf.len()` bytes at byte `offset` of the map's key space
+    /// (in range: the caller checks).
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ArrayError> {
-        self.check_range(offset, buf.len() as u64)?;
         let block = BLOCK_BYTES as u64;
         let first = offset / block;
         if offset.is_multiple_of(block) && buf.len().is_multiple_of(BLOCK_BYTES) {
@@ -63,7 +72,6 @@ impl Shared {
     /// NBD_CMD_CACHE, so that the reads that follow cost no decoding.
     /// With every member in, nothing needs doing.
     pub fn prefetch(&self, offset: u64, len: u64) -> Result<(), ArrayError> {
-        self.check_range(offset, len)?;
         if self.stripes.members.unavailable() == 0 {
             return Ok(());
         }
@@ -85,14 +93,14 @@ impl Shared {
         // More than the cache holds would push out the first ones rebuilt.
         // (A pinned slot is not taken again, so its sequence holds.)
         for &slot in stripes.iter().take(self.stripes.cache.capacity()) {
-            self.stripes.rebuilt_area(slot, self.slot_sequence(slot)?)?;
+            self.stripes.rebuilt_area(slot, self.catalog.slot_sequence(slot)?)?;
         }
         Ok(())
     }
 
     /// Fills `out` with whole blocks from `lba`; holes and zero ranges are
     /// zeros.
-    pub(crate) fn read_blocks_into(&self, lba: u64, out: &mut [u8]) -> Result<(), ArrayError> {
+    pub fn read_blocks_into(&self, lba: u64, out: &mut [u8]) -> Result<(), ArrayError> {
         let end = lba + (out.len() / BLOCK_BYTES) as u64;
         let mut pinned = Pinned::new(&self.catalog.pins);
         let mut plan: Vec<Piece> = Vec::new();
@@ -112,7 +120,7 @@ impl Shared {
         for (_, _, source) in &mut plan {
             if let Some((extent, _, at @ Where::Unread)) = source {
                 *at = Where::Members {
-                    sequence: self.slot_sequence(extent.slot)?,
+                    sequence: self.catalog.slot_sequence(extent.slot)?,
                 };
             }
         }
@@ -236,7 +244,7 @@ impl Shared {
     /// stripe (by what decoding its ranges would cost), so a degraded
     /// stripe is rebuilt whole, once for every reader, instead of its
     /// healthy chunks read now and again by a rebuild.
-    pub(crate) fn read_extent(
+    pub fn read_extent(
         &self,
         extent: &Extent,
         skip: u32,
@@ -265,7 +273,7 @@ impl Shared {
                 }
                 Where::Unread => {
                     at = Where::Members {
-                        sequence: self.slot_sequence(extent.slot)?,
+                        sequence: self.catalog.slot_sequence(extent.slot)?,
                     }
                 }
             }
@@ -331,4 +339,9 @@ fn copy_blocks(extent: &Extent, skip: u32, area: &[u8], out: &mut [u8]) -> Resul
         }
         Some(_) => decompress_blocks(extent, stored, skip, out),
     }
+}
+
+/// Byte range in a block buffer starting at `lba` for blocks [from, end).
+fn block_range(lba: u64, from: u64, end: u64) -> std::ops::Range<usize> {
+    (from - lba) as usize * BLOCK_BYTES..(end - lba) as usize * BLOCK_BYTES
 }

@@ -28,9 +28,7 @@
 
 use crate::engine::Shared;
 use crate::error::{ArrayError, CheckpointFault};
-use crate::format::{
-    Checkpoint, CheckpointRef, ChunkHeader, PageImage, Record, SlotEntry, Stream, SUMMARY_HEADER_BYTES,
-};
+use crate::format::{Checkpoint, CheckpointRef, ChunkHeader, PageImage, Record, Stream, SUMMARY_HEADER_BYTES};
 use crate::index::{target_of, Index};
 use crate::limits::MAP_PAGE_BLOCKS;
 use crate::map::{Location, Map, Rule};
@@ -720,7 +718,7 @@ impl Shared {
         let mut live = 0u128;
         for batch in read_now.chunks(self.options.open_slot_pages_per_batch.max(1)) {
             let images: Vec<(u64, Arc<PageImage>)> = batch.iter().map(|(page, p)| (*page, p.image.clone())).collect();
-            let read = self.read_slot_pages(&images).map_err(unreadable)?;
+            let read = self.catalog.read_slot_pages(&images).map_err(unreadable)?;
             let mut index = self.catalog.index_mut();
             for ((page, entries), (_, p)) in read.iter().zip(batch) {
                 let (page_live, kept) = index.slots.restore_page(*page, entries).map_err(unreadable)?;
@@ -786,34 +784,6 @@ impl Shared {
             since: None,
         };
         Ok(window)
-    }
-
-    /// Slot table pages a root names, read from its map stripes (whose
-    /// slots the table knows) in parallel on the I/O pool, each checked
-    /// against its number.
-    pub(crate) fn read_slot_pages(
-        &self,
-        pages: &[(u64, Arc<PageImage>)],
-    ) -> Result<Vec<(u64, Vec<SlotEntry>)>, CheckpointFault> {
-        use rayon::prelude::*;
-        let read = |(page, image): &(u64, Arc<PageImage>)| {
-            let page = *page;
-            let unreadable = |source| CheckpointFault::SlotPage {
-                page,
-                source: Box::new(source),
-            };
-            let stored = self.catalog.read_page_image(page, image).map_err(unreadable)?;
-            let (number, entries) = crate::format::decode_slot_page_image(&stored, &self.stripes.geometry)?;
-            if number != page {
-                return Err(CheckpointFault::Format(crate::format::FormatError::Field {
-                    what: "slot table page",
-                    field: "number",
-                    value: number,
-                }));
-            }
-            Ok((page, entries))
-        };
-        self.stripes.io_pool.install(|| pages.par_iter().map(read).collect())
     }
 
     /// The summary of the stripe one of whose chunk `header`s was read.

@@ -3,7 +3,9 @@
 //! once by whatever needs them first.
 //!
 //! - A read of data in a slot whose page is unread reads that page
-//!   (`slot_sequence`), with no lock held, as a map page miss does.
+//!   (`Catalog::slot_sequence`), with no lock held, as a map page miss
+//!   does; this module reads the rest (`Catalog::take_unread`, a batch
+//!   at a time).
 //! - Whatever looks at every slot reads every page first
 //!   (`read_every_slot_page`): a checkpoint (it writes the pages, and
 //!   chooses the next window from the free slots), garbage collection,
@@ -28,10 +30,7 @@
 //! read may be read twice (the second finds it taken, and drops it).
 
 use crate::engine::Shared;
-use crate::error::{ArrayError, CheckpointFault};
-use crate::format::PageImage;
-use crate::limits::SLOT_TABLE_PAGE_SLOTS;
-use std::sync::Arc;
+use crate::error::ArrayError;
 
 impl Shared {
     /// Reads every slot page opening left unread, if any is.
@@ -65,59 +64,7 @@ impl Shared {
         if batch.is_empty() {
             return Ok(false);
         }
-        self.take_unread(&batch)?;
+        self.catalog.take_unread(&batch)?;
         Ok(true)
-    }
-
-    /// The sequence of the stripe in `slot` (on the members), its slot
-    /// page read first if opening left it unread.
-    pub(crate) fn slot_sequence(&self, slot: u64) -> Result<u64, ArrayError> {
-        let page = {
-            let index = self.catalog.index();
-            if !index.slots.is_unread(slot) {
-                return Ok(index.slots.get(slot).sequence);
-            }
-            let page = slot / SLOT_TABLE_PAGE_SLOTS;
-            index.slots.unread_pages(page..=page, 1)
-        };
-        // Taken in here, or by another meanwhile: either way it is read.
-        self.take_unread(&page)?;
-        Ok(self.catalog.index().slots.get(slot).sequence)
-    }
-
-    /// Reads `pages` and takes them into the slot table (those another
-    /// took meanwhile are dropped); a slot emptied by the deltas kept
-    /// aside drains as one a write empties does. If one cannot be taken,
-    /// the table is marked so, and the activity records then tell the
-    /// next opening to read every page at once (where a page past repair
-    /// sends it to the full scan) instead of leaving them for later
-    /// again.
-    fn take_unread(&self, pages: &[(u64, Arc<PageImage>)]) -> Result<(), ArrayError> {
-        let taken = self.take_unread_now(pages);
-        if taken.is_err() {
-            self.catalog.index_mut().slots.mark_unreadable();
-        }
-        taken
-    }
-
-    fn take_unread_now(&self, pages: &[(u64, Arc<PageImage>)]) -> Result<(), ArrayError> {
-        let unreadable = |why: CheckpointFault| ArrayError::CheckpointUnreadable { why };
-        let read = self.read_slot_pages(pages).map_err(unreadable)?;
-        // A hold of the index a page (1,024 slots), not a batch: clients
-        // go on between.
-        for (page, entries) in read {
-            let mut index = self.catalog.index_mut();
-            let emptied = index.slots.restore_unread(page, &entries).map_err(|fault| {
-                unreadable(CheckpointFault::SlotPage {
-                    page,
-                    source: Box::new(unreadable(fault)),
-                })
-            })?;
-            // Every stripe that superseded what they held is sealed by
-            // now, or open and known to `superseded` (garbage collection,
-            // which relocates, waits for every page).
-            index.drain_emptied_now(emptied);
-        }
-        Ok(())
     }
 }

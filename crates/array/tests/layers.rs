@@ -15,11 +15,12 @@ use std::path::Path;
 /// Below the engine: the I/O seam, the format, the map, the slot table,
 /// the members, the stripe layer, the index layer over it (the index and
 /// the map cache), the lanes over both (open stripes, sealing, handing
-/// stripes to the members, syncs; the sequences' tracker) and what they
-/// share. None of them knows the engine or anything built on it.
+/// stripes to the members, syncs; the sequences' tracker), the read path
+/// over those, and what they share. None of them knows the engine or
+/// anything built on it.
 const BELOW_THE_ENGINE: &[&str] = &[
     "activity", "cache", "catalog", "counters", "device", "error", "events", "fanout", "format", "index", "io",
-    "lanes", "limits", "map", "members", "slot_set", "slots", "stripe", "stripes", "tracker",
+    "lanes", "limits", "map", "members", "read", "slot_set", "slots", "stripe", "stripes", "tracker",
 ];
 
 /// Each module's imports of other modules, and the names it reaches
