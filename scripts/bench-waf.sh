@@ -5,7 +5,9 @@
 # with garbage collection's copies in stripes of their own (the default)
 # and mixed into the clients' open stripes (serve --no-gc-stream), in one
 # run; GC/user is bytes GC copied per client byte, ckpt/user the bytes of
-# checkpoint stripes (roots and map pages) per client byte. WAF is
+# checkpoint stripes (roots and map pages) per client byte, and below each
+# row what those checkpoints held by part (page images, directory pages,
+# slot pages, roots), in stored bytes per client byte. WAF is
 # member bytes per client byte over the overwrite phase alone (the server
 # restarts after the fill, which resets its counters); the full-stripe
 # floor is (K+M)/K * (chunk + 4 KiB header)/chunk. Then the server is
@@ -46,6 +48,8 @@ for dist in ${PATTERNS:-random zipf:1.2}; do
 import json,sys
 s=json.load(sys.stdin); u=max(s['user_bytes_written'],1)
 c=s.get('checkpoint_bytes_written', 0)/u
+parts=s.get('checkpoint_parts', {})
+open('$work/parts.txt', 'w').write('  checkpoints held, stored bytes per client byte: ' + ', '.join(f'{k.replace(\"_\", \" \")} {v/u:.4f}' for k, v in parts.items()) + '\\n')
 print(f'{\"$dist\":<10} {\"$gc\":<10} {s[\"write_amplification\"]:6.2f} {s[\"gc_bytes_relocated\"]/u:8.2f} {s[\"gc_stripes_collected\"]:8} {str(s[\"checkpoints_written\"]) + (\" (\" + str(s[\"checkpoints_dropped\"]) + \" dropped)\" if s.get(\"checkpoints_dropped\") else \"\"):>12} {c:9.3f} {s[\"short_stripes_sealed\"]:6} {\"$iops\":>9}', end='  ')"
     # Killed as a crash would, then opened: the replay the last
     # checkpoint leaves (its window's headers, the stripes newer than it).
@@ -59,5 +63,6 @@ start, end, path = sys.argv[1:]
 r = json.load(open(path))["recovery"]
 print(f"{float(end) - float(start):.2f} s ({r['milliseconds']} ms opening, {r['stripes_replayed']} stripes replayed, {r['slots_scanned']} slots scanned)")
 PY
+    cat "$work/parts.txt"
   done
 done

@@ -850,6 +850,15 @@ impl Shared {
             })
             .collect();
         let run_bytes = at;
+        // What the run holds, by part (`Status::checkpoint_parts`; the
+        // root's bytes are added once it is encoded).
+        let range_bytes = |range: &Option<Range<usize>>| range.as_ref().map_or(0, |r| r.len() as u64);
+        let parts = crate::status::CheckpointParts {
+            page_images: copied.bytes.len() as u64,
+            directory_pages: dirs.iter().map(|d| range_bytes(&d.range)).sum(),
+            slot_pages: slot_pages.iter().map(|w| range_bytes(&w.range)).sum(),
+            roots: 0,
+        };
         let image_stripes = run_bytes.div_ceil(per_stripe);
         let emptied: Vec<u64> = live.iter().filter(|&(_, &b)| b == 0).map(|(&slot, _)| slot).collect();
         for slot in &emptied {
@@ -1104,9 +1113,17 @@ impl Shared {
         let last = first + meta.len() as u64 - 1;
         let written = self.lanes.submit(sealed).and_then(|()| self.lanes.sync_through(last));
         if written.is_ok() {
+            let c = &self.stripes.counters;
             Counters::add(
-                &self.stripes.counters.checkpoint_bytes_written,
+                &c.checkpoint_bytes_written,
                 (meta.len() * crate::lanes::stripe_bytes(g)) as u64,
+            );
+            Counters::add(&c.checkpoint_page_image_bytes, parts.page_images);
+            Counters::add(&c.checkpoint_directory_bytes, parts.directory_pages);
+            Counters::add(&c.checkpoint_slot_page_bytes, parts.slot_pages);
+            Counters::add(
+                &c.checkpoint_root_bytes,
+                (bytes.len() + listing.as_ref().map_or(0, |l| l.len())) as u64,
             );
         }
         let reference = CheckpointRef {

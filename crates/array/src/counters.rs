@@ -38,6 +38,13 @@ pub struct Counters {
     pub checkpoints_forced: AtomicU64,
     pub checkpoints_dropped: AtomicU64,
     pub checkpoint_bytes_written: AtomicU64,
+    /// What the checkpoints wrote, by part, in stored bytes (before
+    /// parity and the stripes' unused tails): page images, directory
+    /// pages, slot table pages, roots (with their listings).
+    pub checkpoint_page_image_bytes: AtomicU64,
+    pub checkpoint_directory_bytes: AtomicU64,
+    pub checkpoint_slot_page_bytes: AtomicU64,
+    pub checkpoint_root_bytes: AtomicU64,
     pub checkpoints_root_only: AtomicU64,
     pub log_blocks_written: AtomicU64,
     pub log_bytes_written: AtomicU64,

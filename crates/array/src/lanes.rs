@@ -598,7 +598,7 @@ impl StripeDone for Lanes {
 /// in it, `sequence` the last sealed): the emptied slots that waited for
 /// it, and for no user stripe still open, drain after it (and after the
 /// stripe that emptied them).
-fn user_stripe_done(index: &mut crate::index::Index, sequence: u64) {
+fn user_stripe_done(index: &mut Index, sequence: u64) {
     let open_serial_min = index.user_open.values().copied().min().unwrap_or(u64::MAX);
     index.slots.forget_superseded(open_serial_min);
     let mut waiting = std::mem::take(&mut index.drain_after_user);

@@ -83,6 +83,6 @@ pub use open::{open, open_with};
 pub use rebuild::{RebuildOptions, RebuildReport, RebuildResume};
 pub use recovery::{Recovery, RecoveryPhases};
 pub use repair::ScrubReport;
-pub use status::{AcceleratorStatus, MemberStatus, Status};
+pub use status::{AcceleratorStatus, CheckpointParts, MemberStatus, Status};
 pub use volumes::{Volume, VolumeStatus};
 pub use write::extent_blocks_max;

@@ -97,6 +97,14 @@ pub struct Status {
     /// written to the members: the map's share of `member_bytes_written`,
     /// beside `user_bytes_written` and `gc_bytes_relocated`.
     pub checkpoint_bytes_written: u64,
+    /// What those stripes held, by part, in stored bytes (before parity
+    /// and the stripes' unused tails): the map's page images, its
+    /// directory pages, the slot table's pages and the roots (with their
+    /// listings). Which part grows with the array is what bounds the
+    /// metadata's cost (docs/PERFORMANCE.md, "Metadata writes as the
+    /// array grows").
+    #[serde(default)]
+    pub checkpoint_parts: CheckpointParts,
     /// The map in memory: its mappings (a write across a 2 MiB page of a
     /// volume is one per page), and the bytes they take.
     #[serde(default)]
@@ -167,6 +175,15 @@ pub struct Status {
     #[serde(default)]
     pub flushes_waited_for_checkpoint_ms: u64,
     pub recovery: Recovery,
+}
+
+/// Stored bytes the checkpoints wrote since opening, by part.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct CheckpointParts {
+    pub page_images: u64,
+    pub directory_pages: u64,
+    pub slot_pages: u64,
+    pub roots: u64,
 }
 
 #[derive(Clone, Debug, Serialize, serde::Deserialize)]
@@ -334,6 +351,12 @@ impl Shared {
             checkpoints_dropped: load(&c.checkpoints_dropped),
             checkpoints_root_only: load(&c.checkpoints_root_only),
             checkpoint_bytes_written: load(&c.checkpoint_bytes_written),
+            checkpoint_parts: CheckpointParts {
+                page_images: load(&c.checkpoint_page_image_bytes),
+                directory_pages: load(&c.checkpoint_directory_bytes),
+                slot_pages: load(&c.checkpoint_slot_page_bytes),
+                roots: load(&c.checkpoint_root_bytes),
+            },
             map_mappings: map.0,
             map_bytes: map.1,
             map_pages: map.2,

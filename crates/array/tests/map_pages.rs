@@ -121,10 +121,35 @@ fn a_checkpoint_writes_only_the_pages_that_changed() {
     );
     assert_eq!(array.status().unwrap().map_dirty_pages, 0);
 
+    // What the checkpoints so far held, by part: every page (its 30,000
+    // blocks at a few bytes each at least), the directory pages and slot
+    // pages naming them, roots; in stored bytes, within the stripes that
+    // carried them.
+    let parts = |array: &Array| array.status().unwrap().checkpoint_parts;
+    let first = parts(&array);
+    assert!(first.page_images > 100_000, "{first:?}");
+    assert!(
+        first.directory_pages > 0 && first.slot_pages > 0 && first.roots > 0,
+        "{first:?}"
+    );
+    let held = |p: &tessera_array::CheckpointParts| p.page_images + p.directory_pages + p.slot_pages + p.roots;
+    assert!(held(&first) <= checkpoint_bytes(&array), "{first:?}");
+
     // Nothing changed: the root alone.
     let before = checkpoint_bytes(&array);
     array.checkpoint().unwrap();
     assert_eq!(checkpoint_bytes(&array) - before, stripe, "only the root");
+    let root_alone = parts(&array);
+    assert_eq!(
+        (
+            root_alone.page_images,
+            root_alone.directory_pages,
+            root_alone.slot_pages
+        ),
+        (first.page_images, first.directory_pages, first.slot_pages),
+        "a root alone writes no page"
+    );
+    assert!(root_alone.roots > first.roots);
 
     // Twenty blocks of one page: its image and the root.
     for i in 0..20 {
@@ -137,6 +162,12 @@ fn a_checkpoint_writes_only_the_pages_that_changed() {
     array.checkpoint().unwrap();
     let one_page = checkpoint_bytes(&array) - before;
     assert_eq!(one_page, 2 * stripe, "one map stripe and the root");
+    // One page's image (its ~50 blocks), and the one directory page that
+    // names it, rewritten.
+    let after = parts(&array);
+    let image = after.page_images - root_alone.page_images;
+    assert!((100..4096).contains(&image), "one page's image: {image} bytes");
+    assert!(after.directory_pages > root_alone.directory_pages);
 
     // Many small rounds: map stripes whose images died are rewritten and
     // freed, so they stay within a few times what the images need.

@@ -241,6 +241,14 @@ fn print_status(s: &Status) {
         s.writers_waited_for_members_ms,
         s.writers_waited_for_slot_ms
     );
+    let parts = &s.checkpoint_parts;
+    println!(
+        "checkpoints held (stored bytes, before parity): {} of map page images, {} of directory pages, {} of slot table pages, {} of roots",
+        human(parts.page_images),
+        human(parts.directory_pages),
+        human(parts.slot_pages),
+        human(parts.roots)
+    );
     println!(
         "during checkpoints: {} stripes written to the next window's slots; FLUSHes waited {} ms for the checkpoint naming them",
         s.stripes_sealed_early, s.flushes_waited_for_checkpoint_ms
