@@ -31,7 +31,8 @@ use std::sync::Arc;
 
 /// Where a slot's data area is while it is not (only) on the members.
 pub(crate) enum Resident {
-    /// Being filled: in the write path's open stripe of that lane (`write::Writes::open`), under its lock.
+    /// Being filled: the open stripe of that lane (`Lanes::open`), under
+    /// its lock.
     Open(usize),
     /// Sealed, being written: immutable in memory until the write is done.
     Sealed(Arc<AlignedBuf>),
