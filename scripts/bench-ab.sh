@@ -23,9 +23,11 @@
 #   `nbdcopy --connections=4 --requests=64` of 1.5 GiB of random bytes from
 #   /dev/shm; MB/s, and the server's CPU time (user + system, from its
 #   start to the copy's end) per byte written: what the write path costs in
-#   CPU, which a disk-bound rate hides. With PERF=DIR, each round's server
-#   runs under `perf record -F 999` (DIR/ROUND-old|new.data), and the share
-#   of its samples in CRC code is printed.
+#   CPU, which a disk-bound rate hides.
+# With PERF=DIR (random and seq), each round's server runs under
+# `perf record -F 999` while it is measured (DIR/ROUND-old|new.data), and
+# the share of its samples in CRC code and its five leading symbols are
+# printed.
 set -euo pipefail
 [ $# -ge 3 ] || { echo "usage: $0 OLD NEW degraded|fastlog|random|seq [ROUNDS]" >&2; exit 2; }
 old=$1; new=$2; mode=$3
@@ -54,6 +56,24 @@ copy_mbs() {
   nbdcopy --connections=4 --requests=64 "nbd+unix:///?socket=$work/s.sock" null:
   end=$(date +%s.%N)
   python3 -c "print(round(1024 / ($end - $start)))"
+}
+
+# With PERF set, the server under `perf record` until `perf_stop`.
+perf=""
+perf_start() {
+  [ -n "${PERF:-}" ] || return 0
+  mkdir -p "$PERF"
+  perf record -F 999 -p "$pid" -o "$PERF/$round-$which.data" >/dev/null 2>&1 & perf=$!
+  sleep 0.5
+}
+perf_stop() {
+  [ -n "$perf" ] || return 0
+  kill -INT "$perf"; wait "$perf" || true; perf=""
+  perf report -i "$PERF/$round-$which.data" --no-children --sort symbol --stdio 2>/dev/null |
+    awk '/^ +[0-9.]+%/ {n++; if (n <= 5) top = top sprintf("%s %s; ", $1, $3)
+                         if (tolower($0) ~ /crc/) {sub("%", "", $1); c += $1}}
+         END {printf "round %s %s: %.1f%% of the server\x27s samples in CRC code; leading: %s\n", r, w, c, top}' \
+      r="$round" w="$which"
 }
 
 # fio's IOPS for direction $1, from its JSON on stdin.
@@ -97,33 +117,26 @@ for round in $(seq "$rounds"); do
       random)
         "$tessera" create --data 8 --parity 2 --dir "$work/array" --devices 10 --device-size 1G --size 4G >/dev/null
         serve "$tessera"
+        perf_start
         uri="nbd+unix:///?socket=$work/s.sock"
         write=$(fio --name=w --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=32 --size=2G \
             --randseed=7 --output-format=json 2>/dev/null | json_iops write)
         read=$(fio --name=r --ioengine=nbd --uri="$uri" --rw=randread --bs=4k --iodepth=32 --size=2G \
             --time_based --runtime=15 --randseed=9 --output-format=json 2>/dev/null | json_iops read)
         ticks=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+        perf_stop
         echo "round $round $which: randwrite $write IOPS, randread $read IOPS, server CPU ticks $ticks"
         ;;
       seq)
         "$tessera" create --data 4 --parity 2 --dir "$work/array" --devices 6 --device-size 1G \
           --preallocate >/dev/null 2>&1
         serve "$tessera"
-        perf=""
-        if [ -n "${PERF:-}" ]; then
-          mkdir -p "$PERF"
-          perf record -F 999 -p "$pid" -o "$PERF/$round-$which.data" >/dev/null 2>&1 & perf=$!
-          sleep 0.5
-        fi
+        perf_start
         start=$(date +%s.%N)
         nbdcopy --connections=4 --requests=64 "$bytes_file" "nbd+unix:///tessera?socket=$work/s.sock"
         end=$(date +%s.%N)
         ticks=$(awk '{print $14 + $15}' "/proc/$pid/stat")
-        if [ -n "$perf" ]; then
-          kill -INT "$perf"; wait "$perf" || true
-          perf report -i "$PERF/$round-$which.data" --no-children --sort symbol --stdio 2>/dev/null |
-            awk '/^ +[0-9.]+%/ && tolower($0) ~ /crc/ {sub("%", "", $1); c += $1} END {printf "round %s %s: %.1f%% of the server\x27s samples in CRC code\n", r, w, c}' r="$round" w="$which"
-        fi
+        perf_stop
         python3 -c "b = 1536 << 20; t = $end - $start; c = $ticks / 100
 print(f'round $round $which: {b / t / 1e6:.0f} MB/s, server CPU {c:.2f} s, {c / b * 1e9:.2f} ns a byte')"
         ;;

@@ -314,12 +314,12 @@ impl Catalog {
     /// `read` of each of `items`, in order: side by side on the I/O pool
     /// with `side_by_side` where there are several, else one after another
     /// on this thread.
-    fn read_each<T: Send, R: Send>(
+    fn read_each<T: Send, R: Send, E: Send>(
         &self,
         items: Vec<T>,
         side_by_side: bool,
-        read: impl Fn(T) -> Result<R, ArrayError> + Sync + Send,
-    ) -> Result<Vec<R>, ArrayError> {
+        read: impl Fn(T) -> Result<R, E> + Sync + Send,
+    ) -> Result<Vec<R>, E> {
         use rayon::prelude::*;
         match side_by_side && items.len() > 1 {
             true => self
@@ -612,7 +612,6 @@ impl Catalog {
         &self,
         pages: &[(u64, Arc<PageImage>)],
     ) -> Result<Vec<(u64, Vec<SlotEntry>)>, CheckpointFault> {
-        use rayon::prelude::*;
         let read = |(page, image): &(u64, Arc<PageImage>)| {
             let page = *page;
             let unreadable = |source| CheckpointFault::SlotPage {
@@ -630,7 +629,7 @@ impl Catalog {
             }
             Ok((page, entries))
         };
-        self.stripes.io_pool.install(|| pages.par_iter().map(read).collect())
+        self.read_each(pages.iter().collect(), true, read)
     }
 }
 

@@ -851,9 +851,9 @@ impl Shared {
             .collect();
         let run_bytes = at;
         // What the run holds, by part (`Status::checkpoint_parts`; the
-        // root's bytes are added once it is encoded).
+        // root's bytes are set once it is encoded).
         let range_bytes = |range: &Option<Range<usize>>| range.as_ref().map_or(0, |r| r.len() as u64);
-        let parts = crate::status::CheckpointParts {
+        let mut parts = crate::status::CheckpointParts {
             page_images: copied.bytes.len() as u64,
             directory_pages: dirs.iter().map(|d| range_bytes(&d.range)).sum(),
             slot_pages: slot_pages.iter().map(|w| range_bytes(&w.range)).sum(),
@@ -1118,13 +1118,11 @@ impl Shared {
                 &c.checkpoint_bytes_written,
                 (meta.len() * crate::lanes::stripe_bytes(g)) as u64,
             );
+            parts.roots = (bytes.len() + listing.as_ref().map_or(0, |l| l.len())) as u64;
             Counters::add(&c.checkpoint_page_image_bytes, parts.page_images);
             Counters::add(&c.checkpoint_directory_bytes, parts.directory_pages);
             Counters::add(&c.checkpoint_slot_page_bytes, parts.slot_pages);
-            Counters::add(
-                &c.checkpoint_root_bytes,
-                (bytes.len() + listing.as_ref().map_or(0, |l| l.len())) as u64,
-            );
+            Counters::add(&c.checkpoint_root_bytes, parts.roots);
         }
         let reference = CheckpointRef {
             sequence: checkpoint.sequence,

@@ -141,8 +141,6 @@ pub(crate) struct Shared {
     /// The lanes over it: the open stripes, sealing, handing stripes to
     /// the members, syncs, and the sequences' tracker (`lanes.rs`).
     pub lanes: Arc<crate::lanes::Lanes>,
-    /// The read path over those three (`read.rs`).
-    pub reader: crate::read::Reader,
     pub policy: Option<Policy>,
     /// Live bytes a stripe can be counted on to hold (admission).
     pub fill_bytes: u64,
@@ -208,16 +206,25 @@ impl Shared {
         }
     }
 
+    /// The read path over the stripes, the catalog and the lanes.
+    pub fn reader(&self) -> crate::read::Reader<'_> {
+        crate::read::Reader {
+            stripes: &self.stripes,
+            catalog: &self.catalog,
+            lanes: &self.lanes,
+        }
+    }
+
     /// Reads `buf.len()` bytes at byte `offset` of the map's key space.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ArrayError> {
         self.check_range(offset, buf.len() as u64)?;
-        self.reader.read(offset, buf)
+        self.reader().read(offset, buf)
     }
 
     /// NBD_CMD_CACHE over [offset, offset+len) (`Reader::prefetch`).
     pub fn prefetch(&self, offset: u64, len: u64) -> Result<(), ArrayError> {
         self.check_range(offset, len)?;
-        self.reader.prefetch(offset, len)
+        self.reader().prefetch(offset, len)
     }
 }
 
@@ -296,13 +303,7 @@ impl Array {
             .clamp(1, crate::limits::USER_LANES_MAX)
             + 1;
         let lanes = crate::lanes::Lanes::new(stripes.clone(), catalog.clone(), lanes);
-        let reader = crate::read::Reader {
-            stripes: stripes.clone(),
-            catalog: catalog.clone(),
-            lanes: lanes.clone(),
-        };
         let shared = Arc::new(Shared {
-            reader,
             fill_bytes,
             stripe_live_max: (geometry.data_area_bytes() - crate::format::SUMMARY_HEADER_BYTES) as u64,
             stripes,

@@ -41,15 +41,16 @@ pub(crate) enum Where {
     Unread,
 }
 
-/// The read path, over the stripes, the index and the lanes (see the
-/// module's doc).
-pub(crate) struct Reader {
-    pub stripes: Arc<Stripes>,
-    pub catalog: Arc<Catalog>,
-    pub lanes: Arc<Lanes>,
+/// The read path over the stripes, the index and the lanes (see the
+/// module's doc): a view of the layers it reads through, made for each
+/// request (`Shared::reader`), holding nothing of its own.
+pub(crate) struct Reader<'a> {
+    pub stripes: &'a Stripes,
+    pub catalog: &'a Catalog,
+    pub lanes: &'a Lanes,
 }
 
-impl Reader {
+impl Reader<'_> {
     /// Reads `buf.len()` bytes at byte `offset` of the map's key space
     /// (in range: the caller checks).
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ArrayError> {

@@ -119,7 +119,7 @@ impl Shared {
         } else {
             let _locks = self.lock_partial(first, last - 1);
             let mut blocks = vec![0u8; (last - first) as usize * BLOCK_BYTES];
-            self.reader.read_blocks_into(first, &mut blocks)?;
+            self.reader().read_blocks_into(first, &mut blocks)?;
             let skip = (offset - first * block) as usize;
             blocks[skip..skip + data.len()].copy_from_slice(data);
             self.write_blocks(first, &blocks)?;
