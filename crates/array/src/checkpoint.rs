@@ -20,8 +20,9 @@
 //!    more than twice (and one) as many as the images need.
 //!    No slot is freed until the checkpoint is done: the pages' images may
 //!    point into slots that drain meanwhile, and step 4 takes free slots.
-//! 2. Copy the dirty pages' images, some per short hold of the index's
-//!    read lock. Writes go on between holds, so the copy is "fuzzy": a
+//! 2. Copy the dirty pages' images (or, for a page of many entries with
+//!    few keys changed since its image, the delta over that image:
+//!    `map/delta.rs`), some per short hold of the index's read lock. Writes go on between holds, so the copy is "fuzzy": a
 //!    block may be copied before or after a write to it. Every write the
 //!    copy may have missed or caught half-way is in a stripe newer than S,
 //!    in the window, and recovery keeps the newest version of each block,
@@ -35,7 +36,8 @@
 //!    sequences; sync, then point the superblocks at the root. Only then
 //!    are the old root's slots and the map stripes no page names free,
 //!    and the new window the one allocation uses. If anything fails, the
-//!    pages taken are marked dirty again.
+//!    pages taken are marked dirty again (those taken whole with their
+//!    keys changed since their images given back: `Map::give_back`).
 //!
 //! For a spent window (`checkpoint_as_needed`), a checkpoint may be a
 //! root alone: steps 2 and 3 skipped, the last pages and their sequence
@@ -43,8 +45,10 @@
 //! pages (a stripe newer than that sequence is in one of them), the live
 //! stripes those the pages' checkpoint listed with those live now. It is
 //! while the changed pages would cost more than 1/20 of the client bytes
-//! written since the pages were and at most a window's worth of stripes
-//! were sealed since, 8 in a row at most: under uniform random
+//! written since the pages were (counted as if written whole: deltas cost
+//! less, but less a key the more keys they hold, so pages written less
+//! often still cost less) and at most a window's worth of stripes were
+//! sealed since, 8 in a row at most: under uniform random
 //! overwrites every page changes within a window, and writing them all
 //! each time cost more than the data (`scripts/bench-waf.sh`). The bound
 //! on the stripes is the bound on replay after a crash: the stripes a
@@ -121,6 +125,9 @@ pub(crate) struct SincePages {
 struct Taken {
     window: BTreeSet<u64>,
     dirty: BTreeSet<u64>,
+    /// The dirty pages taken as deltas, each with the durable image whose
+    /// base the delta goes over.
+    deltas: BTreeMap<u64, Arc<PageImage>>,
     moved: BTreeMap<u64, Arc<PageImage>>,
     /// The directory pages written: those of the pages written, and
     /// those whose images are in sparse map stripes.
@@ -152,10 +159,20 @@ struct InStripes {
 
 /// The pages' images, copied (step 2) and compressed as stored: their
 /// bytes back to back, and where each page's is (`None`: the page was
-/// empty).
+/// empty), and what it is.
 struct Copied {
     bytes: Vec<u8>,
-    pages: Vec<(u64, Option<Range<usize>>)>,
+    pages: Vec<(u64, Option<Range<usize>>, Part)>,
+}
+
+/// What a page's copied bytes are.
+enum Part {
+    /// Its image, whole.
+    Whole,
+    /// A delta over the base of this durable image, which stays.
+    DeltaOver(Arc<PageImage>),
+    /// Its image as stored (moved), followed by the delta over it, at these bytes.
+    WithDelta(Range<usize>),
 }
 
 /// What a checkpoint writes (steps 1 and 2): the pages' images copied,
@@ -236,7 +253,9 @@ impl Shared {
         // in at most a piece per image and one per stripe boundary.
         let dirs = (index.map.directory_counts().0 + resident).min(pages);
         let page_stripes = page_images.div_ceil(per_stripe);
+        // Each image with a delta (in pieces of its own).
         let dir_images = format::directory_image_bytes(g.checksum, pages, pages + page_stripes)
+            + format::directory_deltas_bytes(g.checksum, pages, pages + page_stripes)
             + dirs * format::directory_image_bytes(g.checksum, 0, 0);
         // Every slot table page that lists a slot written.
         let used = index.slots.count() as usize - index.slots.free_count();
@@ -371,6 +390,7 @@ impl Shared {
         let Taken {
             mut window,
             dirty,
+            deltas,
             moved,
             dirs,
             live,
@@ -380,7 +400,7 @@ impl Shared {
         let slot_pages = slot_pages.map(|_| self.copy_slot_pages());
         let give_back_pages = || {
             let mut index = self.catalog.index_mut();
-            index.map.mark_dirty(dirty.iter().copied());
+            index.map.give_back(dirty.iter().copied());
             if let Some(taken) = &slot_pages {
                 index.slots.give_back_pages(taken);
             }
@@ -390,7 +410,7 @@ impl Shared {
             give_back_pages();
             Err(error)
         };
-        let copied = match self.copy_pages(&dirty, &moved) {
+        let copied = match self.copy_pages(&dirty, &deltas, &moved) {
             Ok(copied) => copied,
             Err(error) => return give_back(error),
         };
@@ -549,7 +569,7 @@ impl Shared {
         if sparse.is_empty() {
             return Ok(found);
         }
-        let in_sparse = |image: &PageImage| image.pieces.iter().any(|piece| sparse.contains(&piece.slot));
+        let in_sparse = |image: &PageImage| image.all_pieces().any(|piece| sparse.contains(&piece.slot));
         found.slot_pages = images
             .slot_pages
             .iter()
@@ -579,6 +599,19 @@ impl Shared {
         let mut live = images.live_bytes();
         let mut index = self.catalog.index_mut();
         let dirty = if pages { index.map.take_dirty() } else { BTreeSet::new() };
+        // The dirty pages are copied as they are now, whatever changes
+        // them before they are; the counts are what they add up to. Those
+        // whose images are in sparse map stripes are taken whole, so that
+        // their bases leave those.
+        let mut delta_pages = BTreeSet::new();
+        let as_of = pages.then(|| {
+            delta_pages = index.map.begin_snapshot(&dirty, &|p| in_sparse.pages.contains_key(&p));
+            AsOf {
+                next_version: index.next_version,
+                volumes: index.slots.volumes(),
+                slot_live: index.slots.live_units(),
+            }
+        });
         // Clean pages in sparse map stripes: their images are copied as
         // they are stored.
         let moved: BTreeMap<u64, Arc<PageImage>> = in_sparse
@@ -586,16 +619,6 @@ impl Shared {
             .into_iter()
             .filter(|(page, _)| !dirty.contains(page))
             .collect();
-        // The dirty pages are copied as they are now, whatever changes
-        // them before they are; the counts are what they add up to.
-        let as_of = pages.then(|| {
-            index.map.begin_snapshot(&dirty);
-            AsOf {
-                next_version: index.next_version,
-                volumes: index.slots.volumes(),
-                slot_live: index.slots.live_units(),
-            }
-        });
         let slot_pages = pages.then(|| index.slots.begin_snapshot(&in_sparse.slot_pages));
         // What the pages written replace, and the directory pages that
         // name them (a changed page's is in memory: `Map::evict`).
@@ -606,21 +629,36 @@ impl Shared {
         old.extend(moved.iter().map(|(&page, image)| (page, Some(image.clone()))));
         let mut dirs = in_sparse.dirs;
         dirs.extend(old.keys().map(|&page| dir_of(page)));
+        let deltas: BTreeMap<u64, Arc<PageImage>> = delta_pages
+            .iter()
+            .map(|&page| (page, old[&page].clone().expect("a page taken as a delta has an image")))
+            .collect();
         // The map stripes this checkpoint empties.
         let slot_pages_replaced = slot_pages
             .iter()
             .flatten()
             .filter_map(|page| images.slot_pages.get(page))
             .map(|p| &p.image);
-        let replaced = old
-            .values()
-            .flatten()
-            .chain(dirs.iter().filter_map(|dir| images.dirs.get(dir)))
-            .chain(slot_pages_replaced);
-        for image in replaced {
-            for piece in &image.pieces {
-                *live.get_mut(&piece.slot).expect("a piece is in a listed map stripe") -= u64::from(piece.bytes);
-            }
+        // A page's image and delta, unless a delta is written over the
+        // image (then its delta alone).
+        let pages_replaced = old
+            .iter()
+            .filter_map(|(page, image)| image.as_ref().map(|i| (page, i)))
+            .flat_map(|(page, image)| match deltas.contains_key(page) {
+                true => image
+                    .delta
+                    .iter()
+                    .flat_map(|delta| delta.pieces.iter())
+                    .collect::<Vec<_>>(),
+                false => image.all_pieces().collect(),
+            });
+        let others_replaced = dirs
+            .iter()
+            .filter_map(|dir| images.dirs.get(dir))
+            .chain(slot_pages_replaced)
+            .flat_map(|image| image.pieces.iter());
+        for piece in pages_replaced.chain(others_replaced) {
+            *live.get_mut(&piece.slot).expect("a piece is in a listed map stripe") -= u64::from(piece.bytes);
         }
         let emptied = live.iter().filter(|&(_, &bytes)| bytes == 0).map(|(&slot, _)| slot);
         // Slots that may hold stripes newer than `start` before the new
@@ -670,6 +708,7 @@ impl Shared {
         Taken {
             window,
             dirty,
+            deltas,
             moved,
             dirs,
             live,
@@ -708,9 +747,17 @@ impl Shared {
     /// taken, copied for a millisecond per hold of the index's read lock
     /// (a page at least), then compressed; and the stored images of the
     /// pages `moved` names, read from their map stripes.
-    fn copy_pages(&self, dirty: &BTreeSet<u64>, moved: &BTreeMap<u64, Arc<PageImage>>) -> Result<Copied, ArrayError> {
+    /// The pages taken as deltas (`deltas`) are copied as deltas over the
+    /// base of their durable image; a moved page's delta is copied after
+    /// its image.
+    fn copy_pages(
+        &self,
+        dirty: &BTreeSet<u64>,
+        deltas: &BTreeMap<u64, Arc<PageImage>>,
+        moved: &BTreeMap<u64, Arc<PageImage>>,
+    ) -> Result<Copied, ArrayError> {
         let mut raw = Vec::new();
-        let mut pages: Vec<(u64, Option<Range<usize>>)> = Vec::with_capacity(dirty.len() + moved.len());
+        let mut pages: Vec<(u64, Option<Range<usize>>, Part)> = Vec::with_capacity(dirty.len() + moved.len());
         let mut left = dirty.iter().copied().peekable();
         while left.peek().is_some() {
             let index = self.catalog.index();
@@ -718,7 +765,11 @@ impl Shared {
             for page in left.by_ref() {
                 let at = raw.len();
                 let held = index.map.snapshot_image(page, &mut raw);
-                pages.push((page, held.then_some(at..raw.len())));
+                let part = match deltas.get(&page) {
+                    Some(over) if held => Part::DeltaOver(over.clone()),
+                    _ => Part::Whole,
+                };
+                pages.push((page, held.then_some(at..raw.len()), part));
                 if held_since.elapsed() >= CHECKPOINT_COPY_HOLD_MAX {
                     break;
                 }
@@ -727,7 +778,7 @@ impl Shared {
         self.catalog.index().map.end_snapshot();
         // Compressed as stored, outside the lock.
         let mut stored = Vec::with_capacity(raw.len() / 2);
-        for (_, range) in &mut pages {
+        for (_, range, _) in &mut pages {
             if let Some(r) = range {
                 let at = stored.len();
                 stored.extend_from_slice(&format::store_page_image(&raw[r.clone()]));
@@ -737,7 +788,15 @@ impl Shared {
         for (&page, image) in moved {
             let at = stored.len();
             stored.extend_from_slice(&self.catalog.read_page_image(page, image)?);
-            pages.push((page, Some(at..stored.len())));
+            let whole = at..stored.len();
+            let part = match &image.delta {
+                Some(delta) => {
+                    stored.extend_from_slice(&self.catalog.read_page_image(page, delta)?);
+                    Part::WithDelta(whole.end..stored.len())
+                }
+                None => Part::Whole,
+            };
+            pages.push((page, Some(whole), part));
         }
         Ok(Copied { bytes: stored, pages })
     }
@@ -783,17 +842,39 @@ impl Shared {
             }
             pieces
         };
+        // Each page's new image as the directory will name it, the
+        // pieces written by this checkpoint naming their stripe by number
+        // (`with_slots` gives them their slots).
+        let new_image = |range: Range<usize>| {
+            PageImage::whole(
+                range.len() as u32,
+                algorithm.digest(&copied.bytes[range.clone()]),
+                place(range),
+            )
+        };
         let fresh: BTreeMap<u64, Option<PageImage>> = copied
             .pages
             .iter()
-            .map(|(page, range)| {
-                let image = range.clone().map(|range| PageImage {
-                    bytes: range.len() as u32,
-                    digest: algorithm.digest(&copied.bytes[range.clone()]),
-                    pieces: place(range),
+            .map(|(page, range, part)| {
+                let image = range.clone().map(|range| match part {
+                    Part::Whole => new_image(range),
+                    Part::DeltaOver(over) => PageImage {
+                        delta: Some(Arc::new(new_image(range))),
+                        ..PageImage::clone(over)
+                    },
+                    Part::WithDelta(delta) => PageImage {
+                        delta: Some(Arc::new(new_image(delta.clone()))),
+                        ..new_image(range)
+                    },
                 });
                 (*page, image)
             })
+            .collect();
+        let delta_over: BTreeSet<u64> = copied
+            .pages
+            .iter()
+            .filter(|(_, _, part)| matches!(part, Part::DeltaOver(_)))
+            .map(|(page, _, _)| *page)
             .collect();
         // The directory pages written, as they are now (the checkpoint
         // lock keeps them so), and where each one's new image goes: each
@@ -812,21 +893,22 @@ impl Shared {
             let entries = entries_of(dir)?;
             let old = (
                 entries.len() as u64,
-                entries.values().map(|i| u64::from(i.bytes)).sum::<u64>(),
+                entries.values().map(|i| i.stored_bytes()).sum::<u64>(),
             );
-            let (mut count, mut pieces) = (entries.len(), entries.values().map(|i| i.pieces.len()).sum::<usize>());
+            let entry_bytes = |image: &PageImage| format::directory_entry_bytes(algorithm, image);
+            let (mut count, mut bytes) = (entries.len(), entries.values().map(|i| entry_bytes(i)).sum::<usize>());
             for (page, image) in fresh.range(dir * MAP_DIRECTORY_PAGES..(dir + 1) * MAP_DIRECTORY_PAGES) {
                 if let Some(was) = entries.get(page) {
                     count -= 1;
-                    pieces -= was.pieces.len();
+                    bytes -= entry_bytes(was);
                 }
                 if let Some(image) = image {
                     count += 1;
-                    pieces += image.pieces.len();
+                    bytes += entry_bytes(image);
                 }
             }
             let range = (count > 0).then(|| {
-                let bytes = format::directory_image_bytes(algorithm, count, pieces);
+                let bytes = format::directory_image_bytes_of(bytes);
                 at += bytes;
                 at - bytes..at
             });
@@ -853,8 +935,15 @@ impl Shared {
         // What the run holds, by part (`Status::checkpoint_parts`; the
         // root's bytes are set once it is encoded).
         let range_bytes = |range: &Option<Range<usize>>| range.as_ref().map_or(0, |r| r.len() as u64);
+        let deltas_bytes: u64 = copied
+            .pages
+            .iter()
+            .filter(|(_, _, part)| matches!(part, Part::DeltaOver(_)))
+            .map(|(_, range, _)| range_bytes(range))
+            .sum();
         let mut parts = crate::status::CheckpointParts {
-            page_images: copied.bytes.len() as u64,
+            page_images: copied.bytes.len() as u64 - deltas_bytes,
+            page_deltas: deltas_bytes,
             directory_pages: dirs.iter().map(|d| range_bytes(&d.range)).sum(),
             slot_pages: slot_pages.iter().map(|w| range_bytes(&w.range)).sum(),
             roots: 0,
@@ -974,10 +1063,18 @@ impl Shared {
             .into_iter()
             .map(|(page, image)| {
                 let image = image.map(|image| {
-                    Arc::new(PageImage {
-                        pieces: with_slots(image.pieces),
-                        ..image
-                    })
+                    let delta = image.delta.map(|delta| {
+                        Arc::new(PageImage {
+                            pieces: with_slots(delta.pieces.clone()),
+                            ..PageImage::clone(&delta)
+                        })
+                    });
+                    // A delta's base was written before.
+                    let pieces = match delta_over.contains(&page) {
+                        true => image.pieces,
+                        false => with_slots(image.pieces),
+                    };
+                    Arc::new(PageImage { pieces, delta, ..image })
                 });
                 (page, image)
             })
@@ -1009,11 +1106,11 @@ impl Shared {
             for (&page, image) in new_page.range(dir * MAP_DIRECTORY_PAGES..(dir + 1) * MAP_DIRECTORY_PAGES) {
                 if let Some(was) = entries.remove(&page) {
                     images.pages -= 1;
-                    images.page_bytes -= u64::from(was.bytes);
+                    images.page_bytes -= was.stored_bytes();
                 }
                 if let Some(image) = image {
                     images.pages += 1;
-                    images.page_bytes += u64::from(image.bytes);
+                    images.page_bytes += image.stored_bytes();
                     entries.insert(page, image.clone());
                 }
             }
@@ -1033,6 +1130,7 @@ impl Shared {
                 bytes: encoded.len() as u32,
                 digest: algorithm.digest(&encoded),
                 pieces: with_slots(place(range)),
+                delta: None,
             });
             run.extend_from_slice(&encoded);
             images.dirs.insert(dir, own.clone());
@@ -1062,6 +1160,7 @@ impl Shared {
                 bytes: encoded.len() as u32,
                 digest: algorithm.digest(&encoded),
                 pieces: with_slots(place(range)),
+                delta: None,
             };
             run.extend_from_slice(&encoded);
             let kept = format::SlotPageImage::kept_of(entries);
@@ -1120,6 +1219,7 @@ impl Shared {
             );
             parts.roots = (bytes.len() + listing.as_ref().map_or(0, |l| l.len())) as u64;
             Counters::add(&c.checkpoint_page_image_bytes, parts.page_images);
+            Counters::add(&c.checkpoint_page_delta_bytes, parts.page_deltas);
             Counters::add(&c.checkpoint_directory_bytes, parts.directory_pages);
             Counters::add(&c.checkpoint_slot_page_bytes, parts.slot_pages);
             Counters::add(&c.checkpoint_root_bytes, parts.roots);

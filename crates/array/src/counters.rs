@@ -39,9 +39,11 @@ pub struct Counters {
     pub checkpoints_dropped: AtomicU64,
     pub checkpoint_bytes_written: AtomicU64,
     /// What the checkpoints wrote, by part, in stored bytes (before
-    /// parity and the stripes' unused tails): page images, directory
-    /// pages, slot table pages, roots (with their listings).
+    /// parity and the stripes' unused tails): page images (whole), page
+    /// deltas, directory pages, slot table pages, roots (with their
+    /// listings).
     pub checkpoint_page_image_bytes: AtomicU64,
+    pub checkpoint_page_delta_bytes: AtomicU64,
     pub checkpoint_directory_bytes: AtomicU64,
     pub checkpoint_slot_page_bytes: AtomicU64,
     pub checkpoint_root_bytes: AtomicU64,

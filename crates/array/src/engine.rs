@@ -73,6 +73,11 @@ pub struct EngineOptions {
     /// stay until a checkpoint writes them, so the map may pass it by
     /// what changed since the last one.
     pub map_cache_bytes: usize,
+    /// A map page of fewer entries is always written whole by a
+    /// checkpoint, never as a delta over its image
+    /// (`limits::MAP_DELTA_ENTRIES_MIN`). Fewer, for tests that want
+    /// deltas of small pages.
+    pub map_delta_entries_min: usize,
     /// Slot table pages read at once while opening, in parallel, and
     /// taken into the table before the next are read: what opening holds
     /// of them is about 32 KiB a page (`limits::OPEN_SLOT_PAGES_PER_BATCH`
@@ -114,6 +119,7 @@ impl Default for EngineOptions {
             accel: None,
             reconstruct_cache_bytes: RECONSTRUCT_CACHE_BYTES_DEFAULT,
             map_cache_bytes: crate::limits::MAP_CACHE_BYTES_DEFAULT,
+            map_delta_entries_min: crate::limits::MAP_DELTA_ENTRIES_MIN,
             background: true,
             user_lanes: None,
             member_errors_max: crate::limits::MEMBER_ERRORS_MAX_DEFAULT,
@@ -279,7 +285,7 @@ impl Array {
         let catalog = Arc::new(crate::catalog::Catalog::new(
             stripes.clone(),
             Index {
-                map: Map::default(),
+                map: Map::new(options.map_delta_entries_min),
                 slots: SlotTable::new(geometry.checksum, slot_count),
                 resident: HashMap::new(),
                 next_version: 1,

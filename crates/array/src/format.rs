@@ -81,7 +81,7 @@ pub const CHECKPOINT_MAGIC: [u8; 8] = *b"TSRCHKPT";
 /// a checkpoint directory, which version 5 has as fields). Version 2
 /// added the version of the write to every record, a CRC32C per 4 KiB
 /// block to raw extents. Arrays of any other version are refused by it.
-pub const FORMAT_VERSION: u32 = 10;
+pub const FORMAT_VERSION: u32 = 11;
 /// The CRC32C of a sector covers its first 4092 bytes and sits in the last 4.
 const CRC_OFFSET: usize = SECTOR_BYTES - 4;
 
@@ -923,12 +923,39 @@ pub struct ImagePiece {
 }
 
 /// Where a map page's image is: its length, digest and pieces (one,
-/// unless it runs past the end of a stripe's data area).
+/// unless it runs past the end of a stripe's data area); and, for a map
+/// page, the delta written over it since (FORMAT.md, "Map page deltas"):
+/// the page is its image with the delta's keys as the delta has them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PageImage {
     pub bytes: u32,
     pub digest: Digest,
     pub pieces: Vec<ImagePiece>,
+    pub delta: Option<std::sync::Arc<PageImage>>,
+}
+
+impl PageImage {
+    /// An image with no delta over it.
+    pub fn whole(bytes: u32, digest: Digest, pieces: Vec<ImagePiece>) -> PageImage {
+        PageImage {
+            bytes,
+            digest,
+            pieces,
+            delta: None,
+        }
+    }
+
+    /// Its pieces and its delta's: every byte of map stripe it keeps.
+    pub fn all_pieces(&self) -> impl Iterator<Item = &ImagePiece> + '_ {
+        self.pieces
+            .iter()
+            .chain(self.delta.iter().flat_map(|delta| delta.pieces.iter()))
+    }
+
+    /// Its stored bytes and its delta's.
+    pub fn stored_bytes(&self) -> u64 {
+        u64::from(self.bytes) + self.delta.as_ref().map_or(0, |delta| u64::from(delta.bytes))
+    }
 }
 
 /// Where a slot page's image is, and how many of its slots it lists as
@@ -1149,6 +1176,8 @@ const CHECKPOINT_MAP_STRIPE_BYTES: usize = 24;
 ///  16 entries u32       20 reserved u32
 ///  24 entries, in page order: page u64 | stored image bytes u32 | pieces u32 | digest [D]
 ///     | per piece: map stripe slot u64 | offset in its data area u32 | bytes u32
+///     | if bit 31 of pieces is set, the delta over the image: stored bytes u32
+///       | pieces u32 | digest [D] | its pieces, as above
 /// ```
 ///
 /// Stored raw (the stored header's codec 0): its size is known before the
@@ -1158,13 +1187,37 @@ const DIRECTORY_HEADER_BYTES: usize = 24;
 const DIRECTORY_ENTRY_BYTES: usize = 16;
 const DIRECTORY_PIECE_BYTES: usize = 16;
 
+/// `pieces` u32 in a directory page's entry: a delta follows the image's pieces.
+const DIRECTORY_DELTA_FOLLOWS: u32 = 1 << 31;
+/// A delta's place in a directory page's entry, before its digest and pieces.
+const DIRECTORY_DELTA_BYTES: usize = 8;
+
 /// Stored bytes of a directory page of `pages` entries with `pieces`
-/// pieces in all.
+/// pieces in all (and no delta: `directory_entry_bytes` sizes those).
 pub fn directory_image_bytes(algorithm: Algorithm, pages: usize, pieces: usize) -> usize {
     STORED_IMAGE_HEADER_BYTES
         + DIRECTORY_HEADER_BYTES
         + (DIRECTORY_ENTRY_BYTES + algorithm.digest_bytes()) * pages
         + DIRECTORY_PIECE_BYTES * pieces
+}
+
+/// Bytes a directory page's entry for `image` takes (its delta's too).
+pub fn directory_entry_bytes(algorithm: Algorithm, image: &PageImage) -> usize {
+    let delta = image.delta.as_ref().map_or(0, |delta| {
+        DIRECTORY_DELTA_BYTES + algorithm.digest_bytes() + DIRECTORY_PIECE_BYTES * delta.pieces.len()
+    });
+    DIRECTORY_ENTRY_BYTES + algorithm.digest_bytes() + DIRECTORY_PIECE_BYTES * image.pieces.len() + delta
+}
+
+/// Bytes `deltas` deltas in `pieces` pieces add to directory pages' entries.
+pub fn directory_deltas_bytes(algorithm: Algorithm, deltas: usize, pieces: usize) -> usize {
+    (DIRECTORY_DELTA_BYTES + algorithm.digest_bytes()) * deltas + DIRECTORY_PIECE_BYTES * pieces
+}
+
+/// Stored bytes of a directory page of `entries` entries taking `bytes`
+/// (`directory_entry_bytes`) in all.
+pub fn directory_image_bytes_of(entries_bytes: usize) -> usize {
+    STORED_IMAGE_HEADER_BYTES + DIRECTORY_HEADER_BYTES + entries_bytes
 }
 
 /// Directory page `dir`'s stored image (the stored header, then the image).
@@ -1173,8 +1226,8 @@ pub fn encode_directory_image(
     dir: u64,
     pages: &std::collections::BTreeMap<u64, std::sync::Arc<PageImage>>,
 ) -> Vec<u8> {
-    let pieces: usize = pages.values().map(|i| i.pieces.len()).sum();
-    let bytes = directory_image_bytes(algorithm, pages.len(), pieces);
+    let entries: usize = pages.values().map(|i| directory_entry_bytes(algorithm, i)).sum();
+    let bytes = directory_image_bytes_of(entries);
     let mut out = begin_raw_image(bytes, DIRECTORY_MAGIC, dir, pages.len());
     for (&page, image) in pages {
         debug_assert_eq!(page / crate::limits::MAP_DIRECTORY_PAGES, dir);
@@ -1187,14 +1240,65 @@ pub fn encode_directory_image(
 /// Appends a directory page's entry for map page `page`.
 pub fn encode_directory_entry(out: &mut Vec<u8>, page: u64, image: &PageImage) {
     out.extend_from_slice(&page.to_le_bytes());
+    let follows = if image.delta.is_some() {
+        DIRECTORY_DELTA_FOLLOWS
+    } else {
+        0
+    };
+    encode_image_place(out, image, follows);
+    if let Some(delta) = &image.delta {
+        debug_assert!(delta.delta.is_none(), "a delta over a delta");
+        encode_image_place(out, delta, 0);
+    }
+}
+
+/// An image's stored bytes u32 | pieces u32 (with `flags`) | digest | pieces.
+fn encode_image_place(out: &mut Vec<u8>, image: &PageImage, flags: u32) {
     out.extend_from_slice(&image.bytes.to_le_bytes());
-    out.extend_from_slice(&(image.pieces.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(image.pieces.len() as u32 | flags).to_le_bytes());
     out.extend_from_slice(image.digest.as_bytes());
     for piece in &image.pieces {
         out.extend_from_slice(&piece.slot.to_le_bytes());
         out.extend_from_slice(&piece.offset.to_le_bytes());
         out.extend_from_slice(&piece.bytes.to_le_bytes());
     }
+}
+
+/// Where a directory page's entry that starts at `entry` ends, and where
+/// its image's place (`encode_image_place`) and its delta's start, as
+/// `encode_directory_entry` wrote them (for an entry already checked).
+pub fn directory_entry_parts(bytes: &[u8], entry: usize, digest_bytes: usize) -> (usize, usize, Option<usize>) {
+    let place_end = |at: usize| {
+        let pieces = get_u32(bytes, at + 4) & !DIRECTORY_DELTA_FOLLOWS;
+        at + 8 + digest_bytes + DIRECTORY_PIECE_BYTES * pieces as usize
+    };
+    let image = entry + 8;
+    let end = place_end(image);
+    match get_u32(bytes, image + 4) & DIRECTORY_DELTA_FOLLOWS != 0 {
+        true => (place_end(end), image, Some(end)),
+        false => (end, image, None),
+    }
+}
+
+/// The image whose place (`encode_image_place`) starts at `at`, without its delta.
+pub fn decode_image_place(bytes: &[u8], at: usize, digest_bytes: usize) -> PageImage {
+    let pieces = get_u32(bytes, at + 4) & !DIRECTORY_DELTA_FOLLOWS;
+    let first = at + 8 + digest_bytes;
+    let pieces = (0..pieces as usize)
+        .map(|i| {
+            let o = first + DIRECTORY_PIECE_BYTES * i;
+            ImagePiece {
+                slot: get_u64(bytes, o),
+                offset: get_u32(bytes, o + 8),
+                bytes: get_u32(bytes, o + 12),
+            }
+        })
+        .collect();
+    PageImage::whole(
+        get_u32(bytes, at),
+        Digest::from_bytes(&bytes[at + 8..at + 8 + digest_bytes]),
+        pieces,
+    )
 }
 
 /// The directory page a stored image holds (its digest already matched),
@@ -1236,29 +1340,40 @@ pub fn decode_directory_image(
     };
     let mut pages = std::collections::BTreeMap::new();
     for _ in 0..entries {
-        let e = next(DIRECTORY_ENTRY_BYTES + algorithm.digest_bytes())?;
-        let page = get_u64(e, 0);
+        let page = get_u64(next(8)?, 0);
         let in_order = pages.last_key_value().is_none_or(|(&last, _)| last < page);
         if page / per_dir != dir || !in_order {
             return Err(field("page", page));
         }
-        let (image_bytes, piece_count) = (get_u32(e, 8), get_u32(e, 12) as usize);
-        let image = image_location(
-            image_bytes,
-            piece_count,
-            Digest::from_bytes(&e[DIRECTORY_ENTRY_BYTES..]),
-            STORED_IMAGE_BYTES_MAX,
-            |_| {
-                let p = next(DIRECTORY_PIECE_BYTES)?;
-                let slot = get_u64(p, 0);
-                if slot >= slots {
-                    return Err(field("piece_slot", slot));
-                }
-                Ok((slot, get_u32(p, 8), get_u32(p, 12)))
-            },
-            per_stripe,
-            WHAT,
-        )?;
+        let mut place = |bytes_max: usize| -> Result<(PageImage, bool), FormatError> {
+            let e = next(DIRECTORY_DELTA_BYTES + algorithm.digest_bytes())?;
+            let (image_bytes, piece_count) = (get_u32(e, 0), get_u32(e, 4));
+            let image = image_location(
+                image_bytes,
+                (piece_count & !DIRECTORY_DELTA_FOLLOWS) as usize,
+                Digest::from_bytes(&e[DIRECTORY_DELTA_BYTES..]),
+                bytes_max,
+                |_| {
+                    let p = next(DIRECTORY_PIECE_BYTES)?;
+                    let slot = get_u64(p, 0);
+                    if slot >= slots {
+                        return Err(field("piece_slot", slot));
+                    }
+                    Ok((slot, get_u32(p, 8), get_u32(p, 12)))
+                },
+                per_stripe,
+                WHAT,
+            )?;
+            Ok((image, piece_count & DIRECTORY_DELTA_FOLLOWS != 0))
+        };
+        let (mut image, follows) = place(STORED_IMAGE_BYTES_MAX)?;
+        if follows {
+            let (delta, more) = place(STORED_DELTA_BYTES_MAX)?;
+            if more {
+                return Err(field("delta", page));
+            }
+            image.delta = Some(std::sync::Arc::new(delta));
+        }
         pages.insert(page, std::sync::Arc::new(image));
     }
     if at != bytes.len() {
@@ -1304,7 +1419,7 @@ fn image_location(
     if total != u64::from(bytes) {
         return Err(field("image_bytes", u64::from(bytes)));
     }
-    Ok(PageImage { bytes, digest, pieces })
+    Ok(PageImage::whole(bytes, digest, pieces))
 }
 
 /// The most stored bytes a directory page's image takes: every page of it
@@ -1312,8 +1427,10 @@ fn image_location(
 pub fn directory_image_bytes_max(geometry: &Geometry) -> usize {
     let per_stripe = meta_stripe_bytes(geometry);
     let pieces = STORED_IMAGE_BYTES_MAX.div_ceil(per_stripe) + 1;
+    let delta_pieces = STORED_DELTA_BYTES_MAX.div_ceil(per_stripe) + 1;
     let pages = crate::limits::MAP_DIRECTORY_PAGES as usize;
-    directory_image_bytes(geometry.checksum, pages, pages * pieces)
+    directory_image_bytes(geometry.checksum, pages, pages * (pieces + delta_pieces))
+        + pages * (DIRECTORY_DELTA_BYTES + geometry.checksum.digest_bytes())
 }
 
 /// A map page's image (`crate::map` encodes and checks them): its header
@@ -1337,6 +1454,13 @@ pub const STORED_IMAGE_HEADER_BYTES: usize = 8;
 /// The most bytes a stored page image takes: it is kept raw where
 /// compressing would not make it smaller.
 pub const STORED_IMAGE_BYTES_MAX: usize = PAGE_IMAGE_BYTES_MAX + STORED_IMAGE_HEADER_BYTES;
+/// A map page delta's image before the page image of its entries: page
+/// number u64 | the keys it holds, a bit each [64] | the keys the deltas
+/// since the base held u32 | reserved u32.
+pub const DELTA_HEADER_BYTES: usize = 80;
+/// The most bytes a delta's image takes, and stored.
+pub const DELTA_IMAGE_BYTES_MAX: usize = DELTA_HEADER_BYTES + PAGE_IMAGE_BYTES_MAX;
+pub const STORED_DELTA_BYTES_MAX: usize = DELTA_IMAGE_BYTES_MAX + STORED_IMAGE_HEADER_BYTES;
 /// How page images are compressed: zstd at level 1 (packed entries gain
 /// little, a page's words and sparse pages' shared fields more:
 /// `map::tests::a_random_block_costs_11_bytes_of_image_and_stored`).
@@ -1360,17 +1484,22 @@ pub fn store_page_image(image: &[u8]) -> Vec<u8> {
 
 /// The page image a stored one holds (its digest already matched).
 pub fn load_page_image(stored: &[u8]) -> Result<Vec<u8>, FormatError> {
-    const WHAT: &str = "stored map page";
-    let field = |field, value: u64| FormatError::Field {
-        what: WHAT,
-        field,
-        value,
-    };
+    load_stored(stored, PAGE_IMAGE_BYTES_MAX, "stored map page")
+}
+
+/// The delta image a stored one holds (its digest already matched).
+pub fn load_delta_image(stored: &[u8]) -> Result<Vec<u8>, FormatError> {
+    load_stored(stored, DELTA_IMAGE_BYTES_MAX, "stored map page delta")
+}
+
+/// The image a stored one holds (`store_page_image`), at most `raw_max` bytes.
+fn load_stored(stored: &[u8], raw_max: usize, what: &'static str) -> Result<Vec<u8>, FormatError> {
+    let field = |field, value: u64| FormatError::Field { what, field, value };
     if stored.len() < STORED_IMAGE_HEADER_BYTES || stored[5..8] != [0, 0, 0] {
         return Err(field("length", stored.len() as u64));
     }
     let raw = get_u32(stored, 0) as usize;
-    if raw > PAGE_IMAGE_BYTES_MAX {
+    if raw > raw_max {
         return Err(field("raw_bytes", raw as u64));
     }
     let bytes = &stored[STORED_IMAGE_HEADER_BYTES..];
@@ -2092,7 +2221,7 @@ mod tests {
         }
         assert!(sb.is_failed(5) && !sb.is_failed(3));
         // Golden: magic, version, index, members, K, M, chunk, codes, rows, failed bit 5.
-        assert_eq!(&bytes[0..12], b"TSRSUPER\x0a\x00\x00\x00");
+        assert_eq!(&bytes[0..12], b"TSRSUPER\x0b\x00\x00\x00");
         assert_eq!(
             &bytes[48..68],
             &[3, 0, 0, 0, 7, 0, 0, 0, 4, 0, 0, 0, 2, 0, 0, 0, 0, 0, 1, 0]
@@ -2147,7 +2276,7 @@ mod tests {
         encode_log_block([9; 16], 5, 3, &records, &mut block);
         // 64 + 3 x 96 + 4096 + 900 bytes, in 512-byte sectors.
         assert_eq!(block.len(), 5632);
-        assert_eq!(&block[..12], b"TSRLOGBK\x0a\x00\x00\x00");
+        assert_eq!(&block[..12], b"TSRLOGBK\x0b\x00\x00\x00");
         let mut longer = block.to_vec();
         longer.extend_from_slice(&[0xff; 1024]);
         let (header, decoded) = decode_log_block(&longer, &g).unwrap();
@@ -2320,6 +2449,7 @@ mod tests {
                 bytes: 5000,
                 digest: a.digest(b"page 3"),
                 pieces: vec![piece(20, 0, 5000)],
+                delta: None,
             }),
         );
         images.dirs.insert(
@@ -2328,6 +2458,7 @@ mod tests {
                 bytes: 300,
                 digest: a.digest(b"page 9"),
                 pieces: vec![piece(20, 262_000, 100), piece(30, 0, 200)],
+                delta: None,
             }),
         );
         images.slot_pages.insert(
@@ -2337,6 +2468,7 @@ mod tests {
                     bytes: slot_page_image_bytes(2) as u32,
                     digest: a.digest(b"slot page 0"),
                     pieces: vec![piece(30, 200, slot_page_image_bytes(2) as u32)],
+                    delta: None,
                 }),
                 kept: 1,
             },
@@ -2515,7 +2647,7 @@ mod tests {
             directory: true,
         }));
         let bytes = sb.encode();
-        assert_eq!(&bytes[0..12], b"TSRSUPER\x0a\x00\x00\x00");
+        assert_eq!(&bytes[0..12], b"TSRSUPER\x0b\x00\x00\x00");
         assert_eq!(&bytes[4088..4092], &1u32.to_le_bytes());
         assert_eq!(Superblock::decode(&bytes).unwrap(), sb);
         let c = sb.checkpoint.as_ref().unwrap();
@@ -2526,8 +2658,8 @@ mod tests {
         bad[4088] = 2;
         seal_sector(&mut bad);
         assert!(matches!(Superblock::decode(&bad), Err(FormatError::Field { .. })));
-        // Superblocks of versions 2 to 7 are refused by their version.
-        for old in 2u32..=9 {
+        // Superblocks of earlier versions are refused by their version.
+        for old in 2u32..=10 {
             let mut bad = bytes.clone();
             bad[8..12].copy_from_slice(&old.to_le_bytes());
             seal_sector(&mut bad);
@@ -2541,7 +2673,7 @@ mod tests {
             );
             assert!(error
                 .to_string()
-                .contains(&format!("version {old}; this build reads version 10")));
+                .contains(&format!("version {old}; this build reads version 11")));
         }
 
         let slots: Vec<u64> = (0..900).map(|i| (i * 7) % g.slot_count()).collect();
@@ -2568,6 +2700,61 @@ mod tests {
 
     /// A stored page image gives back its image, compressed or raw; a
     /// wrong length, codec or compressed byte is refused, never a panic.
+    /// A directory page whose entries have deltas over their images
+    /// round-trips; a delta over a delta, a delta past the largest a
+    /// page's makes, or one in a slot past the array's is refused.
+    #[test]
+    fn directory_pages_with_deltas_round_trip_and_refuse_bad_ones() {
+        let g = geometry();
+        let a = g.checksum;
+        let piece = |slot: u64, offset: u32, bytes: u32| ImagePiece { slot, offset, bytes };
+        let mut pages = std::collections::BTreeMap::new();
+        for (k, delta) in [(3u64, false), (4, true), (9, true)] {
+            let delta = delta.then(|| {
+                std::sync::Arc::new(PageImage::whole(
+                    500,
+                    a.digest(&[k as u8, 1]),
+                    vec![piece(20, 100, 200), piece(21, 0, 300)],
+                ))
+            });
+            let image = PageImage {
+                delta,
+                ..PageImage::whole(1000, a.digest(&[k as u8]), vec![piece(30 + k, 0, 1000)])
+            };
+            pages.insert(512 + k, std::sync::Arc::new(image));
+        }
+        let stored = encode_directory_image(a, 1, &pages);
+        let entries: usize = pages.values().map(|i| directory_entry_bytes(a, i)).sum();
+        assert_eq!(stored.len(), directory_image_bytes_of(entries));
+        assert_eq!(decode_directory_image(&stored, &g).unwrap(), (1, pages.clone()));
+        // Page 516's entry starts after page 515's (no delta): 8 + 8 + D + 16.
+        let at = STORED_IMAGE_HEADER_BYTES + DIRECTORY_HEADER_BYTES + 8 + 8 + a.digest_bytes() + 16;
+        let delta_at = at + 8 + 8 + a.digest_bytes() + 16;
+        let mangled = |at: usize, value: u32| {
+            let mut bad = stored.clone();
+            bad[at..at + 4].copy_from_slice(&value.to_le_bytes());
+            decode_directory_image(&bad, &g)
+        };
+        // Its delta says another follows.
+        assert!(mangled(delta_at + 4, 2 | DIRECTORY_DELTA_FOLLOWS).is_err());
+        // Larger than a delta can be (its pieces then do not add up either).
+        assert!(mangled(delta_at, STORED_DELTA_BYTES_MAX as u32 + 1).is_err());
+        // A piece of it past the array's slots.
+        let piece_at = delta_at + 8 + a.digest_bytes();
+        let mut bad = stored.clone();
+        bad[piece_at..piece_at + 8].copy_from_slice(&g.slot_count().to_le_bytes());
+        assert!(matches!(
+            decode_directory_image(&bad, &g),
+            Err(FormatError::Field {
+                field: "piece_slot",
+                ..
+            })
+        ));
+        // Page 516's delta flag cleared: its delta's bytes are read as the
+        // next entry, which does not add up.
+        assert!(mangled(at + 4, 1).is_err());
+    }
+
     #[test]
     fn stored_page_images_round_trip_and_refuse_damage() {
         let image: Vec<u8> = (0..20_000u32).flat_map(|i| (i % 97).to_le_bytes()).collect();
@@ -2608,7 +2795,7 @@ mod tests {
         let c = checkpoint();
         let bytes = c.encode(a);
         assert_eq!(bytes.len(), checkpoint_bytes(a, 2, 3, 2, 3, 4, 1));
-        assert_eq!(&bytes[..12], b"TSRCHKPT\x0a\x00\x00\x00");
+        assert_eq!(&bytes[..12], b"TSRCHKPT\x0b\x00\x00\x00");
         assert_eq!(&bytes[24..32], &1234u64.to_le_bytes());
         assert_eq!(&bytes[48..64], &[2, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(&bytes[64..80], &[1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);

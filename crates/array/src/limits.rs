@@ -251,3 +251,7 @@ pub const REPLAY_LATER_SPAN_PAGES_MAX: u64 = 64;
 /// ~5 ms (2-vCPU Zen 3; 128 were not timed).
 pub const REPLAY_LATER_BATCH_PAGES: usize = 1_024;
 pub const REPLAY_LATER_BACKGROUND_PAGES: usize = 128;
+
+/// A page with fewer entries is always written whole (its image is small
+/// whatever changed: `map/delta.rs`).
+pub const MAP_DELTA_ENTRIES_MIN: usize = 64;

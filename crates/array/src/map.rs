@@ -67,6 +67,7 @@ use crate::format::{
     PAGE_IMAGE_HEADER_BYTES as IMAGE_HEADER_BYTES, PAGE_IMAGE_WORDS_PER_ENTRY_MAX as IMAGE_WORDS_PER_ENTRY_MAX,
 };
 use crate::limits::{EXTENT_BLOCKS_MAX, MAP_DIRECTORY_PAGES, MAP_PAGE_BLOCKS};
+mod delta;
 pub mod directory;
 mod entries;
 use directory::{Directory, Images, Lookup, NewDir};
@@ -349,13 +350,20 @@ struct Page {
     /// The map's clock when the page was last looked at (for eviction,
     /// least recently used first).
     used: AtomicU64,
+    /// The keys changed since its base image, which a checkpoint may
+    /// write as a delta over that image (`delta.rs`); `None`: not known.
+    since_base: Option<Box<delta::Since>>,
 }
 
 impl Page {
     /// Bytes the page holds: its entries, its arena, its place in the
     /// index of pages (a B-tree node's share, about).
     fn bytes(&self) -> usize {
-        self.entries.heap_bytes() + self.words.capacity() * 4 + std::mem::size_of::<(u64, Page)>() + 16
+        let keys = self
+            .since_base
+            .as_ref()
+            .map_or(0, |_| std::mem::size_of::<delta::Since>());
+        self.entries.heap_bytes() + self.words.capacity() * 4 + std::mem::size_of::<(u64, Page)>() + 16 + keys
     }
 
     /// The index of the first entry that ends after `key`.
@@ -547,11 +555,14 @@ impl Page {
     /// and where each entry's start in them (0 for an entry without words;
     /// the word itself for an entry that holds its one word).
     fn packed(&self) -> (Vec<u32>, Vec<u32>) {
+        self.packed_of(self.entries.iter())
+    }
+
+    /// `packed` of `entries` (the page's, or some cut from them).
+    fn packed_of(&self, entries: impl Iterator<Item = Entry>) -> (Vec<u32>, Vec<u32>) {
         let mut words = Vec::with_capacity(self.words_referred);
         let mut moved: HashMap<u32, u32> = HashMap::new();
-        let at = self
-            .entries
-            .iter()
+        let at = entries
             .map(|e| {
                 let count = e.word_count();
                 match count {
@@ -571,13 +582,14 @@ impl Page {
 
     /// The page's image (FORMAT.md, "Map pages"), appended to `out`.
     fn encode(&self, p: u64, out: &mut Vec<u8>) {
-        let (words, at) = self.packed();
-        let entries: Vec<Entry> = self
-            .entries
-            .iter()
-            .zip(at)
-            .map(|(e, words)| Entry { words, ..e })
-            .collect();
+        self.encode_entries(p, &self.entries.to_vec(), out);
+    }
+
+    /// A page image of `entries` (the page's, or some cut from them,
+    /// sorted and disjoint) as page `p`'s, appended to `out`.
+    fn encode_entries(&self, p: u64, entries: &[Entry], out: &mut Vec<u8>) {
+        let (words, at) = self.packed_of(entries.iter().copied());
+        let entries: Vec<Entry> = entries.iter().zip(at).map(|(e, words)| Entry { words, ..*e }).collect();
         let packed = Entries::exact(&entries);
         out.reserve(IMAGE_HEADER_BYTES + entries.len() * IMAGE_ENTRY_BYTES + 4 * words.len());
         out.extend_from_slice(&p.to_le_bytes());
@@ -895,7 +907,9 @@ fn check_within(v: &Varying, shape: Shape, limits: &Limits) -> Result<(), (&'sta
 /// record has, none compressed.
 pub fn images_bytes_max(algorithm: tessera_checksum::Algorithm, pages: usize, entries: usize) -> usize {
     let words = algorithm.digest_bytes().div_ceil(4) + EXTENT_BLOCKS_MAX;
-    let stored = crate::format::STORED_IMAGE_HEADER_BYTES;
+    // A delta's header and its page image's, at most: its entries are at
+    // most a third of the page's (`delta::worth_a_delta`).
+    let stored = crate::format::STORED_IMAGE_HEADER_BYTES + crate::format::DELTA_HEADER_BYTES;
     pages * (IMAGE_HEADER_BYTES + IMAGE_COLUMNS_BYTES + stored) + entries * (IMAGE_ENTRY_BYTES + 4 * words)
 }
 
@@ -1058,6 +1072,12 @@ pub struct Map {
     /// A checkpoint's copy of the pages it took, as they were when it
     /// took them (`begin_snapshot`).
     snapshot: Mutex<Option<Snapshot>>,
+    /// What the pages the checkpoint being written takes knew of their
+    /// base when taken (`begin_snapshot`), given back to them if it
+    /// fails (`give_back`); `None` where not known.
+    rebased: BTreeMap<u64, Option<Box<delta::Since>>>,
+    /// A page of fewer entries is written whole (`EngineOptions::map_delta_entries_min`).
+    delta_entries_min: usize,
     /// Ticks once per load or eviction: pages looked at since share a tick.
     clock: AtomicU64,
 }
@@ -1070,6 +1090,19 @@ struct Snapshot {
     pending: BTreeSet<u64>,
     /// Images kept before a change: `None` for a page that was empty.
     kept: HashMap<u64, Option<Vec<u8>>>,
+    /// The pages taken as deltas, with the keys each holds and the keys
+    /// written in deltas since the base, its own included.
+    deltas: HashMap<u64, delta::Since>,
+}
+
+impl Snapshot {
+    /// Page `p`'s image as taken (whole, or its delta), appended to `out`.
+    fn encode(&self, p: u64, page: &Page, out: &mut Vec<u8>) {
+        match self.deltas.get(&p) {
+            Some(since) => page.encode_delta(p, since, out),
+            None => page.encode(p, out),
+        }
+    }
 }
 
 /// What must be read before the pages of a range are all in memory.
@@ -1108,6 +1141,11 @@ pub struct LoadedPage {
 impl LoadedPage {
     pub fn page(&self) -> u64 {
         self.page
+    }
+
+    /// Its image, whole (FORMAT.md, "Map pages"), appended to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        self.body.encode(self.page, out);
     }
 }
 
@@ -1196,6 +1234,7 @@ impl PagesMut<'_> {
         if gained.len() + lost.len() > changes {
             self.dirty.insert(p);
             page.image = None;
+            page.mark_changed(key, hi);
         }
         let after = if page.entries.is_empty() {
             self.pages.remove(&p);
@@ -1209,6 +1248,15 @@ impl PagesMut<'_> {
 }
 
 impl Map {
+    /// An empty map whose pages of fewer than `delta_entries_min` entries
+    /// are always written whole (`delta.rs`).
+    pub fn new(delta_entries_min: usize) -> Map {
+        Map {
+            delta_entries_min,
+            ..Map::default()
+        }
+    }
+
     /// Mappings held (a write across a page boundary counts one per page).
     pub fn len(&self) -> usize {
         self.len
@@ -1243,6 +1291,27 @@ impl Map {
 
     pub fn mark_dirty(&mut self, pages: impl IntoIterator<Item = u64>) {
         self.dirty.extend(pages);
+    }
+
+    /// Gives back the pages a checkpoint took and could not write: dirty
+    /// again, each with what it knew of its base when taken (`Since`):
+    /// the keys changed since the base then, and those changed since;
+    /// the keys its deltas wrote then.
+    pub fn give_back(&mut self, pages: impl IntoIterator<Item = u64>) {
+        self.mark_dirty(pages);
+        for (p, then) in std::mem::take(&mut self.rebased) {
+            if let Some(page) = self.pages.get_mut(&p) {
+                let before = page.bytes();
+                page.since_base = match (then, page.since_base.take()) {
+                    (Some(mut then), Some(now)) => {
+                        then.keys.iter_mut().zip(now.keys.iter()).for_each(|(k, s)| *k |= s);
+                        Some(then)
+                    }
+                    _ => None,
+                };
+                self.bytes = self.bytes + page.bytes() - before;
+            }
+        }
     }
 
     /// Whether every block of [lba, end) is mapped by a write of
@@ -1386,7 +1455,7 @@ impl Map {
         if !self.directory.held_only_as(dir, own) {
             return Ok(false);
         }
-        let pieces = images.values().flat_map(|image| &image.pieces);
+        let pieces = images.values().flat_map(|image| image.all_pieces());
         if let Some(piece) = pieces.into_iter().find(|piece| !map_stripe(piece.slot)) {
             return Err(FormatError::Field {
                 what: "map directory page",
@@ -1414,7 +1483,24 @@ impl Map {
     /// decoded and checked outside every lock; the slots it points into
     /// are checked when it is installed.
     pub fn decode_image(image: &[u8], geometry: &Geometry) -> Result<LoadedPage, FormatError> {
+        let (page, mut body) = Page::decode(image, geometry)?;
+        body.since_base = Some(Box::default());
+        Ok(LoadedPage { page, body })
+    }
+
+    /// `decode_image` of a page's image and the delta over it (as
+    /// `format::load_delta_image` gives it back): the page as the two say.
+    pub fn decode_with_delta(image: &[u8], delta: &[u8], geometry: &Geometry) -> Result<LoadedPage, FormatError> {
         let (page, body) = Page::decode(image, geometry)?;
+        let (of, since, over) = delta::decode_delta(delta, geometry)?;
+        if of != page {
+            return Err(FormatError::Field {
+                what: "map page delta",
+                field: "page",
+                value: of,
+            });
+        }
+        let body = body.overlay(since, over)?;
         Ok(LoadedPage { page, body })
     }
 
@@ -1443,6 +1529,12 @@ impl Map {
         if body.words.len() > 2 * body.words_referred + 32 {
             body.compact();
         }
+        // A page too small ever to be written as a delta does not keep
+        // its keys changed (the many pages of a sparsely written map
+        // would hold 72 bytes more each).
+        if body.entries.len() < self.delta_entries_min {
+            body.since_base = None;
+        }
         body.image = Some(image.clone());
         body.used = AtomicU64::new(self.clock.fetch_add(1, Ordering::Relaxed) + 1);
         self.len += body.entries.len();
@@ -1461,6 +1553,7 @@ impl Map {
             let busy = self.dirty.range(from..to).next().is_some() || self.emptied.range(from..to).next().is_some();
             self.directory.publish(update.dir, update.old, update.new, busy);
         }
+        self.rebased.clear();
         for (p, image) in pages {
             if let Some(page) = self.pages.get_mut(p) {
                 if !self.dirty.contains(p) {
@@ -1538,12 +1631,44 @@ impl Map {
 
     /// Takes a snapshot of `pages` (a checkpoint's dirty pages, just
     /// taken): `snapshot_image` gives each as it is now, whatever changes
-    /// it before being copied.
-    pub fn begin_snapshot(&mut self, pages: &BTreeSet<u64>) {
+    /// it before being copied; as a delta over its durable image where
+    /// that is worth it (`delta.rs`) and `whole` does not ask for it
+    /// whole. Returns the pages taken as deltas. The others are taken
+    /// whole: their keys changed since their base are those changed from
+    /// now on (what they were is kept for `give_back`).
+    pub fn begin_snapshot(&mut self, pages: &BTreeSet<u64>, whole: &dyn Fn(u64) -> bool) -> BTreeSet<u64> {
+        let mut deltas = HashMap::new();
+        self.rebased.clear();
+        for &p in pages {
+            let Some(page) = self.pages.get_mut(&p) else {
+                continue;
+            };
+            let based = matches!(self.directory.lookup(p), Lookup::Image(_));
+            let entries = page.entries.len();
+            match page.since_base.as_deref_mut() {
+                Some(since) if based && !whole(p) && since.worth_a_delta(entries, self.delta_entries_min) => {
+                    self.rebased.insert(p, Some(Box::new(since.clone())));
+                    since.written += delta::count(&since.keys);
+                    deltas.insert(p, since.clone());
+                }
+                _ => {
+                    let before = page.bytes();
+                    let then = std::mem::replace(
+                        &mut page.since_base,
+                        (entries >= self.delta_entries_min).then(Box::default),
+                    );
+                    self.bytes = self.bytes + page.bytes() - before;
+                    self.rebased.insert(p, then);
+                }
+            }
+        }
+        let taken = deltas.keys().copied().collect();
         *self.snapshot.get_mut().unwrap_or_else(|p| p.into_inner()) = Some(Snapshot {
             pending: pages.clone(),
             kept: HashMap::new(),
+            deltas,
         });
+        taken
     }
 
     /// Appends page `p`'s image as it was when the snapshot was taken;
@@ -1558,7 +1683,11 @@ impl Map {
             });
         }
         assert!(snapshot.pending.remove(&p), "page {p} copied twice, or not taken");
-        self.encode_page(p, out)
+        let Some(page) = self.pages.get(&p) else {
+            return false;
+        };
+        snapshot.encode(p, page, out);
+        true
     }
 
     /// Ends the snapshot (every page taken copied, or the checkpoint gave up).
@@ -1578,7 +1707,7 @@ impl Map {
         let mut image = Vec::new();
         let kept = match self.pages.get(&p) {
             Some(page) => {
-                page.encode(p, &mut image);
+                snapshot.encode(p, page, &mut image);
                 Some(image)
             }
             None => None,
@@ -1795,6 +1924,7 @@ impl Map {
             let gone: Vec<Entry> = (from..to).map(|i| page.entries.get(i)).collect();
             for e in &gone {
                 lost.push(e.delta(base, false));
+                page.mark_changed(e.start, e.end());
             }
             if to > from {
                 self.dirty.insert(p);
@@ -1871,6 +2001,7 @@ mod tests {
                     bytes: image.len() as u32,
                     digest: Algorithm::Crc32c.digest(image),
                     pieces: Vec::new(),
+                    delta: None,
                 };
                 (page.page(), Arc::new(image))
             })
@@ -1893,7 +2024,7 @@ mod tests {
     /// The directory a durable checkpoint leaves naming `held` (map page
     /// to image) where it named `before`, published, with the pages.
     /// `written`: pages the checkpoint took besides (emptied ones).
-    fn publish(
+    pub(super) fn publish(
         map: &mut Map,
         before: &BTreeMap<u64, Arc<PageImage>>,
         held: &BTreeMap<u64, Arc<PageImage>>,
@@ -1901,7 +2032,7 @@ mod tests {
     ) {
         let pages: BTreeSet<u64> = before.keys().chain(held.keys()).chain(written).copied().collect();
         let dirs: BTreeSet<u64> = pages.iter().map(|&p| directory::dir_of(p)).collect();
-        let totals = |m: &BTreeMap<u64, Arc<PageImage>>| (m.len() as u64, m.values().map(|i| u64::from(i.bytes)).sum());
+        let totals = |m: &BTreeMap<u64, Arc<PageImage>>| (m.len() as u64, m.values().map(|i| i.stored_bytes()).sum());
         let updates = dirs
             .iter()
             .map(|&dir| {
@@ -1912,6 +2043,7 @@ mod tests {
                         bytes: image.len() as u32,
                         digest: Algorithm::Crc32c.digest(&image),
                         pieces: Vec::new(),
+                        delta: None,
                     });
                     NewDir {
                         image,
@@ -2015,7 +2147,7 @@ mod tests {
     }
 
     /// An array whose stripes can hold any record the tests make.
-    fn image_geometry(checksum: Algorithm) -> Geometry {
+    pub(super) fn image_geometry(checksum: Algorithm) -> Geometry {
         Geometry {
             data: 1,
             parity: 1,
@@ -2086,6 +2218,7 @@ mod tests {
                 bytes: image.len() as u32,
                 digest: Algorithm::Crc32c.digest(&image),
                 pieces: Vec::new(),
+                delta: None,
             });
             let mut twice = Map::default();
             let held_map = BTreeMap::from([(0, held.clone())]);
@@ -2368,13 +2501,14 @@ mod tests {
     }
 
     /// Page `p`'s image as it is now, as a checkpoint would store it.
-    fn image_of(map: &Map, p: u64) -> Arc<PageImage> {
+    pub(super) fn image_of(map: &Map, p: u64) -> Arc<PageImage> {
         let mut image = Vec::new();
         assert!(map.encode_page(p, &mut image));
         Arc::new(PageImage {
             bytes: image.len() as u32,
             digest: Algorithm::Crc32c.digest(&image),
             pieces: Vec::new(),
+            delta: None,
         })
     }
 
@@ -2559,6 +2693,7 @@ mod tests {
                                 bytes: image.len() as u32,
                                 digest: Algorithm::Crc32c.digest(image),
                                 pieces: Vec::new(),
+                                delta: None,
                             };
                             (p, Arc::new(image))
                         })
@@ -2760,7 +2895,7 @@ mod tests {
             map.encode_page(p, &mut out).then_some(out)
         };
         let (page0, page1) = (image(&map, 0), image(&map, 1));
-        map.begin_snapshot(&taken);
+        map.begin_snapshot(&taken, &|_| true);
         // Pages 0 and 2 change before they are copied; page 1 does not.
         map.insert(1, 1, 3, &data(&extent(3, 1)), Rule::Always);
         map.insert(1024, 1, 4, &data(&extent(4, 1)), Rule::Always);

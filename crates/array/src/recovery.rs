@@ -260,7 +260,7 @@ impl Shared {
 
     fn reset_index(&self) {
         let mut index = self.catalog.index_mut();
-        index.map = Map::default();
+        index.map = Map::new(self.options.map_delta_entries_min);
         index.slots = SlotTable::new(self.stripes.geometry.checksum, self.stripes.geometry.slot_count());
         index.checkpoint_slots.clear();
         index.map_stripes = 0;

@@ -1431,6 +1431,7 @@ mod tests {
             bytes: 0,
             digest: algorithm.digest(b""),
             pieces: Vec::new(),
+            delta: None,
         });
         let later = pages[1..].iter().map(|(page, entries)| {
             let kept = format::SlotPageImage::kept_of(entries);

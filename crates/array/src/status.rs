@@ -180,7 +180,11 @@ pub struct Status {
 /// Stored bytes the checkpoints wrote since opening, by part.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct CheckpointParts {
+    /// Map pages written whole (moved ones with their deltas).
     pub page_images: u64,
+    /// Map pages written as deltas over their images (`map/delta.rs`).
+    #[serde(default)]
+    pub page_deltas: u64,
     pub directory_pages: u64,
     pub slot_pages: u64,
     pub roots: u64,
@@ -353,6 +357,7 @@ impl Shared {
             checkpoint_bytes_written: load(&c.checkpoint_bytes_written),
             checkpoint_parts: CheckpointParts {
                 page_images: load(&c.checkpoint_page_image_bytes),
+                page_deltas: load(&c.checkpoint_page_delta_bytes),
                 directory_pages: load(&c.checkpoint_directory_bytes),
                 slot_pages: load(&c.checkpoint_slot_page_bytes),
                 roots: load(&c.checkpoint_root_bytes),

@@ -176,6 +176,14 @@ fn engine(seed: u64) -> EngineOptions {
             1 => 16 << 10,
             _ => EngineOptions::default().map_cache_bytes,
         },
+        // Pages of a few entries written as deltas over their images, in
+        // two seeds of three (this array's pages are too sparse for the
+        // default's).
+        map_delta_entries_min: match (seed / 8) % 3 {
+            0 => 1,
+            1 => 16,
+            _ => EngineOptions::default().map_delta_entries_min,
+        },
         // Replay's runs mapped in parts side by side, in two seeds of three
         // (where replay maps before serving).
         replay_part_records: match seed % 3 {

@@ -265,6 +265,99 @@ fn a_spent_window_writes_a_root_alone_until_the_pages_are_worth_writing() {
 }
 
 /// The data area of stripe `slot`, from its data chunks' payloads.
+/// Pages of ~400 entries each, changed in a few keys a round: each
+/// checkpoint writes them as deltas over their images (every change since
+/// the image, a fraction of its bytes), until their deltas would have
+/// held more keys than the pages have entries, which writes them whole
+/// again. They read
+/// back exactly through a cache too small to keep them (each image and
+/// delta read again), after a clean stop, after kill -9, and with every
+/// map stripe corrupt on M members.
+#[test]
+fn pages_changed_in_a_few_keys_are_written_as_deltas_and_read_back_exactly() {
+    let (devices, array) = thin_4_plus_2();
+    let g = array.geometry().clone();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(26);
+    let mut model = BTreeMap::new();
+    let pages = 16;
+    write_random(&array, &mut model, &mut rng, 800 * pages as usize, pages);
+    array.checkpoint().unwrap();
+    let parts = |array: &Array| array.status().unwrap().checkpoint_parts;
+    let first = parts(&array);
+    assert_eq!(first.page_deltas, 0, "no page had an image: {first:?}");
+    let whole_per_page = first.page_images / pages;
+    // Six rounds of ~10 blocks a page: deltas alone (~210 keys held in
+    // all, of ~400 entries), each round's holding every change since the
+    // images (so growing).
+    let mut last = first.clone();
+    let mut sizes = Vec::new();
+    for _ in 0..6 {
+        write_random(&array, &mut model, &mut rng, 10 * pages as usize, pages);
+        array.checkpoint().unwrap();
+        let now = parts(&array);
+        let (images, deltas) = (now.page_images - last.page_images, now.page_deltas - last.page_deltas);
+        assert_eq!(images, 0, "only deltas: {now:?}");
+        sizes.push(deltas / pages);
+        last = now;
+    }
+    assert!(
+        sizes[0] * 8 < whole_per_page,
+        "a delta of ~10 keys: {sizes:?} bytes a page, whole {whole_per_page}"
+    );
+    assert!(
+        sizes[5] > 2 * sizes[0],
+        "a delta holds every change since the image: {sizes:?}"
+    );
+    verify(&array, &model);
+    // A round of a write a key (~320 keys changed a page): more keys held
+    // in deltas since their images than the pages have entries, so
+    // whole again.
+    write_random(&array, &mut model, &mut rng, 512 * pages as usize, pages);
+    array.checkpoint().unwrap();
+    let now = parts(&array);
+    assert!(now.page_images - last.page_images > 12 * whole_per_page, "{now:?}");
+    assert_eq!(now.page_deltas, last.page_deltas, "{now:?}");
+    // And deltas over the new images after that.
+    write_random(&array, &mut model, &mut rng, 10 * pages as usize, pages);
+    array.checkpoint().unwrap();
+    let after = parts(&array);
+    assert!(
+        after.page_deltas > now.page_deltas && after.page_images == now.page_images,
+        "{after:?}"
+    );
+    write_random(&array, &mut model, &mut rng, 10 * pages as usize, pages);
+    array.checkpoint().unwrap();
+    drop(array);
+
+    // Read back through a cache of a few pages: each image and its delta
+    // read as the page is looked at.
+    let engine = || cached(24 << 10);
+    let array = tessera_array::open_with(open_list(&devices, &[]), engine()).unwrap();
+    verify(&array, &model);
+    let s = array.status().unwrap();
+    assert!(s.map_page_misses > pages && s.map_pages_evicted > 0, "{s:?}");
+    array.check().unwrap();
+    // Deltas again over what was read back, then kill -9 after more.
+    write_random(&array, &mut model, &mut rng, 10 * pages as usize, pages);
+    let before = parts(&array);
+    array.checkpoint().unwrap();
+    assert!(parts(&array).page_deltas > before.page_deltas, "{:?}", parts(&array));
+    write_random(&array, &mut model, &mut rng, 10 * pages as usize, pages);
+    let array = flushed_killed_and_verified(&devices, array, engine(), &model);
+    array.checkpoint().unwrap();
+    drop(array);
+
+    // Every map stripe corrupt on two members (M = 2): rebuilt as read.
+    for slot in map_stripes(&devices) {
+        corrupt(&devices, &g, slot, 0);
+        corrupt(&devices, &g, slot, 3);
+    }
+    let array = tessera_array::open_with(open_list(&devices, &[]), engine()).unwrap();
+    verify(&array, &model);
+    assert!(array.status().unwrap().chunks_repaired >= 2);
+    array.check().unwrap();
+}
+
 fn data_area(devices: &[Arc<MemoryDevice>], g: &Geometry, slot: u64) -> Vec<u8> {
     let mut area = vec![0u8; g.data_area_bytes()];
     for (j, chunk) in area.chunks_mut(g.chunk_bytes).enumerate() {

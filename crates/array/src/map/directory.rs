@@ -114,10 +114,9 @@ impl Packed {
         let first = dir * MAP_DIRECTORY_PAGES;
         while at < bytes.len() {
             let page = u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
-            let pieces = u32::from_le_bytes(bytes[at + 12..at + 16].try_into().expect("4 bytes")) as usize;
             assert_eq!(dir_of(page), dir, "directory page {dir} names page {page}");
             index.push(((page - first) as u16, at as u32));
-            at += 16 + digest_bytes + 16 * pieces;
+            at = crate::format::directory_entry_parts(&bytes, at, digest_bytes).0;
         }
         assert_eq!(at, bytes.len(), "directory page {dir}'s entries");
         Packed {
@@ -128,34 +127,19 @@ impl Packed {
         }
     }
 
-    /// Pages named, and their images' stored bytes.
+    /// Pages named, and their images' stored bytes (their deltas' too).
     fn totals(&self) -> (u64, u64) {
-        let bytes = self.index.iter().map(|&(_, at)| {
-            let at = at as usize + 8;
-            u64::from(u32::from_le_bytes(self.bytes[at..at + 4].try_into().expect("4 bytes")))
-        });
+        let bytes = self.index.iter().map(|&(_, at)| self.image_at(at).stored_bytes());
         (self.index.len() as u64, bytes.sum())
     }
 
-    /// The image of the entry that starts at `at`.
+    /// The image (with its delta) of the entry that starts at `at`.
     fn image_at(&self, at: u32) -> PageImage {
-        let b = &self.bytes[at as usize..];
-        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
-        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
-        let pieces = (0..u32_at(12) as usize)
-            .map(|i| {
-                let o = 16 + self.digest_bytes + 16 * i;
-                crate::format::ImagePiece {
-                    slot: u64_at(o),
-                    offset: u32_at(o + 8),
-                    bytes: u32_at(o + 12),
-                }
-            })
-            .collect();
+        use crate::format::{decode_image_place, directory_entry_parts};
+        let (_, image, delta) = directory_entry_parts(&self.bytes, at as usize, self.digest_bytes);
         PageImage {
-            bytes: u32_at(8),
-            digest: tessera_checksum::Digest::from_bytes(&b[16..16 + self.digest_bytes]),
-            pieces,
+            delta: delta.map(|d| Arc::new(decode_image_place(&self.bytes, d, self.digest_bytes))),
+            ..decode_image_place(&self.bytes, image, self.digest_bytes)
         }
     }
 
@@ -377,10 +361,24 @@ mod tests {
                             bytes: 100 + i as u32,
                         })
                         .collect();
+                    // Some with a delta over them, in pieces of its own.
+                    let delta = (k % 2 == 1).then(|| {
+                        let piece = ImagePiece {
+                            slot: 7,
+                            offset: k as u32,
+                            bytes: 300,
+                        };
+                        Arc::new(PageImage::whole(
+                            300,
+                            algorithm.digest(&[k as u8]),
+                            vec![piece; 1 + k as usize % 2],
+                        ))
+                    });
                     let image = PageImage {
                         bytes: 9000 + k as u32,
                         digest: algorithm.digest(&k.to_le_bytes()),
                         pieces,
+                        delta,
                     };
                     (first + k, Arc::new(image))
                 })
@@ -395,9 +393,17 @@ mod tests {
             }
             let some: Vec<u64> = packed.pages_in(first + 1, first + 200).collect();
             assert_eq!(some, [first + 1, first + 5, first + 200]);
-            // 16 bytes, the digest and 16 a piece an entry, and 8 to find it.
-            let pieces: usize = images.values().map(|i| i.pieces.len()).sum();
-            let expected = images.len() * (16 + algorithm.digest_bytes() + 8) + 16 * pieces;
+            assert_eq!(
+                packed.totals().1,
+                images.values().map(|i| i.stored_bytes()).sum::<u64>()
+            );
+            // 16 bytes, the digest and 16 a piece an entry, and 8 to find
+            // it; a delta 8, its digest and 16 a piece.
+            let pieces: usize = images.values().map(|i| i.all_pieces().count()).sum();
+            let deltas = images.values().filter(|i| i.delta.is_some()).count();
+            let expected = images.len() * (16 + algorithm.digest_bytes() + 8)
+                + deltas * (8 + algorithm.digest_bytes())
+                + 16 * pieces;
             assert!(packed.bytes() <= expected + 64, "{} bytes", packed.bytes());
         }
     }
