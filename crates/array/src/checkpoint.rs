@@ -22,8 +22,9 @@
 //!    point into slots that drain meanwhile, and step 4 takes free slots.
 //! 2. Copy the dirty pages' images (or, for a page of many entries with
 //!    few keys changed since its image, the delta over that image:
-//!    `map/delta.rs`), some per short hold of the index's read lock. Writes go on between holds, so the copy is "fuzzy": a
-//!    block may be copied before or after a write to it. Every write the
+//!    `map/delta.rs`), some per short hold of the index's read lock.
+//!    Writes go on between holds, so the copy is "fuzzy": a block may be
+//!    copied before or after a write to it. Every write the
 //!    copy may have missed or caught half-way is in a stripe newer than S,
 //!    in the window, and recovery keeps the newest version of each block,
 //!    so replaying those stripes over the pages gives the right map. A
@@ -745,11 +746,10 @@ impl Shared {
 
     /// Step 2: the images of the pages `dirty` names, as they were when
     /// taken, copied for a millisecond per hold of the index's read lock
-    /// (a page at least), then compressed; and the stored images of the
-    /// pages `moved` names, read from their map stripes.
-    /// The pages taken as deltas (`deltas`) are copied as deltas over the
-    /// base of their durable image; a moved page's delta is copied after
-    /// its image.
+    /// (a page at least), then compressed (those `deltas` names as deltas
+    /// over their durable image); and the stored images of the pages
+    /// `moved` names, read from their map stripes, each followed by its
+    /// delta if it has one.
     fn copy_pages(
         &self,
         dirty: &BTreeSet<u64>,

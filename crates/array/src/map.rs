@@ -350,8 +350,9 @@ struct Page {
     /// The map's clock when the page was last looked at (for eviction,
     /// least recently used first).
     used: AtomicU64,
-    /// The keys changed since its base image, which a checkpoint may
-    /// write as a delta over that image (`delta.rs`); `None`: not known.
+    /// What it knows of its base image (the keys changed since it, the
+    /// keys its deltas held), for a checkpoint to write it as a delta
+    /// over that image (`delta.rs`); `None`: not known, or not kept.
     since_base: Option<Box<delta::Since>>,
 }
 
@@ -907,8 +908,9 @@ fn check_within(v: &Varying, shape: Shape, limits: &Limits) -> Result<(), (&'sta
 /// record has, none compressed.
 pub fn images_bytes_max(algorithm: tessera_checksum::Algorithm, pages: usize, entries: usize) -> usize {
     let words = algorithm.digest_bytes().div_ceil(4) + EXTENT_BLOCKS_MAX;
-    // A delta's header and its page image's, at most: its entries are at
-    // most a third of the page's (`delta::worth_a_delta`).
+    // A delta's header and its page image's, at most: it has at most as
+    // many entries as keys, and no more keys than its page has entries
+    // (`delta::Since::worth_a_delta`).
     let stored = crate::format::STORED_IMAGE_HEADER_BYTES + crate::format::DELTA_HEADER_BYTES;
     pages * (IMAGE_HEADER_BYTES + IMAGE_COLUMNS_BYTES + stored) + entries * (IMAGE_ENTRY_BYTES + 4 * words)
 }

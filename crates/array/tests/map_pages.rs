@@ -269,10 +269,9 @@ fn a_spent_window_writes_a_root_alone_until_the_pages_are_worth_writing() {
 /// checkpoint writes them as deltas over their images (every change since
 /// the image, a fraction of its bytes), until their deltas would have
 /// held more keys than the pages have entries, which writes them whole
-/// again. They read
-/// back exactly through a cache too small to keep them (each image and
-/// delta read again), after a clean stop, after kill -9, and with every
-/// map stripe corrupt on M members.
+/// again. They read back exactly through a cache too small to keep them
+/// (each image and delta read again), after a clean stop, after kill -9,
+/// and with every map stripe corrupt on M members.
 #[test]
 fn pages_changed_in_a_few_keys_are_written_as_deltas_and_read_back_exactly() {
     let (devices, array) = thin_4_plus_2();
@@ -348,14 +347,29 @@ fn pages_changed_in_a_few_keys_are_written_as_deltas_and_read_back_exactly() {
     drop(array);
 
     // Every map stripe corrupt on two members (M = 2): rebuilt as read.
-    for slot in map_stripes(&devices) {
-        corrupt(&devices, &g, slot, 0);
-        corrupt(&devices, &g, slot, 3);
-    }
-    let array = tessera_array::open_with(open_list(&devices, &[]), engine()).unwrap();
-    verify(&array, &model);
+    let array = opened_with_map_stripes_corrupt(&devices, &g, [0, 3], engine(), &model);
     assert!(array.status().unwrap().chunks_repaired >= 2);
     array.check().unwrap();
+}
+
+/// Chunks `chunks` of every map stripe the durable checkpoint names
+/// corrupt, then the array opened with `engine`: every block of `model`
+/// reads back (each image rebuilt as it is read).
+fn opened_with_map_stripes_corrupt(
+    devices: &[Arc<MemoryDevice>],
+    g: &Geometry,
+    chunks: [usize; 2],
+    engine: EngineOptions,
+    model: &BTreeMap<u64, u64>,
+) -> Array {
+    for slot in map_stripes(devices) {
+        for j in chunks {
+            corrupt(devices, g, slot, j);
+        }
+    }
+    let array = tessera_array::open_with(open_list(devices, &[]), engine).unwrap();
+    verify(&array, model);
+    array
 }
 
 fn data_area(devices: &[Arc<MemoryDevice>], g: &Geometry, slot: u64) -> Vec<u8> {
@@ -551,12 +565,7 @@ fn a_directory_larger_than_its_cache_reads_back_exactly() {
     drop(array);
     // Every map stripe corrupt on two data chunks (M = 2): each page and
     // directory page is rebuilt as it is read, and its chunks rewritten.
-    for slot in map_stripes(&devices) {
-        corrupt(&devices, &g, slot, 0);
-        corrupt(&devices, &g, slot, 1);
-    }
-    let array = tessera_array::open_with(open_list(&devices, &[]), engine()).unwrap();
-    verify(&array, &model);
+    let array = opened_with_map_stripes_corrupt(&devices, &g, [0, 1], engine(), &model);
     let s = array.status().unwrap();
     assert!(s.chunks_repaired >= 2 && s.map_directory_pages > dirs, "{s:?}");
 }
