@@ -844,7 +844,8 @@ impl Shared {
         };
         // Each page's new image as the directory will name it, the
         // pieces written by this checkpoint naming their stripe by number
-        // (`with_slots` gives them their slots).
+        // (`with_slots` gives them their slots), and whether its image
+        // was (false: a delta over an image written before).
         let new_image = |range: Range<usize>| {
             PageImage::whole(
                 range.len() as u32,
@@ -852,29 +853,29 @@ impl Shared {
                 place(range),
             )
         };
-        let fresh: BTreeMap<u64, Option<PageImage>> = copied
+        let fresh: BTreeMap<u64, Option<(PageImage, bool)>> = copied
             .pages
             .iter()
             .map(|(page, range, part)| {
                 let image = range.clone().map(|range| match part {
-                    Part::Whole => new_image(range),
-                    Part::DeltaOver(over) => PageImage {
-                        delta: Some(Arc::new(new_image(range))),
-                        ..PageImage::clone(over)
-                    },
-                    Part::WithDelta(delta) => PageImage {
-                        delta: Some(Arc::new(new_image(delta.clone()))),
-                        ..new_image(range)
-                    },
+                    Part::Whole => (new_image(range), true),
+                    Part::DeltaOver(over) => {
+                        let image = PageImage {
+                            delta: Some(Arc::new(new_image(range))),
+                            ..PageImage::clone(over)
+                        };
+                        (image, false)
+                    }
+                    Part::WithDelta(delta) => {
+                        let image = PageImage {
+                            delta: Some(Arc::new(new_image(delta.clone()))),
+                            ..new_image(range)
+                        };
+                        (image, true)
+                    }
                 });
                 (*page, image)
             })
-            .collect();
-        let delta_over: BTreeSet<u64> = copied
-            .pages
-            .iter()
-            .filter(|(_, _, part)| matches!(part, Part::DeltaOver(_)))
-            .map(|(page, _, _)| *page)
             .collect();
         // The directory pages written, as they are now (the checkpoint
         // lock keeps them so), and where each one's new image goes: each
@@ -902,7 +903,7 @@ impl Shared {
                     count -= 1;
                     bytes -= entry_bytes(was);
                 }
-                if let Some(image) = image {
+                if let Some((image, _)) = image {
                     count += 1;
                     bytes += entry_bytes(image);
                 }
@@ -935,11 +936,11 @@ impl Shared {
         // What the run holds, by part (`Status::checkpoint_parts`; the
         // root's bytes are set once it is encoded).
         let range_bytes = |range: &Option<Range<usize>>| range.as_ref().map_or(0, |r| r.len() as u64);
-        let deltas_bytes: u64 = copied
-            .pages
-            .iter()
-            .filter(|(_, _, part)| matches!(part, Part::DeltaOver(_)))
-            .map(|(_, range, _)| range_bytes(range))
+        let deltas_bytes: u64 = fresh
+            .values()
+            .flatten()
+            .filter(|(_, base_written)| !base_written)
+            .filter_map(|(image, _)| image.delta.as_ref().map(|delta| u64::from(delta.bytes)))
             .sum();
         let mut parts = crate::status::CheckpointParts {
             page_images: copied.bytes.len() as u64 - deltas_bytes,
@@ -1062,17 +1063,16 @@ impl Shared {
         let pages: Vec<(u64, Option<Arc<PageImage>>)> = fresh
             .into_iter()
             .map(|(page, image)| {
-                let image = image.map(|image| {
+                let image = image.map(|(image, base_written)| {
                     let delta = image.delta.map(|delta| {
                         Arc::new(PageImage {
                             pieces: with_slots(delta.pieces.clone()),
                             ..PageImage::clone(&delta)
                         })
                     });
-                    // A delta's base was written before.
-                    let pieces = match delta_over.contains(&page) {
-                        true => image.pieces,
-                        false => with_slots(image.pieces),
+                    let pieces = match base_written {
+                        true => with_slots(image.pieces),
+                        false => image.pieces,
                     };
                     Arc::new(PageImage { pieces, delta, ..image })
                 });

@@ -1144,11 +1144,6 @@ impl LoadedPage {
     pub fn page(&self) -> u64 {
         self.page
     }
-
-    /// Its image, whole (FORMAT.md, "Map pages"), appended to `out`.
-    pub fn encode(&self, out: &mut Vec<u8>) {
-        self.body.encode(self.page, out);
-    }
 }
 
 /// The page of key `lba`, and the key's place in it.
@@ -1249,6 +1244,14 @@ impl PagesMut<'_> {
     }
 }
 
+/// Sets `page`'s `since_base`, with what the map's pages hold (`bytes`) as
+/// its size changes.
+fn set_since_base(bytes: &mut usize, page: &mut Page, since: Option<Box<delta::Since>>) {
+    let before = page.bytes();
+    page.since_base = since;
+    *bytes = *bytes + page.bytes() - before;
+}
+
 impl Map {
     /// An empty map whose pages of fewer than `delta_entries_min` entries
     /// are always written whole (`delta.rs`).
@@ -1303,15 +1306,14 @@ impl Map {
         self.mark_dirty(pages);
         for (p, then) in std::mem::take(&mut self.rebased) {
             if let Some(page) = self.pages.get_mut(&p) {
-                let before = page.bytes();
-                page.since_base = match (then, page.since_base.take()) {
+                let given = match (then, page.since_base.take()) {
                     (Some(mut then), Some(now)) => {
                         then.keys.iter_mut().zip(now.keys.iter()).for_each(|(k, s)| *k |= s);
                         Some(then)
                     }
                     _ => None,
                 };
-                self.bytes = self.bytes + page.bytes() - before;
+                set_since_base(&mut self.bytes, page, given);
             }
         }
     }
@@ -1532,8 +1534,8 @@ impl Map {
             body.compact();
         }
         // A page too small ever to be written as a delta does not keep
-        // its keys changed (the many pages of a sparsely written map
-        // would hold 72 bytes more each).
+        // what it knows of its base (the many pages of a sparsely written
+        // map would hold 72 bytes more each); `begin_snapshot` likewise.
         if body.entries.len() < self.delta_entries_min {
             body.since_base = None;
         }
@@ -1645,21 +1647,19 @@ impl Map {
             let Some(page) = self.pages.get_mut(&p) else {
                 continue;
             };
-            let based = matches!(self.directory.lookup(p), Lookup::Image(_));
+            // (A changed page's directory page is in memory: `evict`.)
+            let based = self.directory.names(p);
             let entries = page.entries.len();
+            let keeps = entries >= self.delta_entries_min;
             match page.since_base.as_deref_mut() {
-                Some(since) if based && !whole(p) && since.worth_a_delta(entries, self.delta_entries_min) => {
+                Some(since) if based && keeps && !whole(p) && since.worth_a_delta(entries) => {
                     self.rebased.insert(p, Some(Box::new(since.clone())));
                     since.written += delta::count(&since.keys);
                     deltas.insert(p, since.clone());
                 }
                 _ => {
-                    let before = page.bytes();
-                    let then = std::mem::replace(
-                        &mut page.since_base,
-                        (entries >= self.delta_entries_min).then(Box::default),
-                    );
-                    self.bytes = self.bytes + page.bytes() - before;
+                    let then = page.since_base.take();
+                    set_since_base(&mut self.bytes, page, keeps.then(Box::default));
                     self.rebased.insert(p, then);
                 }
             }

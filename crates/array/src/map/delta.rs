@@ -53,13 +53,12 @@ pub(crate) struct Since {
 }
 
 impl Since {
-    /// Whether a page of `entries` entries is better written as a delta
-    /// than whole: it has entries enough for that to matter
-    /// (`entries_min`), and its deltas since the base, this one
-    /// included, would hold at most as many keys as it has entries.
-    pub(super) fn worth_a_delta(&self, entries: usize, entries_min: usize) -> bool {
-        let held = u64::from(self.written) + u64::from(count(&self.keys));
-        entries >= entries_min && held <= entries as u64
+    /// Whether a page of `entries` entries (enough to keep a `Since`) is
+    /// better written as a delta than whole: its deltas since the base,
+    /// this one included, would hold at most as many keys as it has
+    /// entries.
+    pub(super) fn worth_a_delta(&self, entries: usize) -> bool {
+        u64::from(self.written) + u64::from(count(&self.keys)) <= entries as u64
     }
 }
 
@@ -97,6 +96,17 @@ fn runs(keys: &Keys, from: u16, to: u16) -> impl Iterator<Item = (u16, u16, bool
 }
 
 impl Page {
+    /// Its entries cut to the keys `keys` marks (`marked`), or to those
+    /// it does not, in order.
+    fn entries_cut_to(&self, keys: &Keys, marked: bool) -> Vec<Entry> {
+        let mut cut = Vec::new();
+        for e in self.entries.iter() {
+            let pieces = runs(keys, e.start, e.end()).filter(|&(_, _, m)| m == marked);
+            cut.extend(pieces.map(|(start, end, _)| e.cut(start, end)));
+        }
+        cut
+    }
+
     /// Marks keys [lo, hi) changed since the base, if those are known.
     pub(super) fn mark_changed(&mut self, lo: u16, hi: u16) {
         if let Some(since) = &mut self.since_base {
@@ -114,18 +124,7 @@ impl Page {
         }
         out.extend_from_slice(&since.written.to_le_bytes());
         out.extend_from_slice(&0u32.to_le_bytes());
-        let mut cut = Vec::new();
-        for e in self.entries.iter() {
-            for (start, end, marked) in runs(keys, e.start, e.end()) {
-                if marked {
-                    cut.push(if (start, end) == (e.start, e.end()) {
-                        e
-                    } else {
-                        e.cut(start, end)
-                    });
-                }
-            }
-        }
+        let cut = self.entries_cut_to(keys, true);
         if !cut.is_empty() {
             self.encode_entries(p, &cut, out);
         }
@@ -134,19 +133,7 @@ impl Page {
     /// This page (a base) with keys `since.keys` as `delta` (its entries,
     /// all in those keys) maps them; an error if that leaves it empty.
     pub(super) fn overlay(mut self, since: Since, delta: Option<Page>) -> Result<Page, FormatError> {
-        let keys = &since.keys;
-        let mut entries: Vec<Entry> = Vec::with_capacity(self.entries.len());
-        for e in self.entries.iter() {
-            for (start, end, marked) in runs(keys, e.start, e.end()) {
-                if !marked {
-                    entries.push(if (start, end) == (e.start, e.end()) {
-                        e
-                    } else {
-                        e.cut(start, end)
-                    });
-                }
-            }
-        }
+        let mut entries = self.entries_cut_to(&since.keys, false);
         if let Some(delta) = delta {
             let shift = u32::try_from(self.words.len()).expect("a page's arena is small");
             self.words.extend_from_slice(&delta.words);

@@ -144,9 +144,13 @@ impl Packed {
     }
 
     fn get(&self, page: u64) -> Option<PageImage> {
+        self.find(page).map(|i| self.image_at(self.index[i].1))
+    }
+
+    /// Where page `page`'s entry is in `index`, if it has one.
+    fn find(&self, page: u64) -> Option<usize> {
         let key = page.checked_sub(self.first).filter(|&k| k < MAP_DIRECTORY_PAGES)? as u16;
-        let i = self.index.binary_search_by_key(&key, |&(k, _)| k).ok()?;
-        Some(self.image_at(self.index[i].1))
+        self.index.binary_search_by_key(&key, |&(k, _)| k).ok()
     }
 
     /// The pages of [first, last] it names.
@@ -205,6 +209,14 @@ impl Directory {
             Some(_) => Lookup::NotInMemory(dir),
             None => Lookup::None,
         }
+    }
+
+    /// Whether a resident directory page names an image of map page
+    /// `page` (`lookup` without building the image).
+    pub fn names(&self, page: u64) -> bool {
+        self.resident
+            .get(&dir_of(page))
+            .is_some_and(|d| d.images.find(page).is_some())
     }
 
     /// Marks the directory pages of map pages [first, last] looked at now.
