@@ -262,7 +262,8 @@ impl Shared {
         let used = index.slots.count() as usize - index.slots.free_count();
         let slot_pages = used.min(index.slots.count().div_ceil(crate::limits::SLOT_TABLE_PAGE_SLOTS) as usize);
         let slot_images = slot_pages * format::slot_page_image_bytes(0) + format::slot_page_image_bytes(used);
-        let image_stripes = (page_images + dir_images + slot_images).div_ceil(per_stripe);
+        let images = page_images + dir_images + slot_images;
+        let image_stripes = images.div_ceil(per_stripe);
         let root = format::checkpoint_bytes(
             g.checksum,
             used,
@@ -272,9 +273,7 @@ impl Shared {
             dirs + slot_pages + image_stripes,
             crate::volume::VOLUME_COUNT_MAX,
         );
-        image_stripes
-            + checkpoint_stripes(g.checksum, per_stripe, root).map_or(0, |(body, directory)| body + directory)
-            + 1
+        RootStripes::behind(g.checksum, per_stripe, images, root).map_or(image_stripes, |r| r.end()) + 1
     }
 
     /// Bytes of checkpoint (or directory, or page images) one Meta stripe holds.
@@ -988,10 +987,10 @@ impl Shared {
                 checkpoint.volumes.len(),
             )
         };
-        let Some((body, directory)) = checkpoint_stripes(algorithm, per_stripe, root_bytes(&checkpoint)) else {
+        let Some(mut root_at) = RootStripes::behind(algorithm, per_stripe, run_bytes, root_bytes(&checkpoint)) else {
             return Ok(None);
         };
-        let count = image_stripes + body + directory;
+        let count = root_at.end();
         let mut meta: Vec<u64> = {
             let mut index = self.catalog.index_mut();
             // A free slot has held nothing since the checkpoint began (no
@@ -1036,12 +1035,11 @@ impl Shared {
             .iter()
             .filter(|slot| window.remove(slot) | replay.remove(slot))
             .count();
-        let (mut body, mut directory) = (body, directory);
         if taken_from_window > 0 {
             checkpoint.window = replay.iter().copied().collect();
-            (body, directory) = checkpoint_stripes(algorithm, per_stripe, root_bytes(&checkpoint))
+            root_at = RootStripes::behind(algorithm, per_stripe, run_bytes, root_bytes(&checkpoint))
                 .expect("a root whose window shrank needs no more stripes");
-            let spare = meta.split_off(image_stripes + body + directory);
+            let spare = meta.split_off(root_at.end());
             let mut index = self.catalog.index_mut();
             for slot in spare {
                 // Not in the root's window (any more): no writer may take
@@ -1191,11 +1189,19 @@ impl Shared {
         checkpoint.images = images;
         debug_assert_eq!(checkpoint.encoded_bytes(algorithm), root_bytes(&checkpoint));
         let bytes = checkpoint.encode(algorithm);
-        let root = &meta[image_stripes..];
+        let RootStripes {
+            first: root_first,
+            body,
+            directory,
+        } = root_at;
+        let root = &meta[root_first..];
         let listing = (directory > 0).then(|| format::encode_checkpoint_directory(algorithm, &root[..body]));
+        // The root ends where its last stripe's room ends (in the images'
+        // last stripe, if it fits behind them).
+        run.resize((root_first + body) * per_stripe - bytes.len(), 0);
+        run.extend_from_slice(&bytes);
         let pieces: Vec<&[u8]> = run
             .chunks(per_stripe)
-            .chain(bytes.chunks(per_stripe))
             .chain(listing.iter().flat_map(|d| d.chunks(per_stripe)))
             .collect();
         assert_eq!(pieces.len(), meta.len());
@@ -1227,7 +1233,7 @@ impl Shared {
         let reference = CheckpointRef {
             sequence: checkpoint.sequence,
             bytes: bytes.len() as u64,
-            first_stripe_sequence: first + image_stripes as u64,
+            first_stripe_sequence: first + root_first as u64,
             digest: algorithm.digest(&bytes),
             slots: if directory > 0 {
                 root[body..].to_vec()
@@ -1253,7 +1259,9 @@ impl Shared {
             return Err(error);
         }
         Ok(Some(Written {
-            root_slots: root.to_vec(),
+            // Not the images' last stripe where the root begins in it: a
+            // map stripe, freed once no image in it is named.
+            root_slots: meta[root_first.max(image_stripes)..].to_vec(),
             root: checkpoint,
             emptied,
             replay,
@@ -1289,20 +1297,39 @@ impl Shared {
     }
 }
 
-/// Stripes a checkpoint of `bytes` takes, `per_stripe` bytes each: its
-/// own, and its directory's (0 when the superblock can list its own);
-/// `None` past what a directory the superblock lists can hold.
-fn checkpoint_stripes(
-    algorithm: tessera_checksum::Algorithm,
-    per_stripe: usize,
-    bytes: usize,
-) -> Option<(usize, usize)> {
-    let body = bytes.div_ceil(per_stripe);
-    if body <= CHECKPOINT_SLOTS_MAX {
-        return Some((body, 0));
+/// Where a root goes behind a checkpoint's run of page images, in
+/// stripes counted from the run's first: it ends where a stripe's area
+/// ends, in the run's last stripe if it fits behind the images there.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct RootStripes {
+    /// The stripe it begins in: the run's last, or the one after.
+    first: usize,
+    /// Its stripes, from `first`.
+    body: usize,
+    /// Its directory's, after those (0 when the superblock lists its own).
+    directory: usize,
+}
+
+impl RootStripes {
+    /// A root of `bytes` behind `run` bytes of images, `per_stripe`
+    /// bytes a stripe; `None` past what a directory the superblock lists
+    /// can hold.
+    fn behind(algorithm: tessera_checksum::Algorithm, per_stripe: usize, run: usize, bytes: usize) -> Option<Self> {
+        let end = (run + bytes).div_ceil(per_stripe);
+        let first = (end * per_stripe - bytes) / per_stripe;
+        let body = end - first;
+        let directory = match body <= CHECKPOINT_SLOTS_MAX {
+            true => 0,
+            false => format::checkpoint_directory_bytes(algorithm, body).div_ceil(per_stripe),
+        };
+        (directory <= CHECKPOINT_SLOTS_MAX).then_some(Self { first, body, directory })
     }
-    let directory = format::checkpoint_directory_bytes(algorithm, body).div_ceil(per_stripe);
-    (directory <= CHECKPOINT_SLOTS_MAX).then_some((body, directory))
+
+    /// The stripes the checkpoint takes: the images', the root's, its
+    /// directory's.
+    fn end(&self) -> usize {
+        self.first + self.body + self.directory
+    }
 }
 
 /// The sparsest map stripes, past twice (and one) the stripes the
@@ -1314,4 +1341,43 @@ fn sparse_map_stripes(images: &MapImages, per_stripe: u64) -> BTreeSet<u64> {
     let mut by_live: Vec<(u64, u64)> = live.iter().map(|(&bytes_slot, &bytes)| (bytes, bytes_slot)).collect();
     by_live.sort_unstable();
     by_live.iter().take(excess).map(|&(_, slot)| slot).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_root_goes_behind_the_images_where_it_fits() {
+        let a = tessera_checksum::Algorithm::Crc32c;
+        let at = |run, bytes| RootStripes::behind(a, 1000, run, bytes).unwrap();
+        let place = |first, body, directory| RootStripes { first, body, directory };
+        // Alone: in stripes of its own, ending where the last one ends.
+        assert_eq!(at(0, 300), place(0, 1, 0));
+        assert_eq!(at(0, 1000), place(0, 1, 0));
+        assert_eq!(at(0, 1001), place(0, 2, 0));
+        // Behind the images, in their last stripe where it fits.
+        assert_eq!(at(2500, 500), place(2, 1, 0));
+        assert_eq!(at(2500, 501), place(3, 1, 0));
+        // Begun there, it goes on into the next: only the tail is shared.
+        assert_eq!(at(2500, 1400), place(2, 2, 0));
+        // Images that fill their last stripe: the root after them.
+        assert_eq!(at(3000, 10), place(3, 1, 0));
+        // Every byte placed once: the stripes hold the run and the root.
+        for run in [0, 1, 999, 1000, 1001, 7777] {
+            for bytes in [1, 2, 999, 1000, 1001, 4321] {
+                let r = at(run, bytes);
+                let end = (r.first + r.body) * 1000;
+                // After the run, less than a stripe after it, in no more
+                // stripes than its size needs.
+                assert!(end - bytes >= run && end - bytes - run < 1000, "{run} {bytes}");
+                assert_eq!(r.first + r.body, (run + bytes).div_ceil(1000));
+                assert_eq!(r.body, bytes.div_ceil(1000), "{run} {bytes}");
+            }
+        }
+        // More stripes than the superblock lists: a directory after them.
+        let wide = at(0, 1000 * (CHECKPOINT_SLOTS_MAX + 1));
+        assert_eq!((wide.body, wide.directory), (CHECKPOINT_SLOTS_MAX + 1, 4));
+        assert!(RootStripes::behind(a, 1000, 0, 1000 * 1000 * CHECKPOINT_SLOTS_MAX).is_none());
+    }
 }

@@ -65,7 +65,11 @@ const _: () = assert!(DATA_START as usize >= SECTOR_BYTES);
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"TSRSUPER";
 pub const CHUNK_MAGIC: [u8; 8] = *b"TSRCHUNK";
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"TSRCHKPT";
-/// Version 10: the root carries the live bytes of every slot as of its
+/// Version 12: a checkpoint's root ends where its last stripe's room
+/// ends, so that it fills the tail of the stripe its page images
+/// end in (version 11 began it in a stripe of its own). Version 11
+/// added map page deltas (a directory entry may name a delta beside a
+/// page's image). Version 10: the root carries the live bytes of every slot as of its
 /// slot pages, and each slot page's entry how many slots it lists sealed
 /// with live data, so that opening after a clean stop need not read the
 /// slot pages before it serves. Version 9 paged the slot table's durable
@@ -81,7 +85,7 @@ pub const CHECKPOINT_MAGIC: [u8; 8] = *b"TSRCHKPT";
 /// a checkpoint directory, which version 5 has as fields). Version 2
 /// added the version of the write to every record, a CRC32C per 4 KiB
 /// block to raw extents. Arrays of any other version are refused by it.
-pub const FORMAT_VERSION: u32 = 11;
+pub const FORMAT_VERSION: u32 = 12;
 /// The CRC32C of a sector covers its first 4092 bytes and sits in the last 4.
 const CRC_OFFSET: usize = SECTOR_BYTES - 4;
 
@@ -315,8 +319,11 @@ const CHECKPOINT_DIRECTORY_FLAG_OFFSET: usize = 248 + 8 * CHECKPOINT_SLOTS_MAX;
 const _: () = assert!(CHECKPOINT_DIRECTORY_FLAG_OFFSET + 4 <= CRC_OFFSET);
 
 /// The superblock's pointer to a checkpoint: `slots` hold `bytes` of it,
-/// in order, in consecutive stripes from sequence `first_stripe_sequence`
-/// (each stripe's data area from its start, `data_bytes` long).
+/// in order, in consecutive stripes from sequence `first_stripe_sequence`,
+/// ending where the last one's room ends (`meta_stripe_bytes` each: the
+/// data area less the summary at its end): the root's first stripe may
+/// begin with the last page images of the checkpoint that wrote it
+/// ([`CheckpointRef::root_offset`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct CheckpointRef {
     /// Every stripe up to this sequence is in the checkpoint's map.
@@ -336,6 +343,13 @@ impl CheckpointRef {
     /// Stripes of the checkpoint itself, `per_stripe` bytes each.
     pub fn body_stripes(&self, per_stripe: usize) -> usize {
         (self.bytes as usize).div_ceil(per_stripe)
+    }
+
+    /// Where the checkpoint begins in its first stripe's data area: it
+    /// ends where its last stripe's room does, so that it fills the tail
+    /// of the stripe its page images end in.
+    pub fn root_offset(&self, per_stripe: usize) -> usize {
+        self.body_stripes(per_stripe) * per_stripe - self.bytes as usize
     }
 
     /// Every stripe it spans: its own and its directory's.
@@ -2221,7 +2235,7 @@ mod tests {
         }
         assert!(sb.is_failed(5) && !sb.is_failed(3));
         // Golden: magic, version, index, members, K, M, chunk, codes, rows, failed bit 5.
-        assert_eq!(&bytes[0..12], b"TSRSUPER\x0b\x00\x00\x00");
+        assert_eq!(&bytes[0..12], b"TSRSUPER\x0c\x00\x00\x00");
         assert_eq!(
             &bytes[48..68],
             &[3, 0, 0, 0, 7, 0, 0, 0, 4, 0, 0, 0, 2, 0, 0, 0, 0, 0, 1, 0]
@@ -2276,7 +2290,7 @@ mod tests {
         encode_log_block([9; 16], 5, 3, &records, &mut block);
         // 64 + 3 x 96 + 4096 + 900 bytes, in 512-byte sectors.
         assert_eq!(block.len(), 5632);
-        assert_eq!(&block[..12], b"TSRLOGBK\x0b\x00\x00\x00");
+        assert_eq!(&block[..12], b"TSRLOGBK\x0c\x00\x00\x00");
         let mut longer = block.to_vec();
         longer.extend_from_slice(&[0xff; 1024]);
         let (header, decoded) = decode_log_block(&longer, &g).unwrap();
@@ -2647,7 +2661,7 @@ mod tests {
             directory: true,
         }));
         let bytes = sb.encode();
-        assert_eq!(&bytes[0..12], b"TSRSUPER\x0b\x00\x00\x00");
+        assert_eq!(&bytes[0..12], b"TSRSUPER\x0c\x00\x00\x00");
         assert_eq!(&bytes[4088..4092], &1u32.to_le_bytes());
         assert_eq!(Superblock::decode(&bytes).unwrap(), sb);
         let c = sb.checkpoint.as_ref().unwrap();
@@ -2659,7 +2673,7 @@ mod tests {
         seal_sector(&mut bad);
         assert!(matches!(Superblock::decode(&bad), Err(FormatError::Field { .. })));
         // Superblocks of earlier versions are refused by their version.
-        for old in 2u32..=10 {
+        for old in 2u32..=11 {
             let mut bad = bytes.clone();
             bad[8..12].copy_from_slice(&old.to_le_bytes());
             seal_sector(&mut bad);
@@ -2673,7 +2687,7 @@ mod tests {
             );
             assert!(error
                 .to_string()
-                .contains(&format!("version {old}; this build reads version 11")));
+                .contains(&format!("version {old}; this build reads version 12")));
         }
 
         let slots: Vec<u64> = (0..900).map(|i| (i * 7) % g.slot_count()).collect();
@@ -2795,7 +2809,7 @@ mod tests {
         let c = checkpoint();
         let bytes = c.encode(a);
         assert_eq!(bytes.len(), checkpoint_bytes(a, 2, 3, 2, 3, 4, 1));
-        assert_eq!(&bytes[..12], b"TSRCHKPT\x0b\x00\x00\x00");
+        assert_eq!(&bytes[..12], b"TSRCHKPT\x0c\x00\x00\x00");
         assert_eq!(&bytes[24..32], &1234u64.to_le_bytes());
         assert_eq!(&bytes[48..64], &[2, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(&bytes[64..80], &[1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);

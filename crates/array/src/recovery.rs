@@ -560,33 +560,44 @@ impl Shared {
         total: usize,
         parse: impl Fn(&[u8]) -> Result<T, CheckpointFault>,
     ) -> Result<T, ArrayError> {
-        let bytes = self.read_meta_bytes(stripes, total, |b| parse(b).map(|_| ()))?;
+        let bytes = self.read_meta_bytes(stripes, 0, total, |b| parse(b).map(|_| ()))?;
         parse(&bytes).map_err(|why| ArrayError::CheckpointUnreadable { why })
     }
 
-    /// The data areas of `stripes` (slot, sequence), `total` bytes from
-    /// their starts, all full but the last, that `good` accepts: read
+    /// The data areas of `stripes` (slot, sequence) as one run of bytes,
+    /// `total` of them from `skip` into the first, all full to the end
+    /// but the last (`skip` 0), or all but the first (`total` ending
+    /// where the last stripe's area does), that `good` accepts: read
     /// straight from the data chunks, or, if `good` refuses those, from
     /// every stripe rebuilt and checked chunk by chunk.
     fn read_meta_bytes(
         &self,
         stripes: &[(u64, u64)],
+        skip: usize,
         total: usize,
         good: impl Fn(&[u8]) -> Result<(), CheckpointFault>,
     ) -> Result<Vec<u8>, ArrayError> {
         let unreadable = |why: CheckpointFault| ArrayError::CheckpointUnreadable { why };
         let per_stripe = self.meta_stripe_bytes();
-        if total > stripes.len() * per_stripe || total <= (stripes.len().max(1) - 1) * per_stripe {
+        let spanned = skip + total;
+        if skip >= per_stripe
+            || spanned > stripes.len() * per_stripe
+            || spanned <= (stripes.len().max(1) - 1) * per_stripe
+        {
             return Err(unreadable(CheckpointFault::Length {
                 total,
                 stripes: stripes.len(),
             }));
         }
-        let length = |i: usize| (total - i * per_stripe).min(per_stripe);
+        // Stripe i's part: its area from `from(i)`, into `bytes` at
+        // `at(i)`, `length(i)` long.
+        let from = |i: usize| if i == 0 { skip } else { 0 };
+        let at = |i: usize| (i * per_stripe).saturating_sub(skip);
+        let length = |i: usize| (spanned - i * per_stripe).min(per_stripe) - from(i);
         let mut bytes = vec![0u8; total];
         let direct = stripes.iter().enumerate().all(|(i, &(slot, _))| {
-            let at = i * per_stripe;
-            self.stripes.read_area_into(slot, 0, &mut bytes[at..at + length(i)])
+            self.stripes
+                .read_area_into(slot, from(i), &mut bytes[at(i)..at(i) + length(i)])
         });
         if direct && good(&bytes).is_ok() {
             return Ok(bytes);
@@ -598,8 +609,7 @@ impl Shared {
                     source: Box::new(e),
                 })
             })?;
-            let at = i * per_stripe;
-            bytes[at..at + length(i)].copy_from_slice(&rebuilt.area[..length(i)]);
+            bytes[at(i)..at(i) + length(i)].copy_from_slice(&rebuilt.area[from(i)..from(i) + length(i)]);
         }
         good(&bytes).map_err(unreadable)?;
         Ok(bytes)
@@ -646,7 +656,8 @@ impl Shared {
         } else {
             &listed[..]
         };
-        let bytes = self.read_meta_bytes(own, total, |b| match g.checksum.digest(b) == reference.digest {
+        let skip = reference.root_offset(per_stripe);
+        let bytes = self.read_meta_bytes(own, skip, total, |b| match g.checksum.digest(b) == reference.digest {
             true => Ok(()),
             false => Err(CheckpointFault::Digest),
         })?;
@@ -663,6 +674,16 @@ impl Shared {
             return Err(unreadable(CheckpointFault::OwnSlotTwice));
         }
         let map_stripes = &checkpoint.images.stripes;
+        // The root's first stripe may be the map stripe its page images
+        // end in (the same stripe: its sequence; images only before the
+        // root), and no other of its stripes a map stripe.
+        let shared = listed.first().copied().filter(|&(slot, sequence)| {
+            skip > 0
+                && map_stripes
+                    .get(&slot)
+                    .is_some_and(|s| s.sequence == sequence && s.live <= skip as u64)
+        });
+        let own = |slot: &u64| meta.contains(slot) && shared.is_none_or(|(first, _)| first != *slot);
         // (A set: the window has up to two windows' worth of slots, and a
         // scan of its list for each slot listed took 50 ms at 15,000.)
         let in_window: std::collections::HashSet<u64> = checkpoint.window.iter().copied().collect();
@@ -670,9 +691,9 @@ impl Shared {
             .resealed
             .iter()
             .map(|(slot, _)| slot)
-            .chain(map_stripes.keys())
             .chain(&checkpoint.window)
-            .find(|slot| meta.contains(slot) || (in_window.contains(slot) && map_stripes.contains_key(slot)));
+            .find(|slot| meta.contains(slot) || (in_window.contains(slot) && map_stripes.contains_key(slot)))
+            .or_else(|| map_stripes.keys().find(|slot| own(slot)));
         if let Some(slot) = clash {
             return Err(unreadable(CheckpointFault::ListedTwice { slot: *slot }));
         }
@@ -749,7 +770,10 @@ impl Shared {
             let images = &checkpoint.images;
             index.map.open_from(&images.dirs, (images.pages, images.page_bytes));
             index.next_version = checkpoint.next_version.max(1);
-            index.checkpoint_slots = listed.iter().map(|&(slot, _)| slot).collect();
+            // Freed once a newer root is durable: not the stripe shared
+            // with page images (a map stripe, freed once they are not
+            // named).
+            index.checkpoint_slots = listed.iter().map(|&(slot, _)| slot).filter(|slot| own(slot)).collect();
             index.map_stripes = map_stripes.len();
             // Pages of volumes deleted (or created again) since the pages
             // were taken hold records no volume admits: they are read now,
