@@ -306,9 +306,58 @@ impl Catalog {
                 loaded.push(dir);
             }
         }
-        let pages = self.read_each(runs(pages), side_by_side, |run| self.read_page_run(run))?;
+        // The pages' images, then the deltas of those that have one, each
+        // read in runs (a checkpoint writes the deltas it writes side by
+        // side, as it does the images), then decoded.
+        let parts: Vec<PagePart> = pages
+            .into_iter()
+            .map(|(page, image)| PagePart {
+                page,
+                part: image.clone(),
+                held: image,
+            })
+            .collect();
+        let images = self.read_parts(parts, side_by_side)?;
+        let deltas: Vec<PagePart> = images
+            .iter()
+            .filter_map(|(p, _)| {
+                let part = p.held.delta.clone()?;
+                Some(PagePart {
+                    page: p.page,
+                    held: p.held.clone(),
+                    part,
+                })
+            })
+            .collect();
+        let mut deltas: std::collections::HashMap<u64, Vec<u8>> = self
+            .read_parts(deltas, side_by_side)?
+            .into_iter()
+            .map(|(p, stored)| (p.page, stored))
+            .collect();
+        let with_deltas: Vec<_> = images
+            .into_iter()
+            .filter_map(|(p, stored)| match p.held.delta {
+                None => Some((p, stored, None)),
+                // Left out where the page moved meanwhile.
+                Some(_) => deltas.remove(&p.page).map(|delta| (p, stored, Some(delta))),
+            })
+            .collect();
+        let pages = self.read_each(with_deltas, side_by_side, |(p, stored, delta)| {
+            match self.decode_page(p.page, &stored, delta.as_deref()) {
+                Ok(body) => Ok(Some(Loaded::Page(body, p.held))),
+                Err(_) if !self.still_held_as(p.page, &p.held) => Ok(None),
+                Err(error) => Err(error),
+            }
+        })?;
         loaded.extend(pages.into_iter().flatten());
         Ok(loaded)
+    }
+
+    /// The stored bytes of each of `parts`, read in runs (`runs`), side by
+    /// side with `side_by_side`.
+    fn read_parts(&self, parts: Vec<PagePart>, side_by_side: bool) -> Result<Vec<(PagePart, Vec<u8>)>, ArrayError> {
+        let read = self.read_each(runs(parts), side_by_side, |run| self.read_run(run))?;
+        Ok(read.into_iter().flatten().collect())
     }
 
     /// `read` of each of `items`, in order: side by side on the I/O pool
@@ -355,16 +404,16 @@ impl Catalog {
         Ok(Some((Loaded::Dir { dir, images, image }, named)))
     }
 
-    /// The pages of `run` (see `runs`), read with one read of their map
-    /// stripe where there are several, and decoded; a page whose bytes so
-    /// read do not match its digest (or all of them, if the read failed)
-    /// is read again on its own, as `read_page_image` reads (rebuilding
-    /// its stripe if need be). Pages a checkpoint moved meanwhile are
-    /// left out.
-    fn read_page_run(&self, run: Vec<(u64, Arc<PageImage>)>) -> Result<Vec<Loaded>, ArrayError> {
+    /// The stored bytes of the parts of `run` (see `runs`), read with one
+    /// read of their map stripe where there are several; a part whose
+    /// bytes so read do not match its digest (or all of them, if the read
+    /// failed) is read again on its own, as `read_page_image` reads
+    /// (rebuilding its stripe if need be). Parts of pages a checkpoint
+    /// moved meanwhile are left out.
+    fn read_run(&self, run: Vec<PagePart>) -> Result<Vec<(PagePart, Vec<u8>)>, ArrayError> {
         let together = match run.as_slice() {
-            [(_, first), .., (_, last)] => {
-                let (first, last) = (&first.pieces[0], &last.pieces[0]);
+            [first, .., last] => {
+                let (first, last) = (&first.part.pieces[0], &last.part.pieces[0]);
                 let start = first.offset as usize;
                 let mut bytes = vec![0u8; (last.offset + last.bytes) as usize - start];
                 Counters::add(&self.stripes.counters.map_page_reads, 1);
@@ -375,50 +424,40 @@ impl Catalog {
             _ => None,
         };
         let algorithm = self.stripes.geometry.checksum;
-        let mut loaded = Vec::with_capacity(run.len());
-        for (page, image) in run {
+        let mut read = Vec::with_capacity(run.len());
+        for p in run {
             let read_with_others = together.as_ref().and_then(|(start, bytes)| {
-                let piece = &image.pieces[0];
+                let piece = &p.part.pieces[0];
                 let from = piece.offset as usize - start;
                 let stored = &bytes[from..from + piece.bytes as usize];
-                (algorithm.digest(stored) == image.digest).then_some(stored)
+                (algorithm.digest(stored) == p.part.digest).then(|| stored.to_vec())
             });
-            let read_alone;
             let stored = match read_with_others {
                 Some(stored) => stored,
                 None => {
-                    Counters::add(&self.stripes.counters.map_page_reads, image.pieces.len() as u64);
-                    match self.read_page_image(page, &image) {
-                        Ok(stored) => {
-                            read_alone = stored;
-                            &read_alone[..]
-                        }
-                        Err(_) if !self.still_held_as(page, &image) => continue,
+                    Counters::add(&self.stripes.counters.map_page_reads, p.part.pieces.len() as u64);
+                    match self.read_page_image(p.page, &p.part) {
+                        Ok(stored) => stored,
+                        Err(_) if !self.still_held_as(p.page, &p.held) => continue,
                         Err(error) => return Err(error),
                     }
                 }
             };
-            match self.decode_page(page, stored, &image) {
-                Ok(body) => loaded.push(Loaded::Page(body, image)),
-                Err(_) if !self.still_held_as(page, &image) => continue,
-                Err(error) => return Err(error),
-            }
+            read.push((p, stored));
         }
-        Ok(loaded)
+        Ok(read)
     }
 
-    /// Page `page` from its image's stored bytes (`stored`), and its
-    /// delta's, read now, if `image` has one: decoded and checked.
-    fn decode_page(&self, page: u64, stored: &[u8], image: &PageImage) -> Result<LoadedPage, ArrayError> {
+    /// Page `page` from its image's stored bytes (`stored`) and its
+    /// delta's (`delta`, where its image has one): decoded and checked.
+    fn decode_page(&self, page: u64, stored: &[u8], delta: Option<&[u8]>) -> Result<LoadedPage, ArrayError> {
         let bad = |source| ArrayError::MapPage { page, source };
         let raw = crate::format::load_page_image(stored).map_err(bad)?;
         let g = &self.stripes.geometry;
-        let body = match &image.delta {
+        let body = match delta {
             None => Map::decode_image(&raw, g).map_err(bad)?,
             Some(delta) => {
-                Counters::add(&self.stripes.counters.map_page_reads, delta.pieces.len() as u64);
-                let stored = self.read_page_image(page, delta)?;
-                let over = crate::format::load_delta_image(&stored).map_err(bad)?;
+                let over = crate::format::load_delta_image(delta).map_err(bad)?;
                 Map::decode_with_delta(&raw, &over, g).map_err(bad)?
             }
         };
@@ -666,24 +705,24 @@ const PAGE_RUN_GAP_BYTES: u32 = 32 << 10;
 /// The most one read of a run of images takes.
 const PAGE_RUN_BYTES_MAX: u32 = 256 << 10;
 
-/// `pages` cut into runs to read at once: images of one piece each, in
-/// one map stripe, in order, each starting at most `PAGE_RUN_GAP_BYTES`
-/// past where the one before ends, spanning at most `PAGE_RUN_BYTES_MAX`
-/// (or one image, if longer). An image in several pieces is a run of
-/// its own.
-fn runs(mut pages: Vec<(u64, Arc<PageImage>)>) -> Vec<Vec<(u64, Arc<PageImage>)>> {
+/// `parts` cut into runs to read at once: stored images of one piece
+/// each, in one map stripe, in order, each starting at most
+/// `PAGE_RUN_GAP_BYTES` past where the one before ends, spanning at most
+/// `PAGE_RUN_BYTES_MAX` (or one image, if longer). An image in several
+/// pieces is a run of its own.
+fn runs(mut parts: Vec<PagePart>) -> Vec<Vec<PagePart>> {
     let place = |image: &PageImage| match image.pieces.as_slice() {
         [piece] => (0, piece.slot, piece.offset),
         _ => (1, 0, 0),
     };
-    pages.sort_unstable_by_key(|(page, image)| (place(image), *page));
-    let mut runs: Vec<Vec<(u64, Arc<PageImage>)>> = Vec::new();
-    for (page, image) in pages {
-        let joins = |run: &Vec<(u64, Arc<PageImage>)>| {
+    parts.sort_unstable_by_key(|p| (place(&p.part), p.page));
+    let mut runs: Vec<Vec<PagePart>> = Vec::new();
+    for p in parts {
+        let joins = |run: &Vec<PagePart>| {
             let ([first], [last], [piece]) = (
-                run[0].1.pieces.as_slice(),
-                run[run.len() - 1].1.pieces.as_slice(),
-                image.pieces.as_slice(),
+                run[0].part.pieces.as_slice(),
+                run[run.len() - 1].part.pieces.as_slice(),
+                p.part.pieces.as_slice(),
             ) else {
                 return false;
             };
@@ -694,8 +733,8 @@ fn runs(mut pages: Vec<(u64, Arc<PageImage>)>) -> Vec<Vec<(u64, Arc<PageImage>)>
                 && piece.offset + piece.bytes - first.offset <= PAGE_RUN_BYTES_MAX
         };
         match runs.last_mut() {
-            Some(run) if joins(run) => run.push((page, image)),
-            _ => runs.push(vec![(page, image)]),
+            Some(run) if joins(run) => run.push(p),
+            _ => runs.push(vec![p]),
         }
     }
     runs
@@ -737,6 +776,14 @@ fn missing(map: &Map, ranges: &[(u64, u64)]) -> Vec<Needed> {
 /// A directory page read and decoded, with the images it names of the
 /// pages asked for.
 type DirRead = (Loaded, BTreeMap<u64, Arc<PageImage>>);
+
+/// A stored image to read of a page: its image, or its image's delta
+/// (`part`), and the image the map holds it as (`held`).
+struct PagePart {
+    page: u64,
+    held: Arc<PageImage>,
+    part: Arc<PageImage>,
+}
 
 /// A page or a directory page read and decoded, to be installed.
 enum Loaded {

@@ -754,6 +754,58 @@ fn replay_reads_pages_lying_together_in_a_map_stripe_at_once() {
     array.check().unwrap();
 }
 
+/// 64 pages of ~100 entries written whole by a checkpoint, then a few
+/// keys of each changed and checkpointed (each page written as a delta,
+/// the 64 side by side in one map stripe), then four blocks of each
+/// FLUSHed and the array killed: replay needs every page, and reads the
+/// images in a few reads of their map stripe and the deltas in a few of
+/// theirs, not one read a delta.
+#[test]
+fn replay_reads_deltas_lying_together_in_a_map_stripe_at_once() {
+    let (devices, array) = thin_4_plus_2();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(27);
+    let mut model = BTreeMap::new();
+    let pages = 64;
+    for p in 0..pages {
+        for _ in 0..100 {
+            let lba = p * PAGE + rng.gen_range(0..PAGE);
+            array.write(lba * BLOCK, &block(lba, 1), false).unwrap();
+            model.insert(lba, 1);
+        }
+    }
+    array.checkpoint().unwrap();
+    let mut write_each = |tag: u64, count: u64| {
+        for p in 0..pages {
+            for _ in 0..count {
+                let lba = p * PAGE + rng.gen_range(0..PAGE);
+                array.write(lba * BLOCK, &block(lba, tag), false).unwrap();
+                model.insert(lba, tag);
+            }
+        }
+    };
+    write_each(2, 2);
+    let before = array.status().unwrap().checkpoint_parts;
+    array.checkpoint().unwrap();
+    let after = array.status().unwrap().checkpoint_parts;
+    assert_eq!(after.page_images, before.page_images, "deltas only: {after:?}");
+    assert!(after.page_deltas > before.page_deltas, "{after:?}");
+    write_each(3, 4);
+    array.flush().unwrap();
+    kill(&devices, array);
+    let array = tessera_array::open(open_list(&devices, &[])).unwrap();
+    let s = replayed_in_background(&array);
+    assert!(s.recovery.stripes_replayed > 0, "{:?}", s.recovery);
+    assert_eq!(s.map_page_misses, pages, "{:?}", s.recovery);
+    assert!(
+        s.map_page_reads <= 8,
+        "the replay read {} pages and their deltas with {} reads of map stripes",
+        s.map_page_misses,
+        s.map_page_reads
+    );
+    verify(&array, &model);
+    array.check().unwrap();
+}
+
 #[test]
 fn a_bad_image_among_pages_read_together_is_rebuilt_and_repaired() {
     // A byte of the images flipped on one member: the page it lies in
