@@ -8,7 +8,8 @@
 # checkpoint stripes (roots and map pages) per client byte, and below each
 # row what those checkpoints held by part (page images, directory pages,
 # slot pages, roots), in stored bytes per client byte, how many were a
-# root alone, and the stripes a checkpoint took on average. WAF is
+# root alone, the stripes a checkpoint took on average, and the room
+# their data chunks left unused, per client byte. WAF is
 # member bytes per client byte over the overwrite phase alone (the server
 # restarts after the fill, which resets its counters); the full-stripe
 # floor is (K+M)/K * (chunk + 4 KiB header)/chunk. Then the server is
@@ -52,7 +53,9 @@ c=s.get('checkpoint_bytes_written', 0)/u
 parts=s.get('checkpoint_parts', {})
 stripe=($k+$m)*(4096+64*1024)
 n_ckpt=max(s['checkpoints_written'],1)
-open('$work/parts.txt', 'w').write('  checkpoints held, stored bytes per client byte: ' + ', '.join(f'{k.replace(\"_\", \" \")} {v/u:.4f}' for k, v in parts.items()) + f'; {s[\"checkpoints_root_only\"]} roots alone, {s.get(\"checkpoint_bytes_written\", 0)/stripe/n_ckpt:.2f} stripes a checkpoint\\n')
+alone=s['checkpoints_root_only']
+stripes=s.get('checkpoint_bytes_written', 0)/stripe
+open('$work/parts.txt', 'w').write('  checkpoints held, stored bytes per client byte: ' + ', '.join(f'{k.replace(\"_\", \" \")} {v/u:.4f}' for k, v in parts.items()) + f'; {alone} roots alone, {stripes/n_ckpt:.2f} stripes a checkpoint, room left unused in them {(stripes*$k*64*1024-sum(parts.values()))/u:.4f}\\n')
 print(f'{\"$dist\":<10} {\"$gc\":<10} {s[\"write_amplification\"]:6.2f} {s[\"gc_bytes_relocated\"]/u:8.2f} {s[\"gc_stripes_collected\"]:8} {str(s[\"checkpoints_written\"]) + (\" (\" + str(s[\"checkpoints_dropped\"]) + \" dropped)\" if s.get(\"checkpoints_dropped\") else \"\"):>12} {c:9.3f} {s[\"short_stripes_sealed\"]:6} {\"$iops\":>9}', end='  ')"
     # Killed as a crash would, then opened: the replay the last
     # checkpoint leaves (its window's headers, the stripes newer than it).

@@ -1298,8 +1298,9 @@ impl Shared {
 }
 
 /// Where a root goes behind a checkpoint's run of page images, in
-/// stripes counted from the run's first: it ends where a stripe's area
-/// ends, in the run's last stripe if it fits behind the images there.
+/// stripes counted from the run's first: it ends where a stripe's room
+/// ends (`format::CheckpointRef::root_offset`), in the run's last stripe
+/// if it fits behind the images there.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct RootStripes {
     /// The stripe it begins in: the run's last, or the one after.

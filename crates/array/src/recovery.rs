@@ -564,10 +564,11 @@ impl Shared {
         parse(&bytes).map_err(|why| ArrayError::CheckpointUnreadable { why })
     }
 
-    /// The data areas of `stripes` (slot, sequence) as one run of bytes,
-    /// `total` of them from `skip` into the first, all full to the end
-    /// but the last (`skip` 0), or all but the first (`total` ending
-    /// where the last stripe's area does), that `good` accepts: read
+    /// The data areas of `stripes` (slot, sequence) as one run of bytes
+    /// (`meta_stripe_bytes` of each), `total` of them from `skip` into
+    /// the first: all full but the last (`skip` 0: a directory), or all
+    /// but the first (a root, ending where the last one's room does),
+    /// that `good` accepts: read
     /// straight from the data chunks, or, if `good` refuses those, from
     /// every stripe rebuilt and checked chunk by chunk.
     fn read_meta_bytes(
