@@ -164,6 +164,9 @@ struct InStripes {
 struct Copied {
     bytes: Vec<u8>,
     pages: Vec<(u64, Option<Range<usize>>, Part)>,
+    /// The last of `bytes`: those of clean pages moved out of sparse map
+    /// stripes.
+    moved_bytes: usize,
 }
 
 /// What a page's copied bytes are.
@@ -784,6 +787,7 @@ impl Shared {
                 *r = at..stored.len();
             }
         }
+        let moved_from = stored.len();
         for (&page, image) in moved {
             let at = stored.len();
             stored.extend_from_slice(&self.catalog.read_page_image(page, image)?);
@@ -797,7 +801,11 @@ impl Shared {
             };
             pages.push((page, Some(whole), part));
         }
-        Ok(Copied { bytes: stored, pages })
+        Ok(Copied {
+            moved_bytes: stored.len() - moved_from,
+            bytes: stored,
+            pages,
+        })
     }
 
     /// Step 4: the copied images into map stripes and the root into Meta
@@ -944,6 +952,7 @@ impl Shared {
         let mut parts = crate::status::CheckpointParts {
             page_images: copied.bytes.len() as u64 - deltas_bytes,
             page_deltas: deltas_bytes,
+            page_images_moved: copied.moved_bytes as u64,
             directory_pages: dirs.iter().map(|d| range_bytes(&d.range)).sum(),
             slot_pages: slot_pages.iter().map(|w| range_bytes(&w.range)).sum(),
             roots: 0,
@@ -1226,6 +1235,7 @@ impl Shared {
             parts.roots = (bytes.len() + listing.as_ref().map_or(0, |l| l.len())) as u64;
             Counters::add(&c.checkpoint_page_image_bytes, parts.page_images);
             Counters::add(&c.checkpoint_page_delta_bytes, parts.page_deltas);
+            Counters::add(&c.checkpoint_page_moved_bytes, parts.page_images_moved);
             Counters::add(&c.checkpoint_directory_bytes, parts.directory_pages);
             Counters::add(&c.checkpoint_slot_page_bytes, parts.slot_pages);
             Counters::add(&c.checkpoint_root_bytes, parts.roots);

@@ -41,9 +41,11 @@ pub struct Counters {
     /// What the checkpoints wrote, by part, in stored bytes (before
     /// parity and the stripes' unused tails): page images (whole), page
     /// deltas, directory pages, slot table pages, roots (with their
-    /// listings).
+    /// listings); and of the page images, those moved out of sparse map
+    /// stripes.
     pub checkpoint_page_image_bytes: AtomicU64,
     pub checkpoint_page_delta_bytes: AtomicU64,
+    pub checkpoint_page_moved_bytes: AtomicU64,
     pub checkpoint_directory_bytes: AtomicU64,
     pub checkpoint_slot_page_bytes: AtomicU64,
     pub checkpoint_root_bytes: AtomicU64,

@@ -185,6 +185,10 @@ pub struct CheckpointParts {
     /// Map pages written as deltas over their images (`map/delta.rs`).
     #[serde(default)]
     pub page_deltas: u64,
+    /// Of `page_images`: clean pages' images (with their deltas) copied
+    /// out of sparse map stripes, so that those are freed.
+    #[serde(default)]
+    pub page_images_moved: u64,
     pub directory_pages: u64,
     pub slot_pages: u64,
     pub roots: u64,
@@ -358,6 +362,7 @@ impl Shared {
             checkpoint_parts: CheckpointParts {
                 page_images: load(&c.checkpoint_page_image_bytes),
                 page_deltas: load(&c.checkpoint_page_delta_bytes),
+                page_images_moved: load(&c.checkpoint_page_moved_bytes),
                 directory_pages: load(&c.checkpoint_directory_bytes),
                 slot_pages: load(&c.checkpoint_slot_page_bytes),
                 roots: load(&c.checkpoint_root_bytes),

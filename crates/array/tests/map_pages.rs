@@ -188,6 +188,13 @@ fn a_checkpoint_writes_only_the_pages_that_changed() {
             s.map_stripes
         );
     }
+    // Some of the images written were moved: clean pages' copied out of
+    // the sparse map stripes.
+    let moved = parts(&array);
+    assert!(
+        moved.page_images_moved > 0 && moved.page_images_moved < moved.page_images,
+        "{moved:?}"
+    );
     verify(&array, &model);
 
     // Back after a clean stop, and after kill -9 (the writes since the
