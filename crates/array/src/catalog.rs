@@ -306,9 +306,27 @@ impl Catalog {
                 loaded.push(dir);
             }
         }
-        // The pages' images, then the deltas of those that have one, each
-        // read in runs (a checkpoint writes the deltas it writes side by
-        // side, as it does the images), then decoded.
+        // A batch at a time, in page order (a checkpoint writes images in
+        // page order, so batches cut few runs), so that what is read and
+        // not decoded yet stays bounded.
+        pages.sort_unstable_by_key(|(page, _)| *page);
+        while !pages.is_empty() {
+            let rest = pages.split_off(pages.len().min(PAGES_DECODED_TOGETHER_MAX));
+            loaded.extend(self.read_and_decode(std::mem::replace(&mut pages, rest), side_by_side)?);
+        }
+        Ok(loaded)
+    }
+
+    /// Pages `pages` (each with the image the map holds it as) read and
+    /// decoded: their images, then the deltas of those that have one,
+    /// each read in runs (a checkpoint writes the deltas it writes side
+    /// by side, as it does the images), then decoded on the I/O pool with
+    /// `side_by_side`. Pages a checkpoint moved meanwhile are left out.
+    fn read_and_decode(
+        &self,
+        pages: Vec<(u64, Arc<PageImage>)>,
+        side_by_side: bool,
+    ) -> Result<Vec<Loaded>, ArrayError> {
         let parts: Vec<PagePart> = pages
             .into_iter()
             .map(|(page, image)| PagePart {
@@ -349,8 +367,7 @@ impl Catalog {
                 Err(error) => Err(error),
             }
         })?;
-        loaded.extend(pages.into_iter().flatten());
-        Ok(loaded)
+        Ok(pages.into_iter().flatten().collect())
     }
 
     /// The stored bytes of each of `parts`, read in runs (`runs`), side by
@@ -697,6 +714,11 @@ const PAGE: u64 = crate::limits::MAP_PAGE_BLOCKS;
 const PAGE_BYTES_LEAST: usize = 4096;
 /// Past this many pages, a range pins only the pages that exist.
 const PINNED_PAGES_PER_RANGE_MAX: u64 = 4096;
+
+/// Pages read (their stored images and deltas) before they are decoded:
+/// 2,048 pages of 512 random blocks are about 11 MB stored, where a
+/// replay's group of pages is as many as the map cache holds.
+const PAGES_DECODED_TOGETHER_MAX: usize = 2048;
 
 /// Images this close to each other in one map stripe are read at once:
 /// a member read costs about as much as this many bytes more of it
