@@ -702,7 +702,6 @@ fn replay_reads_only_the_pages_its_records_land_in() {
 /// `damage` runs on the members before they are opened again.
 fn pages_to_replay_together(damage: impl FnOnce(&[Arc<MemoryDevice>], &Geometry)) -> (Array, BTreeMap<u64, u64>) {
     let (devices, array, mut model) = a_block_in_each_page_reopened(64);
-    let g = array.geometry().clone();
     for p in 0..64 {
         for b in 3..7 {
             array
@@ -711,18 +710,45 @@ fn pages_to_replay_together(damage: impl FnOnce(&[Arc<MemoryDevice>], &Geometry)
             model.insert(p * PAGE + b, 2);
         }
     }
+    (killed_and_replayed(&devices, array, 64, damage), model)
+}
+
+/// FLUSHes `array`, kill -9s it, runs `damage` on the members, opens
+/// them again, and waits for replay to map its records into the `pages`
+/// pages they land in, each read once.
+fn killed_and_replayed(
+    devices: &[Arc<MemoryDevice>],
+    array: Array,
+    pages: u64,
+    damage: impl FnOnce(&[Arc<MemoryDevice>], &Geometry),
+) -> Array {
+    let g = array.geometry().clone();
     array.flush().unwrap();
-    kill(&devices, array);
-    damage(&devices, &g);
-    let array = tessera_array::open(open_list(&devices, &[])).unwrap();
+    kill(devices, array);
+    damage(devices, &g);
+    let array = tessera_array::open(open_list(devices, &[])).unwrap();
     let s = array.status().unwrap();
     assert!(s.recovery.stripes_replayed > 0, "{:?}", s.recovery);
     // Opening serves first; the background thread maps the records into
     // the pages after.
-    assert_eq!(s.recovery.pages_mapped_later, 64, "{:?}", s.recovery);
+    assert_eq!(s.recovery.pages_mapped_later, pages, "{:?}", s.recovery);
     let s = replayed_in_background(&array);
-    assert_eq!(s.map_page_misses, 64, "{:?}", s.recovery);
-    (array, model)
+    assert_eq!(s.map_page_misses, pages, "{:?}", s.recovery);
+    array
+}
+
+/// Every block of `model` back, `check` clean, after replay read its
+/// pages (and their deltas) with at most `reads` reads of map stripes.
+fn read_at_most(array: &Array, model: &BTreeMap<u64, u64>, reads: u64) {
+    let s = array.status().unwrap();
+    assert!(
+        s.map_page_reads <= reads,
+        "the replay read {} pages with {} reads of map stripes",
+        s.map_page_misses,
+        s.map_page_reads
+    );
+    verify(array, model);
+    array.check().unwrap();
 }
 
 /// The status once the background thread has mapped every record a
@@ -746,15 +772,7 @@ fn replay_reads_pages_lying_together_in_a_map_stripe_at_once() {
     // Replay needs all 64 pages again: a few reads of their map stripe,
     // not one a page.
     let (array, model) = pages_to_replay_together(|_, _| {});
-    let s = array.status().unwrap();
-    assert!(
-        s.map_page_reads <= 4,
-        "the replay read {} pages with {} reads of map stripes",
-        s.map_page_misses,
-        s.map_page_reads
-    );
-    verify(&array, &model);
-    array.check().unwrap();
+    read_at_most(&array, &model, 4);
 }
 
 /// 64 pages of ~100 entries written whole by a checkpoint, then a few
@@ -793,20 +811,8 @@ fn replay_reads_deltas_lying_together_in_a_map_stripe_at_once() {
     assert_eq!(after.page_images, before.page_images, "deltas only: {after:?}");
     assert!(after.page_deltas > before.page_deltas, "{after:?}");
     write_each(3, 4);
-    array.flush().unwrap();
-    kill(&devices, array);
-    let array = tessera_array::open(open_list(&devices, &[])).unwrap();
-    let s = replayed_in_background(&array);
-    assert!(s.recovery.stripes_replayed > 0, "{:?}", s.recovery);
-    assert_eq!(s.map_page_misses, pages, "{:?}", s.recovery);
-    assert!(
-        s.map_page_reads <= 8,
-        "the replay read {} pages and their deltas with {} reads of map stripes",
-        s.map_page_misses,
-        s.map_page_reads
-    );
-    verify(&array, &model);
-    array.check().unwrap();
+    let array = killed_and_replayed(&devices, array, pages, |_, _| {});
+    read_at_most(&array, &model, 8);
 }
 
 #[test]
