@@ -64,7 +64,12 @@
 //! written again by the next checkpoint.
 
 use crate::counters::Counters;
-use crate::engine::Shared;
+use serde::Serialize;
+use crate::catalog::Catalog;
+use crate::deferred::Deferred;
+use crate::intent::IntentLog;
+use crate::lanes::Lanes;
+use crate::stripes::Stripes;
 use crate::error::ArrayError;
 use crate::format::{
     self, Checkpoint, CheckpointRef, ImagePiece, MapImages, MapStripe, PageImage, Stream, CHECKPOINT_SLOTS_MAX,
@@ -83,7 +88,24 @@ use crate::slots::{SlotState, TakenPages};
 use crate::stripe::OpenStripe;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Stored bytes the checkpoints wrote since opening, by part.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct CheckpointParts {
+    /// Map pages written whole (moved ones with their deltas).
+    pub page_images: u64,
+    /// Map pages written as deltas over their images (`map/delta.rs`).
+    #[serde(default)]
+    pub page_deltas: u64,
+    /// Of `page_images`: clean pages' images (with their deltas) copied
+    /// out of sparse map stripes, so that those are freed.
+    #[serde(default)]
+    pub page_images_moved: u64,
+    pub directory_pages: u64,
+    pub slot_pages: u64,
+    pub roots: u64,
+}
 
 /// What the checkpoint lock guards: where the durable checkpoint's page
 /// images are, and what has been written since the pages were last.
@@ -149,7 +171,7 @@ struct AsOf {
     slot_live: u128,
 }
 
-/// The images in the map stripes a checkpoint empties (`Shared::images_in`):
+/// The images in the map stripes a checkpoint empties (`Checkpoints::images_in`):
 /// pages (with their image), directory pages and slot pages.
 #[derive(Default)]
 struct InStripes {
@@ -221,7 +243,58 @@ struct Written {
     replay: BTreeSet<u64>,
 }
 
-impl Shared {
+/// The checkpoint layer, over the lanes, the intent log and the work
+/// opening left for later: it writes checkpoints, one at a time, and
+/// says what the next may need.
+pub(crate) struct Checkpoints {
+    stripes: Arc<Stripes>,
+    catalog: Arc<Catalog>,
+    lanes: Arc<Lanes>,
+    /// Retired before a checkpoint of a clean stop (`checkpoint`).
+    intent: Option<Arc<IntentLog>>,
+    /// Finished before any checkpoint: it writes every slot page, and
+    /// the map with every record replayed.
+    deferred: Arc<Deferred>,
+    /// One checkpoint at a time; held across its I/O. It guards where
+    /// the durable checkpoint's page images are.
+    durable: Mutex<Durable>,
+    /// `EngineOptions::window_slots`.
+    window: Option<u64>,
+    /// `EngineOptions::next_window_early`.
+    next_window_early: bool,
+    /// Live bytes a stripe could hold at most: its data area less the
+    /// summary's header (what a map stripe is measured by).
+    stripe_live_max: u64,
+}
+
+impl Checkpoints {
+    pub fn new(
+        lanes: Arc<Lanes>,
+        intent: Option<Arc<IntentLog>>,
+        deferred: Arc<Deferred>,
+        window: Option<u64>,
+        next_window_early: bool,
+    ) -> Checkpoints {
+        let stripes = deferred.catalog.stripes.clone();
+        Checkpoints {
+            stripe_live_max: (stripes.geometry.data_area_bytes() - format::SUMMARY_HEADER_BYTES) as u64,
+            stripes,
+            catalog: deferred.catalog.clone(),
+            lanes,
+            intent,
+            deferred,
+            durable: Mutex::new(Durable::default()),
+            window,
+            next_window_early,
+        }
+    }
+
+    /// The checkpoint lock: waits for the checkpoint being written, if
+    /// one is.
+    pub(crate) fn durable(&self) -> MutexGuard<'_, Durable> {
+        self.durable.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Slots a checkpoint adds to its window: a quarter of the array, within
     /// bounds in slots and in chunks.
     pub(crate) fn window_slots(&self) -> u64 {
@@ -229,8 +302,7 @@ impl Shared {
             let max = CHECKPOINT_WINDOW_MAX.min(CHECKPOINT_WINDOW_CHUNKS_MAX / self.stripes.geometry.width() as u64);
             (self.stripes.geometry.slot_count() / CHECKPOINT_WINDOW_DIVISOR).clamp(CHECKPOINT_WINDOW_MIN, max)
         };
-        self.options
-            .window_slots
+        self.window
             .map_or_else(default, |slots| slots.max(CHECKPOINT_WINDOW_MIN))
     }
 
@@ -291,7 +363,9 @@ impl Shared {
         // hold what they hold and opening has nothing to replay (a clean
         // stop's checkpoint: opening then reads the root alone).
         self.seal_and_sync_open()?;
-        self.retire_log()?;
+        if let Some(log) = &self.intent {
+            log.retire()?;
+        }
         self.take_checkpoint(false)
     }
 
@@ -314,7 +388,9 @@ impl Shared {
     /// the durable one (an array opened only to be looked at writes none).
     pub(crate) fn checkpoint_to_close(&self) -> Result<(), ArrayError> {
         self.seal_and_sync_open()?;
-        self.retire_log()?;
+        if let Some(log) = &self.intent {
+            log.retire()?;
+        }
         if self.nothing_after_checkpoint().is_some() {
             return Ok(());
         }
@@ -347,9 +423,8 @@ impl Shared {
         // It writes the slot pages that changed, and takes the next
         // window from every free slot; and the map with every record
         // replayed.
-        self.read_every_slot_page()?;
-        self.finish_replay()?;
-        let mut durable = self.checkpoint_lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.deferred.finish()?;
+        let mut durable = self.durable();
         // A root alone may not fit where the pages would: it may not take
         // the free slots it lists as live, and on a full array those are
         // most of them (a bench dropped the checkpoint so, and opening
@@ -707,7 +782,7 @@ impl Shared {
                 });
             window.extend(victims);
         }
-        index.slots.restrict_usable(&window, self.options.next_window_early);
+        index.slots.restrict_usable(&window, self.next_window_early);
         Taken {
             window,
             dirty,
@@ -949,7 +1024,7 @@ impl Shared {
             .filter(|(_, base_written)| !base_written)
             .filter_map(|(image, _)| image.delta.as_ref().map(|delta| u64::from(delta.bytes)))
             .sum();
-        let mut parts = crate::status::CheckpointParts {
+        let mut parts = CheckpointParts {
             page_images: copied.bytes.len() as u64 - deltas_bytes,
             page_deltas: deltas_bytes,
             page_images_moved: copied.moved_bytes as u64,

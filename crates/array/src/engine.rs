@@ -161,21 +161,17 @@ pub(crate) struct Shared {
     pub events: Arc<crate::events::Events>,
     /// One garbage collection round at a time; held across its I/O.
     pub gc_lock: Mutex<()>,
-    /// One checkpoint at a time; held across its I/O. It guards where
-    /// the durable checkpoint's page images are.
-    pub checkpoint_lock: Mutex<crate::checkpoint::Durable>,
+    /// The checkpoint layer: writes checkpoints, one at a time.
+    pub checkpoints: crate::checkpoint::Checkpoints,
     pub maintenance: crate::maintenance::Signal,
     pub recovery: Mutex<Recovery>,
     /// The volumes' gates, and the lock volume operations take.
     pub volumes: crate::volumes::Gates,
-    /// Held by whoever reads every slot page opening left unread
-    /// (`slot_loader`).
-    pub slot_loading: Mutex<()>,
-    /// Held by whoever maps the rest of a replay left for after opening
-    /// (`replay`).
-    pub replay_finishing: Mutex<()>,
+    /// The work opening left for after it: slot pages not read, a
+    /// replay's records not mapped (`deferred`).
+    pub deferred: Arc<crate::deferred::Deferred>,
     /// The intent log, if the array has an area for one.
-    pub intent: Option<crate::intent::IntentLog>,
+    pub intent: Option<Arc<crate::intent::IntentLog>>,
     pub options: EngineOptions,
 }
 
@@ -309,6 +305,22 @@ impl Array {
             .clamp(1, crate::limits::USER_LANES_MAX)
             + 1;
         let lanes = crate::lanes::Lanes::new(stripes.clone(), catalog.clone(), lanes);
+        let intent = geometry
+            .has_log()
+            .then(|| Arc::new(crate::intent::IntentLog::new(stripes.clone(), lanes.clone(), log_devices)));
+        let deferred = Arc::new(crate::deferred::Deferred::new(
+            catalog.clone(),
+            lanes.clone(),
+            events.clone(),
+            options.open_slot_pages_per_batch,
+        ));
+        let checkpoints = crate::checkpoint::Checkpoints::new(
+            lanes.clone(),
+            intent.clone(),
+            deferred.clone(),
+            options.window_slots,
+            options.next_window_early,
+        );
         let shared = Arc::new(Shared {
             fill_bytes,
             stripe_live_max: (geometry.data_area_bytes() - crate::format::SUMMARY_HEADER_BYTES) as u64,
@@ -320,15 +332,12 @@ impl Array {
             events,
             writes: crate::write::Writes::new(),
             gc_lock: Mutex::new(()),
-            checkpoint_lock: Mutex::new(crate::checkpoint::Durable::default()),
+            checkpoints,
             maintenance: crate::maintenance::Signal::default(),
             recovery: Mutex::new(Recovery::default()),
             volumes: crate::volumes::Gates::of(&volume_table),
-            slot_loading: Mutex::new(()),
-            replay_finishing: Mutex::new(()),
-            intent: geometry
-                .has_log()
-                .then(|| crate::intent::IntentLog::new(geometry.members, log_devices)),
+            deferred,
+            intent,
             options,
         });
         // The mark to read every slot page stays on the members while a
@@ -380,17 +389,16 @@ impl Array {
         if array.shared.options.background {
             array.spawn("tessera-maintenance", "maintenance thread", Shared::maintain)?;
         }
-        let unread = array.shared.catalog.index().slots.unread_count() > 0;
+        let (unread, waiting) = array.shared.deferred.anything_left();
         if unread && array.shared.options.slot_pages_in_background {
-            array.spawn(
-                "tessera-slot-pages",
-                "slot page thread",
-                Shared::read_slot_pages_in_background,
-            )?;
+            array.spawn("tessera-slot-pages", "slot page thread", |shared| {
+                shared.deferred.read_slot_pages_in_background()
+            })?;
         }
-        let waiting = array.shared.catalog.index().pending.is_some();
         if waiting && array.shared.options.background {
-            array.spawn("tessera-replay", "replay thread", Shared::finish_replay_in_background)?;
+            array.spawn("tessera-replay", "replay thread", |shared| {
+                shared.deferred.finish_replay_in_background()
+            })?;
         }
         Ok(array)
     }
@@ -443,7 +451,7 @@ impl Array {
     /// Writes a map checkpoint now (a clean shutdown does, so the next
     /// start reads it and few headers).
     pub fn checkpoint(&self) -> Result<(), ArrayError> {
-        self.shared.checkpoint()
+        self.shared.checkpoints.checkpoint()
     }
 
     /// Writes the checkpoint a spent window needs (what the engine does
@@ -452,7 +460,7 @@ impl Array {
     /// since they were last written (at most 8 in a row); else the pages
     /// too.
     pub fn checkpoint_as_needed(&self) -> Result<(), ArrayError> {
-        self.shared.checkpoint_as_needed()
+        self.shared.checkpoints.checkpoint_as_needed()
     }
 
     /// Marks member `index` failed (as if pulled) and records it in the
@@ -466,7 +474,7 @@ impl Array {
     /// checkpoint that cannot be written leaves the last one).
     pub fn fail_member(&self, index: usize) -> Result<(), ArrayError> {
         if index < self.shared.stripes.members.count() && self.shared.stripes.members.is_readable(index) {
-            let _ = self.shared.checkpoint();
+            let _ = self.shared.checkpoints.checkpoint();
         }
         self.shared.stripes.members.set_aside(index)?;
         self.shared.maintenance.wake();
@@ -511,8 +519,7 @@ impl Array {
     /// Checks that the map, the slots' live counts and the free set agree;
     /// tests call it between operations.
     pub fn check(&self) -> Result<(), String> {
-        self.shared.read_every_slot_page().map_err(|e| e.to_string())?;
-        self.shared.finish_replay().map_err(|e| e.to_string())?;
+        self.shared.deferred.finish().map_err(|e| e.to_string())?;
         self.shared
             .catalog
             .with_every_page(|index| index.slots.check(&index.map))
@@ -540,6 +547,7 @@ impl Array {
 
     fn stop_background(&self) {
         self.shared.maintenance.stop();
+        self.shared.deferred.stop();
         for thread in std::mem::take(&mut *self.background.lock().unwrap_or_else(poisoned)) {
             let _ = thread.join();
         }
@@ -560,10 +568,10 @@ impl Array {
         let _volumes = shared.volumes.operation();
         let gates = shared.volumes.all();
         let _requests: Vec<_> = gates.iter().map(|g| g.size.write().unwrap_or_else(poisoned)).collect();
-        let checkpointed = shared.checkpoint_to_close();
+        let checkpointed = shared.checkpoints.checkpoint_to_close();
         shared.stripes.members.close_for_writes();
         checkpointed?;
-        let clean = shared.nothing_after_checkpoint();
+        let clean = shared.checkpoints.nothing_after_checkpoint();
         if let Some(sequence) = clean {
             self.heartbeat.close_clean(sequence);
         }
@@ -594,9 +602,4 @@ impl Drop for Array {
         self.stop_background();
         self.shared.stripes.io.stop();
     }
-}
-
-/// Bytes as lowercase hexadecimal (UUIDs in messages).
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -2117,6 +2117,11 @@ pub fn decode_log_block(bytes: &[u8], geometry: &Geometry) -> Result<(LogBlockHe
     ))
 }
 
+/// Bytes as lowercase hexadecimal (UUIDs in messages).
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

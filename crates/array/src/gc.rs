@@ -44,7 +44,7 @@ impl Shared {
     pub(crate) fn gc_free_target(&self) -> usize {
         let slots = self.stripes.geometry.slot_count();
         let target = (slots / GC_FREE_TARGET_DIVISOR).clamp(GC_FREE_TARGET_MIN, GC_FREE_TARGET_MAX) as usize;
-        target + GC_RESERVE_SLOTS + self.checkpoint_reserve(&self.catalog.index())
+        target + GC_RESERVE_SLOTS + self.checkpoints.checkpoint_reserve(&self.catalog.index())
     }
 
     /// Whether fewer slots are free than collection keeps.
@@ -60,8 +60,7 @@ impl Shared {
     /// writer found no free slot and waits for this round.
     pub(crate) fn collect_garbage(&self, urgent: bool) -> Result<Option<usize>, ArrayError> {
         // It chooses among every sealed slot, and relocates.
-        self.read_every_slot_page()?;
-        self.finish_replay()?;
+        self.deferred.finish()?;
         let _round = self.gc_lock.lock().unwrap_or_else(|p| p.into_inner());
         // A round that ran while this one waited may have done the work.
         let done = if urgent {
@@ -394,7 +393,7 @@ pub(crate) mod tests {
         );
         // Where the replay was left for after opening, the victim (a
         // replayed slot) is held until every page is mapped, then freed.
-        shared.finish_replay().unwrap();
+        shared.deferred.finish().unwrap();
         assert_eq!(
             shared.catalog.index().slots.get(victim).state,
             SlotState::Free,

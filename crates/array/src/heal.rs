@@ -103,8 +103,7 @@ impl Shared {
         rate: Option<u64>,
         mut progress: impl FnMut(&HealReport) -> bool,
     ) -> Result<HealReport, ArrayError> {
-        self.read_every_slot_page()?;
-        self.finish_replay()?;
+        self.deferred.finish()?;
         let g = &self.stripes.geometry;
         if g.members <= g.width() {
             return Err(ArrayError::NoRoomToHeal {
@@ -160,7 +159,7 @@ impl Shared {
         }
         // The map's checkpoint, where it can be, on healthy members too.
         if report.stripes_healed > 0 {
-            let _ = self.checkpoint();
+            let _ = self.checkpoints.checkpoint();
         }
         report.stripes_degraded = self.degraded_stripes().len() as u64;
         report.milliseconds = started.elapsed().as_millis() as u64;

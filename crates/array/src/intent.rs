@@ -28,25 +28,29 @@
 
 use crate::counters::Counters;
 use crate::device::{AlignedBuf, Device};
-use crate::engine::Shared;
 use crate::error::ArrayError;
 use crate::error::{LeftOut, Rejected};
 use crate::format::{
-    self, LogDeviceHeader, LogRecord, Record, Stream, Superblock, LOG_DEVICE_AREA_START, SECTOR_BYTES,
+    self, LogDeviceHeader, LogRecord, Record, Superblock, LOG_DEVICE_AREA_START, SECTOR_BYTES,
 };
-use crate::lanes::{Origin, Piece, Stored};
+use crate::lanes::{Lanes, Origin, Piece, Stored};
 use crate::members::MemberState;
 use crate::slots::SlotState;
 use crate::stripes::Stripes;
-use crate::write::Claim;
 use serde::Serialize;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
-/// The log of an array that has one (`Geometry::has_log`).
+/// A record taken from an open stripe, with a copy of its stored bytes.
+pub(crate) type Taken = (LogRecord, Vec<u8>);
+
+/// The log of an array that has one (`Geometry::has_log`), a layer over
+/// the lanes: it takes what the open user stripes hold, or seals them.
 pub(crate) struct IntentLog {
+    stripes: Arc<Stripes>,
+    lanes: Arc<Lanes>,
     commits: Mutex<Commits>,
     changed: Condvar,
     /// Taken only by the thread in the commit role (and at open).
@@ -212,10 +216,12 @@ pub struct LogRecovery {
 }
 
 impl IntentLog {
-    /// The log of an array of `members`, on `devices` if there are any.
-    pub fn new(members: usize, devices: Vec<LogDevice>) -> IntentLog {
-        let rings = if devices.is_empty() { members } else { devices.len() };
+    /// The log of the array of `stripes`, on `devices` if there are any.
+    pub fn new(stripes: Arc<Stripes>, lanes: Arc<Lanes>, devices: Vec<LogDevice>) -> IntentLog {
+        let rings = if devices.is_empty() { stripes.geometry.members } else { devices.len() };
         IntentLog {
+            stripes,
+            lanes,
             commits: Mutex::new(Commits::default()),
             changed: Condvar::new(),
             writer: Mutex::new(Writer {
@@ -246,9 +252,9 @@ impl IntentLog {
 
     /// Copies of each block: M+1 on the members, one on each usable log
     /// device (0 if none is left).
-    fn copies(&self, stripes: &Stripes) -> usize {
+    fn copies(&self) -> usize {
         if self.devices.is_empty() {
-            stripes.geometry.parity + 1
+            self.stripes.geometry.parity + 1
         } else {
             self.devices.iter().filter(|d| d.usable().is_some()).count()
         }
@@ -256,16 +262,17 @@ impl IntentLog {
 
     /// Where block copies go: member or log device `target`, if it can be
     /// written.
-    fn target(&self, stripes: &Stripes, target: usize) -> Option<Arc<dyn Device>> {
+    fn target(&self, target: usize) -> Option<Arc<dyn Device>> {
         if self.devices.is_empty() {
-            stripes.members.readable(target)
+            self.stripes.members.readable(target)
         } else {
             self.devices[target].usable().cloned()
         }
     }
 
     /// (start, bytes) of the log area on each target.
-    fn area(&self, g: &format::Geometry) -> (u64, u64) {
+    fn area(&self) -> (u64, u64) {
+        let g = &self.stripes.geometry;
         if self.devices.is_empty() {
             (g.log_offset(), g.log_bytes)
         } else {
@@ -276,13 +283,13 @@ impl IntentLog {
     /// The targets for a block of `len` bytes (M+1 writable members, from
     /// the rotating start, or every usable log device) and where it goes
     /// on each; `None` if there are not enough with room.
-    fn placement(&self, stripes: &Stripes, w: &Writer, len: u64) -> Option<Vec<(usize, u64)>> {
+    fn placement(&self, w: &Writer, len: u64) -> Option<Vec<(usize, u64)>> {
         let n = w.rings.len();
-        let copies = self.copies(stripes);
-        let (_, area) = self.area(&stripes.geometry);
+        let copies = self.copies();
+        let (_, area) = self.area();
         let targets: Vec<(usize, u64)> = (0..n)
             .map(|i| (w.next_member + i) % n)
-            .filter(|&t| self.target(stripes, t).is_some())
+            .filter(|&t| self.target(t).is_some())
             .filter_map(|t| w.rings[t].place(len, area).map(|offset| (t, offset)))
             .take(copies)
             .collect();
@@ -291,14 +298,14 @@ impl IntentLog {
 
     /// Writes and syncs `block` on each target at once; returns the
     /// targets that failed.
-    fn write_copies(&self, stripes: &Stripes, block: &[u8], targets: &[(usize, u64)]) -> Vec<(usize, std::io::Error)> {
-        let (start, _) = self.area(&stripes.geometry);
+    fn write_copies(&self, block: &[u8], targets: &[(usize, u64)]) -> Vec<(usize, std::io::Error)> {
+        let (start, _) = self.area();
         let failures = Mutex::new(Vec::new());
-        stripes.io_pool.scope(|scope| {
+        self.stripes.io_pool.scope(|scope| {
             for &(target, offset) in targets {
                 let failures = &failures;
                 scope.spawn(move |_| {
-                    let result = match self.target(stripes, target) {
+                    let result = match self.target(target) {
                         Some(device) => device.write_at(block, start + offset).and_then(|()| device.sync()),
                         None => Err(std::io::Error::other("it failed")),
                     };
@@ -316,52 +323,45 @@ impl IntentLog {
     /// stop writes; the caller's check reports it); a log device is never
     /// used again, and the superblocks say so (best effort: if they cannot
     /// be written, the members that failed say why).
-    fn fail_target(&self, members: &crate::members::Members, target: usize, error: &std::io::Error) {
+    fn fail_target(&self, target: usize, error: &std::io::Error) {
+        let members = &self.stripes.members;
         if self.devices.is_empty() {
             let _ = members.failed_io(target, error);
         } else if !self.devices[target].failed.swap(true, Ordering::AcqRel) {
             let _ = members.record_log_failed(target);
         }
     }
-}
 
-/// A record taken from an open stripe, with a copy of its stored bytes.
-type Taken = (LogRecord, Vec<u8>);
-
-impl Shared {
     /// FLUSH's first step on an array with a log: once this returns, every
     /// record written before it is in the log or in a sealed stripe (the
-    /// caller then syncs the sealed ones). False if the array has no log.
-    pub(crate) fn commit_to_log(&self) -> Result<bool, ArrayError> {
-        let Some(log) = &self.intent else {
-            return Ok(false);
-        };
-        let mut c = log.commits.lock().unwrap_or_else(|p| p.into_inner());
+    /// caller then syncs the sealed ones).
+    pub(crate) fn commit(&self) -> Result<(), ArrayError> {
+        let mut c = self.commits.lock().unwrap_or_else(|p| p.into_inner());
         // The first commit to start after now covers this FLUSH.
         let mine = c.started + 1;
         // Each pass returns, or waits for a commit, or runs one; commits
         // end, so this does.
         loop {
             if c.done >= mine {
-                return Ok(true);
+                return Ok(());
             }
             if c.writing {
-                c = log.changed.wait(c).unwrap_or_else(|p| p.into_inner());
+                c = self.changed.wait(c).unwrap_or_else(|p| p.into_inner());
                 continue;
             }
             c.writing = true;
             c.started += 1;
             let number = c.started;
             drop(c);
-            let result = self.log_commit(log);
-            c = log.commits.lock().unwrap_or_else(|p| p.into_inner());
+            let result = self.log_commit();
+            c = self.commits.lock().unwrap_or_else(|p| p.into_inner());
             c.writing = false;
             // A failed commit covers no one: the FLUSHes waiting for it
             // run the next one themselves.
             if result.is_ok() {
                 c.done = number;
             }
-            log.changed.notify_all();
+            self.changed.notify_all();
             result?;
         }
     }
@@ -370,26 +370,26 @@ impl Shared {
     /// logged, seals the stripes where that is cheaper, writes the rest as
     /// one block to M+1 members and syncs them. On a failed write, seals
     /// every open user stripe instead.
-    fn log_commit(&self, log: &IntentLog) -> Result<(), ArrayError> {
-        let mut w = log.writer();
-        self.reclaim(log, &mut w);
+    fn log_commit(&self) -> Result<(), ArrayError> {
+        let mut w = self.writer();
+        self.reclaim(&mut w);
         // What waits, to make room first if it does not fit: syncing
         // stripes sealed since kills the blocks they hold.
         let (count, stored) = self.unlogged();
         if count == 0 {
             return Ok(());
         }
-        if log
-            .placement(&self.stripes, &w, format::log_block_bytes(count, stored) as u64)
+        if self
+            .placement(&w, format::log_block_bytes(count, stored) as u64)
             .is_none()
         {
             let sealed = w.live.iter().filter_map(LiveBlock::sealed_through).max();
             if let Some(sequence) = sealed {
                 self.lanes.sync_through(sequence)?;
-                self.reclaim(log, &mut w);
+                self.reclaim(&mut w);
             }
         }
-        let (taken, stripes) = self.take_unlogged(log, &w)?;
+        let (taken, stripes) = self.take_unlogged(&w)?;
         if taken.is_empty() {
             return Ok(());
         }
@@ -398,10 +398,10 @@ impl Shared {
         let tail = w.live.front().map_or(sequence, |b| b.sequence);
         format::encode_log_block(self.stripes.array_uuid, sequence, tail, &taken, &mut w.buffer);
         let len = w.buffer.len() as u64;
-        let targets = log
-            .placement(&self.stripes, &w, len)
+        let targets = self
+            .placement(&w, len)
             .expect("take_unlogged logs only what fits");
-        if !self.write_block(log, &mut w, &targets) {
+        if !self.write_block(&mut w, &targets) {
             drop(w);
             let sealed = self.lanes.seal_user_lanes()?;
             Counters::add(&self.stripes.counters.log_stripes_sealed_instead, sealed as u64);
@@ -420,7 +420,7 @@ impl Shared {
             copies: targets.len() as u64,
             stripes,
         });
-        log.live_bytes.fetch_add(len * targets.len() as u64, Ordering::Relaxed);
+        self.live_bytes.fetch_add(len * targets.len() as u64, Ordering::Relaxed);
         Counters::add(&self.stripes.counters.log_blocks_written, 1);
         Counters::add(&self.stripes.counters.flushes_logged, 1);
         Ok(())
@@ -434,16 +434,13 @@ impl Shared {
     /// since the last one; refused while writes are. A failed write
     /// leaves the blocks to be replayed again (they are mapped already,
     /// so nothing is written twice).
-    pub(crate) fn retire_log(&self) -> Result<(), ArrayError> {
-        let Some(log) = &self.intent else {
-            return Ok(());
-        };
+    pub(crate) fn retire(&self) -> Result<(), ArrayError> {
         // Synced stripes are on K members only while writes are not
         // refused: once members are lost past the parity, the log is the
         // only whole copy of what it holds, and is kept.
         self.stripes.members.check_writable()?;
-        let mut w = log.writer();
-        self.reclaim(log, &mut w);
+        let mut w = self.writer();
+        self.reclaim(&mut w);
         if w.retired || !w.live.is_empty() {
             return Ok(());
         }
@@ -456,11 +453,11 @@ impl Shared {
             &mut w.buffer,
         );
         let len = w.buffer.len() as u64;
-        let Some(targets) = log.placement(&self.stripes, &w, len) else {
+        let Some(targets) = self.placement(&w, len) else {
             return Ok(());
         };
         w.next_sequence += 1;
-        if !self.write_block(log, &mut w, &targets) {
+        if !self.write_block(&mut w, &targets) {
             return Ok(());
         }
         // Dead from the start: placed after the newest block, never
@@ -475,10 +472,10 @@ impl Shared {
     /// Writes the block encoded in `w.buffer` to `targets` and counts it;
     /// a target whose write or sync fails is failed. Whether every copy
     /// was written.
-    fn write_block(&self, log: &IntentLog, w: &mut Writer, targets: &[(usize, u64)]) -> bool {
-        let failures = log.write_copies(&self.stripes, &w.buffer, targets);
+    fn write_block(&self, w: &mut Writer, targets: &[(usize, u64)]) -> bool {
+        let failures = self.write_copies(&w.buffer, targets);
         let written = w.buffer.len() as u64 * (targets.len() - failures.len()) as u64;
-        if log.devices.is_empty() {
+        if self.devices.is_empty() {
             Counters::add(&self.stripes.counters.member_bytes_written, written);
         }
         Counters::add(&self.stripes.counters.log_bytes_written, written);
@@ -487,14 +484,14 @@ impl Shared {
         }
         Counters::add(&self.stripes.counters.log_write_failures, 1);
         for (target, error) in &failures {
-            log.fail_target(&self.stripes.members, *target, error);
+            self.fail_target(*target, error);
         }
         false
     }
 
     /// Drops the blocks at the front whose stripes are all sealed and
     /// synced: nothing needs them any more.
-    fn reclaim(&self, log: &IntentLog, w: &mut Writer) {
+    fn reclaim(&self, w: &mut Writer) {
         // Found by recovery too: a stripe taken early is not, until the
         // checkpoint being written is durable.
         let synced = self.lanes.tracker.lock().recoverable_through();
@@ -503,7 +500,7 @@ impl Shared {
                 break;
             }
             let dead = w.live.pop_front().expect("front exists");
-            log.live_bytes.fetch_sub(dead.bytes * dead.copies, Ordering::Relaxed);
+            self.live_bytes.fetch_sub(dead.bytes * dead.copies, Ordering::Relaxed);
             for ring in &mut w.rings {
                 while ring.blocks.front().is_some_and(|&(s, _)| s <= dead.sequence) {
                     ring.blocks.pop_front();
@@ -528,9 +525,9 @@ impl Shared {
     /// bytes), or seals the stripe short where that writes fewer bytes
     /// than logging them or they do not fit; returns what was taken and
     /// the stripes it belongs to.
-    fn take_unlogged(&self, log: &IntentLog, w: &Writer) -> Result<(Vec<Taken>, Vec<Arc<AtomicU64>>), ArrayError> {
+    fn take_unlogged(&self, w: &Writer) -> Result<(Vec<Taken>, Vec<Arc<AtomicU64>>), ArrayError> {
         let g = &self.stripes.geometry;
-        let copies = log.copies(&self.stripes);
+        let copies = self.copies();
         let (mut taken, mut stripes, mut sealed) = (Vec::new(), Vec::new(), Vec::new());
         let mut stored_total = 0;
         for lane in self.lanes.user_lanes() {
@@ -546,7 +543,7 @@ impl Shared {
             // its parity, for nothing.
             let seal_waste = open.unused_bytes() * g.width() / g.data;
             let len = format::log_block_bytes(taken.len() + new.len(), stored_total + stored);
-            if seal_waste <= log_cost || log.placement(&self.stripes, w, len as u64).is_none() {
+            if seal_waste <= log_cost || self.placement(w, len as u64).is_none() {
                 let open = guard.take().expect("checked above");
                 sealed.extend(self.lanes.seal_open(open, SlotState::Sealed));
                 drop(guard);
@@ -588,29 +585,28 @@ impl Shared {
     }
 
     /// At open, after the stripes are recovered: reads the log area of
-    /// every healthy member (or usable log device) and replays the blocks
-    /// from the newest one's tail on into stripes, sealed and synced; the
-    /// log then starts after the newest block.
-    pub(crate) fn replay_log(&self) -> Result<LogRecovery, ArrayError> {
-        let Some(log) = &self.intent else {
-            return Ok(LogRecovery::default());
-        };
+    /// every healthy member (or usable log device) and returns the blocks
+    /// to replay, from the newest one's tail on, each its records (and
+    /// what was found); new blocks go after the newest. The caller
+    /// replays them into stripes, sealed and synced, then retires them
+    /// (`recovery`).
+    pub(crate) fn read_for_replay(&self, discard_missing: bool) -> Result<(LogRecovery, Vec<Vec<Taken>>), ArrayError> {
         let g = &self.stripes.geometry;
-        let (start, area) = log.area(&self.stripes.geometry);
+        let (start, area) = self.area();
         let area = area as usize;
         let mut found = LogRecovery::default();
         let mut blocks: BTreeMap<u64, (u64, Vec<Taken>)> = BTreeMap::new();
-        let mut w = log.writer();
+        let mut w = self.writer();
         let mut buffer = AlignedBuf::zeroed(area);
         // Log devices that cannot be read are failed only if another was:
         // with none read, the open is refused and nothing recorded.
-        let usable = log.devices.iter().filter(|d| d.usable().is_some()).count();
+        let usable = self.devices.iter().filter(|d| d.usable().is_some()).count();
         let mut unreadable = Vec::new();
         for target in 0..w.rings.len() {
-            let read = if log.devices.is_empty() {
+            let read = if self.devices.is_empty() {
                 self.stripes.members.read(target, |d| d.read_at(&mut buffer, start))
             } else {
-                let Some(device) = log.devices[target].usable() else {
+                let Some(device) = self.devices[target].usable() else {
                     continue;
                 };
                 match device.read_at(&mut buffer, start) {
@@ -654,78 +650,29 @@ impl Shared {
                 w.rings[target].head = end;
             }
         }
-        if usable > 0 && unreadable.len() == usable && !self.options.discard_missing_log {
+        if usable > 0 && unreadable.len() == usable && !discard_missing {
             return Err(ArrayError::LogDevicesMissing {
                 why: crate::error::LogsMissing::Unreadable {
                     names: unreadable
                         .iter()
-                        .map(|&(target, _)| log.devices[target].name.clone())
+                        .map(|&(target, _)| self.devices[target].name.clone())
                         .collect(),
                 },
             });
         }
         for (target, error) in unreadable {
-            log.fail_target(&self.stripes.members, target, &error);
+            self.fail_target(target, &error);
         }
         let Some((&newest, &(tail, _))) = blocks.iter().next_back() else {
-            return Ok(found);
+            return Ok((found, Vec::new()));
         };
         w.next_sequence = newest + 1;
         w.retired = blocks.range(tail..).all(|(_, (_, records))| records.is_empty());
-        drop(w);
-        let mut pieces = Vec::new();
-        // The pages the records land in stay in memory until mapped.
-        let ranges: Vec<(u64, u64)> = blocks
-            .range(tail..)
-            .flat_map(|(_, (_, records))| records.iter())
-            .map(|(record, _)| (record.lba, record.lba + u64::from(record.blocks)))
-            .collect();
-        let _pages = self.catalog.pin_pages(&ranges)?;
-        {
-            // A record mapped at its version or a newer one is in a
-            // stripe already (the stripe it went to was sealed after
-            // all, or its blocks were written again): not written again.
-            let index = self.catalog.index();
-            for (_, (_, records)) in blocks.range(tail..).filter(|(_, (_, records))| !records.is_empty()) {
-                found.blocks_replayed += 1;
-                for (record, bytes) in records {
-                    let end = record.lba + u64::from(record.blocks);
-                    if index.map.mapped_at_least(record.lba, end, record.version) {
-                        found.records_already_mapped += 1;
-                        continue;
-                    }
-                    found.records_replayed += 1;
-                    pieces.push(replayed_piece(record, bytes));
-                }
-            }
-        }
-        // No admission: this was admitted before the crash.
-        let replayed = self
-            .pack(Stream::User, Claim::Collect, pieces)
-            .and_then(|sealed| self.lanes.submit(sealed))
-            .and_then(|_| self.lanes.seal_user_lanes())
-            .and_then(|_| self.lanes.sync_through(self.lanes.tracker.last_sequence()));
-        // What was replayed is sealed and synced: the next opening need
-        // not look at it again.
-        let replayed = replayed.and_then(|()| self.retire_log());
-        match replayed {
-            // Members failed past the parity while the records were
-            // written: the stripes that hold them stay in memory and are
-            // read from there, the log keeps them (nothing is synced, so
-            // no log block is retired), and the array opens with writes
-            // refused, saying why, for the operator to bring the members
-            // back; the next opening replays them again.
-            Err(ArrayError::WritesRefused { why }) => {
-                found.replay_failed = Some(why.to_string());
-                Ok(found)
-            }
-            other => other.map(|()| found),
-        }
+        Ok((found, blocks.split_off(&tail).into_values().map(|(_, records)| records).collect()))
     }
 
     /// The log's part of `status`.
-    pub(crate) fn log_status(&self) -> Option<LogStatus> {
-        let log = self.intent.as_ref()?;
+    pub(crate) fn status(&self) -> LogStatus {
         let c = &self.stripes.counters;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let state = |d: &LogDevice| match (&d.device, d.failed.load(Ordering::Relaxed)) {
@@ -733,12 +680,12 @@ impl Shared {
             (Some(_), true) => MemberState::Failed,
             (Some(_), false) => MemberState::Healthy,
         };
-        Some(LogStatus {
-            on: match log.devices.is_empty() {
+        LogStatus {
+            on: match self.devices.is_empty() {
                 true => LogPlace::Members,
                 false => LogPlace::Devices,
             },
-            devices: log
+            devices: self
                 .devices
                 .iter()
                 .map(|d| LogDeviceStatus {
@@ -746,16 +693,17 @@ impl Shared {
                     state: state(d),
                 })
                 .collect(),
-            area_bytes: log.area(&self.stripes.geometry).1,
-            live_bytes: log.live_bytes(),
+            area_bytes: self.area().1,
+            live_bytes: self.live_bytes(),
             blocks_written: load(&c.log_blocks_written),
             bytes_written: load(&c.log_bytes_written),
             flushes_logged: load(&c.flushes_logged),
             stripes_sealed_instead: load(&c.log_stripes_sealed_instead),
             write_failures: load(&c.log_write_failures),
-        })
+        }
     }
 }
+
 
 /// Writes zeros over a member's log area: at create, so log writes
 /// overwrite allocated blocks (see `device::write_zeros`) and a reused
@@ -826,7 +774,7 @@ pub(crate) fn find_log_devices(
             .and_then(|h| {
                 let needed = LOG_DEVICE_AREA_START + h.area_bytes;
                 if h.array_uuid != superblock.array_uuid {
-                    let array = crate::engine::hex(&h.array_uuid);
+                    let array = format::hex(&h.array_uuid);
                     Err((
                         LeftOut::OtherArray { array: array.clone() },
                         format!("belongs to array {array}"),
@@ -888,7 +836,7 @@ fn stored_bytes(record: &Record) -> usize {
 }
 
 /// A log record as a piece to pack again, with its version.
-fn replayed_piece<'a>(record: &LogRecord, bytes: &'a [u8]) -> Piece<'a> {
+pub(crate) fn replayed_piece<'a>(record: &LogRecord, bytes: &'a [u8]) -> Piece<'a> {
     let stored = match &record.data {
         None => Stored::Zero,
         Some((None, digest)) => Stored::Raw {

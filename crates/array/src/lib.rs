@@ -38,6 +38,7 @@ mod catalog;
 mod checkpoint;
 mod counters;
 mod create;
+mod deferred;
 pub mod device;
 mod engine;
 mod error;
@@ -71,7 +72,8 @@ mod volumes;
 mod write;
 
 pub use create::{create, create_with, plan, CreateOptions};
-pub use engine::{hex, Array, EngineOptions};
+pub use engine::{Array, EngineOptions};
+pub use format::hex;
 pub use error::{
     ArrayError, ArrayId, CheckpointFault, GeometryError, LeftOut, LogsMissing, Lost, Opener, Rejected, Rejections,
 };
@@ -83,6 +85,7 @@ pub use open::{open, open_with};
 pub use rebuild::{RebuildOptions, RebuildReport, RebuildResume};
 pub use recovery::{Recovery, RecoveryPhases};
 pub use repair::ScrubReport;
-pub use status::{AcceleratorStatus, CheckpointParts, MemberStatus, Status};
+pub use checkpoint::CheckpointParts;
+pub use status::{AcceleratorStatus, MemberStatus, Status};
 pub use volumes::{Volume, VolumeStatus};
 pub use write::extent_blocks_max;

@@ -180,8 +180,7 @@ impl Array {
         let g = &shared.stripes.geometry;
         self.check_rebuildable(index)?;
         // It walks every slot.
-        shared.read_every_slot_page()?;
-        shared.finish_replay()?;
+        shared.deferred.finish()?;
         if device.size() < g.member_bytes {
             return Err(ArrayError::DeviceTooSmall {
                 index,

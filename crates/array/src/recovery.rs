@@ -27,6 +27,8 @@
 //!   anything looks at a page (`replay.rs`).
 
 use crate::engine::Shared;
+use crate::intent::{IntentLog, LogRecovery};
+use crate::write::Claim;
 use crate::error::{ArrayError, CheckpointFault};
 use crate::format::{Checkpoint, CheckpointRef, ChunkHeader, PageImage, Record, Stream, SUMMARY_HEADER_BYTES};
 use crate::index::{target_of, Index};
@@ -192,10 +194,10 @@ impl Shared {
         let has_window = window.is_some();
         self.catalog.index_mut().slots.set_window(window);
         if !has_window {
-            self.checkpoint()?;
+            self.checkpoints.checkpoint()?;
         }
-        if self.intent.is_some() {
-            recovery.log = Some(self.replay_log()?);
+        if let Some(log) = &self.intent {
+            recovery.log = Some(self.replay_log(log)?);
         }
         // Pages replay pinned (and the log's, looked at to see whether
         // its records are mapped) go, past the cache's size.
@@ -203,6 +205,62 @@ impl Shared {
         recovery.milliseconds = started.elapsed().as_millis() as u64;
         *self.recovery.lock().unwrap_or_else(|p| p.into_inner()) = recovery;
         Ok(())
+    }
+
+    /// At open, after the stripes are recovered: replays the intent
+    /// log's blocks from the newest one's tail on into stripes, sealed and
+    /// synced (`IntentLog::read_for_replay`); the log then starts after
+    /// the newest block.
+    pub(crate) fn replay_log(&self, log: &IntentLog) -> Result<LogRecovery, ArrayError> {
+        let (mut found, blocks) = log.read_for_replay(self.options.discard_missing_log)?;
+        let mut pieces = Vec::new();
+        // The pages the records land in stay in memory until mapped.
+        let ranges: Vec<(u64, u64)> = blocks
+            .iter()
+            .flatten()
+            .map(|(record, _)| (record.lba, record.lba + u64::from(record.blocks)))
+            .collect();
+        let _pages = self.catalog.pin_pages(&ranges)?;
+        {
+            // A record mapped at its version or a newer one is in a
+            // stripe already (the stripe it went to was sealed after
+            // all, or its blocks were written again): not written again.
+            let index = self.catalog.index();
+            for records in blocks.iter().filter(|records| !records.is_empty()) {
+                found.blocks_replayed += 1;
+                for (record, bytes) in records {
+                    let end = record.lba + u64::from(record.blocks);
+                    if index.map.mapped_at_least(record.lba, end, record.version) {
+                        found.records_already_mapped += 1;
+                        continue;
+                    }
+                    found.records_replayed += 1;
+                    pieces.push(crate::intent::replayed_piece(record, bytes));
+                }
+            }
+        }
+        // No admission: this was admitted before the crash.
+        let replayed = self
+            .pack(Stream::User, Claim::Collect, pieces)
+            .and_then(|sealed| self.lanes.submit(sealed))
+            .and_then(|_| self.lanes.seal_user_lanes())
+            .and_then(|_| self.lanes.sync_through(self.lanes.tracker.last_sequence()));
+        // What was replayed is sealed and synced: the next opening need
+        // not look at it again.
+        let replayed = replayed.and_then(|()| log.retire());
+        match replayed {
+            // Members failed past the parity while the records were
+            // written: the stripes that hold them stay in memory and are
+            // read from there, the log keeps them (nothing is synced, so
+            // no log block is retired), and the array opens with writes
+            // refused, saying why, for the operator to bring the members
+            // back; the next opening replays them again.
+            Err(ArrayError::WritesRefused { why }) => {
+                found.replay_failed = Some(why.to_string());
+                Ok(found)
+            }
+            other => other.map(|()| found),
+        }
     }
 
     /// The chunk headers of `slots` (in order) that are this array's
@@ -265,7 +323,7 @@ impl Shared {
         index.checkpoint_slots.clear();
         index.map_stripes = 0;
         drop(index);
-        *self.checkpoint_lock.lock().unwrap_or_else(|p| p.into_inner()) = crate::checkpoint::Durable::default();
+        *self.checkpoints.durable() = crate::checkpoint::Durable::default();
         let mut index = self.catalog.index_mut();
         index.drain_after_user.clear();
         index.user_open.clear();
@@ -284,7 +342,7 @@ impl Shared {
         let scan: Box<dyn Iterator<Item = u64>> = if let Some(reference) = reference {
             let loaded = self.load_checkpoint(reference, start != Start::Suspect, &mut recovery)?;
             from = reference.sequence;
-            let stripes = reference.stripe_count(self.meta_stripe_bytes());
+            let stripes = reference.stripe_count(self.checkpoints.meta_stripe_bytes());
             max_sequence = reference.first_stripe_sequence + stripes as u64 - 1;
             recovery.clean_stop = start == Start::Clean(reference.sequence);
             let scan: Vec<u64> = if recovery.clean_stop {
@@ -579,7 +637,7 @@ impl Shared {
         good: impl Fn(&[u8]) -> Result<(), CheckpointFault>,
     ) -> Result<Vec<u8>, ArrayError> {
         let unreadable = |why: CheckpointFault| ArrayError::CheckpointUnreadable { why };
-        let per_stripe = self.meta_stripe_bytes();
+        let per_stripe = self.checkpoints.meta_stripe_bytes();
         let spanned = skip + total;
         if skip >= per_stripe
             || spanned > stripes.len() * per_stripe
@@ -627,7 +685,7 @@ impl Shared {
     ) -> Result<BTreeSet<u64>, ArrayError> {
         let g = &self.stripes.geometry;
         let unreadable = |why: CheckpointFault| ArrayError::CheckpointUnreadable { why };
-        let per_stripe = self.meta_stripe_bytes();
+        let per_stripe = self.checkpoints.meta_stripe_bytes();
         let total = reference.bytes as usize;
         let body = reference.body_stripes(per_stripe);
         // The checkpoint's slots: listed, or in its directory, whose
@@ -804,7 +862,7 @@ impl Shared {
         let window = checkpoint.window.iter().copied().collect();
         // The next checkpoint writes pages: this process knows nothing of
         // the roots since (their windows are in this one's).
-        *self.checkpoint_lock.lock().unwrap_or_else(|p| p.into_inner()) = crate::checkpoint::Durable {
+        *self.checkpoints.durable() = crate::checkpoint::Durable {
             images: checkpoint.images,
             since: None,
         };

@@ -164,8 +164,7 @@ impl Shared {
         rate: Option<u64>,
         mut progress: impl FnMut(&ScrubReport) -> bool,
     ) -> Result<ScrubReport, ArrayError> {
-        self.read_every_slot_page()?;
-        self.finish_replay()?;
+        self.deferred.finish()?;
         let stripes = stripes_on_members(self);
         let mut report = ScrubReport {
             stripes_total: stripes.len() as u64,

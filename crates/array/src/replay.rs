@@ -20,7 +20,7 @@
 //!   of one version (a copy garbage collection made, and its original) it
 //!   does, and a page's records keep it.
 //! - Nothing that looks at the whole map or at every slot runs before
-//!   every page is mapped (`Shared::finish_replay`): a checkpoint, garbage
+//!   every page is mapped (`Deferred::finish`): a checkpoint, garbage
 //!   collection, a scrub, a rebuild, a heal, the engine's check. So no
 //!   checkpoint is written, and a crash before the end opens from the
 //!   same root and replays the same stripes.
@@ -35,12 +35,13 @@
 //!   memory to hold this way, the replay is mapped before serving, as
 //!   before.
 
-use crate::engine::Shared;
+use crate::deferred::Deferred;
 use crate::error::ArrayError;
+use crate::events::What;
 use crate::index::map_waiting;
 use crate::limits::MAP_PAGE_BLOCKS as PAGE;
 
-impl Shared {
+impl Deferred {
     /// Maps every record a replay left waiting (reading their pages in
     /// batches the cache holds, each batch's mapped under one hold of the
     /// index's write lock, so clients go on between), then ends the
@@ -62,7 +63,7 @@ impl Shared {
         self.batches_in_background(
             &self.replay_finishing,
             || self.map_waiting_batch(crate::limits::REPLAY_LATER_BACKGROUND_PAGES),
-            |why| crate::events::What::ReplayUnfinished { why },
+            |why| What::ReplayUnfinished { why },
         );
     }
 

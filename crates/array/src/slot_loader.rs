@@ -25,14 +25,16 @@
 //!
 //! Pages are read a batch at a time in parallel on the I/O pool, and
 //! taken into the table each under its own hold of the index's write
-//! lock (a page of 1,024 slots). Whoever reads them all holds `Shared::slot_loading`, so two
-//! such readers do not read the same pages; a single page read for a
-//! read may be read twice (the second finds it taken, and drops it).
+//! lock (a page of 1,024 slots). Whoever reads them all holds
+//! `Deferred::slot_loading`, so two such readers do not read the same
+//! pages; a single page read for a read may be read twice (the second
+//! finds it taken, and drops it).
 
-use crate::engine::Shared;
+use crate::deferred::Deferred;
 use crate::error::ArrayError;
+use crate::events::What;
 
-impl Shared {
+impl Deferred {
     /// Reads every slot page opening left unread, if any is.
     pub(crate) fn read_every_slot_page(&self) -> Result<(), ArrayError> {
         if self.catalog.index().slots.unread_count() == 0 {
@@ -49,7 +51,7 @@ impl Shared {
         self.batches_in_background(
             &self.slot_loading,
             || self.read_unread_batch(),
-            |why| crate::events::What::SlotPagesUnreadable { why },
+            |why| What::SlotPagesUnreadable { why },
         );
     }
 
@@ -60,7 +62,7 @@ impl Shared {
             .catalog
             .index()
             .slots
-            .unread_pages(.., self.options.open_slot_pages_per_batch.max(1));
+            .unread_pages(.., self.slot_pages_per_batch);
         if batch.is_empty() {
             return Ok(false);
         }

@@ -4,7 +4,9 @@
 //! of the report is read from the index under its read lock, from totals the slot table keeps, so a status request costs a
 //! pass over the slots (not the map) and never stalls writers for long.
 
-use crate::engine::{hex, Shared};
+use crate::checkpoint::CheckpointParts;
+use crate::engine::Shared;
+use crate::format::hex;
 use crate::members::MemberState;
 use crate::recovery::Recovery;
 use crate::slots::SlotState;
@@ -177,23 +179,6 @@ pub struct Status {
     pub recovery: Recovery,
 }
 
-/// Stored bytes the checkpoints wrote since opening, by part.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct CheckpointParts {
-    /// Map pages written whole (moved ones with their deltas).
-    pub page_images: u64,
-    /// Map pages written as deltas over their images (`map/delta.rs`).
-    #[serde(default)]
-    pub page_deltas: u64,
-    /// Of `page_images`: clean pages' images (with their deltas) copied
-    /// out of sparse map stripes, so that those are freed.
-    #[serde(default)]
-    pub page_images_moved: u64,
-    pub directory_pages: u64,
-    pub slot_pages: u64,
-    pub roots: u64,
-}
-
 #[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct MemberStatus {
     pub index: usize,
@@ -339,7 +324,7 @@ impl Shared {
             write_amplification: ratio(stripes + log_bytes),
             write_amplification_stripes: ratio(stripes),
             write_amplification_log: ratio(log_bytes),
-            log: self.log_status(),
+            log: self.intent.as_ref().map(|log| log.status()),
             stripes_sealed: load(&c.stripes_sealed),
             short_stripes_sealed: load(&c.short_stripes_sealed),
             flushes: load(&c.flushes),

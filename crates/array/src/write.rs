@@ -365,7 +365,7 @@ impl Shared {
             + self.lanes.open.len()
             + index.checkpoint_slots.len()
             + index.map_stripes
-            + self.checkpoint_reserve(&index)
+            + self.checkpoints.checkpoint_reserve(&index)
             + 1;
         let slots = (index.slots.count() as usize).saturating_sub(reserved_slots) as u128;
         let capacity = (slots as f64 * self.fill_bytes as f64 * ADMIT_FRACTION) as u128 * u128::from(LIVE_SCALE);
@@ -476,7 +476,7 @@ impl Shared {
     pub(crate) fn has_room(&self, index: &crate::index::Index, claim: Claim) -> bool {
         let (usable, free) = (index.slots.usable_count(), index.slots.free_count());
         match claim {
-            Claim::Write => usable > GC_RESERVE_SLOTS && free > GC_RESERVE_SLOTS + self.checkpoint_reserve(index),
+            Claim::Write => usable > GC_RESERVE_SLOTS && free > GC_RESERVE_SLOTS + self.checkpoints.checkpoint_reserve(index),
             Claim::Freeing => usable > 1 && free > 1,
             Claim::Collect | Claim::CollectMixed => usable > 0,
         }
@@ -488,8 +488,11 @@ impl Shared {
     /// durable (what they copied stays until they are).
     pub fn flush(&self) -> Result<(), ArrayError> {
         self.stripes.members.check_writable()?;
-        if !self.commit_to_log()? {
-            self.lanes.seal_user_lanes()?;
+        match &self.intent {
+            Some(log) => log.commit()?,
+            None => {
+                self.lanes.seal_user_lanes()?;
+            }
         }
         let target = self.lanes.tracker.last_sequence();
         self.lanes.sync_through(target)?;
@@ -509,12 +512,12 @@ impl Shared {
             return Ok(());
         }
         let started = std::time::Instant::now();
-        drop(self.checkpoint_lock.lock().unwrap_or_else(|p| p.into_inner()));
+        drop(self.checkpoints.durable());
         // The stripes up to `target` are sealed, so a checkpoint that
         // begins after this names them (those taken early are in its
         // pages, or in its window), and syncs them: one pass.
         if !named() {
-            self.take_checkpoint(false)?;
+            self.checkpoints.take_checkpoint(false)?;
         }
         debug_assert!(named(), "a checkpoint names every stripe sealed before it");
         Counters::add(
@@ -555,7 +558,7 @@ impl Shared {
         let room = |shared: &Shared| shared.has_room(&shared.catalog.index(), claim);
         // Nothing is freed while a checkpoint is written: wait for one in
         // progress, which frees what drained meanwhile as it ends.
-        let after_checkpoint = || drop(self.checkpoint_lock.lock().unwrap_or_else(|p| p.into_inner()));
+        let after_checkpoint = || drop(self.checkpoints.durable());
         after_checkpoint();
         if room(self) {
             return Ok(());
@@ -577,10 +580,10 @@ impl Shared {
         }
         let outside = {
             let index = self.catalog.index();
-            index.slots.free_count() > index.slots.usable_count() + self.checkpoint_reserve(&index)
+            index.slots.free_count() > index.slots.usable_count() + self.checkpoints.checkpoint_reserve(&index)
         };
         if outside {
-            self.checkpoint_as_needed()?;
+            self.checkpoints.checkpoint_as_needed()?;
             if room(self) {
                 return Ok(());
             }
@@ -623,7 +626,7 @@ impl Shared {
         // them all until the next checkpoint is written).
         if !outside && self.catalog.index().slots.window().is_some() {
             Counters::add(&self.stripes.counters.checkpoints_forced, 1);
-            self.checkpoint_as_needed()?;
+            self.checkpoints.checkpoint_as_needed()?;
             if room(self) || collect()? {
                 return Ok(());
             }
