@@ -63,18 +63,16 @@
 //! scans every slot, any free slot may be used, and every page is
 //! written again by the next checkpoint.
 
-use crate::counters::Counters;
-use serde::Serialize;
 use crate::catalog::Catalog;
+use crate::counters::Counters;
 use crate::deferred::Deferred;
-use crate::intent::IntentLog;
-use crate::lanes::Lanes;
-use crate::stripes::Stripes;
 use crate::error::ArrayError;
 use crate::format::{
     self, Checkpoint, CheckpointRef, ImagePiece, MapImages, MapStripe, PageImage, Stream, CHECKPOINT_SLOTS_MAX,
 };
 use crate::index::{Index, Resident};
+use crate::intent::IntentLog;
+use crate::lanes::Lanes;
 use crate::limits::MAP_DIRECTORY_PAGES;
 use crate::limits::{
     CHECKPOINT_COPY_HOLD_MAX, CHECKPOINT_PAGES_COST_DIVISOR, CHECKPOINT_ROOTS_PER_PAGES_MAX,
@@ -86,6 +84,8 @@ use crate::map::directory::{dir_of, Images};
 use crate::map::DirUpdate;
 use crate::slots::{SlotState, TakenPages};
 use crate::stripe::OpenStripe;
+use crate::stripes::Stripes;
+use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -230,6 +230,94 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// Opening's recovery (`recovery::Opening::recover`: the map and the
+    /// slot table rebuilt from the checkpoint and the stripes since, or
+    /// from every stripe), then the intent log's records replayed into
+    /// stripes through the write path.
+    fn recover(&self, start: crate::recovery::Start) -> Result<(), ArrayError> {
+        let started = std::time::Instant::now();
+        let opening = crate::recovery::Opening {
+            stripes: &self.stripes,
+            catalog: &self.catalog,
+            lanes: &self.lanes,
+            checkpoints: &self.checkpoints,
+            options: crate::recovery::Choices {
+                map_delta_entries_min: self.options.map_delta_entries_min,
+                replay_later: self.options.replay_later,
+                replay_part_records: self.options.replay_part_records,
+                open_slot_pages_per_batch: self.options.open_slot_pages_per_batch,
+            },
+        };
+        let mut recovery = opening.recover(start)?;
+        if let Some(log) = &self.intent {
+            recovery.log = Some(self.replay_log(log)?);
+        }
+        // Pages replay pinned (and the log's, looked at to see whether
+        // its records are mapped) go, past the cache's size.
+        self.catalog.evict_pages(&mut self.catalog.index_mut());
+        recovery.milliseconds = started.elapsed().as_millis() as u64;
+        *self.recovery.lock().unwrap_or_else(poisoned) = recovery;
+        Ok(())
+    }
+
+    /// At open, after the stripes are recovered: replays the intent
+    /// log's blocks from the newest one's tail on into stripes, sealed and
+    /// synced (`IntentLog::read_for_replay`); the log then starts after
+    /// the newest block.
+    fn replay_log(&self, log: &crate::intent::IntentLog) -> Result<crate::intent::LogRecovery, ArrayError> {
+        let (mut found, blocks) = log.read_for_replay(self.options.discard_missing_log)?;
+        let mut pieces = Vec::new();
+        // The pages the records land in stay in memory until mapped.
+        let ranges: Vec<(u64, u64)> = blocks
+            .iter()
+            .flatten()
+            .map(|(record, _)| (record.lba, record.lba + u64::from(record.blocks)))
+            .collect();
+        let _pages = self.catalog.pin_pages(&ranges)?;
+        {
+            // A record mapped at its version or a newer one is in a
+            // stripe already (the stripe it went to was sealed after
+            // all, or its blocks were written again): not written again.
+            let index = self.catalog.index();
+            for records in blocks.iter().filter(|records| !records.is_empty()) {
+                found.blocks_replayed += 1;
+                for (record, bytes) in records {
+                    let end = record.lba + u64::from(record.blocks);
+                    if index.map.mapped_at_least(record.lba, end, record.version) {
+                        found.records_already_mapped += 1;
+                        continue;
+                    }
+                    found.records_replayed += 1;
+                    pieces.push(crate::intent::replayed_piece(record, bytes));
+                }
+            }
+        }
+        // No admission: this was admitted before the crash.
+        let replayed = self
+            .pack(crate::format::Stream::User, crate::write::Claim::Collect, pieces)
+            .and_then(|sealed| self.lanes.submit(sealed))
+            .and_then(|_| self.lanes.seal_user_lanes())
+            .and_then(|_| self.lanes.sync_through(self.lanes.tracker.last_sequence()));
+        // What was replayed is sealed and synced: the next opening need
+        // not look at it again.
+        let replayed = replayed.and_then(|()| log.retire());
+        match replayed {
+            // Members failed past the parity while the records were
+            // written: the stripes that hold them stay in memory and are
+            // read from there, the log keeps them (nothing is synced, so
+            // no log block is retired), and the array opens with writes
+            // refused, saying why, for the operator to bring the members
+            // back; the next opening replays them again.
+            Err(ArrayError::WritesRefused { why }) => {
+                found.replay_failed = Some(why.to_string());
+                Ok(found)
+            }
+            other => other.map(|()| found),
+        }
+    }
+}
+
 impl Array {
     /// Builds the engine over opened members and recovers the map (called
     /// by `crate::create` and `crate::open`).
@@ -305,9 +393,13 @@ impl Array {
             .clamp(1, crate::limits::USER_LANES_MAX)
             + 1;
         let lanes = crate::lanes::Lanes::new(stripes.clone(), catalog.clone(), lanes);
-        let intent = geometry
-            .has_log()
-            .then(|| Arc::new(crate::intent::IntentLog::new(stripes.clone(), lanes.clone(), log_devices)));
+        let intent = geometry.has_log().then(|| {
+            Arc::new(crate::intent::IntentLog::new(
+                stripes.clone(),
+                lanes.clone(),
+                log_devices,
+            ))
+        });
         let deferred = Arc::new(crate::deferred::Deferred::new(
             catalog.clone(),
             lanes.clone(),

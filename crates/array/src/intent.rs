@@ -30,9 +30,7 @@ use crate::counters::Counters;
 use crate::device::{AlignedBuf, Device};
 use crate::error::ArrayError;
 use crate::error::{LeftOut, Rejected};
-use crate::format::{
-    self, LogDeviceHeader, LogRecord, Record, Superblock, LOG_DEVICE_AREA_START, SECTOR_BYTES,
-};
+use crate::format::{self, LogDeviceHeader, LogRecord, Record, Superblock, LOG_DEVICE_AREA_START, SECTOR_BYTES};
 use crate::lanes::{Lanes, Origin, Piece, Stored};
 use crate::members::MemberState;
 use crate::slots::SlotState;
@@ -218,7 +216,11 @@ pub struct LogRecovery {
 impl IntentLog {
     /// The log of the array of `stripes`, on `devices` if there are any.
     pub fn new(stripes: Arc<Stripes>, lanes: Arc<Lanes>, devices: Vec<LogDevice>) -> IntentLog {
-        let rings = if devices.is_empty() { stripes.geometry.members } else { devices.len() };
+        let rings = if devices.is_empty() {
+            stripes.geometry.members
+        } else {
+            devices.len()
+        };
         IntentLog {
             stripes,
             lanes,
@@ -398,9 +400,7 @@ impl IntentLog {
         let tail = w.live.front().map_or(sequence, |b| b.sequence);
         format::encode_log_block(self.stripes.array_uuid, sequence, tail, &taken, &mut w.buffer);
         let len = w.buffer.len() as u64;
-        let targets = self
-            .placement(&w, len)
-            .expect("take_unlogged logs only what fits");
+        let targets = self.placement(&w, len).expect("take_unlogged logs only what fits");
         if !self.write_block(&mut w, &targets) {
             drop(w);
             let sealed = self.lanes.seal_user_lanes()?;
@@ -668,7 +668,14 @@ impl IntentLog {
         };
         w.next_sequence = newest + 1;
         w.retired = blocks.range(tail..).all(|(_, (_, records))| records.is_empty());
-        Ok((found, blocks.split_off(&tail).into_values().map(|(_, records)| records).collect()))
+        Ok((
+            found,
+            blocks
+                .split_off(&tail)
+                .into_values()
+                .map(|(_, records)| records)
+                .collect(),
+        ))
     }
 
     /// The log's part of `status`.
@@ -703,7 +710,6 @@ impl IntentLog {
         }
     }
 }
-
 
 /// Writes zeros over a member's log area: at create, so log writes
 /// overwrite allocated blocks (see `device::write_zeros`) and a reused

@@ -71,12 +71,13 @@ mod tracker;
 mod volumes;
 mod write;
 
+pub use checkpoint::CheckpointParts;
 pub use create::{create, create_with, plan, CreateOptions};
 pub use engine::{Array, EngineOptions};
-pub use format::hex;
 pub use error::{
     ArrayError, ArrayId, CheckpointFault, GeometryError, LeftOut, LogsMissing, Lost, Opener, Rejected, Rejections,
 };
+pub use format::hex;
 pub use format::volume;
 pub use heal::HealReport;
 pub use intent::{LogDeviceStatus, LogPlace, LogRecovery, LogStatus};
@@ -85,7 +86,6 @@ pub use open::{open, open_with};
 pub use rebuild::{RebuildOptions, RebuildReport, RebuildResume};
 pub use recovery::{Recovery, RecoveryPhases};
 pub use repair::ScrubReport;
-pub use checkpoint::CheckpointParts;
 pub use status::{AcceleratorStatus, MemberStatus, Status};
 pub use volumes::{Volume, VolumeStatus};
 pub use write::extent_blocks_max;

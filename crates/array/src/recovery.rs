@@ -26,16 +26,17 @@
 //!   records are left to be mapped after opening, page by page, before
 //!   anything looks at a page (`replay.rs`).
 
-use crate::engine::Shared;
-use crate::intent::{IntentLog, LogRecovery};
-use crate::write::Claim;
+use crate::catalog::Catalog;
+use crate::checkpoint::Checkpoints;
 use crate::error::{ArrayError, CheckpointFault};
 use crate::format::{Checkpoint, CheckpointRef, ChunkHeader, PageImage, Record, Stream, SUMMARY_HEADER_BYTES};
 use crate::index::{target_of, Index};
+use crate::lanes::Lanes;
 use crate::limits::MAP_PAGE_BLOCKS;
 use crate::map::{Location, Map, Rule};
 use crate::slot_set::SlotSet;
 use crate::slots::{SlotState, SlotTable};
+use crate::stripes::Stripes;
 use serde::Serialize;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -134,13 +135,36 @@ struct Replayed {
     torn: Vec<u64>,
 }
 
-impl Shared {
+/// What opening needs of the engine's choices (`EngineOptions`'
+/// fields of the same names).
+#[derive(Clone, Copy)]
+pub(crate) struct Choices {
+    pub map_delta_entries_min: usize,
+    pub replay_later: bool,
+    pub replay_part_records: usize,
+    pub open_slot_pages_per_batch: usize,
+}
+
+/// Recovery's view of the layers it rebuilds: the stripes it reads, the
+/// index it fills, the lanes' tracker it sets, the checkpoints it loads
+/// (and writes one of, where there was none).
+pub(crate) struct Opening<'a> {
+    pub stripes: &'a Stripes,
+    pub catalog: &'a Catalog,
+    pub lanes: &'a Lanes,
+    pub checkpoints: &'a Checkpoints,
+    pub options: Choices,
+}
+
+impl Opening<'_> {
     /// Rebuilds the map and the slot table, then syncs, so that new
-    /// stripes may say everything before them is durable. No slot is
-    /// scanned for a fresh array (a member's older contents belong to no
-    /// array of this UUID anyway), nor after a clean stop.
-    pub(crate) fn recover(&self, start: Start) -> Result<(), ArrayError> {
-        let started = std::time::Instant::now();
+    /// stripes may say everything before them is durable, and writes a
+    /// checkpoint if it found none to start from. No slot is scanned for
+    /// a fresh array (a member's older contents belong to no array of
+    /// this UUID anyway), nor after a clean stop. The intent log is
+    /// replayed after it, by the engine (its records are written as
+    /// clients' are).
+    pub(crate) fn recover(&self, start: Start) -> Result<Recovery, ArrayError> {
         let reference = self.stripes.members.superblock().checkpoint.clone();
         let replayed = match self.replay(reference.as_ref(), start) {
             Err(error @ ArrayError::CheckpointUnreadable { .. }) => {
@@ -196,71 +220,7 @@ impl Shared {
         if !has_window {
             self.checkpoints.checkpoint()?;
         }
-        if let Some(log) = &self.intent {
-            recovery.log = Some(self.replay_log(log)?);
-        }
-        // Pages replay pinned (and the log's, looked at to see whether
-        // its records are mapped) go, past the cache's size.
-        self.catalog.evict_pages(&mut self.catalog.index_mut());
-        recovery.milliseconds = started.elapsed().as_millis() as u64;
-        *self.recovery.lock().unwrap_or_else(|p| p.into_inner()) = recovery;
-        Ok(())
-    }
-
-    /// At open, after the stripes are recovered: replays the intent
-    /// log's blocks from the newest one's tail on into stripes, sealed and
-    /// synced (`IntentLog::read_for_replay`); the log then starts after
-    /// the newest block.
-    pub(crate) fn replay_log(&self, log: &IntentLog) -> Result<LogRecovery, ArrayError> {
-        let (mut found, blocks) = log.read_for_replay(self.options.discard_missing_log)?;
-        let mut pieces = Vec::new();
-        // The pages the records land in stay in memory until mapped.
-        let ranges: Vec<(u64, u64)> = blocks
-            .iter()
-            .flatten()
-            .map(|(record, _)| (record.lba, record.lba + u64::from(record.blocks)))
-            .collect();
-        let _pages = self.catalog.pin_pages(&ranges)?;
-        {
-            // A record mapped at its version or a newer one is in a
-            // stripe already (the stripe it went to was sealed after
-            // all, or its blocks were written again): not written again.
-            let index = self.catalog.index();
-            for records in blocks.iter().filter(|records| !records.is_empty()) {
-                found.blocks_replayed += 1;
-                for (record, bytes) in records {
-                    let end = record.lba + u64::from(record.blocks);
-                    if index.map.mapped_at_least(record.lba, end, record.version) {
-                        found.records_already_mapped += 1;
-                        continue;
-                    }
-                    found.records_replayed += 1;
-                    pieces.push(crate::intent::replayed_piece(record, bytes));
-                }
-            }
-        }
-        // No admission: this was admitted before the crash.
-        let replayed = self
-            .pack(Stream::User, Claim::Collect, pieces)
-            .and_then(|sealed| self.lanes.submit(sealed))
-            .and_then(|_| self.lanes.seal_user_lanes())
-            .and_then(|_| self.lanes.sync_through(self.lanes.tracker.last_sequence()));
-        // What was replayed is sealed and synced: the next opening need
-        // not look at it again.
-        let replayed = replayed.and_then(|()| log.retire());
-        match replayed {
-            // Members failed past the parity while the records were
-            // written: the stripes that hold them stay in memory and are
-            // read from there, the log keeps them (nothing is synced, so
-            // no log block is retired), and the array opens with writes
-            // refused, saying why, for the operator to bring the members
-            // back; the next opening replays them again.
-            Err(ArrayError::WritesRefused { why }) => {
-                found.replay_failed = Some(why.to_string());
-                Ok(found)
-            }
-            other => other.map(|()| found),
-        }
+        Ok(recovery)
     }
 
     /// The chunk headers of `slots` (in order) that are this array's

@@ -58,11 +58,7 @@ impl Deferred {
     /// Reads and takes in one batch of unread pages; false if none was
     /// left.
     fn read_unread_batch(&self) -> Result<bool, ArrayError> {
-        let batch = self
-            .catalog
-            .index()
-            .slots
-            .unread_pages(.., self.slot_pages_per_batch);
+        let batch = self.catalog.index().slots.unread_pages(.., self.slot_pages_per_batch);
         if batch.is_empty() {
             return Ok(false);
         }

@@ -476,7 +476,9 @@ impl Shared {
     pub(crate) fn has_room(&self, index: &crate::index::Index, claim: Claim) -> bool {
         let (usable, free) = (index.slots.usable_count(), index.slots.free_count());
         match claim {
-            Claim::Write => usable > GC_RESERVE_SLOTS && free > GC_RESERVE_SLOTS + self.checkpoints.checkpoint_reserve(index),
+            Claim::Write => {
+                usable > GC_RESERVE_SLOTS && free > GC_RESERVE_SLOTS + self.checkpoints.checkpoint_reserve(index)
+            }
             Claim::Freeing => usable > 1 && free > 1,
             Claim::Collect | Claim::CollectMixed => usable > 0,
         }

@@ -18,12 +18,37 @@ use std::path::Path;
 /// stripes to the members, syncs; the sequences' tracker), the read path
 /// over those, the intent log over the lanes, the work opening left for
 /// later (slot pages, a replay's records), the checkpoints over those,
+/// recovery (which rebuilds the index and loads the checkpoints),
 /// and what they share. None of them knows the engine or anything built
 /// on it.
 const BELOW_THE_ENGINE: &[&str] = &[
-    "activity", "cache", "catalog", "checkpoint", "counters", "deferred", "device", "error", "events", "fanout",
-    "format", "index", "intent", "io", "lanes", "limits", "map", "members", "read", "replay", "slot_loader",
-    "slot_set", "slots", "stripe", "stripes", "tracker",
+    "activity",
+    "cache",
+    "catalog",
+    "checkpoint",
+    "counters",
+    "deferred",
+    "device",
+    "error",
+    "events",
+    "fanout",
+    "format",
+    "index",
+    "intent",
+    "io",
+    "lanes",
+    "limits",
+    "map",
+    "members",
+    "read",
+    "recovery",
+    "replay",
+    "slot_loader",
+    "slot_set",
+    "slots",
+    "stripe",
+    "stripes",
+    "tracker",
 ];
 
 /// Each module's imports of other modules, and the names it reaches
