@@ -9,14 +9,20 @@
 //! them the index (`Catalog`, `catalog.rs`: the map and the slot table
 //! under the index's lock, the pins, the map cache); over both the lanes
 //! (`Lanes`, `lanes.rs`: the open stripes, sealing, handing stripes to the
-//! members, syncs, sequences); and the read path over those (`Reader`,
-//! `read.rs`). The modules beside this one each add one part:
+//! members, syncs, sequences); the read path over those (`Reader`,
+//! `read.rs`); the intent log (`IntentLog`, `intent.rs`) and the work
+//! opening left for later (`Deferred`, `deferred.rs`) over the lanes;
+//! the checkpoints over those (`Checkpoints`, `checkpoint.rs`); and
+//! recovery (`recovery::Opening`). The modules beside this one each add
+//! one part of the engine proper, which need each other (a writer that
+//! finds no room runs GC, GC packs its copies as a writer does):
 //!
 //! - `write`: admission, packing extents into the lanes, FLUSH, finding
 //!   room.
-//! - `repair`: rewriting bad chunks, scrub.
 //! - `gc`: garbage collection.
-//! - `checkpoint` and `recovery`: the map's durable copy, and opening.
+//! - `repair`, `rebuild`, `heal`: rewriting bad chunks, scrub; a member
+//!   rebuilt; stripes moved off an out member.
+//! - `volumes`: the volumes' gates and operations.
 //! - `maintenance`: the background thread that runs GC and checkpoints.
 //! - `status`: counters and `tessera status`.
 

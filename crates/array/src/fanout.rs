@@ -1,6 +1,6 @@
 //! Threads that run the chunk reads of one request side by side: each
 //! blocks on a member, and while there is nothing to do it sleeps on a
-//! condvar. The engine's rayon pool (`Shared::io_pool`) spins and yields
+//! condvar. The engine's rayon pool (`Stripes::io_pool`) spins and yields
 //! before it sleeps, as a compute pool should: handed the two or three
 //! chunk reads of a 128 KiB read, its wake-ups cost ~0.3 ms of CPU a read
 //! on two cores (docs/PERFORMANCE.md, "The I/O pool's wake-ups"); here a

@@ -94,7 +94,7 @@ struct Writer {
     next_member: usize,
     buffer: AlignedBuf,
     /// Whether an opening would replay nothing: no block written since
-    /// the newest one whose tail is itself (`Shared::retire_log`).
+    /// the newest one whose tail is itself (`IntentLog::retire`).
     retired: bool,
 }
 

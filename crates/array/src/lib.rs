@@ -23,9 +23,13 @@
 //!   stripes to the members, syncs; `tracker`: sequences, and how far
 //!   writes and syncs have gone.
 //! - `read`: the read path over the stripes, the index and the lanes.
-//! - `engine`: the state of the layers above those and the public
-//!   [`Array`]; beside it `write`, `read`, `repair`, `gc`, `checkpoint`,
-//!   `recovery`, `maintenance`, `volumes` and `status`.
+//! - `intent`: the intent log over the lanes; `deferred` (with
+//!   `slot_loader` and `replay`): the work opening left for later.
+//! - `checkpoint`: the checkpoints over those; `recovery`: the map
+//!   rebuilt at open from them and the stripes since.
+//! - `engine`: the layers above those and the public [`Array`]; beside
+//!   it `write`, `gc`, `repair`, `rebuild`, `heal`, `maintenance`,
+//!   `volumes` and `status`.
 //!
 //! - `create`, `open`: formatting members; opening them, checked, and
 //!   recovering the map. `error`: every error, typed.
