@@ -153,20 +153,15 @@ pub(crate) struct Shared {
     /// The lanes over it: the open stripes, sealing, handing stripes to
     /// the members, syncs, and the sequences' tracker (`lanes.rs`).
     pub lanes: Arc<crate::lanes::Lanes>,
-    pub policy: Option<Policy>,
-    /// Live bytes a stripe can be counted on to hold (admission).
-    pub fill_bytes: u64,
-    /// Live bytes a stripe could hold at most: its data area less the
-    /// summary's header (what garbage collection measures victims by).
-    pub stripe_live_max: u64,
-    /// The write path's state: partial-block locks, admitted bytes.
+    /// The write path's state: partial-block locks, admitted bytes, the
+    /// compression policy.
     pub writes: crate::write::Writes,
     /// The scrub, rebuild and heal running now, one of each at most.
     pub jobs: crate::repair::Jobs,
     /// What happened since the array was opened.
     pub events: Arc<crate::events::Events>,
-    /// One garbage collection round at a time; held across its I/O.
-    pub gc_lock: Mutex<()>,
+    /// Garbage collection's state: one round at a time.
+    pub gc: crate::gc::Rounds,
     /// The checkpoint layer: writes checkpoints, one at a time.
     pub checkpoints: crate::checkpoint::Checkpoints,
     pub maintenance: crate::maintenance::Signal,
@@ -364,7 +359,6 @@ impl Array {
         let events = Arc::new(crate::events::Events::default());
         let members = Members::new(members, superblock, rejected, options.member_errors_max, events.clone());
         let slot_count = geometry.slot_count();
-        let fill_bytes = crate::write::stripe_fill_bytes(&geometry, policy.as_ref());
         let stripes = Arc::new(Stripes::start(
             geometry.clone(),
             array_uuid,
@@ -420,16 +414,13 @@ impl Array {
             options.next_window_early,
         );
         let shared = Arc::new(Shared {
-            fill_bytes,
-            stripe_live_max: (geometry.data_area_bytes() - crate::format::SUMMARY_HEADER_BYTES) as u64,
             stripes,
-            policy,
             catalog,
             lanes,
             jobs: Default::default(),
             events,
-            writes: crate::write::Writes::new(),
-            gc_lock: Mutex::new(()),
+            writes: crate::write::Writes::new(&geometry, policy),
+            gc: crate::gc::Rounds::new(&geometry),
             checkpoints,
             maintenance: crate::maintenance::Signal::default(),
             recovery: Mutex::new(Recovery::default()),

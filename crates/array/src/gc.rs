@@ -30,6 +30,30 @@ use crate::map::Target;
 use crate::slots::{Pinned, SlotState};
 use crate::write::Claim;
 
+/// Garbage collection's own state, which `Shared` holds.
+pub(crate) struct Rounds {
+    /// One round at a time; held across its I/O (a heal's batch takes it
+    /// too: it relocates as a round does).
+    lock: std::sync::Mutex<()>,
+    /// Live bytes a stripe could hold at most: its data area less the
+    /// summary's header (what victims are measured by).
+    pub stripe_live_max: u64,
+}
+
+impl Rounds {
+    pub fn new(geometry: &crate::format::Geometry) -> Rounds {
+        Rounds {
+            lock: std::sync::Mutex::new(()),
+            stripe_live_max: (geometry.data_area_bytes() - crate::format::SUMMARY_HEADER_BYTES) as u64,
+        }
+    }
+
+    /// The round lock (`gc_lock` in `docs/ENGINE.md`).
+    pub fn one_at_a_time(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.lock.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 /// A live piece of a victim: blocks, the version they hold, where.
 struct Live {
     lba: u64,
@@ -61,7 +85,7 @@ impl Shared {
     pub(crate) fn collect_garbage(&self, urgent: bool) -> Result<Option<usize>, ArrayError> {
         // It chooses among every sealed slot, and relocates.
         self.deferred.finish()?;
-        let _round = self.gc_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _round = self.gc.one_at_a_time();
         // A round that ran while this one waited may have done the work.
         let done = if urgent {
             self.has_room(&self.catalog.index(), crate::write::Claim::Write)
@@ -74,7 +98,7 @@ impl Shared {
         let next = self.lanes.tracker.last_sequence() + 1;
         let candidates: Vec<(u64, f64)> = {
             let index = self.catalog.index();
-            let fill = self.stripe_live_max;
+            let fill = self.gc.stripe_live_max;
             index
                 .slots
                 .victims(fill, next, GC_VICTIMS_PER_ROUND_MAX, urgent, |slot| {

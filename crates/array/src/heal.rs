@@ -127,7 +127,7 @@ impl Shared {
                 break;
             }
             let copied = {
-                let _round = self.gc_lock.lock().unwrap_or_else(|p| p.into_inner());
+                let _round = self.gc.one_at_a_time();
                 // Only this batch relocates while the lock is held.
                 let before = self.stripes.counters.gc_bytes_relocated.load(Ordering::Relaxed);
                 for &victim in batch {

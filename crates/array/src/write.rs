@@ -36,7 +36,7 @@ use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::sync::Mutex;
 use tessera_checksum::Digest;
-use tessera_compress::policy::{Blob, Hint};
+use tessera_compress::policy::{Blob, Hint, Policy};
 
 /// The write path's own state, which `Shared` holds.
 pub(crate) struct Writes {
@@ -44,13 +44,19 @@ pub(crate) struct Writes {
     pub partial: Vec<Mutex<()>>,
     /// Live bytes (times LIVE_SCALE) admitted for writes not yet mapped.
     pub admitted: Mutex<u128>,
+    /// How writes are compressed (`None`: the array stores them raw).
+    pub policy: Option<Policy>,
+    /// Live bytes a stripe can be counted on to hold (admission).
+    pub fill_bytes: u64,
 }
 
 impl Writes {
-    pub fn new() -> Writes {
+    pub fn new(geometry: &crate::format::Geometry, policy: Option<Policy>) -> Writes {
         Writes {
             partial: (0..PARTIAL_WRITE_LOCK_COUNT).map(|_| Mutex::new(())).collect(),
             admitted: Mutex::new(0),
+            fill_bytes: stripe_fill_bytes(geometry, policy.as_ref()),
+            policy,
         }
     }
 }
@@ -211,7 +217,7 @@ impl Shared {
             if bytes.iter().all(|&b| b == 0) {
                 return Ok(Kind::Zero);
             }
-            let Some(policy) = &self.policy else {
+            let Some(policy) = &self.writes.policy else {
                 return Ok(Kind::Raw);
             };
             let blob = policy.compress_blob(bytes, Hint::None).map_err(ArrayError::Compress)?;
@@ -221,7 +227,7 @@ impl Shared {
                 Kind::Raw
             })
         };
-        let classes: Vec<Kind> = if self.policy.is_some() && data.len() > per_extent {
+        let classes: Vec<Kind> = if self.writes.policy.is_some() && data.len() > per_extent {
             use rayon::prelude::*;
             data.par_chunks(per_extent).map(classify).collect::<Result<_, _>>()?
         } else {
@@ -368,7 +374,7 @@ impl Shared {
             + self.checkpoints.checkpoint_reserve(&index)
             + 1;
         let slots = (index.slots.count() as usize).saturating_sub(reserved_slots) as u128;
-        let capacity = (slots as f64 * self.fill_bytes as f64 * ADMIT_FRACTION) as u128 * u128::from(LIVE_SCALE);
+        let capacity = (slots as f64 * self.writes.fill_bytes as f64 * ADMIT_FRACTION) as u128 * u128::from(LIVE_SCALE);
         // With what a replay's records not mapped yet will add.
         let live = index.slots.live_units() + index.pending.as_ref().map_or(0, |p| p.live_left());
         drop(index);
