@@ -441,6 +441,26 @@ impl Members {
         self.closed.store(true, Ordering::Release);
     }
 
+    /// The volume table as the superblocks have it now.
+    pub(crate) fn volume_table(&self) -> Arc<crate::volume::VolumeTable> {
+        let superblock = self.superblock();
+        superblock.volume_table.clone().unwrap_or_else(|| {
+            Arc::new(crate::volume::VolumeTable::default_for(
+                superblock.geometry.logical_bytes,
+            ))
+        })
+    }
+
+    /// Writes `table` with the next generation of superblocks.
+    pub(crate) fn publish_table(&self, table: crate::volume::VolumeTable) -> Result<(), ArrayError> {
+        self.check_writable()?;
+        let mut superblock = self.superblock();
+        let mut template = superblock.clone();
+        template.volume_table_crc = table.crc();
+        template.volume_table = Some(Arc::new(table));
+        self.publish_locked(&mut superblock, template)
+    }
+
     /// The superblock lock; held across superblock writes.
     pub fn superblock(&self) -> MutexGuard<'_, Superblock> {
         self.superblock.lock().unwrap_or_else(|poisoned| poisoned.into_inner())

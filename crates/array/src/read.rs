@@ -51,6 +51,37 @@ pub(crate) struct Reader<'a> {
 }
 
 impl Reader<'_> {
+    /// Which of key-space bytes [offset, offset+len) are stored (see
+    /// `Volume::allocation`).
+    pub fn allocation(&self, offset: u64, len: u64) -> Result<Vec<(u64, bool)>, ArrayError> {
+        let end = offset + len;
+        let block = BLOCK_BYTES as u64;
+        let (first, last) = (offset / block, end.div_ceil(block));
+        let mut runs: Vec<(u64, bool)> = Vec::new();
+        let mut push = |from: u64, to: u64, stored: bool| {
+            let (from, to) = ((from * block).max(offset), (to * block).min(end));
+            if from >= to {
+                return;
+            }
+            match runs.last_mut() {
+                Some(last) if last.1 == stored => last.0 += to - from,
+                _ => runs.push((to - from, stored)),
+            }
+        };
+        self.catalog.with_pages(&[(first, last)], |index| {
+            let mut at = first;
+            for (start, mapping) in index.map.overlapping(first, last) {
+                let stop = start + u64::from(mapping.blocks);
+                push(at, start.max(at), false);
+                let stored = matches!(mapping.target, crate::map::Target::Data { .. });
+                push(start.max(at), stop.min(last), stored);
+                at = stop.min(last);
+            }
+            push(at, last, false);
+        })?;
+        Ok(runs)
+    }
+
     /// Reads `buf.len()` bytes at byte `offset` of the map's key space
     /// (in range: the caller checks).
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ArrayError> {

@@ -168,34 +168,14 @@ impl Volume {
     /// space (never written, trimmed, or zeroed). What NBD's
     /// `base:allocation` reports.
     pub fn allocation(&self, offset: u64, len: u64) -> Result<Vec<(u64, bool)>, ArrayError> {
-        self.within(offset, len, |at| self.shared.allocation(at, len))
+        self.within(offset, len, |at| self.shared.reader().allocation(at, len))
     }
 }
 
 impl Shared {
-    /// The volume table as the superblocks have it now.
-    pub(crate) fn volume_table(&self) -> Arc<VolumeTable> {
-        self.stripes
-            .members
-            .superblock()
-            .volume_table
-            .clone()
-            .unwrap_or_else(|| Arc::new(VolumeTable::default_for(self.stripes.geometry.logical_bytes)))
-    }
-
-    /// Writes `table` with the next generation of superblocks.
-    fn publish_table(&self, table: VolumeTable) -> Result<(), ArrayError> {
-        self.stripes.members.check_writable()?;
-        let mut superblock = self.stripes.members.superblock();
-        let mut template = superblock.clone();
-        template.volume_table_crc = table.crc();
-        template.volume_table = Some(Arc::new(table));
-        self.stripes.members.publish_locked(&mut superblock, template)
-    }
-
     /// Every volume, by id, with what it maps and stores.
     pub(crate) fn volume_statuses(&self) -> Vec<VolumeStatus> {
-        let table = self.volume_table();
+        let table = self.stripes.members.volume_table();
         let io: HashMap<u32, crate::device::IoTotals> = self
             .volumes
             .all()
@@ -227,42 +207,11 @@ impl Shared {
         let gate = self.volumes.get(table.entries[at].id).ok_or_else(no_such)?;
         Ok((at, gate))
     }
-
-    /// Which of key-space bytes [offset, offset+len) are stored (see
-    /// [`Volume::allocation`]).
-    fn allocation(&self, offset: u64, len: u64) -> Result<Vec<(u64, bool)>, ArrayError> {
-        let end = offset + len;
-        let block = BLOCK_BYTES as u64;
-        let (first, last) = (offset / block, end.div_ceil(block));
-        let mut runs: Vec<(u64, bool)> = Vec::new();
-        let mut push = |from: u64, to: u64, stored: bool| {
-            let (from, to) = ((from * block).max(offset), (to * block).min(end));
-            if from >= to {
-                return;
-            }
-            match runs.last_mut() {
-                Some(last) if last.1 == stored => last.0 += to - from,
-                _ => runs.push((to - from, stored)),
-            }
-        };
-        self.catalog.with_pages(&[(first, last)], |index| {
-            let mut at = first;
-            for (start, mapping) in index.map.overlapping(first, last) {
-                let stop = start + u64::from(mapping.blocks);
-                push(at, start.max(at), false);
-                let stored = matches!(mapping.target, crate::map::Target::Data { .. });
-                push(start.max(at), stop.min(last), stored);
-                at = stop.min(last);
-            }
-            push(at, last, false);
-        })?;
-        Ok(runs)
-    }
 }
 
 /// The volume called `name` of the array `shared` is.
 pub(crate) fn open_volume(shared: &Arc<Shared>, name: &str) -> Result<Volume, ArrayError> {
-    let (_, gate) = shared.find(&shared.volume_table(), name)?;
+    let (_, gate) = shared.find(&shared.stripes.members.volume_table(), name)?;
     Ok(Volume {
         shared: shared.clone(),
         gate,
@@ -298,7 +247,7 @@ impl Array {
         }
         check_size(bytes)?;
         let _one = shared.volumes.operation();
-        let mut table = (*shared.volume_table()).clone();
+        let mut table = (*shared.stripes.members.volume_table()).clone();
         if table.find(name).is_some() {
             return Err(ArrayError::VolumeExists { name: name.to_string() });
         }
@@ -319,7 +268,7 @@ impl Array {
         });
         table.entries.sort_by_key(|e| e.id);
         let floors = Floors::of(&table);
-        shared.publish_table(table)?;
+        shared.stripes.members.publish_table(table)?;
         shared.catalog.index_mut().volumes = floors;
         shared.volumes.add(id, bytes);
         self.volume(name)
@@ -332,7 +281,7 @@ impl Array {
         let shared = &self.shared;
         check_size(bytes)?;
         let _one = shared.volumes.operation();
-        let mut table = (*shared.volume_table()).clone();
+        let mut table = (*shared.stripes.members.volume_table()).clone();
         let (at, gate) = shared.find(&table, name)?;
         let entry = &mut table.entries[at];
         let mut size = gate.size.write().unwrap_or_else(|p| p.into_inner());
@@ -343,7 +292,7 @@ impl Array {
             shared.flush()?;
         }
         entry.bytes = bytes;
-        shared.publish_table(table)?;
+        shared.stripes.members.publish_table(table)?;
         *size = Some(bytes);
         Ok(())
     }
@@ -357,12 +306,12 @@ impl Array {
             return Err(ArrayError::DefaultVolume { name: name.to_string() });
         }
         let _one = shared.volumes.operation();
-        let mut table = (*shared.volume_table()).clone();
+        let mut table = (*shared.stripes.members.volume_table()).clone();
         let (at, gate) = shared.find(&table, name)?;
         let id = table.entries.remove(at).id;
         let mut size = gate.size.write().unwrap_or_else(|p| p.into_inner());
         let floors = Floors::of(&table);
-        shared.publish_table(table)?;
+        shared.stripes.members.publish_table(table)?;
         *size = None;
         drop(size);
         shared.volumes.remove(id);
