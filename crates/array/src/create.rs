@@ -2,10 +2,11 @@
 //! superblocks, zeroed log areas, then the array opened.
 
 use crate::device::Device;
-use crate::engine::{Array, EngineOptions};
+use crate::engine::Array;
 use crate::error::{ArrayError, GeometryError};
 use crate::format::{self, Geometry, Superblock, BLOCK_BYTES, MEMBER_COUNT_MAX, SECTOR_BYTES};
 use crate::members::{Member, MemberState};
+use crate::options::EngineOptions;
 use crate::recovery::Start;
 use crate::write::extent_blocks_max;
 use crate::{intent, limits, members, write};

@@ -253,8 +253,8 @@ impl Shared {
 pub(crate) mod tests {
     use crate::create::CreateOptions;
     use crate::device::{Device, MemoryDevice};
-    use crate::engine::EngineOptions;
     use crate::map::Target;
+    use crate::options::EngineOptions;
     use crate::slots::SlotState;
     use std::sync::Arc;
 

@@ -60,6 +60,7 @@ mod maintenance;
 pub mod map;
 mod members;
 mod open;
+mod options;
 mod read;
 mod rebuild;
 mod recovery;
@@ -77,7 +78,7 @@ mod write;
 
 pub use checkpoint::CheckpointParts;
 pub use create::{create, create_with, plan, CreateOptions};
-pub use engine::{Array, EngineOptions};
+pub use engine::Array;
 pub use error::{
     ArrayError, ArrayId, CheckpointFault, GeometryError, LeftOut, LogsMissing, Lost, Opener, Rejected, Rejections,
 };
@@ -87,6 +88,7 @@ pub use heal::HealReport;
 pub use intent::{LogDeviceStatus, LogPlace, LogRecovery, LogStatus};
 pub use members::{read_superblock, Member, MemberState};
 pub use open::{open, open_with};
+pub use options::EngineOptions;
 pub use rebuild::{RebuildOptions, RebuildReport, RebuildResume};
 pub use recovery::{Recovery, RecoveryPhases};
 pub use repair::ScrubReport;

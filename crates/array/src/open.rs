@@ -2,11 +2,12 @@
 //! belong to, which are its members, and which are left out and why.
 
 use crate::device::Device;
-use crate::engine::{Array, EngineOptions};
+use crate::engine::Array;
 use crate::error::{ArrayError, ArrayId};
 use crate::error::{LeftOut, Rejected, Rejections};
 use crate::format::Superblock;
 use crate::members::{read_superblock, Member, MemberState};
+use crate::options::EngineOptions;
 use crate::recovery::Start;
 use crate::{activity, intent, volume};
 use std::sync::Arc;

@@ -34,6 +34,7 @@ use crate::index::{target_of, Index};
 use crate::lanes::Lanes;
 use crate::limits::MAP_PAGE_BLOCKS;
 use crate::map::{Location, Map, Rule};
+use crate::options::EngineOptions;
 use crate::slot_set::SlotSet;
 use crate::slots::{SlotState, SlotTable};
 use crate::stripes::Stripes;
@@ -135,16 +136,6 @@ struct Replayed {
     torn: Vec<u64>,
 }
 
-/// What opening needs of the engine's choices (`EngineOptions`'
-/// fields of the same names).
-#[derive(Clone, Copy)]
-pub(crate) struct Choices {
-    pub map_delta_entries_min: usize,
-    pub replay_later: bool,
-    pub replay_part_records: usize,
-    pub open_slot_pages_per_batch: usize,
-}
-
 /// Recovery's view of the layers it rebuilds: the stripes it reads, the
 /// index it fills, the lanes' tracker it sets, the checkpoints it loads
 /// (and writes one of, where there was none).
@@ -153,7 +144,7 @@ pub(crate) struct Opening<'a> {
     pub catalog: &'a Catalog,
     pub lanes: &'a Lanes,
     pub checkpoints: &'a Checkpoints,
-    pub options: Choices,
+    pub options: &'a EngineOptions,
 }
 
 impl Opening<'_> {

@@ -40,6 +40,7 @@ const BELOW_THE_ENGINE: &[&str] = &[
     "limits",
     "map",
     "members",
+    "options",
     "read",
     "recovery",
     "replay",
