@@ -10,8 +10,10 @@
 //!
 //! - One finisher of each kind at a time: whoever does the rest of a kind
 //!   holds its lock (`slot_loading`, `replay_finishing`) from its first
-//!   batch to its last, so the background thread does not do the same
-//!   batches, and a batch is never done twice.
+//!   batch to its last, and the background thread holds it for each of
+//!   its batches, so no two of them take the same batch. (A client
+//!   request that needs one page reads or maps that page itself,
+//!   without the lock: `slot_loader`, `replay`.)
 //! - The background threads stop between batches once the array closes
 //!   (`Deferred::stop`); whoever needs the rest then does it.
 //! - While clients make requests, a background thread takes at most half
