@@ -250,7 +250,9 @@ pub(crate) struct Checkpoints {
     stripes: Arc<Stripes>,
     catalog: Arc<Catalog>,
     lanes: Arc<Lanes>,
-    /// Retired before a checkpoint of a clean stop (`checkpoint`).
+    /// Retired by `checkpoint` and `checkpoint_to_close` once the open
+    /// stripes are sealed and synced, so that an opening after them
+    /// replays no log block.
     intent: Option<Arc<IntentLog>>,
     /// Finished before any checkpoint: it writes every slot page, and
     /// the map with every record replayed.
@@ -277,7 +279,7 @@ impl Checkpoints {
     ) -> Checkpoints {
         let stripes = deferred.catalog.stripes.clone();
         Checkpoints {
-            stripe_live_max: (stripes.geometry.data_area_bytes() - format::SUMMARY_HEADER_BYTES) as u64,
+            stripe_live_max: format::stripe_live_max(&stripes.geometry),
             stripes,
             catalog: deferred.catalog.clone(),
             lanes,

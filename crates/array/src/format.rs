@@ -2117,6 +2117,13 @@ pub fn decode_log_block(bytes: &[u8], geometry: &Geometry) -> Result<(LogBlockHe
     ))
 }
 
+/// Live bytes a stripe could hold at most: its data area less the
+/// summary's header (what garbage collection measures victims by, and a
+/// checkpoint map stripes).
+pub fn stripe_live_max(g: &Geometry) -> u64 {
+    (g.data_area_bytes() - SUMMARY_HEADER_BYTES) as u64
+}
+
 /// Bytes as lowercase hexadecimal (UUIDs in messages).
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()

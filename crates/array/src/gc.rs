@@ -44,7 +44,7 @@ impl Rounds {
     pub fn new(geometry: &crate::format::Geometry) -> Rounds {
         Rounds {
             lock: std::sync::Mutex::new(()),
-            stripe_live_max: (geometry.data_area_bytes() - crate::format::SUMMARY_HEADER_BYTES) as u64,
+            stripe_live_max: crate::format::stripe_live_max(geometry),
         }
     }
 
