@@ -264,9 +264,6 @@ pub(crate) struct Checkpoints {
     window: Option<u64>,
     /// `EngineOptions::next_window_early`.
     next_window_early: bool,
-    /// Live bytes a stripe could hold at most: its data area less the
-    /// summary's header (what a map stripe is measured by).
-    stripe_live_max: u64,
 }
 
 impl Checkpoints {
@@ -279,7 +276,6 @@ impl Checkpoints {
     ) -> Checkpoints {
         let stripes = deferred.catalog.stripes.clone();
         Checkpoints {
-            stripe_live_max: format::stripe_live_max(&stripes.geometry),
             stripes,
             catalog: deferred.catalog.clone(),
             lanes,
@@ -295,6 +291,12 @@ impl Checkpoints {
     /// one is.
     pub(crate) fn durable(&self) -> MutexGuard<'_, Durable> {
         self.durable.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Returns once the checkpoint being written, if one is, has ended
+    /// (the lock taken and let go).
+    pub(crate) fn wait_for_one_under_way(&self) {
+        drop(self.durable());
     }
 
     /// Slots a checkpoint adds to its window: a quarter of the array, within
@@ -775,7 +777,7 @@ impl Checkpoints {
         // On a full array, also the stripes garbage collection empties
         // first: emptied, they serve without waiting for a checkpoint.
         if window.len() < floor + size {
-            let area = self.stripe_live_max;
+            let area = format::stripe_live_max(&self.stripes.geometry);
             let next = start + 1;
             let victims = index
                 .slots

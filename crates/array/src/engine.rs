@@ -316,7 +316,7 @@ impl Array {
             jobs: Default::default(),
             events,
             writes: crate::write::Writes::new(&geometry, policy),
-            gc: crate::gc::Rounds::new(&geometry),
+            gc: crate::gc::Rounds::default(),
             checkpoints,
             maintenance: crate::maintenance::Signal::default(),
             recovery: Mutex::new(Recovery::default()),

@@ -31,23 +31,14 @@ use crate::slots::{Pinned, SlotState};
 use crate::write::Claim;
 
 /// Garbage collection's own state, which `Shared` holds.
+#[derive(Default)]
 pub(crate) struct Rounds {
     /// One round at a time; held across its I/O (a heal's batch takes it
     /// too: it relocates as a round does).
     lock: std::sync::Mutex<()>,
-    /// Live bytes a stripe could hold at most: its data area less the
-    /// summary's header (what victims are measured by).
-    pub stripe_live_max: u64,
 }
 
 impl Rounds {
-    pub fn new(geometry: &crate::format::Geometry) -> Rounds {
-        Rounds {
-            lock: std::sync::Mutex::new(()),
-            stripe_live_max: crate::format::stripe_live_max(geometry),
-        }
-    }
-
     /// The round lock (`gc_lock` in `docs/ENGINE.md`).
     pub fn one_at_a_time(&self) -> std::sync::MutexGuard<'_, ()> {
         self.lock.lock().unwrap_or_else(|p| p.into_inner())
@@ -98,7 +89,7 @@ impl Shared {
         let next = self.lanes.tracker.last_sequence() + 1;
         let candidates: Vec<(u64, f64)> = {
             let index = self.catalog.index();
-            let fill = self.gc.stripe_live_max;
+            let fill = crate::format::stripe_live_max(&self.stripes.geometry);
             index
                 .slots
                 .victims(fill, next, GC_VICTIMS_PER_ROUND_MAX, urgent, |slot| {

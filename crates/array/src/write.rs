@@ -520,7 +520,7 @@ impl Shared {
             return Ok(());
         }
         let started = std::time::Instant::now();
-        drop(self.checkpoints.durable());
+        self.checkpoints.wait_for_one_under_way();
         // The stripes up to `target` are sealed, so a checkpoint that
         // begins after this names them (those taken early are in its
         // pages, or in its window), and syncs them: one pass.
@@ -566,8 +566,7 @@ impl Shared {
         let room = |shared: &Shared| shared.has_room(&shared.catalog.index(), claim);
         // Nothing is freed while a checkpoint is written: wait for one in
         // progress, which frees what drained meanwhile as it ends.
-        let after_checkpoint = || drop(self.checkpoints.durable());
-        after_checkpoint();
+        self.checkpoints.wait_for_one_under_way();
         if room(self) {
             return Ok(());
         }
@@ -604,7 +603,7 @@ impl Shared {
             // data below what the array holds, so some stripe holds garbage.
             for _ in 0..self.stripes.geometry.slot_count() {
                 let emptied = self.collect_garbage(true)?;
-                after_checkpoint();
+                self.checkpoints.wait_for_one_under_way();
                 if room(self) {
                     return Ok(true);
                 }
