@@ -46,9 +46,12 @@
 //! Version 1 records (before the clean mark) had their CRC at 80; they are
 //! read as not clean.
 //!
-//! Bit 2 says that a slot table page an opening left for later could not
-//! be read (`slot_loader`): the next opening reads every page before it
-//! serves ([`pages_suspect`]), and scans every slot if one still fails.
+//! Bit 2 says that what an opening left for later failed: a slot table
+//! page could not be read (`slot_loader`), or a map page the replay
+//! mapped after opening pointed into a replayed slot where the replay
+//! wrote nothing (`replay.rs`). The next opening reads every slot page
+//! and maps the replay before it serves ([`pages_suspect`]), and scans
+//! every slot if a page still fails or the map is still found stale.
 //! It is set while that is so, synced by the beat that first carries it;
 //! an opening carries the mark it found until its recovery is done.
 //! Binaries that predate the bit ignore it (they read every page after a

@@ -119,6 +119,9 @@ impl Catalog {
         loop {
             let missing = {
                 let index = self.index();
+                if let Some(refused) = stale(&index, ranges) {
+                    return Err(refused);
+                }
                 let missing = missing(&index.map, ranges);
                 if missing.is_empty() && !waiting(&index, ranges) {
                     Counters::add(&self.stripes.counters.map_page_hits, 1);
@@ -199,7 +202,9 @@ impl Catalog {
         let mut index = self.index_mut();
         self.install_loaded(&mut index, loaded)?;
         map_waiting(&mut index, ranges);
-        if self::missing(&index.map, ranges).is_empty() && !waiting(&index, ranges) {
+        // (A page found stale is refused by the caller's next look.)
+        let ready = self::missing(&index.map, ranges).is_empty() && !waiting(&index, ranges);
+        if ready && stale(&index, ranges).is_none() {
             then(&index);
         }
         self.evict_pages(&mut index);
@@ -766,6 +771,14 @@ fn runs(mut parts: Vec<PagePart>) -> Vec<Vec<PagePart>> {
 /// (`index::Pending`).
 fn waiting(index: &Index, ranges: &[(u64, u64)]) -> bool {
     index.pending.as_ref().is_some_and(|pending| pending.waiting_in(ranges))
+}
+
+/// The error for a page of `ranges` that a replay mapped after opening
+/// found pointing into a replayed slot (`Pending::stale_in`): the map
+/// cannot be trusted there until an opening scans every slot.
+fn stale(index: &Index, ranges: &[(u64, u64)]) -> Option<ArrayError> {
+    let (lba, slot) = index.pending.as_ref()?.stale_in(ranges)?;
+    Some(crate::index::stale_error(lba, slot))
 }
 
 /// What must be read for the pages of `ranges` to be in memory.

@@ -272,6 +272,7 @@ impl Array {
                 checkpoint_slots: Vec::new(),
                 map_stripes: 0,
                 drain_after_user: Vec::new(),
+                drain_at_seal: HashMap::new(),
                 user_open: HashMap::new(),
                 user_serial_next: 1,
                 last_sealed: 0,
@@ -325,9 +326,11 @@ impl Array {
             intent,
             options,
         });
-        // The mark to read every slot page stays on the members while a
-        // page left for later is unreadable, and, where this opening
-        // found it, until its recovery (which reads them all) is done.
+        // The mark to do before serving what opening leaves for later
+        // (read every slot page, map the replay) stays on the members
+        // while a slot page left for later is unreadable or a map page
+        // the replay mapped later is stale, and, where this opening found
+        // it, until its recovery (which does both) is done.
         let recovering_suspect = Arc::new(std::sync::atomic::AtomicBool::new(
             start == crate::recovery::Start::Suspect,
         ));
@@ -344,7 +347,10 @@ impl Array {
             };
             let array_uuid = marked.stripes.array_uuid;
             let read_pages = move || {
-                recovering.load(std::sync::atomic::Ordering::Relaxed) || marked.catalog.index().slots.pages_unreadable()
+                let index = marked.catalog.index();
+                recovering.load(std::sync::atomic::Ordering::Relaxed)
+                    || index.slots.pages_unreadable()
+                    || index.pending.as_ref().is_some_and(|p| p.stale().is_some())
             };
             crate::activity::Heartbeat::start(array_uuid, devices, read_pages).map_err(|source| {
                 ArrayError::ThreadStart {
@@ -507,7 +513,13 @@ impl Array {
         self.shared.deferred.finish().map_err(|e| e.to_string())?;
         self.shared
             .catalog
-            .with_every_page(|index| index.slots.check(&index.map))
+            .with_every_page(|index| {
+                let awaiting = |slot| {
+                    index.drain_after_user.iter().any(|d| d.0 == slot)
+                        || index.drain_at_seal.values().any(|drains| drains.contains(&slot))
+                };
+                index.slots.check(&index.map, awaiting)
+            })
             .map_err(|e| e.to_string())?
     }
 

@@ -26,7 +26,7 @@ use crate::map::{Location, Map, Rule, Target};
 use crate::slot_set::SlotSet;
 use crate::slots::SlotTable;
 use crate::volume::{volume_of, VolumeTable};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 /// Where a slot's data area is while it is not (only) on the members.
@@ -57,6 +57,11 @@ pub(crate) struct Index {
     /// the sequence of the stripe that emptied them: each drains once
     /// every user stripe up to that serial is sealed, and after both.
     pub drain_after_user: Vec<(u64, u64, u64)>,
+    /// Slots emptied by the records mapped into an open stripe, by that
+    /// stripe's slot: each drains once it is sealed (`Lanes::seal`).
+    /// Kept here, not with the stripe, so that the engine's check finds
+    /// every draining slot on its way to free.
+    pub drain_at_seal: HashMap<u64, Vec<u64>>,
     /// The open user stripes' slots, with their serials (user stripes are
     /// numbered as they open, from 1).
     pub user_open: HashMap<u64, u64>,
@@ -148,6 +153,14 @@ pub(crate) struct Pending {
     /// Where the background thread looks next (every page before is done).
     cursor: usize,
     newest: Option<u64>,
+    /// The replayed slots whose older stripes the map may still point
+    /// into (each holds pieces in the slot table the checkpoint
+    /// restored): once a page's records are mapped, no mapping of it may
+    /// point into one but at a record the replay put there.
+    check: SlotSet,
+    /// The pages that one did (map key and slot, the first found): never
+    /// handed to anyone (`stale_in`), and the replay is never finished.
+    stale: BTreeMap<u64, (u64, u64)>,
 }
 
 struct WaitingPage {
@@ -163,11 +176,14 @@ struct WaitingPage {
 impl Pending {
     /// The records of `stripes` (sequence, slot, records, in sequence
     /// order) to be mapped page by page, each standing for `live_of` live
-    /// units; the stripes back if a record spans more than
-    /// `REPLAY_LATER_SPAN_PAGES_MAX` pages (a TRIM of a whole volume) or
-    /// they would be more than `REPLAY_LATER_PLACES_MAX` places.
+    /// units, each page checked once mapped for mappings into the slots
+    /// of `check` (see `Pending::check`); the stripes back if a record
+    /// spans more than `REPLAY_LATER_SPAN_PAGES_MAX` pages (a TRIM of a
+    /// whole volume) or they would be more than `REPLAY_LATER_PLACES_MAX`
+    /// places.
     pub fn new(
         stripes: Vec<(u64, u64, Vec<Record>)>,
+        check: SlotSet,
         live_of: impl Fn(&Record) -> u64,
     ) -> Result<Pending, Vec<(u64, u64, Vec<Record>)>> {
         let place = |n: usize| u32::try_from(n).expect("a replay's stripes and a stripe's records fit in u32");
@@ -219,7 +235,23 @@ impl Pending {
             pages,
             cursor: 0,
             newest,
+            check,
+            stale: BTreeMap::new(),
         })
+    }
+
+    /// The first mapping found pointing into a replayed slot where the
+    /// replay put nothing (map key, slot), in a page of `ranges`.
+    pub fn stale_in(&self, ranges: &[(u64, u64)]) -> Option<(u64, u64)> {
+        ranges.iter().find_map(|&(lba, end)| {
+            let (first, last) = (lba / PAGE, end.saturating_sub(1) / PAGE);
+            (end > lba).then(|| self.stale.range(first..=last).next().map(|(_, &found)| found))?
+        })
+    }
+
+    /// The first such mapping found in any page, and in how many pages.
+    pub fn stale(&self) -> Option<((u64, u64), usize)> {
+        self.stale.values().next().map(|&found| (found, self.stale.len()))
     }
 
     /// The newest version a replayed record has.
@@ -321,7 +353,49 @@ fn map_page(pending: &mut Pending, i: usize, index: &mut Index) {
         let target = target.advanced_by(from - lba);
         let blocks = u32::try_from(to - from).expect("a page's part of a record");
         let deltas = index.map.insert(from, blocks, version, &target, Rule::IfNotNewer);
-        index.slots.account(&deltas);
+        // A slot the replay emptied drains as after eager replay (a
+        // replayed one is held until every page is mapped): dropped, it
+        // stayed draining and was never freed.
+        let emptied = index.slots.account(&deltas);
+        index.drain_emptied_now(emptied);
+    }
+    if pending.check.len() > 0 {
+        check_page(pending, p, start..end, index);
+    }
+}
+
+/// Notes page `p` as stale (`Pending::stale`) if, its records (`places`)
+/// mapped, a mapping of it points into a slot of `Pending::check` at a
+/// place none of them wrote: the checkpoint's mapping of a block that a
+/// replayed stripe should have overwritten, in a slot a newer stripe now
+/// holds. (What eager replay checks over every page it read:
+/// `CheckpointFault::Stale`.) A mapping of a volume deleted since is
+/// left out, as eager replay drops those before it looks.
+fn check_page(pending: &mut Pending, p: u64, places: std::ops::Range<usize>, index: &Index) {
+    let check = &pending.check;
+    let mut fresh: Vec<Location> = pending.places[places]
+        .iter()
+        .filter_map(|&(_, stripe, at)| {
+            let (_, slot, records) = &pending.stripes[stripe as usize];
+            target_of(*slot, &records[at as usize]).4
+        })
+        .collect();
+    fresh.sort_unstable();
+    let stale = index
+        .map
+        .page_locations_in_slots(p, |slot| check.contains(slot))
+        .filter(|(lba, at)| at.offset.is_some() && index.volumes.admits(*lba, at.version))
+        .find(|(_, at)| fresh.binary_search(at).is_err());
+    if let Some((lba, at)) = stale {
+        pending.stale.insert(p, (lba, at.slot));
+    }
+}
+
+/// What a mapping found pointing into a replayed slot where the replay
+/// put nothing (block `lba`, slot `slot`) fails with.
+pub(crate) fn stale_error(lba: u64, slot: u64) -> crate::error::ArrayError {
+    crate::error::ArrayError::CheckpointUnreadable {
+        why: crate::error::CheckpointFault::Stale { lba, slot },
     }
 }
 

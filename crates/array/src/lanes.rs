@@ -313,7 +313,9 @@ impl Lanes {
                 }
             };
             let emptied = index.slots.account(&deltas);
-            open.drains.extend(emptied);
+            if !emptied.is_empty() {
+                index.drain_at_seal.entry(open.slot).or_default().extend(emptied);
+            }
         }
         open.mapped = open.records.len();
     }
@@ -392,7 +394,7 @@ impl Lanes {
         // write superseded, and a crash loses open stripes. Such a slot
         // drains once that user stripe is sealed too (any sealed before
         // this one has a smaller sequence, and is synced with it).
-        let mut drains = open.drains;
+        let mut drains = index.drain_at_seal.remove(&open.slot).unwrap_or_default();
         if empty {
             drains.push(open.slot);
         }

@@ -1736,15 +1736,22 @@ impl Map {
         &'a self,
         in_slot: impl Fn(u64) -> bool + Copy + 'a,
     ) -> impl Iterator<Item = (u64, Location)> + 'a {
-        self.pages.iter().flat_map(move |(&p, page)| {
-            let slots = page.entries.slots();
-            (0..page.entries.len())
-                .filter(move |&i| in_slot(slots.get(i)))
-                .map(move |i| {
-                    let e = page.entries.get(i);
-                    (p * MAP_PAGE_BLOCKS + u64::from(e.start), e.location())
-                })
-        })
+        self.pages
+            .iter()
+            .flat_map(move |(&p, page)| page_locations_in_slots(p, page, in_slot))
+    }
+
+    /// `locations_in_slots` of page `p` alone (nothing if it is not in
+    /// memory).
+    pub fn page_locations_in_slots<'a>(
+        &'a self,
+        p: u64,
+        in_slot: impl Fn(u64) -> bool + Copy + 'a,
+    ) -> impl Iterator<Item = (u64, Location)> + 'a {
+        self.pages
+            .get(&p)
+            .into_iter()
+            .flat_map(move |page| page_locations_in_slots(p, page, in_slot))
     }
 
     /// Mappings overlapping blocks [lba, end), in order.
@@ -1950,6 +1957,22 @@ impl Map {
     }
 }
 
+/// The mappings of page `p` (`page`) whose slot `in_slot` admits: the
+/// page's slot column read alone, and only the entries it admits read
+/// whole.
+fn page_locations_in_slots<'a>(
+    p: u64,
+    page: &'a Page,
+    in_slot: impl Fn(u64) -> bool + Copy + 'a,
+) -> impl Iterator<Item = (u64, Location)> + 'a {
+    let slots = page.entries.slots();
+    (0..page.entries.len())
+        .filter(move |&i| in_slot(slots.get(i)))
+        .map(move |i| {
+            let e = page.entries.get(i);
+            (p * MAP_PAGE_BLOCKS + u64::from(e.start), e.location())
+        })
+}
 #[cfg(test)]
 mod tests {
     use super::*;

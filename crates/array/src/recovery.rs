@@ -22,9 +22,12 @@
 //!   into a slot that holds a newer stripe than the one it was copied
 //!   from, recovery starts over from every stripe's summary and says why
 //!   in `status`.
-//! - Where the checkpoint's map cannot point into a replayed slot, the
-//!   records are left to be mapped after opening, page by page, before
-//!   anything looks at a page (`replay.rs`).
+//! - The records are left to be mapped after opening, page by page,
+//!   before anything looks at a page, each page then checked as eager
+//!   replay checks the map (`replay.rs`); mapped before serving where a
+//!   replayed slot's slot table page is unread, where the records would
+//!   take too much memory, and where the members ask for it
+//!   (`Start::Suspect`).
 
 use crate::catalog::Catalog;
 use crate::checkpoint::Checkpoints;
@@ -79,6 +82,13 @@ pub struct Recovery {
     /// serving.
     #[serde(default)]
     pub pages_mapped_later: u64,
+    /// Of `stripes_replayed` where they were mapped after opening, those
+    /// in slots that held pieces in the slot table the checkpoint
+    /// restored (on a full array, stripes garbage collection emptied and
+    /// wrote again): each page is checked for the map pointing into
+    /// their older stripes as it is mapped (`replay.rs`).
+    #[serde(default)]
+    pub replayed_slots_reused: u64,
 }
 
 /// Milliseconds of an opening's steps: the checkpoint's root and pages
@@ -277,6 +287,7 @@ impl Opening<'_> {
         *self.checkpoints.durable() = crate::checkpoint::Durable::default();
         let mut index = self.catalog.index_mut();
         index.drain_after_user.clear();
+        index.drain_at_seal.clear();
         index.user_open.clear();
         index.next_version = 1;
     }
@@ -384,9 +395,14 @@ impl Opening<'_> {
         stripes.sort_by_key(|s| s.0);
         recovery.phases.summaries = lap(&mut clock);
         recovery.stripes_replayed = stripes.len() as u64;
-        let stripes = match self.replay_later(window.is_some(), stripes) {
-            Ok(pages) => {
+        // Not after an opening whose replay mapped later found the map
+        // pointing into a replayed slot (`Start::Suspect`): mapped now,
+        // the check below finds it again, and the full scan follows.
+        let later = window.is_some() && start != Start::Suspect;
+        let stripes = match self.replay_later(later, stripes) {
+            Ok((pages, reused)) => {
                 recovery.pages_mapped_later = pages as u64;
+                recovery.replayed_slots_reused = reused as u64;
                 recovery.phases.check = lap(&mut clock);
                 return Ok(Replayed {
                     recovery,
@@ -471,31 +487,41 @@ impl Opening<'_> {
 
     /// Leaves the records of `stripes` (sequence, slot, records, in
     /// sequence order) to be mapped after opening (`index::Pending`),
-    /// where that is on, there is a checkpoint, the checkpoint's map
-    /// cannot point into a replayed slot (each holds no piece in the slot
-    /// table it restored), and the records fit; returns the pages they
-    /// wait for, or the stripes back. The slots are sealed as their
-    /// stripes left them, and held so (`SlotTable::hold`); the other slots
-    /// nothing points at are freed, as after eager replay.
+    /// where `later` (that is on, there is a checkpoint), the slot table
+    /// the checkpoint restored has read every replayed slot's page, and
+    /// the records fit; returns the pages they wait for and how many of
+    /// the replayed slots held pieces, or the stripes back. The slots
+    /// are sealed as their stripes left them, and held so
+    /// (`SlotTable::hold`); the other slots nothing points at are freed,
+    /// as after eager replay. The replayed slots that hold pieces in that
+    /// table (on a full array, the window's stripes garbage collection
+    /// emptied and wrote again) are those the map may still point into
+    /// where the replay leaves it so: each page is checked for that as
+    /// it is mapped (`Pending::new`'s `check`).
     #[allow(clippy::type_complexity)]
     fn replay_later(
         &self,
-        checkpoint: bool,
+        later: bool,
         stripes: Vec<(u64, u64, Vec<Record>)>,
-    ) -> Result<usize, Vec<(u64, u64, Vec<Record>)>> {
-        if !self.options.replay_later || !checkpoint || stripes.is_empty() {
+    ) -> Result<(usize, usize), Vec<(u64, u64, Vec<Record>)>> {
+        if !self.options.replay_later || !later || stripes.is_empty() {
             return Err(stripes);
         }
+        let mut check = SlotSet::empty(self.stripes.geometry.slot_count());
         {
             let index = self.catalog.index();
-            let counted = |slot: u64| index.slots.is_unread(slot) || index.slots.get(slot).pieces > 0;
-            if stripes.iter().any(|&(_, slot, _)| counted(slot)) {
+            if stripes.iter().any(|&(_, slot, _)| index.slots.is_unread(slot)) {
                 return Err(stripes);
+            }
+            for &(_, slot, _) in stripes.iter().filter(|s| index.slots.get(s.1).pieces > 0) {
+                check.insert(slot);
             }
         }
         // Sorted with no lock held.
         let algorithm = self.stripes.geometry.checksum;
-        let pending = crate::index::Pending::new(stripes, |record| crate::slots::record_live(algorithm, record))?;
+        let live = |record: &Record| crate::slots::record_live(algorithm, record);
+        let reused = check.len();
+        let pending = crate::index::Pending::new(stripes, check, live)?;
         let newest = pending.newest();
         let mut index = self.catalog.index_mut();
         index.next_version = index.next_version.max(newest.map_or(0, |v| v + 1));
@@ -509,7 +535,7 @@ impl Opening<'_> {
         index.slots.hold(replayed);
         let pages = pending.pages_left();
         index.pending = Some(Box::new(pending));
-        Ok(pages)
+        Ok((pages, reused))
     }
 
     /// Maps the records of a replay group's stripes (sequence, slot,

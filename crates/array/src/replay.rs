@@ -28,12 +28,21 @@
 //!   page is, one left with none is not emptied (`SlotTable::hold`).
 //!   Other slots only lose pieces to a replay, so they empty as usual.
 //! - Admission counts what the waiting records will add as live.
-//! - Mapped so only where the checkpoint's map cannot point into a
-//!   replayed slot (each was empty in its slot table), so that the check
-//!   eager replay makes for that (`CheckpointFault::Stale`) has nothing
-//!   to find; where one was not, and where the records would take too much
-//!   memory to hold this way, the replay is mapped before serving, as
-//!   before.
+//! - Each page is checked as it is mapped, as eager replay checks the
+//!   pages it read (`CheckpointFault::Stale`), for a mapping into a
+//!   replayed slot that held pieces in the slot table the checkpoint
+//!   restored (on a full array, the window's stripes that garbage
+//!   collection emptied and wrote again) at a place no record of the
+//!   page wrote: the checkpoint's mapping of a block that a stripe the
+//!   window should hold overwrote. A page found so is never handed out
+//!   (reads and writes of it fail, naming the block and slot), the
+//!   replay never finishes (so no checkpoint is written, and what needs
+//!   every page fails), and the members' activity records ask the next
+//!   opening to map the replay before serving, which finds it again,
+//!   refuses the checkpoint and scans every slot.
+//! - Where a replayed slot's slot table page is not read yet, and where
+//!   the records would take too much memory to hold this way, the replay
+//!   is mapped before serving, as before.
 
 use crate::deferred::Deferred;
 use crate::error::ArrayError;
@@ -78,6 +87,13 @@ impl Deferred {
         if pages.is_empty() {
             let synced = self.lanes.tracker.lock().recoverable_through();
             let mut index = self.catalog.index_mut();
+            // A page found stale: the replay is never finished, so no
+            // checkpoint is written and the next opening replays the same
+            // stripes (before serving, as the members' mark asks, and
+            // then scans every slot).
+            if let Some(((lba, slot), _)) = index.pending.as_ref().and_then(|p| p.stale()) {
+                return Err(crate::index::stale_error(lba, slot));
+            }
             let mut done = None;
             if index.pending.as_ref().is_some_and(|p| p.pages_left() == 0) {
                 done = index.pending.take();

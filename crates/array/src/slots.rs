@@ -1160,8 +1160,10 @@ impl SlotTable {
     }
 
     /// Recomputes what the map says each slot holds and compares it with
-    /// the counts kept: the engine's invariant, checked by tests.
-    pub fn check(&self, map: &crate::map::Map) -> Result<(), String> {
+    /// the counts kept: the engine's invariant, checked by tests. A slot
+    /// draining must be on its way to free: listed as draining here, or
+    /// by `awaiting` (waiting for an open user stripe to be sealed).
+    pub fn check(&self, map: &crate::map::Map, awaiting: impl Fn(u64) -> bool) -> Result<(), String> {
         if !self.unread.is_empty() || !self.pending.is_empty() || self.unread_free != 0 {
             return Err(format!(
                 "{} slot pages unread, deltas kept for {} pages, {} free slots counted in them",
@@ -1176,6 +1178,7 @@ impl SlotTable {
             .map(|(lba, m)| Delta::new(lba, m.blocks, &m.target, true))
             .collect();
         expected.account(&deltas);
+        let draining: HashSet<u64> = self.draining.iter().map(|&(slot, _)| slot).collect();
         for slot in 0..self.count() {
             let (s, want) = (self.get(slot), expected.get(slot));
             if (s.live, s.pieces) != (want.live, want.pieces) {
@@ -1196,6 +1199,11 @@ impl SlotTable {
             }
             if self.is_usable(slot) && !free {
                 return Err(format!("slot {slot} is usable but not free"));
+            }
+            if s.state == SlotState::Draining && !draining.contains(&slot) && !awaiting(slot) {
+                return Err(format!(
+                    "slot {slot} is draining but waits for nothing: it is never freed"
+                ));
             }
         }
         let volumes = |v: &[(u64, u128)]| -> Vec<(u64, u128)> {

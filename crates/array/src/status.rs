@@ -156,6 +156,14 @@ pub struct Status {
     /// says how many there were).
     #[serde(default)]
     pub replay_pages_waiting: u64,
+    /// Of the pages that replay mapped, those found pointing into a
+    /// replayed slot at a place the replay did not write (the
+    /// checkpoint's map missed an overwrite): reads and writes there
+    /// fail, no checkpoint can be written, and the members' activity
+    /// records ask the next opening to replay before serving, which then
+    /// refuses the checkpoint and scans every slot.
+    #[serde(default)]
+    pub replay_pages_stale: u64,
     /// Its pages in memory (512 blocks of a volume each), those changed since the
     /// last checkpoint (the next one writes their images), and the map
     /// stripes holding the durable checkpoint's images.
@@ -249,6 +257,7 @@ impl Shared {
                     index.slots.unread_count() as u64,
                     index.slots.pages_unreadable(),
                     index.pending.as_ref().map_or(0, |p| p.pages_left() as u64),
+                    index.pending.as_ref().and_then(|p| p.stale()).map_or(0, |s| s.1 as u64),
                 ),
             )
         };
@@ -369,6 +378,7 @@ impl Shared {
             slot_pages_unread: slot_pages.0,
             slot_pages_unreadable: slot_pages.1,
             replay_pages_waiting: slot_pages.2,
+            replay_pages_stale: slot_pages.3,
             writers_waited_for_members_ms: load(&c.waited_for_members_us) / 1000,
             writers_waited_for_slot_ms: load(&c.waited_for_slot_us) / 1000,
             stripes_sealed_early: load(&c.stripes_sealed_early),

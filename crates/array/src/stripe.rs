@@ -43,8 +43,6 @@ pub struct OpenStripe {
     /// Records from this index on are not in the map yet (their versions
     /// are given when they are mapped).
     pub mapped: usize,
-    /// Sealed slots emptied by this stripe's records: free once it is synced.
-    pub drains: Vec<u64>,
     /// Records before this index are in the intent log.
     pub logged: usize,
     /// The sequence this stripe is sealed as (0 until it is): log blocks
@@ -70,7 +68,6 @@ impl OpenStripe {
             records: Vec::new(),
             summary_bytes: format::SUMMARY_HEADER_BYTES,
             mapped: 0,
-            drains: Vec::new(),
             logged: 0,
             sealed_as: Default::default(),
         }

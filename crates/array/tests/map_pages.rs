@@ -1587,3 +1587,173 @@ fn a_replay_with_a_trim_of_many_pages_is_mapped_before_serving() {
     verify(&array, &model);
     array.check().unwrap();
 }
+
+/// 4+2 on six 64 MiB members, exported at 200 MiB, written whole and then
+/// overwritten at random (40,000 blocks), a checkpoint, 6,000 blocks more
+/// at random, FLUSHed: the checkpoint's window holds stripes garbage
+/// collection emptied and wrote again. Returns the members, the array,
+/// the model, the export's blocks, every tag each block was written
+/// with, and where chunk headers were at the checkpoint (slot ->
+/// sequence of the data stripe each slot then held).
+#[allow(clippy::type_complexity)]
+fn full_array_overwritten_past_a_checkpoint() -> (
+    Vec<Arc<MemoryDevice>>,
+    Array,
+    BTreeMap<u64, u64>,
+    u64,
+    BTreeMap<u64, Vec<u64>>,
+    BTreeMap<u64, u64>,
+) {
+    let devices = six_members();
+    let options = tessera_array::CreateOptions {
+        logical_bytes: Some(200 << 20),
+        ..tessera_array::CreateOptions::new(4, 2)
+    };
+    let array = tessera_array::create_with(named(&devices), &options, replaying(true, 64 << 20)).unwrap();
+    let g = array.geometry().clone();
+    let blocks = (200 << 20) / BLOCK;
+    let (mut model, mut tags) = (BTreeMap::new(), BTreeMap::<u64, Vec<u64>>::new());
+    let mut rng = rand::rngs::StdRng::seed_from_u64(28);
+    let mut write = |array: &Array, model: &mut BTreeMap<u64, u64>, lba: u64| {
+        let tag = rng.gen::<u32>() as u64;
+        array.write(lba * BLOCK, &block(lba, tag), false).unwrap();
+        model.insert(lba, tag);
+        tags.entry(lba).or_default().push(tag);
+    };
+    for lba in 0..blocks {
+        write(&array, &mut model, lba);
+    }
+    let mut at = rand::rngs::StdRng::seed_from_u64(29);
+    for _ in 0..40_000 {
+        write(&array, &mut model, at.gen_range(0..blocks));
+    }
+    array.checkpoint().unwrap();
+    let held: BTreeMap<u64, u64> = common::headers(&devices, &g)
+        .into_iter()
+        .filter(|(_, _, h)| h.stream != tessera_array::format::Stream::Meta)
+        .map(|(_, _, h)| (h.slot, h.sequence))
+        .collect();
+    for _ in 0..6_000 {
+        write(&array, &mut model, at.gen_range(0..blocks));
+    }
+    array.flush().unwrap();
+    let s = array.status().unwrap();
+    assert!(s.gc_bytes_relocated > 0, "no garbage collected: {s:?}");
+    (devices, array, model, blocks, tags, held)
+}
+
+#[test]
+fn a_replay_on_a_full_array_is_mapped_after_opening() {
+    // The slot table the checkpoint restores counts pieces in slots the
+    // replay finds newer stripes in: those pages are checked as they are
+    // mapped, where the replay was mapped before serving.
+    let (devices, array, mut model, blocks, _, _) = full_array_overwritten_past_a_checkpoint();
+    kill(&devices, array);
+    let array = tessera_array::open_with(open_list(&devices, &[]), replaying(true, 64 << 20)).unwrap();
+    let s = array.status().unwrap();
+    assert!(s.recovery.checkpoint_error.is_none(), "{:?}", s.recovery);
+    assert!(s.recovery.replayed_slots_reused > 0, "{:?}", s.recovery);
+    assert!(s.recovery.pages_mapped_later > 0, "{:?}", s.recovery);
+    assert!(s.replay_pages_waiting > 0, "{s:?}");
+    assert_eq!(s.replay_pages_stale, 0);
+    // Writes that need garbage collected (which maps the rest first).
+    let mut rng = rand::rngs::StdRng::seed_from_u64(30);
+    write_random(&array, &mut model, &mut rng, 3_000, blocks / PAGE);
+    assert_eq!(array.status().unwrap().replay_pages_waiting, 0);
+    verify(&array, &model);
+    array.check().unwrap();
+    array.checkpoint().unwrap();
+    let array = flushed_killed_and_verified(&devices, array, EngineOptions::default(), &model);
+    array.check().unwrap();
+}
+
+/// Whether `back`, read from block `lba`, is what one of the writes to
+/// it (`tags`) wrote.
+fn one_of_its_writes(back: &[u8], lba: u64, tags: &BTreeMap<u64, Vec<u64>>) -> bool {
+    tags[&lba].iter().any(|&tag| back == block(lba, tag))
+}
+
+/// A replay mapped after opening that finds the checkpoint's map pointing
+/// into a replayed slot where it wrote nothing: made so by erasing every
+/// stripe the window gained in a slot that held no data stripe at the
+/// checkpoint (what a lost write would leave), so that blocks those
+/// stripes overwrote, or garbage collection copied out of a slot used
+/// again since, are mapped by the checkpoint alone into slots that hold
+/// newer stripes. Eager replay refuses such a checkpoint and scans every
+/// slot; mapped after opening, the pages so found are refused (reads
+/// and writes there fail naming the block and slot, never a wrong
+/// byte), the replay never finishes (no checkpoint, the engine's check
+/// fails), and the members ask the next opening to map the replay
+/// before serving: it refuses the checkpoint and scans every slot.
+#[test]
+fn a_page_the_replay_finds_stale_after_opening_is_refused_and_the_next_opening_scans() {
+    let (devices, array, _, blocks, tags, held) = full_array_overwritten_past_a_checkpoint();
+    let g = array.geometry().clone();
+    kill(&devices, array);
+    let from = superblock(&devices).checkpoint.expect("a checkpoint").sequence;
+    let mut newest: BTreeMap<u64, u64> = BTreeMap::new();
+    for (_, _, h) in common::headers(&devices, &g) {
+        if h.stream != tessera_array::format::Stream::Meta && h.sequence > from {
+            let seen = newest.entry(h.slot).or_default();
+            *seen = (*seen).max(h.sequence);
+        }
+    }
+    let (kept, erased): (Vec<u64>, Vec<u64>) = newest.keys().partition(|slot| held.contains_key(slot));
+    assert!(!kept.is_empty() && !erased.is_empty(), "{kept:?} {erased:?}");
+    let zeros = vec![0u8; SECTOR_BYTES + g.chunk_bytes];
+    for &slot in &erased {
+        for j in 0..g.width() {
+            let (member, row) = g.place(slot, j);
+            devices[member].write_at(&zeros, g.row_offset(row)).unwrap();
+        }
+    }
+    let array = tessera_array::open_with(open_list(&devices, &[]), replaying(true, 64 << 20)).unwrap();
+    let s = array.status().unwrap();
+    assert!(s.recovery.checkpoint_error.is_none(), "{:?}", s.recovery);
+    assert!(s.recovery.replayed_slots_reused > 0, "{:?}", s.recovery);
+    let (mut good, mut refused) = (0, 0);
+    let mut back = vec![0u8; BLOCK as usize];
+    for lba in 0..blocks {
+        match array.read(lba * BLOCK, &mut back) {
+            Ok(()) => {
+                assert!(one_of_its_writes(&back, lba, &tags), "block {lba}");
+                good += 1;
+            }
+            Err(error) => {
+                assert!(error.to_string().contains("which holds a newer stripe"), "{error}");
+                refused += 1;
+            }
+        }
+    }
+    assert!(
+        good > blocks / 2 && refused > 0,
+        "{good} blocks read, {refused} refused"
+    );
+    let stale_lba = (0..blocks)
+        .find(|&lba| array.read(lba * BLOCK, &mut back).is_err())
+        .expect("a block refused");
+    let error = array.write(stale_lba * BLOCK, &block(stale_lba, 1), false).unwrap_err();
+    assert!(error.to_string().contains("which holds a newer stripe"), "{error}");
+    assert!(array.status().unwrap().replay_pages_stale > 0);
+    let error = array.check().unwrap_err();
+    assert!(error.contains("which holds a newer stripe"), "{error}");
+    assert!(array.checkpoint().is_err(), "no checkpoint over a stale map");
+    assert!(
+        pages_mark_becomes(&devices, true),
+        "the members ask for the replay before serving"
+    );
+    kill(&devices, array);
+
+    let array = tessera_array::open_with(open_list(&devices, &[]), replaying(true, 64 << 20)).unwrap();
+    let recovery = array.status().unwrap().recovery;
+    let error = recovery.checkpoint_error.clone().expect("the checkpoint refused");
+    assert!(error.contains("which holds a newer stripe"), "{error}");
+    assert_eq!(recovery.slots_scanned, g.slot_count());
+    for lba in 0..blocks {
+        array.read(lba * BLOCK, &mut back).unwrap();
+        let never = back.iter().all(|&b| b == 0);
+        assert!(never || one_of_its_writes(&back, lba, &tags), "block {lba}");
+    }
+    array.check().unwrap();
+    assert!(pages_mark_becomes(&devices, false), "the mark cleared");
+}

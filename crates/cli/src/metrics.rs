@@ -364,6 +364,7 @@ impl Metrics {
         gauge(&self.map, "slot_pages_unread", s.slot_pages_unread);
         gauge(&self.map, "slot_pages_unreadable", u64::from(s.slot_pages_unreadable));
         gauge(&self.map, "replay_pages_waiting", s.replay_pages_waiting);
+        gauge(&self.map, "replay_pages_stale", s.replay_pages_stale);
         self.scrub.clear();
         if let Some(scrub) = &s.scrub {
             gauge(&self.scrub, "total", scrub.stripes_total);

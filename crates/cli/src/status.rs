@@ -308,11 +308,23 @@ fn print_status(s: &Status) {
             "  the replay's records in {} map pages left to be mapped after opening; {} still waiting",
             r.pages_mapped_later, s.replay_pages_waiting
         );
+        if r.replayed_slots_reused > 0 {
+            println!(
+                "  {} of the replayed stripes are in slots the checkpoint counted live: each page is checked as it is mapped",
+                r.replayed_slots_reused
+            );
+        }
     }
     if r.slot_pages_deferred > 0 {
         println!(
             "  {} of its {} slot pages left to be read after opening; {} still unread",
             r.slot_pages_deferred, r.slot_pages, s.slot_pages_unread
+        );
+    }
+    if s.replay_pages_stale > 0 {
+        println!(
+            "  {} map pages the replay mapped point into a replayed slot where it wrote nothing: they cannot be read or written, and no checkpoint is written until the next opening, which replays before serving and scans every slot; see the events",
+            s.replay_pages_stale
         );
     }
     if s.slot_pages_unreadable {
