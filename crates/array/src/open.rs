@@ -27,7 +27,29 @@ pub fn open(devices: Vec<(String, Option<Arc<dyn Device>>)>) -> Result<Array, Ar
 }
 
 /// [`open`], run with `engine` options.
+///
+/// Opened again, everything done before serving, where opening found
+/// the checkpoint's map stale after it had left the replay for later
+/// (the intent log's replay, or the room it needed, brought in a page
+/// that points into a replayed slot where the replay wrote nothing):
+/// the replay is then mapped before serving, the checkpoint refused and
+/// every slot scanned, as where eager replay finds it. (What the first
+/// try wrote is in stripes the second replays, and the log keeps every
+/// block until its records are sealed and synced.)
 pub fn open_with(devices: Vec<(String, Option<Arc<dyn Device>>)>, engine: EngineOptions) -> Result<Array, ArrayError> {
+    match open_as(devices.clone(), engine.clone(), false) {
+        Err(ArrayError::CheckpointUnreadable { .. }) => open_as(devices, engine, true),
+        other => other,
+    }
+}
+
+/// [`open_with`], once; `suspect`: as if the members' activity records
+/// asked for everything before serving (`Start::Suspect`).
+fn open_as(
+    devices: Vec<(String, Option<Arc<dyn Device>>)>,
+    engine: EngineOptions,
+    suspect: bool,
+) -> Result<Array, ArrayError> {
     let mut rejected: Vec<Rejected> = Vec::new();
     let mut found: Vec<Found> = Vec::new();
     let listed = devices.len();
@@ -176,7 +198,7 @@ pub fn open_with(devices: Vec<(String, Option<Arc<dyn Device>>)>, engine: Engine
         .collect();
     let start = match activity::clean_at(&readable, newest.array_uuid) {
         Some(sequence) => Start::Clean(sequence),
-        None if activity::pages_suspect(&readable, newest.array_uuid) => Start::Suspect,
+        None if suspect || activity::pages_suspect(&readable, newest.array_uuid) => Start::Suspect,
         None => Start::Unknown,
     };
     let newest = volume_table(newest, &members)?;

@@ -288,6 +288,7 @@ impl Opening<'_> {
         let mut index = self.catalog.index_mut();
         index.drain_after_user.clear();
         index.drain_at_seal.clear();
+        index.pending = None;
         index.user_open.clear();
         index.next_version = 1;
     }

@@ -27,7 +27,6 @@
 //! - A replayed slot gains pieces as its pages are mapped: until every
 //!   page is, one left with none is not emptied (`SlotTable::hold`).
 //!   Other slots only lose pieces to a replay, so they empty as usual.
-//! - Admission counts what the waiting records will add as live.
 //! - Each page is checked as it is mapped, as eager replay checks the
 //!   pages it read (`CheckpointFault::Stale`), for a mapping into a
 //!   replayed slot that held pieces in the slot table the checkpoint
@@ -39,7 +38,11 @@
 //!   replay never finishes (so no checkpoint is written, and what needs
 //!   every page fails), and the members' activity records ask the next
 //!   opening to map the replay before serving, which finds it again,
-//!   refuses the checkpoint and scans every slot.
+//!   refuses the checkpoint and scans every slot. Found while opening
+//!   (the intent log's replay), opening starts again so (`open_with`).
+//! - Admission counts the waiting records as live beside what they
+//!   overwrote: where that refuses a write, the replay is finished and
+//!   the write asked about again (`Shared::admit`).
 //! - Where a replayed slot's slot table page is not read yet, and where
 //!   the records would take too much memory to hold this way, the replay
 //!   is mapped before serving, as before.

@@ -351,7 +351,22 @@ impl Shared {
 
     /// Checks that live data after these pieces fits, counting what they
     /// overwrite as freed; refuses with NoSpace, changing nothing.
+    ///
+    /// While a replay's records wait to be mapped (`index::Pending`), the
+    /// slot table still counts what they overwrite as live beside what
+    /// they add: where that count refuses, every waiting record is mapped
+    /// (`Deferred::finish_replay`) and the write asked about again.
     fn admit(&self, pieces: &[Piece<'_>]) -> Result<Admitted<'_>, ArrayError> {
+        match self.admit_now(pieces) {
+            Err(ArrayError::NoSpace) if self.catalog.index().pending.is_some() => {
+                self.deferred.finish_replay()?;
+                self.admit_now(pieces)
+            }
+            other => other,
+        }
+    }
+
+    fn admit_now(&self, pieces: &[Piece<'_>]) -> Result<Admitted<'_>, ArrayError> {
         let algorithm = self.stripes.geometry.checksum;
         let incoming: u128 =
             pieces.iter().map(|p| u128::from(p.footprint(algorithm))).sum::<u128>() * u128::from(LIVE_SCALE);
