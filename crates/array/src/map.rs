@@ -1973,6 +1973,7 @@ fn page_locations_in_slots<'a>(
             (p * MAP_PAGE_BLOCKS + u64::from(e.start), e.location())
         })
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;
