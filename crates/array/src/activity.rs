@@ -234,8 +234,8 @@ pub fn clean_at(members: &[Arc<dyn Device>], array_uuid: [u8; 16]) -> Option<u64
 }
 
 /// Whether a record of array `array_uuid` on any of `members` says that
-/// a slot table page left for later could not be read: then opening
-/// reads every page before it serves.
+/// what an opening left for later failed (bit 2): then opening reads
+/// every slot page and maps the replay before it serves.
 pub fn pages_suspect(members: &[Arc<dyn Device>], array_uuid: [u8; 16]) -> bool {
     members
         .iter()

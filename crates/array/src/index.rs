@@ -342,12 +342,18 @@ fn map_page(pending: &mut Pending, i: usize, index: &mut Index) {
     let (p, start) = (page.page, page.start);
     let end = pending.pages.get(i + 1).map_or(pending.places.len(), |next| next.start);
     let (base, limit) = (p * PAGE, (p + 1) * PAGE);
+    // The places the page's records wrote, where it is to be checked.
+    let checked = pending.check.len() > 0;
+    let mut fresh = Vec::new();
     for &(_, stripe, at) in &pending.places[start..end] {
         let (_, slot, records) = &pending.stripes[stripe as usize];
-        let (lba, blocks, version, target, _) = target_of(*slot, &records[at as usize]);
+        let (lba, blocks, version, target, place) = target_of(*slot, &records[at as usize]);
         // A record of a volume deleted since is not mapped.
         if !index.volumes.admits(lba, version) {
             continue;
+        }
+        if checked {
+            fresh.extend(place);
         }
         let (from, to) = (lba.max(base), (lba + u64::from(blocks)).min(limit));
         let target = target.advanced_by(from - lba);
@@ -359,27 +365,20 @@ fn map_page(pending: &mut Pending, i: usize, index: &mut Index) {
         let emptied = index.slots.account(&deltas);
         index.drain_emptied_now(emptied);
     }
-    if pending.check.len() > 0 {
-        check_page(pending, p, start..end, index);
+    if checked {
+        check_page(pending, p, fresh, index);
     }
 }
 
-/// Notes page `p` as stale (`Pending::stale`) if, its records (`places`)
-/// mapped, a mapping of it points into a slot of `Pending::check` at a
-/// place none of them wrote: the checkpoint's mapping of a block that a
+/// Notes page `p` as stale (`Pending::stale`) if, its records mapped, a
+/// mapping of it points into a slot of `Pending::check` at a place none
+/// of them wrote (`fresh`): the checkpoint's mapping of a block that a
 /// replayed stripe should have overwritten, in a slot a newer stripe now
 /// holds. (What eager replay checks over every page it read:
 /// `CheckpointFault::Stale`.) A mapping of a volume deleted since is
 /// left out, as eager replay drops those before it looks.
-fn check_page(pending: &mut Pending, p: u64, places: std::ops::Range<usize>, index: &Index) {
+fn check_page(pending: &mut Pending, p: u64, mut fresh: Vec<Location>, index: &Index) {
     let check = &pending.check;
-    let mut fresh: Vec<Location> = pending.places[places]
-        .iter()
-        .filter_map(|&(_, stripe, at)| {
-            let (_, slot, records) = &pending.stripes[stripe as usize];
-            target_of(*slot, &records[at as usize]).4
-        })
-        .collect();
     fresh.sort_unstable();
     let stale = index
         .map

@@ -127,10 +127,12 @@ pub(crate) enum Start {
     /// Anything may be there: the checkpoint's window (or every slot) is
     /// scanned.
     Unknown,
-    /// As `Unknown`, and an opening before this one could not read a slot
-    /// table page it left for later (`activity::pages_suspect`): every
-    /// page is read before serving, and if one still cannot be, every
-    /// slot is scanned.
+    /// As `Unknown`, and what an opening before this one left for later
+    /// failed (`activity::pages_suspect`: a slot table page could not be
+    /// read, or a page the replay mapped later was stale), or this
+    /// opening's first try found the map stale (`open_with`): every slot
+    /// page is read and the replay mapped before serving, and if a page
+    /// still cannot be read or the map is stale, every slot is scanned.
     Suspect,
 }
 
