@@ -928,8 +928,14 @@ struct Pieces {
 
 impl Pieces {
     /// Keys [from, to) go to the target that starts at key `lo`, as a
-    /// new entry or as more of the last one where they follow it.
+    /// new entry or as more of the last one where they follow it; they
+    /// are marked changed since the page's base. (Only they: an entry a
+    /// rule keeps may reach past the keys a change covers, and a delta
+    /// cuts what it holds to the keys marked, so marking all of a change's
+    /// keys would cut such an entry in two when the page is read back,
+    /// one more piece than the slot table counts.)
     fn take(&mut self, page: &mut Page, target: &Target, (lo, version): (u16, u64), from: u16, to: u16) {
+        page.mark_changed(from, to);
         if let Some(&i) = self.new.last() {
             if i + 1 == self.entries.len() && self.entries[i].end() == from {
                 self.entries[i].blocks = to - self.entries[i].start;
@@ -1231,7 +1237,6 @@ impl PagesMut<'_> {
         if gained.len() + lost.len() > changes {
             self.dirty.insert(p);
             page.image = None;
-            page.mark_changed(key, hi);
         }
         let after = if page.entries.is_empty() {
             self.pages.remove(&p);

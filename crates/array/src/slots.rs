@@ -1159,6 +1159,30 @@ impl SlotTable {
         scored.into_iter().map(|(_, slot)| slot).collect()
     }
 
+    /// The map's pieces in `slot`, for a message: the first few, as
+    /// `lba+blocks vVERSION @offset/skip` (`zeros` for a zero record).
+    fn pieces_in(map: &crate::map::Map, slot: u64) -> String {
+        const SHOWN: usize = 16;
+        let mut shown = Vec::new();
+        let mut count = 0usize;
+        for (lba, m) in map.iter().filter(|(_, m)| m.target.slot() == slot) {
+            count += 1;
+            if shown.len() < SHOWN {
+                shown.push(match &m.target {
+                    crate::map::Target::Zero { .. } => format!("{lba}+{} v{} zeros", m.blocks, m.version),
+                    crate::map::Target::Data { extent, skip } => format!(
+                        "{lba}+{} v{} @{}/{} ({} blocks, {} bytes)",
+                        m.blocks, m.version, extent.offset, skip, extent.blocks, extent.stored_bytes
+                    ),
+                });
+            }
+        }
+        if count > SHOWN {
+            shown.push(format!("and {} more", count - SHOWN));
+        }
+        shown.join(", ")
+    }
+
     /// Recomputes what the map says each slot holds and compares it with
     /// the counts kept: the engine's invariant, checked by tests. A slot
     /// draining must be on its way to free: listed as draining here, or
@@ -1183,8 +1207,14 @@ impl SlotTable {
             let (s, want) = (self.get(slot), expected.get(slot));
             if (s.live, s.pieces) != (want.live, want.pieces) {
                 return Err(format!(
-                    "slot {slot}: counted {} live units in {} pieces, the map says {} in {}",
-                    s.live, s.pieces, want.live, want.pieces
+                    "slot {slot} ({:?}, sequence {}): counted {} live units in {} pieces, the map says {} in {}: {}",
+                    s.state,
+                    s.sequence,
+                    s.live,
+                    s.pieces,
+                    want.live,
+                    want.pieces,
+                    Self::pieces_in(map, slot)
                 ));
             }
             let free = self.free.contains(slot);

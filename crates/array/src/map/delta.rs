@@ -19,7 +19,8 @@
 //! window 1/8 of that leaves: ~55).
 //!
 //! A page in memory keeps what it knows of its base (`Page::since_base`,
-//! a `Since`): the keys changed since it, marked by every change, and
+//! a `Since`): the keys changed since it, marked by every change (the
+//! keys it changed, not those it covered and left: `Pieces::take`), and
 //! the keys its deltas since it held; set from the delta when the page
 //! is loaded, cleared when a checkpoint takes the page whole (and given
 //! back if that checkpoint fails). `None` when unknown (a page new in
@@ -223,7 +224,14 @@ mod tests {
     /// A write of `blocks` blocks at `lba`, of a random record (raw with
     /// CRCs, or compressed), or zeros.
     fn write(map: &mut Map, rng: &mut rand::rngs::StdRng, lba: u64, blocks: u32, version: u64) {
-        let target = if rng.gen_ratio(1, 10) {
+        let target = record(rng, blocks);
+        map.insert(lba, blocks, version, &target, Rule::Always);
+    }
+
+    /// A random record of `blocks` blocks (raw with CRCs, or compressed),
+    /// or zeros.
+    fn record(rng: &mut rand::rngs::StdRng, blocks: u32) -> Target {
+        if rng.gen_ratio(1, 10) {
             Target::Zero {
                 slot: rng.gen_range(0..1000),
             }
@@ -247,8 +255,26 @@ mod tests {
                 block_crcs: crcs,
             });
             Target::Data { extent, skip: 0 }
-        };
-        map.insert(lba, blocks, version, &target, Rule::Always);
+        }
+    }
+
+    /// A change that may leave some of the entries it covers as they are:
+    /// a replay of an older write (which keeps the newer ones), or a
+    /// relocation of what maps `lba` now, over a range that may pass it
+    /// (which keeps what is not that record).
+    fn keep_some(map: &mut Map, rng: &mut rand::rngs::StdRng, lba: u64, blocks: u32, version: u64) {
+        let target = record(rng, blocks);
+        if rng.gen_bool(0.5) {
+            map.insert(lba, blocks, rng.gen_range(1..version), &target, Rule::IfNotNewer);
+            return;
+        }
+        if let Some((_, now)) = map.overlapping(lba, lba + 1).next() {
+            let rule = Rule::IfStill {
+                target: &now.target,
+                version: now.version,
+            };
+            map.insert(lba, blocks, now.version, &target, rule);
+        }
     }
 
     /// Each mapping of page `p` as text: keys, version, where, what.
@@ -260,7 +286,8 @@ mod tests {
     }
 
     /// Pages written at random, taken whole (their base), changed at
-    /// random again (writes of 1-16 blocks, zeros, a volume's range
+    /// random again (writes of 1-16 blocks, zeros, replays and
+    /// relocations that keep some of what they cover, a volume's range
     /// removed): each page's base with its delta over it is the page as
     /// it is now, and keeps the keys changed; a page taken whole again
     /// has none changed.
@@ -296,7 +323,10 @@ mod tests {
                 let lba = rng.gen_range(0..pages * MAP_PAGE_BLOCKS);
                 let room = (MAP_PAGE_BLOCKS - lba % MAP_PAGE_BLOCKS) as u32;
                 let blocks = rng.gen_range(1..=16).min(room);
-                write(&mut map, &mut rng, lba, blocks, version);
+                match rng.gen_ratio(1, 3) {
+                    true => keep_some(&mut map, &mut rng, lba, blocks, version),
+                    false => write(&mut map, &mut rng, lba, blocks, version),
+                }
                 version += 1;
             }
             if seed % 4 == 0 {
@@ -319,7 +349,16 @@ mod tests {
                 let loaded = Map::decode_with_delta(base, &delta, &g).unwrap();
                 let mut alone = Map::default();
                 alone.pages.insert(p, loaded.body);
-                assert_eq!(described(&alone, p), described(&map, p), "seed {seed} page {p}");
+                // Entry for entry: the slot table counts the pieces.
+                let (read, held) = (described(&alone, p), described(&map, p));
+                let differ = read.iter().zip(&held).position(|(a, b)| a != b);
+                assert!(
+                    read.len() == held.len() && differ.is_none(),
+                    "seed {seed} page {p}: read back {} entries, held {}; the first that differ: {:?}",
+                    read.len(),
+                    held.len(),
+                    differ.map(|i| (&read[i], &held[i]))
+                );
                 assert_eq!(alone.pages[&p].since_base.as_deref(), Some(&since));
                 // The delta holds no more than the keys changed.
                 let (_, _, over) = decode_delta(&delta, &g).unwrap();
