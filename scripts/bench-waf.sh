@@ -15,10 +15,16 @@
 # floor is (K+M)/K * (chunk + 4 KiB header)/chunk. Then the server is
 # killed (kill -9) and `tessera status` times the opening: its whole run
 # (which, after a crash, ends by writing a checkpoint of what replay
-# found), and the opening alone as `status` reports it.
+# found), and the opening alone as `status` reports it. With
+# AFTER_KILL=writes, the killed array is served instead and written at
+# once, as a client that was waiting would: fio's random 4 KiB writes at
+# QD1 for 10 s from the moment the export answers (their latency: the
+# first write garbage collection needs after opening a full array waits
+# for what opening left for later), with the opening and the replay's
+# pages waiting when the writes began, as the server's `status` says.
 #
 #   [TESSERA=path/to/tessera] [PATTERNS="random zipf:1.2"] [GC_MODES="own none"] \
-#     scripts/bench-waf.sh [K M N] [MEMBER_SIZE] [TIMES]
+#     [AFTER_KILL=status|writes] scripts/bench-waf.sh [K M N] [MEMBER_SIZE] [TIMES]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 k=${1:-8}; m=${2:-2}; n=${3:-10}; member=${4:-64M}; times=${5:-2}
@@ -60,6 +66,33 @@ print(f'{\"$dist\":<10} {\"$gc\":<10} {s[\"write_amplification\"]:6.2f} {s[\"gc_
     # Killed as a crash would, then opened: the replay the last
     # checkpoint leaves (its window's headers, the stripes newer than it).
     kill_server
+    if [ "${AFTER_KILL:-status}" = writes ]; then
+      start=$(date +%s%N)
+      SOCKET_WAIT_S=120 serve "${gc_opt[@]}"
+      for _ in $(seq 3000); do nbdinfo --size "$uri" >/dev/null 2>&1 && break; sleep 0.02; done
+      answered_ms=$(( ($(date +%s%N) - start) / 1000000 ))
+      "$TESSERA" status "$work/array" --json >"$work/status.json"
+      fio --name=after --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=1 --time_based --runtime=10 \
+          --size="$size" --norandommap --randseed=5 --output-format=json >"$work/after.json" 2>/dev/null || true
+      "$TESSERA" status "$work/array" --json >"$work/status-after.json"
+      stop_server
+      python3 - "$answered_ms" "$work/status.json" "$work/after.json" "$work/status-after.json" <<'PY'
+import json, sys
+answered, before, after, later = sys.argv[1:]
+# (fio's nbd engine prints a line before its JSON)
+load = lambda path: (lambda t: json.loads(t[t.index("{"):]))(open(path).read())
+s, j, t = load(before), load(after), load(later)
+w = j["jobs"][0]["write"]
+c = w["clat_ns"]
+pct = lambda p: c["percentile"][p] / 1e3
+print(f"export answered {answered} ms after serve ({s['recovery']['milliseconds']} ms opening, "
+      f"{s.get('replay_pages_waiting', 0)} replay pages waiting); then {w['total_ios']} writes at QD1 in 10 s: "
+      f"p50 {pct('50.000000'):.0f} us, p99 {pct('99.000000'):.0f} us, p99.9 {pct('99.900000'):.0f} us, max {c['max'] / 1e6:.1f} ms; "
+      f"{t.get('replay_pages_waiting', 0)} pages waiting after, fio error {j['jobs'][0]['error']}")
+PY
+      cat "$work/parts.txt"
+      continue
+    fi
     start=$(date +%s.%N)
     "$TESSERA" status "$work/array" --json >"$work/status.json"
     end=$(date +%s.%N)
