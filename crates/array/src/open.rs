@@ -29,11 +29,13 @@ pub fn open(devices: Vec<(String, Option<Arc<dyn Device>>)>) -> Result<Array, Ar
 /// [`open`], run with `engine` options.
 ///
 /// Opened again, everything done before serving, where opening found
-/// the checkpoint's map stale after it had left the replay for later
-/// (the intent log's replay, or the room it needed, brought in a page
-/// that points into a replayed slot where the replay wrote nothing):
-/// the replay is then mapped before serving, the checkpoint refused and
-/// every slot scanned, as where eager replay finds it. (What the first
+/// that what it had left for later fails (the intent log's replay, or
+/// the room it needed, brought in a map page that points into a
+/// replayed slot where the replay wrote nothing, or a slot table page
+/// that cannot be read): the replay is then mapped and every slot page
+/// read before serving, and the checkpoint refused and every slot
+/// scanned, as where eager replay finds it. (Only the stale map's case
+/// has a test: `map_pages::a_page_the_replay_finds_stale_while_opening_sends_it_to_the_scan`.) (What the first
 /// try wrote is in stripes the second replays, and the log keeps every
 /// block until its records are sealed and synced.)
 pub fn open_with(devices: Vec<(String, Option<Arc<dyn Device>>)>, engine: EngineOptions) -> Result<Array, ArrayError> {
