@@ -90,7 +90,7 @@ phases = ", ".join(f"{k} {v}" for k, v in r.get("phases", {}).items() if v)
 if r.get("checkpoint_error"):
     phases += f"; the checkpoint not used: {r['checkpoint_error']}"
 print(f"export answered {answered} ms after serve ({r['milliseconds']} ms opening: {phases}; "
-      f"{r['stripes_replayed']} stripes replayed, {r['slots_scanned']} slots scanned, "
+      f"{r['stripes_replayed']} stripes replayed, {r['slots_scanned']} slots scanned, {r.get('headers_read', 0)} headers read, "
       f"{s.get('replay_pages_waiting', 0)} replay pages waiting); then {w['total_ios']} writes at QD1 in 10 s: "
       f"p50 {pct('50.000000'):.0f} us, p99 {pct('99.000000'):.0f} us, p99.9 {pct('99.900000'):.0f} us, max {c['max'] / 1e6:.1f} ms; "
       f"{t.get('replay_pages_waiting', 0)} pages waiting after, fio error {j['jobs'][0]['error']}")

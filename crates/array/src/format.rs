@@ -65,7 +65,9 @@ const _: () = assert!(DATA_START as usize >= SECTOR_BYTES);
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"TSRSUPER";
 pub const CHUNK_MAGIC: [u8; 8] = *b"TSRCHUNK";
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"TSRCHKPT";
-/// Version 12: a checkpoint's root ends where its last stripe's room
+/// Version 13: recovery may leave a stripe torn on fewer than K chunks
+/// in a free slot (it reads M+1 headers of a window slot first), and
+/// drops such a stripe at any sequence. Version 12: a checkpoint's root ends where its last stripe's room
 /// ends, so that it fills the tail of the stripe its page images
 /// end in (version 11 began it in a stripe of its own). Version 11
 /// added map page deltas (a directory entry may name a delta beside a
@@ -85,7 +87,7 @@ pub const CHECKPOINT_MAGIC: [u8; 8] = *b"TSRCHKPT";
 /// a checkpoint directory, which version 5 has as fields). Version 2
 /// added the version of the write to every record, a CRC32C per 4 KiB
 /// block to raw extents. Arrays of any other version are refused by it.
-pub const FORMAT_VERSION: u32 = 12;
+pub const FORMAT_VERSION: u32 = 13;
 /// The CRC32C of a sector covers its first 4092 bytes and sits in the last 4.
 const CRC_OFFSET: usize = SECTOR_BYTES - 4;
 
@@ -2247,7 +2249,7 @@ mod tests {
         }
         assert!(sb.is_failed(5) && !sb.is_failed(3));
         // Golden: magic, version, index, members, K, M, chunk, codes, rows, failed bit 5.
-        assert_eq!(&bytes[0..12], b"TSRSUPER\x0c\x00\x00\x00");
+        assert_eq!(&bytes[0..12], b"TSRSUPER\x0d\x00\x00\x00");
         assert_eq!(
             &bytes[48..68],
             &[3, 0, 0, 0, 7, 0, 0, 0, 4, 0, 0, 0, 2, 0, 0, 0, 0, 0, 1, 0]
@@ -2302,7 +2304,7 @@ mod tests {
         encode_log_block([9; 16], 5, 3, &records, &mut block);
         // 64 + 3 x 96 + 4096 + 900 bytes, in 512-byte sectors.
         assert_eq!(block.len(), 5632);
-        assert_eq!(&block[..12], b"TSRLOGBK\x0c\x00\x00\x00");
+        assert_eq!(&block[..12], b"TSRLOGBK\x0d\x00\x00\x00");
         let mut longer = block.to_vec();
         longer.extend_from_slice(&[0xff; 1024]);
         let (header, decoded) = decode_log_block(&longer, &g).unwrap();
@@ -2673,7 +2675,7 @@ mod tests {
             directory: true,
         }));
         let bytes = sb.encode();
-        assert_eq!(&bytes[0..12], b"TSRSUPER\x0c\x00\x00\x00");
+        assert_eq!(&bytes[0..12], b"TSRSUPER\x0d\x00\x00\x00");
         assert_eq!(&bytes[4088..4092], &1u32.to_le_bytes());
         assert_eq!(Superblock::decode(&bytes).unwrap(), sb);
         let c = sb.checkpoint.as_ref().unwrap();
@@ -2685,7 +2687,7 @@ mod tests {
         seal_sector(&mut bad);
         assert!(matches!(Superblock::decode(&bad), Err(FormatError::Field { .. })));
         // Superblocks of earlier versions are refused by their version.
-        for old in 2u32..=11 {
+        for old in 2u32..=12 {
             let mut bad = bytes.clone();
             bad[8..12].copy_from_slice(&old.to_le_bytes());
             seal_sector(&mut bad);
@@ -2699,7 +2701,7 @@ mod tests {
             );
             assert!(error
                 .to_string()
-                .contains(&format!("version {old}; this build reads version 12")));
+                .contains(&format!("version {old}; this build reads version 13")));
         }
 
         let slots: Vec<u64> = (0..900).map(|i| (i * 7) % g.slot_count()).collect();
@@ -2821,7 +2823,7 @@ mod tests {
         let c = checkpoint();
         let bytes = c.encode(a);
         assert_eq!(bytes.len(), checkpoint_bytes(a, 2, 3, 2, 3, 4, 1));
-        assert_eq!(&bytes[..12], b"TSRCHKPT\x0c\x00\x00\x00");
+        assert_eq!(&bytes[..12], b"TSRCHKPT\x0d\x00\x00\x00");
         assert_eq!(&bytes[24..32], &1234u64.to_le_bytes());
         assert_eq!(&bytes[48..64], &[2, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(&bytes[64..80], &[1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);

@@ -54,8 +54,13 @@ pub struct Recovery {
     /// Why a checkpoint the superblock names was not used, if it was not.
     pub checkpoint_error: Option<String>,
     pub slots_scanned: u64,
+    /// Chunk header sectors the scan read: M+1 of a slot no newer stripe
+    /// was written to, K+M of the others (`read_window_headers`).
+    #[serde(default)]
+    pub headers_read: u64,
     pub stripes_replayed: u64,
-    /// Stripes newer than the last sync that a crash left incomplete.
+    /// Stripes a crash left incomplete: newer than the last sync and
+    /// unreadable, or on fewer than K chunks.
     pub torn_stripes_dropped: u64,
     /// Chunks of kept stripes that were missing or bad, and rewritten.
     pub chunks_repaired: u64,
@@ -139,6 +144,18 @@ pub(crate) enum Start {
 /// A chunk header recovery reads: where on its member, and its slot and
 /// chunk index.
 type HeaderRead = (u64, u64, usize);
+
+/// What a chunk's header sector says to recovery's scan.
+enum Seen {
+    /// This array's header of this chunk of this slot.
+    Header(ChunkHeader),
+    /// Zeros, or a whole header of another array, slot or chunk: no
+    /// stripe of this slot wrote this chunk.
+    Other,
+    /// Unreadable, or neither a whole header nor zeros (torn, corrupt):
+    /// it may be a newer stripe's.
+    Doubt,
+}
 
 /// What a replay found, for the steps after it.
 struct Replayed {
@@ -226,24 +243,21 @@ impl Opening<'_> {
         Ok(recovery)
     }
 
-    /// The chunk headers of `slots` (in order) that are this array's
-    /// and where they should be, each with its slot and chunk index, in
+    /// What the chunk headers of the `chunks` (slot, chunk index) say, in
     /// slot and then chunk order. Read a member at a time, many at once
     /// (`Device::read_sectors`), the members side by side on the I/O pool:
     /// read one by one on 40 threads, a window's 163,840 headers took
     /// 1.5 s of a 4 s opening on a 2-vCPU VM, most of it the kernel's
     /// (PERFORMANCE.md, "Opening after kill -9: the headers read through
-    /// io_uring").
-    fn read_headers(&self, slots: &[u64]) -> Vec<(u64, usize, ChunkHeader)> {
+    /// io_uring"). A chunk on a member that cannot be read is `Doubt`.
+    fn read_headers(&self, chunks: &[(u64, usize)]) -> Vec<(u64, usize, Seen)> {
         use rayon::prelude::*;
         let g = &self.stripes.geometry;
         // Each member's reads: where, and which slot and chunk.
         let mut reads: Vec<Vec<HeaderRead>> = vec![Vec::new(); g.members];
-        for &slot in slots {
-            for j in 0..g.width() {
-                let (member, row) = g.place(slot, j);
-                reads[member].push((g.row_offset(row), slot, j));
-            }
+        for &(slot, j) in chunks {
+            let (member, row) = g.place(slot, j);
+            reads[member].push((g.row_offset(row), slot, j));
         }
         let pieces: Vec<(usize, &[HeaderRead])> = reads
             .iter()
@@ -254,29 +268,112 @@ impl Opening<'_> {
                     .map(move |r| (member, r))
             })
             .collect();
-        let mut found: Vec<(u64, usize, ChunkHeader)> = self.stripes.io_pool.install(|| {
+        let mut found: Vec<(u64, usize, Seen)> = self.stripes.io_pool.install(|| {
             pieces
                 .par_iter()
                 .flat_map_iter(|&(member, reads)| {
-                    let mut found = Vec::new();
-                    if let Some(device) = self.stripes.members.readable(member) {
-                        let offsets: Vec<u64> = reads.iter().map(|r| r.0).collect();
-                        device.read_sectors(&offsets, &mut |i, bytes| {
-                            let (_, slot, j) = reads[i];
-                            let header = bytes.ok().and_then(|b| ChunkHeader::decode(b, g.checksum).ok());
-                            if let Some(header) = header
-                                .filter(|h| h.array_uuid == self.stripes.array_uuid && h.slot == slot && h.index == j)
-                            {
-                                found.push((slot, j, header));
-                            }
-                        });
-                    }
+                    let Some(device) = self.stripes.members.readable(member) else {
+                        return reads.iter().map(|&(_, slot, j)| (slot, j, Seen::Doubt)).collect();
+                    };
+                    let mut found = Vec::with_capacity(reads.len());
+                    let offsets: Vec<u64> = reads.iter().map(|r| r.0).collect();
+                    device.read_sectors(&offsets, &mut |i, bytes| {
+                        let (_, slot, j) = reads[i];
+                        found.push((slot, j, self.seen(bytes.ok(), slot, j)));
+                    });
                     found
                 })
                 .collect()
         });
         found.sort_unstable_by_key(|&(slot, j, _)| (slot, j));
         found
+    }
+
+    /// What a chunk's header sector (`None`: unreadable) says of chunk
+    /// `j` of `slot`.
+    fn seen(&self, sector: Option<&[u8]>, slot: u64, j: usize) -> Seen {
+        let Some(sector) = sector else {
+            return Seen::Doubt;
+        };
+        match ChunkHeader::decode(sector, self.stripes.geometry.checksum) {
+            Ok(header) if header.array_uuid == self.stripes.array_uuid && header.slot == slot && header.index == j => {
+                Seen::Header(header)
+            }
+            // A whole header, but of another array or place: no chunk of
+            // this slot wrote it.
+            Ok(_) => Seen::Other,
+            // Never written.
+            Err(_) if sector.iter().all(|&b| b == 0) => Seen::Other,
+            // Torn, corrupt, or foreign bytes: a new chunk's, for all
+            // anyone knows.
+            Err(_) => Seen::Doubt,
+        }
+    }
+
+    /// This array's headers of every chunk of `slots` that may hold a
+    /// stripe newer than sequence `from`, in slot and then chunk order,
+    /// and how many header sectors were read. First M+1 chunks of each
+    /// slot on members that can be read (rotating, so that the members
+    /// share the reads); a slot where each of those holds a header of
+    /// sequence `from` or older, or no header, holds no stripe newer than
+    /// `from` with K or more chunks (such a stripe is on all but M of the
+    /// chunks at least), so its other chunks are not read. Where any of
+    /// them is newer or in doubt (unreadable, torn, corrupt), or fewer
+    /// than M+1 members can be read, the slot's other chunks are read
+    /// too. A window slot no stripe was written to after the checkpoint
+    /// costs M+1 reads, not K+M (8+2: 3, not 10). What a skipped chunk may
+    /// hold is a stripe newer than `from` on fewer than K chunks: torn by
+    /// a crash before it was acknowledged; recovery drops such a stripe
+    /// wherever it finds one (`stripe_is_short`), whatever the stripes
+    /// after it say was synced.
+    fn read_window_headers(&self, slots: &[u64], from: u64) -> (Vec<(u64, usize, ChunkHeader)>, u64) {
+        let g = &self.stripes.geometry;
+        let width = g.width();
+        let readable: Vec<bool> = (0..g.members)
+            .map(|m| self.stripes.members.readable(m).is_some())
+            .collect();
+        let mut first: Vec<(u64, usize)> = Vec::with_capacity(slots.len() * (g.parity + 1));
+        let mut whole: Vec<u64> = Vec::new();
+        for &slot in slots {
+            let picked = (0..width)
+                .map(|t| ((slot % width as u64) as usize + t) % width)
+                .filter(|&j| readable[g.place(slot, j).0])
+                .take(g.parity + 1);
+            let before = first.len();
+            first.extend(picked.map(|j| (slot, j)));
+            if first.len() - before < g.parity + 1 {
+                first.truncate(before);
+                whole.push(slot);
+            }
+        }
+        let mut reads = first.len() as u64;
+        let seen = self.read_headers(&first);
+        let mut rest: Vec<(u64, usize)> = Vec::new();
+        for run in seen.chunk_by(|a, b| a.0 == b.0) {
+            let slot = run[0].0;
+            let settled = run.iter().all(|(_, _, seen)| match seen {
+                Seen::Header(header) => header.sequence <= from,
+                Seen::Other => true,
+                Seen::Doubt => false,
+            });
+            if !settled {
+                let read: Vec<usize> = run.iter().map(|r| r.1).collect();
+                rest.extend((0..width).filter(|j| !read.contains(j)).map(|j| (slot, j)));
+            }
+        }
+        rest.extend(whole.iter().flat_map(|&slot| (0..width).map(move |j| (slot, j))));
+        reads += rest.len() as u64;
+        let rest = self.read_headers(&rest);
+        let mut kept: Vec<(u64, usize, ChunkHeader)> = seen
+            .into_iter()
+            .chain(rest)
+            .filter_map(|(slot, j, seen)| match seen {
+                Seen::Header(header) => Some((slot, j, header)),
+                _ => None,
+            })
+            .collect();
+        kept.sort_unstable_by_key(|&(slot, j, _)| (slot, j));
+        (kept, reads)
     }
 
     fn reset_index(&self) {
@@ -329,7 +426,9 @@ impl Opening<'_> {
         // folded to what the passes after need.
         // In batches, so that a full scan of a huge array holds one batch.
         let mut scan = scan;
-        let mut newest: HashMap<u64, ChunkHeader> = HashMap::new();
+        // Each slot's newest header newer than `from`, and how many of its
+        // chunks hold that stripe.
+        let mut newest: HashMap<u64, (ChunkHeader, usize)> = HashMap::new();
         let mut synced_through = from;
         loop {
             let slots = (crate::limits::SCAN_BATCH_CHUNKS / g.width()).max(1);
@@ -341,8 +440,10 @@ impl Opening<'_> {
             // Folded a slot at a time, its chunks in order: the newest
             // sequence any of them holds, the newest "synced through" of
             // those newer than `from` (user and GC stripes'), and the
-            // newest of them (its first chunk's header).
-            for (slot, _, header) in self.read_headers(&batch) {
+            // newest of them (its first chunk's header) with its count.
+            let (headers, reads) = self.read_window_headers(&batch, from);
+            recovery.headers_read += reads;
+            for (slot, _, header) in headers {
                 max_sequence = max_sequence.max(header.sequence);
                 if header.sequence <= from {
                     continue;
@@ -351,13 +452,15 @@ impl Opening<'_> {
                     synced_through = synced_through.max(header.synced_through);
                 }
                 match newest.entry(slot) {
-                    std::collections::hash_map::Entry::Occupied(mut best) => {
-                        if best.get().sequence < header.sequence {
-                            best.insert(header);
+                    std::collections::hash_map::Entry::Occupied(mut best) => match best.get().0.sequence {
+                        s if s < header.sequence => {
+                            best.insert((header, 1));
                         }
-                    }
+                        s if s == header.sequence => best.get_mut().1 += 1,
+                        _ => {}
+                    },
                     std::collections::hash_map::Entry::Vacant(place) => {
-                        place.insert(header);
+                        place.insert((header, 1));
                     }
                 }
             }
@@ -366,7 +469,22 @@ impl Opening<'_> {
         // no data: a checkpoint takes only free slots, so whatever older
         // stripe its other chunks still hold (where power loss tore the
         // checkpoint's) was garbage, and may have fewer than K chunks left.
-        newest.retain(|_, header| header.stream != Stream::Meta);
+        newest.retain(|_, (header, _)| header.stream != Stream::Meta);
+        // A stripe on fewer than K chunks was torn by a crash before it was
+        // acknowledged (every acknowledged stripe is on all but M chunks
+        // at most, the members that failed before it was written): dropped
+        // as a torn one is, whatever "synced through" the stripes after it
+        // say. A scan that read only M+1 chunks of a slot may have left
+        // one behind (`read_window_headers`), under a sequence a stripe
+        // written since may hold too.
+        let short: Vec<u64> = newest
+            .iter()
+            .filter(|(_, &(_, chunks))| chunks < g.data)
+            .map(|(&slot, _)| slot)
+            .collect();
+        for slot in &short {
+            newest.remove(slot);
+        }
         recovery.phases.headers = lap(&mut clock);
         // Pass 2: each slot's newest stripe, checked, its summary read,
         // on the I/O pool (a full window is ~8,000 stripes, a read or two
@@ -375,14 +493,14 @@ impl Opening<'_> {
             use rayon::prelude::*;
             newest
                 .par_iter()
-                .map(|(&slot, header)| {
+                .map(|(&slot, (header, _))| {
                     let verify_all = header.sequence > synced_through;
                     (header.sequence, slot, verify_all, self.read_summary(header, verify_all))
                 })
                 .collect()
         });
         let mut stripes: Vec<(u64, u64, Vec<Record>)> = Vec::new();
-        let mut torn = Vec::new();
+        let mut torn = short;
         for (sequence, slot, verify_all, summary) in summaries {
             match summary {
                 Ok((records, repaired)) => {
