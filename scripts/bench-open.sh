@@ -26,13 +26,18 @@
 # default 4K). Each opening also prints the map pages read in and the
 # reads of map stripes that brought them, and how long reading the chunk
 # headers and mapping the records took (`recovery.phases`; '-' for a
-# build that does not time them). Then each build serves one more fresh
+# build that does not time them; with FULL=1 also the chunk headers the
+# scan read). With FULL=1 (and RANDOM_S), the export is not thin: the
+# default export is filled whole by nbdcopy first, so that the window's
+# slots hold older stripes on the members rather than holes (a full
+# array's opening; SIZE is then only a label). Then (unless SERVED=0:
+# a full array's copies are many GB each) each build serves one more fresh
 # copy in each round: the milliseconds until `nbdinfo` answers, and until
 # `status` shows no replayed record waiting to be mapped
 # (`replay_pages_waiting`; a build without it maps them all before
 # serving).
 #
-#   [KILL=1 [OWN=1] [SHAPES="8+2 92+8"] [DEVICE_SIZE=8G] [ROUNDS=5] [RANDOM_S=55 [CHUNK=64K]]] \
+#   [KILL=1 [OWN=1] [SHAPES="8+2 92+8"] [DEVICE_SIZE=8G] [ROUNDS=5] [RANDOM_S=55 [CHUNK=64K] [FULL=1]]] \
 #     OLD=path/to/old/tessera [TESSERA=path/to/new] scripts/bench-open.sh [SIZE ...]   (default: 2G 8G)
 #
 # e.g. the window after random writes over a 1 TiB export:
@@ -63,10 +68,15 @@ if [ "${KILL:-0}" = 1 ]; then
           TESSERA=${build#*=}
           thin=()
           [ -n "${RANDOM_S:-}" ] && thin=(--size "$size" --compress none)
+          [ "${FULL:-0}" = 1 ] && thin=(--compress none)
           "$TESSERA" create --data "$data" --parity "$parity" --dir "$work/array" --devices $((data + parity)) \
             --device-size "$device_size" --chunk-size "$chunk" "${thin[@]}" >/dev/null
           serve
           start=$(date +%s.%N)
+          if [ "${FULL:-0}" = 1 ]; then
+            export_bytes=$("$TESSERA" status "$work/array" --json | json_expr "j['logical_bytes']")
+            nbdcopy --flush --connections=4 --requests=64 -- [ nbdkit pattern size="$export_bytes" ] "nbd+unix:///tessera?socket=$work/s.sock"
+          fi
           if [ -n "${RANDOM_S:-}" ]; then
             fio --name=random --ioengine=nbd --uri="nbd+unix:///tessera?socket=$work/s.sock" --rw=randwrite --bs=4k \
               --iodepth=32 --refill_buffers --norandommap --randrepeat=0 --fsync=256 --time_based --runtime="$RANDOM_S" \
@@ -109,7 +119,8 @@ if [ "${KILL:-0}" = 1 ]; then
             rm -rf "$work/array"
             cp -a --sparse=always "$work/killed-$maker" "$work/array"
             sync
-            runs[$build]="${runs[$build]:-} $("${build#*=}" status "$work/array" --json | json_expr "'%s/%s/%s/%s/%s/%s/%s/%s/%s/%s' % (j['recovery']['milliseconds'], j['recovery']['slots_scanned'], j['recovery']['stripes_replayed'], j['recovery'].get('slot_pages_deferred', '-'), j['recovery'].get('slot_pages', '-'), j['map_page_misses'], j.get('map_page_reads', '-'), j['recovery'].get('phases', {}).get('headers', '-'), j['recovery'].get('phases', {}).get('mapping', '-'), j['recovery'].get('pages_mapped_later', '-'))")"
+            runs[$build]="${runs[$build]:-} $("${build#*=}" status "$work/array" --json | json_expr "'%s/%s%s/%s/%s/%s/%s/%s/%s/%s/%s' % (j['recovery']['milliseconds'], j['recovery']['slots_scanned'], ' (%s headers)' % j['recovery']['headers_read'] if 'headers_read' in j['recovery'] else '', j['recovery']['stripes_replayed'], j['recovery'].get('slot_pages_deferred', '-'), j['recovery'].get('slot_pages', '-'), j['map_page_misses'], j.get('map_page_reads', '-'), j['recovery'].get('phases', {}).get('headers', '-'), j['recovery'].get('phases', {}).get('mapping', '-'), j['recovery'].get('pages_mapped_later', '-'))")"
+            [ "${SERVED:-1}" = 1 ] || continue
             rm -rf "$work/array"
             cp -a --sparse=always "$work/killed-$maker" "$work/array"
             sync
@@ -118,7 +129,7 @@ if [ "${KILL:-0}" = 1 ]; then
         done
         for build in "${builds[@]}"; do
           echo "$shape $size ${build%%=*} (killed): opening ms/slots scanned/stripes replayed/slot pages left for later/named/map pages read in/reads of map stripes/headers ms/mapping ms/map pages mapped after opening:${runs[$build]}"
-          echo "$shape $size ${build%%=*} (killed, served): ms to serve/ms until no replayed record waits:${served[$build]}"
+          echo "$shape $size ${build%%=*} (killed, served): ms to serve/ms until no replayed record waits:${served[$build]:-}"
         done
       )
     done

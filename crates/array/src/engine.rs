@@ -148,7 +148,9 @@ impl Shared {
         };
         let mut recovery = opening.recover(start)?;
         if let Some(log) = &self.intent {
+            let replaying = std::time::Instant::now();
             recovery.log = Some(self.replay_log(log)?);
+            recovery.phases.log = replaying.elapsed().as_millis() as u64;
         }
         // Pages replay pinned (and the log's, looked at to see whether
         // its records are mapped) go, past the cache's size.

@@ -14,7 +14,12 @@
 //!   chunks) held nothing acknowledged and is dropped, and its headers are
 //!   erased, so that later stripes saying "synced through" past it cannot
 //!   bring it back. One with K or more good chunks is kept and its missing
-//!   chunks rewritten.
+//!   chunks rewritten. A slot's newest stripe on fewer than K chunks is
+//!   dropped and erased so at any sequence: the scan reads M+1 headers of
+//!   a slot first and the rest only where one is newer than the
+//!   checkpoint or in doubt (`read_window_headers`), so an earlier
+//!   opening may have left such a stripe behind, and later stripes may
+//!   say they are synced past it.
 //! - A slot whose newest chunk is a checkpoint's is not replayed: a
 //!   checkpoint takes only free slots, so the older stripe a torn
 //!   checkpoint stripe left behind on its other chunks was garbage.
@@ -101,7 +106,8 @@ pub struct Recovery {
 /// summaries read, the map pages they land in brought in, their records
 /// mapped (with the order they are mapped in), and the map checked
 /// against them (no mapping left pointing at a place they overwrote)
-/// and the slots nothing points at freed.
+/// and the slots nothing points at freed; then what is made durable
+/// after, and the intent log's replay.
 #[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct RecoveryPhases {
     pub checkpoint: u64,
@@ -110,6 +116,13 @@ pub struct RecoveryPhases {
     pub map_pages: u64,
     pub mapping: u64,
     pub check: u64,
+    /// The torn stripes erased, the members synced, and a checkpoint
+    /// where there was none.
+    #[serde(default)]
+    pub settle: u64,
+    /// The intent log's blocks read and replayed (`Shared::replay_log`).
+    #[serde(default)]
+    pub log: u64,
 }
 
 /// Milliseconds since `since`, and `since` moved to now.
@@ -203,6 +216,7 @@ impl Opening<'_> {
             max_sequence,
             torn,
         } = replayed;
+        let settling = std::time::Instant::now();
         let g = &self.stripes.geometry;
         recovery.torn_stripes_dropped = torn.len() as u64;
         for slot in torn {
@@ -240,6 +254,7 @@ impl Opening<'_> {
         if !has_window {
             self.checkpoints.checkpoint()?;
         }
+        recovery.phases.settle = settling.elapsed().as_millis() as u64;
         Ok(recovery)
     }
 

@@ -424,6 +424,13 @@ impl Shared {
         claim: Claim,
         pieces: Vec<Piece<'_>>,
     ) -> Result<Vec<Sealing>, ArrayError> {
+        // Nothing to place opens no stripe: on a full array that would
+        // collect garbage (which first maps every record a replay left for
+        // after opening: 1.4-2.1 s of opening a killed full array, for an
+        // intent log whose records were all in stripes already).
+        if pieces.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut queue: VecDeque<Piece> = pieces.into();
         let mut sealed = Vec::new();
         // Each round packs at least one piece or finds a slot; a slot that
