@@ -25,8 +25,8 @@
 # writes each in a map page of its own (CHUNK sets the chunk size,
 # default 4K). Each opening also prints the map pages read in and the
 # reads of map stripes that brought them, and how long reading the chunk
-# headers and mapping the records took (`recovery.phases`; '-' for a
-# build that does not time them; with FULL=1 also the chunk headers the
+# headers, mapping the records and replaying the intent log took
+# (`recovery.phases`; '-' for a build that does not time them; with FULL=1 also the chunk headers the
 # scan read). With FULL=1 (and RANDOM_S), the export is not thin: the
 # default export is filled whole by nbdcopy first, so that the window's
 # slots hold older stripes on the members rather than holes (a full
@@ -119,7 +119,7 @@ if [ "${KILL:-0}" = 1 ]; then
             rm -rf "$work/array"
             cp -a --sparse=always "$work/killed-$maker" "$work/array"
             sync
-            runs[$build]="${runs[$build]:-} $("${build#*=}" status "$work/array" --json | json_expr "'%s/%s%s/%s/%s/%s/%s/%s/%s/%s/%s' % (j['recovery']['milliseconds'], j['recovery']['slots_scanned'], ' (%s headers)' % j['recovery']['headers_read'] if 'headers_read' in j['recovery'] else '', j['recovery']['stripes_replayed'], j['recovery'].get('slot_pages_deferred', '-'), j['recovery'].get('slot_pages', '-'), j['map_page_misses'], j.get('map_page_reads', '-'), j['recovery'].get('phases', {}).get('headers', '-'), j['recovery'].get('phases', {}).get('mapping', '-'), j['recovery'].get('pages_mapped_later', '-'))")"
+            runs[$build]="${runs[$build]:-} $("${build#*=}" status "$work/array" --json | json_expr "'%s/%s%s/%s/%s/%s/%s/%s/%s/%s/%s/%s' % (j['recovery']['milliseconds'], j['recovery']['slots_scanned'], ' (%s headers)' % j['recovery']['headers_read'] if 'headers_read' in j['recovery'] else '', j['recovery']['stripes_replayed'], j['recovery'].get('slot_pages_deferred', '-'), j['recovery'].get('slot_pages', '-'), j['map_page_misses'], j.get('map_page_reads', '-'), j['recovery'].get('phases', {}).get('headers', '-'), j['recovery'].get('phases', {}).get('mapping', '-'), j['recovery'].get('pages_mapped_later', '-'), j['recovery'].get('phases', {}).get('log', '-'))")"
             [ "${SERVED:-1}" = 1 ] || continue
             rm -rf "$work/array"
             cp -a --sparse=always "$work/killed-$maker" "$work/array"
@@ -128,7 +128,7 @@ if [ "${KILL:-0}" = 1 ]; then
           done
         done
         for build in "${builds[@]}"; do
-          echo "$shape $size ${build%%=*} (killed): opening ms/slots scanned/stripes replayed/slot pages left for later/named/map pages read in/reads of map stripes/headers ms/mapping ms/map pages mapped after opening:${runs[$build]}"
+          echo "$shape $size ${build%%=*} (killed): opening ms/slots scanned/stripes replayed/slot pages left for later/named/map pages read in/reads of map stripes/headers ms/mapping ms/map pages mapped after opening/intent log's replay ms:${runs[$build]}"
           echo "$shape $size ${build%%=*} (killed, served): ms to serve/ms until no replayed record waits:${served[$build]:-}"
         done
       )
