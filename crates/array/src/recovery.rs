@@ -14,12 +14,12 @@
 //!   chunks) held nothing acknowledged and is dropped, and its headers are
 //!   erased, so that later stripes saying "synced through" past it cannot
 //!   bring it back. One with K or more good chunks is kept and its missing
-//!   chunks rewritten. A slot's newest stripe on fewer than K chunks is
-//!   dropped and erased so at any sequence: the scan reads M+1 headers of
-//!   a slot first and the rest only where one is newer than the
-//!   checkpoint or in doubt (`read_window_headers`), so an earlier
-//!   opening may have left such a stripe behind, and later stripes may
-//!   say they are synced past it.
+//!   chunks rewritten. A slot's newest stripe whose headers are on fewer
+//!   than K chunks is read whole and checked so at any sequence: the scan
+//!   reads M+1 headers of a slot first and the rest only where one is
+//!   newer than the checkpoint or in doubt (`read_window_headers`), so an
+//!   earlier opening may have left a torn one behind, and later stripes
+//!   may say they are synced past it.
 //! - A slot whose newest chunk is a checkpoint's is not replayed: a
 //!   checkpoint takes only free slots, so the older stripe a torn
 //!   checkpoint stripe left behind on its other chunks was garbage.
@@ -64,8 +64,8 @@ pub struct Recovery {
     #[serde(default)]
     pub headers_read: u64,
     pub stripes_replayed: u64,
-    /// Stripes a crash left incomplete: newer than the last sync and
-    /// unreadable, or on fewer than K chunks.
+    /// Stripes a crash left incomplete: newer than the last sync, or
+    /// with headers on fewer than K chunks, and not readable whole.
     pub torn_stripes_dropped: u64,
     /// Chunks of kept stripes that were missing or bad, and rewritten.
     pub chunks_repaired: u64,
@@ -161,7 +161,7 @@ type HeaderRead = (u64, u64, usize);
 /// What a chunk's header sector says to recovery's scan.
 enum Seen {
     /// This array's header of this chunk of this slot.
-    Header(ChunkHeader),
+    Header(Box<ChunkHeader>),
     /// Zeros, or a whole header of another array, slot or chunk: no
     /// stripe of this slot wrote this chunk.
     Other,
@@ -312,7 +312,7 @@ impl Opening<'_> {
         };
         match ChunkHeader::decode(sector, self.stripes.geometry.checksum) {
             Ok(header) if header.array_uuid == self.stripes.array_uuid && header.slot == slot && header.index == j => {
-                Seen::Header(header)
+                Seen::Header(Box::new(header))
             }
             // A whole header, but of another array or place: no chunk of
             // this slot wrote it.
@@ -338,9 +338,10 @@ impl Opening<'_> {
     /// too. A window slot no stripe was written to after the checkpoint
     /// costs M+1 reads, not K+M (8+2: 3, not 10). What a skipped chunk may
     /// hold is a stripe newer than `from` on fewer than K chunks: torn by
-    /// a crash before it was acknowledged; recovery drops such a stripe
-    /// wherever it finds one (`stripe_is_short`), whatever the stripes
-    /// after it say was synced.
+    /// a crash before it was acknowledged. Recovery reads such a stripe
+    /// whole wherever it finds one, as it reads those newer than the last
+    /// sync, whatever the stripes after it say was synced (`replay`), and
+    /// so drops it as torn.
     fn read_window_headers(&self, slots: &[u64], from: u64) -> (Vec<(u64, usize, ChunkHeader)>, u64) {
         let g = &self.stripes.geometry;
         let width = g.width();
@@ -383,7 +384,7 @@ impl Opening<'_> {
             .into_iter()
             .chain(rest)
             .filter_map(|(slot, j, seen)| match seen {
-                Seen::Header(header) => Some((slot, j, header)),
+                Seen::Header(header) => Some((slot, j, *header)),
                 _ => None,
             })
             .collect();
@@ -486,20 +487,14 @@ impl Opening<'_> {
         // checkpoint's) was garbage, and may have fewer than K chunks left.
         newest.retain(|_, (header, _)| header.stream != Stream::Meta);
         // A stripe on fewer than K chunks was torn by a crash before it was
-        // acknowledged (every acknowledged stripe is on all but M chunks
-        // at most, the members that failed before it was written): dropped
-        // as a torn one is, whatever "synced through" the stripes after it
-        // say. A scan that read only M+1 chunks of a slot may have left
-        // one behind (`read_window_headers`), under a sequence a stripe
-        // written since may hold too.
-        let short: Vec<u64> = newest
-            .iter()
-            .filter(|(_, &(_, chunks))| chunks < g.data)
-            .map(|(&slot, _)| slot)
-            .collect();
-        for slot in &short {
-            newest.remove(slot);
-        }
+        // acknowledged (an acknowledged stripe is on all chunks but those of
+        // members that had failed when it was written, M at most), or lies
+        // on members this opening cannot read: read whole and checked, as
+        // a stripe newer than the last sync is, whatever "synced through"
+        // the stripes after it say, and dropped as torn where fewer than K
+        // chunks are good. A scan that read only M+1 chunks of a slot may
+        // have left one behind (`read_window_headers`), under a sequence
+        // a stripe written since may hold too.
         recovery.phases.headers = lap(&mut clock);
         // Pass 2: each slot's newest stripe, checked, its summary read,
         // on the I/O pool (a full window is ~8,000 stripes, a read or two
@@ -508,22 +503,22 @@ impl Opening<'_> {
             use rayon::prelude::*;
             newest
                 .par_iter()
-                .map(|(&slot, (header, _))| {
-                    let verify_all = header.sequence > synced_through;
+                .map(|(&slot, &(ref header, chunks))| {
+                    let verify_all = header.sequence > synced_through || chunks < g.data;
                     (header.sequence, slot, verify_all, self.read_summary(header, verify_all))
                 })
                 .collect()
         });
         let mut stripes: Vec<(u64, u64, Vec<Record>)> = Vec::new();
-        let mut torn = short;
+        let mut torn = Vec::new();
         for (sequence, slot, verify_all, summary) in summaries {
             match summary {
                 Ok((records, repaired)) => {
                     recovery.chunks_repaired += repaired;
                     stripes.push((sequence, slot, records));
                 }
-                // Written after the last sync and torn by a crash: it held
-                // nothing acknowledged.
+                // Written after the last sync (or found on fewer than K
+                // chunks) and torn by a crash: it held nothing acknowledged.
                 Err(_) if verify_all => torn.push(slot),
                 Err(error) => return Err(error),
             }
