@@ -35,6 +35,33 @@ fn options(k: usize, m: usize, chunk_bytes: usize, compression: Option<tessera_c
     }
 }
 
+/// Member `member`'s superblock.
+fn superblock(devices: &[Arc<MemoryDevice>], member: usize) -> tessera_array::format::Superblock {
+    let mut sector = vec![0u8; SECTOR_BYTES];
+    devices[member].read_at(&mut sector, 0).unwrap();
+    tessera_array::format::Superblock::decode(&sector).unwrap()
+}
+
+/// Every superblock (and its backup) made to name no checkpoint, so that
+/// the next opening scans every slot.
+fn forget_the_checkpoint(devices: &[Arc<MemoryDevice>], g: &Geometry) {
+    for (member, device) in devices.iter().enumerate() {
+        let mut sb = superblock(devices, member);
+        sb.checkpoint = None;
+        for offset in [0, g.backup_superblock_offset()] {
+            device.write_at(&sb.encode(), offset).unwrap();
+        }
+    }
+}
+
+/// The default engine without its background thread.
+fn no_background() -> EngineOptions {
+    EngineOptions {
+        background: false,
+        ..EngineOptions::default()
+    }
+}
+
 /// Bytes that compress about 2:1 (half random, half a pattern) or not at all.
 fn payload(rng: &mut impl Rng, len: usize, compressible: bool) -> Vec<u8> {
     let mut data = vec![0u8; len];
@@ -794,13 +821,9 @@ fn an_array_open_elsewhere_is_refused_by_its_activity_records() {
 /// and the superblocks lose their checkpoint.
 #[test]
 fn a_torn_checkpoint_stripe_over_garbage_does_not_stop_a_full_scan() {
-    use tessera_array::format::{ChunkHeader, Stream, Superblock};
+    use tessera_array::format::{ChunkHeader, Stream};
     let devices = members(6, 8 << 20);
-    let engine = || EngineOptions {
-        background: false,
-        ..EngineOptions::default()
-    };
-    let array = tessera_array::create_with(named(&devices), &options(4, 2, 64 << 10, None), engine()).unwrap();
+    let array = tessera_array::create_with(named(&devices), &options(4, 2, 64 << 10, None), no_background()).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let old = payload(&mut rng, 1 << 20, false);
     array.write(0, &old, false).unwrap();
@@ -809,12 +832,7 @@ fn a_torn_checkpoint_stripe_over_garbage_does_not_stop_a_full_scan() {
     array.write(0, &new, false).unwrap();
     array.flush().unwrap();
     drop(array);
-    let superblock = |member: usize| {
-        let mut sector = vec![0u8; SECTOR_BYTES];
-        devices[member].read_at(&mut sector, 0).unwrap();
-        Superblock::decode(&sector).unwrap()
-    };
-    let g = superblock(0).geometry;
+    let g = superblock(&devices, 0).geometry;
     let all = headers(&devices, &g);
     let newest = all.iter().map(|(_, _, h)| h.sequence).max().unwrap();
     let oldest_data = all
@@ -840,14 +858,8 @@ fn a_torn_checkpoint_stripe_over_garbage_does_not_stop_a_full_scan() {
         };
         devices[member].write_at(&header.encode(), g.row_offset(row)).unwrap();
     }
-    for (member, device) in devices.iter().enumerate() {
-        let mut sb = superblock(member);
-        sb.checkpoint = None;
-        for offset in [0, g.backup_superblock_offset()] {
-            device.write_at(&sb.encode(), offset).unwrap();
-        }
-    }
-    let array = tessera_array::open_with(open_list(&devices, &[]), engine())
+    forget_the_checkpoint(&devices, &g);
+    let array = tessera_array::open_with(open_list(&devices, &[]), no_background())
         .unwrap_or_else(|e| panic!("opening by a full scan: {e}"));
     assert_eq!(array.status().unwrap().recovery.checkpoint_sequence, None);
     let mut back = vec![0u8; new.len()];
@@ -868,13 +880,9 @@ fn a_torn_checkpoint_stripe_over_garbage_does_not_stop_a_full_scan() {
 /// newest user stripe says is synced, the summary's chunk among them.
 #[test]
 fn a_stripe_on_fewer_than_k_chunks_under_a_synced_sequence_is_dropped() {
-    use tessera_array::format::{ChunkHeader, Stream, Superblock};
+    use tessera_array::format::{ChunkHeader, Stream};
     let devices = members(6, 8 << 20);
-    let engine = || EngineOptions {
-        background: false,
-        ..EngineOptions::default()
-    };
-    let array = tessera_array::create_with(named(&devices), &options(4, 2, 64 << 10, None), engine()).unwrap();
+    let array = tessera_array::create_with(named(&devices), &options(4, 2, 64 << 10, None), no_background()).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     let data = payload(&mut rng, 2 << 20, false);
     for piece in 0..4 {
@@ -883,12 +891,7 @@ fn a_stripe_on_fewer_than_k_chunks_under_a_synced_sequence_is_dropped() {
         array.flush().unwrap();
     }
     drop(array);
-    let superblock = |member: usize| {
-        let mut sector = vec![0u8; SECTOR_BYTES];
-        devices[member].read_at(&mut sector, 0).unwrap();
-        Superblock::decode(&sector).unwrap()
-    };
-    let g = superblock(0).geometry;
+    let g = superblock(&devices, 0).geometry;
     let all = headers(&devices, &g);
     let synced = all
         .iter()
@@ -915,14 +918,8 @@ fn a_stripe_on_fewer_than_k_chunks_under_a_synced_sequence_is_dropped() {
             .write_at(&payload, g.row_offset(row) + SECTOR_BYTES as u64)
             .unwrap();
     }
-    for (member, device) in devices.iter().enumerate() {
-        let mut sb = superblock(member);
-        sb.checkpoint = None;
-        for offset in [0, g.backup_superblock_offset()] {
-            device.write_at(&sb.encode(), offset).unwrap();
-        }
-    }
-    let array = tessera_array::open_with(open_list(&devices, &[]), engine())
+    forget_the_checkpoint(&devices, &g);
+    let array = tessera_array::open_with(open_list(&devices, &[]), no_background())
         .unwrap_or_else(|e| panic!("opening by a full scan: {e}"));
     let recovery = array.status().unwrap().recovery;
     assert_eq!(
