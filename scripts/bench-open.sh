@@ -26,8 +26,9 @@
 # default 4K). Each opening also prints the map pages read in and the
 # reads of map stripes that brought them, and how long reading the chunk
 # headers, mapping the records and replaying the intent log took
-# (`recovery.phases`; '-' for a build that does not time them; with FULL=1 also the chunk headers the
-# scan read). With FULL=1 (and RANDOM_S), the export is not thin: the
+# (`recovery.phases`; '-' for a build that does not time them), and
+# after the slots scanned the chunk headers read, for a build that
+# counts them (`recovery.headers_read`). With FULL=1 (and RANDOM_S), the export is not thin: the
 # default export is filled whole by nbdcopy first, so that the window's
 # slots hold older stripes on the members rather than holes (a full
 # array's opening; SIZE is then only a label). Then (unless SERVED=0:

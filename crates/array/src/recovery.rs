@@ -334,8 +334,9 @@ impl Opening<'_> {
     /// `from` with K or more chunks (such a stripe is on all but M of the
     /// chunks at least), so its other chunks are not read. Where any of
     /// them is newer or in doubt (unreadable, torn, corrupt), or fewer
-    /// than M+1 members can be read, the slot's other chunks are read
-    /// too. A window slot no stripe was written to after the checkpoint
+    /// than M+1 of its members can be read, the slot's other readable
+    /// chunks are read too (and counted: members that cannot be read are
+    /// not). A window slot no stripe was written to after the checkpoint
     /// costs M+1 reads, not K+M (8+2: 3, not 10). What a skipped chunk may
     /// hold is a stripe newer than `from` on fewer than K chunks: torn by
     /// a crash before it was acknowledged. Recovery reads such a stripe
@@ -348,37 +349,37 @@ impl Opening<'_> {
         let readable: Vec<bool> = (0..g.members)
             .map(|m| self.stripes.members.readable(m).is_some())
             .collect();
-        let mut first: Vec<(u64, usize)> = Vec::with_capacity(slots.len() * (g.parity + 1));
-        let mut whole: Vec<u64> = Vec::new();
-        for &slot in slots {
-            let picked = (0..width)
-                .map(|t| ((slot % width as u64) as usize + t) % width)
-                .filter(|&j| readable[g.place(slot, j).0])
-                .take(g.parity + 1);
-            let before = first.len();
-            first.extend(picked.map(|j| (slot, j)));
-            if first.len() - before < g.parity + 1 {
-                first.truncate(before);
-                whole.push(slot);
-            }
-        }
-        let mut reads = first.len() as u64;
+        let readable = |slot: u64, j: usize| readable[g.place(slot, j).0];
+        let first: Vec<(u64, usize)> = slots
+            .iter()
+            .flat_map(|&slot| {
+                (0..width)
+                    .map(move |t| (slot, ((slot % width as u64) as usize + t) % width))
+                    .filter(|&(slot, j)| readable(slot, j))
+                    .take(g.parity + 1)
+            })
+            .collect();
         let seen = self.read_headers(&first);
         let mut rest: Vec<(u64, usize)> = Vec::new();
         for run in seen.chunk_by(|a, b| a.0 == b.0) {
             let slot = run[0].0;
-            let settled = run.iter().all(|(_, _, seen)| match seen {
-                Seen::Header(header) => header.sequence <= from,
-                Seen::Other => true,
-                Seen::Doubt => false,
-            });
+            // Settled by M+1 headers only (a slot with fewer readable
+            // chunks is read whole, which is what it has).
+            let settled = run.len() == g.parity + 1
+                && run.iter().all(|(_, _, seen)| match seen {
+                    Seen::Header(header) => header.sequence <= from,
+                    Seen::Other => true,
+                    Seen::Doubt => false,
+                });
             if !settled {
-                let read: Vec<usize> = run.iter().map(|r| r.1).collect();
-                rest.extend((0..width).filter(|j| !read.contains(j)).map(|j| (slot, j)));
+                rest.extend(
+                    (0..width)
+                        .filter(|&j| readable(slot, j) && !run.iter().any(|r| r.1 == j))
+                        .map(|j| (slot, j)),
+                );
             }
         }
-        rest.extend(whole.iter().flat_map(|&slot| (0..width).map(move |j| (slot, j))));
-        reads += rest.len() as u64;
+        let reads = (first.len() + rest.len()) as u64;
         let rest = self.read_headers(&rest);
         let mut kept: Vec<(u64, usize, ChunkHeader)> = seen
             .into_iter()

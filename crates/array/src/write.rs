@@ -424,10 +424,12 @@ impl Shared {
         claim: Claim,
         pieces: Vec<Piece<'_>>,
     ) -> Result<Vec<Sealing>, ArrayError> {
-        // Nothing to place opens no stripe: on a full array that would
-        // collect garbage (which first maps every record a replay left for
-        // after opening: 1.4-2.1 s of opening a killed full array, for an
-        // intent log whose records were all in stripes already).
+        // Nothing to place opens no stripe: where the window has no usable
+        // slot that would collect garbage, which first maps every record a
+        // replay left for after opening (1.2 s of a 2.2-2.3 s opening of a
+        // killed full array, for an intent log whose records were all in
+        // stripes already: PERFORMANCE.md, "Opening after kill -9: M+1
+        // headers a slot").
         if pieces.is_empty() {
             return Ok(Vec::new());
         }

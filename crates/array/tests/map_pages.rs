@@ -1684,44 +1684,6 @@ fn a_replay_on_a_full_array_is_mapped_after_opening() {
     array.check().unwrap();
 }
 
-/// Opening a killed full array whose intent log holds only records that
-/// are in stripes already opens no stripe for them: where the window had
-/// no usable slot left, that collected garbage, which first mapped every
-/// record the replay had left for after opening (1.2-2.1 s of a 2.3 s
-/// opening of a killed 12 GiB export, PERFORMANCE.md "Opening after kill
-/// -9: M+1 headers a slot"). This array does not get there (its window
-/// had a usable slot: the test passed before the fix too); it checks
-/// that nothing else of the log's replay maps what waits or writes.
-#[test]
-fn an_intent_log_already_in_stripes_opens_no_stripe_on_a_full_array() {
-    let (devices, array, model, blocks, _, _) = full_array_overwritten_past_a_checkpoint(true, 30_000);
-    // The last FLUSH logged the open stripe's records; writes after it
-    // (the same bytes again, so that losing them changes nothing) seal
-    // that stripe and a few more, unflushed.
-    let mut at = rand::rngs::StdRng::seed_from_u64(31);
-    for _ in 0..400 {
-        let lba = at.gen_range(0..blocks);
-        array.write(lba * BLOCK, &block(lba, model[&lba]), false).unwrap();
-    }
-    kill(&devices, array);
-    let array = tessera_array::open_with(open_list(&devices, &[]), replaying(true, 64 << 20)).unwrap();
-    let s = array.status().unwrap();
-    let log = s.recovery.log.clone().expect("a log");
-    assert!(log.blocks_found > 0 && log.records_replayed == 0, "{log:?}");
-    assert!(s.recovery.pages_mapped_later > 0, "{:?}", s.recovery);
-    // Mapped: only the pages the log's records were looked up in.
-    assert_eq!((s.stripes_sealed, s.gc_rounds), (0, 0), "{s:?}");
-    assert!(
-        s.replay_pages_waiting > 0 && s.replay_pages_waiting + s.map_pages >= s.recovery.pages_mapped_later,
-        "{} pages of {} still waiting, {} in memory",
-        s.replay_pages_waiting,
-        s.recovery.pages_mapped_later,
-        s.map_pages
-    );
-    verify(&array, &model);
-    array.check().unwrap();
-}
-
 /// Whether `back`, read from block `lba`, is what one of the writes to
 /// it (`tags`) wrote.
 fn one_of_its_writes(back: &[u8], lba: u64, tags: &BTreeMap<u64, Vec<u64>>) -> bool {
