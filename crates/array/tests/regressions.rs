@@ -35,18 +35,11 @@ fn options(k: usize, m: usize, chunk_bytes: usize, compression: Option<tessera_c
     }
 }
 
-/// Member `member`'s superblock.
-fn superblock(devices: &[Arc<MemoryDevice>], member: usize) -> tessera_array::format::Superblock {
-    let mut sector = vec![0u8; SECTOR_BYTES];
-    devices[member].read_at(&mut sector, 0).unwrap();
-    tessera_array::format::Superblock::decode(&sector).unwrap()
-}
-
 /// Every superblock (and its backup) made to name no checkpoint, so that
 /// the next opening scans every slot.
 fn forget_the_checkpoint(devices: &[Arc<MemoryDevice>], g: &Geometry) {
-    for (member, device) in devices.iter().enumerate() {
-        let mut sb = superblock(devices, member);
+    for device in devices {
+        let mut sb = tessera_array::read_superblock(device.as_ref()).unwrap();
         sb.checkpoint = None;
         for offset in [0, g.backup_superblock_offset()] {
             device.write_at(&sb.encode(), offset).unwrap();
@@ -832,7 +825,7 @@ fn a_torn_checkpoint_stripe_over_garbage_does_not_stop_a_full_scan() {
     array.write(0, &new, false).unwrap();
     array.flush().unwrap();
     drop(array);
-    let g = superblock(&devices, 0).geometry;
+    let g = tessera_array::read_superblock(devices[0].as_ref()).unwrap().geometry;
     let all = headers(&devices, &g);
     let newest = all.iter().map(|(_, _, h)| h.sequence).max().unwrap();
     let oldest_data = all
@@ -891,7 +884,7 @@ fn a_stripe_on_fewer_than_k_chunks_under_a_synced_sequence_is_dropped() {
         array.flush().unwrap();
     }
     drop(array);
-    let g = superblock(&devices, 0).geometry;
+    let g = tessera_array::read_superblock(devices[0].as_ref()).unwrap().geometry;
     let all = headers(&devices, &g);
     let synced = all
         .iter()
