@@ -627,12 +627,18 @@ pub enum Stream {
 ///  64  leaf digest [64]: this payload's Merkle leaf, H(0x00 | index | payload)
 /// 128  Merkle root [64] of the K+M leaves
 /// 192  summary digest [64]
+/// 256  opening u64: a random number of the opening that wrote it (0 in
+///      headers written before 2026-11-30: none)
 /// 4092 CRC32C of bytes 0..4092
 /// ```
 ///
 /// `synced_through`: every stripe with a sequence number up to it was on
 /// stable storage before this one was written. Recovery trusts those and
 /// checks every chunk of the newer ones, which a crash may have torn.
+/// `opening` says whose stripes those are: sequences after a crash go on
+/// from the newest one the opening found, so a stripe torn on chunks it
+/// did not read may share its sequence with a stripe written since, and
+/// "synced through" vouches only for stripes of the opening that wrote it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ChunkHeader {
     pub index: usize,
@@ -646,6 +652,7 @@ pub struct ChunkHeader {
     pub leaf: Digest,
     pub root: Digest,
     pub summary_digest: Digest,
+    pub opening: u64,
 }
 
 fn put_digest(s: &mut [u8], offset: usize, digest: &Digest) {
@@ -670,6 +677,7 @@ impl ChunkHeader {
         put_digest(&mut s, 64, &self.leaf);
         put_digest(&mut s, 128, &self.root);
         put_digest(&mut s, 192, &self.summary_digest);
+        put(&mut s, 256, &self.opening.to_le_bytes());
         seal_sector(&mut s);
         s
     }
@@ -703,6 +711,7 @@ impl ChunkHeader {
             leaf: digest(64),
             root: digest(128),
             summary_digest: digest(192),
+            opening: get_u64(s, 256),
         })
     }
 }
@@ -2404,6 +2413,7 @@ mod tests {
             leaf: a.digest(b"leaf"),
             root: a.digest(b"root"),
             summary_digest: a.digest(b"summary"),
+            opening: 0x5eed_1234_abcd_0001,
         };
         assert_eq!(ChunkHeader::decode(&h.encode(), a).unwrap(), h);
         let records = records();

@@ -370,7 +370,13 @@ impl Lanes {
     /// are sealed and synced too.
     pub fn seal_as(&self, mut open: OpenStripe, state: SlotState, sequence: u64) -> Sealing {
         let synced_through = self.tracker.lock().synced_through;
-        let info = stripe::finish(&self.stripes.geometry, &mut open, sequence, synced_through);
+        let info = stripe::finish(
+            &self.stripes.geometry,
+            &mut open,
+            sequence,
+            synced_through,
+            self.stripes.opening,
+        );
         open.sealed_as.store(sequence, std::sync::atomic::Ordering::Release);
         let area = Arc::new(std::mem::take(&mut open.data));
         let mut index = self.catalog.index_mut();

@@ -47,7 +47,7 @@ use crate::slot_set::SlotSet;
 use crate::slots::{SlotState, SlotTable};
 use crate::stripes::Stripes;
 use serde::Serialize;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 /// What opening the array found and did, for `status`.
@@ -60,9 +60,15 @@ pub struct Recovery {
     pub checkpoint_error: Option<String>,
     pub slots_scanned: u64,
     /// Chunk header sectors the scan read: M+1 of a slot no newer stripe
-    /// was written to, K+M of the others (`read_window_headers`).
+    /// was written to, or whose newer stripe its opening had said was
+    /// synced; K+M of the others (`read_window_headers`).
     #[serde(default)]
     pub headers_read: u64,
+    /// Of the stripes found newer than the checkpoint, those taken as
+    /// whole on M+1 headers, where the opening that wrote them had said
+    /// they were synced (`read_window_headers`).
+    #[serde(default)]
+    pub stripes_whole_on_m_plus_1: u64,
     pub stripes_replayed: u64,
     /// Stripes a crash left incomplete: newer than the last sync, or
     /// with headers on fewer than K chunks, and not readable whole.
@@ -168,6 +174,45 @@ enum Seen {
     /// Unreadable, or neither a whole header nor zeros (torn, corrupt):
     /// it may be a newer stripe's.
     Doubt,
+}
+
+/// The headers a window scan kept (`read_window_headers`).
+struct WindowHeaders {
+    headers: Vec<(u64, usize, ChunkHeader)>,
+    /// Header sectors read.
+    reads: u64,
+    /// Slots whose newest stripe was taken as whole on M+1 headers.
+    whole: HashSet<u64>,
+}
+
+/// Adds to `vouched` (an opening's newest "synced through") what the
+/// user and GC stripes newer than `from` among `seen` say.
+fn vouch(vouched: &mut HashMap<u64, u64>, seen: &[(u64, usize, Seen)], from: u64) {
+    for (_, _, seen) in seen {
+        if let Seen::Header(h) = seen {
+            if h.sequence > from && h.stream != Stream::Meta && h.opening != 0 {
+                let t = vouched.entry(h.opening).or_default();
+                *t = (*t).max(h.synced_through);
+            }
+        }
+    }
+}
+
+/// Folds `header` (of `slot`, newer than the checkpoint) into `newest`:
+/// each slot's newest stripe and how many of its chunks were found.
+fn fold_newest(newest: &mut HashMap<u64, (ChunkHeader, usize)>, slot: u64, header: ChunkHeader) {
+    match newest.entry(slot) {
+        std::collections::hash_map::Entry::Occupied(mut best) => match best.get().0.sequence {
+            s if s < header.sequence => {
+                best.insert((header, 1));
+            }
+            s if s == header.sequence => best.get_mut().1 += 1,
+            _ => {}
+        },
+        std::collections::hash_map::Entry::Vacant(place) => {
+            place.insert((header, 1));
+        }
+    }
 }
 
 /// What a replay found, for the steps after it.
@@ -325,25 +370,42 @@ impl Opening<'_> {
         }
     }
 
-    /// This array's headers of every chunk of `slots` that may hold a
+    /// This array's headers of the chunks of `slots` that may hold a
     /// stripe newer than sequence `from`, in slot and then chunk order,
-    /// and how many header sectors were read. First M+1 chunks of each
+    /// how many header sectors were read, and the slots whose newest
+    /// stripe was taken as whole on M+1 headers. First M+1 chunks of each
     /// slot on members that can be read (rotating, so that the members
-    /// share the reads); a slot where each of those holds a header of
-    /// sequence `from` or older, or no header, holds no stripe newer than
-    /// `from` with K or more chunks (such a stripe is on all but M of the
-    /// chunks at least), so its other chunks are not read. Where any of
-    /// them is newer or in doubt (unreadable, torn, corrupt), or fewer
-    /// than M+1 of its members can be read, the slot's other readable
-    /// chunks are read too (and counted: members that cannot be read are
-    /// not). A window slot no stripe was written to after the checkpoint
-    /// costs M+1 reads, not K+M (8+2: 3, not 10). What a skipped chunk may
-    /// hold is a stripe newer than `from` on fewer than K chunks: torn by
-    /// a crash before it was acknowledged. Recovery reads such a stripe
-    /// whole wherever it finds one, as it reads those newer than the last
-    /// sync, whatever the stripes after it say was synced (`replay`), and
-    /// so drops it as torn.
-    fn read_window_headers(&self, slots: &[u64], from: u64) -> (Vec<(u64, usize, ChunkHeader)>, u64) {
+    /// share the reads); the slot's other readable chunks are read too
+    /// (and counted: members that cannot be read are not) unless those
+    /// M+1 settle it:
+    ///
+    /// - each holds a header of sequence `from` or older, or no header:
+    ///   the slot holds no stripe newer than `from` with K or more chunks
+    ///   (such a stripe is on all but M of the chunks at least). A window
+    ///   slot no stripe was written to after the checkpoint costs M+1
+    ///   reads, not K+M (8+2: 3, not 10). What a skipped chunk may hold
+    ///   is a stripe newer than `from` on fewer than K chunks: torn by a
+    ///   crash before it was acknowledged. Recovery reads such a stripe
+    ///   whole wherever it finds one, as it reads those newer than the
+    ///   last sync, whatever the stripes after it say was synced
+    ///   (`replay`), and so drops it as torn.
+    /// - each holds a header of one stripe newer than `from` (one
+    ///   sequence, opening and Merkle root; not a checkpoint's), and a
+    ///   header of that opening read so far (in `vouched`) says it was
+    ///   synced: a synced stripe was on every chunk but those of members
+    ///   failed when it was written, and those hold another header (a
+    ///   member that comes back is rebuilt). Only the opening that wrote
+    ///   a stripe vouches for it: a stripe torn on chunks an earlier
+    ///   opening did not read may share its sequence with one written
+    ///   since. Its slot is in the set returned; where its summary cannot
+    ///   be read, `replay` reads the other headers and decides again.
+    ///   After a crash most of a window's slots hold a synced stripe, so
+    ///   this is most of what opening reads: M+1 headers, not K+M.
+    ///
+    /// Anything else (a newer sequence that is not vouched for, headers
+    /// that disagree, one unreadable, torn or corrupt, fewer than M+1
+    /// members readable) reads the rest.
+    fn read_window_headers(&self, slots: &[u64], from: u64, vouched: &mut HashMap<u64, u64>) -> WindowHeaders {
         let g = &self.stripes.geometry;
         let width = g.width();
         let readable: Vec<bool> = (0..g.members)
@@ -360,18 +422,36 @@ impl Opening<'_> {
             })
             .collect();
         let seen = self.read_headers(&first);
+        vouch(vouched, &seen, from);
         let mut rest: Vec<(u64, usize)> = Vec::new();
+        let mut whole = HashSet::new();
         for run in seen.chunk_by(|a, b| a.0 == b.0) {
             let slot = run[0].0;
             // Settled by M+1 headers only (a slot with fewer readable
             // chunks is read whole, which is what it has).
-            let settled = run.len() == g.parity + 1
-                && run.iter().all(|(_, _, seen)| match seen {
-                    Seen::Header(header) => header.sequence <= from,
-                    Seen::Other => true,
-                    Seen::Doubt => false,
-                });
-            if !settled {
+            let m_plus_1 = run.len() == g.parity + 1;
+            let older = run.iter().all(|(_, _, seen)| match seen {
+                Seen::Header(header) => header.sequence <= from,
+                Seen::Other => true,
+                Seen::Doubt => false,
+            });
+            let synced = match &run[0].2 {
+                Seen::Header(first) => {
+                    first.sequence > from
+                        && first.stream != Stream::Meta
+                        && first.opening != 0
+                        && vouched.get(&first.opening).is_some_and(|&t| t >= first.sequence)
+                        && run.iter().all(|(_, _, seen)| {
+                            matches!(seen, Seen::Header(h) if h.sequence == first.sequence
+                                && h.opening == first.opening
+                                && h.root == first.root)
+                        })
+                }
+                _ => false,
+            };
+            if m_plus_1 && synced {
+                whole.insert(slot);
+            } else if !(m_plus_1 && older) {
                 rest.extend(
                     (0..width)
                         .filter(|&j| readable(slot, j) && !run.iter().any(|r| r.1 == j))
@@ -381,7 +461,8 @@ impl Opening<'_> {
         }
         let reads = (first.len() + rest.len()) as u64;
         let rest = self.read_headers(&rest);
-        let mut kept: Vec<(u64, usize, ChunkHeader)> = seen
+        vouch(vouched, &rest, from);
+        let mut headers: Vec<(u64, usize, ChunkHeader)> = seen
             .into_iter()
             .chain(rest)
             .filter_map(|(slot, j, seen)| match seen {
@@ -389,8 +470,28 @@ impl Opening<'_> {
                 _ => None,
             })
             .collect();
-        kept.sort_unstable_by_key(|&(slot, j, _)| (slot, j));
-        (kept, reads)
+        headers.sort_unstable_by_key(|&(slot, j, _)| (slot, j));
+        WindowHeaders { headers, reads, whole }
+    }
+
+    /// This array's headers of every readable chunk of `slot`, and how
+    /// many were read: a slot taken as whole on M+1 headers whose
+    /// summary could not be read, read again.
+    fn read_slot_headers(&self, slot: u64) -> (Vec<ChunkHeader>, u64) {
+        let g = &self.stripes.geometry;
+        let chunks: Vec<(u64, usize)> = (0..g.width())
+            .filter(|&j| self.stripes.members.readable(g.place(slot, j).0).is_some())
+            .map(|j| (slot, j))
+            .collect();
+        let headers = self
+            .read_headers(&chunks)
+            .into_iter()
+            .filter_map(|(_, _, seen)| match seen {
+                Seen::Header(header) => Some(*header),
+                _ => None,
+            })
+            .collect();
+        (headers, chunks.len() as u64)
     }
 
     fn reset_index(&self) {
@@ -447,6 +548,10 @@ impl Opening<'_> {
         // chunks hold that stripe.
         let mut newest: HashMap<u64, (ChunkHeader, usize)> = HashMap::new();
         let mut synced_through = from;
+        // Each opening's newest "synced through" read so far, and the
+        // slots taken as whole on M+1 headers (`read_window_headers`).
+        let mut vouched: HashMap<u64, u64> = HashMap::new();
+        let mut whole: HashSet<u64> = HashSet::new();
         loop {
             let slots = (crate::limits::SCAN_BATCH_CHUNKS / g.width()).max(1);
             let batch: Vec<u64> = scan.by_ref().take(slots).collect();
@@ -458,9 +563,10 @@ impl Opening<'_> {
             // sequence any of them holds, the newest "synced through" of
             // those newer than `from` (user and GC stripes'), and the
             // newest of them (its first chunk's header) with its count.
-            let (headers, reads) = self.read_window_headers(&batch, from);
-            recovery.headers_read += reads;
-            for (slot, _, header) in headers {
+            let scanned = self.read_window_headers(&batch, from, &mut vouched);
+            recovery.headers_read += scanned.reads;
+            whole.extend(scanned.whole);
+            for (slot, _, header) in scanned.headers {
                 max_sequence = max_sequence.max(header.sequence);
                 if header.sequence <= from {
                     continue;
@@ -468,20 +574,10 @@ impl Opening<'_> {
                 if header.stream != Stream::Meta {
                     synced_through = synced_through.max(header.synced_through);
                 }
-                match newest.entry(slot) {
-                    std::collections::hash_map::Entry::Occupied(mut best) => match best.get().0.sequence {
-                        s if s < header.sequence => {
-                            best.insert((header, 1));
-                        }
-                        s if s == header.sequence => best.get_mut().1 += 1,
-                        _ => {}
-                    },
-                    std::collections::hash_map::Entry::Vacant(place) => {
-                        place.insert((header, 1));
-                    }
-                }
+                fold_newest(&mut newest, slot, header);
             }
         }
+        recovery.stripes_whole_on_m_plus_1 = whole.len() as u64;
         // A slot whose newest chunk belongs to a checkpoint's stripe holds
         // no data: a checkpoint takes only free slots, so whatever older
         // stripe its other chunks still hold (where power loss tore the
@@ -495,7 +591,8 @@ impl Opening<'_> {
         // the stripes after it say, and dropped as torn where fewer than K
         // chunks are good. A scan that read only M+1 chunks of a slot may
         // have left one behind (`read_window_headers`), under a sequence
-        // a stripe written since may hold too.
+        // a stripe written since may hold too. (A slot taken as whole on
+        // M+1 headers holds a synced stripe: its count is not known.)
         recovery.phases.headers = lap(&mut clock);
         // Pass 2: each slot's newest stripe, checked, its summary read,
         // on the I/O pool (a full window is ~8,000 stripes, a read or two
@@ -505,13 +602,14 @@ impl Opening<'_> {
             newest
                 .par_iter()
                 .map(|(&slot, &(ref header, chunks))| {
-                    let verify_all = header.sequence > synced_through || chunks < g.data;
+                    let verify_all = header.sequence > synced_through || (chunks < g.data && !whole.contains(&slot));
                     (header.sequence, slot, verify_all, self.read_summary(header, verify_all))
                 })
                 .collect()
         });
         let mut stripes: Vec<(u64, u64, Vec<Record>)> = Vec::new();
         let mut torn = Vec::new();
+        let mut again = Vec::new();
         for (sequence, slot, verify_all, summary) in summaries {
             match summary {
                 Ok((records, repaired)) => {
@@ -520,6 +618,32 @@ impl Opening<'_> {
                 }
                 // Written after the last sync (or found on fewer than K
                 // chunks) and torn by a crash: it held nothing acknowledged.
+                Err(_) if verify_all => torn.push(slot),
+                // Taken as whole on M+1 headers: the others are read, and
+                // the slot decided as any other is.
+                Err(_) if whole.contains(&slot) => again.push(slot),
+                Err(error) => return Err(error),
+            }
+        }
+        for slot in again {
+            let (headers, reads) = self.read_slot_headers(slot);
+            recovery.headers_read += reads;
+            let mut one = HashMap::new();
+            for header in headers {
+                max_sequence = max_sequence.max(header.sequence);
+                if header.sequence > from {
+                    fold_newest(&mut one, slot, header);
+                }
+            }
+            let Some((header, chunks)) = one.remove(&slot).filter(|(h, _)| h.stream != Stream::Meta) else {
+                continue;
+            };
+            let verify_all = header.sequence > synced_through || chunks < g.data;
+            match self.read_summary(&header, verify_all) {
+                Ok((records, repaired)) => {
+                    recovery.chunks_repaired += repaired;
+                    stripes.push((header.sequence, slot, records));
+                }
                 Err(_) if verify_all => torn.push(slot),
                 Err(error) => return Err(error),
             }

@@ -132,6 +132,8 @@ pub struct StripeInfo {
     pub stream: Stream,
     pub sequence: u64,
     pub synced_through: u64,
+    /// The opening that sealed it (`ChunkHeader::opening`).
+    pub opening: u64,
     pub summary_bytes: u32,
     pub data_bytes: u32,
     pub summary_digest: Digest,
@@ -139,7 +141,13 @@ pub struct StripeInfo {
 
 /// Closes an open stripe's data area: the summary goes into its tail and
 /// the unused middle is zeroed. The area is final after this.
-pub fn finish(geometry: &Geometry, open: &mut OpenStripe, sequence: u64, synced_through: u64) -> StripeInfo {
+pub fn finish(
+    geometry: &Geometry,
+    open: &mut OpenStripe,
+    sequence: u64,
+    synced_through: u64,
+    opening: u64,
+) -> StripeInfo {
     let algorithm = geometry.checksum;
     let summary = format::encode_summary(algorithm, &open.records);
     let area = open.data.len();
@@ -154,6 +162,7 @@ pub fn finish(geometry: &Geometry, open: &mut OpenStripe, sequence: u64, synced_
         stream: open.stream,
         sequence,
         synced_through,
+        opening,
         summary_bytes: summary.len() as u32,
         data_bytes: open.used as u32,
         summary_digest: algorithm.digest(&summary),
@@ -207,6 +216,7 @@ impl Built {
                 leaf: *leaf,
                 root: leaves.root,
                 summary_digest: info.summary_digest,
+                opening: info.opening,
             };
             self.headers[j * SECTOR_BYTES..(j + 1) * SECTOR_BYTES].copy_from_slice(&header.encode());
         }

@@ -48,6 +48,9 @@ const SERIAL_READ_BYTES_MAX: usize = 16 << 10;
 pub(crate) struct Stripes {
     pub geometry: Geometry,
     pub array_uuid: [u8; 16],
+    /// A random number, not zero, for this opening of the array, in the
+    /// header of every stripe it seals (`ChunkHeader::opening`).
+    pub opening: u64,
     pub accel: Arc<dyn Accelerator>,
     pub members: Members,
     /// Each member's queue of chunk writes, its threads, and syncs.
@@ -109,6 +112,7 @@ impl Stripes {
         Ok(Stripes {
             geometry,
             array_uuid,
+            opening: rand::random::<u64>().max(1),
             accel,
             members,
             io,

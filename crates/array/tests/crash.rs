@@ -200,7 +200,7 @@ fn engine(seed: u64) -> EngineOptions {
     }
 }
 
-fn run(seed: u64, met: &mut (u64, u64, u64, u64, u64, u64)) {
+fn run(seed: u64, met: &mut (u64, u64, u64, u64, u64, u64, u64)) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let devices: Vec<Arc<MemoryDevice>> = (0..6).map(|_| Arc::new(MemoryDevice::new(MEMBER_BYTES))).collect();
     let default = create(&devices, seed, None).logical_bytes();
@@ -301,6 +301,7 @@ fn run(seed: u64, met: &mut (u64, u64, u64, u64, u64, u64)) {
         let status = array.status().unwrap_or_else(|e| panic!("{context}: status: {e}"));
         met.3 += u64::from(status.recovery.pages_mapped_later > 0);
         met.5 += status.recovery.torn_stripes_dropped;
+        met.6 += status.recovery.stripes_whole_on_m_plus_1;
         assert_eq!(
             status.recovery.clean_stop, clean,
             "{context}: a clean stop is what lets the opening skip the scan, and only it"
@@ -325,8 +326,9 @@ fn nothing_flushed_is_lost_when_killed_under_collection() {
     // (garbage collection rounds, checkpoints written, map pages evicted,
     // openings that left the replay for after, stripes written to the
     // next window's slots while a checkpoint was written, torn stripes
-    // dropped by the openings)
-    let mut met = (0, 0, 0, 0, 0, 0);
+    // dropped by the openings, stripes they took as whole on M+1 chunk
+    // headers)
+    let mut met = (0, 0, 0, 0, 0, 0, 0);
     for seed in common::seeds("TESSERA_CRASH_SEEDS", SEEDS_DEFAULT) {
         run(seed, &mut met);
     }
@@ -335,7 +337,7 @@ fn nothing_flushed_is_lost_when_killed_under_collection() {
     // checkpoint), and which do varies with timing: 0 or 1 of seeds 0..8,
     // 5 of 8..48. Counted, not required; `map_pages.rs` tests that path.
     eprintln!(
-        "garbage collection rounds, checkpoints, map pages evicted, replays mapped later, stripes sealed early, torn stripes dropped: {met:?}"
+        "garbage collection rounds, checkpoints, map pages evicted, replays mapped later, stripes sealed early, torn stripes dropped, stripes whole on M+1 headers: {met:?}"
     );
     assert!(
         met.0 > 0 && met.1 > 0 && met.2 > 0,
