@@ -28,7 +28,8 @@
 # headers, mapping the records and replaying the intent log took
 # (`recovery.phases`; '-' for a build that does not time them), and
 # after the slots scanned the chunk headers read, for a build that
-# counts them (`recovery.headers_read`). With FULL=1 (and RANDOM_S), the export is not thin: the
+# counts them (`recovery.headers_read`), and the stripes taken as whole
+# on M+1 of them (`recovery.stripes_whole_on_m_plus_1`). With FULL=1 (and RANDOM_S), the export is not thin: the
 # default export is filled whole by nbdcopy first, so that the window's
 # slots hold older stripes on the members rather than holes (a full
 # array's opening; SIZE is then only a label). Then (unless SERVED=0:
@@ -36,7 +37,10 @@
 # copy in each round: the milliseconds until `nbdinfo` answers, and until
 # `status` shows no replayed record waiting to be mapped
 # (`replay_pages_waiting`; a build without it maps them all before
-# serving).
+# serving). With KILL_LATE=1 (and RANDOM_S), fio goes on after RANDOM_S
+# and the server is killed late in a window, 80% of the way to the next
+# checkpoint by the interval between the two before, so that most of the
+# window's slots hold stripes written since the checkpoint.
 #
 #   [KILL=1 [OWN=1] [SHAPES="8+2 92+8"] [DEVICE_SIZE=8G] [ROUNDS=5] [RANDOM_S=55 [CHUNK=64K] [FULL=1]]] \
 #     OLD=path/to/old/tessera [TESSERA=path/to/new] scripts/bench-open.sh [SIZE ...]   (default: 2G 8G)
@@ -78,7 +82,27 @@ if [ "${KILL:-0}" = 1 ]; then
             export_bytes=$("$TESSERA" status "$work/array" --json | json_expr "j['logical_bytes']")
             nbdcopy --flush --connections=4 --requests=64 -- [ nbdkit pattern size="$export_bytes" ] "nbd+unix:///tessera?socket=$work/s.sock"
           fi
-          if [ -n "${RANDOM_S:-}" ]; then
+          if [ -n "${RANDOM_S:-}" ] && [ "${KILL_LATE:-0}" = 1 ]; then
+            # Killed late in a window: fio goes on past RANDOM_S while the
+            # checkpoints are watched, and the server is killed 80% of the
+            # way from one checkpoint to when the next would come (the
+            # interval between the two before it), fio still writing.
+            fio --name=random --ioengine=nbd --uri="nbd+unix:///tessera?socket=$work/s.sock" --rw=randwrite --bs=4k \
+              --iodepth=32 --refill_buffers --norandommap --randrepeat=0 --fsync=256 --time_based --runtime=$((RANDOM_S + 600)) \
+              --output=/dev/null 2>/dev/null & fio_pid=$!
+            sleep "$RANDOM_S"
+            checkpoints() { "$TESSERA" status "$work/array" --json | json_expr "j['checkpoints_written']"; }
+            seen=() last=$(checkpoints)
+            for _ in $(seq 6000); do
+              now=$(checkpoints)
+              if [ "$now" != "$last" ]; then seen+=("$(date +%s.%N)"); last=$now; fi
+              [ "${#seen[@]}" -ge 3 ] && break
+              sleep 0.1
+            done
+            [ "${#seen[@]}" -ge 3 ] || { echo "no three checkpoints within 10 minutes" >&2; exit 1; }
+            sleep "$(python3 -c "print(0.8 * (${seen[2]} - ${seen[1]}))")"
+            echo "killed $(python3 -c "print(f'{0.8 * (${seen[2]} - ${seen[1]}):.1f}')") s after a checkpoint (the one before came $(python3 -c "print(f'{${seen[2]} - ${seen[1]}:.1f}')") s before it)"
+          elif [ -n "${RANDOM_S:-}" ]; then
             fio --name=random --ioengine=nbd --uri="nbd+unix:///tessera?socket=$work/s.sock" --rw=randwrite --bs=4k \
               --iodepth=32 --refill_buffers --norandommap --randrepeat=0 --fsync=256 --time_based --runtime="$RANDOM_S" \
               --output=/dev/null
@@ -88,6 +112,7 @@ if [ "${KILL:-0}" = 1 ]; then
           end=$(date +%s.%N)
           fill=$("$TESSERA" status "$work/array" --json | json_expr "'%d checkpoints, %.2f member bytes a client byte' % (j['checkpoints_written'], j['member_bytes_written'] / j['user_bytes_written'])")
           kill_server
+          [ -n "${fio_pid:-}" ] && { wait "$fio_pid" 2>/dev/null || true; fio_pid=""; }
           mv "$work/array" "$work/killed-${build%%=*}"
           echo "$shape $size ${build%%=*}: fill $(python3 -c "print(f'{$end - $start:.1f}')") s, $fill"
         done
@@ -120,7 +145,7 @@ if [ "${KILL:-0}" = 1 ]; then
             rm -rf "$work/array"
             cp -a --sparse=always "$work/killed-$maker" "$work/array"
             sync
-            runs[$build]="${runs[$build]:-} $("${build#*=}" status "$work/array" --json | json_expr "'%s/%s%s/%s/%s/%s/%s/%s/%s/%s/%s/%s' % (j['recovery']['milliseconds'], j['recovery']['slots_scanned'], ' (%s headers)' % j['recovery']['headers_read'] if 'headers_read' in j['recovery'] else '', j['recovery']['stripes_replayed'], j['recovery'].get('slot_pages_deferred', '-'), j['recovery'].get('slot_pages', '-'), j['map_page_misses'], j.get('map_page_reads', '-'), j['recovery'].get('phases', {}).get('headers', '-'), j['recovery'].get('phases', {}).get('mapping', '-'), j['recovery'].get('pages_mapped_later', '-'), j['recovery'].get('phases', {}).get('log', '-'))")"
+            runs[$build]="${runs[$build]:-} $("${build#*=}" status "$work/array" --json | json_expr "'%s/%s%s/%s/%s/%s/%s/%s/%s/%s/%s/%s' % (j['recovery']['milliseconds'], j['recovery']['slots_scanned'], ' (%s headers%s)' % (j['recovery']['headers_read'], ', %s whole on M+1' % j['recovery']['stripes_whole_on_m_plus_1'] if 'stripes_whole_on_m_plus_1' in j['recovery'] else '') if 'headers_read' in j['recovery'] else '', j['recovery']['stripes_replayed'], j['recovery'].get('slot_pages_deferred', '-'), j['recovery'].get('slot_pages', '-'), j['map_page_misses'], j.get('map_page_reads', '-'), j['recovery'].get('phases', {}).get('headers', '-'), j['recovery'].get('phases', {}).get('mapping', '-'), j['recovery'].get('pages_mapped_later', '-'), j['recovery'].get('phases', {}).get('log', '-'))")"
             [ "${SERVED:-1}" = 1 ] || continue
             rm -rf "$work/array"
             cp -a --sparse=always "$work/killed-$maker" "$work/array"

@@ -393,8 +393,8 @@ impl Opening<'_> {
     ///   sequence, opening and Merkle root; not a checkpoint's), and a
     ///   header of that opening read so far (in `vouched`) says it was
     ///   synced: a synced stripe was on every chunk but those of members
-    ///   failed when it was written, and those hold another header (a
-    ///   member that comes back is rebuilt). Only the opening that wrote
+    ///   failed when it was written, which hold another header or none
+    ///   (one among the M+1 makes them disagree). Only the opening that wrote
     ///   a stripe vouches for it: a stripe torn on chunks an earlier
     ///   opening did not read may share its sequence with one written
     ///   since. Its slot is in the set returned; where its summary cannot
