@@ -860,6 +860,44 @@ fn a_torn_checkpoint_stripe_over_garbage_does_not_stop_a_full_scan() {
     assert!(back == new, "the newest data reads back");
 }
 
+/// A 4+2 array (no background work) with 2 MiB of random data written
+/// in four pieces, each flushed, then closed.
+struct Flushed {
+    devices: Vec<Arc<MemoryDevice>>,
+    data: Vec<u8>,
+    g: Geometry,
+    /// Every chunk header on the members.
+    all: Vec<(usize, u64, tessera_array::format::ChunkHeader)>,
+    /// The newest "synced through" its user and GC stripes say.
+    synced: u64,
+}
+
+fn flushed_piece_by_piece(rng: &mut rand::rngs::StdRng) -> Flushed {
+    let devices = members(6, 8 << 20);
+    let array = tessera_array::create_with(named(&devices), &options(4, 2, 64 << 10, None), no_background()).unwrap();
+    let data = payload(rng, 2 << 20, false);
+    for (i, piece) in data.chunks(512 << 10).enumerate() {
+        array.write((i << 19) as u64, piece, false).unwrap();
+        array.flush().unwrap();
+    }
+    drop(array);
+    let g = tessera_array::read_superblock(devices[0].as_ref()).unwrap().geometry;
+    let all = headers(&devices, &g);
+    let synced = all
+        .iter()
+        .filter(|(_, _, h)| h.stream != tessera_array::format::Stream::Meta)
+        .map(|(_, _, h)| h.synced_through)
+        .max()
+        .unwrap();
+    Flushed {
+        devices,
+        data,
+        g,
+        all,
+        synced,
+    }
+}
+
 /// Opening after a crash reads M+1 chunk headers of a window slot first,
 /// and the others only where one of those is newer than the checkpoint
 /// or in doubt, so a crash may leave a stripe it tore on fewer than K
@@ -874,24 +912,14 @@ fn a_torn_checkpoint_stripe_over_garbage_does_not_stop_a_full_scan() {
 #[test]
 fn a_stripe_on_fewer_than_k_chunks_under_a_synced_sequence_is_dropped() {
     use tessera_array::format::{ChunkHeader, Stream};
-    let devices = members(6, 8 << 20);
-    let array = tessera_array::create_with(named(&devices), &options(4, 2, 64 << 10, None), no_background()).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-    let data = payload(&mut rng, 2 << 20, false);
-    for piece in 0..4 {
-        let range = piece << 19..(piece + 1) << 19;
-        array.write(range.start as u64, &data[range], false).unwrap();
-        array.flush().unwrap();
-    }
-    drop(array);
-    let g = tessera_array::read_superblock(devices[0].as_ref()).unwrap().geometry;
-    let all = headers(&devices, &g);
-    let synced = all
-        .iter()
-        .filter(|(_, _, h)| h.stream != Stream::Meta)
-        .map(|(_, _, h)| h.synced_through)
-        .max()
-        .unwrap();
+    let Flushed {
+        devices,
+        data,
+        g,
+        all,
+        synced,
+    } = flushed_piece_by_piece(&mut rng);
     let model = all.iter().find(|(_, _, h)| h.stream == Stream::User).unwrap().2.clone();
     let used: std::collections::BTreeSet<u64> = all.iter().map(|(_, _, h)| h.slot).collect();
     let slot = (0..g.slot_count()).find(|s| !used.contains(s)).unwrap();
@@ -911,20 +939,7 @@ fn a_stripe_on_fewer_than_k_chunks_under_a_synced_sequence_is_dropped() {
             .write_at(&payload, g.row_offset(row) + SECTOR_BYTES as u64)
             .unwrap();
     }
-    forget_the_checkpoint(&devices, &g);
-    let array = tessera_array::open_with(open_list(&devices, &[]), no_background())
-        .unwrap_or_else(|e| panic!("opening by a full scan: {e}"));
-    let recovery = array.status().unwrap().recovery;
-    assert_eq!(
-        (recovery.checkpoint_sequence, recovery.torn_stripes_dropped),
-        (None, 1),
-        "{recovery:?}"
-    );
-    let mut back = vec![0u8; data.len()];
-    array.read(0, &mut back).unwrap();
-    assert!(back == data, "every flushed write reads back");
-    array.check().unwrap();
-    drop(array);
+    opened_by_a_full_scan_dropping_one(&devices, &g, &data);
     // Dropped for good: its headers were erased.
     assert!(headers(&devices, &g)
         .iter()
@@ -936,17 +951,7 @@ fn a_stripe_on_fewer_than_k_chunks_under_a_synced_sequence_is_dropped() {
 /// flushed write is found. 4+2: 3 reads a slot, or 6.
 #[test]
 fn opening_after_a_crash_reads_m_plus_1_headers_of_a_slot_nothing_was_written_to() {
-    let devices = members(6, 16 << 20);
-    let engine = EngineOptions {
-        background: false,
-        ..EngineOptions::default()
-    };
-    let array = tessera_array::create_with(named(&devices), &options(4, 2, 64 << 10, None), engine.clone()).unwrap();
-    let data = payload(&mut rand::rngs::StdRng::seed_from_u64(3), 3 << 20, false);
-    array.write(0, &data, false).unwrap();
-    array.flush().unwrap();
-    let array = common::kill_and_reopen_with(&devices, array, engine);
-    let r = array.status().unwrap().recovery;
+    let r = written_killed_and_checked(3, 3 << 20);
     assert!(
         r.stripes_replayed > 0 && r.slots_scanned > 2 * r.stripes_replayed,
         "{r:?}"
@@ -962,10 +967,6 @@ fn opening_after_a_crash_reads_m_plus_1_headers_of_a_slot_nothing_was_written_to
         r.headers_read,
         r.slots_scanned
     );
-    let mut back = vec![0u8; data.len()];
-    array.read(0, &mut back).unwrap();
-    assert!(back == data, "every flushed write reads back");
-    array.check().unwrap();
 }
 
 /// After a crash, a stripe newer than the checkpoint that a later stripe
@@ -976,15 +977,7 @@ fn opening_after_a_crash_reads_m_plus_1_headers_of_a_slot_nothing_was_written_to
 /// K+M reads (4+2: 6, now 3).
 #[test]
 fn opening_after_a_crash_reads_m_plus_1_headers_of_a_slot_whose_stripe_was_synced() {
-    let devices = members(6, 16 << 20);
-    let array = tessera_array::create_with(named(&devices), &options(4, 2, 64 << 10, None), no_background()).unwrap();
-    let data = payload(&mut rand::rngs::StdRng::seed_from_u64(4), 3 << 20, false);
-    for piece in data.chunks(256 << 10).enumerate() {
-        array.write((piece.0 << 18) as u64, piece.1, false).unwrap();
-        array.flush().unwrap();
-    }
-    let array = common::kill_and_reopen_with(&devices, array, no_background());
-    let r = array.status().unwrap().recovery;
+    let r = written_killed_and_checked(4, 256 << 10);
     let newer = r.stripes_replayed + r.torn_stripes_dropped;
     assert!(
         r.stripes_whole_on_m_plus_1 * 2 > r.stripes_replayed && r.headers_read < 3 * r.slots_scanned + 3 * newer,
@@ -993,10 +986,27 @@ fn opening_after_a_crash_reads_m_plus_1_headers_of_a_slot_whose_stripe_was_synce
         r.slots_scanned,
         r.stripes_whole_on_m_plus_1
     );
+}
+
+/// 3 MiB of random data from `seed` written to a 4+2 array (no
+/// background work) in pieces of `piece` bytes, each flushed, then the
+/// array killed and opened: what opening did, once every write has read
+/// back and the engine's check passed.
+fn written_killed_and_checked(seed: u64, piece: usize) -> tessera_array::Recovery {
+    let devices = members(6, 16 << 20);
+    let array = tessera_array::create_with(named(&devices), &options(4, 2, 64 << 10, None), no_background()).unwrap();
+    let data = payload(&mut rand::rngs::StdRng::seed_from_u64(seed), 3 << 20, false);
+    for (i, bytes) in data.chunks(piece).enumerate() {
+        array.write((i * piece) as u64, bytes, false).unwrap();
+        array.flush().unwrap();
+    }
+    let array = common::kill_and_reopen_with(&devices, array, no_background());
+    let recovery = array.status().unwrap().recovery;
     let mut back = vec![0u8; data.len()];
     array.read(0, &mut back).unwrap();
-    assert!(back == data, "every flushed write reads back");
+    assert!(back == data, "every flushed write reads back: {recovery:?}");
     array.check().unwrap();
+    recovery
 }
 
 /// Only the opening that wrote a stripe vouches that it was synced:
@@ -1012,22 +1022,13 @@ fn opening_after_a_crash_reads_m_plus_1_headers_of_a_slot_whose_stripe_was_synce
 #[test]
 fn a_stripe_of_another_opening_is_not_taken_as_whole_on_m_plus_1_headers() {
     use tessera_array::format::{ChunkHeader, Stream};
-    let devices = members(6, 8 << 20);
-    let array = tessera_array::create_with(named(&devices), &options(4, 2, 64 << 10, None), no_background()).unwrap();
-    let data = payload(&mut rand::rngs::StdRng::seed_from_u64(12), 2 << 20, false);
-    for piece in data.chunks(512 << 10).enumerate() {
-        array.write((piece.0 << 19) as u64, piece.1, false).unwrap();
-        array.flush().unwrap();
-    }
-    drop(array);
-    let g = tessera_array::read_superblock(devices[0].as_ref()).unwrap().geometry;
-    let all = headers(&devices, &g);
-    let synced = all
-        .iter()
-        .filter(|(_, _, h)| h.stream != Stream::Meta)
-        .map(|(_, _, h)| h.synced_through)
-        .max()
-        .unwrap();
+    let Flushed {
+        devices,
+        data,
+        g,
+        all,
+        synced,
+    } = flushed_piece_by_piece(&mut rand::rngs::StdRng::seed_from_u64(12));
     let model = all
         .iter()
         .find(|(_, _, h)| h.stream == Stream::User && h.sequence < synced)
@@ -1056,8 +1057,20 @@ fn a_stripe_of_another_opening_is_not_taken_as_whole_on_m_plus_1_headers() {
         let (member, row) = g.place(slot, j);
         devices[member].write_at(&chunk, g.row_offset(row)).unwrap();
     }
-    forget_the_checkpoint(&devices, &g);
-    let array = tessera_array::open_with(open_list(&devices, &[]), no_background())
+    let recovery = opened_by_a_full_scan_dropping_one(&devices, &g, &data);
+    assert!(recovery.stripes_whole_on_m_plus_1 > 0, "{recovery:?}");
+}
+
+/// Opens `devices` by a full scan (the checkpoint forgotten), which must
+/// drop one torn stripe, and checks that `data` reads back and the engine's
+/// check passes; what opening did.
+fn opened_by_a_full_scan_dropping_one(
+    devices: &[Arc<MemoryDevice>],
+    g: &Geometry,
+    data: &[u8],
+) -> tessera_array::Recovery {
+    forget_the_checkpoint(devices, g);
+    let array = tessera_array::open_with(open_list(devices, &[]), no_background())
         .unwrap_or_else(|e| panic!("opening by a full scan: {e}"));
     let recovery = array.status().unwrap().recovery;
     assert_eq!(
@@ -1065,11 +1078,11 @@ fn a_stripe_of_another_opening_is_not_taken_as_whole_on_m_plus_1_headers() {
         (None, 1),
         "{recovery:?}"
     );
-    assert!(recovery.stripes_whole_on_m_plus_1 > 0, "{recovery:?}");
     let mut back = vec![0u8; data.len()];
     array.read(0, &mut back).unwrap();
     assert!(back == data, "every flushed write reads back");
     array.check().unwrap();
+    recovery
 }
 
 /// The M+1 headers read first are on members that can be read: stripes
