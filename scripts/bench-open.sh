@@ -38,11 +38,11 @@
 # `status` shows no replayed record waiting to be mapped
 # (`replay_pages_waiting`; a build without it maps them all before
 # serving). With KILL_LATE=1 (and RANDOM_S), fio goes on after RANDOM_S
-# and the server is killed late in a window, 80% of the way to the next
-# checkpoint by the interval between the two before, so that most of the
-# window's slots hold stripes written since the checkpoint.
+# and the server is killed late in a window: 80% of the interval between
+# the last two checkpoints after the last, so that more of the window's
+# slots hold stripes written since the checkpoint.
 #
-#   [KILL=1 [OWN=1] [SHAPES="8+2 92+8"] [DEVICE_SIZE=8G] [ROUNDS=5] [RANDOM_S=55 [CHUNK=64K] [FULL=1]]] \
+#   [KILL=1 [OWN=1] [SHAPES="8+2 92+8"] [DEVICE_SIZE=8G] [ROUNDS=5] [RANDOM_S=55 [CHUNK=64K] [FULL=1] [KILL_LATE=1]]] \
 #     OLD=path/to/old/tessera [TESSERA=path/to/new] scripts/bench-open.sh [SIZE ...]   (default: 2G 8G)
 #
 # e.g. the window after random writes over a 1 TiB export:
@@ -84,9 +84,9 @@ if [ "${KILL:-0}" = 1 ]; then
           fi
           if [ -n "${RANDOM_S:-}" ] && [ "${KILL_LATE:-0}" = 1 ]; then
             # Killed late in a window: fio goes on past RANDOM_S while the
-            # checkpoints are watched, and the server is killed 80% of the
-            # way from one checkpoint to when the next would come (the
-            # interval between the two before it), fio still writing.
+            # checkpoints are watched, and the server is killed, fio still
+            # writing, 80% of the interval between the last two after the
+            # last.
             fio --name=random --ioengine=nbd --uri="nbd+unix:///tessera?socket=$work/s.sock" --rw=randwrite --bs=4k \
               --iodepth=32 --refill_buffers --norandommap --randrepeat=0 --fsync=256 --time_based --runtime=$((RANDOM_S + 600)) \
               --output=/dev/null 2>/dev/null & fio_pid=$!
