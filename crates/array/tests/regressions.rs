@@ -911,8 +911,31 @@ fn flushed_piece_by_piece(rng: &mut rand::rngs::StdRng) -> Flushed {
 /// newest user stripe says is synced, the summary's chunk among them.
 #[test]
 fn a_stripe_on_fewer_than_k_chunks_under_a_synced_sequence_is_dropped() {
+    short_stripe_forged_and_dropped(11, |_| true);
+}
+
+/// The same short stripe forged on exactly the M+1 chunks opening reads
+/// first, under the number of the opening whose stripes say its sequence
+/// is synced (which no crash leaves: it stands for a stripe whose
+/// summary cannot be read): taken as whole on those M+1 headers, then,
+/// its summary unreadable, the slot's other headers are read, and it is
+/// dropped as torn. Without that second look opening failed on the
+/// unreadable stripe ("stripe in slot 13 has 3 good chunks, fewer than
+/// the 4 needed", seen with it taken out).
+#[test]
+fn a_stripe_taken_as_whole_on_m_plus_1_headers_whose_summary_cannot_be_read_is_decided_again() {
+    let recovery = short_stripe_forged_and_dropped(13, |slot| slot % 6 == 1);
+    assert!(recovery.stripes_whole_on_m_plus_1 > 0, "{recovery:?}");
+}
+
+/// Forges chunks 1..K of the first slot never written for which `pick`
+/// holds, under the sequence the newest stripe says is synced (the
+/// summary's chunk among them, with random payloads), opens by a full
+/// scan, which must drop it and find every write, and checks that its
+/// headers were erased.
+fn short_stripe_forged_and_dropped(seed: u64, pick: impl Fn(u64) -> bool) -> tessera_array::Recovery {
     use tessera_array::format::{ChunkHeader, Stream};
-    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let Flushed {
         devices,
         data,
@@ -922,7 +945,7 @@ fn a_stripe_on_fewer_than_k_chunks_under_a_synced_sequence_is_dropped() {
     } = flushed_piece_by_piece(&mut rng);
     let model = all.iter().find(|(_, _, h)| h.stream == Stream::User).unwrap().2.clone();
     let used: std::collections::BTreeSet<u64> = all.iter().map(|(_, _, h)| h.slot).collect();
-    let slot = (0..g.slot_count()).find(|s| !used.contains(s)).unwrap();
+    let slot = (0..g.slot_count()).find(|&s| !used.contains(&s) && pick(s)).unwrap();
     assert!(synced > 1, "no stripe says anything was synced: {synced}");
     for index in 1..g.data {
         let (member, row) = g.place(slot, index);
@@ -939,11 +962,12 @@ fn a_stripe_on_fewer_than_k_chunks_under_a_synced_sequence_is_dropped() {
             .write_at(&payload, g.row_offset(row) + SECTOR_BYTES as u64)
             .unwrap();
     }
-    opened_by_a_full_scan_dropping_one(&devices, &g, &data);
+    let recovery = opened_by_a_full_scan_dropping_one(&devices, &g, &data);
     // Dropped for good: its headers were erased.
     assert!(headers(&devices, &g)
         .iter()
         .all(|(_, _, h)| h.slot != slot || h.sequence != synced));
+    recovery
 }
 
 /// After a crash, a window slot nothing newer was written to costs M+1
