@@ -971,8 +971,9 @@ fn short_stripe_forged_and_dropped(seed: u64, pick: impl Fn(u64) -> bool) -> tes
 }
 
 /// After a crash, a window slot nothing newer was written to costs M+1
-/// chunk header reads, not K+M; one written to costs K+M; and every
-/// flushed write is found. 4+2: 3 reads a slot, or 6.
+/// chunk header reads, not K+M; one written to costs K+M unless its
+/// stripe is taken as whole on M+1 headers (below); and every flushed
+/// write is found. 4+2: 3 reads a slot, or 6.
 #[test]
 fn opening_after_a_crash_reads_m_plus_1_headers_of_a_slot_nothing_was_written_to() {
     let r = written_killed_and_checked(3, 3 << 20);
