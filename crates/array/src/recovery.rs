@@ -597,56 +597,51 @@ impl Opening<'_> {
         // Pass 2: each slot's newest stripe, checked, its summary read,
         // on the I/O pool (a full window is ~8,000 stripes, a read or two
         // each: one after another, they took ~0.6 s of a 6 s opening).
-        let summaries: Vec<(u64, u64, bool, Result<_, ArrayError>)> = self.stripes.io_pool.install(|| {
-            use rayon::prelude::*;
-            newest
-                .par_iter()
-                .map(|(&slot, &(ref header, chunks))| {
-                    let verify_all = header.sequence > synced_through || (chunks < g.data && !whole.contains(&slot));
-                    (header.sequence, slot, verify_all, self.read_summary(header, verify_all))
-                })
-                .collect()
-        });
         let mut stripes: Vec<(u64, u64, Vec<Record>)> = Vec::new();
         let mut torn = Vec::new();
-        let mut again = Vec::new();
-        for (sequence, slot, verify_all, summary) in summaries {
-            match summary {
-                Ok((records, repaired)) => {
-                    recovery.chunks_repaired += repaired;
-                    stripes.push((sequence, slot, records));
+        let mut todo: Vec<u64> = newest.keys().copied().collect();
+        // Twice at most: a slot taken as whole on M+1 headers whose summary
+        // cannot be read has its other headers read, and is decided again
+        // as any other slot is.
+        while !todo.is_empty() {
+            let summaries: Vec<(u64, u64, bool, Result<_, ArrayError>)> = self.stripes.io_pool.install(|| {
+                use rayon::prelude::*;
+                todo.par_iter()
+                    .map(|&slot| {
+                        let (header, chunks) = &newest[&slot];
+                        let verify_all =
+                            header.sequence > synced_through || (*chunks < g.data && !whole.contains(&slot));
+                        (header.sequence, slot, verify_all, self.read_summary(header, verify_all))
+                    })
+                    .collect()
+            });
+            let mut again = Vec::new();
+            for (sequence, slot, verify_all, summary) in summaries {
+                match summary {
+                    Ok((records, repaired)) => {
+                        recovery.chunks_repaired += repaired;
+                        stripes.push((sequence, slot, records));
+                    }
+                    // Written after the last sync (or found on fewer than K
+                    // chunks) and torn by a crash: it held nothing acknowledged.
+                    Err(_) if verify_all => torn.push(slot),
+                    Err(_) if whole.remove(&slot) => again.push(slot),
+                    Err(error) => return Err(error),
                 }
-                // Written after the last sync (or found on fewer than K
-                // chunks) and torn by a crash: it held nothing acknowledged.
-                Err(_) if verify_all => torn.push(slot),
-                // Taken as whole on M+1 headers: the others are read, and
-                // the slot decided as any other is.
-                Err(_) if whole.contains(&slot) => again.push(slot),
-                Err(error) => return Err(error),
             }
-        }
-        for slot in again {
-            let (headers, reads) = self.read_slot_headers(slot);
-            recovery.headers_read += reads;
-            let mut one = HashMap::new();
-            for header in headers {
-                max_sequence = max_sequence.max(header.sequence);
-                if header.sequence > from {
-                    fold_newest(&mut one, slot, header);
+            for &slot in &again {
+                newest.remove(&slot);
+                let (headers, reads) = self.read_slot_headers(slot);
+                recovery.headers_read += reads;
+                for header in headers {
+                    max_sequence = max_sequence.max(header.sequence);
+                    if header.sequence > from {
+                        fold_newest(&mut newest, slot, header);
+                    }
                 }
             }
-            let Some((header, chunks)) = one.remove(&slot).filter(|(h, _)| h.stream != Stream::Meta) else {
-                continue;
-            };
-            let verify_all = header.sequence > synced_through || chunks < g.data;
-            match self.read_summary(&header, verify_all) {
-                Ok((records, repaired)) => {
-                    recovery.chunks_repaired += repaired;
-                    stripes.push((header.sequence, slot, records));
-                }
-                Err(_) if verify_all => torn.push(slot),
-                Err(error) => return Err(error),
-            }
+            newest.retain(|_, (header, _)| header.stream != Stream::Meta);
+            todo = again.into_iter().filter(|slot| newest.contains_key(slot)).collect();
         }
         stripes.sort_by_key(|s| s.0);
         recovery.phases.summaries = lap(&mut clock);
