@@ -40,9 +40,15 @@
 # serving). With KILL_LATE=1 (and RANDOM_S), fio goes on after RANDOM_S
 # and the server is killed late in a window: 80% of the interval between
 # the last two checkpoints after the last, so that more of the window's
-# slots hold stripes written since the checkpoint.
+# slots hold stripes written since the checkpoint. With WRITES_AFTER=1
+# (and SERVED), each served copy is written at once, as a client that
+# was waiting would write: fio random 4 KiB writes at QD1 for 10 s from
+# the moment `nbdinfo` answers, and their longest and p99.9 latency
+# printed beside the milliseconds to serve and the opening's own (on a
+# full array the first writes need garbage collected while the replay's
+# records wait); the openings by `status` are then not made.
 #
-#   [KILL=1 [OWN=1] [SHAPES="8+2 92+8"] [DEVICE_SIZE=8G] [ROUNDS=5] [RANDOM_S=55 [CHUNK=64K] [FULL=1] [KILL_LATE=1]]] \
+#   [KILL=1 [OWN=1] [SHAPES="8+2 92+8"] [DEVICE_SIZE=8G] [ROUNDS=5] [RANDOM_S=55 [CHUNK=64K] [FULL=1] [KILL_LATE=1]] [WRITES_AFTER=1]] \
 #     OLD=path/to/old/tessera [TESSERA=path/to/new] scripts/bench-open.sh [SIZE ...]   (default: 2G 8G)
 #
 # e.g. the window after random writes over a 1 TiB export:
@@ -129,6 +135,19 @@ if [ "${KILL:-0}" = 1 ]; then
             sleep 0.02
           done
           t1=$(date +%s%N)
+          local wrote=""
+          if [ "${WRITES_AFTER:-0}" = 1 ]; then
+            wrote=$("$TESSERA" status "$work/array" --json | json_expr "'/%s ms opening, %s pages waiting' % (j['recovery']['milliseconds'], j.get('replay_pages_waiting', 0))")
+            fio --name=after --ioengine=nbd --uri="nbd+unix:///tessera?socket=$work/s.sock" --rw=randwrite --bs=4k \
+              --iodepth=1 --time_based --runtime=10 --norandommap --randseed=5 --output-format=json \
+              >"$work/after.json" 2>/dev/null || true
+            wrote=$(python3 -c "
+import json
+t = open('$work/after.json').read()
+j = json.loads(t[t.index('{'):])['jobs'][0]
+c = j['write']['clat_ns']
+print(f\"$wrote/{j['write']['total_ios']} writes, max {c['max'] / 1e6:.0f} ms, p99.9 {c['percentile']['99.900000'] / 1e3:.0f} us, error {j['error']}\")")
+          fi
           for _ in $(seq 1200); do
             waiting=$("$TESSERA" status "$work/array" --json | json_expr "j.get('replay_pages_waiting', 0)")
             [ "$waiting" = 0 ] && break
@@ -136,16 +155,18 @@ if [ "${KILL:-0}" = 1 ]; then
           done
           t2=$(date +%s%N)
           kill_server
-          echo "$(( (t1 - t0) / 1000000 ))/$(( (t2 - t0) / 1000000 ))"
+          echo "$(( (t1 - t0) / 1000000 ))/$(( (t2 - t0) / 1000000 ))$wrote"
         }
         for _ in $(seq "${ROUNDS:-5}"); do
           for build in "${builds[@]}"; do
             maker=${builds[-1]%%=*}
             [ "${OWN:-0}" = 1 ] && maker=${build%%=*}
-            rm -rf "$work/array"
-            cp -a --sparse=always "$work/killed-$maker" "$work/array"
-            sync
-            runs[$build]="${runs[$build]:-} $("${build#*=}" status "$work/array" --json | json_expr "'%s/%s%s/%s/%s/%s/%s/%s/%s/%s/%s/%s' % (j['recovery']['milliseconds'], j['recovery']['slots_scanned'], ' (%s headers%s)' % (j['recovery']['headers_read'], ', %s whole on M+1' % j['recovery']['stripes_whole_on_m_plus_1'] if 'stripes_whole_on_m_plus_1' in j['recovery'] else '') if 'headers_read' in j['recovery'] else '', j['recovery']['stripes_replayed'], j['recovery'].get('slot_pages_deferred', '-'), j['recovery'].get('slot_pages', '-'), j['map_page_misses'], j.get('map_page_reads', '-'), j['recovery'].get('phases', {}).get('headers', '-'), j['recovery'].get('phases', {}).get('mapping', '-'), j['recovery'].get('pages_mapped_later', '-'), j['recovery'].get('phases', {}).get('log', '-'))")"
+            if [ "${WRITES_AFTER:-0}" != 1 ]; then
+              rm -rf "$work/array"
+              cp -a --sparse=always "$work/killed-$maker" "$work/array"
+              sync
+              runs[$build]="${runs[$build]:-} $("${build#*=}" status "$work/array" --json | json_expr "'%s/%s%s/%s/%s/%s/%s/%s/%s/%s/%s/%s' % (j['recovery']['milliseconds'], j['recovery']['slots_scanned'], ' (%s headers%s)' % (j['recovery']['headers_read'], ', %s whole on M+1' % j['recovery']['stripes_whole_on_m_plus_1'] if 'stripes_whole_on_m_plus_1' in j['recovery'] else '') if 'headers_read' in j['recovery'] else '', j['recovery']['stripes_replayed'], j['recovery'].get('slot_pages_deferred', '-'), j['recovery'].get('slot_pages', '-'), j['map_page_misses'], j.get('map_page_reads', '-'), j['recovery'].get('phases', {}).get('headers', '-'), j['recovery'].get('phases', {}).get('mapping', '-'), j['recovery'].get('pages_mapped_later', '-'), j['recovery'].get('phases', {}).get('log', '-'))")"
+            fi
             [ "${SERVED:-1}" = 1 ] || continue
             rm -rf "$work/array"
             cp -a --sparse=always "$work/killed-$maker" "$work/array"
@@ -154,8 +175,8 @@ if [ "${KILL:-0}" = 1 ]; then
           done
         done
         for build in "${builds[@]}"; do
-          echo "$shape $size ${build%%=*} (killed): opening ms/slots scanned/stripes replayed/slot pages left for later/named/map pages read in/reads of map stripes/headers ms/mapping ms/map pages mapped after opening/intent log's replay ms:${runs[$build]}"
-          echo "$shape $size ${build%%=*} (killed, served): ms to serve/ms until no replayed record waits:${served[$build]:-}"
+          [ "${WRITES_AFTER:-0}" = 1 ] || echo "$shape $size ${build%%=*} (killed): opening ms/slots scanned/stripes replayed/slot pages left for later/named/map pages read in/reads of map stripes/headers ms/mapping ms/map pages mapped after opening/intent log's replay ms:${runs[$build]}"
+          echo "$shape $size ${build%%=*} (killed, served): ms to serve/ms until no replayed record waits$([ "${WRITES_AFTER:-0}" = 1 ] && echo " (after 10 s of writes)/opening/writes at QD1, longest, p99.9"):${served[$build]:-}"
         done
       )
     done

@@ -3,8 +3,9 @@
 //! records of a replay it did not map (`replay`). Each is done a batch at
 //! a time by a background thread, and at once, all of it, by whatever
 //! needs every page or every slot first (`Deferred::finish`): a
-//! checkpoint, garbage collection, a scrub, a rebuild, a heal, the
-//! engine's check.
+//! checkpoint, a scrub, a rebuild, a heal, the engine's check. Garbage
+//! collection reads every slot page, and maps a replay's records only
+//! as it brings its victims' pages in (`Shared::collect_garbage`).
 //!
 //! # Guarantees
 //!

@@ -19,11 +19,13 @@
 //!   client's writes and the replay does not matter; between two records
 //!   of one version (a copy garbage collection made, and its original) it
 //!   does, and a page's records keep it.
-//! - Nothing that looks at the whole map or at every slot runs before
-//!   every page is mapped (`Deferred::finish`): a checkpoint, garbage
-//!   collection, a scrub, a rebuild, a heal, the engine's check. So no
-//!   checkpoint is written, and a crash before the end opens from the
-//!   same root and replays the same stripes.
+//! - Nothing that looks at the whole map runs before every page is
+//!   mapped (`Deferred::finish`): a checkpoint, a scrub, a rebuild, a
+//!   heal, the engine's check. So no checkpoint is written, and a crash
+//!   before the end opens from the same root and replays the same
+//!   stripes. Garbage collection does run: it relocates only what the
+//!   pages of its victims' records map, brought in (so mapped) first,
+//!   and takes no held slot as a victim (`Shared::collect_garbage`).
 //! - A replayed slot gains pieces as its pages are mapped: until every
 //!   page is, one left with none is not emptied (`SlotTable::hold`).
 //!   Other slots only lose pieces to a replay, so they empty as usual.

@@ -807,7 +807,7 @@ impl SlotTable {
                     s.pieces += 1;
                 });
             } else {
-                let held = self.held.as_ref().is_some_and(|held| held.contains(slot));
+                let held = self.is_held(slot);
                 let drained = self.change(slot, |s| {
                     s.live = s.live.checked_sub(live).expect("a slot loses only what it gained");
                     s.pieces = s.pieces.checked_sub(1).expect("a slot loses only pieces it has");
@@ -832,6 +832,13 @@ impl SlotTable {
     /// `release_held` (a replay mapped after opening).
     pub fn hold(&mut self, replayed: SlotSet) {
         self.held = Some(replayed);
+    }
+
+    /// Whether `slot` is held sealed by a replay not mapped yet (`hold`):
+    /// what it holds is not all counted until every page is mapped, and
+    /// it is not emptied before, so garbage collection leaves it be.
+    pub fn is_held(&self, slot: u64) -> bool {
+        self.held.as_ref().is_some_and(|held| held.contains(slot))
     }
 
     /// Ends the hold: the held slots left with no pieces are `Draining`
