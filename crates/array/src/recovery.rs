@@ -185,12 +185,14 @@ struct WindowHeaders {
     whole: HashSet<u64>,
 }
 
-/// Adds to `vouched` (an opening's newest "synced through") what the
-/// user and GC stripes newer than `from` among `seen` say.
+/// Adds to `vouched` (each opening's newest "synced through"; opening 0:
+/// headers written before openings were numbered, which vouch for
+/// nothing) what the user and GC stripes newer than `from` among `seen`
+/// say. The greatest of them is the scan's "synced through".
 fn vouch(vouched: &mut HashMap<u64, u64>, seen: &[(u64, usize, Seen)], from: u64) {
     for (_, _, seen) in seen {
         if let Seen::Header(h) = seen {
-            if h.sequence > from && h.stream != Stream::Meta && h.opening != 0 {
+            if h.sequence > from && h.stream != Stream::Meta {
                 let t = vouched.entry(h.opening).or_default();
                 *t = (*t).max(h.synced_through);
             }
@@ -547,9 +549,8 @@ impl Opening<'_> {
         // Each slot's newest header newer than `from`, and how many of its
         // chunks hold that stripe.
         let mut newest: HashMap<u64, (ChunkHeader, usize)> = HashMap::new();
-        let mut synced_through = from;
-        // Each opening's newest "synced through" read so far, and the
-        // slots taken as whole on M+1 headers (`read_window_headers`).
+        // Each opening's newest "synced through" read so far (`vouch`), and
+        // the slots taken as whole on M+1 headers (`read_window_headers`).
         let mut vouched: HashMap<u64, u64> = HashMap::new();
         let mut whole: HashSet<u64> = HashSet::new();
         loop {
@@ -560,23 +561,21 @@ impl Opening<'_> {
             }
             recovery.slots_scanned += batch.len() as u64;
             // Folded a slot at a time, its chunks in order: the newest
-            // sequence any of them holds, the newest "synced through" of
-            // those newer than `from` (user and GC stripes'), and the
-            // newest of them (its first chunk's header) with its count.
+            // sequence any of them holds, and the newest of those newer
+            // than `from` (its first chunk's header) with its count.
             let scanned = self.read_window_headers(&batch, from, &mut vouched);
             recovery.headers_read += scanned.reads;
             whole.extend(scanned.whole);
             for (slot, _, header) in scanned.headers {
                 max_sequence = max_sequence.max(header.sequence);
-                if header.sequence <= from {
-                    continue;
+                if header.sequence > from {
+                    fold_newest(&mut newest, slot, header);
                 }
-                if header.stream != Stream::Meta {
-                    synced_through = synced_through.max(header.synced_through);
-                }
-                fold_newest(&mut newest, slot, header);
             }
         }
+        // The newest "synced through" of the user and GC stripes newer
+        // than `from`, whichever opening wrote them.
+        let synced_through = vouched.values().copied().fold(from, u64::max);
         recovery.stripes_whole_on_m_plus_1 = whole.len() as u64;
         // A slot whose newest chunk belongs to a checkpoint's stripe holds
         // no data: a checkpoint takes only free slots, so whatever older
@@ -639,8 +638,14 @@ impl Opening<'_> {
                         fold_newest(&mut newest, slot, header);
                     }
                 }
+                // Its newest a checkpoint's: no data, as above.
+                if newest
+                    .get(&slot)
+                    .is_some_and(|(header, _)| header.stream == Stream::Meta)
+                {
+                    newest.remove(&slot);
+                }
             }
-            newest.retain(|_, (header, _)| header.stream != Stream::Meta);
             todo = again.into_iter().filter(|slot| newest.contains_key(slot)).collect();
         }
         stripes.sort_by_key(|s| s.0);
