@@ -141,12 +141,7 @@ if [ "${KILL:-0}" = 1 ]; then
             fio --name=after --ioengine=nbd --uri="nbd+unix:///tessera?socket=$work/s.sock" --rw=randwrite --bs=4k \
               --iodepth=1 --time_based --runtime=10 --norandommap --randseed=5 --output-format=json \
               >"$work/after.json" 2>/dev/null || true
-            wrote=$(python3 -c "
-import json
-t = open('$work/after.json').read()
-j = json.loads(t[t.index('{'):])['jobs'][0]
-c = j['write']['clat_ns']
-print(f\"$wrote/{j['write']['total_ios']} writes, max {c['max'] / 1e6:.0f} ms, p99.9 {c['percentile']['99.900000'] / 1e3:.0f} us, error {j['error']}\")")
+            wrote="$wrote/$(json_expr "(lambda w, e: '%d writes, max %.0f ms, p99.9 %.0f us, error %s' % (w['total_ios'], w['clat_ns']['max'] / 1e6, w['clat_ns']['percentile']['99.900000'] / 1e3, e))(j['jobs'][0]['write'], j['jobs'][0]['error'])" <"$work/after.json")"
           fi
           for _ in $(seq 1200); do
             waiting=$("$TESSERA" status "$work/array" --json | json_expr "j.get('replay_pages_waiting', 0)")
