@@ -80,24 +80,14 @@ impl Shared {
     /// victims. On a killed full 8+2 array of 24 GiB, mapping every
     /// waiting page first took 1.6 s of the round a writer waited for.
     /// Slots not held only lose pieces to the records still waiting, so
-    /// their garbage may be undercounted, never overcounted: where that
-    /// leaves a writer's round nothing to empty, the replay is mapped and
-    /// the round runs again (a background round leaves it to the replay's
-    /// own thread, which rests while clients make requests).
+    /// their garbage may be undercounted, never overcounted. Where that
+    /// leaves a writer's round nothing to empty, the writer's last resort
+    /// is a checkpoint (`make_room`), which maps the whole replay first; a
+    /// background round leaves the replay to its own thread, which rests
+    /// while clients make requests.
     pub(crate) fn collect_garbage(&self, urgent: bool) -> Result<Option<usize>, ArrayError> {
         // It chooses among every sealed slot.
         self.deferred.read_every_slot_page()?;
-        match self.gc_round(urgent)? {
-            Some(0) if urgent && self.catalog.index().pending.is_some() => {
-                self.deferred.finish_replay()?;
-                self.gc_round(urgent)
-            }
-            done => Ok(done),
-        }
-    }
-
-    /// One round of `collect_garbage`, its slot pages read.
-    fn gc_round(&self, urgent: bool) -> Result<Option<usize>, ArrayError> {
         let _round = self.gc.one_at_a_time();
         // A round that ran while this one waited may have done the work.
         let done = if urgent {

@@ -650,7 +650,9 @@ impl Shared {
         }
         // The window is spent, the free slots outside it are fewer than a
         // checkpoint may need at worst, and collection found no slot for
-        // its copies (`tests/space.rs` once wedged here). The checkpoint
+        // its copies (`tests/space.rs` once wedged here) or nothing to
+        // empty (a replay's records still waiting may hide the garbage:
+        // the checkpoint maps them first). The checkpoint
         // the map needs now may still fit (the reserve is its worst case);
         // if not, it is dropped: the superblocks say there is none, its
         // slots are freed and every free slot is usable (recovery scans
