@@ -751,13 +751,7 @@ impl Checkpoints {
             .filter(|(_, r)| matches!(r, Resident::Open(_)))
             .map(|(&slot, _)| slot)
             .collect();
-        window.extend(
-            index
-                .slots
-                .iter()
-                .filter(|(_, s)| s.state == SlotState::Sealed && s.sequence > start)
-                .map(|(slot, _)| slot),
-        );
+        window.extend(index.slots.sealed_after(start));
         // Up to a window's worth of the usable slots stay (allocation goes
         // on from them, and from nothing else, until this is durable); a
         // window's worth of other free slots join.

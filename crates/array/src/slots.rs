@@ -1113,6 +1113,14 @@ impl SlotTable {
         }
     }
 
+    /// The sealed slots whose stripes are newer than `sequence`.
+    pub fn sealed_after(&self, sequence: u64) -> Vec<u64> {
+        self.iter()
+            .filter(|(_, s)| s.state == SlotState::Sealed && s.sequence > sequence)
+            .map(|(slot, _)| slot)
+            .collect()
+    }
+
     /// Fraction of `fill` bytes (what a stripe can hold at most) a
     /// slot's live data fills.
     pub fn utilization(&self, slot: u64, fill: u64) -> f64 {

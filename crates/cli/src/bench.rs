@@ -7,7 +7,7 @@ use clap::Subcommand;
 use std::path::PathBuf;
 
 use crate::ec_files::Shape;
-use crate::{bench_array, bench_data, bench_ec, size};
+use crate::{bench_array, bench_data, bench_ec, bench_slots, size};
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
@@ -127,6 +127,22 @@ pub enum BenchCommand {
         #[arg(long, value_parser = size::parse, default_value = "1G")]
         gpu_batch: u64,
         /// Print JSON: one object for one algorithm, {"algorithms": [...]} for all.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The slot-table work a GC round and a checkpoint do under the
+    /// index lock, timed against how many slots the array has used.
+    Slots {
+        /// Sealed slots in the table.
+        #[arg(long, default_value_t = 1_000_000)]
+        used: u64,
+        /// Calls of each kind timed.
+        #[arg(long, default_value_t = 20)]
+        rounds: usize,
+        /// Seed of the slots' random fill.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Print one JSON object.
         #[arg(long)]
         json: bool,
     },
@@ -278,6 +294,20 @@ pub fn run(command: BenchCommand) -> Result<()> {
             gpu_batch,
             json,
         } => bench_hash(algorithm, bytes, block_bytes, accel, gpu_batch, json),
+        BenchCommand::Slots {
+            used,
+            rounds,
+            seed,
+            json,
+        } => {
+            let report = bench_slots::run(&bench_slots::Options { used, rounds, seed })?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                bench_slots::print(&report);
+            }
+            Ok(())
+        }
         BenchCommand::Compress {
             codec,
             input,

@@ -9,6 +9,7 @@ mod bench;
 mod bench_array;
 mod bench_data;
 mod bench_ec;
+mod bench_slots;
 mod create;
 mod ec_files;
 mod events;

@@ -1,0 +1,134 @@
+//! `tessera bench slots`: what the slot-table work a garbage-collection
+//! round and a checkpoint do under the index lock costs, against how many
+//! slots the array has used.
+//!
+//! A slot table of `--used` sealed slots (and a sixteenth as many free,
+//! with a window of 8,192 of those) is built in memory, each sealed slot
+//! holding a random share of a stripe of 8 data chunks of 64 KiB. Then,
+//! `--rounds` times each: a writer's round choosing its victims (the most
+//! garbage first), a background round's (cost-benefit), a checkpoint on a
+//! full array filling its window with victims (8,192 of them), and a
+//! checkpoint finding the stripes sealed since it began. Each call's time
+//! is what the engine holds the index's lock for (the read lock for a
+//! round's choice, the write lock for the checkpoint's). No I/O.
+
+use anyhow::Result;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use std::collections::BTreeSet;
+use std::time::Instant;
+use tessera_array::map::{DataRecord, Delta};
+use tessera_array::slots::{Pins, SlotState, SlotTable};
+
+/// What a stripe of 8 data chunks of 64 KiB holds at most, as the
+/// victims' `fill` (a slot's share of it is its utilization).
+const FILL: u64 = 8 * 64 * 1024;
+/// Slots in a window, the engine's cap.
+const WINDOW: usize = tessera_array::limits::CHECKPOINT_WINDOW_MAX as usize;
+
+pub struct Options {
+    pub used: u64,
+    pub rounds: usize,
+    pub seed: u64,
+}
+
+#[derive(Serialize)]
+pub struct Timing {
+    pub what: &'static str,
+    pub median_ms: f64,
+    pub max_ms: f64,
+    /// Slots the last call returned.
+    pub returned: usize,
+}
+
+#[derive(Serialize)]
+pub struct Report {
+    pub used: u64,
+    pub slots: u64,
+    pub build_s: f64,
+    pub timings: Vec<Timing>,
+}
+
+pub fn run(options: &Options) -> Result<Report> {
+    anyhow::ensure!(options.used > 0, "--used must be at least 1");
+    anyhow::ensure!(options.rounds > 0, "--rounds must be at least 1");
+    let began = Instant::now();
+    let slots = options.used + options.used / 16 + WINDOW as u64;
+    let mut table = SlotTable::new(tessera_checksum::Algorithm::Crc32c, slots);
+    let pins = Pins::new(slots);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(options.seed);
+    for slot in 0..options.used {
+        table.take(slot, SlotState::Open, &pins);
+        let stored_bytes = rng.gen_range(4096..=FILL as u32 - 4096);
+        table.account(&[Delta {
+            lba: slot,
+            blocks: 1,
+            gained: true,
+            slot,
+            data: Some(DataRecord {
+                offset: 0,
+                stored_bytes,
+                blocks: 1,
+                crcs: 1,
+            }),
+        }]);
+        table.sealed(slot, slot + 1, SlotState::Sealed);
+    }
+    let window: BTreeSet<u64> = (options.used..options.used + WINDOW as u64).collect();
+    table.set_window(Some(window.clone()));
+    let build_s = began.elapsed().as_secs_f64();
+    let next = options.used + 1;
+    // The stripes sealed since a checkpoint began: the last 64.
+    let start = options.used.saturating_sub(64);
+    let mut timings = Vec::new();
+    let mut time = |what: &'static str, call: &dyn Fn() -> usize| {
+        let mut ms = Vec::with_capacity(options.rounds);
+        let mut returned = 0;
+        for _ in 0..options.rounds {
+            let t = Instant::now();
+            returned = std::hint::black_box(call());
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        ms.sort_by(f64::total_cmp);
+        timings.push(Timing {
+            what,
+            median_ms: ms[ms.len() / 2],
+            max_ms: ms[ms.len() - 1],
+            returned,
+        });
+    };
+    // A round leaves out the slots readers pin (the engine also those
+    // open or held, a few); the checkpoint those its window holds.
+    let round = |greedy: bool| table.victims(FILL, next, 64, greedy, |s| pins.pinned(s)).len();
+    time("GC round, a writer's (64 victims, most garbage)", &|| round(true));
+    time("GC round, background (64 victims, cost-benefit)", &|| round(false));
+    time("checkpoint, a full array's window (8,192 victims)", &|| {
+        table.victims(FILL, next, WINDOW, true, |s| window.contains(&s)).len()
+    });
+    time("checkpoint, stripes sealed since it began", &|| {
+        table.sealed_after(start).len()
+    });
+    Ok(Report {
+        used: options.used,
+        slots,
+        build_s,
+        timings,
+    })
+}
+
+pub fn print(report: &Report) {
+    println!(
+        "{} used slots of {} (table built in {:.1} s)",
+        report.used, report.slots, report.build_s
+    );
+    println!(
+        "{:<52} {:>10} {:>10} {:>9}",
+        "work under the index lock", "median ms", "max ms", "returned"
+    );
+    for t in &report.timings {
+        println!(
+            "{:<52} {:>10.3} {:>10.3} {:>9}",
+            t.what, t.median_ms, t.max_ms, t.returned
+        );
+    }
+}
