@@ -2,9 +2,10 @@
 //! round and a checkpoint do under the index lock costs, against how many
 //! slots the array has used.
 //!
-//! A slot table of `--used` sealed slots (and a sixteenth as many free,
-//! with a window of 8,192 of those) is built in memory, each sealed slot
-//! holding a random share of a stripe of 8 data chunks of 64 KiB. Then,
+//! A slot table of `--used` sealed slots (and a sixteenth as many free)
+//! is built in memory, each sealed slot holding a random share of a
+//! stripe of 8 data chunks of 64 KiB; its window is 8,192 slots, the last
+//! 64 sealed and then free ones. Then,
 //! `--rounds` times each: a writer's round choosing its victims (the most
 //! garbage first), a background round's (cost-benefit), a checkpoint on a
 //! full array filling its window with victims (8,192 of them), and a
@@ -74,12 +75,16 @@ pub fn run(options: &Options) -> Result<Report> {
         }]);
         table.sealed(slot, slot + 1, SlotState::Sealed);
     }
-    let window: BTreeSet<u64> = (options.used..options.used + WINDOW as u64).collect();
+    // The window: the last 64 slots sealed (those newer than when the
+    // checkpoint began, below), then free ones.
+    let first = options.used.saturating_sub(64);
+    let window: BTreeSet<u64> = (first..first + WINDOW as u64).collect();
     table.set_window(Some(window.clone()));
     let build_s = began.elapsed().as_secs_f64();
     let next = options.used + 1;
-    // The stripes sealed since a checkpoint began: the last 64.
-    let start = options.used.saturating_sub(64);
+    // The stripes sealed since a checkpoint began: the last 64 (as the
+    // engine has them, in the window).
+    let start = first;
     let mut timings = Vec::new();
     let mut time = |what: &'static str, call: &dyn Fn() -> usize| {
         let mut ms = Vec::with_capacity(options.rounds);
