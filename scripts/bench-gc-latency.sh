@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Write latency while garbage collection works: a 4+2 array of six sparse
-# member files (DEVICE_SIZE, default 1G), FILL percent of its export
+# member files (DEVICE_SIZE, default 1G; chunks of CHUNK, default 64K), FILL percent of its export
 # (default 90) written sequentially by fio (1 MiB, QD8; its rate and
 # latency printed), then fio 4 KiB random writes over that range at QD
 # (default 4) for SECONDS (default 40). Prints fio's completion latency
@@ -16,12 +16,14 @@
 #   SECONDS_RUN=0 scripts/bench-gc-latency.sh           (the fill alone)
 #   FSYNC=64 SECONDS_RUN=0 scripts/bench-gc-latency.sh  (a FLUSH every 64 writes of the fill)
 #   TESSERA=path scripts/bench-gc-latency.sh            (another build)
+#   CHUNK=4K DEVICE_SIZE=4G scripts/bench-gc-latency.sh (many slots: 524,288 of
+#                                                        8 KiB, chunk and header)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench-lib.sh
-size=${DEVICE_SIZE:-1G} fill_pct=${FILL:-90} qd=${QD:-4} seconds=${SECONDS_RUN:-40} fsync=${FSYNC:-0}
+size=${DEVICE_SIZE:-1G} chunk=${CHUNK:-64K} fill_pct=${FILL:-90} qd=${QD:-4} seconds=${SECONDS_RUN:-40} fsync=${FSYNC:-0}
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; $TESSERA"
-"$TESSERA" create --data 4 --parity 2 --dir "$work/array" --devices 6 --device-size "$size" >/dev/null
+"$TESSERA" create --data 4 --parity 2 --dir "$work/array" --devices 6 --device-size "$size" --chunk-size "$chunk" >/dev/null
 serve
 uri="nbd+unix:///tessera?socket=$work/s.sock"
 export_bytes=$(nbdinfo --size "$uri")

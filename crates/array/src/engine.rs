@@ -268,7 +268,7 @@ impl Array {
             stripes.clone(),
             Index {
                 map: Map::new(options.map_delta_entries_min),
-                slots: SlotTable::new(geometry.checksum, slot_count),
+                slots: SlotTable::new(geometry.checksum, slot_count).with_victim_search(options.gc_victim_search_slots),
                 resident: HashMap::new(),
                 next_version: 1,
                 checkpoint_slots: Vec::new(),

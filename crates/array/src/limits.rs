@@ -84,6 +84,23 @@ pub const ADMIT_FRACTION: f64 = 0.97;
 /// writer that finds no free slot takes any stripe with garbage.
 pub const GC_BACKGROUND_LIVE_MAX: f64 = 0.85;
 
+/// Slots garbage collection's choice of victims looks at, at least, each
+/// time (those of pages of the slot table never used are not counted),
+/// going on from where the last choice stopped and adding the best it
+/// found then (`GC_VICTIMS_REMEMBERED`) and the window's: every slot of an
+/// array that has used fewer is looked at each time, as before (the
+/// default 8+2 array of 10 x 1 GiB has 15,405), and one of hundreds of
+/// millions costs no more. The choice holds the index's read lock, and a
+/// writer waits for it: looking at every used slot took 20 ms at a
+/// million (512 GiB of 8+2 data) and 210 ms at ten million, where rounds
+/// run a hundred times a second on a full array; this many, about 0.4 ms
+/// (PERFORMANCE.md, "Garbage collection's choice of victims, bounded").
+/// 65,536 did as well in the engine, holding the lock 1.4 ms a round.
+pub const GC_VICTIM_SEARCH_SLOTS: u64 = 16_384;
+/// The best victims a choice found that it did not return, kept to be
+/// weighed again with the next choice's slots.
+pub const GC_VICTIMS_REMEMBERED: usize = 1024;
+
 /// Slots a checkpoint adds to its window: a quarter of the array, within
 /// bounds. Recovery after a crash reads a header for each chunk of the
 /// window's slots (at most about twice this many slots), so this bounds

@@ -80,6 +80,11 @@ pub struct EngineOptions {
     /// ran at 0.77-0.78x in two of three rounds (PERFORMANCE.md, "Writers
     /// into the next window's slots while a checkpoint is written").
     pub next_window_early: bool,
+    /// Used slots garbage collection's choice of victims looks at, at
+    /// least, each time (`limits::GC_VICTIM_SEARCH_SLOTS`). Fewer, for
+    /// tests that want the choice bounded on a small array, as on a large
+    /// one.
+    pub gc_victim_search_slots: u64,
 }
 
 impl Default for EngineOptions {
@@ -102,6 +107,7 @@ impl Default for EngineOptions {
             replay_part_records: crate::limits::REPLAY_PART_RECORDS_MIN,
             replay_later: true,
             next_window_early: false,
+            gc_victim_search_slots: crate::limits::GC_VICTIM_SEARCH_SLOTS,
         }
     }
 }

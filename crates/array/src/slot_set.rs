@@ -112,9 +112,33 @@ impl<T: Default> SlotPages<T> {
             })
     }
 
+    /// The slots of every allocated page in `[start, end)`, in order.
+    pub fn iter_range(&self, start: u64, end: u64) -> impl Iterator<Item = (u64, &T)> {
+        let end = end.min(self.count);
+        let first = (start as usize / SLOT_PAGE).min(self.pages.len());
+        let last = (end as usize).div_ceil(SLOT_PAGE).clamp(first, self.pages.len());
+        self.pages[first..last]
+            .iter()
+            .enumerate()
+            .filter_map(move |(p, page)| page.get().map(|page| (first + p, page)))
+            .flat_map(move |(p, page)| {
+                page.iter()
+                    .enumerate()
+                    .map(move |(i, value)| ((p * SLOT_PAGE + i) as u64, value))
+                    .skip_while(move |&(slot, _)| slot < start)
+                    .take_while(move |&(slot, _)| slot < end)
+            })
+    }
+
     #[cfg(test)]
     pub fn pages_allocated(&self) -> usize {
-        self.pages.iter().filter(|page| page.get().is_some()).count()
+        self.allocated() as usize / SLOT_PAGE
+    }
+
+    /// Slots in the allocated pages.
+    pub fn allocated(&self) -> u64 {
+        let pages = self.pages.iter().filter(|page| page.get().is_some()).count();
+        (pages * SLOT_PAGE) as u64
     }
 }
 

@@ -24,11 +24,11 @@
 //! ```
 
 use crate::format;
-use crate::limits::{GC_BACKGROUND_LIVE_MAX, LIVE_SCALE};
+use crate::limits::{GC_BACKGROUND_LIVE_MAX, GC_VICTIMS_REMEMBERED, GC_VICTIM_SEARCH_SLOTS, LIVE_SCALE};
 use crate::map::{DataRecord, Delta, Target};
 use crate::slot_set::{SlotPages, SlotSet};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use tessera_checksum::Algorithm;
 
 /// Readers using each slot's chunks, counted outside the index's lock: a
@@ -223,6 +223,37 @@ pub struct SlotTable {
     /// their pages are mapped, so one left with none meanwhile is not
     /// emptied (it stays sealed) until every page is (`release_held`).
     held: Option<SlotSet>,
+    /// Where garbage collection's choice of victims goes on from
+    /// (`victims`).
+    search: std::sync::Mutex<VictimSearch>,
+    /// Stripes newer than a checkpoint's start that `sealed_after` found
+    /// outside the window, where it looked at every slot too: none, or
+    /// the window would have lost them (`check` reports them).
+    window_missed: AtomicU64,
+}
+
+/// Used slots up to which `sealed_after` looks at every one, besides the
+/// window's, to check that none is outside it: at about a nanosecond a
+/// slot, 0.07 ms at most under the index's write lock.
+const SEALED_AFTER_CHECKED_SLOTS: u64 = 65_536;
+
+/// Garbage collection's walk over the used slots: how many it looks at
+/// each time, at least, where the last choice stopped, and the best slots
+/// it found.
+struct VictimSearch {
+    slots: u64,
+    cursor: u64,
+    remembered: Vec<u64>,
+}
+
+impl Default for VictimSearch {
+    fn default() -> VictimSearch {
+        VictimSearch {
+            slots: GC_VICTIM_SEARCH_SLOTS,
+            cursor: 0,
+            remembered: Vec::new(),
+        }
+    }
 }
 
 /// A durable page not read yet: where its image is, and the free slots
@@ -310,7 +341,16 @@ impl SlotTable {
             pending: HashMap::new(),
             unreadable: false,
             held: None,
+            search: std::sync::Mutex::default(),
+            window_missed: AtomicU64::new(0),
         }
+    }
+
+    /// The table, its choice of victims looking at `slots` used slots at
+    /// least each time (`limits::GC_VICTIM_SEARCH_SLOTS` by default).
+    pub fn with_victim_search(self, slots: u64) -> SlotTable {
+        self.search.lock().unwrap_or_else(|p| p.into_inner()).slots = slots.max(1);
+        self
     }
 
     pub fn count(&self) -> u64 {
@@ -1113,12 +1153,41 @@ impl SlotTable {
         }
     }
 
-    /// The sealed slots whose stripes are newer than `sequence`.
+    /// The sealed slots whose stripes are newer than `sequence`, the last
+    /// one assigned when the caller (a checkpoint) began. Such a stripe
+    /// was given its slot since then, from the usable slots, which a
+    /// window bounds (with a checkpoint's restriction, and the slots it
+    /// lets writers take early, while one is written): only those are
+    /// looked at, not every used slot, unless there is no window (every
+    /// free slot is usable then). Where the used slots are few enough
+    /// that looking at every one costs no more (as on every test's
+    /// array), they are looked at too: a stripe found outside the window
+    /// is taken all the same, and counted for `check` to report.
     pub fn sealed_after(&self, sequence: u64) -> Vec<u64> {
-        self.iter()
-            .filter(|(_, s)| s.state == SlotState::Sealed && s.sequence > sequence)
-            .map(|(slot, _)| slot)
-            .collect()
+        let newer = |(slot, s): (u64, &Slot)| (s.state == SlotState::Sealed && s.sequence > sequence).then_some(slot);
+        let every = || self.iter().filter_map(newer).collect::<Vec<u64>>();
+        let Some(window) = &self.window else {
+            return every();
+        };
+        let bounded: BTreeSet<u64> = window
+            .iter()
+            .chain(self.restrict.iter().flatten())
+            .chain(self.early.iter().flatten())
+            .copied()
+            .collect();
+        let found: Vec<u64> = bounded
+            .into_iter()
+            .filter_map(|slot| newer((slot, self.get(slot))))
+            .collect();
+        if self.slots.allocated() <= SEALED_AFTER_CHECKED_SLOTS {
+            let all = every();
+            if all != found {
+                let missed = all.iter().filter(|slot| !found.contains(slot)).count();
+                self.window_missed.fetch_add(missed as u64, Ordering::Relaxed);
+                return all;
+            }
+        }
+        found
     }
 
     /// Fraction of `fill` bytes (what a stripe can hold at most) a
@@ -1138,6 +1207,14 @@ impl SlotTable {
     /// first, whatever its age; otherwise only slots live below
     /// GC_BACKGROUND_LIVE_MAX. Full slots, and those `skip` names (pinned, or still
     /// being written), are never chosen.
+    ///
+    /// Chosen among the slots of the window, those the last choice found
+    /// best (`GC_VICTIMS_REMEMBERED`), and at least
+    /// `GC_VICTIM_SEARCH_SLOTS` used slots from where the last choice
+    /// stopped, more until `count` are found: on an array that has used
+    /// fewer, among every slot (the best of all, as ever); on a larger one
+    /// in bounded time, every slot looked at once every so many choices
+    /// (as F2FS's `max_victim_search`).
     pub fn victims(
         &self,
         fill: u64,
@@ -1146,26 +1223,78 @@ impl SlotTable {
         greedy: bool,
         skip: impl Fn(u64) -> bool,
     ) -> Vec<u64> {
-        let mut scored: Vec<(f64, u64)> = self
-            .iter()
-            .filter(|(slot, s)| s.state == SlotState::Sealed && !skip(*slot))
-            .filter_map(|(slot, s)| {
-                let u = self.utilization(slot, fill);
-                if u >= if greedy { 1.0 } else { GC_BACKGROUND_LIVE_MAX } {
-                    return None;
+        let score = |slot: u64, s: &Slot, in_window: bool| -> Option<(f64, u64)> {
+            if s.state != SlotState::Sealed || skip(slot) {
+                return None;
+            }
+            let u = self.utilization(slot, fill);
+            if u >= if greedy { 1.0 } else { GC_BACKGROUND_LIVE_MAX } {
+                return None;
+            }
+            let weight = if in_window { 2.0 } else { 1.0 };
+            if greedy {
+                return Some(((1.0 - u) * weight, slot));
+            }
+            let age = next_sequence.saturating_sub(s.sequence) as f64 + 1.0;
+            Some(((1.0 - u) * age * weight / (u + 0.01), slot))
+        };
+        let mut search = self.search.lock().unwrap_or_else(|p| p.into_inner());
+        let slots = self.count();
+        let start = search.cursor.min(slots);
+        let mut scored: Vec<(f64, u64)> = Vec::new();
+        let mut looked = 0u64;
+        // Where the walk stopped short of every slot, if it did.
+        let mut stopped = None;
+        'walk: for (lo, hi) in [(start, slots), (0, start)] {
+            // The window's slots in the range, walked beside it.
+            let mut window = self.window.as_ref().map(|w| w.range(lo..hi).copied().peekable());
+            for (slot, s) in self.slots.iter_range(lo, hi) {
+                if looked >= search.slots && scored.len() >= count {
+                    stopped = Some(slot);
+                    break 'walk;
                 }
+                looked += 1;
+                let in_window = match window.as_mut() {
+                    None => true,
+                    Some(w) => {
+                        while w.next_if(|&x| x < slot).is_some() {}
+                        w.peek() == Some(&slot)
+                    }
+                };
+                scored.extend(score(slot, s, in_window));
+            }
+        }
+        if let Some(stop) = stopped {
+            search.cursor = stop;
+            // Looked at: from `start` on, up to `stop` (past the end and
+            // round from 0 if `stop` is below `start`).
+            let looked_at = |slot: u64| match start <= stop {
+                true => (start..stop).contains(&slot),
+                false => slot >= start || slot < stop,
+            };
+            let window = self.window.iter().flatten().copied();
+            let remembered = search
+                .remembered
+                .iter()
+                .copied()
+                .filter(|slot| self.window.as_ref().is_none_or(|w| !w.contains(slot)));
+            for slot in window.chain(remembered).filter(|&slot| !looked_at(slot)) {
                 let in_window = self.window.as_ref().is_none_or(|w| w.contains(&slot));
-                let weight = if in_window { 2.0 } else { 1.0 };
-                if greedy {
-                    return Some(((1.0 - u) * weight, slot));
-                }
-                let age = next_sequence.saturating_sub(s.sequence) as f64 + 1.0;
-                Some(((1.0 - u) * age * weight / (u + 0.01), slot))
-            })
-            .collect();
+                scored.extend(score(slot, self.get(slot), in_window));
+            }
+        }
         // The best `count` first, in order, without sorting the rest (an
-        // array's sealed slots may be millions).
+        // array's sealed slots may be millions); the best few after them
+        // (and them) weighed again next time.
         let best_first = |a: &(f64, u64), b: &(f64, u64)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+        if GC_VICTIMS_REMEMBERED < scored.len() {
+            scored.select_nth_unstable_by(GC_VICTIMS_REMEMBERED, best_first);
+        }
+        search.remembered = scored
+            .iter()
+            .take(GC_VICTIMS_REMEMBERED)
+            .map(|&(_, slot)| slot)
+            .collect();
         if count < scored.len() {
             scored.select_nth_unstable_by(count, best_first);
             scored.truncate(count);
@@ -1203,6 +1332,12 @@ impl SlotTable {
     /// draining must be on its way to free: listed as draining here, or
     /// by `awaiting` (waiting for an open user stripe to be sealed).
     pub fn check(&self, map: &crate::map::Map, awaiting: impl Fn(u64) -> bool) -> Result<(), String> {
+        let missed = self.window_missed.load(Ordering::Relaxed);
+        if missed > 0 {
+            return Err(format!(
+                "{missed} stripes newer than a checkpoint's start were outside the window"
+            ));
+        }
         if !self.unread.is_empty() || !self.pending.is_empty() || self.unread_free != 0 {
             return Err(format!(
                 "{} slot pages unread, deltas kept for {} pages, {} free slots counted in them",
@@ -1397,6 +1532,133 @@ mod tests {
         assert_eq!(table.slots.pages_allocated(), 1);
         assert_eq!(table.iter().count(), SLOT_PAGE, "the used page's slots only");
         assert_eq!(table.free_count(), 3 * SLOT_PAGE - 200);
+    }
+
+    /// A table of `count` slots, the first `used` sealed, slot s holding
+    /// `stored(s)` bytes of a stripe of `FILL`, the last slot's stripe
+    /// the oldest.
+    fn sealed_table(count: u64, used: u64, stored: impl Fn(u64) -> u32) -> SlotTable {
+        let mut table = SlotTable::new(Algorithm::Crc32c, count);
+        let pins = Pins::new(count);
+        for slot in 0..used {
+            table.take(slot, SlotState::Open, &pins);
+            table.account(&[Delta {
+                lba: slot,
+                blocks: 1,
+                gained: true,
+                slot,
+                data: Some(DataRecord {
+                    offset: 0,
+                    stored_bytes: stored(slot),
+                    blocks: 1,
+                    crcs: 1,
+                }),
+            }]);
+            assert!(!table.sealed(slot, used - slot, SlotState::Sealed));
+        }
+        table
+    }
+
+    /// A stripe's data area in `sealed_table`.
+    const FILL: u64 = 256 << 10;
+
+    /// On a table of more used slots than the choice of victims looks at,
+    /// a choice looks at about that many (it looked at every used slot,
+    /// under the index's lock, before it was bounded), goes on from where
+    /// the last stopped, so that every slot is looked at within a few
+    /// choices, and keeps the best it found: the emptiest slot (and one of
+    /// the oldest), wherever it is, is found and stays first until it is
+    /// taken, by the most garbage or by cost-benefit.
+    #[test]
+    fn victims_are_chosen_among_a_bounded_number_of_slots() {
+        let used = 8 * SLOT_PAGE as u64;
+        let search = SLOT_PAGE as u64;
+        let emptiest = used - 5;
+        let table = sealed_table(used + 64, used, |slot| match slot == emptiest {
+            true => 4096,
+            false => (FILL / 2) as u32 + (slot % 97) as u32 * 1024,
+        })
+        .with_victim_search(search);
+        for greedy in [true, false] {
+            let mut first_seen = None;
+            for call in 0..12 {
+                let looked = std::cell::Cell::new(0u64);
+                let best = table.victims(FILL, used + 1, 4, greedy, |_| {
+                    looked.set(looked.get() + 1);
+                    false
+                });
+                assert_eq!(best.len(), 4);
+                // The walk, and the remembered slots weighed again.
+                let most = search + GC_VICTIMS_REMEMBERED as u64;
+                assert!(looked.get() <= most, "call {call} looked at {} slots", looked.get());
+                if best[0] == emptiest {
+                    first_seen.get_or_insert(call);
+                } else {
+                    assert!(first_seen.is_none(), "call {call} lost the emptiest slot ({best:?})");
+                }
+            }
+            let seen = first_seen.expect("the emptiest slot was never chosen");
+            assert!(seen <= used / search, "found at call {seen} (greedy {greedy})");
+        }
+        // Where every used slot fits the walk, the choice is as it ever was.
+        let small = sealed_table(used + 64, used, |slot| (slot % 251) as u32 * 1024 + 4096);
+        let everything = small.victims(FILL, used + 1, usize::MAX, true, |_| false);
+        let small = small.with_victim_search(used);
+        for _ in 0..3 {
+            assert_eq!(small.victims(FILL, used + 1, 64, true, |_| false)[..], everything[..64]);
+        }
+    }
+
+    /// The window's slots are weighed by every choice, wherever the walk
+    /// is: only an emptied window slot serves before the next checkpoint.
+    #[test]
+    fn the_window_is_weighed_whatever_the_walk() {
+        let used = 8 * SLOT_PAGE as u64;
+        // Every slot half full; the window's, in the last page, a little
+        // fuller: only weighed twice do they come first.
+        let window: BTreeSet<u64> = (used - 16..used).collect();
+        let mut table = sealed_table(used, used, |slot| match window.contains(&slot) {
+            true => (FILL * 5 / 8) as u32,
+            false => (FILL / 2) as u32,
+        })
+        .with_victim_search(SLOT_PAGE as u64);
+        table.set_window(Some(window.clone()));
+        for _ in 0..3 {
+            let best = table.victims(FILL, used + 1, 16, true, |_| false);
+            assert_eq!(best.into_iter().collect::<BTreeSet<_>>(), window);
+        }
+    }
+
+    /// A checkpoint's window takes the stripes sealed since it began from
+    /// the window's slots; one outside it (which the window's rules should
+    /// never leave) is found all the same on a table this small, and
+    /// `check` reports it.
+    #[test]
+    fn a_stripe_newer_than_a_checkpoint_outside_the_window_is_caught() {
+        let pins = Pins::new(64);
+        let mut table = SlotTable::new(Algorithm::Crc32c, 64);
+        table.set_window(Some((0..16).collect()));
+        let start = 10;
+        for (slot, sequence) in [(3, 9), (4, 11), (5, 12)] {
+            table.allocate(|s| s == slot, &pins);
+            assert_eq!(table.get(slot).state, SlotState::Open);
+            table.sealed(slot, sequence, SlotState::Checkpoint);
+            table.set(slot, SlotState::Sealed, sequence);
+        }
+        // (Stripes with nothing live: `check` finds that wrong too, after.)
+        let window_error = |table: &SlotTable| {
+            let error = table.check(&crate::map::Map::new(1), |_| false).err();
+            error.filter(|e| e.contains("outside the window"))
+        };
+        assert_eq!(table.sealed_after(start), [4, 5]);
+        assert_eq!(window_error(&table), None);
+        // Slot 40, outside the window, sealed newer than `start`.
+        table.take(40, SlotState::Open, &pins);
+        table.sealed(40, 13, SlotState::Checkpoint);
+        table.set(40, SlotState::Sealed, 13);
+        assert_eq!(table.sealed_after(start), [4, 5, 40]);
+        let error = window_error(&table).expect("the stripe outside the window reported");
+        assert!(error.starts_with("1 stripes newer"), "{error}");
     }
 
     /// Opening reads some pages and defers the others

@@ -196,6 +196,13 @@ fn engine(seed: u64) -> EngineOptions {
         // written, in half the seeds (seeds 0..40 passed with it on in
         // all, 1,973 stripes sealed early; 1,998 with the full export).
         next_window_early: (seed / 5).is_multiple_of(2),
+        // Garbage collection's choice of victims bounded to a few slots
+        // at a time, as on an array of hundreds of millions, in half the
+        // seeds.
+        gc_victim_search_slots: match (seed / 7) % 2 {
+            0 => 8,
+            _ => EngineOptions::default().gc_victim_search_slots,
+        },
         ..EngineOptions::default()
     }
 }

@@ -189,6 +189,13 @@ fn run(seed: u64, met: &mut Met, shape: Shape) {
         // Writers into the next window's slots while a checkpoint is
         // written, in some seeds.
         next_window_early: (seed / 4).is_multiple_of(2),
+        // Garbage collection's choice of victims bounded to a few slots
+        // at a time, as on an array of hundreds of millions, in half the
+        // seeds.
+        gc_victim_search_slots: match (seed / 3) % 2 {
+            0 => 8,
+            _ => EngineOptions::default().gc_victim_search_slots,
+        },
         ..EngineOptions::default()
     };
     let array = tessera_array::create_with(named(&devices), &options, engine.clone())
