@@ -16,8 +16,9 @@
 #   SECONDS_RUN=0 scripts/bench-gc-latency.sh           (the fill alone)
 #   FSYNC=64 SECONDS_RUN=0 scripts/bench-gc-latency.sh  (a FLUSH every 64 writes of the fill)
 #   TESSERA=path scripts/bench-gc-latency.sh            (another build)
-#   CHUNK=4K DEVICE_SIZE=4G scripts/bench-gc-latency.sh (many slots: 524,288 of
-#                                                        8 KiB, chunk and header)
+#   CHUNK=4K DEVICE_SIZE=4G FILL=100 SECONDS_RUN=60 scripts/bench-gc-latency.sh
+#                                                       (524,031 slots: GC's choice of victims
+#                                                        on many used slots)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench-lib.sh
