@@ -1153,6 +1153,27 @@ impl SlotTable {
         }
     }
 
+    /// Seals free slot `slot` as the stripe of `sequence`, holding one
+    /// record of one block in `stored_bytes`: a table filled as an
+    /// array's is, for `tessera bench slots` and tests.
+    pub fn seal_one_record(&mut self, slot: u64, sequence: u64, stored_bytes: u32, pins: &Pins) {
+        self.take(slot, SlotState::Open, pins);
+        let record = DataRecord {
+            offset: 0,
+            stored_bytes,
+            blocks: 1,
+            crcs: 1,
+        };
+        self.account(&[Delta {
+            lba: slot,
+            blocks: 1,
+            gained: true,
+            slot,
+            data: Some(record),
+        }]);
+        assert!(!self.sealed(slot, sequence, SlotState::Sealed), "it holds a record");
+    }
+
     /// The sealed slots whose stripes are newer than `sequence`, the last
     /// one assigned when the caller (a checkpoint) began. Such a stripe
     /// was given its slot since then, from the usable slots, which a
@@ -1541,20 +1562,7 @@ mod tests {
         let mut table = SlotTable::new(Algorithm::Crc32c, count);
         let pins = Pins::new(count);
         for slot in 0..used {
-            table.take(slot, SlotState::Open, &pins);
-            table.account(&[Delta {
-                lba: slot,
-                blocks: 1,
-                gained: true,
-                slot,
-                data: Some(DataRecord {
-                    offset: 0,
-                    stored_bytes: stored(slot),
-                    blocks: 1,
-                    crcs: 1,
-                }),
-            }]);
-            assert!(!table.sealed(slot, used - slot, SlotState::Sealed));
+            table.seal_one_record(slot, used - slot, stored(slot), &pins);
         }
         table
     }

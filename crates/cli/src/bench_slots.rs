@@ -18,8 +18,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use std::collections::BTreeSet;
 use std::time::Instant;
-use tessera_array::map::{DataRecord, Delta};
-use tessera_array::slots::{Pins, SlotState, SlotTable};
+use tessera_array::slots::{Pins, SlotTable};
 
 /// What a stripe of 8 data chunks of 64 KiB holds at most, as the
 /// victims' `fill` (a slot's share of it is its utilization).
@@ -59,21 +58,8 @@ pub fn run(options: &Options) -> Result<Report> {
     let pins = Pins::new(slots);
     let mut rng = rand::rngs::StdRng::seed_from_u64(options.seed);
     for slot in 0..options.used {
-        table.take(slot, SlotState::Open, &pins);
         let stored_bytes = rng.gen_range(4096..=FILL as u32 - 4096);
-        table.account(&[Delta {
-            lba: slot,
-            blocks: 1,
-            gained: true,
-            slot,
-            data: Some(DataRecord {
-                offset: 0,
-                stored_bytes,
-                blocks: 1,
-                crcs: 1,
-            }),
-        }]);
-        table.sealed(slot, slot + 1, SlotState::Sealed);
+        table.seal_one_record(slot, slot + 1, stored_bytes, &pins);
     }
     // The window: the last 64 slots sealed (those newer than when the
     // checkpoint began, below), then free ones.
