@@ -30,7 +30,7 @@ use crate::counters::Counters;
 use crate::error::{ArrayError, CheckpointFault};
 use crate::format::{PageImage, SlotEntry};
 use crate::index::{map_waiting, Index};
-use crate::limits::SLOT_TABLE_PAGE_SLOTS;
+use crate::limits::{SLOT_TABLE_PAGE_SLOTS, SLOT_WALK_CHUNK};
 use crate::map::{LoadedPage, Map, Needed};
 use crate::slots::{Pinned, Pins, SlotState};
 use crate::stripes::Stripes;
@@ -96,6 +96,24 @@ impl Catalog {
     /// The index, read.
     pub fn index(&self) -> RwLockReadGuard<'_, Index> {
         self.index.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Calls `f` with the index and each slot of `range` in pages of the
+    /// slot table ever used, in order, holding the index's read lock for
+    /// `limits::SLOT_WALK_CHUNK` slots at a time: a walk over hundreds of
+    /// millions never holds writers back for long. What `f` sees of one
+    /// chunk and the next may be of different instants.
+    pub fn walk_slots(&self, range: std::ops::Range<u64>, mut f: impl FnMut(&Index, u64, &crate::slots::Slot)) {
+        let mut start = range.start;
+        while start < range.end {
+            let end = start.saturating_add(SLOT_WALK_CHUNK).min(range.end);
+            let index = self.index();
+            for (slot, s) in index.slots.iter_range(start, end) {
+                f(&index, slot, s);
+            }
+            drop(index);
+            start = end;
+        }
     }
 
     /// The index, to change.

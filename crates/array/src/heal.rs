@@ -76,15 +76,14 @@ impl Array {
 impl Shared {
     /// Sealed data stripes with a chunk on a member that is out.
     fn degraded_stripes(&self) -> Vec<u64> {
-        let index = self.catalog.index();
-        index
-            .slots
-            .iter()
-            .filter(|(slot, s)| {
-                s.state == SlotState::Sealed && !index.resident.contains_key(slot) && !self.stripes.all_healthy(*slot)
-            })
-            .map(|(slot, _)| slot)
-            .collect()
+        let mut degraded = Vec::new();
+        let slots = self.catalog.index().slots.count();
+        self.catalog.walk_slots(0..slots, |index, slot, s| {
+            if s.state == SlotState::Sealed && !index.resident.contains_key(&slot) && !self.stripes.all_healthy(slot) {
+                degraded.push(slot);
+            }
+        });
+        degraded
     }
 
     /// Whether a free slot that new stripes may take lies on healthy

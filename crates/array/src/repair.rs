@@ -19,7 +19,9 @@ use crate::counters::Counters;
 use crate::engine::Shared;
 use crate::error::ArrayError;
 use crate::format::SECTOR_BYTES;
-use crate::slots::{Pinned, SlotState};
+use crate::index::Index;
+use crate::limits::SLOT_WALK_CHUNK;
+use crate::slots::{Pinned, Slot, SlotState};
 use serde::Serialize;
 
 /// What a scrub found.
@@ -137,16 +139,25 @@ impl<T: Copy> Drop for RunningGuard<'_, T> {
 /// Slots whose stripes are on the members (sealed data or a checkpoint),
 /// with their sequences: what a scrub checks and a rebuild rewrites.
 pub(crate) fn stripes_on_members(shared: &Shared) -> Vec<(u64, u64)> {
-    let index = shared.catalog.index();
-    index
-        .slots
-        .iter()
-        .filter_map(|(slot, s)| {
-            let on_members =
-                matches!(s.state, SlotState::Sealed | SlotState::Checkpoint) && !index.resident.contains_key(&slot);
-            on_members.then_some((slot, s.sequence))
-        })
-        .collect()
+    stripes_on_members_in(shared, 0..shared.catalog.index().slots.count())
+}
+
+/// Those of [`stripes_on_members`] in the slots of `range` (walked a
+/// chunk per hold of the index's lock).
+fn stripes_on_members_in(shared: &Shared, range: std::ops::Range<u64>) -> Vec<(u64, u64)> {
+    let mut stripes = Vec::new();
+    shared.catalog.walk_slots(range, |index, slot, s| {
+        if on_members(index, slot, s) {
+            stripes.push((slot, s.sequence));
+        }
+    });
+    stripes
+}
+
+/// Whether `slot` (`s`) holds a stripe on the members: sealed data or a
+/// checkpoint's, not one still being written.
+fn on_members(index: &Index, slot: u64, s: &Slot) -> bool {
+    matches!(s.state, SlotState::Sealed | SlotState::Checkpoint) && !index.resident.contains_key(&slot)
 }
 
 impl Shared {
@@ -165,9 +176,16 @@ impl Shared {
         mut progress: impl FnMut(&ScrubReport) -> bool,
     ) -> Result<ScrubReport, ArrayError> {
         self.deferred.finish()?;
-        let stripes = stripes_on_members(self);
+        // The stripes counted first, then listed and checked a chunk of
+        // slots at a time: a list of every one would cost 16 bytes a
+        // stripe (3 GB at 100 TiB).
+        let slots = self.catalog.index().slots.count();
+        let mut total = 0;
+        self.catalog.walk_slots(0..slots, |index, slot, s| {
+            total += u64::from(on_members(index, slot, s))
+        });
         let mut report = ScrubReport {
-            stripes_total: stripes.len() as u64,
+            stripes_total: total,
             ..ScrubReport::default()
         };
         let Ok(_running) = self.jobs.scrub.begin(report) else {
@@ -175,15 +193,18 @@ impl Shared {
         };
         let mut throttle = Throttle::new(rate, rate);
         let started = std::time::Instant::now();
-        for (slot, _) in stripes {
-            let read_before = report.bytes_read;
-            self.scrub_slot(slot, &mut report);
-            report.milliseconds = started.elapsed().as_millis() as u64;
-            self.jobs.scrub.set(report);
-            throttle.step(report.bytes_read - read_before, &self.stripes.counters);
-            if !progress(&report) {
-                report.stopped = true;
-                break;
+        'chunks: for start in (0..slots).step_by(SLOT_WALK_CHUNK as usize) {
+            let end = (start + SLOT_WALK_CHUNK).min(slots);
+            for (slot, _) in stripes_on_members_in(self, start..end) {
+                let read_before = report.bytes_read;
+                self.scrub_slot(slot, &mut report);
+                report.milliseconds = started.elapsed().as_millis() as u64;
+                self.jobs.scrub.set(report);
+                throttle.step(report.bytes_read - read_before, &self.stripes.counters);
+                if !progress(&report) {
+                    report.stopped = true;
+                    break 'chunks;
+                }
             }
         }
         self.events.record(crate::events::What::ScrubEnded {
@@ -201,9 +222,7 @@ impl Shared {
         let sequence = {
             let index = self.catalog.index();
             let s = index.slots.get(slot);
-            let on_members =
-                matches!(s.state, SlotState::Sealed | SlotState::Checkpoint) && !index.resident.contains_key(&slot);
-            if !on_members {
+            if !on_members(&index, slot, s) {
                 return;
             }
             pinned.add(slot);

@@ -271,6 +271,32 @@ mod tests {
     use rand::{Rng, SeedableRng};
     use std::collections::BTreeSet;
 
+    /// The slots of a range, walked in pieces that do not fall on page
+    /// boundaries, are those of the whole walk: each once, in order, and
+    /// none of a page never used.
+    #[test]
+    fn ranges_walked_in_pieces_are_the_whole_walk() {
+        let count = 5 * SLOT_PAGE as u64 + 100;
+        let mut pages: SlotPages<u64> = SlotPages::new(count);
+        for slot in [3, 2 * SLOT_PAGE as u64 + 7, count - 1] {
+            *pages.get_mut(slot) = slot + 1;
+        }
+        let whole: Vec<(u64, u64)> = pages.iter().map(|(slot, &v)| (slot, v)).collect();
+        assert_eq!(whole.len(), 2 * SLOT_PAGE + 100, "the three pages used");
+        for piece in [1u64, 1000, 4095, 4096, 4097, 65_536] {
+            let mut walked = Vec::new();
+            let mut start = 0;
+            while start < count {
+                let end = (start + piece).min(count);
+                walked.extend(pages.iter_range(start, end).map(|(slot, &v)| (slot, v)));
+                start = end;
+            }
+            assert_eq!(walked, whole, "pieces of {piece}");
+        }
+        assert_eq!(pages.iter_range(count, count + 10).count(), 0);
+        assert_eq!(pages.iter_range(7, 3).count(), 0);
+    }
+
     /// Against an ordered set, over sizes around the word and summary
     /// boundaries, with random inserts and removes.
     #[test]

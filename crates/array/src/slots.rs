@@ -383,6 +383,12 @@ impl SlotTable {
         self.slots.iter()
     }
 
+    /// The slots of `[start, end)` in pages of the table ever used, in
+    /// order.
+    pub fn iter_range(&self, start: u64, end: u64) -> impl Iterator<Item = (u64, &Slot)> {
+        self.slots.iter_range(start, end)
+    }
+
     /// Live bytes in the array (stored data and summary entries).
     pub fn live_bytes(&self) -> u64 {
         (self.live_total / u128::from(LIVE_SCALE)) as u64

@@ -218,29 +218,18 @@ impl Shared {
         let g = &self.stripes.geometry;
         let c = &self.stripes.counters;
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        let (used, free, degraded, mapped, stored, map, slot_pages) = {
+        let (used, free, mapped, stored, map, slot_pages) = {
             let index = self.catalog.index();
             // Counted, not walked: `status` is asked every second by the
             // dashboard and `iostat`, and a walk of every slot in use
             // under the index's lock held writers back on a large array.
-            // Degraded stripes are walked for only while a member is out.
             // A slot is free-listed exactly when its state is free
             // (`SlotTable::check`, which the tests run), so the free count
             // gives the used one.
             let used = index.slots.count() - index.slots.free_count() as u64;
-            let out = (0..self.stripes.members.count()).any(|m| !self.stripes.members.is_readable(m));
-            let degraded = match out {
-                true => index
-                    .slots
-                    .iter()
-                    .filter(|&(slot, s)| s.state != SlotState::Free && !self.stripes.all_healthy(slot))
-                    .count() as u64,
-                false => 0,
-            };
             (
                 used,
                 index.slots.free_count() as u64,
-                degraded,
                 index.slots.mapped_data_blocks() * crate::format::BLOCK_BYTES as u64,
                 index.slots.stored_bytes(),
                 (
@@ -262,6 +251,16 @@ impl Shared {
             )
         };
         let volumes = self.volume_statuses();
+        // Degraded stripes are walked for only while a member is out, a
+        // chunk of slots per hold of the index's lock.
+        let out = (0..self.stripes.members.count()).any(|m| !self.stripes.members.is_readable(m));
+        let mut degraded = 0;
+        if out {
+            self.catalog
+                .walk_slots(0..self.stripes.geometry.slot_count(), |_, slot, s| {
+                    degraded += u64::from(s.state != SlotState::Free && !self.stripes.all_healthy(slot));
+                });
+        }
         let user = load(&c.user_bytes_written);
         let member = load(&c.member_bytes_written);
         let log_bytes = load(&c.log_bytes_written);

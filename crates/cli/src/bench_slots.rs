@@ -9,16 +9,20 @@
 //! `--rounds` times each: a writer's round choosing its victims (the most
 //! garbage first), a background round's (cost-benefit), a checkpoint on a
 //! full array filling its window with victims (8,192 of them), and a
-//! checkpoint finding the stripes sealed since it began. Each call's time
+//! checkpoint finding the stripes sealed since it began, and a scrub
+//! listing the stripes on the members (every used slot) at one hold and
+//! a chunk of `limits::SLOT_WALK_CHUNK` slots per hold. Each call's time
 //! is what the engine holds the index's lock for (the read lock for a
-//! round's choice, the write lock for the checkpoint's). No I/O.
+//! round's choice and a scrub's list, the write lock for the
+//! checkpoint's). No I/O.
 
 use anyhow::Result;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use std::collections::BTreeSet;
 use std::time::Instant;
-use tessera_array::slots::{Pins, SlotTable};
+use tessera_array::limits::SLOT_WALK_CHUNK;
+use tessera_array::slots::{Pins, Slot, SlotState, SlotTable};
 
 /// What a stripe of 8 data chunks of 64 KiB holds at most, as the
 /// victims' `fill` (a slot's share of it is its utilization).
@@ -72,13 +76,16 @@ pub fn run(options: &Options) -> Result<Report> {
     // engine has them, in the window).
     let start = first;
     let mut timings = Vec::new();
-    let mut time = |what: &'static str, call: &dyn Fn() -> usize| {
+    // `call` returns what it found, and the time the lock is held if that
+    // is not the whole call's.
+    let mut time = |what: &'static str, call: &dyn Fn() -> (usize, Option<f64>)| {
         let mut ms = Vec::with_capacity(options.rounds);
         let mut returned = 0;
         for _ in 0..options.rounds {
             let t = Instant::now();
-            returned = std::hint::black_box(call());
-            ms.push(t.elapsed().as_secs_f64() * 1e3);
+            let (found, held_ms) = std::hint::black_box(call());
+            ms.push(held_ms.unwrap_or(t.elapsed().as_secs_f64() * 1e3));
+            returned = found;
         }
         ms.sort_by(f64::total_cmp);
         timings.push(Timing {
@@ -90,14 +97,39 @@ pub fn run(options: &Options) -> Result<Report> {
     };
     // A round leaves out the slots readers pin (the engine also those
     // open or held, a few); the checkpoint those its window holds.
-    let round = |greedy: bool| table.victims(FILL, next, 64, greedy, |s| pins.pinned(s)).len();
+    let round = |greedy: bool| (table.victims(FILL, next, 64, greedy, |s| pins.pinned(s)).len(), None);
     time("GC round, a writer's (64 victims, most garbage)", &|| round(true));
     time("GC round, background (64 victims, cost-benefit)", &|| round(false));
     time("checkpoint, a full array's window (8,192 victims)", &|| {
-        table.victims(FILL, next, WINDOW, true, |s| window.contains(&s)).len()
+        (
+            table.victims(FILL, next, WINDOW, true, |s| window.contains(&s)).len(),
+            None,
+        )
     });
     time("checkpoint, stripes sealed since it began", &|| {
-        table.sealed_after(start).len()
+        (table.sealed_after(start).len(), None)
+    });
+    // A scrub's list of the stripes on the members: every used slot at
+    // one hold of the lock, and the same walk a chunk per hold (its
+    // longest chunk is the hold).
+    let on_members = |(slot, s): (u64, &Slot)| {
+        matches!(s.state, SlotState::Sealed | SlotState::Checkpoint).then_some((slot, s.sequence))
+    };
+    time("a scrub's list of stripes, at one hold", &|| {
+        (table.iter().filter_map(on_members).count(), None)
+    });
+    time("a scrub's list of stripes, its longest chunk", &|| {
+        let mut longest = 0f64;
+        let mut listed = 0;
+        for lo in (0..slots).step_by(SLOT_WALK_CHUNK as usize) {
+            let t = Instant::now();
+            listed += table
+                .iter_range(lo, lo + SLOT_WALK_CHUNK)
+                .filter_map(on_members)
+                .count();
+            longest = longest.max(t.elapsed().as_secs_f64() * 1e3);
+        }
+        (listed, Some(longest))
     });
     Ok(Report {
         used: options.used,
