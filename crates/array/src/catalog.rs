@@ -49,6 +49,9 @@ pub(crate) struct Catalog {
     page_pins: PinTable,
     /// Bytes of map pages kept in memory (`EngineOptions::map_cache_bytes`).
     cache_bytes: usize,
+    /// Slots a walk over every slot looks at per hold of the index's lock
+    /// (`EngineOptions::slot_walk_chunk`).
+    walk_chunk: u64,
 }
 
 /// Map pages pinned in memory (`PagePins`), and by how many. Taken under
@@ -90,7 +93,21 @@ impl Catalog {
             pins,
             page_pins: PinTable::default(),
             cache_bytes,
+            walk_chunk: SLOT_WALK_CHUNK,
         }
+    }
+
+    /// The catalog, its walks over every slot looking at `slots` per hold
+    /// of the index's lock.
+    pub fn with_walk_chunk(mut self, slots: u64) -> Catalog {
+        self.walk_chunk = slots.max(1);
+        self
+    }
+
+    /// Slots a walk over every slot looks at per hold of the index's lock:
+    /// a scrub and a rebuild list their stripes this many slots at a time.
+    pub fn walk_chunk(&self) -> u64 {
+        self.walk_chunk
     }
 
     /// The index, read.
@@ -100,13 +117,13 @@ impl Catalog {
 
     /// Calls `f` with the index and each slot of `range` in pages of the
     /// slot table ever used, in order, holding the index's read lock for
-    /// `limits::SLOT_WALK_CHUNK` slots at a time: a walk over hundreds of
+    /// `walk_chunk` slots at a time (`limits::SLOT_WALK_CHUNK`): a walk over hundreds of
     /// millions never holds writers back for long. What `f` sees of one
     /// chunk and the next may be of different instants.
     pub fn walk_slots(&self, range: std::ops::Range<u64>, mut f: impl FnMut(&Index, u64, &crate::slots::Slot)) {
         let mut start = range.start;
         while start < range.end {
-            let end = start.saturating_add(SLOT_WALK_CHUNK).min(range.end);
+            let end = start.saturating_add(self.walk_chunk).min(range.end);
             let index = self.index();
             for (slot, s) in index.slots.iter_range(start, end) {
                 f(&index, slot, s);

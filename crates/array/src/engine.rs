@@ -264,27 +264,31 @@ impl Array {
             members,
             options.reconstruct_cache_bytes,
         )?);
-        let catalog = Arc::new(crate::catalog::Catalog::new(
-            stripes.clone(),
-            Index {
-                map: Map::new(options.map_delta_entries_min),
-                slots: SlotTable::new(geometry.checksum, slot_count).with_victim_search(options.gc_victim_search_slots),
-                resident: HashMap::new(),
-                next_version: 1,
-                checkpoint_slots: Vec::new(),
-                map_stripes: 0,
-                drain_after_user: Vec::new(),
-                drain_at_seal: HashMap::new(),
-                user_open: HashMap::new(),
-                user_serial_next: 1,
-                last_sealed: 0,
-                last_data_sealed: 0,
-                volumes: crate::index::Floors::of(&volume_table),
-                pending: None,
-            },
-            Pins::new(slot_count),
-            options.map_cache_bytes,
-        ));
+        let catalog = Arc::new(
+            crate::catalog::Catalog::new(
+                stripes.clone(),
+                Index {
+                    map: Map::new(options.map_delta_entries_min),
+                    slots: SlotTable::new(geometry.checksum, slot_count)
+                        .with_victim_search(options.gc_victim_search_slots),
+                    resident: HashMap::new(),
+                    next_version: 1,
+                    checkpoint_slots: Vec::new(),
+                    map_stripes: 0,
+                    drain_after_user: Vec::new(),
+                    drain_at_seal: HashMap::new(),
+                    user_open: HashMap::new(),
+                    user_serial_next: 1,
+                    last_sealed: 0,
+                    last_data_sealed: 0,
+                    volumes: crate::index::Floors::of(&volume_table),
+                    pending: None,
+                },
+                Pins::new(slot_count),
+                options.map_cache_bytes,
+            )
+            .with_walk_chunk(options.slot_walk_chunk),
+        );
         // The user lanes, and the GC stream's.
         let lanes = options
             .user_lanes

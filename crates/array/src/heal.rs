@@ -74,16 +74,27 @@ impl Array {
 }
 
 impl Shared {
-    /// Sealed data stripes with a chunk on a member that is out.
-    fn degraded_stripes(&self) -> Vec<u64> {
+    /// Sealed data stripes in the slots of `range` with a chunk on a
+    /// member that is out.
+    fn degraded_stripes(&self, range: std::ops::Range<u64>) -> Vec<u64> {
         let mut degraded = Vec::new();
-        let slots = self.catalog.index().slots.count();
-        self.catalog.walk_slots(0..slots, |index, slot, s| {
+        self.catalog.walk_slots(range, |index, slot, s| {
             if s.state == SlotState::Sealed && !index.resident.contains_key(&slot) && !self.stripes.all_healthy(slot) {
                 degraded.push(slot);
             }
         });
         degraded
+    }
+
+    /// How many of those there are in the array: counted a chunk of
+    /// slots at a time, not listed (a list costs 8 bytes a stripe).
+    fn degraded_count(&self) -> u64 {
+        let slots = self.stripes.geometry.slot_count();
+        let chunk = self.catalog.walk_chunk();
+        (0..slots)
+            .step_by(chunk as usize)
+            .map(|start| self.degraded_stripes(start..(start + chunk).min(slots)).len() as u64)
+            .sum()
     }
 
     /// Whether a free slot that new stripes may take lies on healthy
@@ -112,16 +123,21 @@ impl Shared {
         }
         self.stripes.members.check_writable()?;
         let started = Instant::now();
-        let victims = self.degraded_stripes();
+        // Counted first, then listed and healed a chunk of slots at a time.
         let mut report = HealReport {
-            stripes_total: victims.len() as u64,
+            stripes_total: self.degraded_count(),
             ..HealReport::default()
         };
         let Ok(_running) = self.jobs.heal.begin(report) else {
             return Err(ArrayError::HealRunning);
         };
         let mut throttle = Throttle::new(rate, rate);
-        for batch in victims.chunks(HEAL_BATCH) {
+        let (slots, chunk) = (g.slot_count(), self.catalog.walk_chunk());
+        let batches = (0..slots).step_by(chunk as usize).flat_map(|start| {
+            let victims = self.degraded_stripes(start..(start + chunk).min(slots));
+            victims.chunks(HEAL_BATCH).map(<[u64]>::to_vec).collect::<Vec<_>>()
+        });
+        for batch in batches {
             if !self.room_on_healthy_members() {
                 break;
             }
@@ -129,7 +145,7 @@ impl Shared {
                 let _round = self.gc.one_at_a_time();
                 // Only this batch relocates while the lock is held.
                 let before = self.stripes.counters.gc_bytes_relocated.load(Ordering::Relaxed);
-                for &victim in batch {
+                for &victim in &batch {
                     // Still a degraded stripe (not collected meanwhile,
                     // nor healed by a member's return)?
                     let degraded = {
@@ -160,7 +176,7 @@ impl Shared {
         if report.stripes_healed > 0 {
             let _ = self.checkpoints.checkpoint();
         }
-        report.stripes_degraded = self.degraded_stripes().len() as u64;
+        report.stripes_degraded = self.degraded_count();
         report.milliseconds = started.elapsed().as_millis() as u64;
         self.events.record(crate::events::What::HealEnded {
             stripes_healed: report.stripes_healed,

@@ -85,6 +85,11 @@ pub struct EngineOptions {
     /// tests that want the choice bounded on a small array, as on a large
     /// one.
     pub gc_victim_search_slots: u64,
+    /// Slots a walk over every slot (a scrub's and a rebuild's stripes, a
+    /// heal's degraded ones) looks at per hold of the index's lock
+    /// (`limits::SLOT_WALK_CHUNK`). Fewer, for tests that want such walks
+    /// in many chunks on a small array, as on a large one.
+    pub slot_walk_chunk: u64,
 }
 
 impl Default for EngineOptions {
@@ -108,6 +113,7 @@ impl Default for EngineOptions {
             replay_later: true,
             next_window_early: false,
             gc_victim_search_slots: crate::limits::GC_VICTIM_SEARCH_SLOTS,
+            slot_walk_chunk: crate::limits::SLOT_WALK_CHUNK,
         }
     }
 }

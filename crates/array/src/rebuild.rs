@@ -52,6 +52,9 @@
 //!   in all with this one: stripes are rebuilt from whatever K remain.
 //! - While clients do I/O the rebuild keeps to `busy_rate`, otherwise to
 //!   `rate` (each `None`: as fast as the members go).
+//! - Its memory does not grow with the array: the stripes are counted
+//!   first, then listed and rebuilt a chunk of slots at a time
+//!   (`Catalog::walk_chunk`), the index's lock held for one chunk's list.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -64,7 +67,7 @@ use crate::events::What;
 use crate::format::ChunkHeader;
 use crate::format::SECTOR_BYTES;
 use crate::members::MemberState;
-use crate::repair::{stripes_on_members, Throttle};
+use crate::repair::{stripes_on_members_in, Throttle};
 use crate::slots::{Pinned, SlotState};
 use crate::stripe::Which;
 
@@ -231,13 +234,24 @@ impl Array {
         let start_sequence = shared.lanes.tracker.last_sequence() + 1;
         // Those sealed before, once written, are the work.
         shared.lanes.tracker.wait_written(start_sequence - 1);
-        let (held, stripes): (Vec<_>, Vec<_>) = stripes_on_members(shared)
-            .into_iter()
-            .filter(|&(_, sequence)| sequence < start_sequence)
-            .partition(|&(_, sequence)| trusted.is_some_and(|through| sequence <= through));
-        report.stripes_trusted = held.len() as u64;
-        report.stripes_done = report.stripes_trusted;
-        report.stripes_total = report.stripes_trusted + stripes.len() as u64;
+        // Counted first, then listed and rebuilt a chunk of slots at a
+        // time: a list of every stripe would cost 16 bytes each (3 GB at
+        // 100 TiB of 8+2). A stripe freed before its chunk is listed needs
+        // no rebuild, and leaves the total.
+        let slots = g.slot_count();
+        let is_trusted = |sequence: u64| trusted.is_some_and(|through| sequence <= through);
+        let (mut held, mut work) = (0, 0);
+        shared.catalog.walk_slots(0..slots, |index, slot, s| {
+            if crate::repair::on_members(index, slot, s) && s.sequence < start_sequence {
+                match is_trusted(s.sequence) {
+                    true => held += 1,
+                    false => work += 1,
+                }
+            }
+        });
+        report.stripes_trusted = held;
+        report.stripes_done = held;
+        report.stripes_total = held + work;
         shared.jobs.rebuild.set(report);
         let run = Run {
             index,
@@ -246,7 +260,22 @@ impl Array {
             resume,
             start_sequence,
         };
-        match shared.rebuild_stripes(&run, &stripes, &mut report, &mut progress, &mut save) {
+        let mut pace = Pace::new(options);
+        let chunk = shared.catalog.walk_chunk();
+        let rebuilt = (0..slots).step_by(chunk as usize).try_fold(true, |go_on, start| {
+            if !go_on {
+                return Ok(false);
+            }
+            let stripes: Vec<(u64, u64)> = stripes_on_members_in(shared, start..(start + chunk).min(slots))
+                .into_iter()
+                .filter(|&(_, sequence)| sequence < start_sequence && !is_trusted(sequence))
+                .collect();
+            shared.rebuild_stripes(&run, &stripes, &mut report, &mut progress, &mut save, &mut pace)
+        });
+        if matches!(rebuilt, Ok(true)) {
+            report.stripes_total = report.stripes_done;
+        }
+        match rebuilt {
             Ok(true) => {}
             Ok(false) => {
                 // Stopped by the caller: failed again, as it began.
@@ -278,6 +307,24 @@ impl Array {
     }
 }
 
+/// A rebuild's pace over its chunks of slots: its throttle, when it
+/// began, and when it last saved where it was.
+struct Pace {
+    throttle: Throttle,
+    started: Instant,
+    saved: Instant,
+}
+
+impl Pace {
+    fn new(options: &RebuildOptions) -> Pace {
+        Pace {
+            throttle: Throttle::new(options.rate, options.busy_rate.or(options.rate)),
+            started: Instant::now(),
+            saved: Instant::now(),
+        }
+    }
+}
+
 /// One stripe of a batch: what it did, or the error that stops the rebuild.
 struct Job {
     slot: u64,
@@ -298,8 +345,9 @@ struct Run<'a> {
 }
 
 impl Shared {
-    /// The rebuild's loop over `stripes` (slot, sequence, in slot order);
-    /// true once all are done, false if `progress` stopped it.
+    /// The rebuild's loop over `stripes` (slot, sequence, in slot order:
+    /// a chunk of the slots); true once all are done, false if `progress`
+    /// stopped it.
     fn rebuild_stripes(
         &self,
         run: &Run,
@@ -307,18 +355,21 @@ impl Shared {
         report: &mut RebuildReport,
         progress: &mut impl FnMut(&RebuildReport) -> bool,
         save: &mut impl FnMut(&RebuildResume) -> std::io::Result<()>,
+        pace: &mut Pace,
     ) -> Result<bool, ArrayError> {
         let Run {
             index,
             device,
-            options,
             resume,
             start_sequence,
+            ..
         } = *run;
         let io_error = |source| device_error(index, source);
-        let mut throttle = Throttle::new(options.rate, options.busy_rate.or(options.rate));
-        let started = Instant::now();
-        let mut saved = Instant::now();
+        let Pace {
+            throttle,
+            started,
+            saved,
+        } = pace;
         for batch in stripes.chunks(REBUILD_BATCH) {
             if self.stripes.members.state(index) != MemberState::Rebuilding {
                 return Err(ArrayError::RebuildStopped { index });
@@ -360,7 +411,7 @@ impl Shared {
                 let go_on = progress(report);
                 // Saved now and then, and where a stop leaves it.
                 if saved.elapsed() >= SAVE_INTERVAL || !go_on {
-                    saved = Instant::now();
+                    *saved = Instant::now();
                     device.sync().map_err(io_error)?;
                     let at = RebuildResume {
                         member: index,

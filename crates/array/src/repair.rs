@@ -20,7 +20,6 @@ use crate::engine::Shared;
 use crate::error::ArrayError;
 use crate::format::SECTOR_BYTES;
 use crate::index::Index;
-use crate::limits::SLOT_WALK_CHUNK;
 use crate::slots::{Pinned, Slot, SlotState};
 use serde::Serialize;
 
@@ -136,15 +135,11 @@ impl<T: Copy> Drop for RunningGuard<'_, T> {
     }
 }
 
-/// Slots whose stripes are on the members (sealed data or a checkpoint),
-/// with their sequences: what a scrub checks and a rebuild rewrites.
-pub(crate) fn stripes_on_members(shared: &Shared) -> Vec<(u64, u64)> {
-    stripes_on_members_in(shared, 0..shared.catalog.index().slots.count())
-}
-
-/// Those of [`stripes_on_members`] in the slots of `range` (walked a
-/// chunk per hold of the index's lock).
-fn stripes_on_members_in(shared: &Shared, range: std::ops::Range<u64>) -> Vec<(u64, u64)> {
+/// Slots of `range` whose stripes are on the members (sealed data or a
+/// checkpoint's), with their sequences: what a scrub checks and a rebuild
+/// rewrites, a chunk at a time (walked a chunk per hold of the index's
+/// lock).
+pub(crate) fn stripes_on_members_in(shared: &Shared, range: std::ops::Range<u64>) -> Vec<(u64, u64)> {
     let mut stripes = Vec::new();
     shared.catalog.walk_slots(range, |index, slot, s| {
         if on_members(index, slot, s) {
@@ -156,7 +151,7 @@ fn stripes_on_members_in(shared: &Shared, range: std::ops::Range<u64>) -> Vec<(u
 
 /// Whether `slot` (`s`) holds a stripe on the members: sealed data or a
 /// checkpoint's, not one still being written.
-fn on_members(index: &Index, slot: u64, s: &Slot) -> bool {
+pub(crate) fn on_members(index: &Index, slot: u64, s: &Slot) -> bool {
     matches!(s.state, SlotState::Sealed | SlotState::Checkpoint) && !index.resident.contains_key(&slot)
 }
 
@@ -180,6 +175,7 @@ impl Shared {
         // slots at a time: a list of every one would cost 16 bytes a
         // stripe (3 GB at 100 TiB).
         let slots = self.catalog.index().slots.count();
+        let chunk = self.catalog.walk_chunk();
         let mut total = 0;
         self.catalog.walk_slots(0..slots, |index, slot, s| {
             total += u64::from(on_members(index, slot, s))
@@ -193,8 +189,8 @@ impl Shared {
         };
         let mut throttle = Throttle::new(rate, rate);
         let started = std::time::Instant::now();
-        'chunks: for start in (0..slots).step_by(SLOT_WALK_CHUNK as usize) {
-            let end = (start + SLOT_WALK_CHUNK).min(slots);
+        'chunks: for start in (0..slots).step_by(chunk as usize) {
+            let end = (start + chunk).min(slots);
             for (slot, _) in stripes_on_members_in(self, start..end) {
                 let read_before = report.bytes_read;
                 self.scrub_slot(slot, &mut report);

@@ -71,10 +71,12 @@ fn exercise(array: &tessera_array::Array, model: &mut [u8], rng: &mut impl Rng, 
 /// A 4+2 array on six members after 100 random operations, flushed:
 /// Engine options that keep a member in however many bad chunks it
 /// shows, so that tests of repair see every one repaired (by default a
-/// member is failed after 32).
+/// member is failed after 32); a scrub lists its stripes 5 slots at a
+/// time, in many chunks, as on an array of hundreds of millions.
 fn repairing() -> tessera_array::EngineOptions {
     tessera_array::EngineOptions {
         member_errors_max: 0,
+        slot_walk_chunk: 5,
         ..Default::default()
     }
 }
@@ -234,6 +236,10 @@ fn reads_survive_m_failed_members_and_corruption() {
     // repairs them; a second scrub finds nothing.
     let report = array.scrub().unwrap();
     assert!(report.stripes_checked > 0);
+    assert_eq!(
+        report.stripes_checked, report.stripes_total,
+        "every stripe, chunk by chunk"
+    );
     assert_eq!(report.chunks_bad, report.chunks_repaired);
     assert_eq!(array.scrub().unwrap().chunks_bad, 0);
     // Two members fail: reads reconstruct, writes go on.

@@ -74,7 +74,9 @@ pub fn headers(devices: &[Arc<MemoryDevice>], g: &Geometry) -> Vec<(usize, u64, 
 
 /// A 4+2 array of 64 KiB chunks (CRC32C, no compression) on `n` members
 /// of `member_bytes` in memory, `bytes` of random data from `seed` written
-/// and flushed: (members, array, data).
+/// and flushed: (members, array, data). Its walks over every slot (a
+/// rebuild's, a heal's, a scrub's) go 7 slots per hold of the index's
+/// lock, in many chunks, as on an array of hundreds of millions.
 pub fn written_4_plus_2_on(
     n: usize,
     member_bytes: u64,
@@ -83,7 +85,11 @@ pub fn written_4_plus_2_on(
 ) -> (Vec<Arc<MemoryDevice>>, tessera_array::Array, Vec<u8>) {
     use rand::{Rng, SeedableRng};
     let devices: Vec<_> = (0..n).map(|_| Arc::new(MemoryDevice::new(member_bytes))).collect();
-    let array = tessera_array::create(named(&devices), &tessera_array::CreateOptions::new(4, 2)).unwrap();
+    let engine = tessera_array::EngineOptions {
+        slot_walk_chunk: 7,
+        ..tessera_array::EngineOptions::default()
+    };
+    let array = tessera_array::create_with(named(&devices), &tessera_array::CreateOptions::new(4, 2), engine).unwrap();
     let mut data = vec![0u8; bytes];
     rand::rngs::StdRng::seed_from_u64(seed).fill(&mut data[..]);
     array.write(0, &data, false).unwrap();
