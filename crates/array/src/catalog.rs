@@ -104,10 +104,14 @@ impl Catalog {
         self
     }
 
-    /// Slots a walk over every slot looks at per hold of the index's lock:
-    /// a scrub and a rebuild list their stripes this many slots at a time.
-    pub fn walk_chunk(&self) -> u64 {
-        self.walk_chunk
+    /// The array's slots, cut into the ranges a walk over every slot
+    /// looks at per hold of the index's lock: a scrub, a rebuild and a
+    /// heal list their stripes one range at a time.
+    pub fn slot_chunks(&self) -> impl Iterator<Item = std::ops::Range<u64>> {
+        let (slots, chunk) = (self.stripes.geometry.slot_count(), self.walk_chunk);
+        (0..slots)
+            .step_by(chunk as usize)
+            .map(move |start| start..(start + chunk).min(slots))
     }
 
     /// The index, read.
@@ -117,9 +121,9 @@ impl Catalog {
 
     /// Calls `f` with the index and each slot of `range` in pages of the
     /// slot table ever used, in order, holding the index's read lock for
-    /// `walk_chunk` slots at a time (`limits::SLOT_WALK_CHUNK`): a walk over hundreds of
-    /// millions never holds writers back for long. What `f` sees of one
-    /// chunk and the next may be of different instants.
+    /// `walk_chunk` slots at a time (`limits::SLOT_WALK_CHUNK`): a walk
+    /// over hundreds of millions never holds writers back for long. What
+    /// `f` sees of one chunk and the next may be of different instants.
     pub fn walk_slots(&self, range: std::ops::Range<u64>, mut f: impl FnMut(&Index, u64, &crate::slots::Slot)) {
         let mut start = range.start;
         while start < range.end {

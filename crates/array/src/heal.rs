@@ -74,27 +74,33 @@ impl Array {
 }
 
 impl Shared {
-    /// Sealed data stripes in the slots of `range` with a chunk on a
-    /// member that is out.
-    fn degraded_stripes(&self, range: std::ops::Range<u64>) -> Vec<u64> {
+    /// Sealed data stripes in the slots of `range`, up to sequence
+    /// `through`, with a chunk on a member that is out.
+    fn degraded_stripes(&self, range: std::ops::Range<u64>, through: u64) -> Vec<u64> {
         let mut degraded = Vec::new();
         self.catalog.walk_slots(range, |index, slot, s| {
-            if s.state == SlotState::Sealed && !index.resident.contains_key(&slot) && !self.stripes.all_healthy(slot) {
+            if self.degraded(index, slot, s) && s.sequence <= through {
                 degraded.push(slot);
             }
         });
         degraded
     }
 
-    /// How many of those there are in the array: counted a chunk of
-    /// slots at a time, not listed (a list costs 8 bytes a stripe).
-    fn degraded_count(&self) -> u64 {
-        let slots = self.stripes.geometry.slot_count();
-        let chunk = self.catalog.walk_chunk();
-        (0..slots)
-            .step_by(chunk as usize)
-            .map(|start| self.degraded_stripes(start..(start + chunk).min(slots)).len() as u64)
-            .sum()
+    /// How many stripes up to sequence `through` those are in the array:
+    /// counted a chunk of slots at a time, not listed.
+    fn degraded_count(&self, through: u64) -> u64 {
+        let mut count = 0;
+        self.catalog
+            .walk_slots(0..self.stripes.geometry.slot_count(), |index, slot, s| {
+                count += u64::from(self.degraded(index, slot, s) && s.sequence <= through)
+            });
+        count
+    }
+
+    /// Whether `slot` (`s`) holds a sealed data stripe, written, with a
+    /// chunk on a member that is out.
+    fn degraded(&self, index: &crate::index::Index, slot: u64, s: &crate::slots::Slot) -> bool {
+        s.state == SlotState::Sealed && !index.resident.contains_key(&slot) && !self.stripes.all_healthy(slot)
     }
 
     /// Whether a free slot that new stripes may take lies on healthy
@@ -123,18 +129,20 @@ impl Shared {
         }
         self.stripes.members.check_writable()?;
         let started = Instant::now();
-        // Counted first, then listed and healed a chunk of slots at a time.
+        // The degraded stripes there when it begins, counted first, then
+        // listed and healed a chunk of slots at a time.
+        let began = self.lanes.tracker.last_sequence();
+        self.lanes.tracker.wait_written(began);
         let mut report = HealReport {
-            stripes_total: self.degraded_count(),
+            stripes_total: self.degraded_count(began),
             ..HealReport::default()
         };
         let Ok(_running) = self.jobs.heal.begin(report) else {
             return Err(ArrayError::HealRunning);
         };
         let mut throttle = Throttle::new(rate, rate);
-        let (slots, chunk) = (g.slot_count(), self.catalog.walk_chunk());
-        let batches = (0..slots).step_by(chunk as usize).flat_map(|start| {
-            let victims = self.degraded_stripes(start..(start + chunk).min(slots));
+        let batches = self.catalog.slot_chunks().flat_map(|range| {
+            let victims = self.degraded_stripes(range, began);
             victims.chunks(HEAL_BATCH).map(<[u64]>::to_vec).collect::<Vec<_>>()
         });
         for batch in batches {
@@ -150,7 +158,7 @@ impl Shared {
                     // nor healed by a member's return)?
                     let degraded = {
                         let index = self.catalog.index();
-                        index.slots.get(victim).state == SlotState::Sealed && !self.stripes.all_healthy(victim)
+                        self.degraded(&index, victim, index.slots.get(victim))
                     };
                     if degraded {
                         self.relocate(victim)?;
@@ -176,7 +184,7 @@ impl Shared {
         if report.stripes_healed > 0 {
             let _ = self.checkpoints.checkpoint();
         }
-        report.stripes_degraded = self.degraded_count();
+        report.stripes_degraded = self.degraded_count(u64::MAX);
         report.milliseconds = started.elapsed().as_millis() as u64;
         self.events.record(crate::events::What::HealEnded {
             stripes_healed: report.stripes_healed,

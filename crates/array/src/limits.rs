@@ -92,9 +92,10 @@ pub const GC_BACKGROUND_LIVE_MAX: f64 = 0.85;
 /// default 8+2 array of 10 x 1 GiB has 15,405), and one of hundreds of
 /// millions costs no more. The choice holds the index's read lock, and a
 /// writer waits for it: looking at every used slot took 20 ms at a
-/// million (512 GiB of 8+2 data) and 210 ms at ten million, where rounds
-/// run a hundred times a second on a full array; this many, about 0.4 ms
-/// (PERFORMANCE.md, "Garbage collection's choice of victims, bounded").
+/// million (512 GiB of 8+2 data) and 230 ms at ten million, where rounds
+/// run a hundred times a second on a full array; with this many (and the
+/// window's 8,192), 0.56 ms at any size (PERFORMANCE.md, "Garbage
+/// collection's choice of victims, bounded").
 /// 65,536 did as well in the engine, holding the lock 1.4 ms a round.
 pub const GC_VICTIM_SEARCH_SLOTS: u64 = 16_384;
 /// The best victims a choice found that it did not return, kept to be
@@ -103,9 +104,9 @@ pub const GC_VICTIMS_REMEMBERED: usize = 1024;
 
 /// Slots a walk over every used slot (the stripes a scrub or a rebuild
 /// goes through, a heal's degraded stripes, `status`'s count of those)
-/// looks at per hold of the index's read lock: at about a nanosecond a
-/// slot, 0.07 ms, where one hold for all of them was 0.2 s at 200
-/// million (`Catalog::walk_slots`).
+/// looks at per hold of the index's read lock: 0.09-0.15 ms a hold,
+/// where one hold for all of them took 112 ms at 100 million
+/// (`Catalog::walk_slots`; `tessera bench slots`).
 pub const SLOT_WALK_CHUNK: u64 = 65_536;
 
 /// Slots a checkpoint adds to its window: a quarter of the array, within

@@ -54,7 +54,7 @@
 //!   `rate` (each `None`: as fast as the members go).
 //! - Its memory does not grow with the array: the stripes are counted
 //!   first, then listed and rebuilt a chunk of slots at a time
-//!   (`Catalog::walk_chunk`), the index's lock held for one chunk's list.
+//!   (`Catalog::slot_chunks`), the index's lock held for one chunk's list.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -238,10 +238,9 @@ impl Array {
         // time: a list of every stripe would cost 16 bytes each (3 GB at
         // 100 TiB of 8+2). A stripe freed before its chunk is listed needs
         // no rebuild, and leaves the total.
-        let slots = g.slot_count();
         let is_trusted = |sequence: u64| trusted.is_some_and(|through| sequence <= through);
         let (mut held, mut work) = (0, 0);
-        shared.catalog.walk_slots(0..slots, |index, slot, s| {
+        shared.catalog.walk_slots(0..g.slot_count(), |index, slot, s| {
             if crate::repair::on_members(index, slot, s) && s.sequence < start_sequence {
                 match is_trusted(s.sequence) {
                     true => held += 1,
@@ -261,17 +260,17 @@ impl Array {
             start_sequence,
         };
         let mut pace = Pace::new(options);
-        let chunk = shared.catalog.walk_chunk();
-        let rebuilt = (0..slots).step_by(chunk as usize).try_fold(true, |go_on, start| {
-            if !go_on {
-                return Ok(false);
-            }
-            let stripes: Vec<(u64, u64)> = stripes_on_members_in(shared, start..(start + chunk).min(slots))
+        let mut rebuilt = Ok(true);
+        for range in shared.catalog.slot_chunks() {
+            let stripes: Vec<(u64, u64)> = stripes_on_members_in(shared, range)
                 .into_iter()
                 .filter(|&(_, sequence)| sequence < start_sequence && !is_trusted(sequence))
                 .collect();
-            shared.rebuild_stripes(&run, &stripes, &mut report, &mut progress, &mut save, &mut pace)
-        });
+            rebuilt = shared.rebuild_stripes(&run, &stripes, &mut report, &mut progress, &mut save, &mut pace);
+            if !matches!(rebuilt, Ok(true)) {
+                break;
+            }
+        }
         if matches!(rebuilt, Ok(true)) {
             report.stripes_total = report.stripes_done;
         }

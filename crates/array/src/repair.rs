@@ -171,15 +171,18 @@ impl Shared {
         mut progress: impl FnMut(&ScrubReport) -> bool,
     ) -> Result<ScrubReport, ArrayError> {
         self.deferred.finish()?;
-        // The stripes counted first, then listed and checked a chunk of
-        // slots at a time: a list of every one would cost 16 bytes a
-        // stripe (3 GB at 100 TiB).
-        let slots = self.catalog.index().slots.count();
-        let chunk = self.catalog.walk_chunk();
+        // The stripes on the members when it begins, as a rebuild takes
+        // them (so the total counted and those checked agree whatever
+        // clients write meanwhile): counted first, then listed and checked
+        // a chunk of slots at a time, as a list of every one would cost 16
+        // bytes a stripe (3 GB at 100 TiB).
+        let began = self.lanes.tracker.last_sequence();
+        self.lanes.tracker.wait_written(began);
         let mut total = 0;
-        self.catalog.walk_slots(0..slots, |index, slot, s| {
-            total += u64::from(on_members(index, slot, s))
-        });
+        self.catalog
+            .walk_slots(0..self.stripes.geometry.slot_count(), |index, slot, s| {
+                total += u64::from(on_members(index, slot, s) && s.sequence <= began)
+            });
         let mut report = ScrubReport {
             stripes_total: total,
             ..ScrubReport::default()
@@ -189,9 +192,9 @@ impl Shared {
         };
         let mut throttle = Throttle::new(rate, rate);
         let started = std::time::Instant::now();
-        'chunks: for start in (0..slots).step_by(chunk as usize) {
-            let end = (start + chunk).min(slots);
-            for (slot, _) in stripes_on_members_in(self, start..end) {
+        'chunks: for range in self.catalog.slot_chunks() {
+            let stripes = stripes_on_members_in(self, range);
+            for (slot, _) in stripes.into_iter().filter(|&(_, sequence)| sequence <= began) {
                 let read_before = report.bytes_read;
                 self.scrub_slot(slot, &mut report);
                 report.milliseconds = started.elapsed().as_millis() as u64;

@@ -1299,14 +1299,13 @@ impl SlotTable {
                 true => (start..stop).contains(&slot),
                 false => slot >= start || slot < stop,
             };
-            let window = self.window.iter().flatten().copied();
-            let remembered = search
-                .remembered
-                .iter()
-                .copied()
-                .filter(|slot| self.window.as_ref().is_none_or(|w| !w.contains(slot)));
-            for slot in window.chain(remembered).filter(|&slot| !looked_at(slot)) {
-                let in_window = self.window.as_ref().is_none_or(|w| w.contains(&slot));
+            // (With no window every slot counts as in it.)
+            let window = self.window.iter().flatten().map(|&slot| (slot, true));
+            let remembered = search.remembered.iter().filter_map(|&slot| match &self.window {
+                Some(w) => (!w.contains(&slot)).then_some((slot, false)),
+                None => Some((slot, true)),
+            });
+            for (slot, in_window) in window.chain(remembered).filter(|&(slot, _)| !looked_at(slot)) {
                 scored.extend(score(slot, self.get(slot), in_window));
             }
         }
