@@ -94,7 +94,7 @@ pub const GC_BACKGROUND_LIVE_MAX: f64 = 0.85;
 /// writer waits for it: looking at every used slot took 20 ms at a
 /// million (512 GiB of 8+2 data) and 230 ms at ten million, where rounds
 /// run a hundred times a second on a full array; with this many (and the
-/// window's 8,192), 0.56 ms at any size (PERFORMANCE.md, "Garbage
+/// window's 8,192), 0.32-0.34 ms at any size (PERFORMANCE.md, "Garbage
 /// collection's choice of victims, bounded").
 /// 65,536 did as well in the engine, holding the lock 1.4 ms a round.
 pub const GC_VICTIM_SEARCH_SLOTS: u64 = 16_384;
