@@ -23,21 +23,26 @@
 # for what opening left for later), with the opening and the replay's
 # pages waiting when the writes began, as the server's `status` says.
 #
+# CHUNK sets the chunk size (default 64K; 4K makes many slots: every
+# slot page changes between checkpoints), IO the bytes overwritten
+# (fio's units, e.g. 2G) in place of TIMES the volume.
+#
 #   [TESSERA=path/to/tessera] [PATTERNS="random zipf:1.2"] [GC_MODES="own none"] \
-#     [AFTER_KILL=status|writes] scripts/bench-waf.sh [K M N] [MEMBER_SIZE] [TIMES]
+#     [AFTER_KILL=status|writes] [CHUNK=4K] [IO=2G] scripts/bench-waf.sh [K M N] [MEMBER_SIZE] [TIMES]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 k=${1:-8}; m=${2:-2}; n=${3:-10}; member=${4:-64M}; times=${5:-2}
+chunk=${CHUNK:-64K}; chunk_bytes=$(numfmt --from=iec "$chunk")
 source scripts/bench-lib.sh
 uri="nbd+unix:///tessera?socket=$work/s.sock"
 
-echo "Tessera $k+$m on $n members of $member, 64 KiB chunks, default exported size; random 4 KiB overwrites of ${times}x the volume at QD16; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
-echo "full-stripe floor: $(python3 -c "print(round(($k+$m)/$k*68/64,3))")"
+echo "Tessera $k+$m on $n members of $member, $chunk chunks, default exported size; random 4 KiB overwrites of ${IO:-${times}x the volume} at QD16; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+echo "full-stripe floor: $(python3 -c "print(round(($k+$m)/$k*($chunk_bytes+4096)/$chunk_bytes,3))")"
 printf "%-10s %-10s %6s %8s %8s %12s %9s %6s %9s  %s\n" "pattern" "GC stream" "WAF" "GC/user" "victims" "checkpoints" "ckpt/user" "short" "IOPS" "open after kill -9"
 for dist in ${PATTERNS:-random zipf:1.2}; do
   for gc in ${GC_MODES:-own none}; do
     rm -rf "$work/array"
-    "$TESSERA" create --data "$k" --parity "$m" --dir "$work/array" --devices "$n" --device-size "$member" >/dev/null
+    "$TESSERA" create --data "$k" --parity "$m" --dir "$work/array" --devices "$n" --device-size "$member" --chunk-size "$chunk" >/dev/null
     size=$("$TESSERA" status "$work/array" --json | json_expr "j['logical_bytes']")
     serve
     fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=4 --size="$size" --output-format=json >/dev/null 2>&1
@@ -49,7 +54,7 @@ for dist in ${PATTERNS:-random zipf:1.2}; do
     [ "$dist" != random ] && dist_opt=(--random_distribution="$dist")
     # A failed write (the array full) fails the run: shown, not hidden.
     fio --name=overwrite --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=16 --size="$size" \
-        --io_size=$((size * times)) --norandommap --randseed=3 "${dist_opt[@]}" --output-format=json \
+        --io_size="${IO:-$((size * times))}" --norandommap --randseed=3 "${dist_opt[@]}" --output-format=json \
         >"$work/fio.json" 2>/dev/null || true
     iops=$(json_expr "round(j['jobs'][0]['write']['iops']) if j['jobs'][0]['error'] == 0 else 'error ' + str(j['jobs'][0]['error'])" <"$work/fio.json")
     "$TESSERA" status "$work/array" --json | python3 -c "
@@ -57,11 +62,11 @@ import json,sys
 s=json.load(sys.stdin); u=max(s['user_bytes_written'],1)
 c=s.get('checkpoint_bytes_written', 0)/u
 parts=s.get('checkpoint_parts', {})
-stripe=($k+$m)*(4096+64*1024)
+stripe=($k+$m)*(4096+$chunk_bytes)
 n_ckpt=max(s['checkpoints_written'],1)
 alone=s['checkpoints_root_only']
 stripes=s.get('checkpoint_bytes_written', 0)/stripe
-open('$work/parts.txt', 'w').write('  checkpoints held, stored bytes per client byte: ' + ', '.join(f'{k.replace(\"_\", \" \")} {v/u:.4f}' for k, v in parts.items()) + f'; {alone} roots alone, {stripes/n_ckpt:.2f} stripes a checkpoint, room left unused in them {(stripes*$k*64*1024-sum(v for k, v in parts.items() if k != \"page_images_moved\"))/u:.4f}\\n')
+open('$work/parts.txt', 'w').write('  checkpoints held, stored bytes per client byte: ' + ', '.join(f'{k.replace(\"_\", \" \")} {v/u:.4f}' for k, v in parts.items()) + f'; {alone} roots alone, {stripes/n_ckpt:.2f} stripes a checkpoint, room left unused in them {(stripes*$k*$chunk_bytes-sum(v for k, v in parts.items() if k != \"page_images_moved\"))/u:.4f}; slot pages {parts.get(\"slot_pages\", 0)/max(n_ckpt-alone,1)/1e6:.2f} MB a checkpoint of pages\\n')
 print(f'{\"$dist\":<10} {\"$gc\":<10} {s[\"write_amplification\"]:6.2f} {s[\"gc_bytes_relocated\"]/u:8.2f} {s[\"gc_stripes_collected\"]:8} {str(s[\"checkpoints_written\"]) + (\" (\" + str(s[\"checkpoints_dropped\"]) + \" dropped)\" if s.get(\"checkpoints_dropped\") else \"\"):>12} {c:9.3f} {s[\"short_stripes_sealed\"]:6} {\"$iops\":>9}', end='  ')"
     # Killed as a crash would, then opened: the replay the last
     # checkpoint leaves (its window's headers, the stripes newer than it).

@@ -226,7 +226,8 @@ struct DirWrite {
 struct SlotPageWrite<'a> {
     page: u64,
     entries: &'a [format::SlotEntry],
-    range: Option<Range<usize>>,
+    /// Its stored image, and where it goes (none: it lists no slot).
+    encoded: Option<(Vec<u8>, Range<usize>)>,
 }
 
 /// What a durable checkpoint left to do: the root written (where the
@@ -340,7 +341,7 @@ impl Checkpoints {
         // Every slot table page that lists a slot written.
         let used = index.slots.count() as usize - index.slots.free_count();
         let slot_pages = used.min(index.slots.count().div_ceil(crate::limits::SLOT_TABLE_PAGE_SLOTS) as usize);
-        let slot_images = slot_pages * format::slot_page_image_bytes(0) + format::slot_page_image_bytes(used);
+        let slot_images = slot_pages * format::slot_page_image_bytes_max(0) + format::slot_page_image_bytes_max(used);
         let images = page_images + dir_images + slot_images;
         let image_stripes = images.div_ceil(per_stripe);
         let root = format::checkpoint_bytes(
@@ -1000,15 +1001,17 @@ impl Checkpoints {
             .iter()
             .flat_map(|taken| &taken.pages)
             .map(|(page, entries)| {
-                let range = (!entries.is_empty()).then(|| {
-                    let bytes = format::slot_page_image_bytes(entries.len());
-                    at += bytes;
-                    at - bytes..at
+                // Packed as its values allow: encoded to be sized.
+                let encoded = (!entries.is_empty()).then(|| {
+                    let encoded = format::encode_slot_page_image(*page, entries);
+                    at += encoded.len();
+                    let range = at - encoded.len()..at;
+                    (encoded, range)
                 });
                 SlotPageWrite {
                     page: *page,
                     entries,
-                    range,
+                    encoded,
                 }
             })
             .collect();
@@ -1027,7 +1030,11 @@ impl Checkpoints {
             page_deltas: deltas_bytes,
             page_images_moved: copied.moved_bytes as u64,
             directory_pages: dirs.iter().map(|d| range_bytes(&d.range)).sum(),
-            slot_pages: slot_pages.iter().map(|w| range_bytes(&w.range)).sum(),
+            slot_pages: slot_pages
+                .iter()
+                .flat_map(|w| &w.encoded)
+                .map(|(e, _)| e.len() as u64)
+                .sum(),
             roots: 0,
         };
         let image_stripes = run_bytes.div_ceil(per_stripe);
@@ -1050,10 +1057,12 @@ impl Checkpoints {
                 .filter(|(page, _)| !written_slot_pages.contains(page))
                 .map(|(page, p)| (page, &p.image)),
         );
-        let new = dirs
-            .iter()
-            .filter_map(|d| d.range.clone())
-            .chain(slot_pages.iter().filter_map(|w| w.range.clone()));
+        let new = dirs.iter().filter_map(|d| d.range.clone()).chain(
+            slot_pages
+                .iter()
+                .flat_map(|w| &w.encoded)
+                .map(|(_, range)| range.clone()),
+        );
         let named = kept.clone().count() + new.clone().count();
         let named_pieces = kept.map(|(_, image)| image.pieces.len()).sum::<usize>()
             + new.map(|range| place(range).len()).sum::<usize>();
@@ -1225,12 +1234,11 @@ impl Checkpoints {
                 new: Some(new),
             });
         }
-        for SlotPageWrite { page, entries, range } in slot_pages {
-            let Some(range) = range else {
+        for SlotPageWrite { page, entries, encoded } in slot_pages {
+            let Some((encoded, range)) = encoded else {
                 images.slot_pages.remove(&page);
                 continue;
             };
-            let encoded = format::encode_slot_page_image(page, entries);
             assert_eq!(
                 (run.len(), encoded.len()),
                 (range.start, range.len()),

@@ -156,9 +156,10 @@ const _: () = assert!(EXTENT_BLOCKS_MAX <= u8::MAX as usize);
 
 /// Slots one page of the slot table's durable form holds (a checkpoint
 /// writes only the pages whose slots changed since the last pages were
-/// written, and the root names pages, not slots): 24 bytes a used slot,
-/// so a full page is 24 KiB, and the root's entry for it some 40-100
-/// bytes (`format::SlotEntry`).
+/// written, and the root names pages, not slots): each field packed in
+/// the bits the page's values span (`format::encode_slot_page_image`),
+/// about 9 bytes a used slot of 8+2 (at most 20, plus 187 a page), and
+/// the root's entry for it some 40-100 bytes.
 pub const SLOT_TABLE_PAGE_SLOTS: u64 = 1024;
 
 /// Slot table pages opening reads at once, in parallel on the I/O pool,
