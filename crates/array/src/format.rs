@@ -1255,7 +1255,7 @@ pub fn decode_slot_page_image(stored: &[u8], geometry: &Geometry) -> Result<(u64
     let packed = &bytes[SLOT_PAGE_HEADER_BYTES..];
     let packed_bits = count as usize * stride;
     if packed.len() != packed_bits.div_ceil(8)
-        || (packed_bits % 8 != 0 && packed[packed.len() - 1] >> (packed_bits % 8) != 0)
+        || (!packed_bits.is_multiple_of(8) && packed[packed.len() - 1] >> (packed_bits % 8) != 0)
     {
         return Err(length());
     }
