@@ -1042,12 +1042,12 @@ fn many_slots() -> (Vec<Arc<MemoryDevice>>, Array) {
     (devices, array)
 }
 
-/// 18,000 blocks written in runs of 16 (about 6,000 stripes, listed by
-/// slot pages 0 to 5), a checkpoint, then every fifth run of blocks
-/// 3,200 to 12,000 written again, tagged `tag`: whole stripes of pages 1
-/// to 3 emptied.
-fn runs_then_some_emptied(array: &Array, model: &mut BTreeMap<u64, u64>, tag: u64) {
-    for first in (0..18_000u64).step_by(16) {
+/// `blocks` blocks written in runs of 16 (about a stripe for every
+/// three: 18,000 are listed by slot pages 0 to 5), a checkpoint, then
+/// every fifth run of blocks 3,200 to 12,000 written again, tagged `tag`:
+/// whole stripes of pages 1 to 3 emptied.
+fn runs_then_some_emptied(array: &Array, model: &mut BTreeMap<u64, u64>, tag: u64, blocks: u64) {
+    for first in (0..blocks).step_by(16) {
         write_run(array, model, first, 1);
     }
     array.checkpoint().unwrap();
@@ -1082,7 +1082,7 @@ fn opening_after_a_clean_stop_leaves_slot_pages_for_later() {
     // slots, the lowest free ones, so their pages are read at opening:
     // a page read later with free slots in it is the unit test's,
     // `slots::tests::a_page_read_after_opening_is_as_if_read_at_opening_then_changed`.)
-    runs_then_some_emptied(&array, &mut model, 1);
+    runs_then_some_emptied(&array, &mut model, 1, 18_000);
     array.flush().unwrap();
     array.checkpoint().unwrap();
     array.close().unwrap();
@@ -1325,7 +1325,8 @@ fn a_slot_page_left_for_later_past_repair_fails_what_needs_it() {
     let (devices, array) = many_slots();
     let g = array.geometry().clone();
     let mut model = BTreeMap::new();
-    for first in (0..18_000u64).step_by(16) {
+    // Twelve slot pages, as above.
+    for first in (0..36_000u64).step_by(16) {
         write_run(&array, &mut model, first, 1);
     }
     array.close().unwrap();
@@ -1371,7 +1372,7 @@ fn opening_after_kill_leaves_slot_pages_for_later() {
     let mut model = BTreeMap::new();
     // Replayed after the kill: whole stripes of pages 1 to 3 emptied,
     // single blocks of others overwritten.
-    runs_then_some_emptied(&array, &mut model, 2);
+    runs_then_some_emptied(&array, &mut model, 2, 18_000);
     let mut rng = rand::rngs::StdRng::seed_from_u64(48);
     for _ in 0..200 {
         let lba = rng.gen_range(0..18_000u64);
@@ -1424,7 +1425,9 @@ fn a_slot_page_left_for_later_after_a_kill_past_repair_is_marked_for_the_next_op
     let (devices, array) = many_slots();
     let g = array.geometry().clone();
     let mut model = BTreeMap::new();
-    runs_then_some_emptied(&array, &mut model, 2);
+    // Twelve slot pages: packed, several share a map stripe, and one
+    // stripe must hold only pages opening leaves for later.
+    runs_then_some_emptied(&array, &mut model, 2, 36_000);
     array.flush().unwrap();
     kill(&devices, array);
     let (array, pages) = opened_with_slot_pages_past_repair(&devices, &g);
@@ -1836,8 +1839,11 @@ fn a_page_the_replay_finds_stale_after_opening_is_refused_and_the_next_opening_s
             }
         }
     }
+    // How many are refused depends on where the window's slots were
+    // (54-57% with format 14's smaller slot pages, under half with
+    // format 13's): many must still be read.
     assert!(
-        good > blocks / 2 && refused > 0,
+        good > blocks / 3 && refused > 0,
         "{good} blocks read, {refused} refused"
     );
     let stale_lba = (0..blocks)
@@ -1865,7 +1871,7 @@ fn a_page_the_replay_finds_stale_after_opening_is_refused_and_the_next_opening_s
 /// refuses the checkpoint and scans every slot.
 #[test]
 fn a_page_the_replay_finds_stale_while_opening_sends_it_to_the_scan() {
-    let (devices, array, _, blocks, tags, held) = full_array_overwritten_past_a_checkpoint(true, 30_000);
+    let (devices, array, _, blocks, tags, held) = full_array_overwritten_past_a_checkpoint(true, 100_000);
     killed_with_window_stripes_erased(&devices, array, &held);
     opened_by_the_scan_after_a_stale_map(&devices, blocks, &tags);
 }
