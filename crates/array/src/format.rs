@@ -1089,6 +1089,11 @@ fn slot_page_fields(e: &SlotEntry) -> [u64; SLOT_PAGE_COLUMNS] {
 /// page. Each field from its smallest value, as wide as its values span.
 pub fn encode_slot_page_image(page: u64, entries: &[SlotEntry]) -> Vec<u8> {
     let first = page * crate::limits::SLOT_TABLE_PAGE_SLOTS;
+    // The bitmap says which slots, the entries' order which is which.
+    debug_assert!(
+        entries.windows(2).all(|w| w[0].slot < w[1].slot),
+        "slots in order, once each"
+    );
     let mut columns = [(u64::MAX, 0u64); SLOT_PAGE_COLUMNS];
     for e in entries {
         debug_assert_eq!(e.slot / crate::limits::SLOT_TABLE_PAGE_SLOTS, page);
@@ -1146,18 +1151,19 @@ impl BitWriter {
         debug_assert!(width == 64 || value >> width == 0);
         self.pending |= u128::from(value) << self.bits;
         self.bits += u32::from(width);
-        while self.bits >= 8 {
-            self.out.push(self.pending as u8);
-            self.pending >>= 8;
-            self.bits -= 8;
+        // Eight bytes at a time (fewer than 64 bits wait, and a value
+        // of up to 64 more still fits).
+        if self.bits >= 64 {
+            self.out.extend_from_slice(&(self.pending as u64).to_le_bytes());
+            self.pending >>= 64;
+            self.bits -= 64;
         }
     }
 
     /// The bytes, the last one's unused bits zero.
     fn finish(mut self) -> Vec<u8> {
-        if self.bits > 0 {
-            self.out.push(self.pending as u8);
-        }
+        let bytes = self.bits.div_ceil(8) as usize;
+        self.out.extend_from_slice(&self.pending.to_le_bytes()[..bytes]);
         self.out
     }
 }
