@@ -137,6 +137,33 @@ impl Catalog {
         }
     }
 
+    /// The slots of `range` that `keep` takes, with their sequences, in
+    /// order (walked as `walk_slots` walks): one chunk's list for a scrub,
+    /// a rebuild or a heal.
+    pub fn slots_where(
+        &self,
+        range: std::ops::Range<u64>,
+        keep: impl Fn(&Index, u64, &crate::slots::Slot) -> bool,
+    ) -> Vec<(u64, u64)> {
+        let mut kept = Vec::new();
+        self.walk_slots(range, |index, slot, s| {
+            if keep(index, slot, s) {
+                kept.push((slot, s.sequence));
+            }
+        });
+        kept
+    }
+
+    /// How many of the array's slots `keep` takes (walked as `walk_slots`
+    /// walks): counted, not listed.
+    pub fn count_where(&self, keep: impl Fn(&Index, u64, &crate::slots::Slot) -> bool) -> u64 {
+        let mut count = 0;
+        self.walk_slots(0..self.stripes.geometry.slot_count(), |index, slot, s| {
+            count += u64::from(keep(index, slot, s));
+        });
+        count
+    }
+
     /// The index, to change.
     pub fn index_mut(&self) -> RwLockWriteGuard<'_, Index> {
         self.index.write().unwrap_or_else(|p| p.into_inner())

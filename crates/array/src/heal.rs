@@ -74,29 +74,6 @@ impl Array {
 }
 
 impl Shared {
-    /// Sealed data stripes in the slots of `range`, up to sequence
-    /// `through`, with a chunk on a member that is out.
-    fn degraded_stripes(&self, range: std::ops::Range<u64>, through: u64) -> Vec<u64> {
-        let mut degraded = Vec::new();
-        self.catalog.walk_slots(range, |index, slot, s| {
-            if self.degraded(index, slot, s) && s.sequence <= through {
-                degraded.push(slot);
-            }
-        });
-        degraded
-    }
-
-    /// How many stripes up to sequence `through` those are in the array:
-    /// counted a chunk of slots at a time, not listed.
-    fn degraded_count(&self, through: u64) -> u64 {
-        let mut count = 0;
-        self.catalog
-            .walk_slots(0..self.stripes.geometry.slot_count(), |index, slot, s| {
-                count += u64::from(self.degraded(index, slot, s) && s.sequence <= through)
-            });
-        count
-    }
-
     /// Whether `slot` (`s`) holds a sealed data stripe, written, with a
     /// chunk on a member that is out.
     fn degraded(&self, index: &crate::index::Index, slot: u64, s: &crate::slots::Slot) -> bool {
@@ -133,8 +110,11 @@ impl Shared {
         // listed and healed a chunk of slots at a time.
         let began = self.lanes.tracker.last_sequence();
         self.lanes.tracker.wait_written(began);
+        let there = |index: &crate::index::Index, slot, s: &crate::slots::Slot| {
+            self.degraded(index, slot, s) && s.sequence <= began
+        };
         let mut report = HealReport {
-            stripes_total: self.degraded_count(began),
+            stripes_total: self.catalog.count_where(there),
             ..HealReport::default()
         };
         let Ok(_running) = self.jobs.heal.begin(report) else {
@@ -142,7 +122,12 @@ impl Shared {
         };
         let mut throttle = Throttle::new(rate, rate);
         let batches = self.catalog.slot_chunks().flat_map(|range| {
-            let victims = self.degraded_stripes(range, began);
+            let victims: Vec<u64> = self
+                .catalog
+                .slots_where(range, there)
+                .into_iter()
+                .map(|(slot, _)| slot)
+                .collect();
             victims.chunks(HEAL_BATCH).map(<[u64]>::to_vec).collect::<Vec<_>>()
         });
         for batch in batches {
@@ -184,7 +169,7 @@ impl Shared {
         if report.stripes_healed > 0 {
             let _ = self.checkpoints.checkpoint();
         }
-        report.stripes_degraded = self.degraded_count(u64::MAX);
+        report.stripes_degraded = self.catalog.count_where(|index, slot, s| self.degraded(index, slot, s));
         report.milliseconds = started.elapsed().as_millis() as u64;
         self.events.record(crate::events::What::HealEnded {
             stripes_healed: report.stripes_healed,

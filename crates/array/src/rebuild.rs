@@ -67,7 +67,7 @@ use crate::events::What;
 use crate::format::ChunkHeader;
 use crate::format::SECTOR_BYTES;
 use crate::members::MemberState;
-use crate::repair::{stripes_on_members_in, Throttle};
+use crate::repair::{on_members, Throttle};
 use crate::slots::{Pinned, SlotState};
 use crate::stripe::Which;
 
@@ -241,7 +241,7 @@ impl Array {
         let is_trusted = |sequence: u64| trusted.is_some_and(|through| sequence <= through);
         let (mut held, mut work) = (0, 0);
         shared.catalog.walk_slots(0..g.slot_count(), |index, slot, s| {
-            if crate::repair::on_members(index, slot, s) && s.sequence < start_sequence {
+            if on_members(index, slot, s) && s.sequence < start_sequence {
                 match is_trusted(s.sequence) {
                     true => held += 1,
                     false => work += 1,
@@ -262,10 +262,9 @@ impl Array {
         let mut pace = Pace::new(options);
         let mut rebuilt = Ok(true);
         for range in shared.catalog.slot_chunks() {
-            let stripes: Vec<(u64, u64)> = stripes_on_members_in(shared, range)
-                .into_iter()
-                .filter(|&(_, sequence)| sequence < start_sequence && !is_trusted(sequence))
-                .collect();
+            let stripes = shared.catalog.slots_where(range, |index, slot, s| {
+                on_members(index, slot, s) && s.sequence < start_sequence && !is_trusted(s.sequence)
+            });
             rebuilt = shared.rebuild_stripes(&run, &stripes, &mut report, &mut progress, &mut save, &mut pace);
             if !matches!(rebuilt, Ok(true)) {
                 break;

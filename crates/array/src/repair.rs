@@ -135,22 +135,9 @@ impl<T: Copy> Drop for RunningGuard<'_, T> {
     }
 }
 
-/// Slots of `range` whose stripes are on the members (sealed data or a
-/// checkpoint's), with their sequences: what a scrub checks and a rebuild
-/// rewrites, a chunk at a time (walked a chunk per hold of the index's
-/// lock).
-pub(crate) fn stripes_on_members_in(shared: &Shared, range: std::ops::Range<u64>) -> Vec<(u64, u64)> {
-    let mut stripes = Vec::new();
-    shared.catalog.walk_slots(range, |index, slot, s| {
-        if on_members(index, slot, s) {
-            stripes.push((slot, s.sequence));
-        }
-    });
-    stripes
-}
-
 /// Whether `slot` (`s`) holds a stripe on the members: sealed data or a
-/// checkpoint's, not one still being written.
+/// checkpoint's, not one still being written. What a scrub checks and a
+/// rebuild rewrites.
 pub(crate) fn on_members(index: &Index, slot: u64, s: &Slot) -> bool {
     matches!(s.state, SlotState::Sealed | SlotState::Checkpoint) && !index.resident.contains_key(&slot)
 }
@@ -178,13 +165,9 @@ impl Shared {
         // bytes a stripe (3 GB at 100 TiB).
         let began = self.lanes.tracker.last_sequence();
         self.lanes.tracker.wait_written(began);
-        let mut total = 0;
-        self.catalog
-            .walk_slots(0..self.stripes.geometry.slot_count(), |index, slot, s| {
-                total += u64::from(on_members(index, slot, s) && s.sequence <= began)
-            });
+        let there = |index: &Index, slot, s: &Slot| on_members(index, slot, s) && s.sequence <= began;
         let mut report = ScrubReport {
-            stripes_total: total,
+            stripes_total: self.catalog.count_where(there),
             ..ScrubReport::default()
         };
         let Ok(_running) = self.jobs.scrub.begin(report) else {
@@ -193,8 +176,7 @@ impl Shared {
         let mut throttle = Throttle::new(rate, rate);
         let started = std::time::Instant::now();
         'chunks: for range in self.catalog.slot_chunks() {
-            let stripes = stripes_on_members_in(self, range);
-            for (slot, _) in stripes.into_iter().filter(|&(_, sequence)| sequence <= began) {
+            for (slot, _) in self.catalog.slots_where(range, there) {
                 let read_before = report.bytes_read;
                 self.scrub_slot(slot, &mut report);
                 report.milliseconds = started.elapsed().as_millis() as u64;

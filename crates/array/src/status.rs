@@ -254,13 +254,12 @@ impl Shared {
         // Degraded stripes are walked for only while a member is out, a
         // chunk of slots per hold of the index's lock.
         let out = (0..self.stripes.members.count()).any(|m| !self.stripes.members.is_readable(m));
-        let mut degraded = 0;
-        if out {
-            self.catalog
-                .walk_slots(0..self.stripes.geometry.slot_count(), |_, slot, s| {
-                    degraded += u64::from(s.state != SlotState::Free && !self.stripes.all_healthy(slot));
-                });
-        }
+        let degraded = match out {
+            true => self
+                .catalog
+                .count_where(|_, slot, s| s.state != SlotState::Free && !self.stripes.all_healthy(slot)),
+            false => 0,
+        };
         let user = load(&c.user_bytes_written);
         let member = load(&c.member_bytes_written);
         let log_bytes = load(&c.log_bytes_written);
