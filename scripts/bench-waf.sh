@@ -66,7 +66,7 @@ stripe=($k+$m)*(4096+$chunk_bytes)
 n_ckpt=max(s['checkpoints_written'],1)
 alone=s['checkpoints_root_only']
 stripes=s.get('checkpoint_bytes_written', 0)/stripe
-open('$work/parts.txt', 'w').write('  checkpoints held, stored bytes per client byte: ' + ', '.join(f'{k.replace(\"_\", \" \")} {v/u:.4f}' for k, v in parts.items()) + f'; {alone} roots alone, {stripes/n_ckpt:.2f} stripes a checkpoint, room left unused in them {(stripes*$k*$chunk_bytes-sum(v for k, v in parts.items() if k != \"page_images_moved\"))/u:.4f}; slot pages {parts.get(\"slot_pages\", 0)/max(n_ckpt-alone,1)/1e6:.2f} MB a checkpoint of pages\\n')
+open('$work/parts.txt', 'w').write('  checkpoints held, stored bytes per client byte: ' + ', '.join(f'{k.replace(\"_\", \" \")} {v/u:.4f}' for k, v in parts.items()) + f'; {alone} roots alone, {stripes/n_ckpt:.2f} stripes a checkpoint, room left unused in them {(stripes*$k*$chunk_bytes-sum(v for k, v in parts.items() if k != \"page_images_moved\"))/u:.4f}; slot pages and their deltas {(parts.get(\"slot_pages\", 0)+parts.get(\"slot_page_deltas\", 0))/max(n_ckpt-alone,1)/1e6:.2f} MB a checkpoint of pages\\n')
 print(f'{\"$dist\":<10} {\"$gc\":<10} {s[\"write_amplification\"]:6.2f} {s[\"gc_bytes_relocated\"]/u:8.2f} {s[\"gc_stripes_collected\"]:8} {str(s[\"checkpoints_written\"]) + (\" (\" + str(s[\"checkpoints_dropped\"]) + \" dropped)\" if s.get(\"checkpoints_dropped\") else \"\"):>12} {c:9.3f} {s[\"short_stripes_sealed\"]:6} {\"$iops\":>9}', end='  ')"
     # Killed as a crash would, then opened: the replay the last
     # checkpoint leaves (its window's headers, the stripes newer than it).

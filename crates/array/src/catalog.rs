@@ -736,9 +736,9 @@ impl Catalog {
         let read = self.read_slot_pages(pages).map_err(unreadable)?;
         // A hold of the index a page (1,024 slots), not a batch: clients
         // go on between.
-        for (page, entries) in read {
+        for (page, entries, changed) in read {
             let mut index = self.index_mut();
-            let emptied = index.slots.restore_unread(page, &entries).map_err(|fault| {
+            let emptied = index.slots.restore_unread(page, &entries, &changed).map_err(|fault| {
                 unreadable(CheckpointFault::SlotPage {
                     page,
                     source: Box::new(unreadable(fault)),
@@ -753,11 +753,12 @@ impl Catalog {
     }
     /// Slot table pages a root names, read from its map stripes (whose
     /// slots the table knows) in parallel on the I/O pool, each checked
-    /// against its number.
+    /// against its number, and each taken with its delta where it has
+    /// one: the page's entries then, and the slots its delta changed.
     pub fn read_slot_pages(
         &self,
         pages: &[(u64, Arc<PageImage>)],
-    ) -> Result<Vec<(u64, Vec<SlotEntry>)>, CheckpointFault> {
+    ) -> Result<Vec<(u64, Vec<SlotEntry>, Vec<u64>)>, CheckpointFault> {
         let read = |(page, image): &(u64, Arc<PageImage>)| {
             let page = *page;
             let unreadable = |source| CheckpointFault::SlotPage {
@@ -766,14 +767,25 @@ impl Catalog {
             };
             let stored = self.read_page_image(page, image).map_err(unreadable)?;
             let (number, entries) = crate::format::decode_slot_page_image(&stored, &self.stripes.geometry)?;
+            let wrong =
+                |what, field, value| CheckpointFault::Format(crate::format::FormatError::Field { what, field, value });
             if number != page {
-                return Err(CheckpointFault::Format(crate::format::FormatError::Field {
-                    what: "slot table page",
-                    field: "number",
-                    value: number,
-                }));
+                return Err(wrong("slot table page", "number", number));
             }
-            Ok((page, entries))
+            let Some(delta) = &image.delta else {
+                return Ok((page, entries, Vec::new()));
+            };
+            let stored = self.read_page_image(page, delta).map_err(unreadable)?;
+            let delta = crate::format::decode_slot_delta_image(&stored, &self.stripes.geometry)?;
+            if delta.page != page {
+                return Err(wrong("slot table page delta", "number", delta.page));
+            }
+            // A page listing no slot is not named.
+            let entries = delta.over(&entries);
+            if entries.is_empty() {
+                return Err(wrong("slot table page delta", "entries", 0));
+            }
+            Ok((page, entries, delta.changed))
         };
         self.read_each(pages.iter().collect(), true, read)
     }

@@ -103,7 +103,11 @@ pub struct CheckpointParts {
     #[serde(default)]
     pub page_images_moved: u64,
     pub directory_pages: u64,
+    /// Slot table pages written whole.
     pub slot_pages: u64,
+    /// Slot table pages written as deltas over their images.
+    #[serde(default)]
+    pub slot_page_deltas: u64,
     pub roots: u64,
 }
 
@@ -226,8 +230,11 @@ struct DirWrite {
 struct SlotPageWrite<'a> {
     page: u64,
     entries: &'a [format::SlotEntry],
-    /// Its stored image, and where it goes (none: it lists no slot).
+    /// Its stored image or delta, and where it goes (none: it lists no slot).
     encoded: Option<(Vec<u8>, Range<usize>)>,
+    /// For a delta over its durable image, the bytes the deltas over that
+    /// image took with this one (`SlotPageImage::deltas`).
+    deltas: Option<u32>,
 }
 
 /// What a durable checkpoint left to do: the root written (where the
@@ -242,6 +249,8 @@ struct Written {
     pages: Vec<(u64, Option<Arc<PageImage>>)>,
     /// The slots its window names (where stripes newer than its sequence may be).
     replay: BTreeSet<u64>,
+    /// The slot pages written as deltas over their images.
+    slot_deltas: BTreeSet<u64>,
 }
 
 /// The checkpoint layer, over the lanes, the intent log and the work
@@ -338,7 +347,8 @@ impl Checkpoints {
         let dir_images = format::directory_image_bytes(g.checksum, pages, pages + page_stripes)
             + format::directory_deltas_bytes(g.checksum, pages, pages + page_stripes)
             + dirs * format::directory_image_bytes(g.checksum, 0, 0);
-        // Every slot table page that lists a slot written.
+        // Every slot table page that lists a slot written, each whole or
+        // a delta (no larger than the page whole) over an image that stays.
         let used = index.slots.count() as usize - index.slots.free_count();
         let slot_pages = used.min(index.slots.count().div_ceil(crate::limits::SLOT_TABLE_PAGE_SLOTS) as usize);
         let slot_images = slot_pages * format::slot_page_image_bytes_max(0) + format::slot_page_image_bytes_max(used);
@@ -350,7 +360,8 @@ impl Checkpoints {
             index.slots.count() as usize,
             used + image_stripes,
             dirs + slot_pages,
-            dirs + slot_pages + image_stripes,
+            slot_pages,
+            dirs + 2 * slot_pages + image_stripes,
             crate::volume::VOLUME_COUNT_MAX,
         );
         RootStripes::behind(g.checksum, per_stripe, images, root).map_or(image_stripes, |r| r.end()) + 1
@@ -555,8 +566,12 @@ impl Checkpoints {
         match self.write_checkpoint(checkpoint, &mut window, replay, &durable.images, changes) {
             Ok(Some(written)) => {
                 let mut index = self.catalog.index_mut();
-                for (page, entries) in slot_pages.iter().flat_map(|taken| &taken.pages) {
-                    index.slots.page_durable(*page, entries);
+                for taken in slot_pages.iter().flat_map(|taken| &taken.pages) {
+                    index.slots.page_durable(taken.page, &taken.entries);
+                    // A delta lists them again next time.
+                    if written.slot_deltas.contains(&taken.page) {
+                        index.slots.still_changed(&taken.changed);
+                    }
                 }
                 index.slots.set_window(Some(window.clone()));
                 // Every stripe taken early is named now: in the window, or
@@ -716,12 +731,9 @@ impl Checkpoints {
             .iter()
             .map(|&page| (page, old[&page].clone().expect("a page taken as a delta has an image")))
             .collect();
-        // The map stripes this checkpoint empties.
-        let slot_pages_replaced = slot_pages
-            .iter()
-            .flatten()
-            .filter_map(|page| images.slot_pages.get(page))
-            .map(|p| &p.image);
+        // The map stripes this checkpoint empties (what it does with the
+        // slot pages' images, whole or a delta over them, it decides as
+        // it writes them: `write_checkpoint`).
         // A page's image and delta, unless a delta is written over the
         // image (then its delta alone).
         let pages_replaced = old
@@ -738,7 +750,6 @@ impl Checkpoints {
         let others_replaced = dirs
             .iter()
             .filter_map(|dir| images.dirs.get(dir))
-            .chain(slot_pages_replaced)
             .flat_map(|image| image.pieces.iter());
         for piece in pages_replaced.chain(others_replaced) {
             *live.get_mut(&piece.slot).expect("a piece is in a listed map stripe") -= u64::from(piece.bytes);
@@ -996,22 +1007,64 @@ impl Checkpoints {
             });
             dirs.push(DirWrite { dir, old, range });
         }
-        // Then the slot table's pages taken, each where it goes.
+        // Then the slot table's pages taken, each where it goes: as a
+        // delta over its durable image while the deltas since that image
+        // take no more than the page would whole (FORMAT.md, "Slot page
+        // deltas"), else whole. Packed as their values allow: encoded to
+        // be sized.
         let slot_pages: Vec<SlotPageWrite> = taken_slot_pages
             .iter()
             .flat_map(|taken| &taken.pages)
-            .map(|(page, entries)| {
-                // Packed as its values allow: encoded to be sized.
-                let encoded = (!entries.is_empty()).then(|| {
-                    let encoded = format::encode_slot_page_image(*page, entries);
+            .map(|taken| {
+                let page = taken.page;
+                let mut deltas = None;
+                let encoded = (!taken.entries.is_empty()).then(|| {
+                    let whole = format::encode_slot_page_image(page, &taken.entries);
+                    let over = durable
+                        .slot_pages
+                        .get(&page)
+                        .filter(|_| !taken.whole && !taken.changed.is_empty());
+                    let encoded = match over {
+                        Some(over) => {
+                            let listed: Vec<format::SlotEntry> = taken
+                                .entries
+                                .iter()
+                                .filter(|e| taken.changed.binary_search(&e.slot).is_ok())
+                                .copied()
+                                .collect();
+                            let delta = format::encode_slot_delta_image(page, &taken.changed, &listed);
+                            let sum = over.deltas as usize + delta.len();
+                            match sum <= whole.len() {
+                                true => {
+                                    deltas = Some(sum as u32);
+                                    delta
+                                }
+                                false => whole,
+                            }
+                        }
+                        None => whole,
+                    };
                     at += encoded.len();
                     let range = at - encoded.len()..at;
                     (encoded, range)
                 });
+                // What it replaces: a delta only its image's delta, else
+                // its image and delta.
+                if let Some(over) = durable.slot_pages.get(&page) {
+                    let replaced: Vec<&ImagePiece> = match deltas {
+                        Some(_) => over.image.delta.iter().flat_map(|d| d.pieces.iter()).collect(),
+                        None => over.image.all_pieces().collect(),
+                    };
+                    for piece in replaced {
+                        *live.get_mut(&piece.slot).expect("a piece is in a listed map stripe") -=
+                            u64::from(piece.bytes);
+                    }
+                }
                 SlotPageWrite {
-                    page: *page,
-                    entries,
+                    page,
+                    entries: &taken.entries,
                     encoded,
+                    deltas,
                 }
             })
             .collect();
@@ -1032,6 +1085,13 @@ impl Checkpoints {
             directory_pages: dirs.iter().map(|d| range_bytes(&d.range)).sum(),
             slot_pages: slot_pages
                 .iter()
+                .filter(|w| w.deltas.is_none())
+                .flat_map(|w| &w.encoded)
+                .map(|(e, _)| e.len() as u64)
+                .sum(),
+            slot_page_deltas: slot_pages
+                .iter()
+                .filter(|w| w.deltas.is_some())
                 .flat_map(|w| &w.encoded)
                 .map(|(e, _)| e.len() as u64)
                 .sum(),
@@ -1063,9 +1123,17 @@ impl Checkpoints {
                 .flat_map(|w| &w.encoded)
                 .map(|(_, range)| range.clone()),
         );
+        // A delta written names its durable image's pieces too.
+        let bases = slot_pages
+            .iter()
+            .filter(|w| w.deltas.is_some())
+            .map(|w| durable.slot_pages[&w.page].image.pieces.len());
         let named = kept.clone().count() + new.clone().count();
-        let named_pieces = kept.map(|(_, image)| image.pieces.len()).sum::<usize>()
-            + new.map(|range| place(range).len()).sum::<usize>();
+        let deltas = kept.clone().filter(|(_, image)| image.delta.is_some()).count()
+            + slot_pages.iter().filter(|w| w.deltas.is_some()).count();
+        let named_pieces = kept.map(|(_, image)| image.all_pieces().count()).sum::<usize>()
+            + new.map(|range| place(range).len()).sum::<usize>()
+            + bases.sum::<usize>();
         let map_stripes = live.len() + image_stripes;
         let root_bytes = |checkpoint: &Checkpoint| {
             format::checkpoint_bytes(
@@ -1074,6 +1142,7 @@ impl Checkpoints {
                 checkpoint.window.len(),
                 map_stripes,
                 named,
+                deltas,
                 named_pieces,
                 checkpoint.volumes.len(),
             )
@@ -1234,7 +1303,14 @@ impl Checkpoints {
                 new: Some(new),
             });
         }
-        for SlotPageWrite { page, entries, encoded } in slot_pages {
+        let mut slot_deltas = BTreeSet::new();
+        for SlotPageWrite {
+            page,
+            entries,
+            encoded,
+            deltas,
+        } in slot_pages
+        {
             let Some((encoded, range)) = encoded else {
                 images.slot_pages.remove(&page);
                 continue;
@@ -1244,19 +1320,28 @@ impl Checkpoints {
                 (range.start, range.len()),
                 "slot page {page} as sized"
             );
-            let image = PageImage {
-                bytes: encoded.len() as u32,
-                digest: algorithm.digest(&encoded),
-                pieces: with_slots(place(range)),
-                delta: None,
-            };
+            let written = PageImage::whole(
+                encoded.len() as u32,
+                algorithm.digest(&encoded),
+                with_slots(place(range)),
+            );
             run.extend_from_slice(&encoded);
-            let kept = format::SlotPageImage::kept_of(entries);
+            let image = match deltas {
+                Some(_) => {
+                    slot_deltas.insert(page);
+                    PageImage {
+                        delta: Some(Arc::new(written)),
+                        ..PageImage::clone(&durable.slot_pages[&page].image)
+                    }
+                }
+                None => written,
+            };
             images.slot_pages.insert(
                 page,
                 format::SlotPageImage {
                     image: Arc::new(image),
-                    kept,
+                    kept: format::SlotPageImage::kept_of(entries),
+                    deltas: deltas.unwrap_or(0),
                 },
             );
         }
@@ -1319,6 +1404,7 @@ impl Checkpoints {
             Counters::add(&c.checkpoint_page_moved_bytes, parts.page_images_moved);
             Counters::add(&c.checkpoint_directory_bytes, parts.directory_pages);
             Counters::add(&c.checkpoint_slot_page_bytes, parts.slot_pages);
+            Counters::add(&c.checkpoint_slot_delta_bytes, parts.slot_page_deltas);
             Counters::add(&c.checkpoint_root_bytes, parts.roots);
         }
         let reference = CheckpointRef {
@@ -1358,6 +1444,7 @@ impl Checkpoints {
             replay,
             dirs: updates,
             pages,
+            slot_deltas,
         }))
     }
 

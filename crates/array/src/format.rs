@@ -87,7 +87,7 @@ pub const CHECKPOINT_MAGIC: [u8; 8] = *b"TSRCHKPT";
 /// a checkpoint directory, which version 5 has as fields). Version 2
 /// added the version of the write to every record, a CRC32C per 4 KiB
 /// block to raw extents. Arrays of any other version are refused by it.
-pub const FORMAT_VERSION: u32 = 14;
+pub const FORMAT_VERSION: u32 = 15;
 /// The CRC32C of a sector covers its first 4092 bytes and sits in the last 4.
 const CRC_OFFSET: usize = SECTOR_BYTES - 4;
 
@@ -988,8 +988,14 @@ impl PageImage {
 /// slots of the pages it has not read yet from these.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SlotPageImage {
+    /// Its image, and the delta over it if one was written since
+    /// (`encode_slot_delta_image`).
     pub image: std::sync::Arc<PageImage>,
     pub kept: u32,
+    /// Stored bytes of the deltas written over the image since it was,
+    /// the one named included (0 without one): a page whose next delta
+    /// would bring this past its whole image is written whole again.
+    pub deltas: u32,
 }
 
 impl SlotPageImage {
@@ -1065,10 +1071,26 @@ const COUNTS_VOLUME_BYTES: usize = 24;
 /// random overwrites every page of a large array changes between
 /// checkpoints (docs/PERFORMANCE.md, "Slot pages packed").
 pub const SLOT_PAGE_MAGIC: [u8; 8] = *b"TSRSLOTP";
+/// A delta over a slot page's image: its header, columns and slots
+/// listed as a page's, then the slots changed since the image was
+/// written, a bit each (those listed among them), then the entries.
+///
+/// ```text
+///   0 magic "TSRSLOTD"   8 slot page number u64   16 entries u32   20 reserved u32
+///  24 columns, as a page's   51 the slots listed [128]   179 the slots changed [128]
+/// 307 entries, as a page's
+/// ```
+///
+/// The page is its image with each slot changed as the delta lists it
+/// (a slot changed and not listed is not listed). A delta holds every
+/// slot changed since the image, not since the last delta: a page is its
+/// image and one delta at most.
+pub const SLOT_DELTA_MAGIC: [u8; 8] = *b"TSRSLOTD";
 const SLOT_PAGE_COLUMNS: usize = 3;
 const SLOT_PAGE_COLUMNS_AT: usize = 24;
 const SLOT_PAGE_LISTED_AT: usize = SLOT_PAGE_COLUMNS_AT + 9 * SLOT_PAGE_COLUMNS;
-const SLOT_PAGE_HEADER_BYTES: usize = SLOT_PAGE_LISTED_AT + crate::limits::SLOT_TABLE_PAGE_SLOTS as usize / 8;
+const SLOT_BITMAP_BYTES: usize = crate::limits::SLOT_TABLE_PAGE_SLOTS as usize / 8;
+const SLOT_PAGE_HEADER_BYTES: usize = SLOT_PAGE_LISTED_AT + SLOT_BITMAP_BYTES;
 /// A packed entry's bits at most: map pieces u32, sequence u64, live u64.
 const SLOT_PAGE_ENTRY_BITS_MAX: usize = 32 + 64 + 64;
 const SLOT_PAGE_FIELD_BITS: [u8; SLOT_PAGE_COLUMNS] = [32, 64, 64];
@@ -1080,6 +1102,11 @@ pub fn slot_page_image_bytes_max(entries: usize) -> usize {
     STORED_IMAGE_HEADER_BYTES + SLOT_PAGE_HEADER_BYTES + (entries * SLOT_PAGE_ENTRY_BITS_MAX).div_ceil(8)
 }
 
+/// Stored bytes a delta over a slot page of `entries` entries takes at most.
+pub fn slot_delta_image_bytes_max(entries: usize) -> usize {
+    slot_page_image_bytes_max(entries) + SLOT_BITMAP_BYTES
+}
+
 /// An entry's fields, in the columns' order.
 fn slot_page_fields(e: &SlotEntry) -> [u64; SLOT_PAGE_COLUMNS] {
     [u64::from(e.pieces), e.sequence, e.live]
@@ -1088,6 +1115,49 @@ fn slot_page_fields(e: &SlotEntry) -> [u64; SLOT_PAGE_COLUMNS] {
 /// Slot page `page`'s stored image; `entries` are in slot order, in the
 /// page. Each field from its smallest value, as wide as its values span.
 pub fn encode_slot_page_image(page: u64, entries: &[SlotEntry]) -> Vec<u8> {
+    encode_slot_entries(SLOT_PAGE_MAGIC, page, entries, None)
+}
+
+/// The delta over slot page `page`'s image: the slots that changed since
+/// the image was written (`changed`, in order, in the page) and the
+/// entries of those the page lists now (`entries`, among them).
+pub fn encode_slot_delta_image(page: u64, changed: &[u64], entries: &[SlotEntry]) -> Vec<u8> {
+    let first = page * crate::limits::SLOT_TABLE_PAGE_SLOTS;
+    debug_assert!(!changed.is_empty() && changed.windows(2).all(|w| w[0] < w[1]));
+    debug_assert!(entries.iter().all(|e| changed.binary_search(&e.slot).is_ok()));
+    encode_slot_entries(
+        SLOT_DELTA_MAGIC,
+        page,
+        entries,
+        Some(&slot_bitmap(first, changed.iter().copied())),
+    )
+}
+
+/// The slots of a page of slot `first` on, a bit each.
+fn slot_bitmap(first: u64, slots: impl Iterator<Item = u64>) -> [u8; SLOT_BITMAP_BYTES] {
+    let mut bitmap = [0u8; SLOT_BITMAP_BYTES];
+    for slot in slots {
+        let k = (slot - first) as usize;
+        bitmap[k / 8] |= 1 << (k % 8);
+    }
+    bitmap
+}
+
+/// The slots a bitmap of a page of slot `first` on holds, in order.
+fn bitmap_slots(first: u64, bitmap: &[u8]) -> impl Iterator<Item = u64> + '_ {
+    (0..bitmap.len() * 8)
+        .filter(move |k| bitmap[k / 8] >> (k % 8) & 1 == 1)
+        .map(move |k| first + k as u64)
+}
+
+/// A slot page's or a delta's stored image: its header, its columns, the
+/// slots it lists, for a delta the slots changed, then the entries.
+fn encode_slot_entries(
+    magic: [u8; 8],
+    page: u64,
+    entries: &[SlotEntry],
+    changed: Option<&[u8; SLOT_BITMAP_BYTES]>,
+) -> Vec<u8> {
     let first = page * crate::limits::SLOT_TABLE_PAGE_SLOTS;
     // The bitmap says which slots, the entries' order which is which.
     debug_assert!(
@@ -1106,18 +1176,17 @@ pub fn encode_slot_page_image(page: u64, entries: &[SlotEntry]) -> Vec<u8> {
         false => (low, (64 - (high - low).leading_zeros()) as u8),
     });
     let stride: usize = columns.iter().map(|&(_, width)| usize::from(width)).sum();
-    let bytes = STORED_IMAGE_HEADER_BYTES + SLOT_PAGE_HEADER_BYTES + (entries.len() * stride).div_ceil(8);
-    let mut out = begin_raw_image(bytes, SLOT_PAGE_MAGIC, page, entries.len());
+    let header = SLOT_PAGE_HEADER_BYTES + changed.map_or(0, |c| c.len());
+    let bytes = STORED_IMAGE_HEADER_BYTES + header + (entries.len() * stride).div_ceil(8);
+    let mut out = begin_raw_image(bytes, magic, page, entries.len());
     for (base, width) in columns {
         out.extend_from_slice(&base.to_le_bytes());
         out.push(width);
     }
-    let mut listed = [0u8; crate::limits::SLOT_TABLE_PAGE_SLOTS as usize / 8];
-    for e in entries {
-        let k = (e.slot - first) as usize;
-        listed[k / 8] |= 1 << (k % 8);
+    out.extend_from_slice(&slot_bitmap(first, entries.iter().map(|e| e.slot)));
+    if let Some(changed) = changed {
+        out.extend_from_slice(changed);
     }
-    out.extend_from_slice(&listed);
     let mut bits = BitWriter::new(out);
     for e in entries {
         for ((base, width), value) in columns.iter().zip(slot_page_fields(e)) {
@@ -1231,22 +1300,73 @@ fn begin_raw_image(bytes: usize, magic: [u8; 8], number: u64, entries: usize) ->
 /// exactly what they pack into, each entry with a sequence or pieces, and
 /// live bytes only where pieces point.
 pub fn decode_slot_page_image(stored: &[u8], geometry: &Geometry) -> Result<(u64, Vec<SlotEntry>), FormatError> {
-    const WHAT: &str = "slot table page";
-    let field = |field, value: u64| FormatError::Field {
-        what: WHAT,
-        field,
-        value,
+    let (page, entries, _) = decode_slot_entries(stored, geometry, false)?;
+    Ok((page, entries))
+}
+
+/// A delta over a slot page's image (`encode_slot_delta_image`), checked
+/// as a page is, and its slots changed: at least one, each in the page
+/// and the array, every slot it lists among them.
+pub fn decode_slot_delta_image(stored: &[u8], geometry: &Geometry) -> Result<SlotDelta, FormatError> {
+    let (page, entries, changed) = decode_slot_entries(stored, geometry, true)?;
+    Ok(SlotDelta {
+        page,
+        changed: changed.expect("a delta's slots changed"),
+        entries,
+    })
+}
+
+/// A delta over a slot page's image: the slots changed since the image
+/// was written, in order, and the entries of those listed now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotDelta {
+    pub page: u64,
+    pub changed: Vec<u64>,
+    pub entries: Vec<SlotEntry>,
+}
+
+impl SlotDelta {
+    /// The page the delta leaves of `base` (its image's entries): those
+    /// of slots not changed, and the delta's, in slot order.
+    pub fn over(&self, base: &[SlotEntry]) -> Vec<SlotEntry> {
+        let mut page: Vec<SlotEntry> = base
+            .iter()
+            .filter(|e| self.changed.binary_search(&e.slot).is_err())
+            .copied()
+            .chain(self.entries.iter().copied())
+            .collect();
+        page.sort_unstable_by_key(|e| e.slot);
+        page
+    }
+}
+
+/// A slot page's or a delta's entries (and a delta's slots changed).
+fn decode_slot_entries(
+    stored: &[u8],
+    geometry: &Geometry,
+    delta: bool,
+) -> Result<(u64, Vec<SlotEntry>, Option<Vec<u64>>), FormatError> {
+    let what = match delta {
+        true => "slot table page delta",
+        false => "slot table page",
     };
+    let field = |field, value: u64| FormatError::Field { what, field, value };
     let length = || field("length", stored.len() as u64);
-    let bytes = raw_image(stored, SLOT_PAGE_MAGIC, SLOT_PAGE_HEADER_BYTES, WHAT)?;
+    let (magic, header) = match delta {
+        true => (SLOT_DELTA_MAGIC, SLOT_PAGE_HEADER_BYTES + SLOT_BITMAP_BYTES),
+        false => (SLOT_PAGE_MAGIC, SLOT_PAGE_HEADER_BYTES),
+    };
+    let bytes = raw_image(stored, magic, header, what)?;
     let per_page = crate::limits::SLOT_TABLE_PAGE_SLOTS;
     let page = get_u64(bytes, 8);
     let slots = geometry.slot_count();
     if page >= slots.div_ceil(per_page) {
         return Err(field("slot_page", page));
     }
+    let first = page * per_page;
+    let end = slots.min(first + per_page);
     let count = get_u32(bytes, 16) as u64;
-    if count == 0 || count > per_page || get_u32(bytes, 20) != 0 {
+    if (count == 0 && !delta) || count > per_page || get_u32(bytes, 20) != 0 {
         return Err(field("entries", count));
     }
     let mut columns = [(0u64, 0u8); SLOT_PAGE_COLUMNS];
@@ -1258,7 +1378,7 @@ pub fn decode_slot_page_image(stored: &[u8], geometry: &Geometry) -> Result<(u64
         }
     }
     let stride: usize = columns.iter().map(|&(_, width)| usize::from(width)).sum();
-    let packed = &bytes[SLOT_PAGE_HEADER_BYTES..];
+    let packed = &bytes[header..];
     let packed_bits = count as usize * stride;
     if packed.len() != packed_bits.div_ceil(8)
         || (!packed_bits.is_multiple_of(8) && packed[packed.len() - 1] >> (packed_bits % 8) != 0)
@@ -1270,12 +1390,25 @@ pub fn decode_slot_page_image(stored: &[u8], geometry: &Geometry) -> Result<(u64
     if u64::from(listed_count) != count {
         return Err(field("slots_listed", u64::from(listed_count)));
     }
-    let first = page * per_page;
+    let changed = match delta {
+        true => {
+            let bitmap = &bytes[SLOT_PAGE_HEADER_BYTES..header];
+            let changed: Vec<u64> = bitmap_slots(first, bitmap).collect();
+            if changed.is_empty() || changed.last().is_some_and(|&slot| slot >= end) {
+                return Err(field("slots_changed", changed.len() as u64));
+            }
+            // Every slot listed changed.
+            if let Some(slot) = bitmap_slots(first, listed).find(|s| changed.binary_search(s).is_err()) {
+                return Err(field("slot_unchanged", slot));
+            }
+            Some(changed)
+        }
+        false => None,
+    };
     let mut entries: Vec<SlotEntry> = Vec::with_capacity(count as usize);
     let mut at = 0;
-    for k in (0..per_page as usize).filter(|k| listed[k / 8] >> (k % 8) & 1 == 1) {
-        let slot = first + k as u64;
-        if slot >= slots {
+    for slot in bitmap_slots(first, listed) {
+        if slot >= end {
             return Err(field("slot", slot));
         }
         let mut values = [0u64; SLOT_PAGE_COLUMNS];
@@ -1306,7 +1439,7 @@ pub fn decode_slot_page_image(stored: &[u8], geometry: &Geometry) -> Result<(u64
         }
         entries.push(entry);
     }
-    Ok((page, entries))
+    Ok((page, entries, changed))
 }
 
 impl MapImages {
@@ -1315,13 +1448,19 @@ impl MapImages {
         self.stripes.iter().map(|(&slot, s)| (slot, s.live)).collect()
     }
 
-    /// Pieces of the directory pages' and slot pages' images.
+    /// Pieces of the directory pages' and slot pages' images (and of
+    /// the slot pages' deltas).
     pub fn piece_count(&self) -> usize {
         self.dirs
             .values()
             .chain(self.slot_pages.values().map(|p| &p.image))
-            .map(|p| p.pieces.len())
+            .map(|p| p.all_pieces().count())
             .sum()
+    }
+
+    /// Slot pages with a delta over their image.
+    pub fn slot_delta_count(&self) -> usize {
+        self.slot_pages.values().filter(|p| p.image.delta.is_some()).count()
     }
 }
 
@@ -1330,6 +1469,10 @@ const CHECKPOINT_HEADER_BYTES: usize = 112;
 /// digest and pieces.
 const CHECKPOINT_PAGE_BYTES: usize = 20;
 const CHECKPOINT_PIECE_BYTES: usize = 12;
+/// A slot page's delta in a checkpoint, before its digest and pieces.
+const CHECKPOINT_DELTA_BYTES: usize = 12;
+/// `pieces` u32 in a slot page's entry: a delta follows the image's pieces.
+const CHECKPOINT_DELTA_FOLLOWS: u32 = 1 << 31;
 const CHECKPOINT_MAP_STRIPE_BYTES: usize = 24;
 
 /// A directory page's image: where the images of its map pages are.
@@ -1689,6 +1832,7 @@ pub fn checkpoint_bytes(
     window: usize,
     map_stripes: usize,
     named: usize,
+    deltas: usize,
     pieces: usize,
     volumes: usize,
 ) -> usize {
@@ -1698,6 +1842,7 @@ pub fn checkpoint_bytes(
         + 8 * window
         + CHECKPOINT_MAP_STRIPE_BYTES * map_stripes
         + (CHECKPOINT_PAGE_BYTES + algorithm.digest_bytes()) * named
+        + (CHECKPOINT_DELTA_BYTES + algorithm.digest_bytes()) * deltas
         + CHECKPOINT_PIECE_BYTES * pieces
 }
 
@@ -1763,6 +1908,7 @@ impl Checkpoint {
             self.window.len(),
             self.images.stripes.len(),
             self.images.dirs.len() + self.images.slot_pages.len(),
+            self.images.slot_delta_count(),
             self.images.piece_count(),
             self.volumes.len(),
         )
@@ -1812,18 +1958,35 @@ impl Checkpoint {
             .enumerate()
             .map(|(i, &slot)| (slot, i as u32))
             .collect();
-        let dirs = images.dirs.iter().map(|(page, image)| (page, image, 0));
-        let slot_pages = images.slot_pages.iter().map(|(page, p)| (page, &p.image, p.kept));
-        for (page, image, kept) in dirs.chain(slot_pages) {
-            out.extend_from_slice(&page.to_le_bytes());
-            out.extend_from_slice(&image.bytes.to_le_bytes());
-            out.extend_from_slice(&(image.pieces.len() as u32).to_le_bytes());
-            out.extend_from_slice(&kept.to_le_bytes());
-            out.extend_from_slice(image.digest.as_bytes());
+        let pieces = |out: &mut Vec<u8>, image: &PageImage| {
             for piece in &image.pieces {
                 out.extend_from_slice(&number[&piece.slot].to_le_bytes());
                 out.extend_from_slice(&piece.offset.to_le_bytes());
                 out.extend_from_slice(&piece.bytes.to_le_bytes());
+            }
+        };
+        let dirs = images.dirs.iter().map(|(page, image)| (page, image, 0, 0));
+        let slot_pages = images
+            .slot_pages
+            .iter()
+            .map(|(page, p)| (page, &p.image, p.kept, p.deltas));
+        for (page, image, kept, deltas) in dirs.chain(slot_pages) {
+            let follows = match image.delta {
+                Some(_) => CHECKPOINT_DELTA_FOLLOWS,
+                None => 0,
+            };
+            out.extend_from_slice(&page.to_le_bytes());
+            out.extend_from_slice(&image.bytes.to_le_bytes());
+            out.extend_from_slice(&(image.pieces.len() as u32 | follows).to_le_bytes());
+            out.extend_from_slice(&kept.to_le_bytes());
+            out.extend_from_slice(image.digest.as_bytes());
+            pieces(&mut out, image);
+            if let Some(delta) = &image.delta {
+                out.extend_from_slice(&delta.bytes.to_le_bytes());
+                out.extend_from_slice(&(delta.pieces.len() as u32).to_le_bytes());
+                out.extend_from_slice(&deltas.to_le_bytes());
+                out.extend_from_slice(delta.digest.as_bytes());
+                pieces(&mut out, delta);
             }
         }
         debug_assert_eq!(out.len(), bytes);
@@ -1862,14 +2025,24 @@ impl Checkpoint {
             || dirs > bytes.len()
             || volumes > crate::volume::VOLUME_COUNT_MAX;
         if too_many
-            || checkpoint_bytes(algorithm, stripes, window, map_stripes, dirs + slot_pages, 0, volumes) > bytes.len()
+            || checkpoint_bytes(
+                algorithm,
+                stripes,
+                window,
+                map_stripes,
+                dirs + slot_pages,
+                0,
+                0,
+                volumes,
+            ) > bytes.len()
         {
             return Err(field("length", bytes.len() as u64));
         }
-        let mut at = CHECKPOINT_HEADER_BYTES;
-        let mut next = |n: usize| -> Result<&[u8], FormatError> {
-            let piece = bytes.get(at..at + n).ok_or(field("length", bytes.len() as u64))?;
-            at += n;
+        let at = std::cell::Cell::new(CHECKPOINT_HEADER_BYTES);
+        let next = |n: usize| -> Result<&[u8], FormatError> {
+            let from = at.get();
+            let piece = bytes.get(from..from + n).ok_or(field("length", bytes.len() as u64))?;
+            at.set(from + n);
             Ok(piece)
         };
         let mut checkpoint = Checkpoint {
@@ -1925,34 +2098,58 @@ impl Checkpoint {
         }
         let digest_bytes = algorithm.digest_bytes();
         // A directory page's or slot page's entry: its number and where
-        // its image is, within `bytes_max`.
-        let mut named = |bytes_max: usize| -> Result<(u64, PageImage, u32), FormatError> {
+        // its image is, within `bytes_max`, and for a slot page
+        // (`delta_max` not 0) where its delta is, if it has one, within
+        // `delta_max`, with the bytes its deltas took.
+        let named = |bytes_max: usize, delta_max: usize| -> Result<(u64, PageImage, u32, u32), FormatError> {
             let e = next(CHECKPOINT_PAGE_BYTES + digest_bytes)?;
-            let (number, image_bytes, piece_count) = (get_u64(e, 0), get_u32(e, 8), get_u32(e, 12) as usize);
+            let (number, image_bytes, piece_count) = (get_u64(e, 0), get_u32(e, 8), get_u32(e, 12));
             let kept = get_u32(e, 16);
             let digest = Digest::from_bytes(&e[CHECKPOINT_PAGE_BYTES..]);
-            let image = image_location(
-                image_bytes,
-                piece_count,
-                digest,
-                bytes_max,
-                |_| {
-                    let p = next(CHECKPOINT_PIECE_BYTES)?;
-                    let number = get_u32(p, 0);
-                    let slot = *numbered
-                        .get(number as usize)
-                        .ok_or(field("map_stripe", u64::from(number)))?;
-                    Ok((slot, get_u32(p, 4), get_u32(p, 8)))
-                },
-                per_stripe,
-                WHAT,
-            )?;
-            Ok((number, image, kept))
+            let follows = delta_max > 0 && piece_count & CHECKPOINT_DELTA_FOLLOWS != 0;
+            let piece_count = match follows {
+                true => piece_count & !CHECKPOINT_DELTA_FOLLOWS,
+                false => piece_count,
+            };
+            let place = |bytes: u32, count: u32, digest: Digest, max: usize| {
+                image_location(
+                    bytes,
+                    count as usize,
+                    digest,
+                    max,
+                    |_| {
+                        let p = next(CHECKPOINT_PIECE_BYTES)?;
+                        let number = get_u32(p, 0);
+                        let slot = *numbered
+                            .get(number as usize)
+                            .ok_or(field("map_stripe", u64::from(number)))?;
+                        Ok((slot, get_u32(p, 4), get_u32(p, 8)))
+                    },
+                    per_stripe,
+                    WHAT,
+                )
+            };
+            let mut image = place(image_bytes, piece_count, digest, bytes_max)?;
+            let mut deltas = 0;
+            if follows {
+                let d = next(CHECKPOINT_DELTA_BYTES + digest_bytes)?;
+                let (delta_bytes, delta_pieces) = (get_u32(d, 0), get_u32(d, 4));
+                deltas = get_u32(d, 8);
+                let digest = Digest::from_bytes(&d[CHECKPOINT_DELTA_BYTES..]);
+                let delta = place(delta_bytes, delta_pieces, digest, delta_max)?;
+                // The deltas since the image took no more than the page
+                // would whole, this one's bytes at least.
+                if deltas < delta_bytes || deltas as usize > bytes_max {
+                    return Err(field("slot_page_deltas", u64::from(deltas)));
+                }
+                image.delta = Some(std::sync::Arc::new(delta));
+            }
+            Ok((number, image, kept, deltas))
         };
         let dir_bytes_max = directory_image_bytes_max(geometry);
         let per_dir_keys = crate::limits::MAP_DIRECTORY_PAGES * crate::limits::MAP_PAGE_BLOCKS;
         for _ in 0..dirs {
-            let (dir, image, zero) = named(dir_bytes_max)?;
+            let (dir, image, zero, _) = named(dir_bytes_max, 0)?;
             if zero != 0 {
                 return Err(field("directory_page_reserved", u64::from(zero)));
             }
@@ -1969,7 +2166,8 @@ impl Checkpoint {
         }
         let slot_page_bytes_max = slot_page_image_bytes_max(per_slot_page as usize);
         for _ in 0..slot_pages {
-            let (page, image, kept) = named(slot_page_bytes_max)?;
+            let (page, image, kept, deltas) =
+                named(slot_page_bytes_max, slot_delta_image_bytes_max(per_slot_page as usize))?;
             let in_order = checkpoint
                 .images
                 .slot_pages
@@ -1982,9 +2180,12 @@ impl Checkpoint {
                 return Err(field("slot_page_kept", u64::from(kept)));
             }
             let image = std::sync::Arc::new(image);
-            checkpoint.images.slot_pages.insert(page, SlotPageImage { image, kept });
+            checkpoint
+                .images
+                .slot_pages
+                .insert(page, SlotPageImage { image, kept, deltas });
         }
-        if at != bytes.len() {
+        if at.get() != bytes.len() {
             return Err(field("length", bytes.len() as u64));
         }
         Ok(checkpoint)
@@ -2396,7 +2597,7 @@ mod tests {
         }
         assert!(sb.is_failed(5) && !sb.is_failed(3));
         // Golden: magic, version, index, members, K, M, chunk, codes, rows, failed bit 5.
-        assert_eq!(&bytes[0..12], b"TSRSUPER\x0e\x00\x00\x00");
+        assert_eq!(&bytes[0..12], b"TSRSUPER\x0f\x00\x00\x00");
         assert_eq!(
             &bytes[48..68],
             &[3, 0, 0, 0, 7, 0, 0, 0, 4, 0, 0, 0, 2, 0, 0, 0, 0, 0, 1, 0]
@@ -2451,7 +2652,7 @@ mod tests {
         encode_log_block([9; 16], 5, 3, &records, &mut block);
         // 64 + 3 x 96 + 4096 + 900 bytes, in 512-byte sectors.
         assert_eq!(block.len(), 5632);
-        assert_eq!(&block[..12], b"TSRLOGBK\x0e\x00\x00\x00");
+        assert_eq!(&block[..12], b"TSRLOGBK\x0f\x00\x00\x00");
         let mut longer = block.to_vec();
         longer.extend_from_slice(&[0xff; 1024]);
         let (header, decoded) = decode_log_block(&longer, &g).unwrap();
@@ -2644,9 +2845,14 @@ mod tests {
                     bytes: slot_page_image_bytes_max(2) as u32,
                     digest: a.digest(b"slot page 0"),
                     pieces: vec![piece(30, 200, slot_page_image_bytes_max(2) as u32)],
-                    delta: None,
+                    delta: Some(std::sync::Arc::new(PageImage::whole(
+                        400,
+                        a.digest(b"slot page 0's delta"),
+                        vec![piece(20, 5000, 400)],
+                    ))),
                 }),
                 kept: 1,
+                deltas: 700,
             },
         );
         images.slot_live = (1 << 80) + 5;
@@ -2697,6 +2903,16 @@ mod tests {
         .encode();
         let summary = encode_summary(a, &records());
         let checkpoint = checkpoint().encode(a);
+        let slot_delta = encode_slot_delta_image(
+            0,
+            &[3, 4, 9],
+            &[SlotEntry {
+                slot: 4,
+                sequence: 93,
+                live: 1 << 30,
+                pieces: 7,
+            }],
+        );
         let slot_page = encode_slot_page_image(
             0,
             &[
@@ -2771,6 +2987,22 @@ mod tests {
                     "seed {seed}"
                 );
             }
+            let bytes = mangle(&slot_delta, 4, &mut rng);
+            if let Ok(delta) = decoded("slot delta", seed, &bytes, |b| decode_slot_delta_image(b, &g)) {
+                let per_page = crate::limits::SLOT_TABLE_PAGE_SLOTS;
+                let in_page = |slot: u64| slot / per_page == delta.page && slot < g.slot_count();
+                assert!(
+                    !delta.changed.is_empty() && delta.changed.iter().all(|&s| in_page(s)),
+                    "seed {seed}"
+                );
+                assert!(
+                    delta
+                        .entries
+                        .iter()
+                        .all(|e| delta.changed.binary_search(&e.slot).is_ok()),
+                    "seed {seed}"
+                );
+            }
             let bytes = mangle(&checkpoint, 4, &mut rng);
             if let Ok(c) = decoded("checkpoint", seed, &bytes, |b| Checkpoint::decode(b, &g)) {
                 let pieces = c
@@ -2823,7 +3055,7 @@ mod tests {
             directory: true,
         }));
         let bytes = sb.encode();
-        assert_eq!(&bytes[0..12], b"TSRSUPER\x0e\x00\x00\x00");
+        assert_eq!(&bytes[0..12], b"TSRSUPER\x0f\x00\x00\x00");
         assert_eq!(&bytes[4088..4092], &1u32.to_le_bytes());
         assert_eq!(Superblock::decode(&bytes).unwrap(), sb);
         let c = sb.checkpoint.as_ref().unwrap();
@@ -2835,7 +3067,7 @@ mod tests {
         seal_sector(&mut bad);
         assert!(matches!(Superblock::decode(&bad), Err(FormatError::Field { .. })));
         // Superblocks of earlier versions are refused by their version.
-        for old in 2u32..=12 {
+        for old in 2u32..=14 {
             let mut bad = bytes.clone();
             bad[8..12].copy_from_slice(&old.to_le_bytes());
             seal_sector(&mut bad);
@@ -2849,7 +3081,7 @@ mod tests {
             );
             assert!(error
                 .to_string()
-                .contains(&format!("version {old}; this build reads version 14")));
+                .contains(&format!("version {old}; this build reads version 15")));
         }
 
         let slots: Vec<u64> = (0..900).map(|i| (i * 7) % g.slot_count()).collect();
@@ -2970,8 +3202,8 @@ mod tests {
         let (a, g) = (Algorithm::Blake3, geometry());
         let c = checkpoint();
         let bytes = c.encode(a);
-        assert_eq!(bytes.len(), checkpoint_bytes(a, 2, 3, 2, 3, 4, 1));
-        assert_eq!(&bytes[..12], b"TSRCHKPT\x0e\x00\x00\x00");
+        assert_eq!(bytes.len(), checkpoint_bytes(a, 2, 3, 2, 3, 1, 5, 1));
+        assert_eq!(&bytes[..12], b"TSRCHKPT\x0f\x00\x00\x00");
         assert_eq!(&bytes[24..32], &1234u64.to_le_bytes());
         assert_eq!(&bytes[48..64], &[2, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(&bytes[64..80], &[1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);
@@ -2984,10 +3216,20 @@ mod tests {
         // Then the stripes sealed since the slot pages: slot 7's sequence.
         assert_eq!(&bytes[160..168], &98u64.to_le_bytes());
         // Map stripes after the window, each with its live bytes; the slot
-        // page (last) in map stripe 1, at 200.
+        // page (last) in map stripe 1, at 200, then its delta (a piece
+        // flagged), 400 bytes of 700 the deltas took, in map stripe 0 at
+        // 5000.
         let map_stripes = 112 + 24 + 32 + 24;
         assert_eq!(&bytes[map_stripes..map_stripes + 8], &20u64.to_le_bytes());
-        assert_eq!(&bytes[bytes.len() - 12..bytes.len() - 4], &[1, 0, 0, 0, 200, 0, 0, 0]);
+        let delta = bytes.len() - 12 - 32 - 12;
+        assert_eq!(&bytes[delta - 12..delta - 4], &[1, 0, 0, 0, 200, 0, 0, 0]);
+        assert_eq!(&bytes[delta..delta + 12], &[0x90, 1, 0, 0, 1, 0, 0, 0, 0xbc, 2, 0, 0]);
+        let slot_page = delta - 12 - 32 - 20;
+        assert_eq!(&bytes[slot_page + 12..slot_page + 16], &(1u32 | 1 << 31).to_le_bytes());
+        assert_eq!(
+            &bytes[bytes.len() - 12..],
+            &[0, 0, 0, 0, 0x88, 0x13, 0, 0, 0x90, 1, 0, 0]
+        );
         assert_eq!(Checkpoint::decode(&bytes, &g).unwrap(), c);
         let refused = |c: Checkpoint| Checkpoint::decode(&c.encode(a), &g).is_err();
         let mut bad = checkpoint();
@@ -3017,6 +3259,25 @@ mod tests {
         let mut bad = checkpoint();
         bad.images.slot_pages.get_mut(&0).unwrap().kept = 1025;
         assert!(refused(bad), "more slots kept than a page has");
+        let mut bad = checkpoint();
+        bad.images.slot_pages.get_mut(&0).unwrap().deltas = 399;
+        assert!(refused(bad), "deltas that took less than the one named");
+        let mut bad = checkpoint();
+        bad.images.slot_pages.get_mut(&0).unwrap().deltas = slot_page_image_bytes_max(1024) as u32 + 1;
+        assert!(refused(bad), "deltas that took more than the page whole");
+        let mut bad = checkpoint();
+        let delta = std::sync::Arc::make_mut(&mut bad.images.slot_pages.get_mut(&0).unwrap().image);
+        std::sync::Arc::make_mut(delta.delta.as_mut().unwrap()).bytes = slot_delta_image_bytes_max(1024) as u32 + 1;
+        std::sync::Arc::make_mut(delta.delta.as_mut().unwrap()).pieces[0].bytes =
+            slot_delta_image_bytes_max(1024) as u32 + 1;
+        assert!(refused(bad), "a delta longer than any makes");
+        // Directory page 3's entry, the first after the map stripes: its
+        // pieces flagged as a slot page's with a delta are refused.
+        let mut bad = bytes.clone();
+        let pieces = map_stripes + 2 * 24 + 12;
+        assert_eq!(&bad[pieces - 12..pieces - 4], &3u64.to_le_bytes());
+        bad[pieces + 3] |= 0x80;
+        assert!(Checkpoint::decode(&bad, &g).is_err(), "a directory page with a delta");
         let mut bad = checkpoint();
         bad.volumes = vec![(0, 0); crate::volume::VOLUME_COUNT_MAX + 1];
         assert!(refused(bad), "more volumes than there may be");
@@ -3113,6 +3374,63 @@ mod tests {
         let image_bytes = (longer.len() - STORED_IMAGE_HEADER_BYTES) as u32;
         longer[..4].copy_from_slice(&image_bytes.to_le_bytes());
         assert!(decode_slot_page_image(&longer, &g).is_err(), "a byte past the entries");
+    }
+
+    /// A delta over a slot page: the slots changed since the page's
+    /// image, those listed now among them; the page it leaves is the
+    /// image with those slots as the delta has them. One that lists a
+    /// slot it does not say changed, changes none, or names a slot past
+    /// the array is refused.
+    #[test]
+    fn slot_deltas_round_trip_and_leave_the_page_they_say() {
+        let g = geometry();
+        let entry = |slot, sequence, live, pieces| SlotEntry {
+            slot,
+            sequence,
+            live,
+            pieces,
+        };
+        let base = vec![entry(4, 90, 77 << 20, 12), entry(7, 98, 0, 0), entry(100, 5, 1, 1)];
+        // Slot 4 emptied and freed, 7 counted anew, 50 sealed since.
+        let changed = vec![4, 7, 50];
+        let listed = vec![entry(7, 98, 300, 2), entry(50, 120, 4096, 1)];
+        let stored = encode_slot_delta_image(0, &changed, &listed);
+        assert_eq!(&stored[8..16], b"TSRSLOTD");
+        assert!(stored.len() <= slot_delta_image_bytes_max(2));
+        let delta = decode_slot_delta_image(&stored, &g).unwrap();
+        assert_eq!((delta.page, &delta.changed, &delta.entries), (0, &changed, &listed));
+        assert_eq!(
+            delta.over(&base),
+            vec![entry(7, 98, 300, 2), entry(50, 120, 4096, 1), entry(100, 5, 1, 1)]
+        );
+        // Changing slots alone (each now listed by no page).
+        let none = decode_slot_delta_image(&encode_slot_delta_image(0, &[4, 100], &[]), &g).unwrap();
+        assert_eq!(none.over(&base), vec![entry(7, 98, 0, 0)]);
+        // A page's image is not a delta, nor a delta a page.
+        assert!(decode_slot_page_image(&stored, &g).is_err());
+        assert!(decode_slot_delta_image(&encode_slot_page_image(0, &base), &g).is_err());
+        let damaged = |at: usize, value: u8| {
+            let mut bad = stored.clone();
+            bad[at] = value;
+            decode_slot_delta_image(&bad, &g).is_err()
+        };
+        let changed_at = 8 + SLOT_PAGE_HEADER_BYTES;
+        // Slot 7 listed, not changed (slots 4 and 50 still are).
+        assert!(damaged(changed_at, 0b0001_0000), "a slot listed and not changed");
+        let mut none_changed = stored.clone();
+        none_changed[changed_at..changed_at + SLOT_BITMAP_BYTES].fill(0);
+        assert!(decode_slot_delta_image(&none_changed, &g).is_err(), "no slot changed");
+        let past = (g.slot_count() % 1024) as usize;
+        assert!(past > 0 && past < 1024);
+        assert!(
+            damaged(changed_at + past / 8, stored[changed_at + past / 8] | 1 << (past % 8)),
+            "a slot changed past the array's"
+        );
+        assert!(damaged(16, 1), "a delta past the array's pages");
+        assert!(
+            decode_slot_delta_image(&stored[..stored.len() - 1], &g).is_err(),
+            "truncated"
+        );
     }
 
     /// Pages of every shape read back as they were written, within the

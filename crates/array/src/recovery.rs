@@ -1033,8 +1033,8 @@ impl Opening<'_> {
             let images: Vec<(u64, Arc<PageImage>)> = batch.iter().map(|(page, p)| (*page, p.image.clone())).collect();
             let read = self.catalog.read_slot_pages(&images).map_err(unreadable)?;
             let mut index = self.catalog.index_mut();
-            for ((page, entries), (_, p)) in read.iter().zip(batch) {
-                let (page_live, kept) = index.slots.restore_page(*page, entries).map_err(unreadable)?;
+            for ((page, entries, changed), (_, p)) in read.iter().zip(batch) {
+                let (page_live, kept) = index.slots.restore_page(*page, entries, changed).map_err(unreadable)?;
                 if kept != p.kept {
                     return Err(unreadable(CheckpointFault::KeptTooMany { page: *page, kept }));
                 }

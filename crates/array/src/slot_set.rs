@@ -245,6 +245,25 @@ impl SlotSet {
         removed
     }
 
+    /// Takes slots [start, end) out (`start` a multiple of 64); those
+    /// that were in the set, in order.
+    pub fn take_range(&mut self, start: u64, end: u64) -> Vec<u64> {
+        debug_assert!(start.is_multiple_of(64));
+        let mut taken = Vec::new();
+        for w in start as usize / 64..(end as usize).div_ceil(64) {
+            let word = self.words[w];
+            if word == 0 {
+                continue;
+            }
+            let low = (w as u64) * 64;
+            taken.extend(bits(word).map(|b| low + b as u64).filter(|&slot| slot < end));
+        }
+        for &slot in &taken {
+            self.remove(slot);
+        }
+        taken
+    }
+
     /// The set, leaving an empty one of the same size in its place.
     pub fn take(&mut self) -> SlotSet {
         let empty = SlotSet {

@@ -190,6 +190,10 @@ pub struct SlotTable {
     /// slot of which changed since the last checkpoint's pages were
     /// taken: only these are written again.
     dirty_pages: SlotSet,
+    /// Slots whose entry may differ from what their page's durable image
+    /// lists (changed since that image was taken): a page's delta over
+    /// its image lists these (FORMAT.md, "Slot page deltas").
+    changed: SlotSet,
     /// Slots sealed since then: a root alone names them with the pages
     /// it names again (`resealed`). A few windows' worth at most.
     resealed: BTreeSet<u64>,
@@ -268,7 +272,9 @@ struct Unread {
 /// each before a slot of it changes.
 struct Snapshot {
     pending: SlotSet,
-    copied: BTreeMap<u64, Vec<format::SlotEntry>>,
+    /// Pages to be written whole (their images leave sparse map stripes).
+    whole: BTreeSet<u64>,
+    copied: BTreeMap<u64, TakenPage>,
     resealed: Vec<u64>,
 }
 
@@ -276,8 +282,19 @@ struct Snapshot {
 /// entries as they were, and the slots sealed before, to be marked
 /// again if the checkpoint fails.
 pub struct TakenPages {
-    pub pages: Vec<(u64, Vec<format::SlotEntry>)>,
+    pub pages: Vec<TakenPage>,
     resealed: Vec<u64>,
+}
+
+/// A durable page as a checkpoint took it: its entries, the slots that
+/// changed since its image was taken (what a delta over that image
+/// lists), and whether it is to be written whole whatever its delta
+/// would cost.
+pub struct TakenPage {
+    pub page: u64,
+    pub entries: Vec<format::SlotEntry>,
+    pub changed: Vec<u64>,
+    pub whole: bool,
 }
 
 const PAGE_SLOTS: u64 = crate::limits::SLOT_TABLE_PAGE_SLOTS;
@@ -333,6 +350,7 @@ impl SlotTable {
             mapped_data_blocks: 0,
             by_volume: Vec::new(),
             dirty_pages: SlotSet::empty(count.div_ceil(PAGE_SLOTS)),
+            changed: SlotSet::empty(count),
             resealed: BTreeSet::new(),
             superseded: BTreeMap::new(),
             snapshot: None,
@@ -373,6 +391,7 @@ impl SlotTable {
         let result = change(s);
         if durable_entry(slot, s) != before {
             self.dirty_pages.insert(slot / PAGE_SLOTS);
+            self.changed.insert(slot);
         }
         result
     }
@@ -504,18 +523,33 @@ impl SlotTable {
         let pages = pending.iter().collect();
         self.snapshot = Some(Snapshot {
             pending,
+            whole: also.clone(),
             copied: BTreeMap::new(),
             resealed: std::mem::take(&mut self.resealed).into_iter().collect(),
         });
         pages
     }
 
-    /// Copies durable page `page` into the snapshot, as it is now.
+    /// Copies durable page `page` into the snapshot, as it is now, with
+    /// the slots changed since its image (no longer changed: marked
+    /// again if the page is written as a delta, or not at all).
     fn copy_page(&mut self, page: u64) {
         let entries = self.page_entries(page);
+        let changed = self
+            .changed
+            .take_range(page * PAGE_SLOTS, ((page + 1) * PAGE_SLOTS).min(self.count()));
         let snapshot = self.snapshot.as_mut().expect("a snapshot is being taken");
         snapshot.pending.remove(page);
-        snapshot.copied.insert(page, entries);
+        let whole = snapshot.whole.contains(&page);
+        snapshot.copied.insert(
+            page,
+            TakenPage {
+                page,
+                entries,
+                changed,
+                whole,
+            },
+        );
     }
 
     /// Copies up to `count` of the snapshot's pages not copied yet;
@@ -534,15 +568,16 @@ impl SlotTable {
         let snapshot = self.snapshot.take().expect("a snapshot is being taken");
         assert_eq!(snapshot.pending.len(), 0, "every page copied");
         TakenPages {
-            pages: snapshot.copied.into_iter().collect(),
+            pages: snapshot.copied.into_values().collect(),
             resealed: snapshot.resealed,
         }
     }
 
     /// Marks a failed checkpoint's pages as changed again.
     pub fn give_back_pages(&mut self, taken: &TakenPages) {
-        for &(page, _) in &taken.pages {
-            self.dirty_pages.insert(page);
+        for page in &taken.pages {
+            self.dirty_pages.insert(page.page);
+            self.still_changed(&page.changed);
         }
         for &slot in &taken.resealed {
             self.resealed.insert(slot);
@@ -558,6 +593,15 @@ impl SlotTable {
             .filter(|(_, s)| matches!(s.state, SlotState::Sealed | SlotState::Draining))
             .map(|(slot, s)| (slot, s.sequence))
             .collect()
+    }
+
+    /// The slots `changed` still differ from their page's durable image:
+    /// a delta over it listed them, or the checkpoint that took them
+    /// failed.
+    pub fn still_changed(&mut self, changed: &[u64]) {
+        for &slot in changed {
+            self.changed.insert(slot);
+        }
     }
 
     /// Whether the durable pages list `slot`.
@@ -592,6 +636,7 @@ impl SlotTable {
         &mut self,
         page: u64,
         entries: &[format::SlotEntry],
+        changed: &[u64],
     ) -> Result<(u128, u32), crate::error::CheckpointFault> {
         debug_assert!(self.snapshot.is_none() && self.usable.is_none());
         // (The page's decoding checked that its entries lie in it, in order.)
@@ -612,6 +657,8 @@ impl SlotTable {
             }
             live += u128::from(entry.live);
         }
+        // What the page's delta changed, its next delta lists too.
+        self.still_changed(changed);
         Ok((live, format::SlotPageImage::kept_of(entries)))
     }
 
@@ -623,7 +670,7 @@ impl SlotTable {
         &mut self,
         pages: impl IntoIterator<Item = (u64, format::SlotPageImage)>,
     ) -> Result<(), crate::error::CheckpointFault> {
-        for (page, format::SlotPageImage { image, kept }) in pages {
+        for (page, format::SlotPageImage { image, kept, .. }) in pages {
             let end = ((page + 1) * PAGE_SLOTS).min(self.count());
             // Free now: all but the checkpoint's own slots.
             let free = self.free.remove_range(page * PAGE_SLOTS, end) as u64;
@@ -699,6 +746,7 @@ impl SlotTable {
         &mut self,
         page: u64,
         entries: &[format::SlotEntry],
+        changed: &[u64],
     ) -> Result<Vec<u64>, crate::error::CheckpointFault> {
         use crate::error::CheckpointFault;
         // (A reader may bring in a page read meanwhile by the thread, and
@@ -747,6 +795,12 @@ impl SlotTable {
         }
         self.unread.remove(&page);
         self.unread_free -= free_slots - kept;
+        // Those the page's delta changed, and those the map's deltas
+        // changed meanwhile, differ from its image.
+        self.still_changed(changed);
+        for &slot in pending.keys() {
+            self.changed.insert(slot);
+        }
         let mut emptied = Vec::new();
         let mut entries = entries.iter().peekable();
         for slot in start..end {
@@ -773,6 +827,7 @@ impl SlotTable {
                 // the page is written again by the next checkpoint.
                 s.sequence = 0;
                 self.dirty_pages.insert(page);
+                self.changed.insert(slot);
                 self.list_free(slot);
             }
         }
@@ -845,6 +900,7 @@ impl SlotTable {
                 let counts = self.pending.entry(page).or_default().entry(slot).or_default();
                 *counts = (counts.0 + sign * live, counts.1 + sign as i64);
                 self.dirty_pages.insert(page);
+                self.changed.insert(slot);
                 continue;
             }
             if delta.gained {
@@ -1748,13 +1804,13 @@ mod tests {
         let mut eager = SlotTable::new(algorithm, count);
         let mut live = 0;
         for (page, entries) in &pages {
-            live += eager.restore_page(*page, entries).unwrap().0;
+            live += eager.restore_page(*page, entries, &[]).unwrap().0;
         }
         eager.restored(&table.volumes(), live);
         opened(&mut eager);
         // Page 0 read at opening, the others deferred.
         let mut lazy = SlotTable::new(algorithm, count);
-        lazy.restore_page(0, &pages[0].1).unwrap();
+        lazy.restore_page(0, &pages[0].1, &[]).unwrap();
         let image = Arc::new(format::PageImage {
             bytes: 0,
             digest: algorithm.digest(b""),
@@ -1768,6 +1824,7 @@ mod tests {
                 format::SlotPageImage {
                     image: image.clone(),
                     kept,
+                    deltas: 0,
                 },
             )
         });
@@ -1784,8 +1841,8 @@ mod tests {
         // changes nothing.
         let mut wrong = pages[2].1.clone();
         wrong.retain(|e| e.pieces == 0);
-        assert!(lazy.restore_unread(2, &wrong).is_err());
-        assert!(lazy.restore_unread(2, &pages[3].1).is_err());
+        assert!(lazy.restore_unread(2, &wrong, &[]).is_err());
+        assert!(lazy.restore_unread(2, &pages[3].1, &[]).is_err());
         // (One sealed slot fewer than the root counts, none of its deltas
         // left without a slot.)
         let mut wrong = pages[2].1.clone();
@@ -1795,13 +1852,16 @@ mod tests {
             .unwrap();
         wrong.remove(untouched);
         assert!(matches!(
-            lazy.restore_unread(2, &wrong),
+            lazy.restore_unread(2, &wrong, &[]),
             Err(crate::error::CheckpointFault::KeptTooMany { page: 2, .. })
         ));
         assert_eq!(lazy.unread_count(), 3);
         for (page, entries) in pages[1..].iter().rev() {
-            emptied_lazy.extend(lazy.restore_unread(*page, entries).unwrap());
-            assert!(lazy.restore_unread(*page, entries).unwrap().is_empty(), "read once");
+            emptied_lazy.extend(lazy.restore_unread(*page, entries, &[]).unwrap());
+            assert!(
+                lazy.restore_unread(*page, entries, &[]).unwrap().is_empty(),
+                "read once"
+            );
         }
         emptied_eager.sort();
         emptied_lazy.sort();
@@ -1829,6 +1889,15 @@ mod tests {
                 !changed || lazy.dirty_pages.contains(*page),
                 "page {page} changed, not dirty"
             );
+            // And a delta over it lists every slot that differs.
+            let now = lazy.page_entries(*page);
+            let of = |entries: &[format::SlotEntry], slot| entries.iter().find(|e| e.slot == slot).copied();
+            for slot in page * PAGE_SLOTS..(page + 1) * PAGE_SLOTS {
+                assert!(
+                    of(&now, slot) == of(entries, slot) || lazy.changed.contains(slot),
+                    "slot {slot} differs from its page's image, not marked changed"
+                );
+            }
         }
     }
 
@@ -1881,7 +1950,7 @@ mod tests {
         let mut restored = SlotTable::new(algorithm, count);
         let mut live = 0;
         for (page, entries) in &pages {
-            let (page_live, kept) = restored.restore_page(*page, entries).unwrap();
+            let (page_live, kept) = restored.restore_page(*page, entries, &[]).unwrap();
             assert_eq!(kept, format::SlotPageImage::kept_of(entries));
             live += page_live;
         }
@@ -1921,7 +1990,7 @@ mod tests {
             pieces: 1,
         };
         let mut unsealed = SlotTable::new(algorithm, count);
-        unsealed.restore_page(0, &[counted]).unwrap();
+        unsealed.restore_page(0, &[counted], &[]).unwrap();
         unsealed.restored(&[], LIVE_SCALE.into());
         assert!(matches!(
             unsealed.check_counted(),
@@ -1933,7 +2002,7 @@ mod tests {
         let mut own = SlotTable::new(algorithm, count);
         own.set(5, SlotState::Checkpoint, 3);
         assert!(matches!(
-            own.restore_page(0, &[format::SlotEntry { sequence: 4, ..counted }]),
+            own.restore_page(0, &[format::SlotEntry { sequence: 4, ..counted }], &[]),
             Err(crate::error::CheckpointFault::ListedTwice { slot: 5 })
         ));
     }
