@@ -755,10 +755,7 @@ impl Catalog {
     /// slots the table knows) in parallel on the I/O pool, each checked
     /// against its number, and each taken with its delta where it has
     /// one: the page's entries then, and the slots its delta changed.
-    pub fn read_slot_pages(
-        &self,
-        pages: &[(u64, Arc<PageImage>)],
-    ) -> Result<Vec<(u64, Vec<SlotEntry>, Vec<u64>)>, CheckpointFault> {
+    pub fn read_slot_pages(&self, pages: &[(u64, Arc<PageImage>)]) -> Result<Vec<SlotPageRead>, CheckpointFault> {
         let read = |(page, image): &(u64, Arc<PageImage>)| {
             let page = *page;
             let unreadable = |source| CheckpointFault::SlotPage {
@@ -790,6 +787,10 @@ impl Catalog {
         self.read_each(pages.iter().collect(), true, read)
     }
 }
+
+/// A slot page read: its number, its entries (with its delta's), and the
+/// slots its delta changed.
+pub type SlotPageRead = (u64, Vec<SlotEntry>, Vec<u64>);
 
 const PAGE: u64 = crate::limits::MAP_PAGE_BLOCKS;
 /// The least a page in memory is taken to cost in `cache_pages` (with few

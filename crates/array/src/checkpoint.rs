@@ -356,13 +356,15 @@ impl Checkpoints {
         let image_stripes = images.div_ceil(per_stripe);
         let root = format::checkpoint_bytes(
             g.checksum,
-            used,
-            index.slots.count() as usize,
-            used + image_stripes,
-            dirs + slot_pages,
-            slot_pages,
-            dirs + 2 * slot_pages + image_stripes,
-            crate::volume::VOLUME_COUNT_MAX,
+            format::RootShape {
+                stripes: used,
+                window: index.slots.count() as usize,
+                map_stripes: used + image_stripes,
+                named: dirs + slot_pages,
+                deltas: slot_pages,
+                pieces: dirs + 2 * slot_pages + image_stripes,
+                volumes: crate::volume::VOLUME_COUNT_MAX,
+            },
         );
         RootStripes::behind(g.checksum, per_stripe, images, root).map_or(image_stripes, |r| r.end()) + 1
     }
@@ -1138,13 +1140,15 @@ impl Checkpoints {
         let root_bytes = |checkpoint: &Checkpoint| {
             format::checkpoint_bytes(
                 algorithm,
-                checkpoint.resealed.len(),
-                checkpoint.window.len(),
-                map_stripes,
-                named,
-                deltas,
-                named_pieces,
-                checkpoint.volumes.len(),
+                format::RootShape {
+                    stripes: checkpoint.resealed.len(),
+                    window: checkpoint.window.len(),
+                    map_stripes,
+                    named,
+                    deltas,
+                    pieces: named_pieces,
+                    volumes: checkpoint.volumes.len(),
+                },
             )
         };
         let Some(mut root_at) = RootStripes::behind(algorithm, per_stripe, run_bytes, root_bytes(&checkpoint)) else {

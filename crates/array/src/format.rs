@@ -1340,12 +1340,11 @@ impl SlotDelta {
     }
 }
 
+/// A page's number, its entries, and a delta's slots changed.
+type SlotEntriesRead = (u64, Vec<SlotEntry>, Option<Vec<u64>>);
+
 /// A slot page's or a delta's entries (and a delta's slots changed).
-fn decode_slot_entries(
-    stored: &[u8],
-    geometry: &Geometry,
-    delta: bool,
-) -> Result<(u64, Vec<SlotEntry>, Option<Vec<u64>>), FormatError> {
+fn decode_slot_entries(stored: &[u8], geometry: &Geometry, delta: bool) -> Result<SlotEntriesRead, FormatError> {
     let what = match delta {
         true => "slot table page delta",
         false => "slot table page",
@@ -1826,16 +1825,16 @@ pub fn meta_stripe_bytes(geometry: &Geometry) -> usize {
 
 /// Encoded size of a checkpoint with these counts (`pieces`: of all its
 /// directory pages' images together).
-pub fn checkpoint_bytes(
-    algorithm: Algorithm,
-    stripes: usize,
-    window: usize,
-    map_stripes: usize,
-    named: usize,
-    deltas: usize,
-    pieces: usize,
-    volumes: usize,
-) -> usize {
+pub fn checkpoint_bytes(algorithm: Algorithm, shape: RootShape) -> usize {
+    let RootShape {
+        stripes,
+        window,
+        map_stripes,
+        named,
+        deltas,
+        pieces,
+        volumes,
+    } = shape;
     CHECKPOINT_HEADER_BYTES
         + COUNTS_VOLUME_BYTES * volumes
         + 16 * stripes
@@ -1844,6 +1843,21 @@ pub fn checkpoint_bytes(
         + (CHECKPOINT_PAGE_BYTES + algorithm.digest_bytes()) * named
         + (CHECKPOINT_DELTA_BYTES + algorithm.digest_bytes()) * deltas
         + CHECKPOINT_PIECE_BYTES * pieces
+}
+
+/// What a root holds, by count (`checkpoint_bytes`): stripes sealed
+/// since the slot pages, window slots, map stripes, directory and slot
+/// pages named, slot pages with a delta, their images' (and deltas')
+/// pieces, and volumes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RootShape {
+    pub stripes: usize,
+    pub window: usize,
+    pub map_stripes: usize,
+    pub named: usize,
+    pub deltas: usize,
+    pub pieces: usize,
+    pub volumes: usize,
 }
 
 /// A checkpoint: the root of the map as of stripe `sequence`. It names
@@ -1904,13 +1918,15 @@ impl Checkpoint {
     pub fn encoded_bytes(&self, algorithm: Algorithm) -> usize {
         checkpoint_bytes(
             algorithm,
-            self.resealed.len(),
-            self.window.len(),
-            self.images.stripes.len(),
-            self.images.dirs.len() + self.images.slot_pages.len(),
-            self.images.slot_delta_count(),
-            self.images.piece_count(),
-            self.volumes.len(),
+            RootShape {
+                stripes: self.resealed.len(),
+                window: self.window.len(),
+                map_stripes: self.images.stripes.len(),
+                named: self.images.dirs.len() + self.images.slot_pages.len(),
+                deltas: self.images.slot_delta_count(),
+                pieces: self.images.piece_count(),
+                volumes: self.volumes.len(),
+            },
         )
     }
 
@@ -2027,13 +2043,14 @@ impl Checkpoint {
         if too_many
             || checkpoint_bytes(
                 algorithm,
-                stripes,
-                window,
-                map_stripes,
-                dirs + slot_pages,
-                0,
-                0,
-                volumes,
+                RootShape {
+                    stripes,
+                    window,
+                    map_stripes,
+                    named: dirs + slot_pages,
+                    volumes,
+                    ..RootShape::default()
+                },
             ) > bytes.len()
         {
             return Err(field("length", bytes.len() as u64));
@@ -3202,7 +3219,16 @@ mod tests {
         let (a, g) = (Algorithm::Blake3, geometry());
         let c = checkpoint();
         let bytes = c.encode(a);
-        assert_eq!(bytes.len(), checkpoint_bytes(a, 2, 3, 2, 3, 1, 5, 1));
+        let shape = RootShape {
+            stripes: 2,
+            window: 3,
+            map_stripes: 2,
+            named: 3,
+            deltas: 1,
+            pieces: 5,
+            volumes: 1,
+        };
+        assert_eq!(bytes.len(), checkpoint_bytes(a, shape));
         assert_eq!(&bytes[..12], b"TSRCHKPT\x0f\x00\x00\x00");
         assert_eq!(&bytes[24..32], &1234u64.to_le_bytes());
         assert_eq!(&bytes[48..64], &[2, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
