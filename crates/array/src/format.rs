@@ -2817,6 +2817,15 @@ mod tests {
         assert!(decode_summary(&bytes[..bytes.len() - 1], &geometry(), 11).is_err());
     }
 
+    fn slot_entry(slot: u64, sequence: u64, live: u64, pieces: u32) -> SlotEntry {
+        SlotEntry {
+            slot,
+            sequence,
+            live,
+            pieces,
+        }
+    }
+
     fn checkpoint() -> Checkpoint {
         let a = Algorithm::Blake3;
         let piece = |slot, offset, bytes| ImagePiece { slot, offset, bytes };
@@ -3339,13 +3348,7 @@ mod tests {
     /// refused.
     #[test]
     fn slot_pages_round_trip_and_refuse_what_does_not_add_up() {
-        let g = geometry();
-        let entry = |slot, sequence, live, pieces| SlotEntry {
-            slot,
-            sequence,
-            live,
-            pieces,
-        };
+        let (g, entry) = (geometry(), slot_entry);
         let entries = vec![entry(4, 90, 77 << 20, 12), entry(7, 98, 0, 0), entry(100, 5, 1, 1)];
         let stored = encode_slot_page_image(0, &entries);
         assert_eq!(&stored[8..16], b"TSRSLOTP");
@@ -3409,13 +3412,7 @@ mod tests {
     /// the array is refused.
     #[test]
     fn slot_deltas_round_trip_and_leave_the_page_they_say() {
-        let g = geometry();
-        let entry = |slot, sequence, live, pieces| SlotEntry {
-            slot,
-            sequence,
-            live,
-            pieces,
-        };
+        let (g, entry) = (geometry(), slot_entry);
         let base = vec![entry(4, 90, 77 << 20, 12), entry(7, 98, 0, 0), entry(100, 5, 1, 1)];
         // Slot 4 emptied and freed, 7 counted anew, 50 sealed since.
         let changed = vec![4, 7, 50];

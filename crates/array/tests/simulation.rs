@@ -118,6 +118,9 @@ struct Met {
     slot_pages_read_serving: u64,
     /// Openings after a crash (`ManySlots`) that left slot pages for later.
     crash_openings_deferring: u64,
+    /// Bytes of slot pages written as deltas over their images, before
+    /// and after reopening.
+    slot_page_deltas: u64,
 }
 
 /// How a run is shaped: `Small` (3 MiB members of 16 KiB chunks: one
@@ -267,6 +270,7 @@ fn run(seed: u64, met: &mut Met, shape: Shape) {
     met.members_failed += status.members_unavailable as u64;
     met.pages_evicted += status.map_pages_evicted;
     met.page_misses += status.map_page_misses;
+    met.slot_page_deltas += status.checkpoint_parts.slot_page_deltas;
     // A third of the seeds stop cleanly (on the faulty members still): the
     // opening after may then skip the scan, and must find everything.
     // With many slots, even seeds stop cleanly and odd ones crash (after
@@ -307,6 +311,7 @@ fn run(seed: u64, met: &mut Met, shape: Shape) {
         .check()
         .unwrap_or_else(|e| panic!("seed {seed}: invariant after reopening: {e}"));
     verify(&array, &models, "reopened");
+    met.slot_page_deltas += array.status().unwrap().checkpoint_parts.slot_page_deltas;
 }
 
 #[test]
@@ -325,6 +330,7 @@ fn concurrent_clients_on_faulty_members_match_the_model() {
         "no map page was evicted and read back: {met:?}"
     );
     assert!(met.clean_openings > 0, "no run opened after a clean stop: {met:?}");
+    assert!(met.slot_page_deltas > 0, "no slot page written as a delta: {met:?}");
 }
 
 /// The same clients on arrays with a few slot pages, each stopped cleanly
@@ -347,4 +353,5 @@ fn concurrent_clients_on_an_array_whose_slot_pages_are_read_after_opening() {
         met.crash_openings_deferring > 0,
         "no opening after a crash left slot pages for later: {met:?}"
     );
+    assert!(met.slot_page_deltas > 0, "no slot page written as a delta: {met:?}");
 }
