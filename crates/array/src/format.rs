@@ -1164,20 +1164,12 @@ fn encode_slot_entries(
         entries.windows(2).all(|w| w[0].slot < w[1].slot),
         "slots in order, once each"
     );
-    let mut columns = [(u64::MAX, 0u64); SLOT_PAGE_COLUMNS];
-    for e in entries {
-        debug_assert_eq!(e.slot / crate::limits::SLOT_TABLE_PAGE_SLOTS, page);
-        for (column, value) in columns.iter_mut().zip(slot_page_fields(e)) {
-            *column = (column.0.min(value), column.1.max(value));
-        }
-    }
-    let columns = columns.map(|(low, high)| match entries.is_empty() {
-        true => (0, 0),
-        false => (low, (64 - (high - low).leading_zeros()) as u8),
-    });
-    let stride: usize = columns.iter().map(|&(_, width)| usize::from(width)).sum();
+    debug_assert!(entries
+        .iter()
+        .all(|e| e.slot / crate::limits::SLOT_TABLE_PAGE_SLOTS == page));
+    let columns = slot_page_columns(entries);
     let header = SLOT_PAGE_HEADER_BYTES + changed.map_or(0, |c| c.len());
-    let bytes = STORED_IMAGE_HEADER_BYTES + header + (entries.len() * stride).div_ceil(8);
+    let bytes = STORED_IMAGE_HEADER_BYTES + header + slot_entries_bytes(entries.len(), &columns);
     let mut out = begin_raw_image(bytes, magic, page, entries.len());
     for (base, width) in columns {
         out.extend_from_slice(&base.to_le_bytes());
@@ -1196,6 +1188,33 @@ fn encode_slot_entries(
     let out = bits.finish();
     debug_assert_eq!(out.len(), bytes);
     out
+}
+
+/// Each field's base and width over `entries`: from its smallest value,
+/// in the bits the values span.
+fn slot_page_columns(entries: &[SlotEntry]) -> [(u64, u8); SLOT_PAGE_COLUMNS] {
+    let mut columns = [(u64::MAX, 0u64); SLOT_PAGE_COLUMNS];
+    for e in entries {
+        for (column, value) in columns.iter_mut().zip(slot_page_fields(e)) {
+            *column = (column.0.min(value), column.1.max(value));
+        }
+    }
+    columns.map(|(low, high)| match entries.is_empty() {
+        true => (0, 0),
+        false => (low, (64 - (high - low).leading_zeros()) as u8),
+    })
+}
+
+/// Bytes `count` entries take packed in `columns`.
+fn slot_entries_bytes(count: usize, columns: &[(u64, u8); SLOT_PAGE_COLUMNS]) -> usize {
+    let stride: usize = columns.iter().map(|&(_, width)| usize::from(width)).sum();
+    (count * stride).div_ceil(8)
+}
+
+/// Stored bytes of slot page image of `entries` (`encode_slot_page_image`),
+/// without encoding it.
+pub fn slot_page_image_bytes(entries: &[SlotEntry]) -> usize {
+    STORED_IMAGE_HEADER_BYTES + SLOT_PAGE_HEADER_BYTES + slot_entries_bytes(entries.len(), &slot_page_columns(entries))
 }
 
 /// Values of up to 64 bits appended to bytes, each from the lowest bit
@@ -3496,6 +3515,7 @@ mod tests {
                 continue;
             }
             let stored = encode_slot_page_image(page, &entries);
+            assert_eq!(slot_page_image_bytes(&entries), stored.len(), "sized as encoded");
             assert!(
                 stored.len() <= slot_page_image_bytes_max(entries.len()),
                 "round {round}"
