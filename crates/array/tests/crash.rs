@@ -207,7 +207,10 @@ fn engine(seed: u64) -> EngineOptions {
     }
 }
 
-fn run(seed: u64, met: &mut (u64, u64, u64, u64, u64, u64, u64)) {
+/// What the runs met, summed (`nothing_flushed_is_lost_when_killed_under_collection`).
+type Met = (u64, u64, u64, u64, u64, u64, u64, u64);
+
+fn run(seed: u64, met: &mut Met) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let devices: Vec<Arc<MemoryDevice>> = (0..6).map(|_| Arc::new(MemoryDevice::new(MEMBER_BYTES))).collect();
     let default = create(&devices, seed, None).logical_bytes();
@@ -289,6 +292,7 @@ fn run(seed: u64, met: &mut (u64, u64, u64, u64, u64, u64, u64)) {
         met.1 += before.checkpoints_written;
         met.2 += before.map_pages_evicted;
         met.4 += before.stripes_sealed_early;
+        met.7 += before.checkpoint_parts.slot_page_deltas;
         // What the dead process still does reaches nothing.
         drop(array);
         // Odd rounds: kill -9 (what was written is in the page cache and
@@ -334,8 +338,8 @@ fn nothing_flushed_is_lost_when_killed_under_collection() {
     // openings that left the replay for after, stripes written to the
     // next window's slots while a checkpoint was written, torn stripes
     // dropped by the openings, stripes they took as whole on M+1 chunk
-    // headers)
-    let mut met = (0, 0, 0, 0, 0, 0, 0);
+    // headers, bytes of slot pages written as deltas)
+    let mut met = (0, 0, 0, 0, 0, 0, 0, 0);
     for seed in common::seeds("TESSERA_CRASH_SEEDS", SEEDS_DEFAULT) {
         run(seed, &mut met);
     }
@@ -344,11 +348,11 @@ fn nothing_flushed_is_lost_when_killed_under_collection() {
     // checkpoint), and which do varies with timing: 0 or 1 of seeds 0..8,
     // 5 of 8..48. Counted, not required; `map_pages.rs` tests that path.
     eprintln!(
-        "garbage collection rounds, checkpoints, map pages evicted, replays mapped later, stripes sealed early, torn stripes dropped, stripes whole on M+1 headers: {met:?}"
+        "garbage collection rounds, checkpoints, map pages evicted, replays mapped later, stripes sealed early, torn stripes dropped, stripes whole on M+1 headers, slot page delta bytes: {met:?}"
     );
     assert!(
-        met.0 > 0 && met.1 > 0 && met.2 > 0,
-        "no collection, no checkpoint or no page evicted: {met:?}"
+        met.0 > 0 && met.1 > 0 && met.2 > 0 && met.7 > 0,
+        "no collection, no checkpoint, no page evicted or no slot page delta: {met:?}"
     );
 }
 
