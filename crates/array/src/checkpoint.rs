@@ -31,7 +31,10 @@
 //!    page not dirty is unchanged since its image was written.
 //! 3. Seal and sync the open stripes: everything the copy points at is
 //!    durable.
-//! 4. Write the new images to map stripes, then the root (live stripes,
+//! 4. Write the new images to map stripes (a slot page of which a few
+//!    slots changed as a delta over its image, while the deltas since
+//!    that image take no more than the page whole: FORMAT.md, "Slot page
+//!    deltas"), then the root (live stripes,
 //!    window, map stripes, where each page's image is) to Meta stripes,
 //!    in free slots (outside the window where it can), with consecutive
 //!    sequences; sync, then point the superblocks at the root. Only then
