@@ -54,6 +54,17 @@ fn degraded_stripes_are_healed_onto_healthy_members_and_survive_two_more_failure
         report.stripes_healed > 32 && report.stripes_degraded == 0 && report.bytes_relocated > 0 && calls > 0,
         "{report:?}"
     );
+    // Every degraded stripe counted at the start was listed, a chunk of
+    // slots at a time, and healed (nothing else wrote meanwhile): the
+    // count and the walk agree.
+    assert_eq!(
+        (report.stripes_done, report.stripes_healed),
+        (report.stripes_total, report.stripes_total),
+        "{report:?}"
+    );
+    // (`status` counts the checkpoint's degraded stripes too; heal, the
+    // data stripes it moves.)
+    assert!(report.stripes_total <= before, "{report:?} of {before}");
     // (`status` may still count a checkpoint stripe: the map, not data.)
     array.check().unwrap();
     // Every stripe now has all six chunks on members 0 to 5: two of them
