@@ -252,8 +252,6 @@ struct Written {
     pages: Vec<(u64, Option<Arc<PageImage>>)>,
     /// The slots its window names (where stripes newer than its sequence may be).
     replay: BTreeSet<u64>,
-    /// The slot pages written as deltas over their images.
-    slot_deltas: BTreeSet<u64>,
 }
 
 /// The checkpoint layer, over the lanes, the intent log and the work
@@ -573,8 +571,10 @@ impl Checkpoints {
                 let mut index = self.catalog.index_mut();
                 for taken in slot_pages.iter().flat_map(|taken| &taken.pages) {
                     index.slots.page_durable(taken.page, &taken.entries);
-                    // A delta lists them again next time.
-                    if written.slot_deltas.contains(&taken.page) {
+                    // Written as a delta (a page written whole has no
+                    // deltas over it): the next one lists them again.
+                    let pages = &written.root.images.slot_pages;
+                    if pages.get(&taken.page).is_some_and(|p| p.deltas > 0) {
                         index.slots.still_changed(&taken.changed);
                     }
                 }
@@ -1024,10 +1024,6 @@ impl Checkpoints {
                 let page = taken.page;
                 let mut deltas = None;
                 let encoded = (!taken.entries.is_empty()).then(|| {
-                    // (Sized before either is encoded: at 100 TiB of 8+2
-                    // a checkpoint may take 204,800 pages, and encoding a
-                    // page of 1,024 slots whole takes ~9 us.)
-                    let whole = format::slot_page_image_bytes(&taken.entries);
                     let over = durable
                         .slot_pages
                         .get(&page)
@@ -1041,7 +1037,10 @@ impl Checkpoints {
                             .collect();
                         let delta = format::encode_slot_delta_image(page, &taken.changed, &listed);
                         let sum = over.deltas as usize + delta.len();
-                        (sum <= whole).then(|| {
+                        // (Sized, not encoded, whole: at 100 TiB of 8+2 a
+                        // checkpoint may take 204,800 pages, and encoding
+                        // one of 1,024 slots takes ~9 us.)
+                        (sum <= format::slot_page_image_bytes(&taken.entries)).then(|| {
                             deltas = Some(sum as u32);
                             delta
                         })
@@ -1075,6 +1074,10 @@ impl Checkpoints {
         // What the run holds, by part (`Status::checkpoint_parts`; the
         // root's bytes are set once it is encoded).
         let range_bytes = |range: &Option<Range<usize>>| range.as_ref().map_or(0, |r| r.len() as u64);
+        let slot_bytes = |as_deltas: bool| -> u64 {
+            let written = slot_pages.iter().filter(|w| w.deltas.is_some() == as_deltas);
+            written.flat_map(|w| &w.encoded).map(|(e, _)| e.len() as u64).sum()
+        };
         let deltas_bytes: u64 = fresh
             .values()
             .flatten()
@@ -1086,18 +1089,8 @@ impl Checkpoints {
             page_deltas: deltas_bytes,
             page_images_moved: copied.moved_bytes as u64,
             directory_pages: dirs.iter().map(|d| range_bytes(&d.range)).sum(),
-            slot_pages: slot_pages
-                .iter()
-                .filter(|w| w.deltas.is_none())
-                .flat_map(|w| &w.encoded)
-                .map(|(e, _)| e.len() as u64)
-                .sum(),
-            slot_page_deltas: slot_pages
-                .iter()
-                .filter(|w| w.deltas.is_some())
-                .flat_map(|w| &w.encoded)
-                .map(|(e, _)| e.len() as u64)
-                .sum(),
+            slot_pages: slot_bytes(false),
+            slot_page_deltas: slot_bytes(true),
             roots: 0,
         };
         let image_stripes = run_bytes.div_ceil(per_stripe);
@@ -1308,7 +1301,6 @@ impl Checkpoints {
                 new: Some(new),
             });
         }
-        let mut slot_deltas = BTreeSet::new();
         for SlotPageWrite {
             page,
             entries,
@@ -1332,13 +1324,10 @@ impl Checkpoints {
             );
             run.extend_from_slice(&encoded);
             let image = match deltas {
-                Some(_) => {
-                    slot_deltas.insert(page);
-                    PageImage {
-                        delta: Some(Arc::new(written)),
-                        ..PageImage::clone(&durable.slot_pages[&page].image)
-                    }
-                }
+                Some(_) => PageImage {
+                    delta: Some(Arc::new(written)),
+                    ..PageImage::clone(&durable.slot_pages[&page].image)
+                },
                 None => written,
             };
             images.slot_pages.insert(
@@ -1449,7 +1438,6 @@ impl Checkpoints {
             replay,
             dirs: updates,
             pages,
-            slot_deltas,
         }))
     }
 

@@ -1416,8 +1416,8 @@ fn decode_slot_entries(stored: &[u8], geometry: &Geometry, delta: bool) -> Resul
                 return Err(field("slots_changed", changed.len() as u64));
             }
             // Every slot listed changed.
-            if let Some(slot) = bitmap_slots(first, listed).find(|s| changed.binary_search(s).is_err()) {
-                return Err(field("slot_unchanged", slot));
+            if let Some(byte) = listed.iter().zip(bitmap).position(|(l, c)| l & !c != 0) {
+                return Err(field("slot_unchanged", first + 8 * byte as u64));
             }
             Some(changed)
         }
