@@ -1015,8 +1015,13 @@ impl Checkpoints {
         // Then the slot table's pages taken, each where it goes: as a
         // delta over its durable image while the deltas since that image
         // take no more than the page would whole (FORMAT.md, "Slot page
-        // deltas"), else whole. Packed as their values allow: encoded to
-        // be sized.
+        // deltas"), else whole, as those whose image or delta lies in a
+        // sparse map stripe are (step 1 took them for that). Packed as
+        // their values allow: encoded to be sized.
+        let sparse = match root_alone {
+            true => BTreeSet::new(),
+            false => sparse_map_stripes(durable, per_stripe as u64),
+        };
         let slot_pages: Vec<SlotPageWrite> = taken_slot_pages
             .iter()
             .flat_map(|taken| &taken.pages)
@@ -1027,7 +1032,8 @@ impl Checkpoints {
                     let over = durable
                         .slot_pages
                         .get(&page)
-                        .filter(|_| !taken.whole && !taken.changed.is_empty());
+                        .filter(|over| !over.image.all_pieces().any(|piece| sparse.contains(&piece.slot)))
+                        .filter(|_| !taken.changed.is_empty());
                     let delta = over.and_then(|over| {
                         let listed: Vec<format::SlotEntry> = taken
                             .entries

@@ -272,8 +272,6 @@ struct Unread {
 /// each before a slot of it changes.
 struct Snapshot {
     pending: SlotSet,
-    /// Pages to be written whole (their images leave sparse map stripes).
-    whole: BTreeSet<u64>,
     copied: BTreeMap<u64, TakenPage>,
     resealed: Vec<u64>,
 }
@@ -286,15 +284,13 @@ pub struct TakenPages {
     resealed: Vec<u64>,
 }
 
-/// A durable page as a checkpoint took it: its entries, the slots that
-/// changed since its image was taken (what a delta over that image
-/// lists), and whether it is to be written whole whatever its delta
-/// would cost.
+/// A durable page as a checkpoint took it: its entries, and the slots
+/// that changed since its image was taken (what a delta over that image
+/// lists).
 pub struct TakenPage {
     pub page: u64,
     pub entries: Vec<format::SlotEntry>,
     pub changed: Vec<u64>,
-    pub whole: bool,
 }
 
 const PAGE_SLOTS: u64 = crate::limits::SLOT_TABLE_PAGE_SLOTS;
@@ -523,7 +519,6 @@ impl SlotTable {
         let pages = pending.iter().collect();
         self.snapshot = Some(Snapshot {
             pending,
-            whole: also.clone(),
             copied: BTreeMap::new(),
             resealed: std::mem::take(&mut self.resealed).into_iter().collect(),
         });
@@ -540,16 +535,7 @@ impl SlotTable {
             .take_range(page * PAGE_SLOTS, ((page + 1) * PAGE_SLOTS).min(self.count()));
         let snapshot = self.snapshot.as_mut().expect("a snapshot is being taken");
         snapshot.pending.remove(page);
-        let whole = snapshot.whole.contains(&page);
-        snapshot.copied.insert(
-            page,
-            TakenPage {
-                page,
-                entries,
-                changed,
-                whole,
-            },
-        );
+        snapshot.copied.insert(page, TakenPage { page, entries, changed });
     }
 
     /// Copies up to `count` of the snapshot's pages not copied yet;
