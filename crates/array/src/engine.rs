@@ -524,6 +524,7 @@ impl Array {
                     index.drain_after_user.iter().any(|d| d.0 == slot)
                         || index.drain_at_seal.values().any(|drains| drains.contains(&slot))
                 };
+                index.map.check_bytes()?;
                 index.slots.check(&index.map, awaiting)
             })
             .map_err(|e| e.to_string())?

@@ -1250,11 +1250,14 @@ impl PagesMut<'_> {
 }
 
 /// Sets `page`'s `since_base`, with what the map's pages hold (`bytes`) as
-/// its size changes.
-fn set_since_base(bytes: &mut usize, page: &mut Page, since: Option<Box<delta::Since>>) {
+/// its size changes; returns what it was. (Taken out first, it would not
+/// be counted going: the count only grew, until the cache evicted every
+/// page to make room for bytes nothing held.)
+fn set_since_base(bytes: &mut usize, page: &mut Page, since: Option<Box<delta::Since>>) -> Option<Box<delta::Since>> {
     let before = page.bytes();
-    page.since_base = since;
+    let was = std::mem::replace(&mut page.since_base, since);
     *bytes = *bytes + page.bytes() - before;
+    was
 }
 
 impl Map {
@@ -1311,7 +1314,7 @@ impl Map {
         self.mark_dirty(pages);
         for (p, then) in std::mem::take(&mut self.rebased) {
             if let Some(page) = self.pages.get_mut(&p) {
-                let given = match (then, page.since_base.take()) {
+                let given = match (then, page.since_base.as_deref()) {
                     (Some(mut then), Some(now)) => {
                         then.keys.iter_mut().zip(now.keys.iter()).for_each(|(k, s)| *k |= s);
                         Some(then)
@@ -1579,6 +1582,23 @@ impl Map {
         self.bytes + self.directory.bytes()
     }
 
+    /// The bytes counted as held (`held_bytes`) against those the pages
+    /// and directory pages in memory hold, counted again: the cache is
+    /// sized by the count, so a count that drifted up would evict every
+    /// page at each checkpoint (`Array::check` runs it).
+    pub fn check_bytes(&self) -> Result<(), String> {
+        let pages: usize = self.pages.values().map(Page::bytes).sum();
+        let dirs = self.directory.bytes_counted_again();
+        match (pages == self.bytes, dirs == self.directory.bytes()) {
+            (true, true) => Ok(()),
+            _ => Err(format!(
+                "the map counts {} bytes of pages and {} of directory pages held; they hold {pages} and {dirs}",
+                self.bytes,
+                self.directory.bytes()
+            )),
+        }
+    }
+
     /// Evicts clean pages, least recently looked at first, none that
     /// `pinned` names; then, if that was not enough, directory pages none
     /// of whose pages is in memory or `pinned_dir`; until they hold at
@@ -1663,8 +1683,7 @@ impl Map {
                     deltas.insert(p, since.clone());
                 }
                 _ => {
-                    let then = page.since_base.take();
-                    set_since_base(&mut self.bytes, page, keeps.then(Box::default));
+                    let then = set_since_base(&mut self.bytes, page, keeps.then(Box::default));
                     self.rebased.insert(p, then);
                 }
             }
@@ -2940,6 +2959,26 @@ mod tests {
         map.end_snapshot();
         assert_ne!(image(&map, 0), page0, "the change is in the map");
         assert_eq!(map.dirty_count(), 2);
+    }
+
+    /// The bytes the map counts as held stay those its pages hold while
+    /// checkpoints take pages whole and give them back (the count grew
+    /// by a page's keys changed since its base each time, 72 bytes,
+    /// until the cache evicted every page after each checkpoint).
+    #[test]
+    fn the_bytes_counted_stay_those_held_as_pages_are_taken_and_given_back() {
+        let mut map = Map::new(1);
+        for round in 0..4u64 {
+            map.insert(round, 2, round + 1, &data(&extent(1, 2)), Rule::Always);
+            let taken = map.take_dirty();
+            map.begin_snapshot(&taken, &|_| true);
+            map.end_snapshot();
+            map.check_bytes().unwrap();
+            if round % 2 == 1 {
+                map.give_back(taken);
+                map.check_bytes().unwrap();
+            }
+        }
     }
 
     #[test]

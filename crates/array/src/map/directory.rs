@@ -348,6 +348,11 @@ impl Directory {
     pub fn bytes(&self) -> usize {
         self.bytes
     }
+
+    /// What `bytes` should be: the resident pages' bytes, summed.
+    pub fn bytes_counted_again(&self) -> usize {
+        self.resident.values().map(DirPage::bytes).sum()
+    }
 }
 
 #[cfg(test)]
