@@ -31,10 +31,11 @@ use crate::error::{ArrayError, CheckpointFault};
 use crate::format::{PageImage, SlotEntry};
 use crate::index::{map_waiting, Index};
 use crate::limits::{SLOT_TABLE_PAGE_SLOTS, SLOT_WALK_CHUNK};
+use crate::map::directory::DirEntries;
 use crate::map::{LoadedPage, Map, Needed};
 use crate::slots::{Pinned, Pins, SlotState};
 use crate::stripes::Stripes;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// The index layer (see the module's doc).
@@ -477,19 +478,18 @@ impl Catalog {
         image: Arc<PageImage>,
         ranges: Vec<(u64, u64)>,
     ) -> Result<Option<DirRead>, ArrayError> {
-        Counters::add(&self.stripes.counters.map_page_reads, image.pieces.len() as u64);
-        let stored = match self.read_dir_image(dir, &image) {
-            Ok(stored) => stored,
+        Counters::add(&self.stripes.counters.map_page_reads, image.all_pieces().count() as u64);
+        let entries = match self.read_directory_page(dir, &image) {
+            Ok(entries) => entries,
             Err(_) if !self.dir_still_held_as(dir, &image) => return Ok(None),
             Err(error) => return Err(error),
         };
-        let images = self.decode_dir_image(dir, &stored)?;
         let named = ranges
             .iter()
-            .flat_map(|&(first, last)| images.range(first..=last))
+            .flat_map(|&(first, last)| entries.images.range(first..=last))
             .map(|(&p, i)| (p, i.clone()))
             .collect();
-        Ok(Some((Loaded::Dir { dir, images, image }, named)))
+        Ok(Some((Loaded::Dir { dir, entries, image }, named)))
     }
 
     /// The stored bytes of the parts of `run` (see `runs`), read with one
@@ -564,11 +564,11 @@ impl Catalog {
     fn install_loaded(&self, index: &mut Index, loaded: Vec<Loaded>) -> Result<(), ArrayError> {
         for loaded in loaded {
             let (body, image) = match loaded {
-                Loaded::Dir { dir, images, image } => {
+                Loaded::Dir { dir, entries, image } => {
                     let slots = &index.slots;
                     index
                         .map
-                        .install_dir(dir, images, &image, &|slot| {
+                        .install_dir(dir, entries, &image, &|slot| {
                             slots.get(slot).state == SlotState::Checkpoint
                         })
                         .map_err(|source| ArrayError::MapDirectoryPage { dir, source })?;
@@ -623,41 +623,51 @@ impl Catalog {
         self.index().map.directory_page_held_only_as(dir, image)
     }
 
-    /// A directory page's stored image (`read_page_image`).
-    pub(crate) fn read_dir_image(&self, dir: u64, image: &PageImage) -> Result<Vec<u8>, ArrayError> {
-        self.read_page_image(dir, image).map_err(|error| match error {
-            ArrayError::MapPage { source, .. } => ArrayError::MapDirectoryPage { dir, source },
-            error => error,
+    /// Directory page `dir`, held as `image`: its image and the delta
+    /// over it (if one was written since) read (`read_page_image`) and
+    /// decoded, each of which must say it is that page, the delta's
+    /// entries laid over the image's.
+    fn read_directory_page(&self, dir: u64, image: &PageImage) -> Result<DirEntries, ArrayError> {
+        let bad = |source| ArrayError::MapDirectoryPage { dir, source };
+        let read = |image: &PageImage| {
+            self.read_page_image(dir, image).map_err(|error| match error {
+                ArrayError::MapPage { source, .. } => bad(source),
+                error => error,
+            })
+        };
+        let number = |number: u64| match number == dir {
+            true => Ok(()),
+            false => Err(bad(crate::format::FormatError::Field {
+                what: "map directory page",
+                field: "number",
+                value: number,
+            })),
+        };
+        let g = &self.stripes.geometry;
+        let (at, images) = crate::format::decode_directory_image(&read(image)?, g).map_err(bad)?;
+        number(at)?;
+        let Some(delta) = &image.delta else {
+            return Ok(DirEntries {
+                images,
+                changed: BTreeSet::new(),
+            });
+        };
+        let delta = crate::format::decode_directory_delta_image(&read(delta)?, g).map_err(bad)?;
+        number(delta.dir)?;
+        let changed = delta.changed.clone();
+        Ok(DirEntries {
+            images: delta.over(images),
+            changed,
         })
     }
 
     /// The entries of directory page `dir`, held as `own`: from memory,
-    /// or read from its map stripes.
-    pub(crate) fn directory_page(
-        &self,
-        dir: u64,
-        own: &PageImage,
-    ) -> Result<BTreeMap<u64, Arc<PageImage>>, ArrayError> {
+    /// or read from its map stripes (`read_directory_page`).
+    pub(crate) fn directory_page(&self, dir: u64, own: &PageImage) -> Result<DirEntries, ArrayError> {
         if let Some(entries) = self.index().map.directory_page(dir) {
             return Ok(entries);
         }
-        let stored = self.read_dir_image(dir, own)?;
-        self.decode_dir_image(dir, &stored)
-    }
-
-    /// The entries of directory page `dir`'s stored image, which must
-    /// say it is that page.
-    fn decode_dir_image(&self, dir: u64, stored: &[u8]) -> Result<BTreeMap<u64, Arc<PageImage>>, ArrayError> {
-        let bad = |source| ArrayError::MapDirectoryPage { dir, source };
-        let (number, entries) = crate::format::decode_directory_image(stored, &self.stripes.geometry).map_err(bad)?;
-        if number != dir {
-            return Err(bad(crate::format::FormatError::Field {
-                what: "map directory page",
-                field: "number",
-                value: number,
-            }));
-        }
-        Ok(entries)
+        self.read_directory_page(dir, own)
     }
 
     /// A page's stored image, as its digest says it is: read from its
@@ -903,7 +913,7 @@ struct PagePart {
 enum Loaded {
     Dir {
         dir: u64,
-        images: BTreeMap<u64, Arc<PageImage>>,
+        entries: DirEntries,
         image: Arc<PageImage>,
     },
     Page(LoadedPage, Arc<PageImage>),

@@ -83,7 +83,7 @@ use crate::limits::{
     CHECKPOINT_WINDOW_MIN, MAP_STRIPES_PER_NEEDED,
 };
 use crate::map::directory::NewDir;
-use crate::map::directory::{dir_of, Images};
+use crate::map::directory::{dir_of, DirEntries};
 use crate::map::DirUpdate;
 use crate::slots::{SlotState, TakenPages};
 use crate::stripe::OpenStripe;
@@ -105,7 +105,11 @@ pub struct CheckpointParts {
     /// out of sparse map stripes, so that those are freed.
     #[serde(default)]
     pub page_images_moved: u64,
+    /// Directory pages written whole.
     pub directory_pages: u64,
+    /// Directory pages written as deltas over their images.
+    #[serde(default)]
+    pub directory_page_deltas: u64,
     /// Slot table pages written whole.
     pub slot_pages: u64,
     /// Slot table pages written as deltas over their images.
@@ -220,12 +224,15 @@ struct Changes<'a> {
 }
 
 /// A directory page a checkpoint writes: what it named before (pages,
-/// their images' bytes), and where its new image goes in the run of
-/// images (`None`: it names no page any more).
+/// their images' bytes), where its new image or delta goes in the run of
+/// images (`None`: it names no page any more), and for a delta the pages
+/// it lists and the bytes the deltas over the image took with it
+/// (`MapImages::dir_deltas`).
 struct DirWrite {
     dir: u64,
     old: (u64, u64),
     range: Option<Range<usize>>,
+    delta: Option<(BTreeSet<u64>, u32)>,
 }
 
 /// A slot table page a checkpoint writes: its entries, and where its
@@ -348,6 +355,8 @@ impl Checkpoints {
         let dir_images = format::directory_image_bytes(g.checksum, pages, pages + page_stripes)
             + format::directory_deltas_bytes(g.checksum, pages, pages + page_stripes)
             + dirs * format::directory_image_bytes(g.checksum, 0, 0);
+        // (A directory page written as a delta over an image that stays
+        // takes no more than it would whole.)
         // Every slot table page that lists a slot written, each whole or
         // a delta (no larger than the page whole) over an image that stays.
         let used = index.slots.count() as usize - index.slots.free_count();
@@ -362,8 +371,8 @@ impl Checkpoints {
                 window: index.slots.count() as usize,
                 map_stripes: used + image_stripes,
                 named: dirs + slot_pages,
-                deltas: slot_pages,
-                pieces: dirs + 2 * slot_pages + image_stripes,
+                deltas: dirs + slot_pages,
+                pieces: 2 * dirs + 2 * slot_pages + image_stripes,
                 volumes: crate::volume::VOLUME_COUNT_MAX,
             },
         );
@@ -683,12 +692,41 @@ impl Checkpoints {
             if in_sparse(own) {
                 found.dirs.insert(dir);
             }
-            let entries = self.catalog.directory_page(dir, own)?;
+            let entries = self.catalog.directory_page(dir, own)?.images;
             found
                 .pages
                 .extend(entries.into_iter().filter(|(_, image)| in_sparse(image)));
         }
         Ok(found)
+    }
+
+    /// Whether each map stripe's live bytes, as the durable root lists
+    /// them, are the stored bytes of the images and deltas it names there
+    /// (the map pages' through the directory, the directory pages' and
+    /// the slot pages'): what a checkpoint subtracts for each image it
+    /// replaces, and frees the stripe on at 0. `Array::check` runs it.
+    pub(crate) fn check_map_stripes(&self) -> Result<(), String> {
+        let durable = self.durable();
+        let images = &durable.images;
+        let mut named: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut count = |image: &PageImage| {
+            for piece in image.all_pieces() {
+                *named.entry(piece.slot).or_default() += u64::from(piece.bytes);
+            }
+        };
+        for (&dir, own) in &images.dirs {
+            count(own);
+            let entries = self.catalog.directory_page(dir, own).map_err(|e| e.to_string())?;
+            entries.images.values().for_each(|image| count(image));
+        }
+        images.slot_pages.values().for_each(|p| count(&p.image));
+        let listed: BTreeMap<u64, u64> = images.stripes.iter().map(|(&slot, s)| (slot, s.live)).collect();
+        match named == listed {
+            true => Ok(()),
+            false => Err(format!(
+                "map stripes' live bytes {listed:?}, where the images named in them take {named:?}"
+            )),
+        }
     }
 
     /// Step 1: the next window (allocation is narrowed to it meanwhile)
@@ -737,8 +775,8 @@ impl Checkpoints {
             .map(|&page| (page, old[&page].clone().expect("a page taken as a delta has an image")))
             .collect();
         // The map stripes this checkpoint empties (what it does with the
-        // slot pages' images, whole or a delta over them, it decides as
-        // it writes them: `write_checkpoint`).
+        // directory pages' and slot pages' images, whole or a delta over
+        // them, it decides as it writes them: `write_checkpoint`).
         // A page's image and delta, unless a delta is written over the
         // image (then its delta alone).
         let pages_replaced = old
@@ -752,11 +790,7 @@ impl Checkpoints {
                     .collect::<Vec<_>>(),
                 false => image.all_pieces().collect(),
             });
-        let others_replaced = dirs
-            .iter()
-            .filter_map(|dir| images.dirs.get(dir))
-            .flat_map(|image| image.pieces.iter());
-        for piece in pages_replaced.chain(others_replaced) {
+        for piece in pages_replaced {
             *live.get_mut(&piece.slot).expect("a piece is in a listed map stripe") -= u64::from(piece.bytes);
         }
         let emptied = live.iter().filter(|&(_, &bytes)| bytes == 0).map(|(&slot, _)| slot);
@@ -978,24 +1012,37 @@ impl Checkpoints {
         // lock keeps them so), and where each one's new image goes: each
         // read, sized and let go, one at a time (a checkpoint after
         // writes all over a large array rewrites many), and read again
-        // to be written once the slots are known.
-        let entries_of = |dir: u64| -> Result<Images, ArrayError> {
+        // to be written once the slots are known. Each as a delta over
+        // its durable image while the deltas since that image take no
+        // more than the page would whole (FORMAT.md, "Directory page
+        // deltas"), else whole, as those whose image or delta lies in a
+        // sparse map stripe are (step 1 took them for that).
+        let entries_of = |dir: u64| -> Result<DirEntries, ArrayError> {
             match durable.dirs.get(&dir) {
                 Some(own) => self.catalog.directory_page(dir, own),
-                None => Ok(BTreeMap::new()),
+                None => Ok(DirEntries::default()),
             }
         };
+        let sparse = match root_alone {
+            true => BTreeSet::new(),
+            false => sparse_map_stripes(durable, per_stripe as u64),
+        };
+        let in_sparse = |image: &PageImage| image.all_pieces().any(|piece| sparse.contains(&piece.slot));
         let mut at = copied.bytes.len();
         let mut dirs: Vec<DirWrite> = Vec::new();
         for &dir in touched {
-            let entries = entries_of(dir)?;
+            let DirEntries {
+                images: entries,
+                mut changed,
+            } = entries_of(dir)?;
             let old = (
                 entries.len() as u64,
                 entries.values().map(|i| i.stored_bytes()).sum::<u64>(),
             );
             let entry_bytes = |image: &PageImage| format::directory_entry_bytes(algorithm, image);
             let (mut count, mut bytes) = (entries.len(), entries.values().map(|i| entry_bytes(i)).sum::<usize>());
-            for (page, image) in fresh.range(dir * MAP_DIRECTORY_PAGES..(dir + 1) * MAP_DIRECTORY_PAGES) {
+            let written = fresh.range(dir * MAP_DIRECTORY_PAGES..(dir + 1) * MAP_DIRECTORY_PAGES);
+            for (page, image) in written {
                 if let Some(was) = entries.get(page) {
                     count -= 1;
                     bytes -= entry_bytes(was);
@@ -1004,13 +1051,41 @@ impl Checkpoints {
                     count += 1;
                     bytes += entry_bytes(image);
                 }
+                changed.insert(*page);
+            }
+            let whole = format::directory_image_bytes_of(bytes);
+            let over = durable
+                .dirs
+                .get(&dir)
+                .filter(|own| count > 0 && !changed.is_empty() && !in_sparse(own));
+            let delta = over.and_then(|_| {
+                let now = |page: &u64| match fresh.get(page) {
+                    Some(image) => image.as_ref().map(|(image, _)| image),
+                    None => entries.get(page).map(|image| &**image),
+                };
+                let listed: usize = changed.iter().filter_map(now).map(entry_bytes).sum();
+                let bytes = format::directory_delta_bytes_of(listed);
+                let sum = durable.dir_deltas.get(&dir).map_or(0, |&d| d as usize) + bytes;
+                (sum <= whole).then_some((bytes, sum as u32))
+            });
+            // What it replaces: a delta only its image's delta, else its
+            // image and delta.
+            if let Some(own) = durable.dirs.get(&dir) {
+                let replaced: Vec<&ImagePiece> = match delta {
+                    Some(_) => own.delta.iter().flat_map(|d| d.pieces.iter()).collect(),
+                    None => own.all_pieces().collect(),
+                };
+                for piece in replaced {
+                    *live.get_mut(&piece.slot).expect("a piece is in a listed map stripe") -= u64::from(piece.bytes);
+                }
             }
             let range = (count > 0).then(|| {
-                let bytes = format::directory_image_bytes_of(bytes);
+                let bytes = delta.map_or(whole, |(bytes, _)| bytes);
                 at += bytes;
                 at - bytes..at
             });
-            dirs.push(DirWrite { dir, old, range });
+            let delta = delta.map(|(_, sum)| (changed, sum));
+            dirs.push(DirWrite { dir, old, range, delta });
         }
         // Then the slot table's pages taken, each where it goes: as a
         // delta over its durable image while the deltas since that image
@@ -1018,10 +1093,6 @@ impl Checkpoints {
         // deltas"), else whole, as those whose image or delta lies in a
         // sparse map stripe are (step 1 took them for that). Packed as
         // their values allow: encoded to be sized.
-        let sparse = match root_alone {
-            true => BTreeSet::new(),
-            false => sparse_map_stripes(durable, per_stripe as u64),
-        };
         let slot_pages: Vec<SlotPageWrite> = taken_slot_pages
             .iter()
             .flat_map(|taken| &taken.pages)
@@ -1032,7 +1103,7 @@ impl Checkpoints {
                     let over = durable
                         .slot_pages
                         .get(&page)
-                        .filter(|over| !over.image.all_pieces().any(|piece| sparse.contains(&piece.slot)))
+                        .filter(|over| !in_sparse(&over.image))
                         .filter(|_| !taken.changed.is_empty());
                     let delta = over.and_then(|over| {
                         let listed: Vec<format::SlotEntry> = taken
@@ -1094,7 +1165,16 @@ impl Checkpoints {
             page_images: copied.bytes.len() as u64 - deltas_bytes,
             page_deltas: deltas_bytes,
             page_images_moved: copied.moved_bytes as u64,
-            directory_pages: dirs.iter().map(|d| range_bytes(&d.range)).sum(),
+            directory_pages: dirs
+                .iter()
+                .filter(|d| d.delta.is_none())
+                .map(|d| range_bytes(&d.range))
+                .sum(),
+            directory_page_deltas: dirs
+                .iter()
+                .filter(|d| d.delta.is_some())
+                .map(|d| range_bytes(&d.range))
+                .sum(),
             slot_pages: slot_bytes(false),
             slot_page_deltas: slot_bytes(true),
             roots: 0,
@@ -1126,13 +1206,19 @@ impl Checkpoints {
                 .map(|(_, range)| range.clone()),
         );
         // A delta written names its durable image's pieces too.
+        let dir_bases = dirs
+            .iter()
+            .filter(|d| d.delta.is_some())
+            .map(|d| durable.dirs[&d.dir].pieces.len());
         let bases = slot_pages
             .iter()
             .filter(|w| w.deltas.is_some())
-            .map(|w| durable.slot_pages[&w.page].image.pieces.len());
+            .map(|w| durable.slot_pages[&w.page].image.pieces.len())
+            .chain(dir_bases.clone());
         let named = kept.clone().count() + new.clone().count();
         let deltas = kept.clone().filter(|(_, image)| image.delta.is_some()).count()
-            + slot_pages.iter().filter(|w| w.deltas.is_some()).count();
+            + slot_pages.iter().filter(|w| w.deltas.is_some()).count()
+            + dir_bases.count();
         let named_pieces = kept.map(|(_, image)| image.all_pieces().count()).sum::<usize>()
             + new.map(|range| place(range).len()).sum::<usize>()
             + bases.sum::<usize>();
@@ -1245,6 +1331,7 @@ impl Checkpoints {
         let mut images = MapImages {
             stripes: BTreeMap::new(),
             dirs: durable.dirs.clone(),
+            dir_deltas: durable.dir_deltas.clone(),
             slot_pages: durable.slot_pages.clone(),
             slot_live: checkpoint.images.slot_live,
             pages: durable.pages,
@@ -1253,9 +1340,9 @@ impl Checkpoints {
         let mut run = Vec::with_capacity(run_bytes);
         run.extend_from_slice(&copied.bytes);
         let mut updates = Vec::with_capacity(dirs.len());
-        for DirWrite { dir, old, range } in dirs {
+        for DirWrite { dir, old, range, delta } in dirs {
             let mut entries = match entries_of(dir) {
-                Ok(entries) => entries,
+                Ok(entries) => entries.images,
                 Err(error) => {
                     // Nothing written yet: the slots taken go back.
                     let mut index = self.catalog.index_mut();
@@ -1276,30 +1363,49 @@ impl Checkpoints {
                     entries.insert(page, image.clone());
                 }
             }
+            images.dir_deltas.remove(&dir);
             let Some(range) = range else {
                 assert!(entries.is_empty(), "a directory page sized empty names none");
                 images.dirs.remove(&dir);
                 updates.push(DirUpdate { dir, old, new: None });
                 continue;
             };
-            let encoded = format::encode_directory_image(algorithm, dir, &entries);
+            // (Encoded whole also for a delta: the map keeps a resident
+            // directory page as its image packs it.)
+            let image = format::encode_directory_image(algorithm, dir, &entries);
+            let encoded = match &delta {
+                Some((changed, _)) => format::encode_directory_delta_image(algorithm, dir, changed, &entries),
+                None => image.clone(),
+            };
             assert_eq!(
                 (run.len(), encoded.len()),
                 (range.start, range.len()),
                 "directory page {dir} as sized"
             );
-            let own = Arc::new(PageImage {
-                bytes: encoded.len() as u32,
-                digest: algorithm.digest(&encoded),
-                pieces: with_slots(place(range)),
-                delta: None,
-            });
+            let written = PageImage::whole(
+                encoded.len() as u32,
+                algorithm.digest(&encoded),
+                with_slots(place(range)),
+            );
             run.extend_from_slice(&encoded);
+            let (own, changed) = match delta {
+                Some((changed, deltas)) => {
+                    images.dir_deltas.insert(dir, deltas);
+                    let own = PageImage {
+                        delta: Some(Arc::new(written)),
+                        ..PageImage::clone(&durable.dirs[&dir])
+                    };
+                    (own, changed)
+                }
+                None => (written, BTreeSet::new()),
+            };
+            let own = Arc::new(own);
             images.dirs.insert(dir, own.clone());
             let new = NewDir {
-                image: encoded,
+                image,
                 digest_bytes: algorithm.digest_bytes(),
                 own,
+                changed,
             };
             updates.push(DirUpdate {
                 dir,
@@ -1403,6 +1509,7 @@ impl Checkpoints {
             Counters::add(&c.checkpoint_page_delta_bytes, parts.page_deltas);
             Counters::add(&c.checkpoint_page_moved_bytes, parts.page_images_moved);
             Counters::add(&c.checkpoint_directory_bytes, parts.directory_pages);
+            Counters::add(&c.checkpoint_directory_delta_bytes, parts.directory_page_deltas);
             Counters::add(&c.checkpoint_slot_page_bytes, parts.slot_pages);
             Counters::add(&c.checkpoint_slot_delta_bytes, parts.slot_page_deltas);
             Counters::add(&c.checkpoint_root_bytes, parts.roots);

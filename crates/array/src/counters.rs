@@ -49,6 +49,7 @@ pub struct Counters {
     pub checkpoint_directory_bytes: AtomicU64,
     pub checkpoint_slot_page_bytes: AtomicU64,
     pub checkpoint_slot_delta_bytes: AtomicU64,
+    pub checkpoint_directory_delta_bytes: AtomicU64,
     pub checkpoint_root_bytes: AtomicU64,
     pub checkpoints_root_only: AtomicU64,
     pub log_blocks_written: AtomicU64,

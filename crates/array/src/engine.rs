@@ -517,6 +517,7 @@ impl Array {
     /// tests call it between operations.
     pub fn check(&self) -> Result<(), String> {
         self.shared.deferred.finish().map_err(|e| e.to_string())?;
+        self.shared.checkpoints.check_map_stripes()?;
         self.shared
             .catalog
             .with_every_page(|index| {

@@ -87,7 +87,7 @@ pub const CHECKPOINT_MAGIC: [u8; 8] = *b"TSRCHKPT";
 /// a checkpoint directory, which version 5 has as fields). Version 2
 /// added the version of the write to every record, a CRC32C per 4 KiB
 /// block to raw extents. Arrays of any other version are refused by it.
-pub const FORMAT_VERSION: u32 = 15;
+pub const FORMAT_VERSION: u32 = 16;
 /// The CRC32C of a sector covers its first 4092 bytes and sits in the last 4.
 const CRC_OFFSET: usize = SECTOR_BYTES - 4;
 
@@ -1024,8 +1024,15 @@ pub struct MapStripe {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MapImages {
     pub stripes: std::collections::BTreeMap<u64, MapStripe>,
-    /// Shared with the map, which keeps an evicted directory page as its image.
+    /// Shared with the map, which keeps an evicted directory page as its
+    /// image (with the delta over it, if one was written since:
+    /// `encode_directory_delta_image`).
     pub dirs: std::collections::BTreeMap<u64, std::sync::Arc<PageImage>>,
+    /// Of the directory pages with a delta, the stored bytes of the deltas
+    /// written over their images since they were, the one named included:
+    /// a page whose next delta would bring this past its whole image is
+    /// written whole again.
+    pub dir_deltas: std::collections::BTreeMap<u64, u32>,
     /// Slot pages (`SLOT_TABLE_PAGE_SLOTS` slots each) that list a slot.
     pub slot_pages: std::collections::BTreeMap<u64, SlotPageImage>,
     /// Live bytes times LIVE_SCALE that the slot pages list in all.
@@ -1476,9 +1483,10 @@ impl MapImages {
             .sum()
     }
 
-    /// Slot pages with a delta over their image.
-    pub fn slot_delta_count(&self) -> usize {
-        self.slot_pages.values().filter(|p| p.image.delta.is_some()).count()
+    /// Directory pages and slot pages with a delta over their image.
+    pub fn delta_count(&self) -> usize {
+        let dirs = self.dirs.values().filter(|i| i.delta.is_some()).count();
+        dirs + self.slot_pages.values().filter(|p| p.image.delta.is_some()).count()
     }
 }
 
@@ -1487,9 +1495,9 @@ const CHECKPOINT_HEADER_BYTES: usize = 112;
 /// digest and pieces.
 const CHECKPOINT_PAGE_BYTES: usize = 20;
 const CHECKPOINT_PIECE_BYTES: usize = 12;
-/// A slot page's delta in a checkpoint, before its digest and pieces.
+/// A directory page's or slot page's delta in a checkpoint, before its digest and pieces.
 const CHECKPOINT_DELTA_BYTES: usize = 12;
-/// `pieces` u32 in a slot page's entry: a delta follows the image's pieces.
+/// `pieces` u32 in a directory page's or slot page's entry: a delta follows the image's pieces.
 const CHECKPOINT_DELTA_FOLLOWS: u32 = 1 << 31;
 const CHECKPOINT_MAP_STRIPE_BYTES: usize = 24;
 
@@ -1634,6 +1642,118 @@ pub fn decode_directory_image(
     stored: &[u8],
     geometry: &Geometry,
 ) -> Result<(u64, std::collections::BTreeMap<u64, std::sync::Arc<PageImage>>), FormatError> {
+    let (dir, pages, _) = decode_directory_entries(stored, geometry, false)?;
+    Ok((dir, pages))
+}
+
+/// A directory page's delta over its image (FORMAT.md, "Directory page
+/// deltas"): the pages whose entries changed since the image, and the
+/// entries of those it names now (a page changed and not named lost its
+/// image: it was emptied).
+///
+/// ```text
+///   0 magic "TSRMAPDD"   8 directory page number u64
+///  16 entries u32       20 reserved u32
+///  24 the pages changed since the image, a bit each [64]: page
+///     first + k is bit k % 8 of byte k / 8
+///  88 entries of the pages changed that it names now, in page order,
+///     as an image's
+/// ```
+///
+/// Stored raw, as an image is. Under random writes over a large array
+/// every directory page changes between checkpoints of pages, in a few of
+/// its 512 entries each.
+pub const DIRECTORY_DELTA_MAGIC: [u8; 8] = *b"TSRMAPDD";
+const DIRECTORY_CHANGED_BYTES: usize = crate::limits::MAP_DIRECTORY_PAGES as usize / 8;
+
+/// A directory page's delta, decoded (`decode_directory_delta_image`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DirectoryDelta {
+    pub dir: u64,
+    /// The pages changed since the image, in order.
+    pub changed: std::collections::BTreeSet<u64>,
+    pub entries: std::collections::BTreeMap<u64, std::sync::Arc<PageImage>>,
+}
+
+impl DirectoryDelta {
+    /// The page's entries: `base`'s (its image's) with the changed ones
+    /// as the delta has them.
+    pub fn over(
+        self,
+        mut base: std::collections::BTreeMap<u64, std::sync::Arc<PageImage>>,
+    ) -> std::collections::BTreeMap<u64, std::sync::Arc<PageImage>> {
+        for page in &self.changed {
+            base.remove(page);
+        }
+        base.extend(self.entries);
+        base
+    }
+}
+
+/// Stored bytes of a directory page's delta whose entries take
+/// `entries_bytes` (`directory_entry_bytes`) in all.
+pub fn directory_delta_bytes_of(entries_bytes: usize) -> usize {
+    directory_image_bytes_of(entries_bytes) + DIRECTORY_CHANGED_BYTES
+}
+
+/// Directory page `dir`'s stored delta: `changed` (at least one page of
+/// it), with the entries of `pages` among them.
+pub fn encode_directory_delta_image(
+    algorithm: Algorithm,
+    dir: u64,
+    changed: &std::collections::BTreeSet<u64>,
+    pages: &std::collections::BTreeMap<u64, std::sync::Arc<PageImage>>,
+) -> Vec<u8> {
+    debug_assert!(!changed.is_empty(), "a delta changes a page");
+    let named: Vec<(u64, &std::sync::Arc<PageImage>)> = changed
+        .iter()
+        .filter_map(|page| pages.get(page).map(|image| (*page, image)))
+        .collect();
+    let entries: usize = named.iter().map(|(_, i)| directory_entry_bytes(algorithm, i)).sum();
+    let bytes = directory_delta_bytes_of(entries);
+    let mut out = begin_raw_image(bytes, DIRECTORY_DELTA_MAGIC, dir, named.len());
+    let first = dir * crate::limits::MAP_DIRECTORY_PAGES;
+    let mut bitmap = [0u8; DIRECTORY_CHANGED_BYTES];
+    for &page in changed {
+        debug_assert_eq!(page / crate::limits::MAP_DIRECTORY_PAGES, dir);
+        let k = (page - first) as usize;
+        bitmap[k / 8] |= 1 << (k % 8);
+    }
+    out.extend_from_slice(&bitmap);
+    for (page, image) in named {
+        encode_directory_entry(&mut out, page, image);
+    }
+    debug_assert_eq!(out.len(), bytes);
+    out
+}
+
+/// A directory page's delta (`encode_directory_delta_image`), checked as
+/// an image is, and its pages changed: at least one, every page it names
+/// among them.
+pub fn decode_directory_delta_image(stored: &[u8], geometry: &Geometry) -> Result<DirectoryDelta, FormatError> {
+    let (dir, entries, changed) = decode_directory_entries(stored, geometry, true)?;
+    Ok(DirectoryDelta {
+        dir,
+        changed: changed.expect("a delta's pages changed"),
+        entries,
+    })
+}
+
+/// A directory page's image, or with `delta` its delta: its number, its
+/// entries, and a delta's pages changed.
+#[allow(clippy::type_complexity)]
+fn decode_directory_entries(
+    stored: &[u8],
+    geometry: &Geometry,
+    delta: bool,
+) -> Result<
+    (
+        u64,
+        std::collections::BTreeMap<u64, std::sync::Arc<PageImage>>,
+        Option<std::collections::BTreeSet<u64>>,
+    ),
+    FormatError,
+> {
     const WHAT: &str = "map directory page";
     let field = |field, value: u64| FormatError::Field {
         what: WHAT,
@@ -1641,7 +1761,11 @@ pub fn decode_directory_image(
         value,
     };
     let length = || field("length", stored.len() as u64);
-    let bytes = raw_image(stored, DIRECTORY_MAGIC, DIRECTORY_HEADER_BYTES, WHAT)?;
+    let (magic, header) = match delta {
+        false => (DIRECTORY_MAGIC, DIRECTORY_HEADER_BYTES),
+        true => (DIRECTORY_DELTA_MAGIC, DIRECTORY_HEADER_BYTES + DIRECTORY_CHANGED_BYTES),
+    };
+    let bytes = raw_image(stored, magic, header, WHAT)?;
     let dir = get_u64(bytes, 8);
     let per_dir = crate::limits::MAP_DIRECTORY_PAGES;
     let first = dir.checked_mul(per_dir).ok_or(field("directory_page", dir))?;
@@ -1649,14 +1773,29 @@ pub fn decode_directory_image(
     if !within_one_volume(first_key, (per_dir * crate::limits::MAP_PAGE_BLOCKS) as u32) {
         return Err(field("directory_page", dir));
     }
+    let changed = delta.then(|| {
+        let bitmap = &bytes[DIRECTORY_HEADER_BYTES..header];
+        (0..per_dir)
+            .filter(|&k| bitmap[k as usize / 8] & (1 << (k % 8)) != 0)
+            .map(|k| first + k)
+            .collect::<std::collections::BTreeSet<u64>>()
+    });
+    if changed.as_ref().is_some_and(|changed| changed.is_empty()) {
+        return Err(field("changed", 0));
+    }
     let entries = get_u32(bytes, 16) as u64;
-    if entries == 0 || entries > per_dir || get_u32(bytes, 20) != 0 {
+    let entries_min = match delta {
+        true => 0,
+        false => 1,
+    };
+    let entries_max = changed.as_ref().map_or(per_dir, |c| c.len() as u64);
+    if entries < entries_min || entries > entries_max || get_u32(bytes, 20) != 0 {
         return Err(field("entries", entries));
     }
     let algorithm = geometry.checksum;
     let per_stripe = meta_stripe_bytes(geometry) as u64;
     let slots = geometry.slot_count();
-    let mut at = DIRECTORY_HEADER_BYTES;
+    let mut at = header;
     let mut next = |n: usize| -> Result<&[u8], FormatError> {
         let piece = bytes.get(at..at + n).ok_or_else(length)?;
         at += n;
@@ -1666,7 +1805,8 @@ pub fn decode_directory_image(
     for _ in 0..entries {
         let page = get_u64(next(8)?, 0);
         let in_order = pages.last_key_value().is_none_or(|(&last, _)| last < page);
-        if page / per_dir != dir || !in_order {
+        let listed = changed.as_ref().is_none_or(|changed| changed.contains(&page));
+        if page / per_dir != dir || !in_order || !listed {
             return Err(field("page", page));
         }
         let mut place = |bytes_max: usize| -> Result<(PageImage, bool), FormatError> {
@@ -1703,7 +1843,7 @@ pub fn decode_directory_image(
     if at != bytes.len() {
         return Err(length());
     }
-    Ok((dir, pages))
+    Ok((dir, pages, changed))
 }
 
 /// An image's place read from a root or a directory page: `bytes` stored
@@ -1744,6 +1884,12 @@ fn image_location(
         return Err(field("image_bytes", u64::from(bytes)));
     }
     Ok(PageImage::whole(bytes, digest, pieces))
+}
+
+/// The most stored bytes a directory page's delta takes: every page of it
+/// changed and named.
+pub fn directory_delta_bytes_max(geometry: &Geometry) -> usize {
+    directory_image_bytes_max(geometry) + DIRECTORY_CHANGED_BYTES
 }
 
 /// The most stored bytes a directory page's image takes: every page of it
@@ -1914,8 +2060,13 @@ pub struct RootShape {
 ///     directory pages: number u64 | image bytes u32 | pieces u32 | 0 u32
 ///            | digest [D] of the image
 ///            | per piece: map stripe number u32 | offset u32 | bytes u32
+///            | if bit 31 of pieces is set, the delta over the image
+///              (`encode_directory_delta_image`): bytes u32 | pieces u32
+///              | the deltas' bytes since the image u32 | digest [D]
+///              | its pieces, as above
 ///     slot pages: as directory pages, with the slots the page lists as
 ///            sealed with live data in place of the 0
+///            (`encode_slot_delta_image` for a delta)
 /// ```
 ///
 /// Its length and digest are in the superblock, which points to it.
@@ -1942,7 +2093,7 @@ impl Checkpoint {
                 window: self.window.len(),
                 map_stripes: self.images.stripes.len(),
                 named: self.images.dirs.len() + self.images.slot_pages.len(),
-                deltas: self.images.slot_delta_count(),
+                deltas: self.images.delta_count(),
                 pieces: self.images.piece_count(),
                 volumes: self.volumes.len(),
             },
@@ -2000,7 +2151,10 @@ impl Checkpoint {
                 out.extend_from_slice(&piece.bytes.to_le_bytes());
             }
         };
-        let dirs = images.dirs.iter().map(|(page, image)| (page, image, 0, 0));
+        let dirs = images
+            .dirs
+            .iter()
+            .map(|(dir, image)| (dir, image, 0, images.dir_deltas.get(dir).copied().unwrap_or(0)));
         let slot_pages = images
             .slot_pages
             .iter()
@@ -2134,19 +2288,15 @@ impl Checkpoint {
         }
         let digest_bytes = algorithm.digest_bytes();
         // A directory page's or slot page's entry: its number and where
-        // its image is, within `bytes_max`, and for a slot page
-        // (`delta_max` not 0) where its delta is, if it has one, within
-        // `delta_max`, with the bytes its deltas took.
+        // its image is, within `bytes_max`, and where its delta is, if it
+        // has one, within `delta_max`, with the bytes its deltas took.
         let named = |bytes_max: usize, delta_max: usize| -> Result<(u64, PageImage, u32, u32), FormatError> {
             let e = next(CHECKPOINT_PAGE_BYTES + digest_bytes)?;
             let (number, image_bytes, piece_count) = (get_u64(e, 0), get_u32(e, 8), get_u32(e, 12));
             let kept = get_u32(e, 16);
             let digest = Digest::from_bytes(&e[CHECKPOINT_PAGE_BYTES..]);
-            let follows = delta_max > 0 && piece_count & CHECKPOINT_DELTA_FOLLOWS != 0;
-            let piece_count = match follows {
-                true => piece_count & !CHECKPOINT_DELTA_FOLLOWS,
-                false => piece_count,
-            };
+            let follows = piece_count & CHECKPOINT_DELTA_FOLLOWS != 0;
+            let piece_count = piece_count & !CHECKPOINT_DELTA_FOLLOWS;
             let place = |bytes: u32, count: u32, digest: Digest, max: usize| {
                 image_location(
                     bytes,
@@ -2176,7 +2326,7 @@ impl Checkpoint {
                 // The deltas since the image took no more than the page
                 // would whole, this one's bytes at least.
                 if deltas < delta_bytes || deltas as usize > bytes_max {
-                    return Err(field("slot_page_deltas", u64::from(deltas)));
+                    return Err(field("deltas", u64::from(deltas)));
                 }
                 image.delta = Some(std::sync::Arc::new(delta));
             }
@@ -2184,8 +2334,9 @@ impl Checkpoint {
         };
         let dir_bytes_max = directory_image_bytes_max(geometry);
         let per_dir_keys = crate::limits::MAP_DIRECTORY_PAGES * crate::limits::MAP_PAGE_BLOCKS;
+        let dir_delta_max = directory_delta_bytes_max(geometry);
         for _ in 0..dirs {
-            let (dir, image, zero, _) = named(dir_bytes_max, 0)?;
+            let (dir, image, zero, deltas) = named(dir_bytes_max, dir_delta_max)?;
             if zero != 0 {
                 return Err(field("directory_page_reserved", u64::from(zero)));
             }
@@ -2197,6 +2348,9 @@ impl Checkpoint {
                 .is_none_or(|(&last, _)| last < dir);
             if !in_order || !within_one_volume(first_key, per_dir_keys as u32) {
                 return Err(field("directory_page", dir));
+            }
+            if deltas > 0 {
+                checkpoint.images.dir_deltas.insert(dir, deltas);
             }
             checkpoint.images.dirs.insert(dir, std::sync::Arc::new(image));
         }
@@ -2633,7 +2787,7 @@ mod tests {
         }
         assert!(sb.is_failed(5) && !sb.is_failed(3));
         // Golden: magic, version, index, members, K, M, chunk, codes, rows, failed bit 5.
-        assert_eq!(&bytes[0..12], b"TSRSUPER\x0f\x00\x00\x00");
+        assert_eq!(&bytes[0..12], b"TSRSUPER\x10\x00\x00\x00");
         assert_eq!(
             &bytes[48..68],
             &[3, 0, 0, 0, 7, 0, 0, 0, 4, 0, 0, 0, 2, 0, 0, 0, 0, 0, 1, 0]
@@ -2688,7 +2842,7 @@ mod tests {
         encode_log_block([9; 16], 5, 3, &records, &mut block);
         // 64 + 3 x 96 + 4096 + 900 bytes, in 512-byte sectors.
         assert_eq!(block.len(), 5632);
-        assert_eq!(&block[..12], b"TSRLOGBK\x0f\x00\x00\x00");
+        assert_eq!(&block[..12], b"TSRLOGBK\x10\x00\x00\x00");
         let mut longer = block.to_vec();
         longer.extend_from_slice(&[0xff; 1024]);
         let (header, decoded) = decode_log_block(&longer, &g).unwrap();
@@ -3100,7 +3254,7 @@ mod tests {
             directory: true,
         }));
         let bytes = sb.encode();
-        assert_eq!(&bytes[0..12], b"TSRSUPER\x0f\x00\x00\x00");
+        assert_eq!(&bytes[0..12], b"TSRSUPER\x10\x00\x00\x00");
         assert_eq!(&bytes[4088..4092], &1u32.to_le_bytes());
         assert_eq!(Superblock::decode(&bytes).unwrap(), sb);
         let c = sb.checkpoint.as_ref().unwrap();
@@ -3112,7 +3266,7 @@ mod tests {
         seal_sector(&mut bad);
         assert!(matches!(Superblock::decode(&bad), Err(FormatError::Field { .. })));
         // Superblocks of earlier versions are refused by their version.
-        for old in 2u32..=14 {
+        for old in 2u32..=15 {
             let mut bad = bytes.clone();
             bad[8..12].copy_from_slice(&old.to_le_bytes());
             seal_sector(&mut bad);
@@ -3126,7 +3280,7 @@ mod tests {
             );
             assert!(error
                 .to_string()
-                .contains(&format!("version {old}; this build reads version 15")));
+                .contains(&format!("version {old}; this build reads version 16")));
         }
 
         let slots: Vec<u64> = (0..900).map(|i| (i * 7) % g.slot_count()).collect();
@@ -3208,6 +3362,95 @@ mod tests {
         assert!(mangled(at + 4, 1).is_err());
     }
 
+    /// A directory page's delta lists the pages changed since its image
+    /// (one emptied: listed, not named) and the entries of those named
+    /// now; laid over the image it gives the page as it is. It refuses
+    /// no page changed, an entry of a page not listed, more entries than
+    /// pages listed, another page's number, an image's magic, and a byte
+    /// too many or too few.
+    #[test]
+    fn directory_deltas_round_trip_and_refuse_what_does_not_add_up() {
+        use std::collections::{BTreeMap, BTreeSet};
+        use std::sync::Arc;
+        let g = geometry();
+        let a = g.checksum;
+        let image = |k: u64, slot: u64| {
+            Arc::new(PageImage::whole(
+                1000,
+                a.digest(&[k as u8, slot as u8]),
+                vec![ImagePiece {
+                    slot,
+                    offset: 0,
+                    bytes: 1000,
+                }],
+            ))
+        };
+        let base: BTreeMap<u64, Arc<PageImage>> = [3u64, 4, 9, 511].iter().map(|&k| (512 + k, image(k, 30))).collect();
+        // Page 515 rewritten, 516 emptied, 600 written for the first time.
+        let mut now = base.clone();
+        now.insert(515, image(3, 31));
+        now.remove(&516);
+        now.insert(600, image(88, 32));
+        let changed: BTreeSet<u64> = [515, 516, 600].into();
+        let stored = encode_directory_delta_image(a, 1, &changed, &now);
+        let listed = directory_entry_bytes(a, &now[&515]) + directory_entry_bytes(a, &now[&600]);
+        assert_eq!(stored.len(), directory_delta_bytes_of(listed));
+        let delta = decode_directory_delta_image(&stored, &g).unwrap();
+        assert_eq!(delta.dir, 1);
+        assert_eq!(delta.changed, changed);
+        assert_eq!(delta.entries.keys().copied().collect::<Vec<_>>(), [515, 600]);
+        assert_eq!(delta.over(base.clone()), now);
+        // Not an image, nor an image a delta.
+        assert!(matches!(
+            decode_directory_image(&stored, &g),
+            Err(FormatError::Magic { .. })
+        ));
+        let whole = encode_directory_image(a, 1, &now);
+        assert!(matches!(
+            decode_directory_delta_image(&whole, &g),
+            Err(FormatError::Magic { .. })
+        ));
+        let bitmap = STORED_IMAGE_HEADER_BYTES + DIRECTORY_HEADER_BYTES;
+        let refused = |bad: Vec<u8>| decode_directory_delta_image(&bad, &g).unwrap_err();
+        // No page changed.
+        let mut bad = stored.clone();
+        bad[bitmap..bitmap + DIRECTORY_CHANGED_BYTES].fill(0);
+        assert_eq!(
+            refused(bad),
+            FormatError::Field {
+                what: "map directory page",
+                field: "changed",
+                value: 0
+            }
+        );
+        // Page 600 (bit 88) not listed: its entry is refused, and with
+        // page 516 not listed either, two entries for one page listed.
+        let mut bad = stored.clone();
+        bad[bitmap + 11] &= !1;
+        assert!(matches!(refused(bad), FormatError::Field { field: "page", .. }));
+        let mut bad = stored.clone();
+        bad[bitmap..bitmap + DIRECTORY_CHANGED_BYTES].fill(0);
+        bad[bitmap] = 1 << 3;
+        assert!(matches!(refused(bad), FormatError::Field { field: "entries", .. }));
+        // Another directory page's number: its entries are not its pages.
+        let mut bad = stored.clone();
+        bad[STORED_IMAGE_HEADER_BYTES + 8..STORED_IMAGE_HEADER_BYTES + 16].copy_from_slice(&2u64.to_le_bytes());
+        assert!(matches!(refused(bad), FormatError::Field { field: "page", .. }));
+        // A byte too many, and one too few (the stored length says so).
+        for cut in [stored.len() + 1, stored.len() - 1] {
+            let mut bad = stored.clone();
+            bad.resize(cut, 0);
+            let body = (cut - STORED_IMAGE_HEADER_BYTES) as u32;
+            bad[0..4].copy_from_slice(&body.to_le_bytes());
+            assert!(matches!(refused(bad), FormatError::Field { field: "length", .. }));
+        }
+        // Every page of it emptied: a delta of no entry.
+        let all: BTreeSet<u64> = base.keys().copied().collect();
+        let emptied = encode_directory_delta_image(a, 1, &all, &BTreeMap::new());
+        let delta = decode_directory_delta_image(&emptied, &g).unwrap();
+        assert!(delta.entries.is_empty() && delta.over(base).is_empty());
+    }
+
     #[test]
     fn stored_page_images_round_trip_and_refuse_damage() {
         let image: Vec<u8> = (0..20_000u32).flat_map(|i| (i % 97).to_le_bytes()).collect();
@@ -3257,7 +3500,7 @@ mod tests {
             volumes: 1,
         };
         assert_eq!(bytes.len(), checkpoint_bytes(a, shape));
-        assert_eq!(&bytes[..12], b"TSRCHKPT\x0f\x00\x00\x00");
+        assert_eq!(&bytes[..12], b"TSRCHKPT\x10\x00\x00\x00");
         assert_eq!(&bytes[24..32], &1234u64.to_le_bytes());
         assert_eq!(&bytes[48..64], &[2, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(&bytes[64..80], &[1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);
@@ -3326,12 +3569,52 @@ mod tests {
             slot_delta_image_bytes_max(1024) as u32 + 1;
         assert!(refused(bad), "a delta longer than any makes");
         // Directory page 3's entry, the first after the map stripes: its
-        // pieces flagged as a slot page's with a delta are refused.
+        // pieces flagged as followed by a delta that is not there.
         let mut bad = bytes.clone();
         let pieces = map_stripes + 2 * 24 + 12;
         assert_eq!(&bad[pieces - 12..pieces - 4], &3u64.to_le_bytes());
         bad[pieces + 3] |= 0x80;
-        assert!(Checkpoint::decode(&bad, &g).is_err(), "a directory page with a delta");
+        assert!(
+            Checkpoint::decode(&bad, &g).is_err(),
+            "a directory page's delta missing"
+        );
+        // A directory page with a delta (format 16) round-trips with the
+        // bytes its deltas took, which must be at least the delta's and at
+        // most the most a directory page takes whole.
+        let with_dir_delta = |deltas: u32| {
+            let mut c = checkpoint();
+            let dir = std::sync::Arc::make_mut(c.images.dirs.get_mut(&9).unwrap());
+            dir.delta = Some(std::sync::Arc::new(PageImage::whole(
+                100,
+                a.digest(b"directory page 9's delta"),
+                vec![ImagePiece {
+                    slot: 30,
+                    offset: 5000,
+                    bytes: 100,
+                }],
+            )));
+            c.images.dir_deltas.insert(9, deltas);
+            c
+        };
+        let c = with_dir_delta(250);
+        let bytes = c.encode(a);
+        let shape = RootShape {
+            deltas: 2,
+            pieces: 6,
+            ..shape
+        };
+        assert_eq!(bytes.len(), checkpoint_bytes(a, shape));
+        assert_eq!(Checkpoint::decode(&bytes, &g).unwrap(), c);
+        assert!(
+            refused(with_dir_delta(99)),
+            "directory deltas that took less than the one named"
+        );
+        let most = directory_image_bytes_max(&g) as u32;
+        assert!(!refused(with_dir_delta(most)));
+        assert!(
+            refused(with_dir_delta(most + 1)),
+            "directory deltas that took more than a page whole"
+        );
         let mut bad = checkpoint();
         bad.volumes = vec![(0, 0); crate::volume::VOLUME_COUNT_MAX + 1];
         assert!(refused(bad), "more volumes than there may be");

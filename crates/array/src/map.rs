@@ -70,7 +70,7 @@ use crate::limits::{EXTENT_BLOCKS_MAX, MAP_DIRECTORY_PAGES, MAP_PAGE_BLOCKS};
 mod delta;
 pub mod directory;
 mod entries;
-use directory::{Directory, Images, Lookup, NewDir};
+use directory::{DirEntries, Directory, Lookup, NewDir};
 use entries::Entries;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -1437,7 +1437,7 @@ impl Map {
     }
 
     /// The entries of directory page `dir`, if it is in memory.
-    pub fn directory_page(&self, dir: u64) -> Option<Images> {
+    pub fn directory_page(&self, dir: u64) -> Option<DirEntries> {
         self.directory.resident(dir)
     }
 
@@ -1458,7 +1458,7 @@ impl Map {
     pub fn install_dir(
         &mut self,
         dir: u64,
-        images: Images,
+        entries: DirEntries,
         own: &PageImage,
         map_stripe: &dyn Fn(u64) -> bool,
     ) -> Result<bool, FormatError> {
@@ -1467,7 +1467,7 @@ impl Map {
         if !self.directory.held_only_as(dir, own) {
             return Ok(false);
         }
-        let pieces = images.values().flat_map(|image| image.all_pieces());
+        let pieces = entries.images.values().flat_map(|image| image.all_pieces());
         if let Some(piece) = pieces.into_iter().find(|piece| !map_stripe(piece.slot)) {
             return Err(FormatError::Field {
                 what: "map directory page",
@@ -1476,7 +1476,7 @@ impl Map {
             });
         }
         let now = self.clock.fetch_add(1, Ordering::Relaxed) + 1;
-        Ok(self.directory.install(dir, images, own, now))
+        Ok(self.directory.install(dir, entries, own, now))
     }
 
     /// The pages in memory that hold keys of [lba, end).
@@ -2099,6 +2099,7 @@ mod tests {
                         image,
                         digest_bytes: 4,
                         own,
+                        changed: BTreeSet::new(),
                     }
                 };
                 DirUpdate {
@@ -2124,7 +2125,10 @@ mod tests {
             for needed in missing {
                 match needed {
                     Needed::Dir { dir, image, .. } => {
-                        assert_eq!(map.install_dir(dir, in_dir(held, dir), &image, &|_| true), Ok(true));
+                        assert_eq!(
+                            map.install_dir(dir, unchanged(in_dir(held, dir)), &image, &|_| true),
+                            Ok(true)
+                        );
                     }
                     Needed::Page(p, image) => {
                         let page = Map::decode_image(&images[&p], g).unwrap();
@@ -2276,7 +2280,7 @@ mod tests {
             for (dir, own) in twice.directory_images() {
                 // Held in memory from the publish: not installed again.
                 assert_eq!(
-                    twice.install_dir(dir, in_dir(&held_map, dir), &own, &|_| true),
+                    twice.install_dir(dir, unchanged(in_dir(&held_map, dir)), &own, &|_| true),
                     Ok(false)
                 );
                 // Nor refused for where a copy read before a checkpoint
@@ -2292,7 +2296,10 @@ mod tests {
                     ..(*held).clone()
                 });
                 let read_before = BTreeMap::from([(0, stale)]);
-                assert_eq!(twice.install_dir(dir, read_before, &own, &|_| false), Ok(false));
+                assert_eq!(
+                    twice.install_dir(dir, unchanged(read_before), &own, &|_| false),
+                    Ok(false)
+                );
             }
             for installed in [true, false] {
                 let page = Map::decode_image(&image, &g).unwrap();
@@ -2903,6 +2910,14 @@ mod tests {
         let (raw, stored) = (raw as f64 / entries, stored as f64 / entries);
         eprintln!("{raw:.1} bytes a block encoded, {stored:.1} stored");
         assert!(raw < 11.0 && stored < 11.0, "{raw:.1} encoded, {stored:.1} stored");
+    }
+
+    /// A directory page's entries with no delta over its image.
+    fn unchanged(images: BTreeMap<u64, Arc<PageImage>>) -> DirEntries {
+        DirEntries {
+            images,
+            changed: BTreeSet::new(),
+        }
     }
 
     #[test]

@@ -358,6 +358,7 @@ impl Shared {
                 directory_pages: load(&c.checkpoint_directory_bytes),
                 slot_pages: load(&c.checkpoint_slot_page_bytes),
                 slot_page_deltas: load(&c.checkpoint_slot_delta_bytes),
+                directory_page_deltas: load(&c.checkpoint_directory_delta_bytes),
                 roots: load(&c.checkpoint_root_bytes),
             },
             map_mappings: map.0,

@@ -167,11 +167,13 @@ fn a_checkpoint_writes_only_the_pages_that_changed() {
         "the page's image, its directory page and the root in one stripe"
     );
     // One page's image (its ~50 blocks), and the one directory page that
-    // names it, rewritten.
+    // names it, as a delta over its image: that page's entry.
     let after = parts(&array);
     let image = after.page_images - root_alone.page_images;
     assert!((100..4096).contains(&image), "one page's image: {image} bytes");
-    assert!(after.directory_pages > root_alone.directory_pages);
+    let dir_delta = after.directory_page_deltas - root_alone.directory_page_deltas;
+    assert_eq!(after.directory_pages, root_alone.directory_pages, "{after:?}");
+    assert!((100..200).contains(&dir_delta), "one entry's delta: {dir_delta} bytes");
 
     // Many small rounds: map stripes whose images died are rewritten and
     // freed, so they stay within a few times what the images need.
@@ -266,7 +268,7 @@ fn the_root_fills_the_tail_of_the_stripe_its_images_end_in() {
     verify(&array, &model);
     let held = |array: &Array| {
         let p = array.status().unwrap().checkpoint_parts;
-        p.page_images + p.page_deltas + p.directory_pages + p.slot_pages
+        p.page_images + p.page_deltas + p.directory_pages + p.directory_page_deltas + p.slot_pages + p.slot_page_deltas
     };
     let images_before = held(&array);
     array.checkpoint().unwrap();
@@ -1990,4 +1992,100 @@ fn a_page_the_replay_finds_stale_while_opening_sends_it_to_the_scan() {
     );
     killed_with_window_stripes_erased(&devices, array, &held);
     opened_by_the_scan_after_a_stale_map(&devices, blocks, &tags);
+}
+
+/// A directory page of which a few entries change between checkpoints
+/// is written as a delta over its image (FORMAT.md, "Directory page
+/// deltas"), each listing every page changed since the image, until the
+/// deltas would take more than the page whole (then whole again): for
+/// much less than the page whole each time, and read back exactly with a
+/// cache too small to keep it, after a clean stop, after kill -9 (a delta
+/// written after each opening must list what the one before it did, or
+/// those pages read back as their older images), and with the stripe
+/// its delta is in corrupt on M members.
+#[test]
+fn directory_pages_changed_in_a_few_entries_are_written_as_deltas_and_read_back_exactly() {
+    let (devices, array) = thin_4_plus_2();
+    let g = array.geometry().clone();
+    let mut model = BTreeMap::new();
+    // A block in each of 400 map pages: directory page 0 names them all.
+    let pages = 400u64;
+    for p in 0..pages {
+        let lba = p * PAGE;
+        array.write(lba * BLOCK, &block(lba, 1), false).unwrap();
+        model.insert(lba, 1);
+    }
+    array.checkpoint().unwrap();
+    let whole = u64::from(root(&devices).images.dirs[&0].bytes);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(53);
+    // Three pages' worth of overwrites a round, then a checkpoint.
+    let mut rounds = |array: &Array, model: &mut BTreeMap<u64, u64>, count: u64, tag: u64| {
+        for round in 0..count {
+            for _ in 0..3 {
+                let lba = rng.gen_range(0..pages) * PAGE + rng.gen_range(0..PAGE);
+                array.write(lba * BLOCK, &block(lba, tag + round), false).unwrap();
+                model.insert(lba, tag + round);
+            }
+            array.checkpoint().unwrap();
+        }
+    };
+    let parts = |array: &Array| array.status().unwrap().checkpoint_parts;
+    let before = parts(&array);
+    rounds(&array, &mut model, 30, 100);
+    let after = parts(&array);
+    let (wholes, deltas) = (
+        after.directory_pages - before.directory_pages,
+        after.directory_page_deltas - before.directory_page_deltas,
+    );
+    // Written whole again once the deltas since its image grew to its size.
+    assert!(deltas > 0 && wholes > 0, "{wholes} bytes whole, {deltas} of deltas");
+    assert!(
+        wholes + deltas < 30 * whole / 3,
+        "{wholes} + {deltas} bytes of directory pages in 30 rounds, {whole} a round whole"
+    );
+    verify(&array, &model);
+    array.check().unwrap();
+
+    // Read back through a cache too small to keep it: after a clean stop,
+    // changed again (a delta after opening), and after kill -9.
+    let small = || cached(8 << 10);
+    array.close().unwrap();
+    drop(array);
+    let array = tessera_array::open_with(open_list(&devices, &[]), small()).unwrap();
+    verify(&array, &model);
+    rounds(&array, &mut model, 2, 200);
+    let named = root(&devices);
+    let dir = &named.images.dirs[&0];
+    let delta = dir.delta.as_ref().expect("directory page 0 written as a delta");
+    assert!(u64::from(named.images.dir_deltas[&0]) >= u64::from(delta.bytes));
+    assert!(u64::from(named.images.dir_deltas[&0]) <= whole + 64, "{named:?}");
+    array.close().unwrap();
+    drop(array);
+    let array = tessera_array::open_with(open_list(&devices, &[]), small()).unwrap();
+    verify(&array, &model);
+    array.check().unwrap();
+    rounds(&array, &mut model, 1, 300);
+    let array = flushed_killed_and_verified(&devices, array, small(), &model);
+    array.check().unwrap();
+    rounds(&array, &mut model, 1, 400);
+    array.close().unwrap();
+    drop(array);
+
+    // The stripe the delta is in, corrupt on two members (of 4+2): its
+    // chunk holding the delta and another.
+    let named = root(&devices);
+    let delta = named.images.dirs[&0]
+        .delta
+        .clone()
+        .expect("a delta over directory page 0");
+    let piece = delta.pieces[0];
+    let chunk = piece.offset as usize / g.chunk_bytes;
+    let within = piece.offset as usize % g.chunk_bytes;
+    corrupt_at(&devices, &g, piece.slot, chunk, within);
+    corrupt_at(&devices, &g, piece.slot, (chunk + 1) % g.data, 10);
+    let array = tessera_array::open_with(open_list(&devices, &[]), small()).unwrap();
+    verify(&array, &model);
+    let s = array.status().unwrap();
+    assert!(s.chunks_repaired >= 1, "{s:?}");
+    array.check().unwrap();
 }

@@ -22,12 +22,21 @@
 
 use crate::format::PageImage;
 use crate::limits::MAP_DIRECTORY_PAGES;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Map pages to their images: what a directory page names.
 pub type Images = BTreeMap<u64, Arc<PageImage>>;
+
+/// A directory page's entries, and the map pages whose entries changed
+/// since its image: those the delta over it lists (none without one).
+/// Its next delta lists them and those changed since.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DirEntries {
+    pub images: Images,
+    pub changed: BTreeSet<u64>,
+}
 
 /// The directory page that names map page `page`.
 pub fn dir_of(page: u64) -> u64 {
@@ -46,16 +55,20 @@ pub enum Lookup {
 
 /// A directory page as a durable checkpoint wrote it (`Directory::publish`).
 pub struct NewDir {
-    /// Its stored image (`format::encode_directory_image`).
+    /// Its stored image as it is now (`format::encode_directory_image`),
+    /// whether it was written so or as a delta.
     pub image: Vec<u8>,
     pub digest_bytes: usize,
     pub own: Arc<PageImage>,
+    /// The map pages changed since the image `own` names.
+    pub changed: BTreeSet<u64>,
 }
 
 /// A directory page in memory: the images it names, packed, and its own.
 struct DirPage {
     images: Packed,
     own: Arc<PageImage>,
+    changed: BTreeSet<u64>,
     /// The map's clock when last looked at.
     used: AtomicU64,
 }
@@ -63,7 +76,7 @@ struct DirPage {
 impl DirPage {
     /// Bytes it holds in memory, about.
     fn bytes(&self) -> usize {
-        std::mem::size_of::<(u64, DirPage)>() + 16 + self.images.bytes()
+        std::mem::size_of::<(u64, DirPage)>() + 16 + self.images.bytes() + 16 * self.changed.len()
     }
 }
 
@@ -241,8 +254,11 @@ impl Directory {
     }
 
     /// The resident directory page `dir`'s entries.
-    pub fn resident(&self, dir: u64) -> Option<Images> {
-        self.resident.get(&dir).map(|d| d.images.unpack())
+    pub fn resident(&self, dir: u64) -> Option<DirEntries> {
+        self.resident.get(&dir).map(|d| DirEntries {
+            images: d.images.unpack(),
+            changed: d.changed.clone(),
+        })
     }
 
     /// Whether directory page `dir` is held only as `image`.
@@ -261,14 +277,15 @@ impl Directory {
 
     /// Puts directory page `dir`, read from `own`, in memory: false (and
     /// nothing done) if it is no longer held as that image.
-    pub fn install(&mut self, dir: u64, images: Images, own: &PageImage, now: u64) -> bool {
+    pub fn install(&mut self, dir: u64, entries: DirEntries, own: &PageImage, now: u64) -> bool {
         if !self.held_only_as(dir, own) {
             return false;
         }
         let own = self.evicted.remove(&dir).expect("looked at just now");
         let page = DirPage {
-            images: Packed::pack(dir, &images),
+            images: Packed::pack(dir, &entries.images),
             own,
+            changed: entries.changed,
             used: AtomicU64::new(now),
         };
         self.bytes += page.bytes();
@@ -314,6 +331,7 @@ impl Directory {
             image,
             digest_bytes,
             own,
+            changed,
         }) = new
         else {
             return;
@@ -326,6 +344,7 @@ impl Directory {
             let page = DirPage {
                 images,
                 own,
+                changed,
                 used: AtomicU64::new(0),
             };
             self.bytes += page.bytes();
