@@ -6,6 +6,13 @@
 #
 #   scripts/bench-huge.sh [DEVICE_SIZE] [IOS]     (default: 8T 20000)
 #   TESSERA=/path/to/tessera scripts/bench-huge.sh 1T   (another build)
+#   CHUNK=4K scripts/bench-huge.sh 512G 200000   (chunk size, default 64K)
+#
+# After the writes it prints what the checkpoints held by part, in
+# stored bytes per client byte, and the directory pages (with their
+# deltas) a checkpoint of pages wrote: writes spread thinly over a large
+# export change every directory page between checkpoints, a few entries
+# each, as at 100 TiB.
 #
 # 4+2 on six sparse member files of DEVICE_SIZE (6 x 8 TiB: 126 million
 # stripe slots, a 23.8 TiB export); the files take a few hundred MiB of
@@ -35,7 +42,7 @@ job() {
 cpu=$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)
 echo "4+2 on 6 sparse files of $size, $ios random 4 KiB writes over the whole export; $(nproc) x $cpu"
 /usr/bin/time -f '%e s, %M KB' -o "$work/time" "$tessera" create --data 4 --parity 2 --dir "$work/array" \
-  --devices 6 --device-size "$size" >"$work/create.log"
+  --devices 6 --device-size "$size" --chunk-size "${CHUNK:-64K}" >"$work/create.log"
 read -r seconds _ kb _ <"$work/time"
 echo "create: $seconds s, $((kb / 1024)) MB max RSS; $(cat "$work/create.log")"
 echo "open (new array): $(opening)"
@@ -44,6 +51,13 @@ serve
 echo "serve, opened: $(rss_mb) MB RSS"
 job --do_verify=1
 echo "after $ios writes (verified): $(rss_mb) MB RSS; $(grep -o 'IOPS=[^,]*' "$work/fio.log" | head -1)"
+"$tessera" status "$work/array" --json | python3 -c "
+import json, sys
+s = json.load(sys.stdin); u = max(s['user_bytes_written'], 1); p = s['checkpoint_parts']
+pages = max(s['checkpoints_written'] - s['checkpoints_root_only'], 1)
+dirs = p.get('directory_pages', 0) + p.get('directory_page_deltas', 0)
+print(f\"checkpoints: {s['checkpoints_written']} ({s['checkpoints_root_only']} roots alone), ckpt/user {s['checkpoint_bytes_written'] / u:.3f}; held per client byte: \" + ', '.join(f\"{k.replace('_', ' ')} {v / u:.4f}\" for k, v in p.items()) + f'; directory pages and their deltas {dirs / pages / 1e6:.2f} MB a checkpoint of pages')
+"
 stop_server
 echo "open after a clean stop: $(opening)"
 serve

@@ -191,7 +191,7 @@ impl Metrics {
         let written = Family::<KindLabels, Gauge>::default();
         registry.register(
             "bytes_written",
-            "Since start: bytes clients wrote, bytes written to the members (stripes with parity, log blocks), bytes garbage collection relocated, bytes of map checkpoints written to the members, and what those checkpoints held by part (checkpoint_page_images, checkpoint_page_deltas, checkpoint_directory_pages, checkpoint_slot_pages, checkpoint_slot_page_deltas, checkpoint_roots: stored bytes, before parity; checkpoint_page_images_moved: of the page images, those of clean pages moved out of sparse map stripes)",
+            "Since start: bytes clients wrote, bytes written to the members (stripes with parity, log blocks), bytes garbage collection relocated, bytes of map checkpoints written to the members, and what those checkpoints held by part (checkpoint_page_images, checkpoint_page_deltas, checkpoint_directory_pages, checkpoint_directory_page_deltas, checkpoint_slot_pages, checkpoint_slot_page_deltas, checkpoint_roots: stored bytes, before parity; checkpoint_page_images_moved: of the page images, those of clean pages moved out of sparse map stripes)",
             written.clone(),
         );
         let checkpoints = Family::<KindLabels, Gauge>::default();
@@ -341,6 +341,7 @@ impl Metrics {
         gauge(&self.written, "checkpoint_page_deltas", parts.page_deltas);
         gauge(&self.written, "checkpoint_page_images_moved", parts.page_images_moved);
         gauge(&self.written, "checkpoint_directory_pages", parts.directory_pages);
+        gauge(&self.written, "checkpoint_directory_page_deltas", parts.directory_page_deltas);
         gauge(&self.written, "checkpoint_slot_pages", parts.slot_pages);
         gauge(&self.written, "checkpoint_slot_page_deltas", parts.slot_page_deltas);
         gauge(&self.written, "checkpoint_roots", parts.roots);

@@ -243,11 +243,12 @@ fn print_status(s: &Status) {
     );
     let parts = &s.checkpoint_parts;
     println!(
-        "checkpoints held (stored bytes, before parity): {} of map page images ({} of them moved out of sparse map stripes), {} of map page deltas, {} of directory pages, {} of slot table pages ({} more as deltas), {} of roots",
+        "checkpoints held (stored bytes, before parity): {} of map page images ({} of them moved out of sparse map stripes), {} of map page deltas, {} of directory pages ({} more as deltas), {} of slot table pages ({} more as deltas), {} of roots",
         human(parts.page_images),
         human(parts.page_images_moved),
         human(parts.page_deltas),
         human(parts.directory_pages),
+        human(parts.directory_page_deltas),
         human(parts.slot_pages),
         human(parts.slot_page_deltas),
         human(parts.roots)
