@@ -341,7 +341,11 @@ impl Metrics {
         gauge(&self.written, "checkpoint_page_deltas", parts.page_deltas);
         gauge(&self.written, "checkpoint_page_images_moved", parts.page_images_moved);
         gauge(&self.written, "checkpoint_directory_pages", parts.directory_pages);
-        gauge(&self.written, "checkpoint_directory_page_deltas", parts.directory_page_deltas);
+        gauge(
+            &self.written,
+            "checkpoint_directory_page_deltas",
+            parts.directory_page_deltas,
+        );
         gauge(&self.written, "checkpoint_slot_pages", parts.slot_pages);
         gauge(&self.written, "checkpoint_slot_page_deltas", parts.slot_page_deltas);
         gauge(&self.written, "checkpoint_roots", parts.roots);
