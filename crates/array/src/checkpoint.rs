@@ -31,10 +31,11 @@
 //!    page not dirty is unchanged since its image was written.
 //! 3. Seal and sync the open stripes: everything the copy points at is
 //!    durable.
-//! 4. Write the new images to map stripes (a slot page of which a few
-//!    slots changed as a delta over its image, while the deltas since
-//!    that image take no more than the page whole: FORMAT.md, "Slot page
-//!    deltas"), then the root (live stripes,
+//! 4. Write the new images to map stripes (a directory page of which a
+//!    few entries changed, or a slot page of which a few slots did, as a
+//!    delta over its image, while the deltas since that image take no
+//!    more than the page whole: FORMAT.md, "Directory page deltas" and
+//!    "Slot page deltas"), then the root (live stripes,
 //!    window, map stripes, where each page's image is) to Meta stripes,
 //!    in free slots (outside the window where it can), with consecutive
 //!    sequences; sync, then point the superblocks at the root. Only then
@@ -166,8 +167,9 @@ struct Taken {
     /// The directory pages written: those of the pages written, and
     /// those whose images are in sparse map stripes.
     dirs: BTreeSet<u64>,
-    /// Each map stripe's live bytes once the pages and directory pages
-    /// written have left it.
+    /// Each map stripe's live bytes once the map pages written have left
+    /// it (the directory pages and slot pages leave it as they are sized
+    /// in `write_checkpoint`, whole or as deltas).
     live: BTreeMap<u64, u64>,
     /// The slot table's pages being copied (`None` for a root alone).
     slot_pages: Option<BTreeSet<u64>>,
