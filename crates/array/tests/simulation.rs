@@ -121,6 +121,8 @@ struct Met {
     /// Bytes of slot pages written as deltas over their images, before
     /// and after reopening.
     slot_page_deltas: u64,
+    /// The same of directory pages.
+    directory_page_deltas: u64,
 }
 
 /// How a run is shaped: `Small` (3 MiB members of 16 KiB chunks: one
@@ -271,6 +273,7 @@ fn run(seed: u64, met: &mut Met, shape: Shape) {
     met.pages_evicted += status.map_pages_evicted;
     met.page_misses += status.map_page_misses;
     met.slot_page_deltas += status.checkpoint_parts.slot_page_deltas;
+    met.directory_page_deltas += status.checkpoint_parts.directory_page_deltas;
     // A third of the seeds stop cleanly (on the faulty members still): the
     // opening after may then skip the scan, and must find everything.
     // With many slots, even seeds stop cleanly and odd ones crash (after
@@ -311,7 +314,9 @@ fn run(seed: u64, met: &mut Met, shape: Shape) {
         .check()
         .unwrap_or_else(|e| panic!("seed {seed}: invariant after reopening: {e}"));
     verify(&array, &models, "reopened");
-    met.slot_page_deltas += array.status().unwrap().checkpoint_parts.slot_page_deltas;
+    let parts = array.status().unwrap().checkpoint_parts;
+    met.slot_page_deltas += parts.slot_page_deltas;
+    met.directory_page_deltas += parts.directory_page_deltas;
 }
 
 #[test]
@@ -331,6 +336,10 @@ fn concurrent_clients_on_faulty_members_match_the_model() {
     );
     assert!(met.clean_openings > 0, "no run opened after a clean stop: {met:?}");
     assert!(met.slot_page_deltas > 0, "no slot page written as a delta: {met:?}");
+    assert!(
+        met.directory_page_deltas > 0,
+        "no directory page written as a delta: {met:?}"
+    );
 }
 
 /// The same clients on arrays with a few slot pages, each stopped cleanly
@@ -354,4 +363,8 @@ fn concurrent_clients_on_an_array_whose_slot_pages_are_read_after_opening() {
         "no opening after a crash left slot pages for later: {met:?}"
     );
     assert!(met.slot_page_deltas > 0, "no slot page written as a delta: {met:?}");
+    assert!(
+        met.directory_page_deltas > 0,
+        "no directory page written as a delta: {met:?}"
+    );
 }
