@@ -208,7 +208,22 @@ fn engine(seed: u64) -> EngineOptions {
 }
 
 /// What the runs met, summed (`nothing_flushed_is_lost_when_killed_under_collection`).
-type Met = (u64, u64, u64, u64, u64, u64, u64, u64);
+#[derive(Debug, Default)]
+struct Met {
+    gc_rounds: u64,
+    checkpoints: u64,
+    map_pages_evicted: u64,
+    /// Openings that left the replay for after.
+    replays_mapped_later: u64,
+    /// Stripes written to the next window's slots while a checkpoint was.
+    stripes_sealed_early: u64,
+    torn_stripes_dropped: u64,
+    /// Stripes the openings took as whole on M+1 chunk headers.
+    stripes_whole_on_m_plus_1: u64,
+    /// Bytes of slot pages and directory pages written as deltas.
+    slot_page_deltas: u64,
+    directory_page_deltas: u64,
+}
 
 fn run(seed: u64, met: &mut Met) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -288,11 +303,12 @@ fn run(seed: u64, met: &mut Met) {
             array.close().unwrap_or_else(|e| panic!("{context}: close: {e}"));
         }
         let before = array.status().unwrap_or_else(|e| panic!("{context}: status: {e}"));
-        met.0 += before.gc_rounds;
-        met.1 += before.checkpoints_written;
-        met.2 += before.map_pages_evicted;
-        met.4 += before.stripes_sealed_early;
-        met.7 += before.checkpoint_parts.slot_page_deltas;
+        met.gc_rounds += before.gc_rounds;
+        met.checkpoints += before.checkpoints_written;
+        met.map_pages_evicted += before.map_pages_evicted;
+        met.stripes_sealed_early += before.stripes_sealed_early;
+        met.slot_page_deltas += before.checkpoint_parts.slot_page_deltas;
+        met.directory_page_deltas += before.checkpoint_parts.directory_page_deltas;
         // What the dead process still does reaches nothing.
         drop(array);
         // Odd rounds: kill -9 (what was written is in the page cache and
@@ -310,9 +326,9 @@ fn run(seed: u64, met: &mut Met) {
         array = tessera_array::open_with(open_list(&devices, &[]), engine(seed))
             .unwrap_or_else(|e| panic!("{context}: reopening: {e}"));
         let status = array.status().unwrap_or_else(|e| panic!("{context}: status: {e}"));
-        met.3 += u64::from(status.recovery.pages_mapped_later > 0);
-        met.5 += status.recovery.torn_stripes_dropped;
-        met.6 += status.recovery.stripes_whole_on_m_plus_1;
+        met.replays_mapped_later += u64::from(status.recovery.pages_mapped_later > 0);
+        met.torn_stripes_dropped += status.recovery.torn_stripes_dropped;
+        met.stripes_whole_on_m_plus_1 += status.recovery.stripes_whole_on_m_plus_1;
         assert_eq!(
             status.recovery.clean_stop, clean,
             "{context}: a clean stop is what lets the opening skip the scan, and only it"
@@ -334,12 +350,7 @@ fn run(seed: u64, met: &mut Met) {
 
 #[test]
 fn nothing_flushed_is_lost_when_killed_under_collection() {
-    // (garbage collection rounds, checkpoints written, map pages evicted,
-    // openings that left the replay for after, stripes written to the
-    // next window's slots while a checkpoint was written, torn stripes
-    // dropped by the openings, stripes they took as whole on M+1 chunk
-    // headers, bytes of slot pages written as deltas)
-    let mut met = (0, 0, 0, 0, 0, 0, 0, 0);
+    let mut met = Met::default();
     for seed in common::seeds("TESSERA_CRASH_SEEDS", SEEDS_DEFAULT) {
         run(seed, &mut met);
     }
@@ -347,12 +358,14 @@ fn nothing_flushed_is_lost_when_killed_under_collection() {
     // after (most replay into GC victims that still held pieces at the
     // checkpoint), and which do varies with timing: 0 or 1 of seeds 0..8,
     // 5 of 8..48. Counted, not required; `map_pages.rs` tests that path.
-    eprintln!(
-        "garbage collection rounds, checkpoints, map pages evicted, replays mapped later, stripes sealed early, torn stripes dropped, stripes whole on M+1 headers, slot page delta bytes: {met:?}"
-    );
+    eprintln!("the runs met: {met:?}");
     assert!(
-        met.0 > 0 && met.1 > 0 && met.2 > 0 && met.7 > 0,
-        "no collection, no checkpoint, no page evicted or no slot page delta: {met:?}"
+        met.gc_rounds > 0
+            && met.checkpoints > 0
+            && met.map_pages_evicted > 0
+            && met.slot_page_deltas > 0
+            && met.directory_page_deltas > 0,
+        "no collection, no checkpoint, no page evicted, or no slot page or directory page delta: {met:?}"
     );
 }
 
