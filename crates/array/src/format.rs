@@ -1739,21 +1739,16 @@ pub fn decode_directory_delta_image(stored: &[u8], geometry: &Geometry) -> Resul
     })
 }
 
-/// A directory page's image, or with `delta` its delta: its number, its
-/// entries, and a delta's pages changed.
-#[allow(clippy::type_complexity)]
-fn decode_directory_entries(
-    stored: &[u8],
-    geometry: &Geometry,
-    delta: bool,
-) -> Result<
-    (
-        u64,
-        std::collections::BTreeMap<u64, std::sync::Arc<PageImage>>,
-        Option<std::collections::BTreeSet<u64>>,
-    ),
-    FormatError,
-> {
+/// A directory page's number, its entries, and for a delta its pages changed.
+type DirectoryRead = (
+    u64,
+    std::collections::BTreeMap<u64, std::sync::Arc<PageImage>>,
+    Option<std::collections::BTreeSet<u64>>,
+);
+
+/// A directory page's image, or with `delta` its delta, decoded and
+/// checked (`DirectoryRead`).
+fn decode_directory_entries(stored: &[u8], geometry: &Geometry, delta: bool) -> Result<DirectoryRead, FormatError> {
     const WHAT: &str = "map directory page";
     let field = |field, value: u64| FormatError::Field {
         what: WHAT,
