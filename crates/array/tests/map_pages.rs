@@ -1737,11 +1737,7 @@ fn full_array_overwritten_past_a_checkpoint(
         write(&array, &mut model, at.gen_range(0..blocks));
     }
     array.checkpoint().unwrap();
-    let held: BTreeMap<u64, u64> = common::headers(&devices, &g)
-        .into_iter()
-        .filter(|(_, _, h)| h.stream != tessera_array::format::Stream::Meta)
-        .map(|(_, _, h)| (h.slot, h.sequence))
-        .collect();
+    let held = data_stripes_held(&devices, &g);
     for _ in 0..after {
         write(&array, &mut model, at.gen_range(0..blocks));
     }
@@ -1869,15 +1865,7 @@ fn one_of_its_writes(back: &[u8], lba: u64, tags: &BTreeMap<u64, Vec<u64>>) -> b
 fn killed_with_window_stripes_erased(devices: &[Arc<MemoryDevice>], array: Array, held: &BTreeMap<u64, u64>) {
     let g = array.geometry().clone();
     kill(devices, array);
-    let from = superblock(devices).checkpoint.expect("a checkpoint").sequence;
-    let mut newest: BTreeMap<u64, u64> = BTreeMap::new();
-    for (_, _, h) in common::headers(devices, &g) {
-        if h.stream != tessera_array::format::Stream::Meta && h.sequence > from {
-            let seen = newest.entry(h.slot).or_default();
-            *seen = (*seen).max(h.sequence);
-        }
-    }
-    let (kept, erased): (Vec<u64>, Vec<u64>) = newest.keys().partition(|slot| held.contains_key(slot));
+    let (kept, erased) = window_stripes(devices, &g, held);
     assert!(!kept.is_empty() && !erased.is_empty(), "{kept:?} {erased:?}");
     let zeros = vec![0u8; SECTOR_BYTES + g.chunk_bytes];
     for &slot in &erased {
@@ -1886,6 +1874,63 @@ fn killed_with_window_stripes_erased(devices: &[Arc<MemoryDevice>], array: Array
             devices[member].write_at(&zeros, g.row_offset(row)).unwrap();
         }
     }
+}
+
+/// The slots of the data stripes on `devices` newer than the durable
+/// checkpoint: those `held` names, and the others.
+fn window_stripes(devices: &[Arc<MemoryDevice>], g: &Geometry, held: &BTreeMap<u64, u64>) -> (Vec<u64>, Vec<u64>) {
+    let from = superblock(devices).checkpoint.expect("a checkpoint").sequence;
+    let mut newest: BTreeMap<u64, u64> = BTreeMap::new();
+    for (_, _, h) in common::headers(devices, g) {
+        if h.stream != tessera_array::format::Stream::Meta && h.sequence > from {
+            let seen = newest.entry(h.slot).or_default();
+            *seen = (*seen).max(h.sequence);
+        }
+    }
+    newest.keys().partition(|slot| held.contains_key(slot))
+}
+
+/// Where the data stripes are on `devices` (slot -> sequence of the one
+/// each slot holds), read at a checkpoint: what
+/// `killed_with_window_stripes_erased` tells the window's stripes by.
+fn data_stripes_held(devices: &[Arc<MemoryDevice>], g: &Geometry) -> BTreeMap<u64, u64> {
+    common::headers(devices, g)
+        .into_iter()
+        .filter(|(_, _, h)| h.stream != tessera_array::format::Stream::Meta)
+        .map(|(_, _, h)| (h.slot, h.sequence))
+        .collect()
+}
+
+/// A checkpoint, where the data stripes are then, and rounds of `more`
+/// (writes, FLUSHed) until the data stripes newer than the checkpoint lie
+/// both in slots that held one then and in others (`window_stripes`),
+/// what `killed_with_window_stripes_erased` needs; 40 rounds at most.
+/// Where a writer takes a checkpoint meanwhile (the window spent), it
+/// starts again from that one: told apart from slots held many windows
+/// back, the stripes newer than the last checkpoint at times all lay in
+/// slots held then (1 run in 16 of the suite under load).
+fn held_at_a_checkpoint_until_the_window_holds_both(
+    devices: &[Arc<MemoryDevice>],
+    array: &Array,
+    mut more: impl FnMut(&Array),
+) -> BTreeMap<u64, u64> {
+    let g = array.geometry().clone();
+    let checkpoints = || array.status().unwrap().checkpoints_written;
+    array.checkpoint().unwrap();
+    let (mut held, mut at) = (data_stripes_held(devices, &g), checkpoints());
+    for _ in 0..40 {
+        more(array);
+        if checkpoints() != at {
+            array.checkpoint().unwrap();
+            (held, at) = (data_stripes_held(devices, &g), checkpoints());
+            continue;
+        }
+        let (kept, erased) = window_stripes(devices, &g, &held);
+        if !kept.is_empty() && !erased.is_empty() {
+            break;
+        }
+    }
+    held
 }
 
 /// Opened after the map was found stale (by `open_with`, or by the
@@ -1972,20 +2017,36 @@ fn a_page_the_replay_finds_stale_after_opening_is_refused_and_the_next_opening_s
 /// refuses the checkpoint and scans every slot.
 #[test]
 fn a_page_the_replay_finds_stale_while_opening_sends_it_to_the_scan() {
-    let (devices, array, _, blocks, mut tags, held) = full_array_overwritten_past_a_checkpoint(true, 100_000);
-    // A block in each page, each FLUSHed alone so that the log holds it
-    // (until a stripe fills with them): opening's replay of the log
-    // brings in its pages, tens of the 100, where the erased stripe's
-    // blocks lie in about half. (Without them, whether opening brought
-    // in a stale page depended on where the window's slots were, and
-    // with format 15's smaller checkpoints it brought in none.)
+    let (devices, array, _, blocks, mut tags, _) = full_array_overwritten_past_a_checkpoint(true, 100_000);
+    // From a checkpoint taken now (writers took ~50 since the one the
+    // helper read the stripes at), rounds of random writes (so that the
+    // window takes stripes garbage collection emptied and wrote again),
+    // then a block in each page, each FLUSHed alone so that the log
+    // holds it (until a stripe fills with them): opening's replay of the
+    // log brings in its pages, tens of the 100, where the erased
+    // stripes' blocks lie in about half. (Without them, whether opening
+    // brought in a stale page depended on where the window's slots were,
+    // and with format 15's smaller checkpoints it brought in none.)
     let pages = blocks.div_ceil(tessera_array::limits::MAP_PAGE_BLOCKS);
-    for page in 0..pages {
-        let lba = page * tessera_array::limits::MAP_PAGE_BLOCKS + page % 7;
-        array.write(lba * BLOCK, &block(lba, 7 + page), false).unwrap();
-        tags.entry(lba).or_default().push(7 + page);
-        array.flush().unwrap();
-    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(31);
+    let mut round = 0;
+    let held = held_at_a_checkpoint_until_the_window_holds_both(&devices, &array, |array| {
+        for _ in 0..1_000 {
+            let (lba, tag) = (rng.gen_range(0..blocks), rng.gen::<u32>() as u64);
+            array.write(lba * BLOCK, &block(lba, tag), false).unwrap();
+            tags.entry(lba).or_default().push(tag);
+        }
+        for page in 0..pages {
+            let (lba, tag) = (
+                page * tessera_array::limits::MAP_PAGE_BLOCKS + page % 7,
+                7 + page + 1000 * round,
+            );
+            array.write(lba * BLOCK, &block(lba, tag), false).unwrap();
+            tags.entry(lba).or_default().push(tag);
+            array.flush().unwrap();
+        }
+        round += 1;
+    });
     assert!(
         array.status().unwrap().log.unwrap().live_bytes > 0,
         "the blocks in the log"
