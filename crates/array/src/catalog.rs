@@ -654,10 +654,9 @@ impl Catalog {
         };
         let delta = crate::format::decode_directory_delta_image(&read(delta)?, g).map_err(bad)?;
         number(delta.dir)?;
-        let changed = delta.changed.clone();
         Ok(DirEntries {
             images: delta.over(images),
-            changed,
+            changed: delta.changed,
         })
     }
 

@@ -779,21 +779,8 @@ impl Checkpoints {
         // The map stripes this checkpoint empties (what it does with the
         // directory pages' and slot pages' images, whole or a delta over
         // them, it decides as it writes them: `write_checkpoint`).
-        // A page's image and delta, unless a delta is written over the
-        // image (then its delta alone).
-        let pages_replaced = old
-            .iter()
-            .filter_map(|(page, image)| image.as_ref().map(|i| (page, i)))
-            .flat_map(|(page, image)| match deltas.contains_key(page) {
-                true => image
-                    .delta
-                    .iter()
-                    .flat_map(|delta| delta.pieces.iter())
-                    .collect::<Vec<_>>(),
-                false => image.all_pieces().collect(),
-            });
-        for piece in pages_replaced {
-            *live.get_mut(&piece.slot).expect("a piece is in a listed map stripe") -= u64::from(piece.bytes);
+        for (page, image) in old.iter().filter_map(|(page, image)| Some((page, image.as_ref()?))) {
+            replaced(&mut live, image, deltas.contains_key(page));
         }
         let emptied = live.iter().filter(|&(_, &bytes)| bytes == 0).map(|(&slot, _)| slot);
         // Slots that may hold stripes newer than `start` before the new
@@ -1067,19 +1054,11 @@ impl Checkpoints {
                 };
                 let listed: usize = changed.iter().filter_map(now).map(entry_bytes).sum();
                 let bytes = format::directory_delta_bytes_of(listed);
-                let sum = durable.dir_deltas.get(&dir).map_or(0, |&d| d as usize) + bytes;
-                (sum <= whole).then_some((bytes, sum as u32))
+                let before = durable.dir_deltas.get(&dir).copied().unwrap_or(0);
+                deltas_within(before, bytes, whole).map(|sum| (bytes, sum))
             });
-            // What it replaces: a delta only its image's delta, else its
-            // image and delta.
             if let Some(own) = durable.dirs.get(&dir) {
-                let replaced: Vec<&ImagePiece> = match delta {
-                    Some(_) => own.delta.iter().flat_map(|d| d.pieces.iter()).collect(),
-                    None => own.all_pieces().collect(),
-                };
-                for piece in replaced {
-                    *live.get_mut(&piece.slot).expect("a piece is in a listed map stripe") -= u64::from(piece.bytes);
-                }
+                replaced(&mut live, own, delta.is_some());
             }
             let range = (count > 0).then(|| {
                 let bytes = delta.map_or(whole, |(bytes, _)| bytes);
@@ -1115,31 +1094,20 @@ impl Checkpoints {
                             .copied()
                             .collect();
                         let delta = format::encode_slot_delta_image(page, &taken.changed, &listed);
-                        let sum = over.deltas as usize + delta.len();
                         // (Sized, not encoded, whole: at 100 TiB of 8+2 a
                         // checkpoint may take 204,800 pages, and encoding
                         // one of 1,024 slots takes ~9 us.)
-                        (sum <= format::slot_page_image_bytes(&taken.entries)).then(|| {
-                            deltas = Some(sum as u32);
-                            delta
-                        })
+                        let whole = format::slot_page_image_bytes(&taken.entries);
+                        deltas = deltas_within(over.deltas, delta.len(), whole);
+                        deltas.map(|_| delta)
                     });
                     let encoded = delta.unwrap_or_else(|| format::encode_slot_page_image(page, &taken.entries));
                     at += encoded.len();
                     let range = at - encoded.len()..at;
                     (encoded, range)
                 });
-                // What it replaces: a delta only its image's delta, else
-                // its image and delta.
                 if let Some(over) = durable.slot_pages.get(&page) {
-                    let replaced: Vec<&ImagePiece> = match deltas {
-                        Some(_) => over.image.delta.iter().flat_map(|d| d.pieces.iter()).collect(),
-                        None => over.image.all_pieces().collect(),
-                    };
-                    for piece in replaced {
-                        *live.get_mut(&piece.slot).expect("a piece is in a listed map stripe") -=
-                            u64::from(piece.bytes);
-                    }
+                    replaced(&mut live, &over.image, deltas.is_some());
                 }
                 SlotPageWrite {
                     page,
@@ -1372,12 +1340,9 @@ impl Checkpoints {
                 updates.push(DirUpdate { dir, old, new: None });
                 continue;
             };
-            // (Encoded whole also for a delta: the map keeps a resident
-            // directory page as its image packs it.)
-            let image = format::encode_directory_image(algorithm, dir, &entries);
             let encoded = match &delta {
                 Some((changed, _)) => format::encode_directory_delta_image(algorithm, dir, changed, &entries),
-                None => image.clone(),
+                None => format::encode_directory_image(algorithm, dir, &entries),
             };
             assert_eq!(
                 (run.len(), encoded.len()),
@@ -1390,24 +1355,21 @@ impl Checkpoints {
                 with_slots(place(range)),
             );
             run.extend_from_slice(&encoded);
-            let (own, changed) = match delta {
+            let new = match delta {
                 Some((changed, deltas)) => {
                     images.dir_deltas.insert(dir, deltas);
-                    let own = PageImage {
+                    let own = Arc::new(PageImage {
                         delta: Some(Arc::new(written)),
                         ..PageImage::clone(&durable.dirs[&dir])
-                    };
-                    (own, changed)
+                    });
+                    images.dirs.insert(dir, own.clone());
+                    NewDir::delta(dir, &entries, own, changed)
                 }
-                None => (written, BTreeSet::new()),
-            };
-            let own = Arc::new(own);
-            images.dirs.insert(dir, own.clone());
-            let new = NewDir {
-                image,
-                digest_bytes: algorithm.digest_bytes(),
-                own,
-                changed,
+                None => {
+                    let own = Arc::new(written);
+                    images.dirs.insert(dir, own.clone());
+                    NewDir::whole(dir, &encoded, algorithm.digest_bytes(), own)
+                }
             };
             updates.push(DirUpdate {
                 dir,
@@ -1617,6 +1579,28 @@ impl RootStripes {
     fn end(&self) -> usize {
         self.first + self.body + self.directory
     }
+}
+
+/// Takes out of the map stripes' live bytes (`live`) what a page's new
+/// image or delta replaces of `durable`, its durable image: written as a
+/// delta over it (`as_delta`), the delta over it alone (the image
+/// stays); else the image and its delta. For map pages, directory pages
+/// and slot pages alike.
+fn replaced(live: &mut BTreeMap<u64, u64>, durable: &PageImage, as_delta: bool) {
+    let image = durable.pieces.iter().filter(|_| !as_delta);
+    for piece in image.chain(durable.delta.iter().flat_map(|delta| delta.pieces.iter())) {
+        *live.get_mut(&piece.slot).expect("a piece is in a listed map stripe") -= u64::from(piece.bytes);
+    }
+}
+
+/// The bytes the deltas over a page's image take with one more of
+/// `delta` bytes (`before`: those written since the image), if that is no
+/// more than the page takes whole now (`whole`); `None`: it goes whole.
+/// The rule directory pages and slot pages follow (map pages', with their
+/// keys for bytes, is `map/delta.rs`).
+fn deltas_within(before: u32, delta: usize, whole: usize) -> Option<u32> {
+    let sum = before as usize + delta;
+    (sum <= whole).then_some(sum as u32)
 }
 
 /// The sparsest map stripes, past twice (and one) the stripes the

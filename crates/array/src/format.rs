@@ -1679,13 +1679,13 @@ impl DirectoryDelta {
     /// The page's entries: `base`'s (its image's) with the changed ones
     /// as the delta has them.
     pub fn over(
-        self,
+        &self,
         mut base: std::collections::BTreeMap<u64, std::sync::Arc<PageImage>>,
     ) -> std::collections::BTreeMap<u64, std::sync::Arc<PageImage>> {
         for page in &self.changed {
             base.remove(page);
         }
-        base.extend(self.entries);
+        base.extend(self.entries.iter().map(|(&page, image)| (page, image.clone())));
         base
     }
 }

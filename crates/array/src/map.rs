@@ -2095,12 +2095,7 @@ mod tests {
                         pieces: Vec::new(),
                         delta: None,
                     });
-                    NewDir {
-                        image,
-                        digest_bytes: 4,
-                        own,
-                        changed: BTreeSet::new(),
-                    }
+                    NewDir::whole(dir, &image, 4, own)
                 };
                 DirUpdate {
                     dir,

@@ -53,15 +53,35 @@ pub enum Lookup {
     NotInMemory(u64),
 }
 
-/// A directory page as a durable checkpoint wrote it (`Directory::publish`).
+/// A directory page as a durable checkpoint wrote it (`Directory::publish`):
+/// its entries packed, its own image (with the delta over it, if written
+/// as one), and the map pages changed since that image.
 pub struct NewDir {
-    /// Its stored image as it is now (`format::encode_directory_image`),
-    /// whether it was written so or as a delta.
-    pub image: Vec<u8>,
-    pub digest_bytes: usize,
-    pub own: Arc<PageImage>,
-    /// The map pages changed since the image `own` names.
-    pub changed: BTreeSet<u64>,
+    images: Packed,
+    own: Arc<PageImage>,
+    changed: BTreeSet<u64>,
+}
+
+impl NewDir {
+    /// Written whole: its entries as its stored image has them
+    /// (`format::encode_directory_image`).
+    pub fn whole(dir: u64, stored: &[u8], digest_bytes: usize, own: Arc<PageImage>) -> NewDir {
+        NewDir {
+            images: Packed::from_stored(dir, stored, digest_bytes),
+            own,
+            changed: BTreeSet::new(),
+        }
+    }
+
+    /// Written as a delta over its image (`own` names both): its entries
+    /// now, packed from `images` (no whole image is encoded for it).
+    pub fn delta(dir: u64, images: &Images, own: Arc<PageImage>, changed: BTreeSet<u64>) -> NewDir {
+        NewDir {
+            images: Packed::pack(dir, images),
+            own,
+            changed,
+        }
+    }
 }
 
 /// A directory page in memory: the images it names, packed, and its own.
@@ -327,16 +347,9 @@ impl Directory {
         let was_evicted = self.evicted.remove(&dir).is_some();
         self.pages -= old.0;
         self.page_bytes -= old.1;
-        let Some(NewDir {
-            image,
-            digest_bytes,
-            own,
-            changed,
-        }) = new
-        else {
+        let Some(NewDir { images, own, changed }) = new else {
             return;
         };
-        let images = Packed::from_stored(dir, &image, digest_bytes);
         let (pages, bytes) = images.totals();
         self.pages += pages;
         self.page_bytes += bytes;
