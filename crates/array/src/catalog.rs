@@ -131,7 +131,7 @@ impl Catalog {
             let end = start.saturating_add(self.walk_chunk).min(range.end);
             let index = self.index();
             for (slot, s) in index.slots.iter_range(start, end) {
-                f(&index, slot, s);
+                f(&index, slot, &s);
             }
             drop(index);
             start = end;

@@ -143,7 +143,7 @@ impl Shared {
                     // nor healed by a member's return)?
                     let degraded = {
                         let index = self.catalog.index();
-                        self.degraded(&index, victim, index.slots.get(victim))
+                        self.degraded(&index, victim, &index.slots.get(victim))
                     };
                     if degraded {
                         self.relocate(victim)?;

@@ -203,7 +203,7 @@ impl Shared {
         let sequence = {
             let index = self.catalog.index();
             let s = index.slots.get(slot);
-            if !on_members(&index, slot, s) {
+            if !on_members(&index, slot, &s) {
                 return;
             }
             pinned.add(slot);

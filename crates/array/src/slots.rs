@@ -112,7 +112,9 @@ impl Drop for Pinned<'_> {
 
 pub use crate::slot_set::SlotState;
 
-#[derive(Clone, Copy, Debug)]
+/// A slot as the table's users see it (`SlotTable::get`); the table keeps
+/// it packed in 16 bytes (`Packed`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Slot {
     pub state: SlotState,
     /// Sequence of the stripe in it (0 while open or free).
@@ -128,7 +130,7 @@ pub struct Slot {
 }
 
 /// What a slot no page holds yet is.
-static FREE_SLOT: Slot = Slot::empty(SlotState::Free, 0);
+const FREE_SLOT: Slot = Slot::empty(SlotState::Free, 0);
 
 impl Default for Slot {
     fn default() -> Slot {
@@ -156,10 +158,114 @@ impl Slot {
     }
 }
 
+/// A slot packed in 16 bytes, as the table holds every used slot (a
+/// `Slot` takes 24): the sequence, then one word of the state (bits 0-2),
+/// whether the durable pages list it (bit 3), its live units (the
+/// `Packing`'s bits from bit 4) and its pieces (the bits left). All zero
+/// is a free slot, so a page of them comes from the allocator untouched.
+/// Counts too large for their bits are kept beside (`SlotTable::wide`),
+/// the pieces' bits all set.
+#[derive(Clone, Copy, Default)]
+struct Packed {
+    sequence: u64,
+    word: u64,
+}
+
+/// How a table packs its counts: live units in as many bits as a full
+/// stripe's need (`SlotTable::with_live_max`), pieces in the rest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Packing {
+    live_bits: u32,
+}
+
+const PACKED_FLAG_BITS: u32 = 4;
+
+/// The states by their packed code (bits 0-2 of `Packed::word`).
+const PACKED_STATES: [SlotState; 5] = [
+    SlotState::Free,
+    SlotState::Open,
+    SlotState::Sealed,
+    SlotState::Draining,
+    SlotState::Checkpoint,
+];
+
+impl Packing {
+    /// Live units up to `live_max` in their bits, and at least 4 bits of
+    /// pieces.
+    fn new(live_max: u64) -> Packing {
+        let bits = u64::BITS - live_max.leading_zeros();
+        Packing {
+            live_bits: bits.clamp(1, u64::BITS - PACKED_FLAG_BITS - 4),
+        }
+    }
+
+    fn pieces_bits(self) -> u32 {
+        u64::BITS - PACKED_FLAG_BITS - self.live_bits
+    }
+
+    /// The pieces' bits all set: the counts are kept beside.
+    fn wide(self) -> u64 {
+        (1 << self.pieces_bits()) - 1
+    }
+
+    /// `s` packed, and whether its counts go beside.
+    #[inline]
+    fn pack(self, s: &Slot) -> (Packed, bool) {
+        let state = PACKED_STATES.iter().position(|&p| p == s.state).expect("every state") as u64;
+        let flags = state | u64::from(s.listed) << 3;
+        let fits = s.live >> self.live_bits == 0 && u64::from(s.pieces) < self.wide();
+        let (live, pieces) = match fits {
+            true => (s.live, u64::from(s.pieces)),
+            false => (0, self.wide()),
+        };
+        let word = flags | live << PACKED_FLAG_BITS | pieces << (PACKED_FLAG_BITS + self.live_bits);
+        (
+            Packed {
+                sequence: s.sequence,
+                word,
+            },
+            !fits,
+        )
+    }
+
+    /// Slot `slot`'s counts kept beside (out of the loops that walk slots).
+    #[cold]
+    #[inline(never)]
+    fn beside(slot: u64, wide: &HashMap<u64, (u64, u32)>) -> (u64, u32) {
+        *wide.get(&slot).expect("counts kept beside")
+    }
+
+    /// Slot `slot` from `p`, its counts from `wide` where they went beside.
+    #[inline]
+    fn unpack(self, slot: u64, p: Packed, wide: &HashMap<u64, (u64, u32)>) -> Slot {
+        let state = PACKED_STATES[(p.word & 7) as usize];
+        let pieces = p.word >> (PACKED_FLAG_BITS + self.live_bits);
+        let (live, pieces) = match pieces == self.wide() {
+            false => (
+                (p.word >> PACKED_FLAG_BITS) & ((1 << self.live_bits) - 1),
+                pieces as u32,
+            ),
+            true => Self::beside(slot, wide),
+        };
+        Slot {
+            state,
+            sequence: p.sequence,
+            live,
+            pieces,
+            listed: p.word & 8 != 0,
+        }
+    }
+}
+
 pub struct SlotTable {
     algorithm: Algorithm,
     /// Allocated by the page when one of its slots first leaves `Free`.
-    slots: SlotPages<Slot>,
+    slots: SlotPages<Packed>,
+    packing: Packing,
+    /// The counts of slots whose counts do not fit their packed bits
+    /// (`Packed`): none where a stripe's data area is under 64 MiB and
+    /// its blocks are stored raw (a piece a block at most).
+    wide: HashMap<u64, (u64, u32)>,
     free: SlotSet,
     /// The checkpoint's window: the slots new stripes may use until the
     /// next checkpoint; `None` when there is none and any free slot will do.
@@ -335,6 +441,8 @@ impl SlotTable {
         SlotTable {
             algorithm,
             slots: SlotPages::new(count),
+            packing: Packing::new(u64::MAX),
+            wide: HashMap::new(),
             free: SlotSet::full(count),
             window: None,
             usable: None,
@@ -367,12 +475,39 @@ impl SlotTable {
         self
     }
 
+    /// The table, its slots' live units packed in the bits `live_max`
+    /// takes (a full stripe's: the data area's bytes times LIVE_SCALE), the
+    /// pieces in the rest. Without this, live units take all but 8 of the
+    /// bits, and most counts of many pieces are kept beside.
+    pub fn with_live_max(mut self, live_max: u64) -> SlotTable {
+        assert!(self.slots.allocated() == 0, "packing chosen before any slot is used");
+        self.packing = Packing::new(live_max);
+        self
+    }
+
     pub fn count(&self) -> u64 {
         self.slots.count()
     }
 
-    pub fn get(&self, slot: u64) -> &Slot {
-        self.slots.get(slot).unwrap_or(&FREE_SLOT)
+    pub fn get(&self, slot: u64) -> Slot {
+        match self.slots.get(slot) {
+            Some(&p) => self.packing.unpack(slot, p, &self.wide),
+            None => FREE_SLOT,
+        }
+    }
+
+    /// Changes slot `slot` with `change`, packed again after.
+    fn modify<R>(&mut self, slot: u64, change: impl FnOnce(&mut Slot) -> R) -> R {
+        let mut s = self.get(slot);
+        let result = change(&mut s);
+        let (packed, wide) = self.packing.pack(&s);
+        *self.slots.get_mut(slot) = packed;
+        match wide {
+            true => self.wide.insert(slot, (s.live, s.pieces)),
+            false if self.wide.is_empty() => None,
+            false => self.wide.remove(&slot),
+        };
+        result
     }
 
     /// Changes slot `slot` with `change`; its durable page is dirty from
@@ -382,10 +517,12 @@ impl SlotTable {
         if self.snapshot.as_ref().is_some_and(|s| s.pending.contains(page)) {
             self.copy_page(page);
         }
-        let s = self.slots.get_mut(slot);
-        let before = durable_entry(slot, s);
-        let result = change(s);
-        if durable_entry(slot, s) != before {
+        let (result, changed) = self.modify(slot, |s| {
+            let before = durable_entry(slot, s);
+            let result = change(s);
+            (result, durable_entry(slot, s) != before)
+        });
+        if changed {
             self.dirty_pages.insert(slot / PAGE_SLOTS);
             self.changed.insert(slot);
         }
@@ -394,14 +531,20 @@ impl SlotTable {
 
     /// The slots of every page in use, in order: every slot that is not
     /// free is among them (those left out are free).
-    pub fn iter(&self) -> impl Iterator<Item = (u64, &Slot)> {
-        self.slots.iter()
+    pub fn iter(&self) -> impl Iterator<Item = (u64, Slot)> + '_ {
+        let (packing, wide) = (self.packing, &self.wide);
+        self.slots
+            .iter()
+            .map(move |(slot, &p)| (slot, packing.unpack(slot, p, wide)))
     }
 
     /// The slots of `[start, end)` in pages of the table ever used, in
     /// order.
-    pub fn iter_range(&self, start: u64, end: u64) -> impl Iterator<Item = (u64, &Slot)> {
-        self.slots.iter_range(start, end)
+    pub fn iter_range(&self, start: u64, end: u64) -> impl Iterator<Item = (u64, Slot)> + '_ {
+        let (packing, wide) = (self.packing, &self.wide);
+        self.slots
+            .iter_range(start, end)
+            .map(move |(slot, &p)| (slot, packing.unpack(slot, p, wide)))
     }
 
     /// Live bytes in the array (stored data and summary entries).
@@ -501,7 +644,7 @@ impl SlotTable {
     fn page_entries(&self, page: u64) -> Vec<format::SlotEntry> {
         let end = ((page + 1) * PAGE_SLOTS).min(self.count());
         (page * PAGE_SLOTS..end)
-            .filter_map(|slot| durable_entry(slot, self.slots.get(slot)?))
+            .filter_map(|slot| durable_entry(slot, &self.get(slot)))
             .collect()
     }
 
@@ -600,11 +743,11 @@ impl SlotTable {
         let end = ((page + 1) * PAGE_SLOTS).min(self.count());
         for slot in page * PAGE_SLOTS..end {
             if self.get(slot).listed {
-                self.slots.get_mut(slot).listed = false;
+                self.modify(slot, |s| s.listed = false);
             }
         }
         for entry in entries {
-            self.slots.get_mut(entry.slot).listed = true;
+            self.modify(entry.slot, |s| s.listed = true);
         }
     }
 
@@ -629,16 +772,19 @@ impl SlotTable {
         debug_assert!(entries.iter().all(|e| e.slot / PAGE_SLOTS == page));
         let mut live = 0u128;
         for entry in entries {
-            let s = self.slots.get_mut(entry.slot);
-            if s.state != SlotState::Free {
+            if self.get(entry.slot).state != SlotState::Free {
                 return Err(crate::error::CheckpointFault::ListedTwice { slot: entry.slot });
             }
-            s.live = entry.live;
-            s.pieces = entry.pieces;
-            s.listed = true;
+            self.modify(entry.slot, |s| {
+                s.live = entry.live;
+                s.pieces = entry.pieces;
+                s.listed = true;
+                if entry.sequence != 0 {
+                    s.state = SlotState::Sealed;
+                    s.sequence = entry.sequence;
+                }
+            });
             if entry.sequence != 0 {
-                s.state = SlotState::Sealed;
-                s.sequence = entry.sequence;
                 self.free.remove(entry.slot);
             }
             live += u128::from(entry.live);
@@ -797,21 +943,24 @@ impl SlotTable {
                 continue;
             };
             let (live, pieces) = Self::net_of(e, pending.get(&slot));
-            let s = self.slots.get_mut(slot);
-            (s.live, s.pieces) = (live.expect("checked"), pieces.expect("checked"));
-            s.listed = true;
-            s.sequence = e.sequence;
-            let sealed = e.sequence != 0 && s.pieces > 0;
+            let (live, pieces) = (live.expect("checked"), pieces.expect("checked"));
+            let sealed = e.sequence != 0 && pieces > 0;
             let drained = e.sequence != 0 && e.pieces > 0 && !sealed;
-            if sealed {
-                s.state = SlotState::Sealed;
-            } else if drained {
-                s.state = SlotState::Draining;
+            self.modify(slot, |s| {
+                (s.live, s.pieces) = (live, pieces);
+                s.listed = true;
+                // Emptied before the root: free, as opening frees it.
+                s.sequence = if sealed || drained { e.sequence } else { 0 };
+                if sealed {
+                    s.state = SlotState::Sealed;
+                } else if drained {
+                    s.state = SlotState::Draining;
+                }
+            });
+            if drained {
                 emptied.push(slot);
-            } else {
-                // Emptied before the root: free, as opening frees it, and
-                // the page is written again by the next checkpoint.
-                s.sequence = 0;
+            } else if !sealed {
+                // The page is written again by the next checkpoint.
                 self.dirty_pages.insert(page);
                 self.changed.insert(slot);
                 self.list_free(slot);
@@ -823,11 +972,7 @@ impl SlotTable {
     /// Opening, once the durable pages and the stripes sealed since are
     /// restored: every slot counted must be sealed.
     pub fn check_counted(&self) -> Result<(), crate::error::CheckpointFault> {
-        match self
-            .slots
-            .iter()
-            .find(|(_, s)| s.pieces > 0 && s.state != SlotState::Sealed)
-        {
+        match self.iter().find(|(_, s)| s.pieces > 0 && s.state != SlotState::Sealed) {
             Some((slot, s)) => Err(crate::error::CheckpointFault::CountsUnsealed { slot, state: s.state }),
             None => Ok(()),
         }
@@ -1233,7 +1378,7 @@ impl SlotTable {
     /// array), they are looked at too: a stripe found outside the window
     /// is taken all the same, and counted for `check` to report.
     pub fn sealed_after(&self, sequence: u64) -> Vec<u64> {
-        let newer = |(slot, s): (u64, &Slot)| (s.state == SlotState::Sealed && s.sequence > sequence).then_some(slot);
+        let newer = |(slot, s): (u64, Slot)| (s.state == SlotState::Sealed && s.sequence > sequence).then_some(slot);
         let every = || self.iter().filter_map(newer).collect::<Vec<u64>>();
         let Some(window) = &self.window else {
             return every();
@@ -1317,7 +1462,7 @@ impl SlotTable {
         'walk: for (lo, hi) in [(start, slots), (0, start)] {
             // The window's slots in the range, walked beside it.
             let mut window = self.window.as_ref().map(|w| w.range(lo..hi).copied().peekable());
-            for (slot, s) in self.slots.iter_range(lo, hi) {
+            for (slot, s) in self.iter_range(lo, hi) {
                 if looked >= search.slots && scored.len() >= count {
                     stopped = Some(slot);
                     break 'walk;
@@ -1330,7 +1475,7 @@ impl SlotTable {
                         w.peek() == Some(&slot)
                     }
                 };
-                scored.extend(score(slot, s, in_window));
+                scored.extend(score(slot, &s, in_window));
             }
         }
         if let Some(stop) = stopped {
@@ -1348,7 +1493,7 @@ impl SlotTable {
                 None => Some((slot, true)),
             });
             for (slot, in_window) in window.chain(remembered).filter(|&(slot, _)| !looked_at(slot)) {
-                scored.extend(score(slot, self.get(slot), in_window));
+                scored.extend(score(slot, &self.get(slot), in_window));
             }
         }
         // The best `count` first, in order, without sorting the rest (an
@@ -1454,6 +1599,20 @@ impl SlotTable {
                 ));
             }
         }
+        // Counts are kept beside only while they do not fit their bits.
+        if let Some((&slot, &(live, pieces))) = self.wide.iter().find(|&(&slot, &(live, pieces))| {
+            let s = Slot {
+                live,
+                pieces,
+                ..self.get(slot)
+            };
+            !self.packing.pack(&s).1
+        }) {
+            return Err(format!(
+                "slot {slot}: {live} live units in {pieces} pieces kept beside, yet they fit {:?}",
+                self.packing
+            ));
+        }
         let volumes = |v: &[(u64, u128)]| -> Vec<(u64, u128)> {
             let mut v = v.to_vec();
             while v.last() == Some(&(0, 0)) {
@@ -1492,9 +1651,89 @@ mod tests {
     use crate::slot_set::SLOT_PAGE;
 
     #[test]
-    fn a_used_slot_costs_24_bytes_of_ram() {
+    fn a_used_slot_costs_16_bytes_of_ram() {
         // docs/ENGINE.md counts the slot table's RAM at scale from this.
-        assert_eq!(std::mem::size_of::<Slot>(), 24);
+        assert_eq!(std::mem::size_of::<Packed>(), 16);
+        assert_eq!(std::mem::size_of::<Slot>(), 24, "as its users see it");
+    }
+
+    /// Every state, flag and count comes back as it went in, whether the
+    /// counts fit their bits or are kept beside; the latter only while
+    /// they do not fit.
+    #[test]
+    fn a_slot_packed_in_16_bytes_comes_back_as_it_was() {
+        // 8+2 of 64 KiB chunks: 39 bits of live units, 21 of pieces.
+        let data = 8 * 64 * 1024u64;
+        let mut table = SlotTable::new(Algorithm::Crc32c, 64).with_live_max(data * LIVE_SCALE);
+        assert_eq!((table.packing.live_bits, table.packing.pieces_bits()), (39, 21));
+        let states = [
+            SlotState::Free,
+            SlotState::Open,
+            SlotState::Sealed,
+            SlotState::Draining,
+            SlotState::Checkpoint,
+        ];
+        let wide = table.packing.wide();
+        let counts = [
+            (0, 0),
+            (1, 1),
+            (data * LIVE_SCALE, (data / 4096) as u32),
+            ((1 << 39) - 1, wide as u32 - 1),
+            (1 << 39, 1),
+            (5, wide as u32),
+            (u64::MAX, u32::MAX),
+        ];
+        let mut slot = 0;
+        for (i, &state) in states.iter().enumerate() {
+            for (j, &(live, pieces)) in counts.iter().enumerate() {
+                let s = Slot {
+                    state,
+                    sequence: u64::MAX - (i * 7 + j) as u64,
+                    live,
+                    pieces,
+                    listed: (i + j) % 2 == 0,
+                };
+                table.modify(slot % 64, |t| *t = s);
+                assert_eq!(table.get(slot % 64), s);
+                let beside = live >= 1 << 39 || u64::from(pieces) >= wide;
+                assert_eq!(table.wide.contains_key(&(slot % 64)), beside, "{s:?}");
+                slot += 1;
+            }
+        }
+        // Counts that fit again go back into their bits.
+        for slot in 0..64 {
+            table.modify(slot, |s| (s.live, s.pieces) = (3, 2));
+            assert_eq!((table.get(slot).live, table.get(slot).pieces), (3, 2));
+        }
+        assert!(table.wide.is_empty());
+        // What fits where a stripe's blocks are stored raw (a piece a
+        // block at most, stored bytes times LIVE_SCALE live units at most).
+        for (k, chunk) in [
+            (4u64, 4096u64),
+            (8, 64 << 10),
+            (8, 1 << 20),
+            (16, 2 << 20),
+            (31, 1 << 20),
+            (92, 64 << 10),
+        ] {
+            let data = k * chunk;
+            let packing = Packing::new(data * LIVE_SCALE);
+            let full = Slot {
+                live: data * LIVE_SCALE,
+                pieces: (data / 4096) as u32,
+                ..Slot::empty(SlotState::Sealed, 1)
+            };
+            assert!(!packing.pack(&full).1, "{k} x {chunk}: {packing:?}");
+        }
+        // 64 MiB of data a stripe (16 x 4 MiB, 64 x 1 MiB) is past it: a
+        // full raw stripe's counts go beside.
+        let data = 64 << 20;
+        let full = Slot {
+            live: data * LIVE_SCALE,
+            pieces: (data / 4096) as u32,
+            ..Slot::empty(SlotState::Sealed, 1)
+        };
+        assert!(Packing::new(data * LIVE_SCALE).pack(&full).1);
     }
 
     /// Pin counts are a fixed table: a slot shares its count with the
@@ -1944,7 +2183,7 @@ mod tests {
         restored.check_counted().unwrap();
         for slot in 0..count {
             let (was, is) = (table.get(slot), restored.get(slot));
-            let listed = durable_entry(slot, was);
+            let listed = durable_entry(slot, &was);
             assert_eq!(is.listed, listed.is_some(), "slot {slot}");
             assert_eq!((is.live, is.pieces), (was.live, was.pieces), "slot {slot}");
             match listed {

@@ -58,7 +58,8 @@ pub fn run(options: &Options) -> Result<Report> {
     anyhow::ensure!(options.rounds > 0, "--rounds must be at least 1");
     let began = Instant::now();
     let slots = options.used + options.used / 16 + WINDOW as u64;
-    let mut table = SlotTable::new(tessera_checksum::Algorithm::Crc32c, slots);
+    let mut table = SlotTable::new(tessera_checksum::Algorithm::Crc32c, slots)
+        .with_live_max(FILL * tessera_array::limits::LIVE_SCALE);
     let pins = Pins::new(slots);
     let mut rng = rand::rngs::StdRng::seed_from_u64(options.seed);
     for slot in 0..options.used {
@@ -112,7 +113,7 @@ pub fn run(options: &Options) -> Result<Report> {
     // A scrub's list of the stripes on the members: every used slot at
     // one hold of the lock, and the same walk a chunk per hold (its
     // longest chunk is the hold).
-    let on_members = |(slot, s): (u64, &Slot)| {
+    let on_members = |(slot, s): (u64, Slot)| {
         matches!(s.state, SlotState::Sealed | SlotState::Checkpoint).then_some((slot, s.sequence))
     };
     time("a scrub's list of stripes, at one hold", &|| {
