@@ -176,6 +176,10 @@ struct Packed {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Packing {
     live_bits: u32,
+    /// Kept for the loops that walk every slot: `(1 << live_bits) - 1`,
+    /// and the pieces' bits all set (`wide`).
+    live_mask: u64,
+    wide: u64,
 }
 
 const PACKED_FLAG_BITS: u32 = 4;
@@ -193,19 +197,22 @@ impl Packing {
     /// Live units up to `live_max` in their bits, and at least 4 bits of
     /// pieces.
     fn new(live_max: u64) -> Packing {
-        let bits = u64::BITS - live_max.leading_zeros();
+        let live_bits = (u64::BITS - live_max.leading_zeros()).clamp(1, u64::BITS - PACKED_FLAG_BITS - 4);
         Packing {
-            live_bits: bits.clamp(1, u64::BITS - PACKED_FLAG_BITS - 4),
+            live_bits,
+            live_mask: (1 << live_bits) - 1,
+            wide: (1 << (u64::BITS - PACKED_FLAG_BITS - live_bits)) - 1,
         }
     }
 
+    #[cfg(test)]
     fn pieces_bits(self) -> u32 {
         u64::BITS - PACKED_FLAG_BITS - self.live_bits
     }
 
     /// The pieces' bits all set: the counts are kept beside.
     fn wide(self) -> u64 {
-        (1 << self.pieces_bits()) - 1
+        self.wide
     }
 
     /// `s` packed, and whether its counts go beside.
@@ -240,9 +247,9 @@ impl Packing {
     fn unpack(self, slot: u64, p: Packed, wide: &HashMap<u64, (u64, u32)>) -> Slot {
         let state = PACKED_STATES[(p.word & 7) as usize];
         let pieces = p.word >> (PACKED_FLAG_BITS + self.live_bits);
-        let (live, pieces) = match pieces == self.wide() {
+        let (live, pieces) = match pieces == self.wide {
             false => (
-                (p.word >> PACKED_FLAG_BITS) & ((1 << self.live_bits) - 1),
+                (p.word >> PACKED_FLAG_BITS) & self.live_mask,
                 pieces as u32,
             ),
             true => Self::beside(slot, wide),
