@@ -38,7 +38,8 @@ loaded() {
     sleep 0.1
   done
   used=$(json_expr "j['stripes_used']" <<<"$status")
-  echo "$used used slots, $(rss_mb) MB RSS once every slot page is read"
+  table=$(json_expr "j.get('slot_table_bytes', 0) // 1000000" <<<"$status")
+  echo "$used used slots, $(rss_mb) MB RSS once every slot page is read (the slot table's own count: $table MB; 0 where a build does not report it)"
   stop_server
 }
 

@@ -192,6 +192,11 @@ impl SlotSet {
         self.len
     }
 
+    /// Bytes of memory the set's bitmaps take.
+    pub fn heap_bytes(&self) -> usize {
+        (self.words.capacity() + self.summary.capacity()) * std::mem::size_of::<u64>()
+    }
+
     pub fn contains(&self, slot: u64) -> bool {
         let (w, b) = (slot as usize / 64, slot % 64);
         self.words.get(w).is_some_and(|word| word & (1 << b) != 0)

@@ -248,10 +248,7 @@ impl Packing {
         let state = PACKED_STATES[(p.word & 7) as usize];
         let pieces = p.word >> (PACKED_FLAG_BITS + self.live_bits);
         let (live, pieces) = match pieces == self.wide {
-            false => (
-                (p.word >> PACKED_FLAG_BITS) & self.live_mask,
-                pieces as u32,
-            ),
+            false => ((p.word >> PACKED_FLAG_BITS) & self.live_mask, pieces as u32),
             true => Self::beside(slot, wide),
         };
         Slot {
@@ -494,6 +491,20 @@ impl SlotTable {
 
     pub fn count(&self) -> u64 {
         self.slots.count()
+    }
+
+    /// Bytes of memory the table takes, counted from its types: the
+    /// packed slots of its allocated pages, the counts kept beside, and
+    /// the bitmaps a slot (free, changed) or page (dirty) each. Not the
+    /// window's sets nor what is kept while pages are unread or a
+    /// checkpoint copies them: those are bounded by the window, not by
+    /// the used slots.
+    pub fn memory_bytes(&self) -> u64 {
+        let packed = self.slots.allocated() as usize * std::mem::size_of::<Packed>();
+        // A hash map's entry, and its control byte.
+        let beside = self.wide.capacity() * (std::mem::size_of::<(u64, (u64, u32))>() + 1);
+        let bitmaps = self.free.heap_bytes() + self.changed.heap_bytes() + self.dirty_pages.heap_bytes();
+        (packed + beside + bitmaps) as u64
     }
 
     pub fn get(&self, slot: u64) -> Slot {
@@ -1662,6 +1673,17 @@ mod tests {
         // docs/ENGINE.md counts the slot table's RAM at scale from this.
         assert_eq!(std::mem::size_of::<Packed>(), 16);
         assert_eq!(std::mem::size_of::<Slot>(), 24, "as its users see it");
+        // `status` reports it: a page of 4,096 slots allocated as one is
+        // first used, beside two bits a slot of the array.
+        let count = 1 << 20;
+        let mut table = SlotTable::new(Algorithm::Crc32c, count).with_live_max((512 << 10) * LIVE_SCALE);
+        let bitmaps = table.memory_bytes();
+        assert!(bitmaps >= count / 4 && bitmaps < count / 4 + count / 128, "{bitmaps}");
+        let pins = Pins::new(count);
+        table.seal_one_record(5, 1, 4096, &pins);
+        assert_eq!(table.memory_bytes(), bitmaps + 4096 * 16);
+        table.seal_one_record(4097, 2, 4096, &pins);
+        assert_eq!(table.memory_bytes(), bitmaps + 2 * 4096 * 16);
     }
 
     /// Every state, flag and count comes back as it went in, whether the

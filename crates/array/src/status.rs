@@ -139,6 +139,12 @@ pub struct Status {
     /// (pages near each other in one stripe are read at once).
     #[serde(default)]
     pub map_page_reads: u64,
+    /// Bytes of memory the slot table takes (`SlotTable::memory_bytes`):
+    /// 16 bytes a used slot, in pages of 4,096 allocated as first used,
+    /// and two bits a slot of the array. What grows with the data outside
+    /// the map's cache.
+    #[serde(default)]
+    pub slot_table_bytes: u64,
     /// Slot table pages opening left to be read after it that are still
     /// unread (garbage collection, checkpoints, rebuilds and scrubs wait
     /// for them; `recovery` says how many there were).
@@ -245,6 +251,7 @@ impl Shared {
                 (
                     index.slots.unread_count() as u64,
                     index.slots.pages_unreadable(),
+                    index.slots.memory_bytes(),
                     index.pending.as_ref().map_or(0, |p| p.pages_left() as u64),
                     index.pending.as_ref().and_then(|p| p.stale()).map_or(0, |s| s.1 as u64),
                 ),
@@ -377,8 +384,9 @@ impl Shared {
             map_pages_evicted: load(&c.map_pages_evicted),
             slot_pages_unread: slot_pages.0,
             slot_pages_unreadable: slot_pages.1,
-            replay_pages_waiting: slot_pages.2,
-            replay_pages_stale: slot_pages.3,
+            slot_table_bytes: slot_pages.2,
+            replay_pages_waiting: slot_pages.3,
+            replay_pages_stale: slot_pages.4,
             writers_waited_for_members_ms: load(&c.waited_for_members_us) / 1000,
             writers_waited_for_slot_ms: load(&c.waited_for_slot_us) / 1000,
             stripes_sealed_early: load(&c.stripes_sealed_early),

@@ -183,8 +183,12 @@ fn print_status(s: &Status) {
         human(accel.bytes_on_device)
     );
     println!(
-        "stripes: {} used of {} ({} free), {} degraded",
-        s.stripes_used, s.stripes_total, s.stripes_free, s.stripes_degraded
+        "stripes: {} used of {} ({} free), {} degraded; the slot table takes {} of memory",
+        s.stripes_used,
+        s.stripes_total,
+        s.stripes_free,
+        s.stripes_degraded,
+        human(s.slot_table_bytes)
     );
     println!(
         "capacity: raw {}, usable {}, logical {}; mapped {} stored as {} (compression ratio {:.2})",

@@ -1925,6 +1925,8 @@ fn prometheus_metrics_count_requests_and_show_member_states() {
     assert!(map("mappings") >= 16.0, "{text}");
     assert!(map("bytes") >= 40.0 * map("mappings"), "{text}");
     map("page_reads");
+    // The slot table: one page of 4,096 packed slots at least.
+    assert!(map("slot_table_bytes") >= (4096 * 16) as f64, "{text}");
     assert_eq!(
         metric(&text, "tessera_stripes{kind=\"degraded\"}") as u64,
         metric(&text, "tessera_stripes{kind=\"used\"}") as u64
