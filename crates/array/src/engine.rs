@@ -270,7 +270,10 @@ impl Array {
                 Index {
                     map: Map::new(options.map_delta_entries_min),
                     slots: SlotTable::new(geometry.checksum, slot_count)
-                        .with_live_max(geometry.data_area_bytes() as u64 * crate::limits::LIVE_SCALE)
+                        .with_live_max(match options.slot_counts_narrow {
+                            true => u64::MAX,
+                            false => geometry.data_area_bytes() as u64 * crate::limits::LIVE_SCALE,
+                        })
                         .with_victim_search(options.gc_victim_search_slots),
                     resident: HashMap::new(),
                     next_version: 1,

@@ -90,6 +90,13 @@ pub struct EngineOptions {
     /// (`limits::SLOT_WALK_CHUNK`). Fewer, for tests that want such walks
     /// in many chunks on a small array, as on a large one.
     pub slot_walk_chunk: u64,
+    /// Whether the slot table packs its counts with 4 bits of pieces
+    /// (live units in the rest), not in the bits the stripe's size needs:
+    /// a slot of 15 pieces or more then keeps its counts in the map beside
+    /// the table (`SlotTable::wide`), which a large stripe's slots need
+    /// only past 64 MiB of data. For tests that want that map used on a
+    /// small array.
+    pub slot_counts_narrow: bool,
 }
 
 impl Default for EngineOptions {
@@ -114,6 +121,7 @@ impl Default for EngineOptions {
             next_window_early: false,
             gc_victim_search_slots: crate::limits::GC_VICTIM_SEARCH_SLOTS,
             slot_walk_chunk: crate::limits::SLOT_WALK_CHUNK,
+            slot_counts_narrow: false,
         }
     }
 }

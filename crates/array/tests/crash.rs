@@ -203,6 +203,10 @@ fn engine(seed: u64) -> EngineOptions {
             0 => 8,
             _ => EngineOptions::default().gc_victim_search_slots,
         },
+        // The slot table's counts of 15 pieces or more kept in the map
+        // beside it, in half the seeds, as a stripe of 64 MiB of data or
+        // more keeps them.
+        slot_counts_narrow: (seed + 1) % 4 < 2,
         ..EngineOptions::default()
     }
 }

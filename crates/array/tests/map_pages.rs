@@ -2150,3 +2150,58 @@ fn directory_pages_changed_in_a_few_entries_are_written_as_deltas_and_read_back_
     assert!(s.chunks_repaired >= 1, "{s:?}");
     array.check().unwrap();
 }
+
+/// A slot's counts that do not fit the bits the table packs them in are
+/// kept in a map beside it (a stripe of 64 MiB of data or more needs
+/// that; `EngineOptions::slot_counts_narrow` makes every slot of 15
+/// pieces or more need it here): the same writes count the same, the
+/// engine's check passes (it fails on counts beside that would fit), and
+/// every block reads back after a checkpoint, a clean stop and kill -9,
+/// opened with either packing (it is in memory only).
+#[test]
+fn counts_kept_beside_the_slot_table_read_back() {
+    let narrow = EngineOptions {
+        slot_counts_narrow: true,
+        ..EngineOptions::default()
+    };
+    let mut tables = Vec::new();
+    for engine in [narrow.clone(), EngineOptions::default()] {
+        let devices = six_members();
+        let options = tessera_array::CreateOptions::new(4, 2);
+        let array = tessera_array::create_with(named(&devices), &options, engine.clone()).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(81);
+        let mut model = BTreeMap::new();
+        // Sequential runs first (stripes of 64 raw blocks, one piece a
+        // block), then random overwrites that cut some of them down.
+        for lba in 0..4_096 {
+            array.write(lba * BLOCK, &block(lba, 1), false).unwrap();
+            model.insert(lba, 1);
+        }
+        array.check().unwrap();
+        let full = array.status().unwrap().slot_table_bytes;
+        write_random(&array, &mut model, &mut rng, 3_000, 8);
+        array.check().unwrap();
+        tables.push((full, array.status().unwrap().slot_table_bytes));
+        array.checkpoint().unwrap();
+        array.close().unwrap();
+        // Opened with the other packing, then killed and opened again
+        // with the first.
+        let other = EngineOptions {
+            slot_counts_narrow: !engine.slot_counts_narrow,
+            ..engine.clone()
+        };
+        let array = tessera_array::open_with(open_list(&devices, &[]), other).unwrap();
+        verify(&array, &model);
+        array.check().unwrap();
+        write_random(&array, &mut model, &mut rng, 1_000, 8);
+        let array = flushed_killed_and_verified(&devices, array, engine, &model);
+        write_random(&array, &mut model, &mut rng, 500, 8);
+        array.check().unwrap();
+        verify(&array, &model);
+    }
+    // The narrow packing keeps the counts of the full stripes beside
+    // (some 30 bytes a slot more): the table takes more memory for the
+    // same writes.
+    let (narrow, fitted) = (tables[0], tables[1]);
+    assert!(narrow.0 > fitted.0, "{narrow:?} {fitted:?}");
+}
