@@ -144,11 +144,20 @@ impl<T: Default> SlotPages<T> {
 
     /// Slots in the allocated pages.
     pub fn allocated(&self) -> u64 {
-        debug_assert_eq!(
-            self.allocated,
-            self.pages.iter().filter(|page| page.get().is_some()).count()
-        );
         (self.allocated * SLOT_PAGE) as u64
+    }
+
+    /// Whether the pages counted allocated are those allocated (walks
+    /// every page: for the engine's check).
+    pub fn check_allocated(&self) -> Result<(), String> {
+        let walked = self.pages.iter().filter(|page| page.get().is_some()).count();
+        match walked == self.allocated {
+            true => Ok(()),
+            false => Err(format!(
+                "{walked} slot table pages allocated, {} counted",
+                self.allocated
+            )),
+        }
     }
 }
 
@@ -304,6 +313,25 @@ mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
     use std::collections::BTreeSet;
+
+    /// The pages allocated are counted as they are allocated (once each,
+    /// however often written), and the check walks them to agree.
+    #[test]
+    fn pages_allocated_are_counted() {
+        let count = 5 * SLOT_PAGE as u64 + 100;
+        let mut pages: SlotPages<u64> = SlotPages::new(count);
+        assert_eq!((pages.allocated(), pages.check_allocated()), (0, Ok(())));
+        for slot in [3, 4, 2 * SLOT_PAGE as u64 + 7, count - 1, 5] {
+            *pages.get_mut(slot) += 1;
+        }
+        assert_eq!(pages.allocated(), 3 * SLOT_PAGE as u64);
+        assert_eq!(pages.check_allocated(), Ok(()));
+        pages.allocated += 1;
+        assert_eq!(
+            pages.check_allocated(),
+            Err("3 slot table pages allocated, 4 counted".to_string())
+        );
+    }
 
     /// The slots of a range, walked in pieces that do not fall on page
     /// boundaries, are those of the whole walk: each once, in order, and

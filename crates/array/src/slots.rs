@@ -1617,6 +1617,7 @@ impl SlotTable {
                 ));
             }
         }
+        self.slots.check_allocated()?;
         // Counts are kept beside only while they do not fit their bits.
         if let Some((&slot, &(live, pieces))) = self.wide.iter().find(|&(&slot, &(live, pieces))| {
             let s = Slot {
