@@ -184,7 +184,8 @@ struct Packing {
 
 const PACKED_FLAG_BITS: u32 = 4;
 
-/// The states by their packed code (bits 0-2 of `Packed::word`).
+/// The states by their packed code (bits 0-2 of `Packed::word`): a
+/// state's code is its discriminant, so packing is a cast.
 const PACKED_STATES: [SlotState; 5] = [
     SlotState::Free,
     SlotState::Open,
@@ -192,10 +193,18 @@ const PACKED_STATES: [SlotState; 5] = [
     SlotState::Draining,
     SlotState::Checkpoint,
 ];
+const _: () = {
+    let mut code = 0;
+    while code < PACKED_STATES.len() {
+        assert!(PACKED_STATES[code] as usize == code);
+        code += 1;
+    }
+};
 
 impl Packing {
     /// Live units up to `live_max` in their bits, and at least 4 bits of
-    /// pieces.
+    /// pieces; `wide`, the pieces' bits all set, says the counts are kept
+    /// beside.
     fn new(live_max: u64) -> Packing {
         let live_bits = (u64::BITS - live_max.leading_zeros()).clamp(1, u64::BITS - PACKED_FLAG_BITS - 4);
         Packing {
@@ -210,20 +219,14 @@ impl Packing {
         u64::BITS - PACKED_FLAG_BITS - self.live_bits
     }
 
-    /// The pieces' bits all set: the counts are kept beside.
-    fn wide(self) -> u64 {
-        self.wide
-    }
-
     /// `s` packed, and whether its counts go beside.
     #[inline]
     fn pack(self, s: &Slot) -> (Packed, bool) {
-        let state = PACKED_STATES.iter().position(|&p| p == s.state).expect("every state") as u64;
-        let flags = state | u64::from(s.listed) << 3;
-        let fits = s.live >> self.live_bits == 0 && u64::from(s.pieces) < self.wide();
+        let flags = s.state as u64 | u64::from(s.listed) << 3;
+        let fits = s.live >> self.live_bits == 0 && u64::from(s.pieces) < self.wide;
         let (live, pieces) = match fits {
             true => (s.live, u64::from(s.pieces)),
-            false => (0, self.wide()),
+            false => (0, self.wide),
         };
         let word = flags | live << PACKED_FLAG_BITS | pieces << (PACKED_FLAG_BITS + self.live_bits);
         (
@@ -790,10 +793,11 @@ impl SlotTable {
         debug_assert!(entries.iter().all(|e| e.slot / PAGE_SLOTS == page));
         let mut live = 0u128;
         for entry in entries {
-            if self.get(entry.slot).state != SlotState::Free {
-                return Err(crate::error::CheckpointFault::ListedTwice { slot: entry.slot });
-            }
-            self.modify(entry.slot, |s| {
+            // (Looked at and changed in one unpacking.)
+            let taken = self.modify(entry.slot, |s| {
+                if s.state != SlotState::Free {
+                    return true;
+                }
                 s.live = entry.live;
                 s.pieces = entry.pieces;
                 s.listed = true;
@@ -801,7 +805,11 @@ impl SlotTable {
                     s.state = SlotState::Sealed;
                     s.sequence = entry.sequence;
                 }
+                false
             });
+            if taken {
+                return Err(crate::error::CheckpointFault::ListedTwice { slot: entry.slot });
+            }
             if entry.sequence != 0 {
                 self.free.remove(entry.slot);
             }
@@ -1703,7 +1711,7 @@ mod tests {
             SlotState::Draining,
             SlotState::Checkpoint,
         ];
-        let wide = table.packing.wide();
+        let wide = table.packing.wide;
         let counts = [
             (0, 0),
             (1, 1),
@@ -2260,5 +2268,11 @@ mod tests {
             own.restore_page(0, &[format::SlotEntry { sequence: 4, ..counted }], &[]),
             Err(crate::error::CheckpointFault::ListedTwice { slot: 5 })
         ));
+        // (And left as it was.)
+        let s = own.get(5);
+        assert_eq!(
+            (s.state, s.sequence, s.live, s.pieces, s.listed),
+            (SlotState::Checkpoint, 3, 0, 0, false)
+        );
     }
 }
