@@ -13,7 +13,7 @@
 #
 # For each count N: a new 8+2 array on 10 sparse member files, exported
 # thin at 64 GiB (SIZE); fio writes N distinct 4 KiB blocks at random (each once,
-# QD32) over the first N x 4 KiB; then the server's RSS; a clean stop;
+# QD32) over the first N x 4 KiB (their IOPS printed); then the server's RSS; a clean stop;
 # `tessera status` times the opening; a new server's RSS right after
 # opening (no I/O yet), less that of the same array empty, per block (and
 # what the map says it holds, per block: `map_bytes` in status); the
@@ -63,7 +63,7 @@ cpu=$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)
 echo "8+2 on 10 sparse member files, exported $size, $data data$([ "$data" = pattern ] && echo ', lz4'); $(nproc) x $cpu"
 cache_args=()
 [ -z "${MAP_CACHE:-}" ] || { cache_args=(--map-cache "$MAP_CACHE"); echo "serve --map-cache $MAP_CACHE"; }
-printf '%-9s %8s %8s %10s %8s %9s %8s %10s %14s %9s %8s %8s %-70s %s\n' blocks "RSS MB" "peak MB" "opened MB" "B/block" "map B/bl" "read MB" "read B/bl" "read IOPS 1/2" checkpts "ckpt MB" "root KB" "open after a clean stop" "open after kill -9"
+printf '%-9s %11s %8s %8s %10s %8s %9s %8s %10s %14s %9s %8s %8s %-70s %s\n' blocks "write IOPS" "RSS MB" "peak MB" "opened MB" "B/block" "map B/bl" "read MB" "read B/bl" "read IOPS 1/2" checkpts "ckpt MB" "root KB" "open after a clean stop" "open after kill -9"
 for n in "$@"; do
   blocks=$(count "$n")
   rm -rf "$work/array"
@@ -85,7 +85,8 @@ for n in "$@"; do
     span=(--size=$(( blocks * 4096 )))
   fi
   fio --name=random --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=32 \
-      "${span[@]}" $(fio_pattern) >"$work/fio.log" 2>&1 || { cat "$work/fio.log" >&2; exit 1; }
+      "${span[@]}" $(fio_pattern) --output-format=json >"$work/fio.log" 2>&1 || { cat "$work/fio.log" >&2; exit 1; }
+  write_iops=$(json_expr "round(j['jobs'][0]['write']['iops'])" <"$work/fio.log")
   rss=$(rss_mb); hwm=$(peak_mb)
   "$tessera" status "$work/array" --json >"$work/status.json"
   checkpoints=$(field checkpoints_written)
@@ -110,7 +111,7 @@ for n in "$@"; do
       --number_ios=2000 --fsync=64 $(fio_pattern) >/dev/null 2>&1
   kill_server
   killed=$(opening)
-  printf '%-9s %8d %8d %10d %8d %9s %8d %10d %14s %9s %8s %8s %-70s %s\n' "$n" "$rss" "$hwm" "$opened" \
+  printf '%-9s %11s %8d %8d %10d %8d %9s %8d %10d %14s %9s %8s %8s %-70s %s\n' "$n" "$write_iops" "$rss" "$hwm" "$opened" \
     $(( (opened - empty) * 1048576 / blocks )) "$map_per_block" "$read_rss" $(( (read_rss - empty) * 1048576 / blocks )) "$read_iops" \
     "$checkpoints" "$checkpoint_mb" "$root_kb" "$clean" "$killed"
 done

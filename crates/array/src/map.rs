@@ -2661,7 +2661,12 @@ mod tests {
             p += 1;
             if map.held_bytes() < stuck + limit / 8 {
                 assert_eq!(map.evict(limit, &none, &none), 0);
-                assert_eq!(map.eviction_walks(), 1, "walked again with {} bytes held", map.held_bytes());
+                assert_eq!(
+                    map.eviction_walks(),
+                    1,
+                    "walked again with {} bytes held",
+                    map.held_bytes()
+                );
             }
         }
         assert!(p > 65, "the test grows the pages by more than one page");
