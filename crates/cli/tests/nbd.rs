@@ -938,6 +938,80 @@ fn read_back_after_restart(
     server
 }
 
+/// Issue 25: a map many times its cache, through a real client, killed
+/// five times. Each round qemu-io sends batches of eight 4 KiB writes,
+/// each flushed, over a thin 64 GiB export (a block in a map page of its
+/// own, new blocks and blocks of earlier rounds), under `--map-cache 16K`
+/// so that pages are evicted, read back, written by checkpoints and
+/// replayed all the time; the server is killed mid-round. Every block of
+/// a flushed batch, of this round or an earlier one, reads back as
+/// written; one written after the last flush is left out from then on.
+#[test]
+fn kill_9_with_the_map_far_larger_than_its_cache_loses_no_flushed_write() {
+    const BATCH_WRITES: usize = 8;
+    const BATCHES: usize = 64;
+    const SMALL_CACHE: [&str; 2] = ["--map-cache", "16K"];
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("array");
+    create(&dir, &["--size", "64G"]);
+    let socket = tmp.path().join("nbd.sock");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(25);
+    let pages = (64u64 << 30) / (2 << 20);
+    // Block offset -> the pattern it holds for certain.
+    let mut held: std::collections::BTreeMap<u64, u32> = std::collections::BTreeMap::new();
+    for round in 0..5u32 {
+        let server = Served::start_with(&dir, &socket, &SMALL_CACHE);
+        let mut writes = Vec::new();
+        let mut commands = Vec::new();
+        for batch in 0..BATCHES {
+            let pattern = (round as usize * BATCHES + batch) % 250 + 1;
+            for _ in 0..BATCH_WRITES {
+                // A third overwrite blocks of earlier rounds.
+                let offset = match held.keys().nth(rng.gen_range(0..held.len().max(1))) {
+                    Some(&old) if rng.gen_range(0..3) == 0 => old,
+                    _ => rng.gen_range(0..pages) * (2 << 20) + rng.gen_range(0..512u64) * 4096,
+                };
+                writes.push((offset, pattern as u32));
+                commands.push(format!("aio_write -P {pattern} {offset} 4k"));
+            }
+            commands.extend(["aio_flush", "flush"].map(String::from));
+        }
+        // Killed in the second half of the round, whatever the speed.
+        let kill_after = BATCHES * BATCH_WRITES / 2 + rng.gen_range(0..BATCHES * BATCH_WRITES / 3);
+        let answered = qemu_io_killing(server, &commands, kill_after).len();
+        assert!(
+            (kill_after..BATCHES * BATCH_WRITES).contains(&answered),
+            "round {round}: {answered} writes answered; the kill came after {kill_after}"
+        );
+        // As in `kill_9_during_queued_writes...`: once a write of batch b
+        // is answered, the flush of batch b-1 was.
+        let flushed = (answered / BATCH_WRITES - 1) * BATCH_WRITES;
+        for (i, &(offset, pattern)) in writes.iter().enumerate() {
+            match i < flushed {
+                true => held.insert(offset, pattern),
+                false => held.remove(&offset),
+            };
+        }
+        let server = Served::start_with(&dir, &socket, &SMALL_CACHE);
+        let mut args = vec!["-f".to_string(), "raw".to_string()];
+        for (offset, pattern) in &held {
+            args.extend(["-c".to_string(), format!("read -P {pattern} {offset} 4k")]);
+        }
+        args.push(server.uri());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = run("qemu-io", &args, &dir);
+        assert!(!out.contains("Pattern verification failed"), "round {round}: {out}");
+        let status = status_json(&dir);
+        let evicted = status["map_pages_evicted"].as_u64().unwrap();
+        assert!(evicted > 0, "round {round}: the cache evicted nothing: {status}");
+        eprintln!(
+            "round {round}: {answered} writes answered before kill -9, {} blocks read back, {evicted} map pages evicted",
+            held.len()
+        );
+        server.stop();
+    }
+}
+
 /// The intent log on a log device (issue 14): small FUA writes, kill -9
 /// midway; each acknowledged write reads back after restart (from the
 /// log device). Without the log device the server refuses to start, by
