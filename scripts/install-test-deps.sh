@@ -5,7 +5,7 @@
 set -euo pipefail
 
 # fonts-dejavu-core: labels on PNG charts. libnbd-bin (nbdinfo, nbdcopy,
-# nbdfuse), nbdkit, qemu-utils (qemu-img, qemu-io) and fio: the NBD clients
+# nbdfuse), python3-libnbd, nbdkit, qemu-utils (qemu-img, qemu-io) and fio: the NBD clients
 # and the reference server the array is tested against; fuse2fs and
 # e2fsprogs (mkfs.ext4, e2fsck, debugfs): ext4 through nbdfuse; openssl:
 # the TLS tests' certificates; python3: socket activation as systemd does it;
@@ -16,7 +16,7 @@ set -euo pipefail
 # python3-venv: the Python environment with pyarrow (below); g++: the GPU
 # kernels' hash functions built for the host and checked there.
 packages=(libisal-dev libisal2 libssl-dev pkg-config zstd lz4 b3sum openssl gzip python3 curl chromium-headless-shell
-  python3-pip fonts-dejavu-core libnbd-bin nbdkit qemu-utils fio fuse2fs e2fsprogs
+  python3-pip fonts-dejavu-core libnbd-bin python3-libnbd nbdkit qemu-utils fio fuse2fs e2fsprogs
   qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross python3-venv g++)
 missing=()
 for p in "${packages[@]}"; do
