@@ -764,7 +764,7 @@ impl Checkpoints {
             .collect();
         let slot_pages = pages.then(|| index.slots.begin_snapshot(&in_sparse.slot_pages));
         // What the pages written replace, and the directory pages that
-        // name them (a changed page's is in memory: `Map::evict`).
+        // name them (a changed page names its own: `Map::durable_image`).
         let mut old: BTreeMap<u64, Option<Arc<PageImage>>> = dirty
             .iter()
             .map(|&page| (page, index.map.durable_image(page)))

@@ -530,6 +530,7 @@ impl Array {
                         || index.drain_at_seal.values().any(|drains| drains.contains(&slot))
                 };
                 index.map.check_bytes()?;
+                index.map.check_durable()?;
                 index.slots.check(&index.map, awaiting)
             })
             .map_err(|e| e.to_string())?
