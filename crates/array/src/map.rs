@@ -1754,8 +1754,9 @@ impl Map {
             let Some(page) = self.pages.get_mut(&p) else {
                 continue;
             };
-            // (A changed page's directory page is in memory: `evict`.)
-            let based = self.directory.names(p);
+            // Its durable image, if it has one, is the delta's base (the
+            // page names it: its directory page may not be in memory).
+            let based = page.image.is_some() || page.was.is_some();
             let entries = page.entries.len();
             let keeps = entries >= self.delta_entries_min;
             match page.since_base.as_deref_mut() {
@@ -2702,6 +2703,31 @@ mod tests {
         let lost = map.remove_from(0, MAP_PAGE_BLOCKS);
         assert!(!lost.is_empty() && map.page_count() == 0);
         assert_eq!(map.durable_image(0), Some(written), "emptied");
+    }
+
+    /// A page whose directory page left memory is still taken as a delta
+    /// over its image where a few of its keys changed (before, the
+    /// snapshot asked the directory page whether the page had an image,
+    /// and took the page whole once it had gone).
+    #[test]
+    fn a_page_whose_directory_page_went_is_still_taken_as_a_delta() {
+        use rand::SeedableRng;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut map = Map::default();
+        for i in 0..64 {
+            write_four(&mut map, &mut rng, 4 * i, 1);
+        }
+        let dirty = map.take_dirty();
+        assert!(map.begin_snapshot(&dirty, &|_| false).is_empty(), "taken whole");
+        map.end_snapshot();
+        let held: BTreeMap<u64, Arc<PageImage>> = dirty.iter().map(|&p| (p, image_of(&map, p))).collect();
+        publish(&mut map, &BTreeMap::new(), &held, &dirty);
+        map.evict(0, &|p| p == 0, &|_| false);
+        assert_eq!((map.page_count(), map.directory_counts().1), (1, 0));
+        write_four(&mut map, &mut rng, 8, 2);
+        let dirty = map.take_dirty();
+        assert_eq!(map.begin_snapshot(&dirty, &|_| false), BTreeSet::from([0]));
+        map.end_snapshot();
     }
 
     /// Past a cache full of pages changed since the last checkpoint, an

@@ -244,14 +244,6 @@ impl Directory {
         }
     }
 
-    /// Whether a resident directory page names an image of map page
-    /// `page` (`lookup` without building the image).
-    pub fn names(&self, page: u64) -> bool {
-        self.resident
-            .get(&dir_of(page))
-            .is_some_and(|d| d.images.find(page).is_some())
-    }
-
     /// Marks the directory pages of map pages [first, last] looked at now.
     pub fn touch(&self, first: u64, last: u64, now: u64) {
         for (_, d) in self.resident.range(dir_of(first)..=dir_of(last)) {
