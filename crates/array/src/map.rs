@@ -1666,7 +1666,7 @@ impl Map {
 
     /// Evicts clean pages, least recently looked at first, none that
     /// `pinned` names; then, if that was not enough, directory pages none
-    /// of whose pages is in memory or `pinned_dir`; until they hold at
+    /// of whose pages is emptied in memory, nor `pinned_dir`; until they hold at
     /// most `limit` bytes (or a few less, so that it is not done at every
     /// load). Nothing while the last could not get down to that and the
     /// map has grown by less than an eighth of `limit` since, with no
