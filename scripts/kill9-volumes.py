@@ -18,7 +18,7 @@ FLUSHed version or one written since, whole, of its own volume and
 place. Exits non-zero on the first round that fails. Needs python3-libnbd
 (Debian's python3).
 """
-import json, os, random, signal, struct, subprocess, sys, threading, time
+import json, os, random, struct, subprocess, sys, threading, time
 import nbd
 
 tessera, d, rounds, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -71,19 +71,29 @@ class Vol:
         self.exists = False
         # An operation cut short: None, or its name.
         self.cut = None
-        self.size = SIZE
 
 
 def run(v, stop, rng_t, out):
     h = None
     pending = {}
     n = 0
+
+    def flushed():
+        h.flush()
+        for pb, vs in pending.items():
+            v.model[pb] = (vs[-1], [])
+        pending.clear()
+        out[v.i] += 1
+
     try:
         while not stop.is_set():
             if h is None:
                 h = connect(v.name)
             r = rng_t.random()
             if r < 0.004:
+                # What was written before goes durable first, so that
+                # the operation alone decides what the blocks hold.
+                flushed()
                 h.shutdown()
                 h = None
                 kind = "recycle" if rng_t.random() < 0.6 else "shrink"
@@ -113,7 +123,6 @@ def run(v, stop, rng_t, out):
                         return
                 v.cut = None
                 ops[kind] = ops.get(kind, 0) + 1
-                pending = {}
                 continue
             b = rng_t.choice(v.blocks)
             durable, maybe = v.model[b]
@@ -124,11 +133,7 @@ def run(v, stop, rng_t, out):
             h.pwrite(block_bytes(v.i, b, ver), b * 4096)
             n += 1
             if n % 16 == 0:
-                h.flush()
-                for pb, vs in pending.items():
-                    v.model[pb] = (vs[-1], [])
-                pending = {}
-                out[v.i] += 1
+                flushed()
     except nbd.Error:
         pass
 

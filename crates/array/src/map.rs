@@ -51,8 +51,9 @@
 //!
 //! A page is resident, or held only as its durable image (evicted, or
 //! not read since opening: `crate::pages` reads it back when a request
-//! needs it). A resident page keeps its image while it is unchanged; a
-//! change drops it, so only a page that is as its image says is evicted.
+//! needs it). A resident page names its durable image, and is clean
+//! while it is as that image says; a change makes it not, so only a
+//! clean page is evicted.
 //! Changing a page that is not resident is a bug the map panics on.
 //!
 //! What this costs beyond a `BTreeMap` of ranges: a range of zeros is an
@@ -343,15 +344,16 @@ struct Page {
     /// The sum of the entries' word counts (pieces of one record count
     /// once each, so this overstates what is live, never understates).
     words_referred: usize,
-    /// The page's durable image, while the page is as that image says
-    /// (set by the checkpoint that wrote it, or by loading it): what
-    /// lets a clean page be evicted.
-    image: Option<Arc<PageImage>>,
-    /// The page's durable image (`None`: it has none) once it changed
-    /// since (`image` is then `None`): a changed page names its own old
-    /// image for the checkpoint that replaces it (`Map::durable_image`),
-    /// so that its directory page may leave memory before it is written.
-    was: Option<Arc<PageImage>>,
+    /// The page's durable image (`None`: it has none), set by loading it
+    /// and by a durable checkpoint that wrote it: a changed page names
+    /// the image the next checkpoint replaces (`Map::durable_image`), so
+    /// its directory page may leave memory before it is written.
+    durable: Option<Arc<PageImage>>,
+    /// Whether the page is as `durable` says (loaded, or written by a
+    /// durable checkpoint and not changed since): what lets it be
+    /// evicted. A change clears it; a checkpoint that took the page and
+    /// is not durable yet leaves it cleared.
+    clean: bool,
     /// The map's clock when the page was last looked at (for eviction,
     /// least recently used first).
     used: AtomicU64,
@@ -1248,26 +1250,24 @@ impl PagesMut<'_> {
         }
         // A page made again where it was emptied replaces the image
         // `emptied` kept; one never written has none.
-        let was = match exists {
+        let durable = match exists {
             true => None,
             false => self.emptied.remove(&p).flatten(),
         };
         let page = self.pages.entry(p).or_default();
         if !exists {
-            page.was = was;
+            page.durable = durable;
         }
         let before = if exists { page.bytes() } else { 0 };
         let changes = gained.len() + lost.len();
         self.len += page.insert(p * MAP_PAGE_BLOCKS, (key, hi), version, piece, rule, gained, lost);
         if gained.len() + lost.len() > changes {
             self.dirty.insert(p);
-            if let Some(image) = page.image.take() {
-                page.was = Some(image);
-            }
+            page.clean = false;
         }
         let after = if page.entries.is_empty() {
             let page = self.pages.remove(&p).expect("held");
-            self.emptied.insert(p, page.image.or(page.was));
+            self.emptied.insert(p, page.durable);
             0
         } else {
             page.bytes()
@@ -1457,7 +1457,7 @@ impl Map {
     /// names it, which must be in memory.
     pub fn durable_image(&self, p: u64) -> Option<Arc<PageImage>> {
         if let Some(page) = self.pages.get(&p) {
-            return page.image.clone().or_else(|| page.was.clone());
+            return page.durable.clone();
         }
         if let Some(was) = self.emptied.get(&p) {
             return was.clone();
@@ -1580,7 +1580,7 @@ impl Map {
         if body.entries.len() < self.delta_entries_min {
             body.since_base = None;
         }
-        body.image = Some(image.clone());
+        (body.durable, body.clean) = (Some(image.clone()), true);
         body.used = AtomicU64::new(self.clock.fetch_add(1, Ordering::Relaxed) + 1);
         self.len += body.entries.len();
         self.bytes += body.bytes();
@@ -1602,13 +1602,11 @@ impl Map {
         // Pages it wrote are clean now: the next eviction may take them.
         self.evict_stuck_at = None;
         for (p, image) in pages {
-            // A page changed again, or emptied, since it was taken: the
-            // image written is its durable one now.
+            // The image written is the page's durable one now, whether it
+            // is as that says or changed again (or emptied) since.
             if let Some(page) = self.pages.get_mut(p) {
-                match self.dirty.contains(p) {
-                    true => page.was = image.clone(),
-                    false => (page.image, page.was) = (image.clone(), None),
-                }
+                page.durable = image.clone();
+                page.clean = image.is_some() && !self.dirty.contains(p);
             } else if image.is_none() {
                 self.emptied.remove(p);
             } else if let Some(was) = self.emptied.get_mut(p) {
@@ -1622,13 +1620,9 @@ impl Map {
     /// page holds (`durable_image`) must be the one its directory page
     /// names (`Array::check` runs it, every page in memory).
     pub fn check_durable(&self) -> Result<(), String> {
-        let held = self
-            .pages
-            .iter()
-            .map(|(&p, page)| (p, page.image.clone().or_else(|| page.was.clone())));
-        let emptied = self.emptied.iter().map(|(&p, was)| (p, was.clone()));
-        for (p, own) in held.chain(emptied) {
-            let named = match self.directory.lookup(p) {
+        for p in self.pages.keys().chain(self.emptied.keys()) {
+            let own = self.durable_image(*p);
+            let named = match self.directory.lookup(*p) {
                 Lookup::NotInMemory(_) => continue,
                 Lookup::None => None,
                 Lookup::Image(image) => Some(image),
@@ -1682,16 +1676,15 @@ impl Map {
             self.eviction_walks += 1;
         }
         let target = limit - limit / 8;
-        // Pages first: a page with an image is clean, and no checkpoint
-        // still has to copy it (a change drops the image, and a
-        // checkpoint takes only changed pages; its `publish` gives those
-        // theirs back).
+        // Pages first: no checkpoint still has to copy a clean page (a
+        // change clears `clean`, a checkpoint takes only changed pages,
+        // and its `publish` sets it again on those not changed since).
         let mut pages: Vec<(u64, u64)> = self
             .pages
             .iter()
-            .filter(|(p, page)| page.image.is_some() && !pinned(**p))
+            .filter(|(p, page)| page.clean && !pinned(**p))
             .map(|(&p, page)| {
-                debug_assert!(!self.dirty.contains(&p), "page {p} dirty with an image");
+                debug_assert!(!self.dirty.contains(&p), "page {p} dirty and clean");
                 (page.used.load(Ordering::Relaxed), p)
             })
             .collect();
@@ -1708,9 +1701,8 @@ impl Map {
         }
         // Then directory pages none of whose pages is emptied in memory
         // or pinned. A page in memory names its durable image itself
-        // (`durable_image`: `image`, or `was` once changed), which a
-        // checkpoint asks of each page it writes, and so does an emptied
-        // one; a checkpoint reads the directory pages it rewrites from
+        // (`Page::durable`), which a checkpoint asks of each page it
+        // writes (`durable_image`), and so does an emptied one; a checkpoint reads the directory pages it rewrites from
         // their map stripes where they are not in memory. (Until
         // 2026-12-01 any page in memory kept its directory page: writes
         // scattered over 1 TiB kept all 1,024 of them, 23 MiB past an
@@ -1756,7 +1748,7 @@ impl Map {
             };
             // Its durable image, if it has one, is the delta's base (the
             // page names it: its directory page may not be in memory).
-            let based = page.image.is_some() || page.was.is_some();
+            let based = page.durable.is_some();
             let entries = page.entries.len();
             let keeps = entries >= self.delta_entries_min;
             match page.since_base.as_deref_mut() {
@@ -2044,9 +2036,7 @@ impl Map {
             }
             if to > from {
                 self.dirty.insert(p);
-                if let Some(image) = page.image.take() {
-                    page.was = Some(image);
-                }
+                page.clean = false;
             }
             let removed: usize = gone.iter().map(Entry::arena_words).sum();
             page.words_referred -= removed;
@@ -2054,7 +2044,7 @@ impl Map {
             self.len -= to - from;
             if page.entries.is_empty() {
                 let page = self.pages.remove(&p).expect("held");
-                self.emptied.insert(p, page.image.or(page.was));
+                self.emptied.insert(p, page.durable);
             } else {
                 if page.words.len() > 2 * page.words_referred + 32 {
                     page.compact();
