@@ -568,9 +568,7 @@ impl Catalog {
                     let slots = &index.slots;
                     index
                         .map
-                        .install_dir(dir, entries, &image, &|slot| {
-                            slots.get(slot).state == SlotState::Checkpoint
-                        })
+                        .install_dir(dir, entries, &image, &|slot| slots.state(slot) == SlotState::Checkpoint)
                         .map_err(|source| ArrayError::MapDirectoryPage { dir, source })?;
                     continue;
                 }

@@ -65,28 +65,31 @@ const _: () = assert!(DATA_START as usize >= SECTOR_BYTES);
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"TSRSUPER";
 pub const CHUNK_MAGIC: [u8; 8] = *b"TSRCHUNK";
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"TSRCHKPT";
-/// Version 13: recovery may leave a stripe torn on fewer than K chunks
-/// in a free slot (it reads M+1 headers of a window slot first), and
-/// drops such a stripe at any sequence. Version 12: a checkpoint's root ends where its last stripe's room
-/// ends, so that it fills the tail of the stripe its page images
-/// end in (version 11 began it in a stripe of its own). Version 11
-/// added map page deltas (a directory entry may name a delta beside a
-/// page's image). Version 10: the root carries the live bytes of every slot as of its
-/// slot pages, and each slot page's entry how many slots it lists sealed
-/// with live data, so that opening after a clean stop need not read the
-/// slot pages before it serves. Version 9 paged the slot table's durable
-/// form. Version 8: the root names pages of a map directory, each naming where
-/// 512 map pages' images are, instead of every map page (the root and the
-/// memory naming images grew with every 2 MiB of keys written), and each
-/// map stripe's live bytes. Version 7 packed map entries column by column.
-/// Version 6: the root carries the slot table's counts as of its pages,
-/// so that opening need not read the pages (version 5 added them up from
-/// every page at opening). Version 5: the map's checkpoint is a root naming page images in map
-/// stripes, written as pages change (versions 2 to 4 wrote the whole map
-/// each time; the superblocks of version 3 and 4 named a volume table and
-/// a checkpoint directory, which version 5 has as fields). Version 2
-/// added the version of the write to every record, a CRC32C per 4 KiB
-/// block to raw extents. Arrays of any other version are refused by it.
+/// Version 16: a directory page of which a few entries changed may be
+/// written as a delta over its image. Version 15: likewise a slot page.
+/// Version 14 packed slot pages. Version 13: recovery may leave a stripe
+/// torn on fewer than K chunks in a free slot (it reads M+1 headers of a
+/// window slot first), and drops such a stripe at any sequence. Version 12:
+/// a checkpoint's root ends where its last stripe's room ends, so that it
+/// fills the tail of the stripe its page images end in (version 11 began it
+/// in a stripe of its own). Version 11 added map page deltas (a directory
+/// entry may name a delta beside a page's image). Version 10: the root
+/// carries the live bytes of every slot as of its slot pages, and each slot
+/// page's entry how many slots it lists sealed with live data, so that
+/// opening after a clean stop need not read the slot pages before it
+/// serves. Version 9 paged the slot table's durable form. Version 8: the
+/// root names pages of a map directory, each naming where 512 map pages'
+/// images are, instead of every map page (the root and the memory naming
+/// images grew with every 2 MiB of keys written), and each map stripe's
+/// live bytes. Version 7 packed map entries column by column. Version 6:
+/// the root carries the slot table's counts as of its pages, so that
+/// opening need not read the pages (version 5 added them up from every page
+/// at opening). Version 5: the map's checkpoint is a root naming page
+/// images in map stripes, written as pages change (versions 2 to 4 wrote
+/// the whole map each time; the superblocks of version 3 and 4 named a
+/// volume table and a checkpoint directory, which version 5 has as fields).
+/// Version 2 added the version of the write to every record, a CRC32C per 4
+/// KiB block to raw extents. Arrays of any other version are refused by it.
 pub const FORMAT_VERSION: u32 = 16;
 /// The CRC32C of a sector covers its first 4092 bytes and sits in the last 4.
 const CRC_OFFSET: usize = SECTOR_BYTES - 4;

@@ -135,7 +135,7 @@ impl Shared {
             let index = self.catalog.index();
             victims
                 .iter()
-                .filter(|&&v| index.slots.get(v).state == SlotState::Draining)
+                .filter(|&&v| index.slots.state(v) == SlotState::Draining)
                 .count()
         };
         self.lanes.sync_through(self.lanes.tracker.last_sequence())?;
@@ -318,14 +318,14 @@ pub(crate) mod tests {
             .unwrap();
         shared.lanes.sync_through(shared.lanes.tracker.last_sequence()).unwrap();
         assert_ne!(
-            shared.catalog.index().slots.get(copy).state,
+            shared.catalog.index().slots.state(copy),
             SlotState::Free,
             "the emptied GC stripe was freed before the write that emptied it is durable"
         );
         array.flush().unwrap();
         shared.lanes.sync_through(shared.lanes.tracker.last_sequence()).unwrap();
         assert_eq!(
-            shared.catalog.index().slots.get(copy).state,
+            shared.catalog.index().slots.state(copy),
             SlotState::Free,
             "and freed after"
         );
@@ -391,7 +391,7 @@ pub(crate) mod tests {
         shared.lanes.sync_through(shared.lanes.tracker.last_sequence()).unwrap();
         let copy = slot_of(shared, 0);
         assert_ne!(copy, victim, "block 0 was not relocated");
-        assert_eq!(shared.catalog.index().slots.get(victim).state, SlotState::Free);
+        assert_eq!(shared.catalog.index().slots.state(victim), SlotState::Free);
         let before: Vec<u64> = (0..16).map(|lba| slot_of(shared, lba)).collect();
         // kill -9: the members take nothing more.
         let dead = Arc::new(std::sync::atomic::AtomicBool::new(true));
@@ -422,7 +422,7 @@ pub(crate) mod tests {
         // replayed slot) is held until every page is mapped, then freed.
         shared.deferred.finish().unwrap();
         assert_eq!(
-            shared.catalog.index().slots.get(victim).state,
+            shared.catalog.index().slots.state(victim),
             SlotState::Free,
             "the victim holds data again"
         );

@@ -1563,8 +1563,16 @@ impl Map {
         if !self.held_only_as(p, image) {
             return Ok(false);
         }
+        // Neighbouring entries written together share a slot: each run of
+        // one is asked about once.
         let slots = body.entries.slots();
-        if let Some(slot) = (0..body.entries.len()).map(|i| slots.get(i)).find(|&slot| !live(slot)) {
+        let mut asked = None;
+        let refused = (0..body.entries.len()).map(|i| slots.get(i)).find(|&slot| {
+            let ask = asked != Some(slot);
+            asked = Some(slot);
+            ask && !live(slot)
+        });
+        if let Some(slot) = refused {
             return Err(FormatError::Field {
                 what: "map page",
                 field: "slot",
@@ -1702,11 +1710,11 @@ impl Map {
         // Then directory pages none of whose pages is emptied in memory
         // or pinned. A page in memory names its durable image itself
         // (`Page::durable`), which a checkpoint asks of each page it
-        // writes (`durable_image`), and so does an emptied one; a checkpoint reads the directory pages it rewrites from
-        // their map stripes where they are not in memory. (Until
-        // 2026-12-01 any page in memory kept its directory page: writes
-        // scattered over 1 TiB kept all 1,024 of them, 23 MiB past an
-        // 8 MiB cache.)
+        // writes (`durable_image`), and so does an emptied one; a
+        // checkpoint reads the directory pages it rewrites from their map
+        // stripes where they are not in memory. (Until 2026-12-01 any
+        // page in memory kept its directory page: writes scattered over
+        // 1 TiB kept all 1,024 of them, 23 MiB past an 8 MiB cache.)
         if self.held_bytes() > target {
             let busy = |d: u64| {
                 let (from, to) = (d * MAP_DIRECTORY_PAGES, (d + 1) * MAP_DIRECTORY_PAGES);
@@ -2375,6 +2383,42 @@ mod tests {
                 let page = Map::decode_image(&image, &g).unwrap();
                 assert_eq!(twice.install(page, &held, |_| true), Ok(installed));
             }
+        }
+    }
+
+    /// A page read in is refused for any slot of its entries that `live`
+    /// refuses, though its neighbours share that slot (each run of a slot
+    /// is asked about once), and names the slot refused.
+    #[test]
+    fn a_page_is_refused_for_any_slot_of_a_run_live_refuses() {
+        let slots = [2, 2, 2, 5, 5, 2, 9, 9, 2];
+        let mut map = Map::default();
+        for (i, &slot) in slots.iter().enumerate() {
+            let e = Arc::new(Extent {
+                offset: i as u32 * 4096,
+                ..(*extent(slot, 1)).clone()
+            });
+            map.insert(i as u64 * 2, 1, 1, &data(&e), Rule::Always);
+        }
+        let mut image = Vec::new();
+        assert!(map.encode_page(0, &mut image));
+        let g = image_geometry(Algorithm::Crc32c);
+        let asked = std::cell::RefCell::new(Vec::new());
+        let all = load(&[&image], &g, &|s| {
+            asked.borrow_mut().push(s);
+            true
+        })
+        .expect("every slot live");
+        assert_eq!(ranges(&all), ranges(&map));
+        assert_eq!(asked.into_inner(), [2, 5, 2, 9, 2]);
+        for refused in [2, 5, 9] {
+            let refusal = load(&[&image], &g, &|s| s != refused).err();
+            let expected = FormatError::Field {
+                what: "map page",
+                field: "slot",
+                value: refused,
+            };
+            assert_eq!(refusal, Some(expected), "slot {refused}");
         }
     }
 

@@ -35,9 +35,10 @@ pub fn open(devices: Vec<(String, Option<Arc<dyn Device>>)>) -> Result<Array, Ar
 /// that cannot be read): the replay is then mapped and every slot page
 /// read before serving, and the checkpoint refused and every slot
 /// scanned, as where eager replay finds it. (Only the stale map's case
-/// has a test: `map_pages::a_page_the_replay_finds_stale_while_opening_sends_it_to_the_scan`.) (What the first
-/// try wrote is in stripes the second replays, and the log keeps every
-/// block until its records are sealed and synced.)
+/// has a test:
+/// `map_pages::a_page_the_replay_finds_stale_while_opening_sends_it_to_the_scan`.)
+/// (What the first try wrote is in stripes the second replays, and the
+/// log keeps every block until its records are sealed and synced.)
 pub fn open_with(devices: Vec<(String, Option<Arc<dyn Device>>)>, engine: EngineOptions) -> Result<Array, ArrayError> {
     match open_as(devices.clone(), engine.clone(), false) {
         Err(ArrayError::CheckpointUnreadable { .. }) => open_as(devices, engine, true),

@@ -517,6 +517,14 @@ impl SlotTable {
         }
     }
 
+    /// Slot `slot`'s state alone: its packed bits, its counts not
+    /// unpacked (nor looked up beside).
+    pub fn state(&self, slot: u64) -> SlotState {
+        self.slots
+            .get(slot)
+            .map_or(SlotState::Free, |p| PACKED_STATES[(p.word & 7) as usize])
+    }
+
     /// Changes slot `slot` with `change`, packed again after.
     fn modify<R>(&mut self, slot: u64, change: impl FnOnce(&mut Slot) -> R) -> R {
         let mut s = self.get(slot);
@@ -890,7 +898,7 @@ impl SlotTable {
     /// Whether the map may point into `slot`: it is sealed, or in a page
     /// not read yet (whose reading checks what the map counts there).
     pub fn may_hold_data(&self, slot: u64) -> bool {
-        self.get(slot).state == SlotState::Sealed || self.is_unread(slot)
+        self.state(slot) == SlotState::Sealed || self.is_unread(slot)
     }
 
     /// Takes durable page `page`, read after opening (nothing if it was
@@ -919,16 +927,14 @@ impl SlotTable {
         let kept = u64::from(format::SlotPageImage::kept_of(entries));
         let listed = |slot: u64| entries.binary_search_by_key(&slot, |e| e.slot).is_ok();
         let unlisted = pending.keys().find(|&&slot| !listed(slot)).copied();
-        let free_slots = (start..end)
-            .filter(|&slot| self.get(slot).state == SlotState::Free)
-            .count() as u64;
+        let free_slots = (start..end).filter(|&slot| self.state(slot) == SlotState::Free).count() as u64;
         let check = || {
             if let Some(slot) = unlisted {
                 return Err(CheckpointFault::CountsUnderrun { slot });
             }
             for e in entries {
                 let (live, pieces) = Self::net_of(e, pending.get(&e.slot));
-                let state = self.get(e.slot).state;
+                let state = self.state(e.slot);
                 if e.slot < start || e.slot >= end || state != SlotState::Free {
                     return Err(CheckpointFault::ListedTwice { slot: e.slot });
                 }
@@ -963,7 +969,7 @@ impl SlotTable {
         let mut entries = entries.iter().peekable();
         for slot in start..end {
             let Some(e) = entries.next_if(|e| e.slot == slot) else {
-                if self.get(slot).state == SlotState::Free {
+                if self.state(slot) == SlotState::Free {
                     self.list_free(slot);
                 }
                 continue;
@@ -1148,7 +1154,7 @@ impl SlotTable {
 
     /// Slot `slot` (draining) may be freed once `sequence` is synced.
     pub fn drain_after(&mut self, slot: u64, sequence: u64) {
-        debug_assert_eq!(self.get(slot).state, SlotState::Draining);
+        debug_assert_eq!(self.state(slot), SlotState::Draining);
         self.draining.push((slot, sequence));
     }
 
@@ -1233,7 +1239,7 @@ impl SlotTable {
 
     /// Gives back an open slot whose stripe took nothing.
     pub fn release_open(&mut self, slot: u64) {
-        assert_eq!(self.get(slot).state, SlotState::Open, "slot {slot} is not open");
+        assert_eq!(self.state(slot), SlotState::Open, "slot {slot} is not open");
         self.free(slot);
     }
 
@@ -1660,10 +1666,10 @@ impl SlotTable {
             ));
         }
         for &(slot, _) in &self.draining {
-            if self.get(slot).state != SlotState::Draining {
+            if self.state(slot) != SlotState::Draining {
                 return Err(format!(
                     "slot {slot} is listed as draining but is {:?}",
-                    self.get(slot).state
+                    self.state(slot)
                 ));
             }
         }
@@ -1733,6 +1739,7 @@ mod tests {
                 };
                 table.modify(slot % 64, |t| *t = s);
                 assert_eq!(table.get(slot % 64), s);
+                assert_eq!(table.state(slot % 64), state, "the state read alone");
                 let beside = live >= 1 << 39 || u64::from(pieces) >= wide;
                 assert_eq!(table.wide.contains_key(&(slot % 64)), beside, "{s:?}");
                 slot += 1;
@@ -1973,7 +1980,7 @@ mod tests {
         let start = 10;
         for (slot, sequence) in [(3, 9), (4, 11), (5, 12)] {
             table.allocate(|s| s == slot, &pins);
-            assert_eq!(table.get(slot).state, SlotState::Open);
+            assert_eq!(table.state(slot), SlotState::Open);
             table.sealed(slot, sequence, SlotState::Checkpoint);
             table.set(slot, SlotState::Sealed, sequence);
         }

@@ -1,8 +1,9 @@
 //! What `tessera status` reports.
 //!
 //! Counters (`counters.rs`) are atomics, read without a lock; the rest
-//! of the report is read from the index under its read lock, from totals the slot table keeps, so a status request costs a
-//! pass over the slots (not the map) and never stalls writers for long.
+//! of the report is read from the index under its read lock, from
+//! totals the slot table keeps, so a status request costs a pass over
+//! the slots (not the map) and never stalls writers for long.
 
 use crate::checkpoint::CheckpointParts;
 use crate::engine::Shared;
