@@ -10,7 +10,8 @@ volume's blocks, FLUSH every 16 writes, and now and then, through
 `tessera volume` while the array is served, delete the volume and create
 it again, or shrink it to half and grow it back. Each round serves the
 array, checks every volume, lets the threads run for 0.5 to ROUND_S
-seconds (env, default 4) and kills the server with SIGKILL. The checks:
+seconds (env, default 4) and kills the server with SIGKILL; a last
+serving checks the last kill. The checks:
 a volume operation that returned holds (a volume there, gone, of its
 size, reading zeros where it was made or cut); one cut short by the kill
 left the volume as before it or as after it; each block holds its last
@@ -140,7 +141,8 @@ def run(v, stop, rng_t, out):
 
 vols = [Vol(i) for i in range(THREADS)]
 ops = {}
-for r in range(rounds):
+# One more serving than kills, so that the last kill is checked too.
+for r in range(rounds + 1):
     p = serve()
     res = vol("list", arr, "--json")
     if res.returncode != 0:
@@ -194,6 +196,11 @@ for r in range(rounds):
     if bad:
         p.kill()
         sys.exit(f"round {r}: {bad} bad blocks")
+    if r == rounds:
+        p.terminate()
+        p.wait()
+        print(f"round {r}: checked the last kill; operations {ops}", flush=True)
+        break
     stop = threading.Event()
     out = [0] * THREADS
     ts = [threading.Thread(target=run, args=(v, stop, random.Random(seed * 1000 + r * 10 + v.i), out)) for v in vols]
