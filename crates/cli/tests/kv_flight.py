@@ -161,7 +161,7 @@ if mode == "main":
     assert schema.names == [f["name"] for f in SCHEMA["fields"]], schema
     flights = list(client.list_flights())
     assert [f.descriptor.path for f in flights] == [[b"p"]] and flights[0].total_records == 300_000
-    # A DoPut of more than one insert (72 MB, inserts of about 16 MiB):
+    # A DoPut of more than one insert (72 MB, inserts of 16-32 MiB):
     # acknowledged in order, every record in once.
     act("create", {"name": "big", "schema": SCHEMA})
     big = particles(2_000_000, 0, 9)
@@ -182,7 +182,7 @@ if mode == "main":
     assert status("one")["inserted"] == 2_000_000
     act("drop", {"name": "one"})
     # Acknowledgments come while the stream goes on: after more than two
-    # inserts' worth of batches (43 MB, inserts of about 16 MiB), one is
+    # inserts' worth of batches (43 MB, inserts of 16-32 MiB), one is
     # read before the client is done writing. A server that sent them
     # only at the end left this read waiting until the call's timeout
     # (seen).

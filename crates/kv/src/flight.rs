@@ -5,9 +5,9 @@
 //!   `drop` (`{"name": ...}`), `status` (`{"name": ...}`, or `{}` for
 //!   every space); the result is JSON.
 //! - `DoPut` with the descriptor path `[space]`: the stream's batches are
-//!   inserted, about 16 MiB an insert; a `PutResult` (`{"rows": n}`,
-//!   the records durable so far) is sent as each insert is durable,
-//!   while the stream goes on.
+//!   inserted, 16-32 MiB an insert, read at the pace `crate::intake`
+//!   sets; a `PutResult` (`{"rows": n}`, the records durable so far) is
+//!   sent as each insert is durable, while the stream goes on.
 //! - `GetFlightInfo` with a command `{"space": ..., "query": ...}` (the
 //!   query as `crate::query` has it), or a path `[space]` (every
 //!   record): one endpoint whose ticket is the command; its app metadata
@@ -21,6 +21,7 @@
 //! `DATA_LOSS`. The work runs on tokio's blocking threads: the array's
 //! calls block.
 
+use crate::intake::Intake;
 use crate::message::{Incoming, IpcBatch};
 use crate::query::Query;
 use crate::space::Space;
@@ -41,14 +42,6 @@ use std::sync::Arc;
 use tessera_array::ArrayError;
 use tonic::{Request, Response, Status, Streaming};
 
-/// Bytes of batches taken into one insert (one flush): an insert is
-/// written while the next one's batches arrive, so the last one's write
-/// and flush are what a DoPut waits for after its last batch. 16 MiB
-/// against 64 (a DoPut of 1 M records, 36 MB, thirty times a run, six
-/// runs alternating on 2 vCPUs): the slowest took 84-126 ms against
-/// 108-226, one stream of 720 MB went as fast (498-774 MB/s against
-/// 542-778); 8 MiB did no better than 16 (docs/PERFORMANCE.md).
-const PUT_INSERT_BYTES: usize = 16 << 20;
 /// The largest gRPC message taken: a batch of up to this size.
 const MESSAGE_BYTES_MAX: usize = 256 << 20;
 
@@ -74,23 +67,26 @@ struct NameRequest {
     name: Option<String>,
 }
 
-/// Inserts a DoPut stream's batches into `space`, about
-/// `PUT_INSERT_BYTES` an insert, one running while the next one's batches
-/// arrive; each acknowledged on `acks`, in order, as soon as it returns
-/// (durable). Returns the status that ends the stream early, if one does.
+/// Inserts a DoPut stream's batches into `space`: they are queued as
+/// they come and inserted 16-32 MiB an insert, one after another, the
+/// next read at the pace `Intake` sets while one is under way; each
+/// acknowledged on `acks`, in order, as soon as it returns (durable).
+/// Returns the status that ends the stream early, if one does.
 async fn insert_stream(
     space: Arc<Space>,
     mut data: BoxStream<'static, Result<FlightData, Status>>,
+    mut intake: Intake<Incoming>,
     acks: &tokio::sync::mpsc::UnboundedSender<Result<PutResult, Status>>,
 ) -> Result<(), Status> {
+    type Inserted = (Result<u64, KvError>, usize, std::time::Duration);
     /// What came first: the insert under way ended, or the stream's
     /// next message (or its end).
     enum Next {
-        Inserted(Result<Result<u64, KvError>, tokio::task::JoinError>),
+        Inserted(Result<Inserted, tokio::task::JoinError>),
         Message(Option<Result<FlightData, Status>>),
     }
     let mut reader = PutReader::new(space.schema());
-    let (mut pending, mut bytes, mut rows) = (Vec::new(), 0usize, 0u64);
+    let mut rows = 0u64;
     let inserted_before = |rows: u64, status: Status| {
         Status::new(
             status.code(),
@@ -100,16 +96,21 @@ async fn insert_stream(
             ),
         )
     };
-    let mut running: Option<tokio::task::JoinHandle<Result<u64, KvError>>> = None;
+    let mut running: Option<tokio::task::JoinHandle<Inserted>> = None;
     let mut finished = false;
+    // When the last message was read, and its bytes: the next is read
+    // `intake.pause` after it, as full as the queue is then.
+    let mut last_read = (tokio::time::Instant::now(), 0usize);
     loop {
-        let full = !pending.is_empty() && (finished || bytes >= PUT_INSERT_BYTES);
         if running.is_none() {
-            if full {
+            if let Some((batches, bytes)) = intake.next_insert(finished) {
                 let space = space.clone();
-                let taken = std::mem::take(&mut pending);
-                bytes = 0;
-                running = Some(tokio::task::spawn_blocking(move || space.insert_incoming(&taken)));
+                intake.started(bytes, std::time::Instant::now());
+                running = Some(tokio::task::spawn_blocking(move || {
+                    let start = std::time::Instant::now();
+                    let done = space.insert_incoming(&batches);
+                    (done, bytes, start.elapsed())
+                }));
                 continue;
             }
             if finished {
@@ -118,19 +119,25 @@ async fn insert_stream(
         }
         let next = match running.as_mut() {
             // Nothing to do but wait for the insert under way.
-            Some(insert) if full || finished => Next::Inserted(insert.await),
-            Some(insert) => tokio::select! {
-                done = insert => Next::Inserted(done),
-                message = data.next() => Next::Message(message),
-            },
+            Some(insert) if finished || intake.full() => Next::Inserted(insert.await),
+            Some(insert) => {
+                let at = last_read.0 + intake.pause(last_read.1, std::time::Instant::now());
+                tokio::select! {
+                    done = insert => Next::Inserted(done),
+                    message = async {
+                        tokio::time::sleep_until(at).await;
+                        data.next().await
+                    } => Next::Message(message),
+                }
+            }
             None => Next::Message(data.next().await),
         };
         let refused = match next {
             Next::Inserted(done) => {
                 running = None;
-                rows += done
-                    .map_err(|e| Status::internal(format!("a KV task failed: {e}")))?
-                    .map_err(|e| inserted_before(rows, status_of(e)))?;
+                let (done, bytes, took) = done.map_err(|e| Status::internal(format!("a KV task failed: {e}")))?;
+                rows += done.map_err(|e| inserted_before(rows, status_of(e)))?;
+                intake.inserted(bytes, took);
                 let ack = PutResult {
                     app_metadata: serde_json::to_vec(&serde_json::json!({ "rows": rows })).unwrap().into(),
                 };
@@ -145,8 +152,9 @@ async fn insert_stream(
             }
             Next::Message(Some(Ok(message))) => match reader.read(message) {
                 Ok(Some(batch)) => {
-                    bytes += batch.bytes(reader.record_bytes);
-                    pending.push(batch);
+                    let bytes = batch.bytes(reader.record_bytes);
+                    intake.push(batch, bytes);
+                    last_read = (tokio::time::Instant::now(), bytes);
                     continue;
                 }
                 Ok(None) => continue,
@@ -155,10 +163,10 @@ async fn insert_stream(
             Next::Message(Some(Err(status))) => Status::invalid_argument(format!("malformed Flight data: {status}")),
         };
         // The insert under way ends first, so that the count said is what
-        // is in the space; the batches pending with the one refused are
+        // is in the space; the batches queued with the one refused are
         // not inserted.
         if let Some(insert) = running.take() {
-            if let Ok(Ok(n)) = insert.await {
+            if let Ok((Ok(n), _, _)) = insert.await {
                 rows += n;
             }
         }
@@ -256,6 +264,8 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, KvError> + Se
 
 pub struct KvFlight {
     store: Arc<Store>,
+    /// Bytes every DoPut stream holds queued (`crate::intake`).
+    queued: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl KvFlight {
@@ -315,8 +325,9 @@ impl KvFlight {
         let space = self.space_of_path(&descriptor)?;
         let data = stream::once(async { Ok(first) }).chain(input);
         let (acks, said) = tokio::sync::mpsc::unbounded_channel();
+        let queued = self.queued.clone();
         tokio::spawn(async move {
-            if let Err(status) = insert_stream(space, data.boxed(), &acks).await {
+            if let Err(status) = insert_stream(space, data.boxed(), Intake::new(queued), &acks).await {
                 let _ = acks.send(Err(status));
             }
         });
@@ -547,9 +558,12 @@ impl FlightListener {
             address,
         } = self;
         let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
-        let service = FlightServiceServer::new(KvFlight { store })
-            .max_decoding_message_size(MESSAGE_BYTES_MAX)
-            .max_encoding_message_size(MESSAGE_BYTES_MAX);
+        let service = FlightServiceServer::new(KvFlight {
+            store,
+            queued: Arc::default(),
+        })
+        .max_decoding_message_size(MESSAGE_BYTES_MAX)
+        .max_encoding_message_size(MESSAGE_BYTES_MAX);
         let check = move |request: Request<()>| -> Result<Request<()>, Status> {
             let Some(token) = &token else { return Ok(request) };
             let sent = request

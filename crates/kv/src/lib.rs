@@ -21,6 +21,7 @@
 mod cache;
 pub mod flight;
 mod frame;
+mod intake;
 mod manifest;
 pub mod message;
 mod pace;

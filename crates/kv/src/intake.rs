@@ -1,0 +1,309 @@
+//! How a DoPut stream takes its batches in: into a queue held in memory,
+//! from which inserts of 16-32 MiB are made one after another, each made
+//! durable before the next begins. While one is under way the
+//! queue is read into at a pace set by how full it is, against the rate
+//! the inserts have gone at: freely up to one insert's worth, as fast as
+//! the inserts go at the middle of the room above that, slower and slower
+//! towards `QUEUE_BYTES`, where reading stops until the insert ends.
+//!
+//! Why paced: a sender faster than the disk has to wait for it somewhere.
+//! Read greedily, the queue fills at once and the sender then waits for
+//! the whole insert under way (its write and its sync: 100-350 ms on a
+//! disk of 200 MB/s); read at the inserts' pace, each batch's send waits
+//! its own share of that (a few milliseconds), and the room left above
+//! the middle takes in a sync slower than usual without holding the
+//! sender up. (The mechanism is the one Linux throttles writers of dirty
+//! pages with: a pace that falls as a buffer fills towards its limit.)
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Bytes of batches an insert (one flush) waits for while the stream
+/// goes on. 16 MiB against 64 (a DoPut of 1 M records, 36 MB, thirty
+/// times a run, six runs alternating on 2 vCPUs): the slowest took 84-126
+/// ms against 108-226, one stream of 720 MB went as fast (498-774 MB/s
+/// against 542-778); 8 MiB did no better than 16 (docs/PERFORMANCE.md).
+pub(crate) const INSERT_BYTES: usize = 16 << 20;
+/// Bytes an insert takes at most, when more than `INSERT_BYTES` are
+/// queued (a sender ahead of the disk): a flush's own cost shared by more
+/// bytes. 32 MiB against 16 on a 2-vCPU AMD EPYC VM, four 1.8 GB streams
+/// each, alternating: 143-190 MB/s (median 180) against 144-164 (153),
+/// the longest sends alike (docs/PERFORMANCE.md).
+pub(crate) const INSERT_BYTES_MOST: usize = 32 << 20;
+/// Bytes a stream holds read and not yet in an insert, at most (besides
+/// the insert under way): reading stops there until that insert ends.
+pub(crate) const QUEUE_BYTES: usize = 64 << 20;
+/// Bytes all streams together hold queued, past which each holds at
+/// most `INSERT_BYTES`: four streams that outrun the disk queue as much
+/// as they like, a hundred do not hold 64 MiB each.
+pub(crate) const QUEUED_ALL_BYTES: usize = 256 << 20;
+/// The longest pause before one read: a send is held up that long at
+/// most until the queue is full.
+const PAUSE_MAX: Duration = Duration::from_millis(50);
+
+/// The queue of one stream's batches (`T`: a batch as it came).
+pub(crate) struct Intake<T> {
+    queue: VecDeque<(T, usize)>,
+    queued: usize,
+    /// What every stream's queue holds, this one's included.
+    queued_all: Arc<AtomicUsize>,
+    /// Bytes a second the stream's inserts have gone at, smoothed; none
+    /// before the first has ended.
+    rate: Option<f64>,
+    /// The insert under way: its bytes, and when it began.
+    running: Option<(usize, Instant)>,
+}
+
+impl<T> Intake<T> {
+    /// A stream's queue, counted in `queued_all` with every other's.
+    pub fn new(queued_all: Arc<AtomicUsize>) -> Intake<T> {
+        Intake {
+            queue: VecDeque::new(),
+            queued: 0,
+            queued_all,
+            rate: None,
+            running: None,
+        }
+    }
+
+    pub fn push(&mut self, batch: T, bytes: usize) {
+        self.queue.push_back((batch, bytes));
+        self.queued += bytes;
+        self.queued_all.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// The batches of the next insert, from the front of the queue, and
+    /// their bytes: the first, then the next while they fit in
+    /// `INSERT_BYTES_MOST` (a batch larger than that is an insert by
+    /// itself). None while less than `INSERT_BYTES` is queued and the
+    /// stream goes on.
+    pub fn next_insert(&mut self, ended: bool) -> Option<(Vec<T>, usize)> {
+        if self.queue.is_empty() || (self.queued < INSERT_BYTES && !ended) {
+            return None;
+        }
+        let (mut batches, mut bytes) = (Vec::new(), 0);
+        while let Some(&(_, n)) = self.queue.front() {
+            if bytes > 0 && bytes + n > INSERT_BYTES_MOST {
+                break;
+            }
+            let (batch, _) = self.queue.pop_front().expect("a front");
+            batches.push(batch);
+            bytes += n;
+        }
+        self.queued -= bytes;
+        self.queued_all.fetch_sub(bytes, Ordering::Relaxed);
+        Some((batches, bytes))
+    }
+
+    /// An insert of `bytes` began `at`.
+    pub fn started(&mut self, bytes: usize, at: Instant) {
+        self.running = Some((bytes, at));
+    }
+
+    /// The insert under way, of `bytes`, ended: it took `took`, write and
+    /// flush.
+    pub fn inserted(&mut self, bytes: usize, took: Duration) {
+        self.running = None;
+        let now = bytes as f64 / took.as_secs_f64().max(1e-6);
+        self.rate = Some(match self.rate {
+            None => now,
+            Some(rate) => rate + (now - rate) / 4.0,
+        });
+    }
+
+    /// Whether to read nothing more until the insert under way ends: the
+    /// queue is full, or holds an insert's worth while all streams' hold
+    /// `QUEUED_ALL_BYTES`.
+    pub fn full(&self) -> bool {
+        self.queued >= QUEUE_BYTES
+            || (self.queued >= INSERT_BYTES && self.queued_all.load(Ordering::Relaxed) >= QUEUED_ALL_BYTES)
+    }
+
+    /// How long to wait, `at` a time while an insert is under way, before
+    /// reading the message after one of `bytes`: none up to one insert's
+    /// worth queued; above it, the time the inserts take for `bytes`, over
+    /// a factor that falls from 2 to 0 as the queue fills, so that it
+    /// settles in the middle of its room. The inserts' rate is the smoothed
+    /// one, or the one under way's if it has taken longer than that says
+    /// (its bytes over the time so far): so a slow sync slows the reads as
+    /// it goes on, where it would be found only at its end, and the first
+    /// insert paces the reads before any has ended.
+    pub fn pause(&self, bytes: usize, at: Instant) -> Duration {
+        if self.queued <= INSERT_BYTES {
+            return Duration::ZERO;
+        }
+        let under_way = self
+            .running
+            .map(|(bytes, began)| bytes as f64 / at.saturating_duration_since(began).as_secs_f64().max(1e-6));
+        let rate = match (self.rate, under_way) {
+            (Some(smoothed), Some(now)) => smoothed.min(now),
+            (Some(rate), None) | (None, Some(rate)) => rate,
+            (None, None) => return Duration::ZERO,
+        };
+        let room = (QUEUE_BYTES - INSERT_BYTES) as f64;
+        let left = QUEUE_BYTES.saturating_sub(self.queued) as f64;
+        let pace = rate * 2.0 * left / room;
+        if pace <= 0.0 {
+            return PAUSE_MAX;
+        }
+        Duration::from_secs_f64(bytes as f64 / pace).min(PAUSE_MAX)
+    }
+}
+
+impl<T> Drop for Intake<T> {
+    fn drop(&mut self) {
+        self.queued_all.fetch_sub(self.queued, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: usize = 1 << 20;
+
+    #[test]
+    fn inserts_take_the_queue_in_order_up_to_32_mib_and_the_rest_at_the_end() {
+        let mut intake = Intake::new(Arc::default());
+        for i in 0..10 {
+            intake.push(i, 3 * MIB);
+        }
+        // 30 MiB queued: one insert of them all (16 MiB reached, and no
+        // more than 32).
+        assert_eq!(intake.next_insert(false), Some(((0..10).collect(), 30 * MIB)));
+        for i in 0..20 {
+            intake.push(i, 3 * MIB);
+        }
+        // 60 MiB queued: ten batches (30 MiB; an eleventh would pass 32),
+        // then ten again, then less than 16 MiB left till the end.
+        assert_eq!(intake.next_insert(false), Some(((0..10).collect(), 30 * MIB)));
+        intake.push(20, 3 * MIB);
+        assert_eq!(intake.next_insert(false), Some(((10..20).collect(), 30 * MIB)));
+        assert_eq!(intake.next_insert(false), None);
+        assert_eq!(intake.next_insert(true), Some((vec![20], 3 * MIB)));
+        assert_eq!(intake.next_insert(true), None);
+        // A batch that would take an insert past 32 MiB waits for the
+        // next; one larger than that is an insert by itself.
+        intake.push(21, 15 * MIB);
+        intake.push(22, 40 * MIB);
+        intake.push(23, MIB);
+        assert_eq!(intake.next_insert(false), Some((vec![21], 15 * MIB)));
+        assert_eq!(intake.next_insert(false), Some((vec![22], 40 * MIB)));
+        assert_eq!(intake.next_insert(false), None);
+    }
+
+    #[test]
+    fn reads_are_paced_as_the_queue_fills_and_stop_when_it_is_full() {
+        let mut intake = Intake::new(Arc::default());
+        for i in 0..20 {
+            intake.push(i, 2 * MIB);
+        }
+        // No pace before an insert has begun or ended: no rate is known.
+        assert_eq!(intake.pause(2 * MIB, Instant::now()), Duration::ZERO);
+        // 100 MiB/s, smoothed over the inserts.
+        intake.inserted(16 * MIB, Duration::from_millis(160));
+        intake.inserted(16 * MIB, Duration::from_millis(160));
+        let half = |queued: usize| {
+            let mut intake = Intake::new(Arc::default());
+            intake.push(0, queued);
+            intake.inserted(100 * MIB, Duration::from_secs(1));
+            intake.pause(2 * MIB, Instant::now())
+        };
+        // Up to an insert's worth: read freely.
+        assert_eq!(half(INSERT_BYTES), Duration::ZERO);
+        // In the middle of the room above it: as fast as the inserts go
+        // (2 MiB at 100 MiB/s).
+        let middle = half((INSERT_BYTES + QUEUE_BYTES) / 2);
+        assert!(
+            middle.abs_diff(Duration::from_millis(20)) < Duration::from_micros(10),
+            "{middle:?}"
+        );
+        // Above the middle slower, below it faster, never past the cap.
+        assert!(half(QUEUE_BYTES - 8 * MIB) > middle);
+        assert!(half(INSERT_BYTES + 8 * MIB) < middle);
+        assert_eq!(half(QUEUE_BYTES - 1), PAUSE_MAX);
+        assert_eq!(half(QUEUE_BYTES), PAUSE_MAX);
+        assert!(!intake.full());
+        for i in 20..32 {
+            intake.push(i, 2 * MIB);
+        }
+        assert!(intake.full());
+        intake.next_insert(false);
+        assert!(!intake.full());
+    }
+
+    #[test]
+    fn the_rate_follows_the_inserts_smoothed() {
+        let mut intake = Intake::new(Arc::default());
+        intake.push(0, 40 * MIB);
+        intake.inserted(16 * MIB, Duration::from_millis(100));
+        let first = intake.pause(MIB, Instant::now());
+        // One insert four times as slow moves the pace a quarter of the
+        // way (not all the way: one slow sync is not the disk's rate).
+        intake.inserted(16 * MIB, Duration::from_millis(400));
+        let second = intake.pause(MIB, Instant::now());
+        let rate = |pause: Duration| MIB as f64 / pause.as_secs_f64();
+        let (r1, r2) = (rate(first), rate(second));
+        let expected = r1 + (r1 / 4.0 - r1) / 4.0;
+        assert!((r2 - expected).abs() / expected < 1e-4, "{r1} {r2}");
+    }
+
+    #[test]
+    fn an_insert_slower_than_the_rate_slows_the_reads_as_it_goes_on() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut intake = Intake::new(Arc::default());
+        intake.push(0, 40 * MIB);
+        // The first insert paces the reads before any has ended: 16 MiB
+        // under way for 100 ms, 160 MiB/s at most.
+        intake.started(16 * MIB, t0);
+        let first = intake.pause(MIB, ms(100));
+        assert!(
+            first.abs_diff(Duration::from_micros(6_250)) < Duration::from_micros(10),
+            "{first:?}"
+        );
+        // Its end at 160 ms: 100 MiB/s. The next one, on time, is paced at
+        // that rate; once it has taken twice as long as that says, at half.
+        intake.inserted(16 * MIB, Duration::from_millis(160));
+        intake.started(16 * MIB, ms(160));
+        let on_time = intake.pause(MIB, ms(200));
+        assert!(
+            on_time.abs_diff(Duration::from_millis(10)) < Duration::from_micros(10),
+            "{on_time:?}"
+        );
+        assert_eq!(intake.pause(MIB, ms(160 + 160)), on_time);
+        let late = intake.pause(MIB, ms(160 + 320));
+        assert!(late.abs_diff(2 * on_time) < Duration::from_micros(10), "{late:?}");
+    }
+
+    #[test]
+    fn streams_together_past_their_budget_hold_an_insert_s_worth_each() {
+        let all = Arc::new(AtomicUsize::new(0));
+        let mut streams: Vec<Intake<u32>> = (0..8).map(|_| Intake::new(all.clone())).collect();
+        // Seven streams of 32 MiB queued (224 MiB in all): none full.
+        for stream in &mut streams[..7] {
+            stream.push(0, 32 * MIB);
+        }
+        assert!(streams.iter().all(|s| !s.full()));
+        // An eighth takes them to 256 MiB: each with an insert's worth
+        // queued is full, one with less is not.
+        streams[7].push(0, 8 * MIB);
+        streams[7].push(1, 24 * MIB);
+        assert_eq!(all.load(Ordering::Relaxed), QUEUED_ALL_BYTES);
+        assert!(streams.iter().all(|s| s.full()));
+        let mut light = Intake::new(all.clone());
+        light.push(0, MIB);
+        assert!(!light.full());
+        // An insert taken, or a stream gone, gives its bytes back.
+        streams[0].next_insert(false);
+        assert!(!streams[1].full());
+        streams[0].push(0, 32 * MIB);
+        assert!(streams[1].full());
+        drop(streams.pop());
+        drop(light);
+        assert_eq!(all.load(Ordering::Relaxed), 7 * 32 * MIB);
+        assert!(!streams[1].full());
+    }
+}
