@@ -9,6 +9,7 @@
 #   OLD=path scripts/bench-kv-stall.sh ...           (another build, alternating)
 #   TESSERA=path ROUNDS=3 scripts/bench-kv-stall.sh ...
 #   WRITTEN=1 scripts/bench-kv-stall.sh ...         (member files written with zeros first)
+#   AT_ONCE=1 scripts/bench-kv-stall.sh ...         (the streams at once, a client each; the server's peak RSS)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 records=${1:-10000000} streams=${2:-3}
@@ -26,7 +27,9 @@ for round in $(seq "${ROUNDS:-1}"); do
     rm -rf "$work/array"
     kv_create "$work/array" 2G
     kv_serve "$work/array"
-    "$python" scripts/bench-kv-stall.py "grpc://127.0.0.1:$port" "$records" "$streams" "$label"
+    at_once=()
+    [ "${AT_ONCE:-0}" = 1 ] && at_once=("$server")
+    "$python" scripts/bench-kv-stall.py "grpc://127.0.0.1:$port" "$records" "$streams" "$label" "${at_once[@]}"
     kv_stop
   done
 done

@@ -264,8 +264,9 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, KvError> + Se
 
 pub struct KvFlight {
     store: Arc<Store>,
-    /// Bytes every DoPut stream holds queued (`crate::intake`).
-    queued: Arc<std::sync::atomic::AtomicUsize>,
+    /// How many DoPut streams there are (`crate::intake` shares its
+    /// room out among them).
+    streams: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl KvFlight {
@@ -325,9 +326,9 @@ impl KvFlight {
         let space = self.space_of_path(&descriptor)?;
         let data = stream::once(async { Ok(first) }).chain(input);
         let (acks, said) = tokio::sync::mpsc::unbounded_channel();
-        let queued = self.queued.clone();
+        let streams = self.streams.clone();
         tokio::spawn(async move {
-            if let Err(status) = insert_stream(space, data.boxed(), Intake::new(queued), &acks).await {
+            if let Err(status) = insert_stream(space, data.boxed(), Intake::new(streams), &acks).await {
                 let _ = acks.send(Err(status));
             }
         });
@@ -560,7 +561,7 @@ impl FlightListener {
         let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
         let service = FlightServiceServer::new(KvFlight {
             store,
-            queued: Arc::default(),
+            streams: Arc::default(),
         })
         .max_decoding_message_size(MESSAGE_BYTES_MAX)
         .max_encoding_message_size(MESSAGE_BYTES_MAX);

@@ -35,9 +35,12 @@ pub(crate) const INSERT_BYTES_MOST: usize = 32 << 20;
 /// Bytes a stream holds read and not yet in an insert, at most (besides
 /// the insert under way): reading stops there until that insert ends.
 pub(crate) const QUEUE_BYTES: usize = 64 << 20;
-/// Bytes all streams together hold queued, past which each holds at
-/// most `INSERT_BYTES`: four streams that outrun the disk queue as much
-/// as they like, a hundred do not hold 64 MiB each.
+/// Bytes all streams together may hold queued, shared out equally: a
+/// stream's queue holds this over the number of streams, within
+/// `INSERT_BYTES` and `QUEUE_BYTES` (so one to four streams hold 64 MiB
+/// each, eight 32, sixteen or more 16 as each did before this queue),
+/// and its inserts half of that, within `INSERT_BYTES` and
+/// `INSERT_BYTES_MOST`.
 pub(crate) const QUEUED_ALL_BYTES: usize = 256 << 20;
 /// The longest pause before one read: a send is held up that long at
 /// most until the queue is full.
@@ -47,8 +50,8 @@ const PAUSE_MAX: Duration = Duration::from_millis(50);
 pub(crate) struct Intake<T> {
     queue: VecDeque<(T, usize)>,
     queued: usize,
-    /// What every stream's queue holds, this one's included.
-    queued_all: Arc<AtomicUsize>,
+    /// How many streams there are, this one included.
+    streams: Arc<AtomicUsize>,
     /// Bytes a second the stream's inserts have gone at, smoothed; none
     /// before the first has ended.
     rate: Option<f64>,
@@ -57,12 +60,13 @@ pub(crate) struct Intake<T> {
 }
 
 impl<T> Intake<T> {
-    /// A stream's queue, counted in `queued_all` with every other's.
-    pub fn new(queued_all: Arc<AtomicUsize>) -> Intake<T> {
+    /// A stream's queue, counted in `streams` with every other.
+    pub fn new(streams: Arc<AtomicUsize>) -> Intake<T> {
+        streams.fetch_add(1, Ordering::Relaxed);
         Intake {
             queue: VecDeque::new(),
             queued: 0,
-            queued_all,
+            streams,
             rate: None,
             running: None,
         }
@@ -71,7 +75,6 @@ impl<T> Intake<T> {
     pub fn push(&mut self, batch: T, bytes: usize) {
         self.queue.push_back((batch, bytes));
         self.queued += bytes;
-        self.queued_all.fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// The batches of the next insert, from the front of the queue, and
@@ -83,9 +86,10 @@ impl<T> Intake<T> {
         if self.queue.is_empty() || (self.queued < INSERT_BYTES && !ended) {
             return None;
         }
+        let most = (self.room() / 2).clamp(INSERT_BYTES, INSERT_BYTES_MOST);
         let (mut batches, mut bytes) = (Vec::new(), 0);
         while let Some(&(_, n)) = self.queue.front() {
-            if bytes > 0 && bytes + n > INSERT_BYTES_MOST {
+            if bytes > 0 && bytes + n > most {
                 break;
             }
             let (batch, _) = self.queue.pop_front().expect("a front");
@@ -93,7 +97,6 @@ impl<T> Intake<T> {
             bytes += n;
         }
         self.queued -= bytes;
-        self.queued_all.fetch_sub(bytes, Ordering::Relaxed);
         Some((batches, bytes))
     }
 
@@ -113,12 +116,17 @@ impl<T> Intake<T> {
         });
     }
 
-    /// Whether to read nothing more until the insert under way ends: the
-    /// queue is full, or holds an insert's worth while all streams' hold
+    /// Bytes this stream's queue may hold: its share of
     /// `QUEUED_ALL_BYTES`.
+    fn room(&self) -> usize {
+        let streams = self.streams.load(Ordering::Relaxed).max(1);
+        (QUEUED_ALL_BYTES / streams).clamp(INSERT_BYTES, QUEUE_BYTES)
+    }
+
+    /// Whether to read nothing more until the insert under way ends: the
+    /// queue holds its share.
     pub fn full(&self) -> bool {
-        self.queued >= QUEUE_BYTES
-            || (self.queued >= INSERT_BYTES && self.queued_all.load(Ordering::Relaxed) >= QUEUED_ALL_BYTES)
+        self.queued >= self.room()
     }
 
     /// How long to wait, `at` a time while an insert is under way, before
@@ -142,8 +150,13 @@ impl<T> Intake<T> {
             (Some(rate), None) | (None, Some(rate)) => rate,
             (None, None) => return Duration::ZERO,
         };
-        let room = (QUEUE_BYTES - INSERT_BYTES) as f64;
-        let left = QUEUE_BYTES.saturating_sub(self.queued) as f64;
+        let cap = self.room();
+        if cap <= INSERT_BYTES {
+            // No room above an insert's worth: a wall, as before the pace.
+            return Duration::ZERO;
+        }
+        let room = (cap - INSERT_BYTES) as f64;
+        let left = cap.saturating_sub(self.queued) as f64;
         let pace = rate * 2.0 * left / room;
         if pace <= 0.0 {
             return PAUSE_MAX;
@@ -154,7 +167,7 @@ impl<T> Intake<T> {
 
 impl<T> Drop for Intake<T> {
     fn drop(&mut self) {
-        self.queued_all.fetch_sub(self.queued, Ordering::Relaxed);
+        self.streams.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -279,31 +292,43 @@ mod tests {
     }
 
     #[test]
-    fn streams_together_past_their_budget_hold_an_insert_s_worth_each() {
-        let all = Arc::new(AtomicUsize::new(0));
-        let mut streams: Vec<Intake<u32>> = (0..8).map(|_| Intake::new(all.clone())).collect();
-        // Seven streams of 32 MiB queued (224 MiB in all): none full.
-        for stream in &mut streams[..7] {
-            stream.push(0, 32 * MIB);
-        }
-        assert!(streams.iter().all(|s| !s.full()));
-        // An eighth takes them to 256 MiB: each with an insert's worth
-        // queued is full, one with less is not.
-        streams[7].push(0, 8 * MIB);
-        streams[7].push(1, 24 * MIB);
-        assert_eq!(all.load(Ordering::Relaxed), QUEUED_ALL_BYTES);
-        assert!(streams.iter().all(|s| s.full()));
-        let mut light = Intake::new(all.clone());
-        light.push(0, MIB);
+    fn streams_share_the_room_out_and_their_inserts_shrink_with_it() {
+        let streams = Arc::new(AtomicUsize::new(0));
+        let fill = |intake: &mut Intake<u32>, mib: usize| {
+            for i in 0..mib {
+                intake.push(i as u32, MIB);
+            }
+        };
+        let mut first = Intake::new(streams.clone());
+        fill(&mut first, 40);
+        // Alone: 64 MiB of room, inserts of up to 32.
+        assert!(!first.full());
+        let mut others: Vec<Intake<u32>> = (0..7).map(|_| Intake::new(streams.clone())).collect();
+        // One of eight: 32 MiB of room (full at 40), inserts of up to 16,
+        // paced from 16 to 32 (at 24, the middle, as fast as the inserts).
+        assert!(first.full());
+        assert_eq!(first.next_insert(false).map(|(_, n)| n), Some(16 * MIB));
+        first.inserted(100 * MIB, Duration::from_secs(1));
+        first.next_insert(false);
+        fill(&mut first, 16);
+        let middle = first.pause(2 * MIB, Instant::now());
+        assert!(
+            middle.abs_diff(Duration::from_millis(20)) < Duration::from_micros(10),
+            "{middle:?}"
+        );
+        // Sixteen or more: 16 MiB each, a wall there and no pace below.
+        others.extend((0..8).map(|_| Intake::new(streams.clone())));
+        let mut light = Intake::new(streams.clone());
+        fill(&mut light, 15);
+        light.inserted(100 * MIB, Duration::from_secs(1));
         assert!(!light.full());
-        // An insert taken, or a stream gone, gives its bytes back.
-        streams[0].next_insert(false);
-        assert!(!streams[1].full());
-        streams[0].push(0, 32 * MIB);
-        assert!(streams[1].full());
-        drop(streams.pop());
+        assert_eq!(light.pause(2 * MIB, Instant::now()), Duration::ZERO);
+        fill(&mut light, 1);
+        assert!(light.full());
+        // Streams gone give their share back.
+        drop(others);
         drop(light);
-        assert_eq!(all.load(Ordering::Relaxed), 7 * 32 * MIB);
-        assert!(!streams[1].full());
+        assert_eq!(streams.load(Ordering::Relaxed), 1);
+        assert!(!first.full());
     }
 }
