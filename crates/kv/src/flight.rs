@@ -39,6 +39,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Instant;
 use tessera_array::ArrayError;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -78,11 +79,10 @@ async fn insert_stream(
     mut intake: Intake<Incoming>,
     acks: &tokio::sync::mpsc::UnboundedSender<Result<PutResult, Status>>,
 ) -> Result<(), Status> {
-    type Inserted = (Result<u64, KvError>, usize, std::time::Duration);
     /// What came first: the insert under way ended, or the stream's
     /// next message (or its end).
     enum Next {
-        Inserted(Result<Inserted, tokio::task::JoinError>),
+        Inserted(Result<Result<u64, KvError>, tokio::task::JoinError>),
         Message(Option<Result<FlightData, Status>>),
     }
     let mut reader = PutReader::new(space.schema());
@@ -96,21 +96,13 @@ async fn insert_stream(
             ),
         )
     };
-    let mut running: Option<tokio::task::JoinHandle<Inserted>> = None;
+    let mut running: Option<tokio::task::JoinHandle<Result<u64, KvError>>> = None;
     let mut finished = false;
-    // When the last message was read, and its bytes: the next is read
-    // `intake.pause` after it, as full as the queue is then.
-    let mut last_read = (tokio::time::Instant::now(), 0usize);
     loop {
         if running.is_none() {
-            if let Some((batches, bytes)) = intake.next_insert(finished) {
+            if let Some(batches) = intake.next_insert(finished, Instant::now()) {
                 let space = space.clone();
-                intake.started(bytes, std::time::Instant::now());
-                running = Some(tokio::task::spawn_blocking(move || {
-                    let start = std::time::Instant::now();
-                    let done = space.insert_incoming(&batches);
-                    (done, bytes, start.elapsed())
-                }));
+                running = Some(tokio::task::spawn_blocking(move || space.insert_incoming(&batches)));
                 continue;
             }
             if finished {
@@ -121,7 +113,7 @@ async fn insert_stream(
             // Nothing to do but wait for the insert under way.
             Some(insert) if finished || intake.full() => Next::Inserted(insert.await),
             Some(insert) => {
-                let at = last_read.0 + intake.pause(last_read.1, std::time::Instant::now());
+                let at = tokio::time::Instant::from_std(intake.next_read(Instant::now()));
                 tokio::select! {
                     done = insert => Next::Inserted(done),
                     message = async {
@@ -135,9 +127,10 @@ async fn insert_stream(
         let refused = match next {
             Next::Inserted(done) => {
                 running = None;
-                let (done, bytes, took) = done.map_err(|e| Status::internal(format!("a KV task failed: {e}")))?;
-                rows += done.map_err(|e| inserted_before(rows, status_of(e)))?;
-                intake.inserted(bytes, took);
+                intake.inserted(Instant::now());
+                rows += done
+                    .map_err(|e| Status::internal(format!("a KV task failed: {e}")))?
+                    .map_err(|e| inserted_before(rows, status_of(e)))?;
                 let ack = PutResult {
                     app_metadata: serde_json::to_vec(&serde_json::json!({ "rows": rows })).unwrap().into(),
                 };
@@ -153,8 +146,7 @@ async fn insert_stream(
             Next::Message(Some(Ok(message))) => match reader.read(message) {
                 Ok(Some(batch)) => {
                     let bytes = batch.bytes(reader.record_bytes);
-                    intake.push(batch, bytes);
-                    last_read = (tokio::time::Instant::now(), bytes);
+                    intake.push(batch, bytes, Instant::now());
                     continue;
                 }
                 Ok(None) => continue,
@@ -166,7 +158,7 @@ async fn insert_stream(
         // is in the space; the batches queued with the one refused are
         // not inserted.
         if let Some(insert) = running.take() {
-            if let Ok((Ok(n), _, _)) = insert.await {
+            if let Ok(Ok(n)) = insert.await {
                 rows += n;
             }
         }

@@ -4,7 +4,8 @@
 //! queue is read into at a pace set by how full it is, against the rate
 //! the inserts have gone at: freely up to one insert's worth, as fast as
 //! the inserts go at the middle of the room above that, slower and slower
-//! towards `QUEUE_BYTES`, where reading stops until the insert ends.
+//! towards the stream's share of the queue (`QUEUE_BYTES` for up to four
+//! streams), where reading stops until the insert ends.
 //!
 //! Why paced: a sender faster than the disk has to wait for it somewhere.
 //! Read greedily, the queue fills at once and the sender then waits for
@@ -57,6 +58,9 @@ pub(crate) struct Intake<T> {
     rate: Option<f64>,
     /// The insert under way: its bytes, and when it began.
     running: Option<(usize, Instant)>,
+    /// When the last batch was queued, and its bytes: the next is read
+    /// `pause` after it.
+    last: (Instant, usize),
 }
 
 impl<T> Intake<T> {
@@ -69,20 +73,23 @@ impl<T> Intake<T> {
             streams,
             rate: None,
             running: None,
+            last: (Instant::now(), 0),
         }
     }
 
-    pub fn push(&mut self, batch: T, bytes: usize) {
+    /// `batch`, of `bytes`, read `at`.
+    pub fn push(&mut self, batch: T, bytes: usize, at: Instant) {
         self.queue.push_back((batch, bytes));
         self.queued += bytes;
+        self.last = (at, bytes);
     }
 
-    /// The batches of the next insert, from the front of the queue, and
-    /// their bytes: the first, then the next while they fit in
-    /// `INSERT_BYTES_MOST` (a batch larger than that is an insert by
-    /// itself). None while less than `INSERT_BYTES` is queued and the
-    /// stream goes on.
-    pub fn next_insert(&mut self, ended: bool) -> Option<(Vec<T>, usize)> {
+    /// The batches of the next insert, from the front of the queue, taken
+    /// as under way from `at`: the first, then the next while they fit in
+    /// half the stream's room (16-32 MiB; a batch larger than that is an
+    /// insert by itself). None while less than `INSERT_BYTES` is queued
+    /// and the stream goes on.
+    pub fn next_insert(&mut self, ended: bool, at: Instant) -> Option<Vec<T>> {
         if self.queue.is_empty() || (self.queued < INSERT_BYTES && !ended) {
             return None;
         }
@@ -97,19 +104,16 @@ impl<T> Intake<T> {
             bytes += n;
         }
         self.queued -= bytes;
-        Some((batches, bytes))
-    }
-
-    /// An insert of `bytes` began `at`.
-    pub fn started(&mut self, bytes: usize, at: Instant) {
         self.running = Some((bytes, at));
+        Some(batches)
     }
 
-    /// The insert under way, of `bytes`, ended: it took `took`, write and
-    /// flush.
-    pub fn inserted(&mut self, bytes: usize, took: Duration) {
-        self.running = None;
-        let now = bytes as f64 / took.as_secs_f64().max(1e-6);
+    /// The insert under way ended `at` (written and flushed, or failed).
+    pub fn inserted(&mut self, at: Instant) {
+        let Some((bytes, began)) = self.running.take() else {
+            return;
+        };
+        let now = bytes as f64 / at.saturating_duration_since(began).as_secs_f64().max(1e-6);
         self.rate = Some(match self.rate {
             None => now,
             Some(rate) => rate + (now - rate) / 4.0,
@@ -129,16 +133,27 @@ impl<T> Intake<T> {
         self.queued >= self.room()
     }
 
+    /// When to read the next message, asked `at` a time while an insert
+    /// is under way: `pause` after the last batch was queued.
+    pub fn next_read(&self, at: Instant) -> Instant {
+        self.last.0 + self.pause(self.last.1, at)
+    }
+
     /// How long to wait, `at` a time while an insert is under way, before
-    /// reading the message after one of `bytes`: none up to one insert's
-    /// worth queued; above it, the time the inserts take for `bytes`, over
-    /// a factor that falls from 2 to 0 as the queue fills, so that it
-    /// settles in the middle of its room. The inserts' rate is the smoothed
-    /// one, or the one under way's if it has taken longer than that says
-    /// (its bytes over the time so far): so a slow sync slows the reads as
-    /// it goes on, where it would be found only at its end, and the first
-    /// insert paces the reads before any has ended.
+    /// reading the message after one of `bytes`: `PAUSE_MAX` once the
+    /// queue holds its share, else none up to one insert's worth; between,
+    /// the time the inserts take for `bytes`, over a factor that falls
+    /// from 2 to 0 as the queue fills, so that it settles in the middle
+    /// of its room. The inserts' rate is the smoothed one, or the one
+    /// under way's if it has taken longer than that says (its bytes over
+    /// the time so far): so a slow sync slows the reads as it goes on,
+    /// where it would be found only at its end, and the first insert
+    /// paces the reads before any has ended.
     pub fn pause(&self, bytes: usize, at: Instant) -> Duration {
+        let cap = self.room();
+        if self.queued >= cap {
+            return PAUSE_MAX;
+        }
         if self.queued <= INSERT_BYTES {
             return Duration::ZERO;
         }
@@ -150,18 +165,11 @@ impl<T> Intake<T> {
             (Some(rate), None) | (None, Some(rate)) => rate,
             (None, None) => return Duration::ZERO,
         };
-        let cap = self.room();
-        if cap <= INSERT_BYTES {
-            // No room above an insert's worth: a wall, as before the pace.
-            return Duration::ZERO;
-        }
-        let room = (cap - INSERT_BYTES) as f64;
-        let left = cap.saturating_sub(self.queued) as f64;
-        let pace = rate * 2.0 * left / room;
-        if pace <= 0.0 {
-            return PAUSE_MAX;
-        }
-        Duration::from_secs_f64(bytes as f64 / pace).min(PAUSE_MAX)
+        // INSERT_BYTES < queued < cap: the factor is above 0.
+        let factor = 2.0 * (cap - self.queued) as f64 / (cap - INSERT_BYTES) as f64;
+        Duration::try_from_secs_f64(bytes as f64 / (rate * factor))
+            .unwrap_or(PAUSE_MAX)
+            .min(PAUSE_MAX)
     }
 }
 
@@ -177,85 +185,115 @@ mod tests {
 
     const MIB: usize = 1 << 20;
 
+    /// `intake` queued `mib` batches of 1 MiB.
+    fn fill(intake: &mut Intake<u32>, mib: usize) {
+        for i in 0..mib {
+            intake.push(i as u32, MIB, Instant::now());
+        }
+    }
+
+    /// An insert of `bytes` that took `took` (its batches not queued).
+    fn ran(intake: &mut Intake<u32>, bytes: usize, took: Duration) {
+        let began = Instant::now();
+        intake.running = Some((bytes, began));
+        intake.inserted(began + took);
+    }
+
+    /// The next insert's batches and bytes.
+    fn take(intake: &mut Intake<u32>, ended: bool) -> Option<(Vec<u32>, usize)> {
+        let batches = intake.next_insert(ended, Instant::now())?;
+        Some((batches, intake.running.unwrap().0))
+    }
+
     #[test]
     fn inserts_take_the_queue_in_order_up_to_32_mib_and_the_rest_at_the_end() {
         let mut intake = Intake::new(Arc::default());
+        let now = Instant::now();
         for i in 0..10 {
-            intake.push(i, 3 * MIB);
+            intake.push(i, 3 * MIB, now);
         }
         // 30 MiB queued: one insert of them all (16 MiB reached, and no
         // more than 32).
-        assert_eq!(intake.next_insert(false), Some(((0..10).collect(), 30 * MIB)));
+        assert_eq!(take(&mut intake, false), Some(((0..10).collect(), 30 * MIB)));
         for i in 0..20 {
-            intake.push(i, 3 * MIB);
+            intake.push(i, 3 * MIB, now);
         }
         // 60 MiB queued: ten batches (30 MiB; an eleventh would pass 32),
         // then ten again, then less than 16 MiB left till the end.
-        assert_eq!(intake.next_insert(false), Some(((0..10).collect(), 30 * MIB)));
-        intake.push(20, 3 * MIB);
-        assert_eq!(intake.next_insert(false), Some(((10..20).collect(), 30 * MIB)));
-        assert_eq!(intake.next_insert(false), None);
-        assert_eq!(intake.next_insert(true), Some((vec![20], 3 * MIB)));
-        assert_eq!(intake.next_insert(true), None);
+        assert_eq!(take(&mut intake, false), Some(((0..10).collect(), 30 * MIB)));
+        intake.push(20, 3 * MIB, now);
+        assert_eq!(take(&mut intake, false), Some(((10..20).collect(), 30 * MIB)));
+        assert_eq!(take(&mut intake, false), None);
+        assert_eq!(take(&mut intake, true), Some((vec![20], 3 * MIB)));
+        assert_eq!(take(&mut intake, true), None);
         // A batch that would take an insert past 32 MiB waits for the
         // next; one larger than that is an insert by itself.
-        intake.push(21, 15 * MIB);
-        intake.push(22, 40 * MIB);
-        intake.push(23, MIB);
-        assert_eq!(intake.next_insert(false), Some((vec![21], 15 * MIB)));
-        assert_eq!(intake.next_insert(false), Some((vec![22], 40 * MIB)));
-        assert_eq!(intake.next_insert(false), None);
+        intake.push(21, 15 * MIB, now);
+        intake.push(22, 40 * MIB, now);
+        intake.push(23, MIB, now);
+        assert_eq!(take(&mut intake, false), Some((vec![21], 15 * MIB)));
+        assert_eq!(take(&mut intake, false), Some((vec![22], 40 * MIB)));
+        assert_eq!(take(&mut intake, false), None);
     }
 
     #[test]
     fn reads_are_paced_as_the_queue_fills_and_stop_when_it_is_full() {
-        let mut intake = Intake::new(Arc::default());
-        for i in 0..20 {
-            intake.push(i, 2 * MIB);
-        }
         // No pace before an insert has begun or ended: no rate is known.
+        let mut intake = Intake::new(Arc::default());
+        fill(&mut intake, 40);
         assert_eq!(intake.pause(2 * MIB, Instant::now()), Duration::ZERO);
-        // 100 MiB/s, smoothed over the inserts.
-        intake.inserted(16 * MIB, Duration::from_millis(160));
-        intake.inserted(16 * MIB, Duration::from_millis(160));
-        let half = |queued: usize| {
+        // At 100 MiB/s, the pause before the next 2 MiB with `queued`.
+        let pause = |queued: usize| {
             let mut intake = Intake::new(Arc::default());
-            intake.push(0, queued);
-            intake.inserted(100 * MIB, Duration::from_secs(1));
+            fill(&mut intake, queued / MIB);
+            ran(&mut intake, 100 * MIB, Duration::from_secs(1));
             intake.pause(2 * MIB, Instant::now())
         };
         // Up to an insert's worth: read freely.
-        assert_eq!(half(INSERT_BYTES), Duration::ZERO);
+        assert_eq!(pause(INSERT_BYTES), Duration::ZERO);
         // In the middle of the room above it: as fast as the inserts go
         // (2 MiB at 100 MiB/s).
-        let middle = half((INSERT_BYTES + QUEUE_BYTES) / 2);
+        let middle = pause((INSERT_BYTES + QUEUE_BYTES) / 2);
         assert!(
             middle.abs_diff(Duration::from_millis(20)) < Duration::from_micros(10),
             "{middle:?}"
         );
-        // Above the middle slower, below it faster, never past the cap.
-        assert!(half(QUEUE_BYTES - 8 * MIB) > middle);
-        assert!(half(INSERT_BYTES + 8 * MIB) < middle);
-        assert_eq!(half(QUEUE_BYTES - 1), PAUSE_MAX);
-        assert_eq!(half(QUEUE_BYTES), PAUSE_MAX);
+        // Above the middle slower, below it faster, never past the cap,
+        // which a full queue gets.
+        assert!(pause(QUEUE_BYTES - 8 * MIB) > middle);
+        assert!(pause(INSERT_BYTES + 8 * MIB) < middle);
+        assert_eq!(pause(QUEUE_BYTES - MIB), PAUSE_MAX);
+        assert_eq!(pause(QUEUE_BYTES), PAUSE_MAX);
+        // Full at its room; an insert taken makes room.
+        fill(&mut intake, 23);
         assert!(!intake.full());
-        for i in 20..32 {
-            intake.push(i, 2 * MIB);
-        }
+        fill(&mut intake, 1);
         assert!(intake.full());
-        intake.next_insert(false);
+        take(&mut intake, false);
         assert!(!intake.full());
+    }
+
+    #[test]
+    fn the_next_read_is_a_pause_after_the_last_batch_queued() {
+        let mut intake = Intake::new(Arc::default());
+        fill(&mut intake, 39);
+        ran(&mut intake, 100 * MIB, Duration::from_secs(1));
+        let at = Instant::now();
+        intake.push(0, 2 * MIB, at);
+        // 41 MiB queued: just past the middle, about 20 ms for 2 MiB.
+        assert_eq!(intake.next_read(at), at + intake.pause(2 * MIB, at));
+        assert!(intake.next_read(at) > at + Duration::from_millis(19));
     }
 
     #[test]
     fn the_rate_follows_the_inserts_smoothed() {
         let mut intake = Intake::new(Arc::default());
-        intake.push(0, 40 * MIB);
-        intake.inserted(16 * MIB, Duration::from_millis(100));
+        fill(&mut intake, 40);
+        ran(&mut intake, 16 * MIB, Duration::from_millis(100));
         let first = intake.pause(MIB, Instant::now());
         // One insert four times as slow moves the pace a quarter of the
         // way (not all the way: one slow sync is not the disk's rate).
-        intake.inserted(16 * MIB, Duration::from_millis(400));
+        ran(&mut intake, 16 * MIB, Duration::from_millis(400));
         let second = intake.pause(MIB, Instant::now());
         let rate = |pause: Duration| MIB as f64 / pause.as_secs_f64();
         let (r1, r2) = (rate(first), rate(second));
@@ -268,10 +306,10 @@ mod tests {
         let t0 = Instant::now();
         let ms = |n| t0 + Duration::from_millis(n);
         let mut intake = Intake::new(Arc::default());
-        intake.push(0, 40 * MIB);
+        fill(&mut intake, 40);
         // The first insert paces the reads before any has ended: 16 MiB
         // under way for 100 ms, 160 MiB/s at most.
-        intake.started(16 * MIB, t0);
+        intake.running = Some((16 * MIB, t0));
         let first = intake.pause(MIB, ms(100));
         assert!(
             first.abs_diff(Duration::from_micros(6_250)) < Duration::from_micros(10),
@@ -279,8 +317,8 @@ mod tests {
         );
         // Its end at 160 ms: 100 MiB/s. The next one, on time, is paced at
         // that rate; once it has taken twice as long as that says, at half.
-        intake.inserted(16 * MIB, Duration::from_millis(160));
-        intake.started(16 * MIB, ms(160));
+        intake.inserted(ms(160));
+        intake.running = Some((16 * MIB, ms(160)));
         let on_time = intake.pause(MIB, ms(200));
         assert!(
             on_time.abs_diff(Duration::from_millis(10)) < Duration::from_micros(10),
@@ -294,11 +332,6 @@ mod tests {
     #[test]
     fn streams_share_the_room_out_and_their_inserts_shrink_with_it() {
         let streams = Arc::new(AtomicUsize::new(0));
-        let fill = |intake: &mut Intake<u32>, mib: usize| {
-            for i in 0..mib {
-                intake.push(i as u32, MIB);
-            }
-        };
         let mut first = Intake::new(streams.clone());
         fill(&mut first, 40);
         // Alone: 64 MiB of room, inserts of up to 32.
@@ -307,24 +340,25 @@ mod tests {
         // One of eight: 32 MiB of room (full at 40), inserts of up to 16,
         // paced from 16 to 32 (at 24, the middle, as fast as the inserts).
         assert!(first.full());
-        assert_eq!(first.next_insert(false).map(|(_, n)| n), Some(16 * MIB));
-        first.inserted(100 * MIB, Duration::from_secs(1));
-        first.next_insert(false);
+        assert_eq!(take(&mut first, false).map(|(_, n)| n), Some(16 * MIB));
+        ran(&mut first, 100 * MIB, Duration::from_secs(1));
+        take(&mut first, false);
         fill(&mut first, 16);
         let middle = first.pause(2 * MIB, Instant::now());
         assert!(
             middle.abs_diff(Duration::from_millis(20)) < Duration::from_micros(10),
             "{middle:?}"
         );
-        // Sixteen or more: 16 MiB each, a wall there and no pace below.
+        // Seventeen: 16 MiB each, a wall there with no pace below it.
         others.extend((0..8).map(|_| Intake::new(streams.clone())));
         let mut light = Intake::new(streams.clone());
         fill(&mut light, 15);
-        light.inserted(100 * MIB, Duration::from_secs(1));
+        ran(&mut light, 100 * MIB, Duration::from_secs(1));
         assert!(!light.full());
         assert_eq!(light.pause(2 * MIB, Instant::now()), Duration::ZERO);
         fill(&mut light, 1);
         assert!(light.full());
+        assert_eq!(light.pause(2 * MIB, Instant::now()), PAUSE_MAX);
         // Streams gone give their share back.
         drop(others);
         drop(light);
