@@ -230,6 +230,19 @@ fn kill_9_during_inserts_loses_no_acknowledged_batch_and_keeps_no_half_one() {
     }
 }
 
+/// A batch as large as a gRPC message may be: more than 256 MiB once
+/// framed on the volume, and still one insert (refused once as too large).
+#[test]
+fn a_batch_as_large_as_a_message_is_inserted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("array");
+    create(&dir, "200M");
+    let (server, at) = serve(&dir, &[]);
+    let said: serde_json::Value = serde_json::from_str(script(&at, "largest", &[]).trim()).unwrap();
+    assert!(said["rows"].as_u64().unwrap() > 7_000_000, "{said}");
+    stop(server);
+}
+
 #[test]
 fn a_kv_address_in_use_is_refused_before_the_array_opens() {
     let tmp = tempfile::tempdir().unwrap();

@@ -9,6 +9,9 @@
                                      each acknowledgement, until killed
   kv_flight.py ADDRESS kill-check N  every record is in whole batches,
                                      batches 0..N at least
+  kv_flight.py ADDRESS largest      one batch as large as a gRPC message
+                                     may be (256 MiB), inserted and read
+                                     back; one larger refused
   kv_flight.py grpc+tls://ADDRESS tls CA TOKEN_FILE
                                      over TLS, trusting CA, with the
                                      token: a space made, filled and
@@ -238,6 +241,29 @@ elif mode == "kill-check":
     assert batches >= acked, f"{batches} batches back, {acked} acknowledged"
     assert np.array_equal(ids, np.arange(batches * 20_000, dtype=np.uint64)), "records lost or twice"
     print(json.dumps({"batches": batches}))
+
+elif mode == "largest":
+    # The server takes messages of up to 256 MiB. Each record is 36
+    # bytes in 8 columns; the message's header and padding are under 4
+    # KiB. Framed (cut into frames of at most 64 MiB, each with a header
+    # and the schema), such a batch is more than 256 MiB on the volume.
+    MESSAGE_MAX = 256 << 20
+    act("create", {"name": "largest", "schema": SCHEMA})
+    n = (MESSAGE_MAX - 4096) // 36
+    largest = particles(n, 0, 5)
+    assert put("largest", largest, chunk=n) == [{"rows": n}]
+    assert status("largest")["inserted"] == n
+    table, _ = query("largest", {"keys": {"ge": n - 10}})
+    assert sorted(table.column("id").to_pylist()) == list(range(n - 10, n))
+    table, _ = query("largest", {"get": 12345})
+    assert table.to_pylist() == largest.slice(12345, 1).to_pylist()
+    # A batch past what one message may carry: refused by gRPC, nothing
+    # inserted.
+    over = particles(n + 1000, n, 6)
+    refused("a batch larger than a message", f"at most {MESSAGE_MAX} bytes a message", lambda: put("largest", over, chunk=n + 1000))
+    assert status("largest")["inserted"] == n
+    act("drop", {"name": "largest"})
+    print(json.dumps({"rows": n}))
 
 elif mode == "tls":
     act("create", {"name": "secure", "schema": SCHEMA})

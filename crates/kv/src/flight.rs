@@ -24,7 +24,7 @@
 use crate::intake::Intake;
 use crate::message::{Incoming, IpcBatch};
 use crate::query::Query;
-use crate::space::Space;
+use crate::space::{Space, MESSAGE_BYTES_MAX};
 use crate::store::Store;
 use crate::{KvError, SpaceSchema};
 use arrow_flight::encode::FlightDataEncoderBuilder;
@@ -42,9 +42,6 @@ use std::sync::Arc;
 use std::time::Instant;
 use tessera_array::ArrayError;
 use tonic::{Request, Response, Status, Streaming};
-
-/// The largest gRPC message taken: a batch of up to this size.
-const MESSAGE_BYTES_MAX: usize = 256 << 20;
 
 /// A query, as a `GetFlightInfo` command and a `DoGet` ticket.
 #[derive(Debug, Serialize, Deserialize)]
@@ -152,6 +149,12 @@ async fn insert_stream(
                 Ok(None) => continue,
                 Err(e) => status_of(e),
             },
+            Next::Message(Some(Err(status))) if status.code() == tonic::Code::OutOfRange => {
+                Status::invalid_argument(format!(
+                    "too large: at most {MESSAGE_BYTES_MAX} bytes a message; cut the batch ({})",
+                    status.message()
+                ))
+            }
             Next::Message(Some(Err(status))) => Status::invalid_argument(format!("malformed Flight data: {status}")),
         };
         // The insert under way ends first, so that the count said is what

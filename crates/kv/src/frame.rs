@@ -449,6 +449,47 @@ mod tests {
     }
 
     #[test]
+    fn the_largest_message_s_batch_framed_is_one_insert() {
+        use crate::schema::{FieldType, FIELDS_MAX, FIELD_NAME_BYTES_MAX};
+        use crate::space::{INSERT_BYTES_MAX, MESSAGE_BYTES_MAX};
+        // The schema whose frames cost the most past their records: every
+        // field a space may have, each with the longest name, of the
+        // narrowest type (most columns, so most padding, a frame).
+        let fields: Vec<_> = (0..FIELDS_MAX)
+            .map(|i| {
+                let name = format!("{i:0>width$}", width = FIELD_NAME_BYTES_MAX);
+                arrow_schema::Field::new(name, FieldType::U32.arrow(), false)
+            })
+            .collect();
+        let schema = std::sync::Arc::new(arrow_schema::Schema::new(fields));
+        let record_bytes = FIELDS_MAX * FieldType::U32.bytes();
+        let rows = MESSAGE_BYTES_MAX / record_bytes;
+        let columns = (0..FIELDS_MAX)
+            .map(|i| {
+                let column = arrow_array::UInt32Array::from_iter_values((0..rows as u32).map(|r| r ^ i as u32));
+                std::sync::Arc::new(column) as arrow_array::ArrayRef
+            })
+            .collect();
+        let batch = RecordBatch::try_new(schema.clone(), columns).unwrap();
+        let schema_message = schema_message(&schema);
+        let parts: Vec<_> = cut(&batch, record_bytes).into_iter().map(Incoming::Decoded).collect();
+        let mut frames = LogFrames::for_parts(&parts, record_bytes, &schema_message);
+        for part in &parts {
+            let Incoming::Decoded(part) = part else { unreachable!() };
+            frames.push_batch(part);
+        }
+        let (bytes, count) = (frames.bytes(), frames.frames().len());
+        assert!(count > 4, "{count} frames");
+        assert!(bytes > MESSAGE_BYTES_MAX, "framing costs bytes: {bytes}");
+        assert!(
+            bytes <= INSERT_BYTES_MAX,
+            "{bytes} bytes framed, more than an insert may write"
+        );
+        let overhead = (bytes - rows * record_bytes) / count;
+        assert!(overhead < 32 << 10, "{overhead} bytes a frame past its records");
+    }
+
+    #[test]
     fn a_frame_s_header_refuses_what_is_not_one() {
         let batch = RecordBatch::try_new(
             std::sync::Arc::new(arrow_schema::Schema::new(vec![arrow_schema::Field::new(

@@ -40,10 +40,16 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use tessera_array::Volume;
 
-/// Bytes of records one insert call may carry (larger ones are cut by
-/// the caller): the most an unacknowledged insert leaves past the log's
-/// end, which opening clears.
-pub const INSERT_BYTES_MAX: usize = 256 << 20;
+/// The largest message a client may send (a gRPC message of Arrow
+/// Flight): one record batch of up to this size is one insert.
+pub const MESSAGE_BYTES_MAX: usize = 256 << 20;
+/// Bytes of log frames one insert call may write (larger inserts are cut
+/// by the caller): the most an unacknowledged insert leaves past the
+/// log's end, which opening clears. A message's batch framed takes more
+/// than the message (a frame's header, the schema message and padding
+/// to a block, for each of the frames a batch is cut into): a megabyte
+/// more holds that for any schema a message can carry.
+pub const INSERT_BYTES_MAX: usize = MESSAGE_BYTES_MAX + (1 << 20);
 /// The manifest records the log's end every this many inserts, so that
 /// opening reads at most this many frames past it.
 const MANIFEST_EVERY: u32 = 16;
