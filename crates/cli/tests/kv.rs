@@ -231,7 +231,8 @@ fn kill_9_during_inserts_loses_no_acknowledged_batch_and_keeps_no_half_one() {
 }
 
 /// A batch as large as a gRPC message may be: more than 256 MiB once
-/// framed on the volume, and still one insert (refused once as too large).
+/// framed on the volume, and still one insert (`1b47fe7` refused it as an
+/// insert too large).
 #[test]
 fn a_batch_as_large_as_a_message_is_inserted() {
     let tmp = tempfile::tempdir().unwrap();

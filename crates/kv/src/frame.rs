@@ -472,11 +472,11 @@ mod tests {
             .collect();
         let batch = RecordBatch::try_new(schema.clone(), columns).unwrap();
         let schema_message = schema_message(&schema);
-        let parts: Vec<_> = cut(&batch, record_bytes).into_iter().map(Incoming::Decoded).collect();
+        let slices = cut(&batch, record_bytes);
+        let parts: Vec<_> = slices.iter().cloned().map(Incoming::Decoded).collect();
         let mut frames = LogFrames::for_parts(&parts, record_bytes, &schema_message);
-        for part in &parts {
-            let Incoming::Decoded(part) = part else { unreachable!() };
-            frames.push_batch(part);
+        for slice in &slices {
+            frames.push_batch(slice);
         }
         let (bytes, count) = (frames.bytes(), frames.frames().len());
         assert!(count > 4, "{count} frames");
