@@ -47,7 +47,7 @@ run)
         ${ACCEL_TESTS:-} >"$out/accel-tests.log" 2>&1 || status=1
     grep -E "^test |test result" "$out/accel-tests.log" | grep -v " ok$" || true
     echo "== the array's tests with TESSERA_ACCEL=cuda"
-    TESSERA_ACCEL=cuda timeout 300 "$carry/array-tests" --test-threads=2 >"$out/array-tests.log" 2>&1 || status=1
+    TESSERA_ACCEL=cuda timeout 300 "$carry/array-tests" --test-threads=2 array:: >"$out/array-tests.log" 2>&1 || status=1
     grep -E "test result|FAILED|panicked" "$out/array-tests.log" || true
     TESSERA="$carry/tessera" timeout "${BENCH_SECONDS:-420}" scripts/bench-gpu.sh "${WORK:-/tmp/tessera-bench-gpu}" \
         >"$out/bench-gpu.log" 2>&1 || status=1

@@ -17,8 +17,10 @@ cargo test --workspace --release
 # The simulation again with every seal and hash going through the batching
 # that sits in front of a GPU (on the CPU backend here), one batch at a time.
 # (`--workspace`, not `-p tessera-array`: the dependencies' features are
-# then the ones built above, and nothing is built again.)
-TESSERA_ACCEL_BATCH=1 cargo test --workspace --release --test simulation
+# then the ones built above, and nothing is built again. The array's
+# integration tests are one binary, `array`; `simulation::` picks the
+# simulation's.)
+TESSERA_ACCEL_BATCH=1 cargo test --workspace --release --test array simulation::
 # The erasure code's kernels for aarch64 (NEON), checked byte for byte
 # against the reference under qemu-aarch64 (the crate's own tests; ISA-L's
 # comparisons need the x86 library and run above).

@@ -2,7 +2,7 @@
 //! on a member that is out are moved onto healthy members, and survive M
 //! more failures again without a new drive.
 
-mod common;
+use crate::common;
 use std::sync::Arc;
 use tessera_array::device::{Faults, MemoryDevice};
 use tessera_array::{Array, ArrayError};

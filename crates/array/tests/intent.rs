@@ -3,8 +3,7 @@
 //! acknowledged reads back after a crash: with torn log writes, with M
 //! members lost, with a log too small or failing (short stripes then).
 
-mod common;
-use common::{headers, named, open_list};
+use crate::common::{headers, named, open_list};
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -26,8 +26,7 @@
 //! tries again while stripes are being sealed (`MAKE_ROOM_TRIES`).
 //! `TESSERA_SPACE_ROUNDS=N` runs more rounds.
 
-mod common;
-use common::{named, open_list};
+use crate::common::{named, open_list};
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use tessera_array::device::MemoryDevice;

@@ -4,8 +4,7 @@
 //! later volume (with the same id), after a crash either; shrinking then
 //! growing finds zeros; bad requests change nothing.
 
-mod common;
-use common::{kill_and_reopen, named, open_list};
+use crate::common::{kill_and_reopen, named, open_list};
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -1,7 +1,6 @@
 //! The `tessera` binary driven as a user would: `ec encode|decode` and the benches.
 
-mod common;
-use common::*;
+use crate::common::*;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use std::path::Path;

@@ -2,8 +2,7 @@
 //! (`kv_flight.py`, in the Python environment `scripts/install-test-deps.sh`
 //! makes) and with `tessera kv`: inserts, bad input, finalize, queries
 //! against a numpy model, a full array, and kill -9 during inserts.
-mod common;
-use common::*;
+use crate::common::*;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

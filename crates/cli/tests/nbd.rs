@@ -1,8 +1,7 @@
 //! `tessera serve` against real NBD clients: nbdinfo, nbdcopy, qemu-img,
 //! qemu-io and fio, with members failed and removed while serving, a
 //! restart, and a differential run against `nbdkit memory`.
-mod common;
-use common::*;
+use crate::common::*;
 
 use rand::{Rng, SeedableRng};
 use std::path::{Path, PathBuf};
