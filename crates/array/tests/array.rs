@@ -1,8 +1,7 @@
 //! The real array on in-memory members with injected faults, checked
 //! against a model: a plain byte vector.
 
-use crate::common;
-use crate::common::{headers, named, open_list};
+use crate::common::{self, headers, named, open_list};
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use tessera_array::device::{Device, Faults, MemoryDevice};

@@ -1,8 +1,7 @@
 //! A clean stop (`Array::close`): the next opening reads no stripe header,
 //! and the mark it leaves never outlives the opening after it.
 
-use crate::common;
-use crate::common::{named, open_list, written_4_plus_2_on};
+use crate::common::{self, named, open_list, written_4_plus_2_on};
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

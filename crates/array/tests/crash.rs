@@ -8,8 +8,7 @@
 //! A fixed set of seeds runs in CI; `TESSERA_CRASH_SEEDS=FIRST..END` runs
 //! others. Every failure names its seed and round.
 
-use crate::common;
-use crate::common::{named, open_list};
+use crate::common::{self, named, open_list};
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -6,8 +6,7 @@
 //! reads back exactly, its pages evicted and read again, and the array
 //! opens without reading them.
 
-use crate::common;
-use crate::common::{kill, kill_and_reopen, kill_and_reopen_with, named, open_list};
+use crate::common::{self, kill, kill_and_reopen, kill_and_reopen_with, named, open_list};
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -2,8 +2,7 @@
 //! throughout, another member fails during it, a stopped rebuild goes on
 //! where it stopped, and a device that fails stops it cleanly.
 
-use crate::common;
-use crate::common::open_list;
+use crate::common::{self, open_list};
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

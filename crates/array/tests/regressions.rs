@@ -5,8 +5,7 @@
 //! own checksums but did not belong to their stripe, and a relocated copy
 //! replayed over newer data.
 
-use crate::common;
-use crate::common::{headers, named, open_list};
+use crate::common::{self, headers, named, open_list};
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use tessera_array::device::{Device, Faults, MemoryDevice};

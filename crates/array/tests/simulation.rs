@@ -8,8 +8,7 @@
 //! A fixed set of seeds runs in CI; `TESSERA_SIM_SEEDS=FIRST..END` runs
 //! others. Every failure names its seed.
 
-use crate::common;
-use crate::common::{named, open_list};
+use crate::common::{self, named, open_list};
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use tessera_array::device::{Faults, MemoryDevice, RandomFaults};
