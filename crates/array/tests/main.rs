@@ -1,8 +1,11 @@
 //! The array's integration tests, one binary: each file of this folder is
-//! a module of it, so the crate and its generics are compiled and linked
-//! once for all of them, not once a file (`docs/PERFORMANCE.md`, "What
-//! CI's time goes to"). Run one file's tests by its module name:
-//! `cargo test --release -p tessera-array --test array crash::`.
+//! a module of it, so their tests share the cores (twelve binaries ran one
+//! after another, each waiting for its slowest test) and are compiled and
+//! linked once (`docs/PERFORMANCE.md`, "What CI's time goes to"). Run one
+//! file's tests by its module name:
+//! `cargo test --release --workspace --test array crash::` (`--workspace`
+//! builds the dependencies with the features the workspace's build gave
+//! them; `-p tessera-array` would build them again).
 
 mod common;
 
