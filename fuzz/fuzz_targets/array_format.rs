@@ -28,12 +28,6 @@ use tessera_array::map::{Map, Rule, Target};
 use tessera_checksum::{Algorithm, Digest};
 use tessera_compress::Codec;
 
-/// Where a sector's CRC32C lies (its last four bytes).
-const SECTOR_CRC_AT: usize = SECTOR_BYTES - 4;
-/// Where a log block's CRC32C lies, and its length field.
-const LOG_CRC_AT: usize = 56;
-const LOG_LEN_AT: usize = 48;
-
 fn geometry(pick: u8) -> Geometry {
     let checksum = [
         Algorithm::Crc32c,
@@ -69,8 +63,7 @@ fn sector(magic: &[u8; 8], body: &[u8]) -> Vec<u8> {
     s[12..12 + n].copy_from_slice(&body[..n]);
     s[..8].copy_from_slice(magic);
     s[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-    let crc = tessera_checksum::crc32c(&s[..SECTOR_CRC_AT]);
-    s[SECTOR_CRC_AT..].copy_from_slice(&crc.to_le_bytes());
+    format::seal_sector(&mut s);
     s
 }
 
@@ -407,12 +400,11 @@ fuzz_target!(|data: &[u8]| {
             block.truncate(len);
             block[..8].copy_from_slice(&LOG_MAGIC);
             block[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-            let declared = u32::from_le_bytes(block[LOG_LEN_AT..LOG_LEN_AT + 4].try_into().unwrap()) as usize;
+            let at = format::LOG_BYTES_OFFSET;
+            let declared = u32::from_le_bytes(block[at..at + 4].try_into().unwrap()) as usize;
             let declared = (declared % (len / LOG_ALIGN) + 1) * LOG_ALIGN;
-            block[LOG_LEN_AT..LOG_LEN_AT + 4].copy_from_slice(&(declared as u32).to_le_bytes());
-            block[LOG_CRC_AT..LOG_CRC_AT + 4].copy_from_slice(&[0; 4]);
-            let crc = tessera_checksum::crc32c(&block[..declared]);
-            block[LOG_CRC_AT..LOG_CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+            block[at..at + 4].copy_from_slice(&(declared as u32).to_le_bytes());
+            format::seal_log_block(&mut block[..declared]);
             let _ = format::decode_log_block(&block, &g);
         }
         14 => {

@@ -123,7 +123,8 @@ fn get_u64(b: &[u8], offset: usize) -> u64 {
     u64::from_le_bytes(b[offset..offset + 8].try_into().expect("eight bytes"))
 }
 
-fn seal_sector(sector: &mut [u8]) {
+/// Puts a sector's CRC32C (of all before it) in its last four bytes.
+pub fn seal_sector(sector: &mut [u8]) {
     let crc = tessera_checksum::crc32c(&sector[..CRC_OFFSET]);
     put(sector, CRC_OFFSET, &crc.to_le_bytes());
 }
@@ -2418,6 +2419,8 @@ pub const LOG_ALIGN: usize = 512;
 pub const LOG_HEADER_BYTES: usize = 64;
 pub const LOG_RECORD_BYTES: usize = 32 + DIGEST_FIELD_BYTES;
 const LOG_CRC_OFFSET: usize = 56;
+/// Where a log block's header gives its length in bytes.
+pub const LOG_BYTES_OFFSET: usize = 48;
 const _: () = assert!(SECTOR_BYTES.is_multiple_of(LOG_ALIGN) && LOG_HEADER_BYTES + LOG_RECORD_BYTES <= LOG_ALIGN);
 
 /// Dedicated log devices an array may have, each a full copy of the log.
@@ -2535,7 +2538,7 @@ pub fn encode_log_block(
     put(b, 16, &array_uuid);
     put(b, 32, &sequence.to_le_bytes());
     put(b, 40, &tail.to_le_bytes());
-    put(b, 48, &(bytes as u32).to_le_bytes());
+    put(b, LOG_BYTES_OFFSET, &(bytes as u32).to_le_bytes());
     let mut data_at = LOG_HEADER_BYTES + records.len() * LOG_RECORD_BYTES;
     for (i, (record, data)) in records.iter().enumerate() {
         let data = data.as_ref();
@@ -2558,8 +2561,15 @@ pub fn encode_log_block(
         put(b, data_at, data);
         data_at += data.len();
     }
-    let crc = tessera_checksum::crc32c(b);
-    put(b, LOG_CRC_OFFSET, &crc.to_le_bytes());
+    seal_log_block(b);
+}
+
+/// Puts a log block's CRC32C in its header: of the whole block, the CRC
+/// field taken as zero (`decode_log_block` checks it so).
+pub fn seal_log_block(block: &mut [u8]) {
+    put(block, LOG_CRC_OFFSET, &[0; 4]);
+    let crc = tessera_checksum::crc32c(block);
+    put(block, LOG_CRC_OFFSET, &crc.to_le_bytes());
 }
 
 /// A decoded log record and where its stored bytes are in the block.
@@ -2579,7 +2589,7 @@ pub fn decode_log_block(bytes: &[u8], geometry: &Geometry) -> Result<(LogBlockHe
     if bytes.len() < LOG_ALIGN || bytes[..8] != LOG_MAGIC {
         return Err(FormatError::Magic { what: WHAT });
     }
-    let len = get_u32(bytes, 48) as usize;
+    let len = get_u32(bytes, LOG_BYTES_OFFSET) as usize;
     if len < LOG_ALIGN || !len.is_multiple_of(LOG_ALIGN) || len > bytes.len() {
         return Err(field("bytes", len as u64));
     }
