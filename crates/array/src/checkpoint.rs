@@ -80,8 +80,8 @@ use crate::lanes::Lanes;
 use crate::limits::MAP_DIRECTORY_PAGES;
 use crate::limits::{
     CHECKPOINT_COPY_HOLD_MAX, CHECKPOINT_PAGES_COST_DIVISOR, CHECKPOINT_ROOTS_PER_PAGES_MAX,
-    CHECKPOINT_SLOT_PAGES_PER_LOCK, CHECKPOINT_WINDOW_CHUNKS_MAX, CHECKPOINT_WINDOW_DIVISOR, CHECKPOINT_WINDOW_MAX,
-    CHECKPOINT_WINDOW_MIN, MAP_STRIPES_PER_NEEDED,
+    CHECKPOINT_SLOT_PAGES_PER_LOCK, CHECKPOINT_STRIPES_PER_SUBMIT, CHECKPOINT_WINDOW_CHUNKS_MAX,
+    CHECKPOINT_WINDOW_DIVISOR, CHECKPOINT_WINDOW_MAX, CHECKPOINT_WINDOW_MIN, MAP_STRIPES_PER_NEEDED,
 };
 use crate::map::directory::NewDir;
 use crate::map::directory::{dir_of, DirEntries};
@@ -219,7 +219,7 @@ enum Part {
 /// (`None` for a root alone), and what each map stripe keeps once the
 /// images these replace have left it.
 struct Changes<'a> {
-    copied: &'a Copied,
+    copied: Copied,
     dirs: &'a BTreeSet<u64>,
     slot_pages: Option<&'a TakenPages>,
     live: BTreeMap<u64, u64>,
@@ -572,7 +572,7 @@ impl Checkpoints {
             volumes: as_of.volumes,
         };
         let changes = Changes {
-            copied: &copied,
+            copied,
             dirs: &dirs,
             slot_pages: slot_pages.as_ref(),
             live,
@@ -1307,8 +1307,11 @@ impl Checkpoints {
             pages: durable.pages,
             page_bytes: durable.page_bytes,
         };
-        let mut run = Vec::with_capacity(run_bytes);
-        run.extend_from_slice(&copied.bytes);
+        // The copied images begin the run, not copied into it: a second
+        // copy of every page image, held to the end (PERFORMANCE.md, "RAM
+        // the map's count left out").
+        let mut run = copied.bytes;
+        run.reserve_exact(run_bytes - run.len());
         let mut updates = Vec::with_capacity(dirs.len());
         for DirWrite { dir, old, range, delta } in dirs {
             let mut entries = match entries_of(dir) {
@@ -1450,18 +1453,30 @@ impl Checkpoints {
             .chain(listing.iter().flat_map(|d| d.chunks(per_stripe)))
             .collect();
         assert_eq!(pieces.len(), meta.len());
-        let sealed: Vec<_> = meta
-            .iter()
-            .zip(pieces)
-            .enumerate()
-            .map(|(i, (&slot, piece))| {
-                let mut open = OpenStripe::new(slot, Stream::Meta, self.stripes.spare_area(), g);
-                open.push_data(piece, false);
-                self.lanes.seal_as(open, SlotState::Checkpoint, first + i as u64)
-            })
-            .collect();
+        // Sealed and handed to the members a few at a time, in order, each
+        // batch's buffers taken as it is built (`submit` waits while too
+        // much is in flight): all at once, a checkpoint of 46 MiB of page
+        // images held 108 MB of stripe buffers at its peak, beside the
+        // images (PERFORMANCE.md, "RAM the map's count left out").
+        let mut written = Ok(());
+        for (batch, slots) in meta.chunks(CHECKPOINT_STRIPES_PER_SUBMIT).enumerate() {
+            let at = batch * CHECKPOINT_STRIPES_PER_SUBMIT;
+            let sealed = slots
+                .iter()
+                .zip(&pieces[at..])
+                .enumerate()
+                .map(|(i, (&slot, piece))| {
+                    let mut open = OpenStripe::new(slot, Stream::Meta, self.stripes.spare_area(), g);
+                    open.push_data(piece, false);
+                    self.lanes.seal_as(open, SlotState::Checkpoint, first + (at + i) as u64)
+                })
+                .collect();
+            // Every batch is submitted, whatever one before gave: a
+            // failure waits for the last stripe to be written.
+            written = written.and(self.lanes.submit(sealed));
+        }
         let last = first + meta.len() as u64 - 1;
-        let written = self.lanes.submit(sealed).and_then(|()| self.lanes.sync_through(last));
+        let written = written.and_then(|()| self.lanes.sync_through(last));
         if written.is_ok() {
             let c = &self.stripes.counters;
             Counters::add(

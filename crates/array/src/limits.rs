@@ -177,6 +177,12 @@ pub const CHECKPOINT_SLOT_PAGES_PER_LOCK: usize = 64;
 /// (195 pages) took 13-20 ms on a 2-vCPU Zen 3 under client writes.
 pub const CHECKPOINT_COPY_HOLD_MAX: std::time::Duration = std::time::Duration::from_millis(1);
 
+/// The stripes of a checkpoint's images sealed and submitted at once: a
+/// batch's data areas and built chunks are held together (16 stripes of
+/// 8+2 at 64 KiB chunks: 18 MiB), where a checkpoint of every changed page
+/// once held its whole run's.
+pub const CHECKPOINT_STRIPES_PER_SUBMIT: usize = 16;
+
 /// A checkpoint for a spent window writes the changed pages only once
 /// that costs at most 1/this of the client bytes written since the pages
 /// were last written; until then it writes a new root alone, naming the

@@ -335,6 +335,27 @@ impl Entry {
     }
 }
 
+// What `Page::bytes` counts a page itself as: its fields packed to a size
+// class of the allocator's (96), not 112.
+const _: () = assert!(std::mem::size_of::<Page>() == 96);
+
+/// The heap a `BTreeMap` (or `BTreeSet`) takes for each entry whose key
+/// and value take `key` and `value` bytes, at worst: the standard
+/// library's nodes hold at most 11 entries (a leaf: its parent's address
+/// and two u16s, then the keys and the values; an internal node, 12
+/// addresses of children more) and, the root aside, at least 5; an
+/// internal node has at least 6 children, so at most one node in 6 is
+/// internal. (Counted as an entry's bytes and 16 more, the index of pages
+/// took 219 bytes a page, by heaptrack, where the count said 136:
+/// PERFORMANCE.md, "RAM the map's count left out".)
+pub(crate) const fn btree_entry_bytes(key: usize, value: usize) -> usize {
+    const CAPACITY: usize = 11;
+    const LEAST: usize = 5;
+    let leaf = (12 + CAPACITY * (key + value)).next_multiple_of(8);
+    let internal = leaf + (CAPACITY + 1) * 8;
+    (5 * leaf + internal).div_ceil(6 * LEAST)
+}
+
 /// The mappings of `MAP_PAGE_BLOCKS` consecutive keys.
 #[derive(Default)]
 struct Page {
@@ -342,8 +363,9 @@ struct Page {
     entries: Entries,
     words: Vec<u32>,
     /// The sum of the entries' word counts (pieces of one record count
-    /// once each, so this overstates what is live, never understates).
-    words_referred: usize,
+    /// once each, so this overstates what is live, never understates);
+    /// `referred`, `set_referred`. (A u32: a page in memory is 96 bytes.)
+    words_referred: u32,
     /// The page's durable image (`None`: it has none), set by loading it
     /// and by a durable checkpoint that wrote it: a changed page names
     /// the image the next checkpoint replaces (`Map::durable_image`), so
@@ -364,19 +386,33 @@ struct Page {
 }
 
 impl Page {
-    /// Bytes the page holds: its entries, its arena, its place in the
-    /// index of pages (a B-tree node's share, about), and the durable
-    /// image it names (an allocation of its own, 136 bytes with one piece: on pages of
-    /// a few entries, as writes spread thinly make them, the process held
-    /// twice what the count said before it was counted; PERFORMANCE.md,
-    /// "A 1.5 TiB thin export of 64 KiB chunks").
+    /// Bytes the page holds: its entries, its arena, itself (a box of
+    /// its own) and its place in the index of pages (`btree_entry_bytes`),
+    /// and the durable image it names (an allocation of its own, 136
+    /// bytes with one piece: on pages of a few entries, as writes spread
+    /// thinly make them, the process held twice what the count said
+    /// before it was counted; PERFORMANCE.md, "A 1.5 TiB thin export of
+    /// 64 KiB chunks").
     fn bytes(&self) -> usize {
         let keys = self
             .since_base
             .as_ref()
             .map_or(0, |_| std::mem::size_of::<delta::Since>());
         let durable = self.durable.as_deref().map_or(0, image_heap_bytes);
-        self.entries.heap_bytes() + self.words.capacity() * 4 + std::mem::size_of::<(u64, Page)>() + 16 + keys + durable
+        self.entries.heap_bytes()
+            + self.words.capacity() * 4
+            + std::mem::size_of::<Page>()
+            + btree_entry_bytes(8, std::mem::size_of::<Box<Page>>())
+            + keys
+            + durable
+    }
+
+    fn referred(&self) -> usize {
+        self.words_referred as usize
+    }
+
+    fn set_referred(&mut self, words: usize) {
+        self.words_referred = u32::try_from(words).expect("a page refers to fewer than 2^32 arena words");
     }
 
     /// The index of the first entry that ends after `key`.
@@ -543,10 +579,10 @@ impl Page {
         }
         let removed: usize = old.iter().map(Entry::arena_words).sum();
         let added: usize = pieces.entries.iter().map(Entry::arena_words).sum();
-        self.words_referred = self.words_referred + added - removed;
+        self.set_referred(self.referred() + added - removed);
         let change = pieces.entries.len() as isize - old.len() as isize;
         self.entries.splice(first..last, &pieces.entries);
-        if self.words.len() > 2 * self.words_referred + 32 {
+        if self.words.len() > 2 * self.referred() + 32 {
             self.compact();
         }
         change
@@ -573,7 +609,7 @@ impl Page {
 
     /// `packed` of `entries` (the page's, or some cut from them).
     fn packed_of(&self, entries: impl Iterator<Item = Entry>) -> (Vec<u32>, Vec<u32>) {
-        let mut words = Vec::with_capacity(self.words_referred);
+        let mut words = Vec::with_capacity(self.referred());
         let mut moved: HashMap<u32, u32> = HashMap::new();
         let at = entries
             .map(|e| {
@@ -668,9 +704,11 @@ impl Page {
         let uniform = by_uniform
             .then(|| check_uniform(&entries, geometry, word_count, live))
             .flatten();
-        page.words_referred = uniform
-            .unwrap_or_else(|| check_each(&entries, geometry, word_count, live))
-            .map_err(|(name, value)| field(name, value))?;
+        page.set_referred(
+            uniform
+                .unwrap_or_else(|| check_each(&entries, geometry, word_count, live))
+                .map_err(|(name, value)| field(name, value))?,
+        );
         // Held as the image packs it (a change that does not fit its
         // layout repacks it with room to grow), or wide if it has few.
         page.entries = entries;
@@ -985,7 +1023,7 @@ fn grow<T>(vec: &mut Vec<T>, more: usize) {
 /// pages it spans looked up one at a time (a read spans one or two), each
 /// searched for its first entry that ends inside the range.
 pub struct Overlapping<'a> {
-    pages: &'a BTreeMap<u64, Page>,
+    pages: &'a BTreeMap<u64, Box<Page>>,
     next_page: u64,
     last_page: u64,
     /// The first page and the range's first key in it.
@@ -1074,7 +1112,7 @@ impl Iterator for Overlapping<'_> {
 #[derive(Default)]
 pub struct Map {
     /// The pages held in memory (resident).
-    pages: BTreeMap<u64, Page>,
+    pages: BTreeMap<u64, Box<Page>>,
     /// Where the durable image of every page is: a page not resident is
     /// held only as the image the directory names (evicted, or not
     /// looked at since the array opened), unless it is in `emptied`.
@@ -1169,7 +1207,7 @@ pub struct DirUpdate {
 /// (`Map::install`).
 pub struct LoadedPage {
     page: u64,
-    body: Page,
+    body: Box<Page>,
 }
 
 impl LoadedPage {
@@ -1214,7 +1252,7 @@ fn in_part(lba: u64, blocks: u32, (first, next): (u64, u64)) {
 /// The pages of a map (or a part of them, `Map::insert_parts`) as one
 /// insert changes them, and what their entries and bytes changed by.
 struct PagesMut<'a> {
-    pages: &'a mut BTreeMap<u64, Page>,
+    pages: &'a mut BTreeMap<u64, Box<Page>>,
     emptied: &'a mut BTreeMap<u64, Option<Arc<PageImage>>>,
     dirty: &'a mut BTreeSet<u64>,
     directory: &'a Directory,
@@ -1544,7 +1582,10 @@ impl Map {
     pub fn decode_image(image: &[u8], geometry: &Geometry) -> Result<LoadedPage, FormatError> {
         let (page, mut body) = Page::decode(image, geometry)?;
         body.since_base = Some(Box::default());
-        Ok(LoadedPage { page, body })
+        Ok(LoadedPage {
+            page,
+            body: Box::new(body),
+        })
     }
 
     /// `decode_image` of a page's image and the delta over it (as
@@ -1560,7 +1601,10 @@ impl Map {
             });
         }
         let body = body.overlay(since, over)?;
-        Ok(LoadedPage { page, body })
+        Ok(LoadedPage {
+            page,
+            body: Box::new(body),
+        })
     }
 
     /// Puts a page held only as `image` back in memory, clean: `Ok(false)`
@@ -1593,7 +1637,7 @@ impl Map {
                 value: slot,
             });
         }
-        if body.words.len() > 2 * body.words_referred + 32 {
+        if body.words.len() > 2 * body.referred() + 32 {
             body.compact();
         }
         // A page too small ever to be written as a delta does not keep
@@ -1660,9 +1704,12 @@ impl Map {
         Ok(())
     }
 
-    /// Bytes held by the pages and directory pages in memory.
+    /// Bytes held by the pages and directory pages in memory, and by the
+    /// sets of pages changed and emptied (their entries in them).
     pub fn held_bytes(&self) -> usize {
-        self.bytes + self.directory.bytes()
+        let sets = self.dirty.len() * btree_entry_bytes(8, 0)
+            + self.emptied.len() * btree_entry_bytes(8, std::mem::size_of::<Option<Arc<PageImage>>>());
+        self.bytes + self.directory.bytes() + sets
     }
 
     /// The bytes counted as held (`held_bytes`) against those the pages
@@ -1670,7 +1717,7 @@ impl Map {
     /// sized by the count, so a count that drifted up would evict every
     /// page at each checkpoint (`Array::check` runs it).
     pub fn check_bytes(&self) -> Result<(), String> {
-        let pages: usize = self.pages.values().map(Page::bytes).sum();
+        let pages: usize = self.pages.values().map(|page| page.bytes()).sum();
         let dirs = self.directory.bytes_counted_again();
         match (pages == self.bytes, dirs == self.directory.bytes()) {
             (true, true) => Ok(()),
@@ -2063,14 +2110,14 @@ impl Map {
                 page.clean = false;
             }
             let removed: usize = gone.iter().map(Entry::arena_words).sum();
-            page.words_referred -= removed;
+            page.set_referred(page.referred() - removed);
             page.entries.splice(from..to, &[]);
             self.len -= to - from;
             if page.entries.is_empty() {
                 let page = self.pages.remove(&p).expect("held");
                 self.emptied.insert(p, page.durable);
             } else {
-                if page.words.len() > 2 * page.words_referred + 32 {
+                if page.words.len() > 2 * page.referred() + 32 {
                     page.compact();
                 }
                 self.bytes += page.bytes();
@@ -2101,6 +2148,59 @@ fn page_locations_in_slots<'a>(
 mod tests {
     use super::*;
     use tessera_checksum::Algorithm;
+
+    /// What each test's thread allocated less what it freed: the heap its
+    /// own work holds (each test runs on a thread of its own).
+    mod heap {
+        use std::alloc::{GlobalAlloc, Layout, System};
+        use std::cell::Cell;
+
+        thread_local! {
+            static HELD: Cell<isize> = const { Cell::new(0) };
+        }
+
+        pub struct Counting;
+
+        fn add(bytes: isize) {
+            // (Not while the thread's own storage is being torn down.)
+            let _ = HELD.try_with(|held| held.set(held.get() + bytes));
+        }
+
+        pub fn held() -> isize {
+            HELD.with(Cell::get)
+        }
+
+        // SAFETY: each call is passed to the system allocator unchanged;
+        // counting allocates nothing.
+        unsafe impl GlobalAlloc for Counting {
+            unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+                add(layout.size() as isize);
+                // SAFETY: the caller's contract, passed on.
+                unsafe { System.alloc(layout) }
+            }
+
+            unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+                add(layout.size() as isize);
+                // SAFETY: as above.
+                unsafe { System.alloc_zeroed(layout) }
+            }
+
+            unsafe fn dealloc(&self, at: *mut u8, layout: Layout) {
+                add(-(layout.size() as isize));
+                // SAFETY: as above.
+                unsafe { System.dealloc(at, layout) }
+            }
+
+            unsafe fn realloc(&self, at: *mut u8, layout: Layout, size: usize) -> *mut u8 {
+                add(size as isize - layout.size() as isize);
+                // SAFETY: as above.
+                unsafe { System.realloc(at, layout, size) }
+            }
+        }
+    }
+
+    #[global_allocator]
+    static COUNTING: heap::Counting = heap::Counting;
 
     fn extent(slot: u64, blocks: u32) -> Arc<Extent> {
         Arc::new(Extent {
@@ -2492,9 +2592,9 @@ mod tests {
             // slots) and with `live`.
             let outcome = |bytes: &[u8], by_uniform: bool| {
                 let with_live = Page::decode_checked(bytes, &g, Some(&live), by_uniform)
-                    .map(|(p, page)| (p, page.words_referred, page.entries.len()));
+                    .map(|(p, page)| (p, page.referred(), page.entries.len()));
                 let without = Page::decode_checked(bytes, &g, None, by_uniform)
-                    .map(|(p, page)| (p, page.words_referred, page.entries.len()));
+                    .map(|(p, page)| (p, page.referred(), page.entries.len()));
                 (with_live, without)
             };
             assert!(matches!(outcome(&image, true), (Ok(_), Ok(_))));
@@ -3018,7 +3118,7 @@ mod tests {
                 live.retain(|_, n| *n != 0);
                 assert_eq!(live, expected, "seed {seed} op {op}: deltas against what is mapped");
                 assert_eq!(map.len(), map.iter().count());
-                assert_eq!(map.bytes(), map.pages.values().map(Page::bytes).sum::<usize>());
+                assert_eq!(map.bytes(), map.pages.values().map(|page| page.bytes()).sum::<usize>());
                 assert_eq!(map.iter().locations().count(), map.len());
                 // Lookups of any range give the same pieces as the whole.
                 let (from, to) = (rng.gen_range(0..span), rng.gen_range(0..span));
@@ -3052,7 +3152,7 @@ mod tests {
             }
             // The arena holds no more than twice what is referred to.
             for page in map.pages.values() {
-                assert!(page.words.len() <= 2 * page.words_referred + 32);
+                assert!(page.words.len() <= 2 * page.referred() + 32);
             }
         }
     }
@@ -3146,6 +3246,45 @@ mod tests {
     /// and 16 before format version 7): 20,000 writes at
     /// random over 64 pages, each of a random slot, offset, CRC and a
     /// version of its own, as uniform random overwrites leave them.
+    /// The count bounds what the pages take (the cache is sized by it):
+    /// thinly written pages of one entry each, made in random order and in
+    /// order, then half of them emptied.
+    #[test]
+    fn the_count_bounds_the_heap_the_pages_take() {
+        use rand::seq::SliceRandom;
+        use rand::SeedableRng;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(25);
+        const PAGES: u64 = 20_000;
+        let extents: Vec<Target> = (0..PAGES)
+            .map(|i| data(&random_extent(&mut rng, Algorithm::Crc32c, i + 1, 0, 1)))
+            .collect();
+        let mut shuffled: Vec<u64> = (0..PAGES).collect();
+        shuffled.shuffle(&mut rng);
+        for order in [shuffled, (0..PAGES).collect()] {
+            let before = heap::held();
+            let mut map = Map::default();
+            for &p in &order {
+                map.insert(p * MAP_PAGE_BLOCKS + 7, 1, 1, &extents[p as usize], Rule::Always);
+            }
+            let check = |map: &Map, what: &str| {
+                let (held, counted) = ((heap::held() - before) as usize, map.held_bytes());
+                assert!(
+                    held <= counted && counted <= held + held / 4,
+                    "{what}: the pages hold {held} bytes, {} a page; the map counts {counted}, {} a page",
+                    held / map.page_count(),
+                    counted / map.page_count()
+                );
+            };
+            check(&map, "written");
+            for &p in order.iter().step_by(2) {
+                map.remove_from(p * MAP_PAGE_BLOCKS, (p + 1) * MAP_PAGE_BLOCKS);
+            }
+            check(&map, "half emptied");
+            map.take_dirty();
+            check(&map, "taken by a checkpoint");
+        }
+    }
+
     #[test]
     fn a_random_block_costs_11_bytes_of_image_and_stored() {
         use rand::{Rng, SeedableRng};

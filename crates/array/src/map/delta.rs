@@ -153,7 +153,7 @@ impl Page {
             });
         }
         entries.sort_unstable_by_key(|e| e.start);
-        self.words_referred = entries.iter().map(Entry::arena_words).sum();
+        self.set_referred(entries.iter().map(Entry::arena_words).sum());
         self.entries = super::Entries::from_slice(&entries);
         self.compact();
         self.since_base = Some(Box::new(since));

@@ -20,6 +20,7 @@
 //!   it was read from.
 //! - Totals (pages named, their images' bytes) follow every publish.
 
+use super::btree_entry_bytes;
 use crate::format::PageImage;
 use crate::limits::MAP_DIRECTORY_PAGES;
 use std::collections::{BTreeMap, BTreeSet};
@@ -94,9 +95,12 @@ struct DirPage {
 }
 
 impl DirPage {
-    /// Bytes it holds in memory, about.
+    /// Bytes it holds in memory: its entry in the index of directory
+    /// pages, its packed images, the set of the pages changed.
     fn bytes(&self) -> usize {
-        std::mem::size_of::<(u64, DirPage)>() + 16 + self.images.bytes() + 16 * self.changed.len()
+        btree_entry_bytes(8, std::mem::size_of::<DirPage>())
+            + self.images.bytes()
+            + self.changed.len() * btree_entry_bytes(8, 0)
     }
 }
 

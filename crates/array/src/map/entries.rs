@@ -216,9 +216,10 @@ pub(super) struct Entries {
     own: Option<Box<[Column; COLUMNS]>>,
     /// Bytes an entry takes (0 while the layout is unset).
     stride: usize,
-    len: usize,
-    /// `len * stride` bytes of entries, then `PAD` zero bytes (once the
-    /// page has held an entry).
+    /// `len() * stride` bytes of entries, then `PAD` zero bytes (once the
+    /// page has held an entry): the count of entries is not kept beside
+    /// them (a page in memory is 96 bytes, not 112, so the many pages of a
+    /// thinly written map take a smaller allocation each).
     bytes: Vec<u8>,
 }
 
@@ -245,7 +246,7 @@ impl Entries {
             out.extend_from_slice(&c.base.to_le_bytes());
             out.extend_from_slice(&[c.shift, c.width]);
         }
-        out.extend_from_slice(&self.bytes[..self.len * self.stride]);
+        out.extend_from_slice(&self.bytes[..self.len() * self.stride]);
     }
 
     /// The least and the most each field can be as the layout bounds it:
@@ -324,7 +325,6 @@ impl Entries {
         let packed = Entries {
             own: Some(Box::new(columns)),
             stride,
-            len: count,
             bytes,
         };
         // A field is `base + (d << shift)`, d below 2^width. Where even the
@@ -359,7 +359,10 @@ impl Entries {
     }
 
     pub(super) fn len(&self) -> usize {
-        self.len
+        match self.stride {
+            0 => 0,
+            stride => self.bytes.len().saturating_sub(PAD) / stride,
+        }
     }
 
     fn columns(&self) -> &[Column; COLUMNS] {
@@ -367,7 +370,7 @@ impl Entries {
     }
 
     pub(super) fn is_empty(&self) -> bool {
-        self.len == 0
+        self.bytes.len() <= PAD
     }
 
     /// Bytes held on the heap.
@@ -398,7 +401,11 @@ impl Entries {
     }
 
     pub(super) fn get(&self, i: usize) -> Entry {
-        assert!(i < self.len, "entry {i} of {}", self.len);
+        assert!(
+            (i + 1) * self.stride + PAD <= self.bytes.len(),
+            "entry {i} of {}",
+            self.len()
+        );
         let mut f = [0u64; COLUMNS];
         if self.stride <= PAD {
             // The whole entry in one load (every entry starts on a byte,
@@ -417,7 +424,7 @@ impl Entries {
     }
 
     pub(super) fn get_opt(&self, i: usize) -> Option<Entry> {
-        (i < self.len).then(|| self.get(i))
+        (i < self.len()).then(|| self.get(i))
     }
 
     fn start(&self, i: usize) -> u16 {
@@ -430,17 +437,17 @@ impl Entries {
 
     /// The index of the first entry whose start is not below `key`.
     pub(super) fn first_starting_at_or_after(&self, key: u16) -> usize {
-        partition(self.len, |i| self.start(i) < key)
+        partition(self.len(), |i| self.start(i) < key)
     }
 
     /// The index of the first entry that starts after `key`.
     pub(super) fn first_starting_after(&self, key: u16) -> usize {
-        partition(self.len, |i| self.start(i) <= key)
+        partition(self.len(), |i| self.start(i) <= key)
     }
 
     /// The index of the first entry that ends after `key`.
     pub(super) fn first_ending_after(&self, key: u16) -> usize {
-        partition(self.len, |i| self.end(i) <= key)
+        partition(self.len(), |i| self.end(i) <= key)
     }
 
     pub(super) fn iter(&self) -> impl Iterator<Item = Entry> + '_ {
@@ -456,7 +463,7 @@ impl Entries {
             .map(|(k, c)| (k, *c))
             .collect();
         let whole = self.stride <= PAD;
-        (0..self.len).map(move |i| {
+        (0..self.len()).map(move |i| {
             if !whole {
                 return self.get(i);
             }
@@ -490,8 +497,9 @@ impl Entries {
 
     /// Replaces the entries in `range` with `with`, as `Vec::splice`.
     pub(super) fn splice(&mut self, range: std::ops::Range<usize>, with: &[Entry]) {
-        assert!(range.start <= range.end && range.end <= self.len);
-        let len = self.len - range.len() + with.len();
+        let old = self.len();
+        assert!(range.start <= range.end && range.end <= old);
+        let len = old - range.len() + with.len();
         // A page that grows past a few entries gets a table of its own.
         let fits = self.stride > 0
             && (self.own.is_some() || len < OWN_LAYOUT_ENTRIES_MIN)
@@ -499,10 +507,10 @@ impl Entries {
                 .iter()
                 .all(|e| fields(e).iter().zip(self.columns()).all(|(v, c)| c.fits(*v)));
         if !fits {
-            let mut all = Vec::with_capacity(self.len - range.len() + with.len());
+            let mut all = Vec::with_capacity(len);
             all.extend((0..range.start).map(|i| self.get(i)));
             all.extend_from_slice(with);
-            all.extend((range.end..self.len).map(|i| self.get(i)));
+            all.extend((range.end..old).map(|i| self.get(i)));
             self.repack(&all);
             return;
         }
@@ -515,14 +523,13 @@ impl Entries {
             }
             self.bytes.resize(want, 0);
         }
-        let tail = (range.end * self.stride)..(self.len * self.stride);
+        let tail = (range.end * self.stride)..(old * self.stride);
         self.bytes.copy_within(tail, (range.start + with.len()) * self.stride);
         for (k, e) in with.iter().enumerate() {
             self.write(range.start + k, e);
         }
         self.bytes[len * self.stride..].fill(0);
         self.bytes.truncate(len * self.stride + PAD);
-        self.len = len;
         if self.bytes.capacity() > 2 * self.bytes.len() + 64 {
             self.bytes.shrink_to_fit();
         }
@@ -586,8 +593,7 @@ impl Entries {
             self.own = Some(Box::new(columns));
             self.stride = usize::from(at).div_ceil(8).max(1);
         }
-        self.len = entries.len();
-        self.bytes = vec![0; self.len * self.stride + PAD];
+        self.bytes = vec![0; entries.len() * self.stride + PAD];
         for (i, e) in entries.iter().enumerate() {
             self.write(i, e);
         }
@@ -627,7 +633,7 @@ impl ColumnValues<'_> {
     /// Whether `f` holds of every entry's value, in order.
     #[inline(always)]
     pub(super) fn all(&self, mut f: impl FnMut(u64) -> bool) -> bool {
-        (0..self.entries.len).all(|i| f(self.get(i)))
+        (0..self.entries.len()).all(|i| f(self.get(i)))
     }
 
     /// The value every entry shares, if the layout gives the field no
