@@ -1455,9 +1455,10 @@ impl Checkpoints {
         assert_eq!(pieces.len(), meta.len());
         // Sealed and handed to the members a few at a time, in order, each
         // batch's buffers taken as it is built (`submit` waits while too
-        // much is in flight): all at once, a checkpoint of 46 MiB of page
-        // images held 108 MB of stripe buffers at its peak, beside the
-        // images (PERFORMANCE.md, "RAM the map's count left out").
+        // much is in flight): all at once, during a checkpoint of 46 MiB
+        // of page images the heap held 108 MB of stripe buffers, the
+        // lanes' own among them; 28-57 MB in batches (PERFORMANCE.md, "RAM
+        // the map's count left out").
         let mut written = Ok(());
         for (batch, slots) in meta.chunks(CHECKPOINT_STRIPES_PER_SUBMIT).enumerate() {
             let at = batch * CHECKPOINT_STRIPES_PER_SUBMIT;

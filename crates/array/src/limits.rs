@@ -178,9 +178,9 @@ pub const CHECKPOINT_SLOT_PAGES_PER_LOCK: usize = 64;
 pub const CHECKPOINT_COPY_HOLD_MAX: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// The stripes of a checkpoint's images sealed and submitted at once: a
-/// batch's data areas and built chunks are held together (16 stripes of
-/// 8+2 at 64 KiB chunks: 18 MiB), where a checkpoint of every changed page
-/// once held its whole run's.
+/// batch's data areas, parity chunks and headers are held together (16
+/// stripes of 8+2 at 64 KiB chunks: ~11 MiB), where a checkpoint of every
+/// changed page once held its whole run's.
 pub const CHECKPOINT_STRIPES_PER_SUBMIT: usize = 16;
 
 /// A checkpoint for a spent window writes the changed pages only once

@@ -3241,14 +3241,10 @@ mod tests {
         assert_eq!(map.bytes(), one.bytes() - piece);
     }
 
-    /// What a page image costs a randomly written raw block, as encoded
-    /// (packed: 10.6 bytes) and as a checkpoint stores it (zstd 1: 10.4; 44
-    /// and 16 before format version 7): 20,000 writes at
-    /// random over 64 pages, each of a random slot, offset, CRC and a
-    /// version of its own, as uniform random overwrites leave them.
     /// The count bounds what the pages take (the cache is sized by it):
     /// thinly written pages of one entry each, made in random order and in
-    /// order, then half of them emptied.
+    /// order, then half of them emptied, then their changes taken
+    /// (`take_dirty`, as a checkpoint takes them).
     #[test]
     fn the_count_bounds_the_heap_the_pages_take() {
         use rand::seq::SliceRandom;
@@ -3281,10 +3277,15 @@ mod tests {
             }
             check(&map, "half emptied");
             map.take_dirty();
-            check(&map, "taken by a checkpoint");
+            check(&map, "taken");
         }
     }
 
+    /// What a page image costs a randomly written raw block, as encoded
+    /// (packed: 10.6 bytes) and as a checkpoint stores it (zstd 1: 10.4; 44
+    /// and 16 before format version 7): 20,000 writes at
+    /// random over 64 pages, each of a random slot, offset, CRC and a
+    /// version of its own, as uniform random overwrites leave them.
     #[test]
     fn a_random_block_costs_11_bytes_of_image_and_stored() {
         use rand::{Rng, SeedableRng};
