@@ -241,10 +241,7 @@ fn listener(
         return Ok(passed);
     }
     if let Some((path, mode)) = socket {
-        let _ = std::fs::remove_file(path);
-        let l = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
-        set_mode(path, mode)?;
-        return Ok(tessera_nbd::Listener::Unix(l));
+        return Ok(tessera_nbd::Listener::Unix(bind_unix(path, mode)?));
     }
     let address = listen.unwrap_or("127.0.0.1:10809");
     let l = std::net::TcpListener::bind(address).with_context(|| format!("listening on {address}"))?;
@@ -281,10 +278,8 @@ pub fn serve(s: Serve) -> Result<()> {
     // that it is opening and for how long (not "in use by another
     // process").
     let control_path = dir.join(CONTROL_SOCKET);
-    let _ = std::fs::remove_file(&control_path);
-    let control = UnixListener::bind(&control_path).with_context(|| format!("binding {}", control_path.display()))?;
+    let control = bind_unix(&control_path, 0o600)?;
     let _control_file = RemoveOnDrop(control_path.clone());
-    set_mode(&control_path, 0o600)?;
     let ready: Arc<std::sync::OnceLock<Served>> = Arc::default();
     let since = Instant::now();
     {
@@ -499,10 +494,26 @@ pub fn serve(s: Serve) -> Result<()> {
 /// Sets the mode of a socket this server created: its owner only unless
 /// told otherwise (NBD clients get the whole array, the control socket
 /// can fail members).
-fn set_mode(path: &Path, mode: u32) -> Result<()> {
+/// A Unix socket listening at `path` with `mode`, there only once it has
+/// it: bound under a name beside it (`path` and a `~`), its mode set, then
+/// renamed over `path`. Bound at `path` and then given its mode, it was
+/// there for a moment with the umask's (a test that looked at once saw
+/// 755 where 660 was asked for; with a umask of 0, anyone could have
+/// connected).
+fn bind_unix(path: &Path, mode: u32) -> Result<UnixListener> {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+    let mut side = path.as_os_str().to_owned();
+    side.push("~");
+    let side = PathBuf::from(side);
+    let _ = std::fs::remove_file(&side);
+    let listener = UnixListener::bind(&side).with_context(|| format!("binding {}", path.display()))?;
+    let placed = std::fs::set_permissions(&side, std::fs::Permissions::from_mode(mode))
         .with_context(|| format!("setting the mode of {} to {mode:o}", path.display()))
+        .and_then(|()| std::fs::rename(&side, path).with_context(|| format!("placing {}", path.display())));
+    if placed.is_err() {
+        let _ = std::fs::remove_file(&side);
+    }
+    placed.map(|()| listener)
 }
 
 /// Removes a file when dropped (the control socket, however `serve` ends).
