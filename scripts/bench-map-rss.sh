@@ -5,7 +5,8 @@
 # over all of it (SPREAD=1: fio --number_ios=N over the whole export, so
 # pages hold few blocks each). Prints RSS empty, after writing, right
 # after reopening (no page read yet: the places of every page's image),
-# and after reading the same blocks back, with the map's own count.
+# and after reading the same blocks back (each with the most it was since
+# the server started), with the map's own count.
 #
 #   scripts/bench-map-rss.sh N                        (8+2, 64 GiB export)
 #   SPREAD=1 SIZE=1T scripts/bench-map-rss.sh 1048576
@@ -33,11 +34,11 @@ serve "${flags[@]}"
 echo "empty: $(rss_mb) MB"
 fio --name=w --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=32 "${span[@]}" --randseed=5 \
     --buffer_pattern=0x5a >/dev/null 2>&1
-echo "after writing: $(rss_mb) MB"
+echo "after writing: $(rss_mb) MB, at most $(hwm_mb) MB"
 stop_server
 serve "${flags[@]}"
 echo "reopened: $(rss_mb) MB"
 fio --name=r --ioengine=nbd --uri="$uri" --rw=randread --bs=4k --iodepth=32 "${span[@]}" --randseed=5 \
     --output-format=json >"$work/fio.json" 2>/dev/null
-echo "after reading: $(rss_mb) MB, $(json_expr "round(j['jobs'][0]['read']['iops'])" <"$work/fio.json") IOPS"
+echo "after reading: $(rss_mb) MB (at most $(hwm_mb) MB), $(json_expr "round(j['jobs'][0]['read']['iops'])" <"$work/fio.json") IOPS"
 "$TESSERA" status "$work/array" | grep -E "^map cache" | cut -c1-160

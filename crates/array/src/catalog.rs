@@ -303,7 +303,9 @@ impl Catalog {
         (self.cache_bytes / per_page).max(1)
     }
 
-    /// Evicts clean pages, none pinned, past the cache's size.
+    /// Evicts clean pages, none pinned, past the cache's size less what
+    /// the checkpoints that write the changed pages will hold
+    /// (`Map::checkpoint_work_bytes`).
     pub(crate) fn evict_pages(&self, index: &mut Index) {
         let pins = self.page_pins.lock();
         // The pinned pages' directory pages, gathered only if directory
@@ -317,19 +319,21 @@ impl Catalog {
             })
             .contains(&dir)
         };
-        let evicted = index
-            .map
-            .evict(self.cache_bytes, &|page| pins.contains_key(&page), &pinned_dir);
+        let limit = self.cache_bytes.saturating_sub(index.map.checkpoint_work_bytes());
+        let evicted = index.map.evict(limit, &|page| pins.contains_key(&page), &pinned_dir);
         Counters::add(&self.stripes.counters.map_pages_evicted, evicted as u64);
     }
 
-    /// Whether the pages changed since the last checkpoint fill more than
-    /// half the cache: only a checkpoint that writes them lets them go.
+    /// Whether the pages changed since the last checkpoint, with what the
+    /// checkpoint that writes them will hold, fill more than half the
+    /// cache, and the cache is full: only a checkpoint that writes them
+    /// lets them go.
     pub(crate) fn dirty_pages_over_cache(&self) -> bool {
         let index = self.index();
         let map = &index.map;
         let per_page = map.bytes() / map.page_count().max(1);
-        map.bytes() > self.cache_bytes && map.dirty_count() * per_page > self.cache_bytes / 2
+        let work = map.checkpoint_work_bytes();
+        map.bytes() + work > self.cache_bytes && map.dirty_count() * per_page + work > self.cache_bytes / 2
     }
 
     /// The pages `missing` names, read from their map stripes (pinned

@@ -193,25 +193,115 @@ struct InStripes {
     slot_pages: BTreeSet<u64>,
 }
 
-/// The pages' images, copied (step 2) and compressed as stored: their
-/// bytes back to back, and where each page's is (`None`: the page was
-/// empty), and what it is.
+/// The pages' images, copied (step 2) and compressed as stored, back to
+/// back at the start of the run of images, and each page's new image as
+/// the directory will name it, in page order.
 struct Copied {
-    bytes: Vec<u8>,
-    pages: Vec<(u64, Option<Range<usize>>, Part)>,
-    /// The last of `bytes`: those of clean pages moved out of sparse map
-    /// stripes.
+    run: Run,
+    pages: Vec<NewPage>,
+    /// The last of the run's bytes: those of clean pages moved out of
+    /// sparse map stripes.
     moved_bytes: usize,
+    /// Of the run's bytes: deltas over images written before.
+    delta_bytes: usize,
 }
 
-/// What a page's copied bytes are.
-enum Part {
-    /// Its image, whole.
-    Whole,
-    /// A delta over the base of this durable image, which stays.
-    DeltaOver(Arc<PageImage>),
-    /// Its image as stored (moved), followed by the delta over it, at these bytes.
-    WithDelta(Range<usize>),
+/// A page's new image (`None`: the page was empty), its pieces written by
+/// this checkpoint naming their stripe by number among the new ones until
+/// they have slots; and whether its image was (false: a delta over an
+/// image written before, which stays).
+struct NewPage {
+    page: u64,
+    image: Option<Arc<PageImage>>,
+    base_written: bool,
+}
+
+/// The run of bytes a checkpoint writes to consecutive stripes, a
+/// stripe's worth a buffer: none grown by doubling (the run of a
+/// checkpoint of 46 MiB of images was one buffer of 64 MiB), each let go
+/// once its stripe is sealed.
+struct Run {
+    per_stripe: usize,
+    stripes: Vec<Vec<u8>>,
+    len: usize,
+}
+
+impl Run {
+    fn new(per_stripe: usize) -> Run {
+        Run {
+            per_stripe,
+            stripes: Vec::new(),
+            len: 0,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Appends `bytes`: where they are in the run.
+    fn push(&mut self, mut bytes: &[u8]) -> Range<usize> {
+        let start = self.len;
+        while !bytes.is_empty() {
+            if self.stripes.last().is_none_or(|last| last.len() == self.per_stripe) {
+                self.stripes.push(Vec::with_capacity(self.per_stripe));
+            }
+            let last = self.stripes.last_mut().expect("a stripe with room");
+            let taken = (self.per_stripe - last.len()).min(bytes.len());
+            last.extend_from_slice(&bytes[..taken]);
+            bytes = &bytes[taken..];
+            self.len += taken;
+        }
+        start..self.len
+    }
+
+    /// Appends the stored image `stored`: its image, its pieces naming
+    /// their stripe by number.
+    fn push_image(&mut self, stored: &[u8], algorithm: tessera_checksum::Algorithm) -> PageImage {
+        let range = self.push(stored);
+        PageImage::whole(
+            stored.len() as u32,
+            algorithm.digest(stored),
+            place(self.per_stripe, range),
+        )
+    }
+
+    /// Zeros up to `len`.
+    fn pad_to(&mut self, len: usize) {
+        let zeros = vec![0u8; len.saturating_sub(self.len).min(self.per_stripe)];
+        while self.len < len {
+            let more = (len - self.len).min(zeros.len());
+            self.push(&zeros[..more]);
+        }
+    }
+
+    fn into_stripes(self) -> Vec<Vec<u8>> {
+        self.stripes
+    }
+}
+
+/// The pieces `range` of a run is in, `per_stripe` bytes a stripe, each
+/// naming its stripe by number in the run.
+fn place(per_stripe: usize, range: Range<usize>) -> Vec<ImagePiece> {
+    let mut pieces = Vec::new();
+    let mut at = range.start;
+    while at < range.end {
+        let end = range.end.min((at / per_stripe + 1) * per_stripe);
+        pieces.push(ImagePiece {
+            slot: (at / per_stripe) as u64,
+            offset: (at % per_stripe) as u32,
+            bytes: (end - at) as u32,
+        });
+        at = end;
+    }
+    pieces
+}
+
+/// The pages of `pages` (in page order) that directory page `dir` names.
+fn in_dir(pages: &[NewPage], dir: u64) -> &[NewPage] {
+    let from = pages.partition_point(|p| p.page < dir * MAP_DIRECTORY_PAGES);
+    let to = pages.partition_point(|p| p.page < (dir + 1) * MAP_DIRECTORY_PAGES);
+    &pages[from..to]
 }
 
 /// What a checkpoint writes (steps 1 and 2): the pages' images copied,
@@ -258,6 +348,7 @@ struct Written {
     root_slots: Vec<u64>,
     emptied: Vec<u64>,
     dirs: Vec<DirUpdate>,
+    /// In page order.
     pages: Vec<(u64, Option<Arc<PageImage>>)>,
     /// The slots its window names (where stripes newer than its sequence may be).
     replay: BTreeSet<u64>,
@@ -602,7 +693,7 @@ impl Checkpoints {
                 index.map_stripes = root.images.stripes.len();
                 // The pages written are as their new images say, unless
                 // they changed since they were taken (dirty again).
-                index.map.publish(written.dirs, &written.pages);
+                index.map.publish(written.dirs, written.pages);
                 self.catalog.evict_pages(&mut index);
                 drop(index);
                 durable.images = root.images;
@@ -861,62 +952,85 @@ impl Checkpoints {
 
     /// Step 2: the images of the pages `dirty` names, as they were when
     /// taken, copied for a millisecond per hold of the index's read lock
-    /// (a page at least), then compressed (those `deltas` names as deltas
-    /// over their durable image); and the stored images of the pages
-    /// `moved` names, read from their map stripes, each followed by its
-    /// delta if it has one.
+    /// (a page at least), then compressed, each hold's outside the lock
+    /// (those `deltas` names as deltas over their durable image); and the
+    /// stored images of the pages `moved` names, read from their map
+    /// stripes, each followed by its delta if it has one.
     fn copy_pages(
         &self,
         dirty: &BTreeSet<u64>,
         deltas: &BTreeMap<u64, Arc<PageImage>>,
         moved: &BTreeMap<u64, Arc<PageImage>>,
     ) -> Result<Copied, ArrayError> {
+        let algorithm = self.stripes.geometry.checksum;
+        let mut run = Run::new(self.meta_stripe_bytes());
+        let mut pages: Vec<NewPage> = Vec::with_capacity(dirty.len() + moved.len());
+        let mut delta_bytes = 0;
+        // A hold's copies, raw: each page's bytes (none: it was empty).
         let mut raw = Vec::new();
-        let mut pages: Vec<(u64, Option<Range<usize>>, Part)> = Vec::with_capacity(dirty.len() + moved.len());
+        let mut held: Vec<(u64, Option<Range<usize>>)> = Vec::new();
         let mut left = dirty.iter().copied().peekable();
         while left.peek().is_some() {
-            let index = self.catalog.index();
-            let held_since = std::time::Instant::now();
-            for page in left.by_ref() {
-                let at = raw.len();
-                let held = index.map.snapshot_image(page, &mut raw);
-                let part = match deltas.get(&page) {
-                    Some(over) if held => Part::DeltaOver(over.clone()),
-                    _ => Part::Whole,
-                };
-                pages.push((page, held.then_some(at..raw.len()), part));
-                if held_since.elapsed() >= CHECKPOINT_COPY_HOLD_MAX {
-                    break;
+            {
+                let index = self.catalog.index();
+                let held_since = std::time::Instant::now();
+                for page in left.by_ref() {
+                    let at = raw.len();
+                    let copied = index.map.snapshot_image(page, &mut raw);
+                    held.push((page, copied.then_some(at..raw.len())));
+                    if held_since.elapsed() >= CHECKPOINT_COPY_HOLD_MAX {
+                        break;
+                    }
                 }
             }
+            for (page, range) in held.drain(..) {
+                let mut base_written = true;
+                let image = range.map(|range| {
+                    let new = run.push_image(&format::store_page_image(&raw[range]), algorithm);
+                    match deltas.get(&page) {
+                        Some(over) => {
+                            base_written = false;
+                            delta_bytes += new.bytes as usize;
+                            PageImage {
+                                delta: Some(Arc::new(new)),
+                                ..PageImage::clone(over)
+                            }
+                        }
+                        None => new,
+                    }
+                });
+                let image = image.map(Arc::new);
+                pages.push(NewPage {
+                    page,
+                    image,
+                    base_written,
+                });
+            }
+            raw.clear();
         }
         self.catalog.index().map.end_snapshot();
-        // Compressed as stored, outside the lock.
-        let mut stored = Vec::with_capacity(raw.len() / 2);
-        for (_, range, _) in &mut pages {
-            if let Some(r) = range {
-                let at = stored.len();
-                stored.extend_from_slice(&format::store_page_image(&raw[r.clone()]));
-                *r = at..stored.len();
-            }
-        }
-        let moved_from = stored.len();
+        let moved_from = run.len();
         for (&page, image) in moved {
-            let at = stored.len();
-            stored.extend_from_slice(&self.catalog.read_page_image(page, image)?);
-            let whole = at..stored.len();
-            let part = match &image.delta {
-                Some(delta) => {
-                    stored.extend_from_slice(&self.catalog.read_page_image(page, delta)?);
-                    Part::WithDelta(whole.end..stored.len())
-                }
-                None => Part::Whole,
+            let whole = run.push_image(&self.catalog.read_page_image(page, image)?, algorithm);
+            let delta = match &image.delta {
+                Some(delta) => Some(Arc::new(
+                    run.push_image(&self.catalog.read_page_image(page, delta)?, algorithm),
+                )),
+                None => None,
             };
-            pages.push((page, Some(whole), part));
+            pages.push(NewPage {
+                page,
+                image: Some(Arc::new(PageImage { delta, ..whole })),
+                base_written: true,
+            });
         }
+        // (The pages moved are clean: none is also dirty.)
+        pages.sort_unstable_by_key(|p| p.page);
+        debug_assert!(pages.windows(2).all(|two| two[0].page < two[1].page));
         Ok(Copied {
-            moved_bytes: stored.len() - moved_from,
-            bytes: stored,
+            moved_bytes: run.len() - moved_from,
+            delta_bytes,
+            run,
             pages,
         })
     }
@@ -948,55 +1062,14 @@ impl Checkpoints {
         // each cut where a stripe ends: the pages' (as copied), then the
         // directory pages'. Their pieces name a stripe by its number
         // among the new ones until they have slots.
-        let place = |range: Range<usize>| -> Vec<ImagePiece> {
-            let mut pieces = Vec::new();
-            let mut at = range.start;
-            while at < range.end {
-                let end = range.end.min((at / per_stripe + 1) * per_stripe);
-                pieces.push(ImagePiece {
-                    slot: (at / per_stripe) as u64,
-                    offset: (at % per_stripe) as u32,
-                    bytes: (end - at) as u32,
-                });
-                at = end;
-            }
-            pieces
+        let place = |range: Range<usize>| place(per_stripe, range);
+        let fresh = &copied.pages;
+        let fresh_image = |page: u64| {
+            fresh
+                .binary_search_by_key(&page, |p| p.page)
+                .ok()
+                .map(|at| fresh[at].image.as_deref())
         };
-        // Each page's new image as the directory will name it, the
-        // pieces written by this checkpoint naming their stripe by number
-        // (`with_slots` gives them their slots), and whether its image
-        // was (false: a delta over an image written before).
-        let new_image = |range: Range<usize>| {
-            PageImage::whole(
-                range.len() as u32,
-                algorithm.digest(&copied.bytes[range.clone()]),
-                place(range),
-            )
-        };
-        let fresh: BTreeMap<u64, Option<(PageImage, bool)>> = copied
-            .pages
-            .iter()
-            .map(|(page, range, part)| {
-                let image = range.clone().map(|range| match part {
-                    Part::Whole => (new_image(range), true),
-                    Part::DeltaOver(over) => {
-                        let image = PageImage {
-                            delta: Some(Arc::new(new_image(range))),
-                            ..PageImage::clone(over)
-                        };
-                        (image, false)
-                    }
-                    Part::WithDelta(delta) => {
-                        let image = PageImage {
-                            delta: Some(Arc::new(new_image(delta.clone()))),
-                            ..new_image(range)
-                        };
-                        (image, true)
-                    }
-                });
-                (*page, image)
-            })
-            .collect();
         // The directory pages written, as they are now (the checkpoint
         // lock keeps them so), and where each one's new image goes: each
         // read, sized and let go, one at a time (a checkpoint after
@@ -1017,7 +1090,7 @@ impl Checkpoints {
             false => sparse_map_stripes(durable, per_stripe as u64),
         };
         let in_sparse = |image: &PageImage| image.all_pieces().any(|piece| sparse.contains(&piece.slot));
-        let mut at = copied.bytes.len();
+        let mut at = copied.run.len();
         let mut dirs: Vec<DirWrite> = Vec::new();
         for &dir in touched {
             let DirEntries {
@@ -1030,17 +1103,16 @@ impl Checkpoints {
             );
             let entry_bytes = |image: &PageImage| format::directory_entry_bytes(algorithm, image);
             let (mut count, mut bytes) = (entries.len(), entries.values().map(|i| entry_bytes(i)).sum::<usize>());
-            let written = fresh.range(dir * MAP_DIRECTORY_PAGES..(dir + 1) * MAP_DIRECTORY_PAGES);
-            for (page, image) in written {
-                if let Some(was) = entries.get(page) {
+            for new in in_dir(fresh, dir) {
+                if let Some(was) = entries.get(&new.page) {
                     count -= 1;
                     bytes -= entry_bytes(was);
                 }
-                if let Some((image, _)) = image {
+                if let Some(image) = &new.image {
                     count += 1;
                     bytes += entry_bytes(image);
                 }
-                changed.insert(*page);
+                changed.insert(new.page);
             }
             let whole = format::directory_image_bytes_of(bytes);
             let over = durable
@@ -1048,8 +1120,8 @@ impl Checkpoints {
                 .get(&dir)
                 .filter(|own| count > 0 && !changed.is_empty() && !in_sparse(own));
             let delta = over.and_then(|_| {
-                let now = |page: &u64| match fresh.get(page) {
-                    Some(image) => image.as_ref().map(|(image, _)| image),
+                let now = |page: &u64| match fresh_image(*page) {
+                    Some(image) => image,
                     None => entries.get(page).map(|image| &**image),
                 };
                 let listed: usize = changed.iter().filter_map(now).map(entry_bytes).sum();
@@ -1125,15 +1197,9 @@ impl Checkpoints {
             let written = slot_pages.iter().filter(|w| w.deltas.is_some() == as_deltas);
             written.flat_map(|w| &w.encoded).map(|(e, _)| e.len() as u64).sum()
         };
-        let deltas_bytes: u64 = fresh
-            .values()
-            .flatten()
-            .filter(|(_, base_written)| !base_written)
-            .filter_map(|(image, _)| image.delta.as_ref().map(|delta| u64::from(delta.bytes)))
-            .sum();
         let mut parts = CheckpointParts {
-            page_images: copied.bytes.len() as u64 - deltas_bytes,
-            page_deltas: deltas_bytes,
+            page_images: (copied.run.len() - copied.delta_bytes) as u64,
+            page_deltas: copied.delta_bytes as u64,
             page_images_moved: copied.moved_bytes as u64,
             directory_pages: dirs
                 .iter()
@@ -1278,26 +1344,22 @@ impl Checkpoints {
             }
             pieces
         };
-        let pages: Vec<(u64, Option<Arc<PageImage>>)> = fresh
-            .into_iter()
-            .map(|(page, image)| {
-                let image = image.map(|(image, base_written)| {
-                    let delta = image.delta.map(|delta| {
-                        Arc::new(PageImage {
-                            pieces: with_slots(delta.pieces.clone()),
-                            ..PageImage::clone(&delta)
-                        })
-                    });
-                    let pieces = match base_written {
-                        true => with_slots(image.pieces),
-                        false => image.pieces,
-                    };
-                    Arc::new(PageImage { pieces, delta, ..image })
-                });
-                (page, image)
-            })
-            .collect();
-        let new_page: BTreeMap<u64, &Option<Arc<PageImage>>> = pages.iter().map(|(p, i)| (*p, i)).collect();
+        // In place: each image is the checkpoint's own until published.
+        let Copied { mut run, mut pages, .. } = copied;
+        let mine = "a new image is the checkpoint's alone";
+        for new in &mut pages {
+            let Some(image) = &mut new.image else {
+                continue;
+            };
+            let image = Arc::get_mut(image).expect(mine);
+            if new.base_written {
+                image.pieces = with_slots(std::mem::take(&mut image.pieces));
+            }
+            if let Some(delta) = &mut image.delta {
+                let delta = Arc::get_mut(delta).expect(mine);
+                delta.pieces = with_slots(std::mem::take(&mut delta.pieces));
+            }
+        }
         let mut images = MapImages {
             stripes: BTreeMap::new(),
             dirs: durable.dirs.clone(),
@@ -1307,11 +1369,16 @@ impl Checkpoints {
             pages: durable.pages,
             page_bytes: durable.page_bytes,
         };
-        // The copied images begin the run, not copied into it: a second
-        // copy of every page image, held to the end (PERFORMANCE.md, "RAM
-        // the map's count left out").
-        let mut run = copied.bytes;
-        run.reserve_exact(run_bytes - run.len());
+        // The directory pages whose entries are kept once it is durable:
+        // those in memory, or that must be (a page they name is emptied
+        // in memory), and new ones. The others stay out of memory (one
+        // read in meanwhile is made from its old entries and the pages
+        // written: `Directory::publish`).
+        let kept: BTreeSet<u64> = {
+            let index = self.catalog.index();
+            let kept = |dir: &u64| !durable.dirs.contains_key(dir) || index.map.directory_page_kept(*dir);
+            dirs.iter().map(|d| d.dir).filter(kept).collect()
+        };
         let mut updates = Vec::with_capacity(dirs.len());
         for DirWrite { dir, old, range, delta } in dirs {
             let mut entries = match entries_of(dir) {
@@ -1325,15 +1392,15 @@ impl Checkpoints {
                     return Err(error);
                 }
             };
-            for (&page, image) in new_page.range(dir * MAP_DIRECTORY_PAGES..(dir + 1) * MAP_DIRECTORY_PAGES) {
-                if let Some(was) = entries.remove(&page) {
+            for NewPage { page, image, .. } in in_dir(&pages, dir) {
+                if let Some(was) = entries.remove(page) {
                     images.pages -= 1;
                     images.page_bytes -= was.stored_bytes();
                 }
                 if let Some(image) = image {
                     images.pages += 1;
                     images.page_bytes += image.stored_bytes();
-                    entries.insert(page, image.clone());
+                    entries.insert(*page, image.clone());
                 }
             }
             images.dir_deltas.remove(&dir);
@@ -1357,7 +1424,8 @@ impl Checkpoints {
                 algorithm.digest(&encoded),
                 with_slots(place(range)),
             );
-            run.extend_from_slice(&encoded);
+            run.push(&encoded);
+            let keep = kept.contains(&dir);
             let new = match delta {
                 Some((changed, deltas)) => {
                     images.dir_deltas.insert(dir, deltas);
@@ -1366,12 +1434,18 @@ impl Checkpoints {
                         ..PageImage::clone(&durable.dirs[&dir])
                     });
                     images.dirs.insert(dir, own.clone());
-                    NewDir::delta(dir, &entries, own, changed)
+                    match keep {
+                        true => NewDir::delta(dir, &entries, own, changed),
+                        false => NewDir::out_of_memory(&entries, own, changed),
+                    }
                 }
                 None => {
                     let own = Arc::new(written);
                     images.dirs.insert(dir, own.clone());
-                    NewDir::whole(dir, &encoded, algorithm.digest_bytes(), own)
+                    match keep {
+                        true => NewDir::whole(dir, &encoded, algorithm.digest_bytes(), own),
+                        false => NewDir::out_of_memory(&entries, own, BTreeSet::new()),
+                    }
                 }
             };
             updates.push(DirUpdate {
@@ -1401,7 +1475,7 @@ impl Checkpoints {
                 algorithm.digest(&encoded),
                 with_slots(place(range)),
             );
-            run.extend_from_slice(&encoded);
+            run.push(&encoded);
             let image = match deltas {
                 Some(_) => PageImage {
                     delta: Some(Arc::new(written)),
@@ -1446,13 +1520,15 @@ impl Checkpoints {
         let listing = (directory > 0).then(|| format::encode_checkpoint_directory(algorithm, &root[..body]));
         // The root ends where its last stripe's room ends (in the images'
         // last stripe, if it fits behind them).
-        run.resize((root_first + body) * per_stripe - bytes.len(), 0);
-        run.extend_from_slice(&bytes);
-        let pieces: Vec<&[u8]> = run
-            .chunks(per_stripe)
-            .chain(listing.iter().flat_map(|d| d.chunks(per_stripe)))
-            .collect();
-        assert_eq!(pieces.len(), meta.len());
+        run.pad_to((root_first + body) * per_stripe - bytes.len());
+        run.push(&bytes);
+        let mut after = Run::new(per_stripe);
+        if let Some(listing) = &listing {
+            after.push(listing);
+        }
+        let buffers: Vec<Vec<u8>> = run.into_stripes().into_iter().chain(after.into_stripes()).collect();
+        assert_eq!(buffers.len(), meta.len());
+        let mut buffers = buffers.into_iter();
         // Sealed and handed to the members a few at a time, in order, each
         // batch's buffers taken as it is built (`submit` waits while too
         // much is in flight): all at once, during a checkpoint of 46 MiB
@@ -1464,11 +1540,12 @@ impl Checkpoints {
             let at = batch * CHECKPOINT_STRIPES_PER_SUBMIT;
             let sealed = slots
                 .iter()
-                .zip(&pieces[at..])
+                .zip(buffers.by_ref())
                 .enumerate()
                 .map(|(i, (&slot, piece))| {
                     let mut open = OpenStripe::new(slot, Stream::Meta, self.stripes.spare_area(), g);
-                    open.push_data(piece, false);
+                    // (Its bytes let go once copied into the stripe.)
+                    open.push_data(&piece, false);
                     self.lanes.seal_as(open, SlotState::Checkpoint, first + (at + i) as u64)
                 })
                 .collect();
@@ -1530,7 +1607,7 @@ impl Checkpoints {
             emptied,
             replay,
             dirs: updates,
-            pages,
+            pages: pages.into_iter().map(|new| (new.page, new.image)).collect(),
         }))
     }
 
@@ -1633,6 +1710,173 @@ fn sparse_map_stripes(images: &MapImages, per_stripe: u64) -> BTreeSet<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// 4+2 of 64 KiB chunks on six 64 MiB memory devices (lz4, no log, no
+    /// background work), exporting `pages` map pages' worth of blocks.
+    fn thin_array(pages: u64) -> crate::engine::Array {
+        let devices: Vec<(String, Arc<dyn crate::device::Device>)> = (0..6)
+            .map(|i| {
+                let device = crate::device::MemoryDevice::new(64 << 20);
+                (format!("m{i}"), Arc::new(device) as Arc<dyn crate::device::Device>)
+            })
+            .collect();
+        let options = crate::create::CreateOptions {
+            data: 4,
+            parity: 2,
+            chunk_bytes: 64 << 10,
+            checksum: tessera_checksum::Algorithm::Crc32c,
+            compression: Some(tessera_compress::Codec::Lz4),
+            logical_bytes: Some(pages * crate::limits::MAP_PAGE_BLOCKS * 4096),
+            log_bytes: Some(0),
+        };
+        let engine = crate::options::EngineOptions {
+            background: false,
+            ..crate::options::EngineOptions::default()
+        };
+        crate::create::create_with(devices, &options, engine).unwrap()
+    }
+
+    /// A checkpoint's working memory: what it holds at most while it
+    /// writes, beyond what the array held before it began, is within the
+    /// room the cache keeps for it (`Map::checkpoint_work_bytes`), for
+    /// pages of one block each (as random writes over a large array leave
+    /// them: each page's image is small, and the checkpoint's own
+    /// bookkeeping most of what it holds) and of 16. It failed before the
+    /// checkpoint kept its pages in one sorted list, compressed each
+    /// hold's copies as it went and held its run of bytes a stripe a
+    /// buffer: 615 bytes a page of one block, beside the 192 the page
+    /// takes in the cache (PERFORMANCE.md, "A checkpoint's working
+    /// memory").
+    #[test]
+    fn a_checkpoint_holds_little_beside_the_pages_it_writes() {
+        use crate::test_heap as heap;
+        let page_bytes = crate::limits::MAP_PAGE_BLOCKS * 4096;
+        for (pages, per_page) in [(20_000u64, 1u64), (5_000, 16)] {
+            let array = thin_array(pages);
+            // Blocks over every page, in an order that leaves no two of a
+            // page's blocks side by side in a stripe; then a block in
+            // each page again, its directory pages let go (as a small
+            // cache does under writes all over a large array): the
+            // checkpoint rewrites them without keeping them.
+            let mut model = BTreeMap::new();
+            for round in 0..2u64 {
+                let mut page = 0;
+                let blocks = if round == 0 { pages * per_page } else { pages };
+                for i in 0..blocks {
+                    page = (page + 7919) % pages;
+                    let at = page * page_bytes + ((i + round) * 37 % crate::limits::MAP_PAGE_BLOCKS) * 4096;
+                    let byte = ((i + round) % 251) as u8;
+                    array.write(at, &[byte; 4096], false).unwrap();
+                    model.insert(at, byte);
+                }
+                array.flush().unwrap();
+                if round == 1 {
+                    let mut index = array.shared.catalog.index_mut();
+                    index.map.evict(0, &|_| false, &|_| false);
+                    assert_eq!(index.map.directory_counts().1, 0, "every directory page let go");
+                }
+                // (A spent window may have had a checkpoint write some.)
+                let (dirty, room) = {
+                    let index = array.shared.catalog.index();
+                    (index.map.dirty_count() as u64, index.map.checkpoint_work_bytes() as i64)
+                };
+                assert!(
+                    dirty > pages * 9 / 10,
+                    "{dirty} of {pages} pages changed since the last checkpoint"
+                );
+                let before = heap::watch();
+                array.checkpoint().unwrap();
+                let held = (heap::peak() - before) as i64;
+                assert_eq!(array.shared.catalog.index().map.dirty_count(), 0);
+                assert!(
+                    held <= room,
+                    "pages of {per_page} blocks, round {round}: a checkpoint held {} bytes a page, {} kept for it",
+                    held / dirty as i64,
+                    room / dirty as i64
+                );
+            }
+            assert_eq!(
+                array.shared.catalog.index().map.directory_counts().1,
+                0,
+                "the directory pages written stay out of memory"
+            );
+            for (&at, &byte) in model.iter().step_by(97) {
+                let mut back = [0u8; 4096];
+                array.read(at, &mut back).unwrap();
+                assert_eq!(back, [byte; 4096], "the block at {at}");
+            }
+            array.close().unwrap();
+        }
+    }
+
+    /// A checkpoint of a few pages all over a large array holds little
+    /// more than they take: the directory pages it rewrites, out of
+    /// memory, are read, rewritten and let go one at a time. It failed
+    /// before a directory page not in memory was left out of memory once
+    /// written: every one written was kept packed until the checkpoint
+    /// was durable, 22 KiB for each page of this test (1,480,461 bytes
+    /// held, where 582,781 are now).
+    #[test]
+    fn a_checkpoint_of_pages_all_over_keeps_no_directory_page() {
+        use crate::test_heap as heap;
+        let page_bytes = crate::limits::MAP_PAGE_BLOCKS * 4096;
+        let (dirs, pages) = (40, 40 * MAP_DIRECTORY_PAGES);
+        let array = thin_array(pages);
+        for page in 0..pages {
+            array.write(page * page_bytes, &[page as u8; 4096], false).unwrap();
+        }
+        array.checkpoint().unwrap();
+        // A block in one page of each directory page, then the directory
+        // pages let go (and every clean page).
+        for dir in 0..dirs {
+            let page = dir * MAP_DIRECTORY_PAGES + 100;
+            array.write(page * page_bytes + 4096, &[1; 4096], false).unwrap();
+        }
+        array.flush().unwrap();
+        let room = {
+            let mut index = array.shared.catalog.index_mut();
+            index.map.evict(0, &|_| false, &|_| false);
+            assert_eq!(index.map.directory_counts().1, 0, "every directory page let go");
+            assert_eq!(index.map.dirty_count() as u64, dirs);
+            index.map.checkpoint_work_bytes() as i64
+        };
+        let c = &array.shared.stripes.counters;
+        let written = || {
+            [
+                &c.checkpoint_page_image_bytes,
+                &c.checkpoint_page_delta_bytes,
+                &c.checkpoint_directory_bytes,
+                &c.checkpoint_directory_delta_bytes,
+                &c.checkpoint_slot_page_bytes,
+                &c.checkpoint_slot_delta_bytes,
+                &c.checkpoint_root_bytes,
+            ]
+            .into_iter()
+            .map(|counter| Counters::get(counter) as i64)
+            .sum::<i64>()
+        };
+        let written_before = written();
+        let before = heap::watch();
+        array.checkpoint().unwrap();
+        let held = (heap::peak() - before) as i64;
+        let written = written() - written_before;
+        // Beside the room kept for the pages and the bytes it wrote, a
+        // stripe's buffer of its run and one of a stripe being sealed.
+        let stripes = 2 * crate::lanes::stripe_bytes(&array.shared.stripes.geometry) as i64;
+        assert!(
+            held <= room + written + stripes,
+            "a checkpoint of {dirs} pages held {held} bytes: {room} kept for them, {written} written"
+        );
+        assert_eq!(array.shared.catalog.index().map.directory_counts().1, 0);
+        let mut back = [0u8; 4096];
+        array
+            .read((5 * MAP_DIRECTORY_PAGES + 100) * page_bytes + 4096, &mut back)
+            .unwrap();
+        assert_eq!(back, [1; 4096]);
+        array.read(7 * page_bytes, &mut back).unwrap();
+        assert_eq!(back, [7; 4096]);
+        array.close().unwrap();
+    }
 
     #[test]
     fn a_root_goes_behind_the_images_where_it_fits() {

@@ -72,6 +72,8 @@ pub mod slots;
 mod status;
 pub mod stripe;
 mod stripes;
+#[cfg(test)]
+mod test_heap;
 mod tracker;
 mod volumes;
 mod write;

@@ -1485,6 +1485,13 @@ impl Map {
         needed
     }
 
+    /// Whether directory page `dir` is in memory, or must be once a
+    /// checkpoint wrote it: a page it names is emptied in memory.
+    pub fn directory_page_kept(&self, dir: u64) -> bool {
+        let (from, to) = (dir * MAP_DIRECTORY_PAGES, (dir + 1) * MAP_DIRECTORY_PAGES);
+        self.directory.is_resident(dir) || self.emptied.range(from..to).next().is_some()
+    }
+
     /// Whether page `p` is as it is in memory: held, emptied, or never
     /// written (not held only as its image, nor named by a directory page
     /// held only as its own).
@@ -1658,11 +1665,15 @@ impl Map {
     /// wrote with their new images (`None`: it wrote the page empty): a
     /// page is as its image says unless it changed since it was taken
     /// (dirty again).
-    pub fn publish(&mut self, dirs: Vec<DirUpdate>, pages: &[(u64, Option<Arc<PageImage>>)]) {
+    /// `pages` in page order.
+    pub fn publish(&mut self, dirs: Vec<DirUpdate>, pages: Vec<(u64, Option<Arc<PageImage>>)>) {
+        debug_assert!(pages.windows(2).all(|two| two[0].0 < two[1].0));
         for update in dirs {
             let (from, to) = (update.dir * MAP_DIRECTORY_PAGES, (update.dir + 1) * MAP_DIRECTORY_PAGES);
             let busy = self.emptied.range(from..to).next().is_some();
-            self.directory.publish(update.dir, update.old, update.new, busy);
+            let written = &pages[pages.partition_point(|p| p.0 < from)..pages.partition_point(|p| p.0 < to)];
+            self.directory
+                .publish(update.dir, update.old, update.new, busy, written);
         }
         self.rebased.clear();
         // Pages it wrote are clean now: the next eviction may take them.
@@ -1670,15 +1681,15 @@ impl Map {
         for (p, image) in pages {
             // The image written is the page's durable one now, whether it
             // is as that says or changed again (or emptied) since.
-            if let Some(page) = self.pages.get_mut(p) {
+            if let Some(page) = self.pages.get_mut(&p) {
                 let before = page.bytes();
-                page.durable = image.clone();
-                page.clean = image.is_some() && !self.dirty.contains(p);
+                page.clean = image.is_some() && !self.dirty.contains(&p);
+                page.durable = image;
                 self.bytes = self.bytes + page.bytes() - before;
             } else if image.is_none() {
-                self.emptied.remove(p);
-            } else if let Some(was) = self.emptied.get_mut(p) {
-                *was = image.clone();
+                self.emptied.remove(&p);
+            } else if let Some(was) = self.emptied.get_mut(&p) {
+                *was = image;
             }
         }
     }
@@ -1891,6 +1902,16 @@ impl Map {
     /// the index of pages.
     pub fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// What the checkpoint under way, and the next, hold while they
+    /// write the pages they take (the pages changed since the last, and
+    /// those the one under way took): each page's own bytes again, at the
+    /// average page's, and `CHECKPOINT_PAGE_WORK_BYTES`. The cache keeps
+    /// this room (`Catalog::evict_pages`).
+    pub fn checkpoint_work_bytes(&self) -> usize {
+        let per_page = self.bytes / self.pages.len().max(1);
+        (self.dirty.len() + self.rebased.len()) * (per_page + crate::limits::CHECKPOINT_PAGE_WORK_BYTES)
     }
 
     /// Every mapping, in block order.
@@ -2149,58 +2170,7 @@ mod tests {
     use super::*;
     use tessera_checksum::Algorithm;
 
-    /// What each test's thread allocated less what it freed: the heap its
-    /// own work holds (each test runs on a thread of its own).
-    mod heap {
-        use std::alloc::{GlobalAlloc, Layout, System};
-        use std::cell::Cell;
-
-        thread_local! {
-            static HELD: Cell<isize> = const { Cell::new(0) };
-        }
-
-        pub struct Counting;
-
-        fn add(bytes: isize) {
-            // (Not while the thread's own storage is being torn down.)
-            let _ = HELD.try_with(|held| held.set(held.get() + bytes));
-        }
-
-        pub fn held() -> isize {
-            HELD.with(Cell::get)
-        }
-
-        // SAFETY: each call is passed to the system allocator unchanged;
-        // counting allocates nothing.
-        unsafe impl GlobalAlloc for Counting {
-            unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-                add(layout.size() as isize);
-                // SAFETY: the caller's contract, passed on.
-                unsafe { System.alloc(layout) }
-            }
-
-            unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-                add(layout.size() as isize);
-                // SAFETY: as above.
-                unsafe { System.alloc_zeroed(layout) }
-            }
-
-            unsafe fn dealloc(&self, at: *mut u8, layout: Layout) {
-                add(-(layout.size() as isize));
-                // SAFETY: as above.
-                unsafe { System.dealloc(at, layout) }
-            }
-
-            unsafe fn realloc(&self, at: *mut u8, layout: Layout, size: usize) -> *mut u8 {
-                add(size as isize - layout.size() as isize);
-                // SAFETY: as above.
-                unsafe { System.realloc(at, layout, size) }
-            }
-        }
-    }
-
-    #[global_allocator]
-    static COUNTING: heap::Counting = heap::Counting;
+    use crate::test_heap as heap;
 
     fn extent(slot: u64, blocks: u32) -> Arc<Extent> {
         Arc::new(Extent {
@@ -2304,7 +2274,7 @@ mod tests {
             })
             .collect();
         let pages: Vec<(u64, Option<Arc<PageImage>>)> = pages.iter().map(|&p| (p, held.get(&p).cloned())).collect();
-        map.publish(updates, &pages);
+        map.publish(updates, pages);
         assert_eq!(map.directory_totals(), totals(held));
     }
 
@@ -3236,7 +3206,7 @@ mod tests {
         // A checkpoint names a new image of the page: the count follows.
         let mut map = three;
         let newer = Arc::new(PageImage::whole(9, Algorithm::Crc32c.digest(b"newer"), Vec::new()));
-        map.publish(Vec::new(), &[(0, Some(newer))]);
+        map.publish(Vec::new(), vec![(0, Some(newer))]);
         map.check_bytes().unwrap();
         assert_eq!(map.bytes(), one.bytes() - piece);
     }

@@ -55,10 +55,13 @@ pub enum Lookup {
 }
 
 /// A directory page as a durable checkpoint wrote it (`Directory::publish`):
-/// its entries packed, its own image (with the delta over it, if written
-/// as one), and the map pages changed since that image.
+/// its entries packed (`None`: not kept, for one not in memory when the
+/// checkpoint wrote it), the pages it names and their images' bytes, its
+/// own image (with the delta over it, if written as one), and the map
+/// pages changed since that image.
 pub struct NewDir {
-    images: Packed,
+    images: Option<Packed>,
+    totals: (u64, u64),
     own: Arc<PageImage>,
     changed: BTreeSet<u64>,
 }
@@ -67,8 +70,10 @@ impl NewDir {
     /// Written whole: its entries as its stored image has them
     /// (`format::encode_directory_image`).
     pub fn whole(dir: u64, stored: &[u8], digest_bytes: usize, own: Arc<PageImage>) -> NewDir {
+        let images = Packed::from_stored(dir, stored, digest_bytes);
         NewDir {
-            images: Packed::from_stored(dir, stored, digest_bytes),
+            totals: images.totals(),
+            images: Some(images),
             own,
             changed: BTreeSet::new(),
         }
@@ -77,8 +82,26 @@ impl NewDir {
     /// Written as a delta over its image (`own` names both): its entries
     /// now, packed from `images` (no whole image is encoded for it).
     pub fn delta(dir: u64, images: &Images, own: Arc<PageImage>, changed: BTreeSet<u64>) -> NewDir {
+        let images = Packed::pack(dir, images);
         NewDir {
-            images: Packed::pack(dir, images),
+            totals: images.totals(),
+            images: Some(images),
+            own,
+            changed,
+        }
+    }
+
+    /// Written, whole or as a delta (`own`), its entries `images` not
+    /// kept: it was not in memory, and stays out (read back when a lookup
+    /// needs it). A checkpoint after writes all over a large array
+    /// rewrites most directory pages, and kept them all until it was
+    /// durable: 16 MB of a heap's 85 MB peak with a 32 MiB map cache
+    /// (PERFORMANCE.md, "A checkpoint's working memory").
+    /// `changed`: the pages its delta lists (none if written whole).
+    pub fn out_of_memory(images: &Images, own: Arc<PageImage>, changed: BTreeSet<u64>) -> NewDir {
+        NewDir {
+            images: None,
+            totals: (images.len() as u64, images.values().map(|i| i.stored_bytes()).sum()),
             own,
             changed,
         }
@@ -270,6 +293,11 @@ impl Directory {
     }
 
     /// The resident directory page `dir`'s entries.
+    /// Whether directory page `dir` is in memory.
+    pub fn is_resident(&self, dir: u64) -> bool {
+        self.resident.contains_key(&dir)
+    }
+
     pub fn resident(&self, dir: u64) -> Option<DirEntries> {
         self.resident.get(&dir).map(|d| DirEntries {
             images: d.images.unpack(),
@@ -332,35 +360,61 @@ impl Directory {
     /// image, or `None` where it names no page any more; `old` is what it
     /// named before (pages, their images' bytes). Held as its image if it
     /// was and `resident` is false; else kept in memory.
-    pub fn publish(&mut self, dir: u64, old: (u64, u64), new: Option<NewDir>, resident: bool) {
-        let was_resident = match self.resident.remove(&dir) {
-            Some(page) => {
-                self.bytes -= page.bytes();
-                true
-            }
-            None => false,
-        };
+    ///
+    /// `written` are the map pages of this directory page the checkpoint
+    /// wrote, in page order, each with its new image (`None`: emptied):
+    /// one read in while the checkpoint was written without keeping its
+    /// entries (`NewDir::out_of_memory`) is as its old image, with those.
+    pub fn publish(
+        &mut self,
+        dir: u64,
+        old: (u64, u64),
+        new: Option<NewDir>,
+        resident: bool,
+        written: &[(u64, Option<Arc<PageImage>>)],
+    ) {
+        let was_resident = self.resident.remove(&dir).inspect(|page| self.bytes -= page.bytes());
         let was_evicted = self.evicted.remove(&dir).is_some();
         self.pages -= old.0;
         self.page_bytes -= old.1;
-        let Some(NewDir { images, own, changed }) = new else {
+        let Some(NewDir {
+            images,
+            totals,
+            own,
+            changed,
+        }) = new
+        else {
             return;
         };
-        let (pages, bytes) = images.totals();
-        self.pages += pages;
-        self.page_bytes += bytes;
-        if was_resident || resident || !was_evicted {
-            let page = DirPage {
-                images,
-                own,
-                changed,
-                used: AtomicU64::new(0),
-            };
-            self.bytes += page.bytes();
-            self.resident.insert(dir, page);
-        } else {
-            self.evicted.insert(dir, own);
-        }
+        self.pages += totals.0;
+        self.page_bytes += totals.1;
+        let images = match (images, was_resident) {
+            (Some(images), was) if was.is_some() || resident || !was_evicted => images,
+            (None, Some(was)) => {
+                let mut images = was.images.unpack();
+                for (page, image) in written {
+                    match image {
+                        Some(image) => images.insert(*page, image.clone()),
+                        None => images.remove(page),
+                    };
+                }
+                let images = Packed::pack(dir, &images);
+                debug_assert_eq!(images.totals(), totals, "directory page {dir} as written");
+                images
+            }
+            _ => {
+                self.evicted.insert(dir, own);
+                return;
+            }
+        };
+        let page = DirPage {
+            images,
+            own,
+            changed,
+            used: AtomicU64::new(0),
+        };
+        self.bytes += page.bytes();
+        self.resident.insert(dir, page);
     }
 
     /// Map pages named, and their images' stored bytes.
@@ -450,6 +504,80 @@ mod tests {
                 + deltas * (8 + algorithm.digest_bytes())
                 + 16 * pieces;
             assert!(packed.bytes() <= expected + 64, "{} bytes", packed.bytes());
+        }
+    }
+
+    /// A directory page a checkpoint wrote without keeping its entries
+    /// (it was out of memory) stays out of memory; read in while the
+    /// checkpoint was written, it is made from the entries read and the
+    /// pages the checkpoint wrote, as if it had kept them.
+    #[test]
+    fn a_directory_page_not_kept_is_made_again_if_read_in_meanwhile() {
+        let algorithm = Algorithm::Crc32c;
+        let dir = 3;
+        let first = dir * MAP_DIRECTORY_PAGES;
+        let image = |n: u64| {
+            let piece = ImagePiece {
+                slot: 100 + n,
+                offset: 0,
+                bytes: 40 + n as u32,
+            };
+            Arc::new(PageImage::whole(
+                40 + n as u32,
+                algorithm.digest(&n.to_le_bytes()),
+                vec![piece],
+            ))
+        };
+        let before: Images = (0..6).map(|k| (first + k * 10, image(k))).collect();
+        let own_before = image(90);
+        let own_after = image(91);
+        // Page 10 emptied, 20 rewritten, 7 new.
+        let written: Vec<(u64, Option<Arc<PageImage>>)> = vec![
+            (first + 7, Some(image(7))),
+            (first + 10, None),
+            (first + 20, Some(image(22))),
+        ];
+        let mut after = before.clone();
+        for (page, image) in &written {
+            match image {
+                Some(image) => after.insert(*page, image.clone()),
+                None => after.remove(page),
+            };
+        }
+        let totals = |images: &Images| {
+            (
+                images.len() as u64,
+                images.values().map(|i| i.stored_bytes()).sum::<u64>(),
+            )
+        };
+        let mut named = BTreeMap::new();
+        named.insert(dir, own_before.clone());
+        for read_in in [false, true] {
+            let (pages, bytes) = totals(&before);
+            let mut directory = Directory::open(&named, pages, bytes);
+            if read_in {
+                let entries = DirEntries {
+                    images: before.clone(),
+                    changed: BTreeSet::new(),
+                };
+                assert!(directory.install(dir, entries, &own_before, 1));
+            }
+            let changed: BTreeSet<u64> = written.iter().map(|(page, _)| *page).collect();
+            let new = NewDir::out_of_memory(&after, own_after.clone(), changed.clone());
+            directory.publish(dir, totals(&before), Some(new), false, &written);
+            assert_eq!((directory.pages, directory.page_bytes), totals(&after));
+            assert_eq!(directory.is_resident(dir), read_in);
+            match read_in {
+                true => {
+                    let entries = directory.resident(dir).expect("resident");
+                    assert_eq!(entries.images, after);
+                    assert_eq!(entries.changed, changed);
+                }
+                false => {
+                    assert!(matches!(directory.lookup(first), Lookup::NotInMemory(d) if d == dir));
+                    assert!(directory.held_only_as(dir, &own_after));
+                }
+            }
         }
     }
 }
