@@ -208,8 +208,8 @@ struct Copied {
 
 /// A page's new image (`None`: the page was empty), its pieces written by
 /// this checkpoint naming their stripe by number among the new ones until
-/// they have slots; and whether its image was (false: a delta over an
-/// image written before, which stays).
+/// they have slots; and whether this checkpoint wrote its image (false: it
+/// wrote a delta over an image written before, which stays).
 struct NewPage {
     page: u64,
     image: Option<Arc<PageImage>>,
