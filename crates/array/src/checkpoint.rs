@@ -1425,28 +1425,24 @@ impl Checkpoints {
                 with_slots(place(range)),
             );
             run.push(&encoded);
-            let keep = kept.contains(&dir);
-            let new = match delta {
-                Some((changed, deltas)) => {
+            let own = Arc::new(match &delta {
+                Some(_) => PageImage {
+                    delta: Some(Arc::new(written)),
+                    ..PageImage::clone(&durable.dirs[&dir])
+                },
+                None => written,
+            });
+            images.dirs.insert(dir, own.clone());
+            let new = match (delta, kept.contains(&dir)) {
+                (Some((changed, deltas)), keep) => {
                     images.dir_deltas.insert(dir, deltas);
-                    let own = Arc::new(PageImage {
-                        delta: Some(Arc::new(written)),
-                        ..PageImage::clone(&durable.dirs[&dir])
-                    });
-                    images.dirs.insert(dir, own.clone());
                     match keep {
                         true => NewDir::delta(dir, &entries, own, changed),
                         false => NewDir::out_of_memory(&entries, own, changed),
                     }
                 }
-                None => {
-                    let own = Arc::new(written);
-                    images.dirs.insert(dir, own.clone());
-                    match keep {
-                        true => NewDir::whole(dir, &encoded, algorithm.digest_bytes(), own),
-                        false => NewDir::out_of_memory(&entries, own, BTreeSet::new()),
-                    }
-                }
+                (None, true) => NewDir::whole(dir, &encoded, algorithm.digest_bytes(), own),
+                (None, false) => NewDir::out_of_memory(&entries, own, BTreeSet::new()),
             };
             updates.push(DirUpdate {
                 dir,
@@ -1522,11 +1518,8 @@ impl Checkpoints {
         // last stripe, if it fits behind them).
         run.pad_to((root_first + body) * per_stripe - bytes.len());
         run.push(&bytes);
-        let mut after = Run::new(per_stripe);
-        if let Some(listing) = &listing {
-            after.push(listing);
-        }
-        let buffers: Vec<Vec<u8>> = run.into_stripes().into_iter().chain(after.into_stripes()).collect();
+        let listed = listing.iter().flat_map(|l| l.chunks(per_stripe)).map(<[u8]>::to_vec);
+        let buffers: Vec<Vec<u8>> = run.into_stripes().into_iter().chain(listed).collect();
         assert_eq!(buffers.len(), meta.len());
         let mut buffers = buffers.into_iter();
         // Sealed and handed to the members a few at a time, in order, each
