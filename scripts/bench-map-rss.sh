@@ -12,6 +12,7 @@
 #   SPREAD=1 SIZE=1T scripts/bench-map-rss.sh 1048576
 #   TESSERA=/path/to/other/tessera scripts/bench-map-rss.sh N
 #   MIMALLOC_ARENA_EAGER_COMMIT=1 scripts/bench-map-rss.sh N   (allocator options reach the server)
+#   MIMALLOC_PURGE_DELAY=10 scripts/bench-map-rss.sh N         (mimalloc's default purge delay, not the server's 1 ms)
 #   MAP_CACHE=32M scripts/bench-map-rss.sh N          (serve --map-cache)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -47,35 +47,62 @@ pub(crate) fn give_back_freed_memory() {
     // pages; it takes nothing of ours.
     unsafe { libmimalloc_sys::mi_collect(true) }
 }
-/// mimalloc commits each arena (1 GiB) whole by default where the system
-/// overcommits, and asks for transparent huge pages: the pages the
-/// server touches then come in 2 MiB at a time, so RSS grew in steps
-/// unrelated to what it held (an empty array's server held 27 MB, 12 MB
-/// with arenas committed on demand; after reading 1 M random blocks back,
-/// 56 MB against 28: `scripts/bench-map-rss.sh`, PERFORMANCE.md).
-/// The option must be set before the first arena is reserved, which is
-/// the first allocation Rust makes, before `main`: so it is set by a
+/// Two of mimalloc's defaults, changed so that RSS follows what the
+/// server holds:
+/// - It commits each arena (1 GiB) whole where the system overcommits,
+///   and asks for transparent huge pages: the pages the server touches
+///   then come in 2 MiB at a time, so RSS grew in steps unrelated to what
+///   it held (an empty array's server held 27 MB, 12 MB with arenas
+///   committed on demand; after reading 1 M random blocks back, 56 MB
+///   against 28: `scripts/bench-map-rss.sh`, PERFORMANCE.md).
+/// - It gives freed memory back to the system 10 ms after it was freed,
+///   each further free in the same segment putting that off by 1 ms, and
+///   only when the segment is next used (mimalloc 2's `segment.c`): a
+///   segment under steady churn, or one whose thread then waits (a
+///   checkpoint done), keeps it. With a map past its cache, pages read
+///   in, evicted and written by checkpoints come and go all the time:
+///   under 1 M scattered writes with a 32 MiB cache the server peaked at
+///   149-171 MB; at 114-120 MB with the delay at 0 or 1 ms. At 0 every
+///   span freed is given back, and page-faulted in again when next used:
+///   reading a map back in took 2.7-4x the page faults (139-210 k against
+///   52 k); at 1 ms, 55-76 k (PERFORMANCE.md, "Freed memory given back
+///   within a millisecond").
+///
+/// The options must be set before the first arena is reserved, which is
+/// the first allocation Rust makes, before `main`: so they are set by a
 /// constructor, which the loader runs before Rust's runtime starts.
-/// Where `MIMALLOC_ARENA_EAGER_COMMIT` is in the environment it is left
-/// to mimalloc (setting the option would override it): how its default
-/// is measured against this (`scripts/bench-map-rss.sh`).
+/// Where `MIMALLOC_<OPTION>` is in the environment that option is left
+/// to mimalloc (setting it would override the environment): how its
+/// default is measured against this (`scripts/bench-map-rss.sh`).
 #[cfg(target_os = "linux")]
 #[used]
 #[link_section = ".init_array"]
-static COMMIT_ALLOCATOR_MEMORY_ON_DEMAND: extern "C" fn() = {
-    extern "C" fn commit_on_demand() {
-        const ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
-        // SAFETY: getenv reads the environment, which nothing changes
-        // before main; the option is set before anything has allocated
-        // through the allocator.
-        unsafe {
-            if libc::getenv(c"MIMALLOC_ARENA_EAGER_COMMIT".as_ptr()).is_null() {
-                libmimalloc_sys::mi_option_set(ARENA_EAGER_COMMIT, 0);
+static SET_ALLOCATOR_OPTIONS: extern "C" fn() = {
+    extern "C" fn set_options() {
+        for (option, name, value) in ALLOCATOR_OPTIONS {
+            // SAFETY: getenv reads the environment, which nothing changes
+            // before main; the options are set before anything has
+            // allocated through the allocator.
+            unsafe {
+                if libc::getenv(name.as_ptr()).is_null() {
+                    libmimalloc_sys::mi_option_set(option, value);
+                }
             }
         }
     }
-    commit_on_demand
+    set_options
 };
+
+/// mimalloc's options the server sets (their numbers in mimalloc 2's
+/// `mi_option_e`, which `libmimalloc-sys` does not name), each with the
+/// environment variable that overrides it and its value.
+#[cfg(target_os = "linux")]
+const ALLOCATOR_OPTIONS: [(libmimalloc_sys::mi_option_t, &std::ffi::CStr, std::ffi::c_long); 2] = [
+    // mi_option_arena_eager_commit: arenas committed on demand.
+    (4, c"MIMALLOC_ARENA_EAGER_COMMIT", 0),
+    // mi_option_purge_delay: freed memory given back after 1 ms.
+    (15, c"MIMALLOC_PURGE_DELAY", 1),
+];
 
 use clap::{Parser, Subcommand};
 
@@ -230,5 +257,26 @@ fn main() -> Result<()> {
         Command::Bench(command) => bench::run(command),
         Command::Resilience(r) => resilience::run(&r),
         Command::Tco(t) => tco::run(&t),
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    /// Each option the server sets has its value, or the environment's
+    /// where that names it (which also checks that the numbers are
+    /// mimalloc's: `MIMALLOC_PURGE_DELAY=7 cargo test -p tessera-cli
+    /// allocator` reads 7 back through option 15).
+    #[test]
+    fn the_allocator_commits_on_demand_and_gives_freed_memory_back_within_a_millisecond() {
+        for (option, name, value) in super::ALLOCATOR_OPTIONS {
+            let name = name.to_str().expect("ASCII");
+            let wanted = match std::env::var(name) {
+                Ok(set) => set.parse().expect("a number"),
+                Err(_) => value,
+            };
+            // SAFETY: reads an option, which mimalloc keeps for the process.
+            let got = unsafe { libmimalloc_sys::mi_option_get(option) };
+            assert_eq!(got, wanted, "{name}");
+        }
     }
 }
