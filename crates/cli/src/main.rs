@@ -262,21 +262,51 @@ fn main() -> Result<()> {
 
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
-    /// Each option the server sets has its value, or the environment's
-    /// where that names it (which also checks that the numbers are
-    /// mimalloc's: `MIMALLOC_PURGE_DELAY=7 cargo test -p tessera-cli
-    /// allocator` reads 7 back through option 15).
+    use super::ALLOCATOR_OPTIONS;
+
+    /// Set in the process this test runs again, with other values in the
+    /// options' own variables.
+    const CHILD: &str = "TESSERA_ALLOCATOR_OPTIONS_CHILD";
+
+    /// Each option the server sets has its value; and in a second run of
+    /// this test with `MIMALLOC_<OPTION>` set to other values, mimalloc
+    /// reads those back through the same numbers, so each number is the
+    /// option its variable names (`libmimalloc-sys` names neither).
     #[test]
     fn the_allocator_commits_on_demand_and_gives_freed_memory_back_within_a_millisecond() {
-        for (option, name, value) in super::ALLOCATOR_OPTIONS {
+        // Values unlike the server's and mimalloc's defaults (2 and 10).
+        let others: [std::ffi::c_long; 2] = [1, 7];
+        let child = std::env::var_os(CHILD).is_some();
+        for ((option, name, value), other) in ALLOCATOR_OPTIONS.into_iter().zip(others) {
             let name = name.to_str().expect("ASCII");
-            let wanted = match std::env::var(name) {
-                Ok(set) => set.parse().expect("a number"),
-                Err(_) => value,
+            let wanted = match (child, std::env::var(name)) {
+                (true, _) => other,
+                (false, Ok(_)) => continue,
+                (false, Err(_)) => value,
             };
             // SAFETY: reads an option, which mimalloc keeps for the process.
             let got = unsafe { libmimalloc_sys::mi_option_get(option) };
             assert_eq!(got, wanted, "{name}");
         }
+        if child {
+            return;
+        }
+        let mut again = std::process::Command::new(std::env::current_exe().expect("this test's binary"));
+        again
+            .args([
+                "tests::the_allocator_commits_on_demand_and_gives_freed_memory_back_within_a_millisecond",
+                "--exact",
+            ])
+            .env(CHILD, "1");
+        for ((_, name, _), other) in ALLOCATOR_OPTIONS.into_iter().zip(others) {
+            again.env(name.to_str().expect("ASCII"), other.to_string());
+        }
+        let out = again.output().expect("the test run again");
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && said.contains("1 passed"),
+            "with other values in the environment: {said}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
