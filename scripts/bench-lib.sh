@@ -33,10 +33,9 @@ stop_server() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""; }
 # The server killed as a crash would kill it.
 kill_server() { kill -9 "$pid"; wait "$pid" 2>/dev/null || true; pid=""; }
 
-# The server's resident memory in MB, and its peak.
+# The server's resident memory in MB, and the most it has been since the
+# server started.
 rss_mb() { awk '/^VmRSS/ {print int($2 / 1024)}' "/proc/$pid/status"; }
-# The most the server's RSS has been since it started.
-hwm_mb() { awk '/^VmHWM/ {print int($2 / 1024)}' "/proc/$pid/status"; }
 peak_mb() { awk '/^VmHWM/ {print int($2 / 1024)}' "/proc/$pid/status"; }
 
 # Prints the Python expression $1 of the JSON on stdin (as `j`), skipping

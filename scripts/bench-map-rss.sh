@@ -35,11 +35,11 @@ serve "${flags[@]}"
 echo "empty: $(rss_mb) MB"
 fio --name=w --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=32 "${span[@]}" --randseed=5 \
     --buffer_pattern=0x5a >/dev/null 2>&1
-echo "after writing: $(rss_mb) MB, at most $(hwm_mb) MB"
+echo "after writing: $(rss_mb) MB, at most $(peak_mb) MB"
 stop_server
 serve "${flags[@]}"
 echo "reopened: $(rss_mb) MB"
 fio --name=r --ioengine=nbd --uri="$uri" --rw=randread --bs=4k --iodepth=32 "${span[@]}" --randseed=5 \
     --output-format=json >"$work/fio.json" 2>/dev/null
-echo "after reading: $(rss_mb) MB (at most $(hwm_mb) MB), $(json_expr "round(j['jobs'][0]['read']['iops'])" <"$work/fio.json") IOPS"
+echo "after reading: $(rss_mb) MB (at most $(peak_mb) MB), $(json_expr "round(j['jobs'][0]['read']['iops'])" <"$work/fio.json") IOPS"
 "$TESSERA" status "$work/array" | grep -E "^map cache" | cut -c1-160

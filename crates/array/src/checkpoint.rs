@@ -77,14 +77,13 @@ use crate::format::{
 use crate::index::{Index, Resident};
 use crate::intent::IntentLog;
 use crate::lanes::Lanes;
-use crate::limits::MAP_DIRECTORY_PAGES;
 use crate::limits::{
     CHECKPOINT_COPY_HOLD_MAX, CHECKPOINT_PAGES_COST_DIVISOR, CHECKPOINT_ROOTS_PER_PAGES_MAX,
     CHECKPOINT_SLOT_PAGES_PER_LOCK, CHECKPOINT_STRIPES_PER_SUBMIT, CHECKPOINT_WINDOW_CHUNKS_MAX,
     CHECKPOINT_WINDOW_DIVISOR, CHECKPOINT_WINDOW_MAX, CHECKPOINT_WINDOW_MIN, MAP_STRIPES_PER_NEEDED,
 };
 use crate::map::directory::NewDir;
-use crate::map::directory::{dir_of, DirEntries};
+use crate::map::directory::{dir_of, under_directory_page, DirEntries};
 use crate::map::DirUpdate;
 use crate::slots::{SlotState, TakenPages};
 use crate::stripe::OpenStripe;
@@ -295,13 +294,6 @@ fn place(per_stripe: usize, range: Range<usize>) -> Vec<ImagePiece> {
         at = end;
     }
     pieces
-}
-
-/// The pages of `pages` (in page order) that directory page `dir` names.
-fn in_dir(pages: &[NewPage], dir: u64) -> &[NewPage] {
-    let from = pages.partition_point(|p| p.page < dir * MAP_DIRECTORY_PAGES);
-    let to = pages.partition_point(|p| p.page < (dir + 1) * MAP_DIRECTORY_PAGES);
-    &pages[from..to]
 }
 
 /// What a checkpoint writes (steps 1 and 2): the pages' images copied,
@@ -1103,7 +1095,7 @@ impl Checkpoints {
             );
             let entry_bytes = |image: &PageImage| format::directory_entry_bytes(algorithm, image);
             let (mut count, mut bytes) = (entries.len(), entries.values().map(|i| entry_bytes(i)).sum::<usize>());
-            for new in in_dir(fresh, dir) {
+            for new in under_directory_page(fresh, dir, |p| p.page) {
                 if let Some(was) = entries.get(&new.page) {
                     count -= 1;
                     bytes -= entry_bytes(was);
@@ -1392,7 +1384,7 @@ impl Checkpoints {
                     return Err(error);
                 }
             };
-            for NewPage { page, image, .. } in in_dir(&pages, dir) {
+            for NewPage { page, image, .. } in under_directory_page(&pages, dir, |p| p.page) {
                 if let Some(was) = entries.remove(page) {
                     images.pages -= 1;
                     images.page_bytes -= was.stored_bytes();
@@ -1703,6 +1695,7 @@ fn sparse_map_stripes(images: &MapImages, per_stripe: u64) -> BTreeSet<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::MAP_DIRECTORY_PAGES;
 
     /// 4+2 of 64 KiB chunks on six 64 MiB memory devices (lz4, no log, no
     /// background work), exporting `pages` map pages' worth of blocks.

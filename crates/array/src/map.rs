@@ -71,7 +71,7 @@ use crate::limits::{EXTENT_BLOCKS_MAX, MAP_DIRECTORY_PAGES, MAP_PAGE_BLOCKS};
 mod delta;
 pub mod directory;
 mod entries;
-use directory::{DirEntries, Directory, Lookup, NewDir};
+use directory::{pages_under, under_directory_page, DirEntries, Directory, Lookup, NewDir};
 use entries::Entries;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -1488,8 +1488,12 @@ impl Map {
     /// Whether directory page `dir` is in memory, or must be once a
     /// checkpoint wrote it: a page it names is emptied in memory.
     pub fn directory_page_kept(&self, dir: u64) -> bool {
-        let (from, to) = (dir * MAP_DIRECTORY_PAGES, (dir + 1) * MAP_DIRECTORY_PAGES);
-        self.directory.is_resident(dir) || self.emptied.range(from..to).next().is_some()
+        self.directory.is_resident(dir) || self.emptied_under(dir)
+    }
+
+    /// Whether a page directory page `dir` names is emptied in memory.
+    fn emptied_under(&self, dir: u64) -> bool {
+        self.emptied.range(pages_under(dir)).next().is_some()
     }
 
     /// Whether page `p` is as it is in memory: held, emptied, or never
@@ -1669,9 +1673,8 @@ impl Map {
     pub fn publish(&mut self, dirs: Vec<DirUpdate>, pages: Vec<(u64, Option<Arc<PageImage>>)>) {
         debug_assert!(pages.windows(2).all(|two| two[0].0 < two[1].0));
         for update in dirs {
-            let (from, to) = (update.dir * MAP_DIRECTORY_PAGES, (update.dir + 1) * MAP_DIRECTORY_PAGES);
-            let busy = self.emptied.range(from..to).next().is_some();
-            let written = &pages[pages.partition_point(|p| p.0 < from)..pages.partition_point(|p| p.0 < to)];
+            let busy = self.emptied_under(update.dir);
+            let written = under_directory_page(&pages, update.dir, |p| p.0);
             self.directory
                 .publish(update.dir, update.old, update.new, busy, written);
         }

@@ -44,6 +44,20 @@ pub fn dir_of(page: u64) -> u64 {
     page / MAP_DIRECTORY_PAGES
 }
 
+/// The map pages directory page `dir` names.
+pub fn pages_under(dir: u64) -> std::ops::Range<u64> {
+    dir * MAP_DIRECTORY_PAGES..(dir + 1) * MAP_DIRECTORY_PAGES
+}
+
+/// Those of `sorted` (in page order, `page` saying each one's page) that
+/// directory page `dir` names.
+pub fn under_directory_page<T>(sorted: &[T], dir: u64, page: impl Fn(&T) -> u64) -> &[T] {
+    let pages = pages_under(dir);
+    let from = sorted.partition_point(|t| page(t) < pages.start);
+    let to = sorted.partition_point(|t| page(t) < pages.end);
+    &sorted[from..to]
+}
+
 /// What the directory says of a map page.
 #[derive(Debug)]
 pub enum Lookup {
@@ -292,12 +306,12 @@ impl Directory {
         self.evicted.range(dir_of(first)..=dir_of(last)).map(|(&d, i)| (d, i))
     }
 
-    /// The resident directory page `dir`'s entries.
     /// Whether directory page `dir` is in memory.
     pub fn is_resident(&self, dir: u64) -> bool {
         self.resident.contains_key(&dir)
     }
 
+    /// The resident directory page `dir`'s entries.
     pub fn resident(&self, dir: u64) -> Option<DirEntries> {
         self.resident.get(&dir).map(|d| DirEntries {
             images: d.images.unpack(),
@@ -538,12 +552,9 @@ mod tests {
             (first + 20, Some(image(22))),
         ];
         let mut after = before.clone();
-        for (page, image) in &written {
-            match image {
-                Some(image) => after.insert(*page, image.clone()),
-                None => after.remove(page),
-            };
-        }
+        after.insert(first + 7, image(7));
+        after.remove(&(first + 10));
+        after.insert(first + 20, image(22));
         let totals = |images: &Images| {
             (
                 images.len() as u64,
