@@ -1362,13 +1362,12 @@ impl Checkpoints {
             page_bytes: durable.page_bytes,
         };
         // The directory pages whose entries are kept once it is durable:
-        // those in memory, or that must be (a page they name is emptied
-        // in memory), and new ones. The others stay out of memory (one
-        // read in meanwhile is made from its old entries and the pages
-        // written: `Directory::publish`).
+        // those in memory, and new ones. The others stay out of memory
+        // (one read in meanwhile is made from its old entries and the
+        // pages written: `Directory::publish`).
         let kept: BTreeSet<u64> = {
             let index = self.catalog.index();
-            let kept = |dir: &u64| !durable.dirs.contains_key(dir) || index.map.directory_page_kept(*dir);
+            let kept = |dir: &u64| !durable.dirs.contains_key(dir) || index.map.directory_page_resident(*dir);
             dirs.iter().map(|d| d.dir).filter(kept).collect()
         };
         let mut updates = Vec::with_capacity(dirs.len());

@@ -71,7 +71,7 @@ use crate::limits::{EXTENT_BLOCKS_MAX, MAP_DIRECTORY_PAGES, MAP_PAGE_BLOCKS};
 mod delta;
 pub mod directory;
 mod entries;
-use directory::{pages_under, under_directory_page, DirEntries, Directory, Lookup, NewDir};
+use directory::{under_directory_page, DirEntries, Directory, Lookup, NewDir};
 use entries::Entries;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -1485,15 +1485,9 @@ impl Map {
         needed
     }
 
-    /// Whether directory page `dir` is in memory, or must be once a
-    /// checkpoint wrote it: a page it names is emptied in memory.
-    pub fn directory_page_kept(&self, dir: u64) -> bool {
-        self.directory.is_resident(dir) || self.emptied_under(dir)
-    }
-
-    /// Whether a page directory page `dir` names is emptied in memory.
-    fn emptied_under(&self, dir: u64) -> bool {
-        self.emptied.range(pages_under(dir)).next().is_some()
+    /// Whether directory page `dir` is in memory.
+    pub fn directory_page_resident(&self, dir: u64) -> bool {
+        self.directory.is_resident(dir)
     }
 
     /// Whether page `p` is as it is in memory: held, emptied, or never
@@ -1673,10 +1667,8 @@ impl Map {
     pub fn publish(&mut self, dirs: Vec<DirUpdate>, pages: Vec<(u64, Option<Arc<PageImage>>)>) {
         debug_assert!(pages.windows(2).all(|two| two[0].0 < two[1].0));
         for update in dirs {
-            let busy = self.emptied_under(update.dir);
             let written = under_directory_page(&pages, update.dir, |p| p.0);
-            self.directory
-                .publish(update.dir, update.old, update.new, busy, written);
+            self.directory.publish(update.dir, update.old, update.new, written);
         }
         self.rebased.clear();
         // Pages it wrote are clean now: the next eviction may take them.
@@ -1744,8 +1736,8 @@ impl Map {
     }
 
     /// Evicts clean pages, least recently looked at first, none that
-    /// `pinned` names; then, if that was not enough, directory pages none
-    /// of whose pages is emptied in memory, nor `pinned_dir`; until they hold at
+    /// `pinned` names; then, if that was not enough, directory pages
+    /// other than `pinned_dir`; until they hold at
     /// most `limit` bytes (or a few less, so that it is not done at every
     /// load). Nothing while the last could not get down to that and the
     /// map has grown by less than an eighth of `limit` since, with no
@@ -1784,20 +1776,17 @@ impl Map {
             self.len -= page.entries.len();
             evicted += 1;
         }
-        // Then directory pages none of whose pages is emptied in memory
-        // or pinned. A page in memory names its durable image itself
-        // (`Page::durable`), which a checkpoint asks of each page it
-        // writes (`durable_image`), and so does an emptied one; a
-        // checkpoint reads the directory pages it rewrites from their map
-        // stripes where they are not in memory. (Until 2026-12-01 any
-        // page in memory kept its directory page: writes scattered over
-        // 1 TiB kept all 1,024 of them, 23 MiB past an 8 MiB cache.)
+        // Then directory pages not pinned. A page in memory names its
+        // durable image itself (`Page::durable`), which a checkpoint asks
+        // of each page it writes (`durable_image`), and so does an
+        // emptied one (`emptied`); a checkpoint reads the directory pages
+        // it rewrites from their map stripes where they are not in
+        // memory. (Until 2026-12-01 any page in memory kept its directory
+        // page: writes scattered over 1 TiB kept all 1,024 of them, 23
+        // MiB past an 8 MiB cache; until 2026-12-03 an emptied one did,
+        // from when `emptied` held no image.)
         if self.held_bytes() > target {
-            let busy = |d: u64| {
-                let (from, to) = (d * MAP_DIRECTORY_PAGES, (d + 1) * MAP_DIRECTORY_PAGES);
-                pinned_dir(d) || self.emptied.range(from..to).next().is_some()
-            };
-            let mut dirs = self.directory.eviction_candidates(&busy);
+            let mut dirs = self.directory.eviction_candidates(pinned_dir);
             dirs.sort_unstable();
             for (_, d) in dirs {
                 if self.held_bytes() <= target {
@@ -2239,8 +2228,9 @@ mod tests {
 
     /// The images of `held` that directory page `dir` names.
     fn in_dir(held: &BTreeMap<u64, Arc<PageImage>>, dir: u64) -> BTreeMap<u64, Arc<PageImage>> {
-        let pages = dir * MAP_DIRECTORY_PAGES..(dir + 1) * MAP_DIRECTORY_PAGES;
-        held.range(pages).map(|(&p, i)| (p, i.clone())).collect()
+        held.range(directory::pages_under(dir))
+            .map(|(&p, i)| (p, i.clone()))
+            .collect()
     }
 
     /// The directory a durable checkpoint leaves naming `held` (map page
@@ -2826,6 +2816,59 @@ mod tests {
         let lost = map.remove_from(0, MAP_PAGE_BLOCKS);
         assert!(!lost.is_empty() && map.page_count() == 0);
         assert_eq!(map.durable_image(0), Some(written), "emptied");
+    }
+
+    /// A directory page goes while a page it names is emptied in memory:
+    /// the emptied page names the image it replaces itself (`emptied`),
+    /// so its directory page need not stay (until 2026-12-03 `evict`
+    /// kept it, a rule left from when `emptied` held no image, and the
+    /// checkpoint kept it in memory once written). Read back, the
+    /// directory page brings its other page and not the emptied one's
+    /// old image; the checkpoint that writes the page empty leaves the
+    /// directory page out of memory, naming the other page alone.
+    #[test]
+    fn a_directory_page_goes_while_a_page_it_names_is_emptied() {
+        use rand::SeedableRng;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(8);
+        let (mut map, held) = two_durable_pages(&mut rng);
+        let images: BTreeMap<u64, Vec<u8>> = [0, 1]
+            .into_iter()
+            .map(|p| {
+                let mut image = Vec::new();
+                assert!(map.encode_page(p, &mut image));
+                (p, image)
+            })
+            .collect();
+        let page_one = ranges(&map)
+            .into_iter()
+            .filter(|r| r.0 >= MAP_PAGE_BLOCKS)
+            .collect::<Vec<_>>();
+        assert!(!map.remove_from(0, MAP_PAGE_BLOCKS).is_empty());
+        map.evict(0, &|_| false, &|_| false);
+        assert_eq!(
+            (map.page_count(), map.directory_counts().1),
+            (0, 0),
+            "page 1 and the directory page went"
+        );
+        assert!(map.in_memory(0) && !map.in_memory(1));
+        assert_eq!(map.durable_image(0), Some(held[&0].clone()), "emptied");
+        // Read back: page 1 from its image, page 0 still empty.
+        read_back(&mut map, &held, &images, &image_geometry(Algorithm::Crc32c));
+        assert_eq!(ranges(&map), page_one);
+        assert_eq!(map.check_durable(), Ok(()));
+        // Out of memory again, and the checkpoint that writes page 0
+        // empty published: the directory page stays out, naming page 1.
+        map.evict(0, &|_| false, &|_| false);
+        assert_eq!((map.page_count(), map.directory_counts().1), (0, 0));
+        let dirty = map.take_dirty();
+        assert_eq!(dirty, BTreeSet::from([0]));
+        let now = BTreeMap::from([(1, held[&1].clone())]);
+        publish(&mut map, &held, &now, &dirty);
+        assert_eq!(map.directory_counts(), (1, 0));
+        assert!(!map.in_memory(0), "page 0 is as its directory page says");
+        read_back(&mut map, &now, &images, &image_geometry(Algorithm::Crc32c));
+        assert_eq!(ranges(&map), page_one);
+        assert_eq!(map.durable_image(0), None);
     }
 
     /// A page whose directory page left memory is still taken as a delta

@@ -373,7 +373,8 @@ impl Directory {
     /// A durable checkpoint's directory page `dir`: its entries and its
     /// image, or `None` where it names no page any more; `old` is what it
     /// named before (pages, their images' bytes). Held as its image if it
-    /// was and `resident` is false; else kept in memory.
+    /// was (evicted while the checkpoint was written); else kept in
+    /// memory.
     ///
     /// `written` are the map pages of this directory page the checkpoint
     /// wrote, in page order, each with its new image (`None`: emptied):
@@ -384,7 +385,6 @@ impl Directory {
         dir: u64,
         old: (u64, u64),
         new: Option<NewDir>,
-        resident: bool,
         written: &[(u64, Option<Arc<PageImage>>)],
     ) {
         let was_resident = self.resident.remove(&dir).inspect(|page| self.bytes -= page.bytes());
@@ -403,7 +403,7 @@ impl Directory {
         self.pages += totals.0;
         self.page_bytes += totals.1;
         let images = match (images, was_resident) {
-            (Some(images), was) if was.is_some() || resident || !was_evicted => images,
+            (Some(images), was) if was.is_some() || !was_evicted => images,
             (None, Some(was)) => {
                 let mut images = was.images.unpack();
                 for (page, image) in written {
@@ -575,7 +575,7 @@ mod tests {
             }
             let changed: BTreeSet<u64> = written.iter().map(|(page, _)| *page).collect();
             let new = NewDir::out_of_memory(&after, own_after.clone(), changed.clone());
-            directory.publish(dir, totals(&before), Some(new), false, &written);
+            directory.publish(dir, totals(&before), Some(new), &written);
             assert_eq!((directory.pages, directory.page_bytes), totals(&after));
             assert_eq!(directory.is_resident(dir), read_in);
             match read_in {
