@@ -652,6 +652,66 @@ fn a_directory_larger_than_its_cache_reads_back_exactly() {
     assert!(s.chunks_repaired >= 2 && s.map_directory_pages > dirs, "{s:?}");
 }
 
+/// A volume written all over and deleted: every page of it is emptied
+/// in memory until a checkpoint writes them, and their directory pages
+/// go as the cache needs, as any do (an emptied page names the image it
+/// replaces itself). Until 2026-12-03 each emptied page kept its
+/// directory page in memory: here 1,000 of them past a 64 KiB cache.
+/// The other volume reads back exactly before and after the checkpoint
+/// that writes the pages empty, a clean stop and a kill -9.
+#[test]
+fn a_volume_deleted_all_over_lets_its_directory_pages_go() {
+    let cache = 64 << 10;
+    let engine = || EngineOptions {
+        background: false,
+        ..cached(cache)
+    };
+    let devices = six_members();
+    let options = tessera_array::CreateOptions {
+        logical_bytes: Some(1 << 40),
+        ..tessera_array::CreateOptions::new(4, 2)
+    };
+    let array = tessera_array::create_with(named(&devices), &options, engine()).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(37);
+    let per_dir = 512 * PAGE;
+    let (kept, spread) = (500u64, 1000u64);
+    let mut model = BTreeMap::new();
+    for dir in 0..kept {
+        let lba = dir * per_dir + rng.gen_range(0..per_dir);
+        let tag = rng.gen::<u32>() as u64;
+        array.write(lba * BLOCK, &block(lba, tag), false).unwrap();
+        model.insert(lba, tag);
+    }
+    let gone = array.create_volume("gone", spread * per_dir * BLOCK).unwrap();
+    for dir in 0..spread {
+        let lba = dir * per_dir + rng.gen_range(0..per_dir);
+        gone.write(lba * BLOCK, &block(lba, 1), false).unwrap();
+    }
+    array.checkpoint().unwrap();
+    assert_eq!(array.status().unwrap().map_pages_on_members, kept + spread);
+    drop(gone);
+    array.delete_volume("gone").unwrap();
+    verify(&array, &model);
+    // (Its 1,000 pages emptied, not yet written, are counted with the
+    // room their checkpoint needs: past the cache, and not evicted.)
+    let s = array.status().unwrap();
+    assert!(
+        s.map_directory_pages_in_memory < (kept + spread) / 3,
+        "{} directory pages kept with pages emptied",
+        s.map_directory_pages_in_memory
+    );
+    array.check().unwrap();
+    array.checkpoint().unwrap();
+    verify(&array, &model);
+    let s = array.status().unwrap();
+    assert!(s.map_bytes <= cache as u64, "{s:?}");
+    assert_eq!((s.map_pages_on_members, s.map_directory_pages), (kept, kept), "{s:?}");
+    drop(array);
+    let array = tessera_array::open_with(open_list(&devices, &[]), engine()).unwrap();
+    verify(&array, &model);
+    flushed_killed_and_verified(&devices, array, engine(), &model);
+}
+
 /// `thin_4_plus_2` with block 0 of each of the first `pages` map pages
 /// written, stopped cleanly (the pages' images written one after another
 /// by its checkpoint) and opened again, with the model of what it holds.
