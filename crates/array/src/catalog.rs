@@ -220,14 +220,15 @@ impl Catalog {
         // Every page number of a range of a few pages (one that does not
         // exist yet may be made, written and evicted by others before
         // this maps into it); of a longer one (a TRIM of a whole device),
-        // the pages that exist.
+        // the pages in memory, emptied ones included (their pins keep
+        // their directory pages).
         let mut pages = Vec::new();
         for &(lba, end) in ranges {
             let (first, last) = (lba / PAGE, end.saturating_sub(1) / PAGE);
             if end > lba && last - first < PINNED_PAGES_PER_RANGE_MAX {
                 pages.extend(first..=last);
             } else {
-                pages.extend(index.map.resident_in(lba, end));
+                pages.extend(index.map.in_memory_in(lba, end));
             }
         }
         let mut pins = self.page_pins.lock();
@@ -370,9 +371,12 @@ impl Catalog {
         let mut loaded = Vec::new();
         {
             // Their pages' stripes are pinned before their own pins go
-            // (with them, their pages' images stay).
-            let _index = self.index();
-            for (dir, named) in dirs.into_iter().flatten() {
+            // (with them, their pages' images stay). Pages already in
+            // memory, or emptied there, are not read: `Map::install`
+            // would not take them.
+            let index = self.index();
+            for (dir, mut named) in dirs.into_iter().flatten() {
+                named.retain(|&page, _| !index.map.in_memory(page));
                 for image in named.values() {
                     for piece in image.all_pieces() {
                         pinned.add(piece.slot);

@@ -1569,16 +1569,16 @@ impl Map {
         Ok(self.directory.install(dir, entries, own, now))
     }
 
-    /// The pages in memory that hold keys of [lba, end).
-    pub fn resident_in(&self, lba: u64, end: u64) -> impl Iterator<Item = u64> + '_ {
-        let (first, last) = match end > lba {
-            true => (lba / MAP_PAGE_BLOCKS, (end - 1) / MAP_PAGE_BLOCKS),
-            false => (1, 0),
+    /// The pages of [lba, end) in memory: held, or emptied there. (A pin
+    /// on an emptied page keeps its directory page too, which
+    /// `remove_from` needs in memory: it asks `missing` of the range.)
+    pub fn in_memory_in(&self, lba: u64, end: u64) -> impl Iterator<Item = u64> + '_ {
+        let pages = match end > lba {
+            true => lba / MAP_PAGE_BLOCKS..(end - 1) / MAP_PAGE_BLOCKS + 1,
+            false => 0..0,
         };
-        self.pages
-            .range(first..=last.max(first))
-            .map(|(&p, _)| p)
-            .filter(move |&p| p <= last)
+        let held = self.pages.range(pages.clone()).map(|(&p, _)| p);
+        held.chain(self.emptied.range(pages).map(|(&p, _)| p))
     }
 
     /// A page from its image (as `format::load_page_image` gives it back),

@@ -403,7 +403,7 @@ impl Directory {
         self.pages += totals.0;
         self.page_bytes += totals.1;
         let images = match (images, was_resident) {
-            (Some(images), was) if was.is_some() || !was_evicted => images,
+            (Some(images), _) if !was_evicted => images,
             (None, Some(was)) => {
                 let mut images = was.images.unpack();
                 for (page, image) in written {
