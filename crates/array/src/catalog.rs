@@ -32,7 +32,7 @@ use crate::format::{PageImage, SlotEntry};
 use crate::index::{map_waiting, Index};
 use crate::limits::{SLOT_TABLE_PAGE_SLOTS, SLOT_WALK_CHUNK};
 use crate::map::directory::DirEntries;
-use crate::map::{LoadedPage, Map, Needed};
+use crate::map::{LoadedPage, Map, Needed, Overlapping, ReadOnce};
 use crate::slots::{Pinned, Pins, SlotState};
 use crate::stripes::Stripes;
 use std::collections::{BTreeMap, BTreeSet};
@@ -53,6 +53,60 @@ pub(crate) struct Catalog {
     /// Slots a walk over every slot looks at per hold of the index's lock
     /// (`EngineOptions::slot_walk_chunk`).
     walk_chunk: u64,
+    /// Pages lately read once (`with_mappings`).
+    read_once: Doorkeeper,
+}
+
+/// Pages lately read once and not kept (`Catalog::with_mappings`): a page
+/// read once again while it is still remembered here is kept. Each page
+/// has one place, by a hash of its number, which holds the last page
+/// read once there: what it remembers ages as pages are read once,
+/// whatever their numbers, and it takes 8 bytes a place
+/// (`limits::READ_ONCE_PLACES_MAX` at most). A page read once over a
+/// cache full of others is kept, and evicts one, only on its second
+/// look, as 2Q and TinyLFU's doorkeeper admit: where reads fall at random
+/// over a map larger than its cache, the cache holds as many of their
+/// pages whichever it keeps, and a lookup that keeps none takes no
+/// write lock and evicts nothing; where some pages are looked at again
+/// and again, those are kept.
+struct Doorkeeper {
+    places: Box<[std::sync::atomic::AtomicU64]>,
+    /// log2 of the places.
+    bits: u32,
+}
+
+impl Doorkeeper {
+    /// Places for about one page in 16 KiB of the cache (a power of two,
+    /// 64 to `READ_ONCE_PLACES_MAX`).
+    fn new(cache_bytes: usize) -> Doorkeeper {
+        let places = (cache_bytes / (16 << 10))
+            .clamp(64, crate::limits::READ_ONCE_PLACES_MAX)
+            .next_power_of_two();
+        Doorkeeper {
+            places: (0..places).map(|_| std::sync::atomic::AtomicU64::new(0)).collect(),
+            bits: places.trailing_zeros(),
+        }
+    }
+
+    /// Whether page `page` is the last read once at its place; it is
+    /// from now on.
+    fn seen_again(&self, page: u64) -> bool {
+        let place = (page.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - self.bits)) as usize;
+        let mark = page + 1;
+        self.places[place].swap(mark, std::sync::atomic::Ordering::Relaxed) == mark
+    }
+}
+
+/// What became of a page read for a look (`Catalog::look_once`).
+enum Once<R> {
+    /// Looked at once, and the look's answer.
+    Done(R),
+    /// Moved by a checkpoint meanwhile: to be looked up again.
+    Moved,
+    /// To be installed: the cache has room for it, or the look needs the
+    /// map's own pages (a replay's records wait for it, or a volume was
+    /// deleted since its image was written).
+    Install(LoadedPage),
 }
 
 /// Map pages pinned in memory (`PagePins`), and by how many. Taken under
@@ -95,6 +149,7 @@ impl Catalog {
             page_pins: PinTable::default(),
             cache_bytes,
             walk_chunk: SLOT_WALK_CHUNK,
+            read_once: Doorkeeper::new(cache_bytes),
         }
     }
 
@@ -170,19 +225,41 @@ impl Catalog {
         self.index.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs `f` under the index's lock once every page holding keys of
-    /// `ranges` is in memory (under the write side if it had to load
-    /// some, so that none is evicted before `f` has looked).
-    pub(crate) fn with_pages<R>(&self, ranges: &[(u64, u64)], f: impl FnOnce(&Index) -> R) -> Result<R, ArrayError> {
+    /// Runs `f` under the index's lock with the mappings overlapping
+    /// blocks [lba, end): the map's own, once every page holding those
+    /// keys is in memory (under the write side if it had to load some,
+    /// so that none is evicted before `f` has looked); or, where the
+    /// range lies in one page not in memory, the cache has no room for
+    /// it and it was not read once lately (`Doorkeeper`), the page's as
+    /// read for this look alone (`Map::read_once`), under the read side,
+    /// the map left as it was (`look_once`).
+    pub(crate) fn with_mappings<R>(
+        &self,
+        lba: u64,
+        end: u64,
+        f: impl FnOnce(&Index, Overlapping<'_>) -> R,
+    ) -> Result<R, ArrayError> {
         let f = std::cell::Cell::new(Some(f));
-        let run = |index: &Index| f.take().expect("called once")(index);
-        self.resident_then(ranges, &run)
+        let run = |index: &Index, once: Option<&ReadOnce>| {
+            let mappings = match once {
+                Some(once) => once.overlapping(lba, end),
+                None => index.map.overlapping(lba, end),
+            };
+            f.take().expect("called once")(index, mappings)
+        };
+        self.resident_then(&[(lba, end)], true, &run)
     }
 
     /// `then` under the index's lock once every page of `ranges` is in
     /// memory: under the read side if they all were, else under the
-    /// write side that installed the last of them.
-    fn resident_then<R>(&self, ranges: &[(u64, u64)], then: &dyn Fn(&Index) -> R) -> Result<R, ArrayError> {
+    /// write side that installed the last of them; or, with `once` (one
+    /// range), with the page read for it where `look_once` takes it.
+    fn resident_then<R>(
+        &self,
+        ranges: &[(u64, u64)],
+        once: bool,
+        then: &dyn Fn(&Index, Option<&ReadOnce>) -> R,
+    ) -> Result<R, ArrayError> {
         loop {
             let missing = {
                 let index = self.index();
@@ -192,7 +269,7 @@ impl Catalog {
                 let missing = missing(&index.map, ranges);
                 if missing.is_empty() && !waiting(&index, ranges) {
                     Counters::add(&self.stripes.counters.map_page_hits, 1);
-                    return Ok(then(&index));
+                    return Ok(then(&index, None));
                 }
                 missing
             };
@@ -201,18 +278,74 @@ impl Catalog {
                 map_waiting(&mut self.index_mut(), ranges);
                 continue;
             }
+            let mut loaded = self.read_pages(missing, false)?;
+            if once && ranges.len() == 1 {
+                if let [Loaded::Page(page, _)] = loaded.as_slice() {
+                    let (lba, end) = ranges[0];
+                    if page.page() == lba / PAGE && end.saturating_sub(1) / PAGE == lba / PAGE {
+                        let Some(Loaded::Page(page, image)) = loaded.pop() else {
+                            unreachable!("one page read")
+                        };
+                        match self.look_once(page, &image, ranges, then)? {
+                            Once::Done(done) => return Ok(done),
+                            Once::Moved => continue,
+                            Once::Install(page) => loaded.push(Loaded::Page(page, image)),
+                        }
+                    }
+                }
+            }
             let mut done = None;
-            self.bring_in(missing, ranges, &mut |index| done = Some(then(index)))?;
+            self.install_then(loaded, ranges, &mut |index| done = Some(then(index, None)))?;
             if let Some(done) = done {
                 return Ok(done);
             }
         }
     }
 
+    /// Page `page`, read in as held by `image`, looked at once for
+    /// `ranges` (which lie in it) under the index's read side and let go
+    /// (counted in `map_pages_read_once`), where the cache has no room
+    /// for it and it was not read once so lately (`Doorkeeper`);
+    /// otherwise, or where the look needs the map's own pages, given back
+    /// to be installed. Checked as `install` checks (`Map::read_once`).
+    fn look_once<R>(
+        &self,
+        page: LoadedPage,
+        image: &PageImage,
+        ranges: &[(u64, u64)],
+        then: &dyn Fn(&Index, Option<&ReadOnce>) -> R,
+    ) -> Result<Once<R>, ArrayError> {
+        let index = self.index();
+        let p = page.page();
+        // Room below where an eviction brings the map (`Map::evict`):
+        // past that, keeping it would evict another, sooner or later.
+        let limit = self.cache_limit(&index);
+        let room = index.map.held_bytes() + page.bytes() <= limit - limit / 8;
+        // A replay's records waiting for the page are mapped only as it
+        // is installed, and so are a deleted volume's records refused.
+        let floor = index.volumes.floor(p * PAGE);
+        if room || waiting(&index, ranges) || stale(&index, ranges).is_some() || self.read_once.seen_again(p) {
+            return Ok(Once::Install(page));
+        }
+        let slots = &index.slots;
+        let Some(once) = index
+            .map
+            .read_once(page, image, ranges[0], |slot| slots.may_hold_data(slot))
+            .map_err(|source| ArrayError::MapPage { page: p, source })?
+        else {
+            return Ok(Once::Moved);
+        };
+        if floor.is_some_and(|floor| !once.versions_at_least(floor)) {
+            return Ok(Once::Install(once.into_loaded()));
+        }
+        Counters::add(&self.stripes.counters.map_pages_read_once, 1);
+        Ok(Once::Done(then(&index, Some(&once))))
+    }
+
     /// Pins every page holding keys of `ranges` in memory (loading those
     /// that are not) until the pins are dropped.
     pub(crate) fn pin_pages(&self, ranges: &[(u64, u64)]) -> Result<PagePins<'_>, ArrayError> {
-        self.resident_then(ranges, &|index| self.pin(index, ranges))
+        self.resident_then(ranges, false, &|index, _| self.pin(index, ranges))
     }
 
     /// Pins the pages of `ranges` (all in memory, the index's lock held).
@@ -256,17 +389,16 @@ impl Catalog {
         }
     }
 
-    /// Reads, checks and installs the pages `missing` names; then, under
-    /// the same hold of the index's write lock, runs `then` if every page
-    /// of `ranges` is in memory; then evicts what the cache has no room
-    /// for.
-    fn bring_in(
+    /// Checks and installs the pages `loaded` (read by `read_pages`);
+    /// then, under the same hold of the index's write lock, runs `then` if
+    /// every page of `ranges` is in memory; then evicts what the cache
+    /// has no room for.
+    fn install_then(
         &self,
-        missing: Vec<Needed>,
+        loaded: Vec<Loaded>,
         ranges: &[(u64, u64)],
         then: &mut dyn FnMut(&Index),
     ) -> Result<(), ArrayError> {
-        let loaded = self.read_pages(missing, false)?;
         let mut index = self.index_mut();
         self.install_loaded(&mut index, loaded)?;
         map_waiting(&mut index, ranges);
@@ -304,9 +436,8 @@ impl Catalog {
         (self.cache_bytes / per_page).max(1)
     }
 
-    /// Evicts clean pages, none pinned, past the cache's size less what
-    /// the checkpoints that write the changed pages will hold
-    /// (`Map::checkpoint_work_bytes`).
+    /// Evicts clean pages, none pinned, past the cache's limit
+    /// (`cache_limit`).
     pub(crate) fn evict_pages(&self, index: &mut Index) {
         let pins = self.page_pins.lock();
         // The pinned pages' directory pages, gathered only if directory
@@ -320,9 +451,16 @@ impl Catalog {
             })
             .contains(&dir)
         };
-        let limit = self.cache_bytes.saturating_sub(index.map.checkpoint_work_bytes());
+        let limit = self.cache_limit(index);
         let evicted = index.map.evict(limit, &|page| pins.contains_key(&page), &pinned_dir);
         Counters::add(&self.stripes.counters.map_pages_evicted, evicted as u64);
+    }
+
+    /// The bytes the map may hold before pages are evicted: the cache's
+    /// size less what the checkpoints that write the changed pages will
+    /// hold (`Map::checkpoint_work_bytes`).
+    fn cache_limit(&self, index: &Index) -> usize {
+        self.cache_bytes.saturating_sub(index.map.checkpoint_work_bytes())
     }
 
     /// Whether the pages changed since the last checkpoint, with what the

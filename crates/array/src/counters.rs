@@ -15,6 +15,8 @@ pub struct Counters {
     pub map_page_hits: AtomicU64,
     pub map_page_misses: AtomicU64,
     pub map_pages_evicted: AtomicU64,
+    /// Pages read for one lookup and not kept (`Catalog::with_mappings`).
+    pub map_pages_read_once: AtomicU64,
     /// Reads of map stripes for page and directory page images: pages
     /// lying near each other in one stripe are read together.
     pub map_page_reads: AtomicU64,

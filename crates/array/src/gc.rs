@@ -337,12 +337,8 @@ pub(crate) mod tests {
     fn slot_of(shared: &crate::engine::Shared, lba: u64) -> u64 {
         let target = shared
             .catalog
-            .with_pages(&[(lba, lba + 1)], |index| {
-                index
-                    .map
-                    .overlapping(lba, lba + 1)
-                    .next()
-                    .map(|(_, m)| m.target.clone())
+            .with_mappings(lba, lba + 1, |_, mut mappings| {
+                mappings.next().map(|(_, m)| m.target.clone())
             })
             .unwrap();
         match target {

@@ -109,6 +109,11 @@ pub const GC_VICTIMS_REMEMBERED: usize = 1024;
 /// (`Catalog::walk_slots`; `tessera bench slots`).
 pub const SLOT_WALK_CHUNK: u64 = 65_536;
 
+/// The most places the map cache's memory of pages read once has
+/// (`catalog::Doorkeeper`, 8 bytes each): one per 16 KiB of the cache up
+/// to a 1 GiB cache, 512 KiB at most.
+pub const READ_ONCE_PLACES_MAX: usize = 65_536;
+
 /// Slots a checkpoint adds to its window: a quarter of the array, within
 /// bounds. Recovery after a crash reads a header for each chunk of the
 /// window's slots (at most about twice this many slots), so this bounds

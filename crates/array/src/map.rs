@@ -1037,6 +1037,22 @@ pub struct Overlapping<'a> {
 }
 
 impl<'a> Overlapping<'a> {
+    /// The mappings of `pages` overlapping blocks [lba, end), the pages
+    /// looked at marked with `now`.
+    fn new(pages: &'a BTreeMap<u64, Box<Page>>, lba: u64, end: u64, now: u64) -> Overlapping<'a> {
+        let (first, key) = page_of(lba);
+        Overlapping {
+            pages,
+            next_page: first,
+            last_page: if end > lba { (end - 1) / MAP_PAGE_BLOCKS } else { 0 },
+            first: (first, key),
+            end,
+            current: None,
+            done: end <= lba,
+            now,
+        }
+    }
+
     /// Where each mapping starts and how many blocks it maps, without
     /// building its target.
     pub fn spans(mut self) -> impl Iterator<Item = (u64, u32)> + 'a {
@@ -1213,6 +1229,61 @@ pub struct LoadedPage {
 impl LoadedPage {
     pub fn page(&self) -> u64 {
         self.page
+    }
+
+    /// The bytes it would hold in memory (`Page::bytes`).
+    pub fn bytes(&self) -> usize {
+        self.body.bytes()
+    }
+
+    /// The first slot, in entry order, that one of its entries points
+    /// into and `live` refuses. Neighbouring entries written together
+    /// share a slot: each run of one is asked about once.
+    fn refused_slot(&self, live: impl Fn(u64) -> bool) -> Option<u64> {
+        let slots = self.body.entries.slots();
+        let mut asked = None;
+        (0..self.body.entries.len()).map(|i| slots.get(i)).find(|&slot| {
+            let ask = asked != Some(slot);
+            asked = Some(slot);
+            ask && !live(slot)
+        })
+    }
+}
+
+/// A page read in for one look and not kept (`Map::read_once`): where
+/// keeping it would evict another, a read whose page is not in memory
+/// looks at it so and lets it go (`Catalog::with_mappings`).
+pub struct ReadOnce {
+    /// The page, alone: looked at as the map's own are.
+    pages: BTreeMap<u64, Box<Page>>,
+}
+
+impl ReadOnce {
+    /// Mappings of the page overlapping blocks [lba, end), in order:
+    /// those of keys outside the page are not there.
+    pub fn overlapping(&self, lba: u64, end: u64) -> Overlapping<'_> {
+        Overlapping::new(&self.pages, lba, end, 0)
+    }
+
+    /// Whether every entry of the page is of version `floor` or later
+    /// (`Map::versions_at_least`).
+    pub fn versions_at_least(&self, floor: u64) -> bool {
+        self.pages.values().all(|page| page.entries.versions_at_least(floor))
+    }
+
+    /// The page, to be installed after all (`Map::install`).
+    pub fn into_loaded(self) -> LoadedPage {
+        let (page, body) = self.pages.into_iter().next().expect("a page read once");
+        LoadedPage { page, body }
+    }
+}
+
+/// A page read in that points into a slot that may hold no data.
+fn refused_slot_error(slot: u64) -> FormatError {
+    FormatError::Field {
+        what: "map page",
+        field: "slot",
+        value: slot,
     }
 }
 
@@ -1622,26 +1693,13 @@ impl Map {
         image: &Arc<PageImage>,
         live: impl Fn(u64) -> bool,
     ) -> Result<bool, FormatError> {
-        let LoadedPage { page: p, mut body } = loaded;
-        if !self.held_only_as(p, image) {
+        if !self.held_only_as(loaded.page, image) {
             return Ok(false);
         }
-        // Neighbouring entries written together share a slot: each run of
-        // one is asked about once.
-        let slots = body.entries.slots();
-        let mut asked = None;
-        let refused = (0..body.entries.len()).map(|i| slots.get(i)).find(|&slot| {
-            let ask = asked != Some(slot);
-            asked = Some(slot);
-            ask && !live(slot)
-        });
-        if let Some(slot) = refused {
-            return Err(FormatError::Field {
-                what: "map page",
-                field: "slot",
-                value: slot,
-            });
+        if let Some(slot) = loaded.refused_slot(live) {
+            return Err(refused_slot_error(slot));
         }
+        let LoadedPage { page: p, mut body } = loaded;
         if body.words.len() > 2 * body.referred() + 32 {
             body.compact();
         }
@@ -1657,6 +1715,34 @@ impl Map {
         self.bytes += body.bytes();
         self.pages.insert(p, body);
         Ok(true)
+    }
+
+    /// A page held only as `image`, read in, to be looked at once for
+    /// blocks [lba, end) and not kept (`ReadOnce`), checked as `install`
+    /// checks a page, but only in the entries looked at: `Ok(None)` if
+    /// that is no longer how the page is held; an error if one of those
+    /// points into a slot `live` refuses. Nothing in the map changes.
+    pub fn read_once(
+        &self,
+        loaded: LoadedPage,
+        image: &PageImage,
+        (lba, end): (u64, u64),
+        live: impl Fn(u64) -> bool,
+    ) -> Result<Option<ReadOnce>, FormatError> {
+        if !self.held_only_as(loaded.page, image) {
+            return Ok(None);
+        }
+        let once = ReadOnce {
+            pages: BTreeMap::from([(loaded.page, loaded.body)]),
+        };
+        let mut looked_at = once.overlapping(lba, end);
+        if let Some(slot) = std::iter::from_fn(|| looked_at.next_entry())
+            .map(|(_, _, e)| e.slot)
+            .find(|&slot| !live(slot))
+        {
+            return Err(refused_slot_error(slot));
+        }
+        Ok(Some(once))
     }
 
     /// A durable checkpoint's directory pages (`dirs`), and the pages it
@@ -1939,17 +2025,7 @@ impl Map {
 
     /// Mappings overlapping blocks [lba, end), in order.
     pub fn overlapping(&self, lba: u64, end: u64) -> Overlapping<'_> {
-        let (first, key) = page_of(lba);
-        Overlapping {
-            pages: &self.pages,
-            next_page: first,
-            last_page: if end > lba { (end - 1) / MAP_PAGE_BLOCKS } else { 0 },
-            first: (first, key),
-            end,
-            current: None,
-            done: end <= lba,
-            now: self.clock.load(Ordering::Relaxed),
-        }
+        Overlapping::new(&self.pages, lba, end, self.clock.load(Ordering::Relaxed))
     }
 
     /// Maps blocks [lba, lba+blocks) to `target` at `version`, over the
@@ -2869,6 +2945,55 @@ mod tests {
         read_back(&mut map, &now, &images, &image_geometry(Algorithm::Crc32c));
         assert_eq!(ranges(&map), page_one);
         assert_eq!(map.durable_image(0), None);
+    }
+
+    /// A page read once (`Map::read_once`) shows the mappings it would
+    /// show installed, leaves the map as it was, is checked in the
+    /// entries looked at and no others, and is refused once the page is
+    /// in memory; given back, it installs as read.
+    #[test]
+    fn a_page_read_once_is_looked_at_as_installed_and_leaves_the_map_as_it_was() {
+        use rand::SeedableRng;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+        let (mut map, held) = two_durable_pages(&mut rng);
+        let g = image_geometry(Algorithm::Crc32c);
+        let image = |map: &Map| {
+            let mut image = Vec::new();
+            assert!(map.encode_page(1, &mut image));
+            image
+        };
+        let (images, page_one) = (BTreeMap::from([(0, Vec::new()), (1, image(&map))]), MAP_PAGE_BLOCKS);
+        let shown = |o: Overlapping<'_>| {
+            o.map(|(s, m)| (s, m.blocks, m.version, m.target.slot()))
+                .collect::<Vec<_>>()
+        };
+        let want = shown(map.overlapping(page_one, page_one + 8));
+        assert_eq!(want.len(), 1, "four blocks of one write");
+        let slot = want[0].3;
+        // The pages go, their directory page stays (as `missing` would
+        // have it read first).
+        map.evict(0, &|_| false, &|_| true);
+        assert_eq!((map.page_count(), map.directory_counts().1), (0, 1));
+        let read = || Map::decode_image(&images[&1], &g).unwrap();
+        let once = map.read_once(read(), &held[&1], (page_one, page_one + 8), |_| true);
+        let once = once.unwrap().expect("held only as that image");
+        assert_eq!(shown(once.overlapping(page_one, page_one + 8)), want);
+        assert_eq!(shown(once.overlapping(page_one + 2, page_one + 3)), vec![want[0]]);
+        assert!(!map.in_memory(1) && map.page_count() == 0, "the map as it was");
+        // Checked where looked at only.
+        let refused = |s: u64| s != slot;
+        assert_eq!(
+            map.read_once(read(), &held[&1], (page_one + 1, page_one + 2), refused)
+                .err(),
+            Some(refused_slot_error(slot))
+        );
+        let past = map.read_once(read(), &held[&1], (page_one + 100, page_one + 101), refused);
+        assert!(shown(past.unwrap().unwrap().overlapping(page_one + 100, page_one + 101)).is_empty());
+        // Installed as read, given back; then no page is read once.
+        assert_eq!(map.install(once.into_loaded(), &held[&1], |_| true), Ok(true));
+        assert_eq!(shown(map.overlapping(page_one, page_one + 8)), want);
+        let again = map.read_once(read(), &held[&1], (page_one, page_one + 8), |_| true);
+        assert!(again.unwrap().is_none(), "in memory now");
     }
 
     /// A page whose directory page left memory is still taken as a delta

@@ -68,9 +68,9 @@ impl Reader<'_> {
                 _ => runs.push((to - from, stored)),
             }
         };
-        self.catalog.with_pages(&[(first, last)], |index| {
+        self.catalog.with_mappings(first, last, |_, mappings| {
             let mut at = first;
-            for (start, mapping) in index.map.overlapping(first, last) {
+            for (start, mapping) in mappings {
                 let stop = start + u64::from(mapping.blocks);
                 push(at, start.max(at), false);
                 let stored = matches!(mapping.target, crate::map::Target::Data { .. });
@@ -111,8 +111,8 @@ impl Reader<'_> {
         let (first, end) = (offset / block, (offset + len).div_ceil(block));
         let mut pinned = Pinned::new(&self.catalog.pins);
         let mut stripes: Vec<u64> = Vec::new();
-        self.catalog.with_pages(&[(first, end)], |index| {
-            for (_, mapping) in index.map.overlapping(first, end) {
+        self.catalog.with_mappings(first, end, |index, mappings| {
+            for (_, mapping) in mappings {
                 if let Target::Data { extent, .. } = &mapping.target {
                     let on_members = matches!(where_is(index, extent.slot), Where::Members { .. } | Where::Unread);
                     if on_members && !stripes.contains(&extent.slot) && !self.stripes.data_readable(extent.slot) {
@@ -136,8 +136,8 @@ impl Reader<'_> {
         let end = lba + (out.len() / BLOCK_BYTES) as u64;
         let mut pinned = Pinned::new(&self.catalog.pins);
         let mut plan: Vec<Piece> = Vec::new();
-        self.catalog.with_pages(&[(lba, end)], |index| {
-            for (start, mapping) in index.map.overlapping(lba, end) {
+        self.catalog.with_mappings(lba, end, |index, mappings| {
+            for (start, mapping) in mappings {
                 let (lo, hi) = (start.max(lba), (start + u64::from(mapping.blocks)).min(end));
                 if let Target::Data { extent, skip } = &mapping.target {
                     pinned.add(extent.slot);

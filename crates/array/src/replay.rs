@@ -11,7 +11,7 @@
 //!
 //! - Every page is as eager replay leaves it before anything looks at it:
 //!   reads and writes bring a page in through `Catalog::pin_pages` or
-//!   `with_pages`, which map the page's waiting records (in their
+//!   `with_mappings`, which map the page's waiting records (in their
 //!   stripes' order, as eager replay does) under the same hold of the
 //!   index's write lock that finds it in memory. A write's newer version
 //!   wins over a replayed record whichever is mapped first (replay maps

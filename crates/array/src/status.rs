@@ -136,6 +136,10 @@ pub struct Status {
     pub map_page_misses: u64,
     #[serde(default)]
     pub map_pages_evicted: u64,
+    /// Pages read for one lookup and not kept: the cache had no room
+    /// and they were not read so lately (`Catalog::with_mappings`).
+    #[serde(default)]
+    pub map_pages_read_once: u64,
     /// Reads of map stripes that brought pages and directory pages in
     /// (pages near each other in one stripe are read at once).
     #[serde(default)]
@@ -383,6 +387,7 @@ impl Shared {
             map_page_misses: load(&c.map_page_misses),
             map_page_reads: load(&c.map_page_reads),
             map_pages_evicted: load(&c.map_pages_evicted),
+            map_pages_read_once: load(&c.map_pages_read_once),
             slot_pages_unread: slot_pages.0,
             slot_pages_unreadable: slot_pages.1,
             slot_table_bytes: slot_pages.2,

@@ -203,7 +203,7 @@ impl Metrics {
         let map = Family::<KindLabels, Gauge>::default();
         registry.register(
             "map",
-            "The map: mappings held in memory and the bytes they take, pages held and changed since the checkpoint, map stripes holding the checkpoint's page images; the map cache's size, pages with an image on the members and their bytes, the map's directory pages and those in memory, lookups that found their pages, pages read in, reads of map stripes that brought them in, pages evicted; the bytes of memory the slot table takes; the slot pages opening left to read after it that are still unread, and whether one of them cannot be read (1: the next opening reads them all)",
+            "The map: mappings held in memory and the bytes they take, pages held and changed since the checkpoint, map stripes holding the checkpoint's page images; the map cache's size, pages with an image on the members and their bytes, the map's directory pages and those in memory, lookups that found their pages, pages read in, reads of map stripes that brought them in, pages evicted, pages read for one lookup and not kept; the bytes of memory the slot table takes; the slot pages opening left to read after it that are still unread, and whether one of them cannot be read (1: the next opening reads them all)",
             map.clone(),
         );
         let scrub = Family::<KindLabels, Gauge>::default();
@@ -367,6 +367,7 @@ impl Metrics {
         gauge(&self.map, "page_misses", s.map_page_misses);
         gauge(&self.map, "page_reads", s.map_page_reads);
         gauge(&self.map, "pages_evicted", s.map_pages_evicted);
+        gauge(&self.map, "pages_read_once", s.map_pages_read_once);
         gauge(&self.map, "slot_table_bytes", s.slot_table_bytes);
         gauge(&self.map, "slot_pages_unread", s.slot_pages_unread);
         gauge(&self.map, "slot_pages_unreadable", u64::from(s.slot_pages_unreadable));

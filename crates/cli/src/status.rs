@@ -266,7 +266,7 @@ fn print_status(s: &Status) {
         s.checksum_errors, s.chunks_repaired, s.reconstructed_reads, s.stripes_reconstructed, s.unrecoverable_reads
     );
     println!(
-        "map cache: {} of {} used by {} pages and {} of {} directory pages in memory; {} pages ({}) with an image on the members; {} lookups found their pages, {} pages read in ({} reads of map stripes), {} evicted",
+        "map cache: {} of {} used by {} pages and {} of {} directory pages in memory; {} pages ({}) with an image on the members; {} lookups found their pages, {} pages read in ({} reads of map stripes), {} evicted, {} read for one lookup and not kept",
         human(s.map_bytes),
         human(s.map_cache_bytes),
         s.map_pages,
@@ -277,7 +277,8 @@ fn print_status(s: &Status) {
         s.map_page_hits,
         s.map_page_misses,
         s.map_page_reads,
-        s.map_pages_evicted
+        s.map_pages_evicted,
+        s.map_pages_read_once
     );
     let sequence = |value: Option<u64>| value.map_or("none".to_string(), |s| s.to_string());
     let r = &s.recovery;
