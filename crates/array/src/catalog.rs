@@ -15,7 +15,11 @@
 //! - A page is installed only if its image is still the one it was read
 //!   from (a checkpoint may have moved it meanwhile) and checks: its
 //!   digest (a stripe that fails it is rebuilt and repaired, as data is),
-//!   every field, every slot it points into sealed.
+//!   every field, every slot it points into sealed. A page a read looks
+//!   at once and lets go (`with_mappings`, past a full cache) is checked
+//!   so too, its slots in the entries looked at, under the read side,
+//!   the map unchanged; one with a replay's records waiting for it, or
+//!   in a volume deleted since its image was written, is installed.
 //! - No lock is held while an image is read: the map stripes a load
 //!   reads are pinned (as a reader pins data stripes), so none is
 //!   rewritten under it.
@@ -279,19 +283,14 @@ impl Catalog {
                 continue;
             }
             let mut loaded = self.read_pages(missing, false)?;
-            if once && ranges.len() == 1 {
-                if let [Loaded::Page(page, _)] = loaded.as_slice() {
-                    let (lba, end) = ranges[0];
-                    if page.page() == lba / PAGE && end.saturating_sub(1) / PAGE == lba / PAGE {
-                        let Some(Loaded::Page(page, image)) = loaded.pop() else {
-                            unreachable!("one page read")
-                        };
-                        match self.look_once(page, &image, ranges, then)? {
-                            Once::Done(done) => return Ok(done),
-                            Once::Moved => continue,
-                            Once::Install(page) => loaded.push(Loaded::Page(page, image)),
-                        }
-                    }
+            if once && the_page_of(ranges, &loaded) {
+                let Some(Loaded::Page(page, image)) = loaded.pop() else {
+                    unreachable!("one page read")
+                };
+                match self.look_once(page, &image, ranges, then)? {
+                    Once::Done(done) => return Ok(done),
+                    Once::Moved => continue,
+                    Once::Install(page) => loaded.push(Loaded::Page(page, image)),
                 }
             }
             let mut done = None;
@@ -1011,6 +1010,17 @@ fn waiting(index: &Index, ranges: &[(u64, u64)]) -> bool {
 fn stale(index: &Index, ranges: &[(u64, u64)]) -> Option<ArrayError> {
     let (lba, slot) = index.pending.as_ref()?.stale_in(ranges)?;
     Some(crate::index::stale_error(lba, slot))
+}
+
+/// Whether `loaded` is one page, the one that the one range of `ranges`
+/// lies in.
+fn the_page_of(ranges: &[(u64, u64)], loaded: &[Loaded]) -> bool {
+    match (ranges, loaded) {
+        ([(lba, end)], [Loaded::Page(page, _)]) => {
+            page.page() == lba / PAGE && end.saturating_sub(1) / PAGE == lba / PAGE
+        }
+        _ => false,
+    }
 }
 
 /// What must be read for the pages of `ranges` to be in memory.

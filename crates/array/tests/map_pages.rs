@@ -592,10 +592,10 @@ fn a_map_eight_times_its_cache_reads_back_exactly() {
 /// and the engine's check passes.
 #[test]
 fn pages_read_at_random_past_a_full_cache_are_read_once_unless_read_again() {
-    // Room for the directory page (512 pages' images named, ~150 KB in
-    // memory) and dozens of pages: a page whose directory page is not
-    // in memory is installed with it.
-    let cache = 256 << 10;
+    // Room for the directory pages (8, naming 2,048 pages' images in
+    // ~275 KB of memory) and a few hundred pages: a page whose directory
+    // page is not in memory is installed with it.
+    let cache = 512 << 10;
     let devices: Vec<_> = (0..6).map(|_| Arc::new(MemoryDevice::new(128 << 20))).collect();
     let options = tessera_array::CreateOptions {
         logical_bytes: Some(8 << 30),
@@ -622,9 +622,13 @@ fn pages_read_at_random_past_a_full_cache_are_read_once_unless_read_again() {
     // second look while remembered: here about 1 in 8 of the others).
     assert!(
         s.map_pages_read_once > 50_000 && s.map_page_misses * 3 < s.map_pages_read_once,
-        "{} pages read once, {} kept",
+        "{} pages read once, {} kept; {} reads of map stripes, {} pages evicted, {} of {} directory pages in memory",
         s.map_pages_read_once,
-        s.map_page_misses
+        s.map_page_misses,
+        s.map_page_reads,
+        s.map_pages_evicted,
+        s.map_directory_pages_in_memory,
+        s.map_directory_pages
     );
     // A page looked at again and again: read once, then kept, then found.
     let (lba, tag) = order[0];
@@ -644,7 +648,10 @@ fn pages_read_at_random_past_a_full_cache_are_read_once_unless_read_again() {
     // The whole map, counted once the check brings every page in.
     array.check().unwrap();
     let whole = array.status().unwrap().map_bytes;
-    assert!(whole >= 4 * cache as u64, "the map ({whole} bytes) is not much larger than its cache");
+    assert!(
+        whole >= 3 * cache as u64,
+        "the map ({whole} bytes) is not much larger than its cache"
+    );
 }
 
 /// Blocks one per directory page's worth of keys (1 GiB) over a thin
