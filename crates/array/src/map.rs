@@ -2957,12 +2957,8 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(9);
         let (mut map, held) = two_durable_pages(&mut rng);
         let g = image_geometry(Algorithm::Crc32c);
-        let image = |map: &Map| {
-            let mut image = Vec::new();
-            assert!(map.encode_page(1, &mut image));
-            image
-        };
-        let (images, page_one) = (BTreeMap::from([(0, Vec::new()), (1, image(&map))]), MAP_PAGE_BLOCKS);
+        let (mut image, page_one) = (Vec::new(), MAP_PAGE_BLOCKS);
+        assert!(map.encode_page(1, &mut image));
         let shown = |o: Overlapping<'_>| {
             o.map(|(s, m)| (s, m.blocks, m.version, m.target.slot()))
                 .collect::<Vec<_>>()
@@ -2974,7 +2970,7 @@ mod tests {
         // have it read first).
         map.evict(0, &|_| false, &|_| true);
         assert_eq!((map.page_count(), map.directory_counts().1), (0, 1));
-        let read = || Map::decode_image(&images[&1], &g).unwrap();
+        let read = || Map::decode_image(&image, &g).unwrap();
         let once = map.read_once(read(), &held[&1], (page_one, page_one + 8), |_| true);
         let once = once.unwrap().expect("held only as that image");
         assert_eq!(shown(once.overlapping(page_one, page_one + 8)), want);
