@@ -74,9 +74,8 @@ pub(crate) struct Catalog {
 /// write lock and evicts nothing; where some pages are looked at again
 /// and again, those are kept.
 struct Doorkeeper {
+    /// A power of two of them.
     places: Box<[std::sync::atomic::AtomicU64]>,
-    /// log2 of the places.
-    bits: u32,
 }
 
 impl Doorkeeper {
@@ -88,14 +87,14 @@ impl Doorkeeper {
             .next_power_of_two();
         Doorkeeper {
             places: (0..places).map(|_| std::sync::atomic::AtomicU64::new(0)).collect(),
-            bits: places.trailing_zeros(),
         }
     }
 
     /// Whether page `page` is the last read once at its place; it is
     /// from now on.
     fn seen_again(&self, page: u64) -> bool {
-        let place = (page.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - self.bits)) as usize;
+        let bits = self.places.len().trailing_zeros();
+        let place = (page.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - bits)) as usize;
         let mark = page + 1;
         self.places[place].swap(mark, std::sync::atomic::Ordering::Relaxed) == mark
     }
@@ -319,7 +318,7 @@ impl Catalog {
         // Room below where an eviction brings the map (`Map::evict`):
         // past that, keeping it would evict another, sooner or later.
         let limit = self.cache_limit(&index);
-        let room = index.map.held_bytes() + page.bytes() <= limit - limit / 8;
+        let room = index.map.held_bytes() + page.bytes() <= crate::map::eviction_target(limit);
         // A replay's records waiting for the page are mapped only as it
         // is installed, and so are a deleted volume's records refused.
         let floor = index.volumes.floor(p * PAGE);

@@ -1278,6 +1278,13 @@ impl ReadOnce {
     }
 }
 
+/// Where an eviction past `limit` brings the map (`Map::evict`): an
+/// eighth below it, so that each walk over the pages pays for an eighth
+/// of the cache loaded or changed since the last.
+pub fn eviction_target(limit: usize) -> usize {
+    limit - limit / 8
+}
+
 /// A page read in that points into a slot that may hold no data.
 fn refused_slot_error(slot: u64) -> FormatError {
     FormatError::Field {
@@ -1838,7 +1845,7 @@ impl Map {
         {
             self.eviction_walks += 1;
         }
-        let target = limit - limit / 8;
+        let target = eviction_target(limit);
         // Pages first: no checkpoint still has to copy a clean page (a
         // change clears `clean`, a checkpoint takes only changed pages,
         // and its `publish` sets it again on those not changed since).
