@@ -234,8 +234,9 @@ impl Catalog {
     /// so that none is evicted before `f` has looked); or, where the
     /// range lies in one page not in memory, the cache has no room for
     /// it and it was not read once lately (`Doorkeeper`), the page's as
-    /// read for this look alone (`Map::read_once`), under the read side,
-    /// the map left as it was (`look_once`).
+    /// read for this look alone (`Map::read_once`), under the read side
+    /// (the write side where its directory page was read and installed
+    /// with it), the map's pages left as they were (`look_once`).
     pub(crate) fn with_mappings<R>(
         &self,
         lba: u64,
@@ -256,7 +257,8 @@ impl Catalog {
     /// `then` under the index's lock once every page of `ranges` is in
     /// memory: under the read side if they all were, else under the
     /// write side that installed the last of them; or, with `once` (one
-    /// range), with the page read for it where `look_once` takes it.
+    /// range), with the page read for it where `look_once` takes it (its
+    /// directory page, read with it, installed first).
     fn resident_then<R>(
         &self,
         ranges: &[(u64, u64)],
@@ -282,47 +284,75 @@ impl Catalog {
                 continue;
             }
             let mut loaded = self.read_pages(missing, false)?;
-            if once && the_page_of(ranges, &loaded) {
-                let Some(Loaded::Page(page, image)) = loaded.pop() else {
-                    unreachable!("one page read")
-                };
-                match self.look_once(page, &image, ranges, then)? {
-                    Once::Done(done) => return Ok(done),
-                    Once::Moved => continue,
-                    Once::Install(page) => loaded.push(Loaded::Page(page, image)),
+            match once.then(|| the_page_of(ranges, &loaded)).flatten() {
+                Some(With::Page) => {
+                    let Some(Loaded::Page(page, image)) = loaded.pop() else {
+                        unreachable!("one page read")
+                    };
+                    match self.look_once(&self.index(), page, &image, ranges, then)? {
+                        Once::Done(done) => return Ok(done),
+                        Once::Moved => continue,
+                        Once::Install(page) => loaded.push(Loaded::Page(page, image)),
+                    }
                 }
+                Some(With::Directory) => {
+                    // Its directory page read with it: that is installed
+                    // (it names the images of many pages), and the page
+                    // looked at once under the same hold of the write
+                    // side, before an eviction may take the directory
+                    // page again.
+                    let Some(Loaded::Page(page, image)) = loaded.pop() else {
+                        unreachable!("the page read last")
+                    };
+                    let mut index = self.index_mut();
+                    self.install_loaded(&mut index, loaded)?;
+                    let looked = self.look_once(&index, page, &image, ranges, then)?;
+                    let loaded = match looked {
+                        Once::Done(done) => {
+                            self.evict_pages(&mut index);
+                            return Ok(done);
+                        }
+                        Once::Moved => continue,
+                        Once::Install(page) => vec![Loaded::Page(page, image)],
+                    };
+                    if let Some(done) = self.install_then_under(&mut index, loaded, ranges, then)? {
+                        return Ok(done);
+                    }
+                    continue;
+                }
+                None => {}
             }
-            let mut done = None;
-            self.install_then(loaded, ranges, &mut |index| done = Some(then(index, None)))?;
-            if let Some(done) = done {
+            let mut index = self.index_mut();
+            if let Some(done) = self.install_then_under(&mut index, loaded, ranges, then)? {
                 return Ok(done);
             }
         }
     }
 
     /// Page `page`, read in as held by `image`, looked at once for
-    /// `ranges` (which lie in it) under the index's read side and let go
+    /// `ranges` (which lie in it) under `index` (the read side, or the
+    /// write side that installed its directory page) and let go
     /// (counted in `map_pages_read_once`), where the cache has no room
     /// for it and it was not read once so lately (`Doorkeeper`);
     /// otherwise, or where the look needs the map's own pages, given back
     /// to be installed. Checked as `install` checks (`Map::read_once`).
     fn look_once<R>(
         &self,
+        index: &Index,
         page: LoadedPage,
         image: &PageImage,
         ranges: &[(u64, u64)],
         then: &dyn Fn(&Index, Option<&ReadOnce>) -> R,
     ) -> Result<Once<R>, ArrayError> {
-        let index = self.index();
         let p = page.page();
         // Room below where an eviction brings the map (`Map::evict`):
         // past that, keeping it would evict another, sooner or later.
-        let limit = self.cache_limit(&index);
+        let limit = self.cache_limit(index);
         let room = index.map.held_bytes() + page.bytes() <= crate::map::eviction_target(limit);
         // A replay's records waiting for the page are mapped only as it
         // is installed, and so are a deleted volume's records refused.
         let floor = index.volumes.floor(p * PAGE);
-        if room || waiting(&index, ranges) || stale(&index, ranges).is_some() || self.read_once.seen_again(p) {
+        if room || waiting(index, ranges) || stale(index, ranges).is_some() || self.read_once.seen_again(p) {
             return Ok(Once::Install(page));
         }
         let slots = &index.slots;
@@ -337,7 +367,7 @@ impl Catalog {
             return Ok(Once::Install(once.into_loaded()));
         }
         Counters::add(&self.stripes.counters.map_pages_read_once, 1);
-        Ok(Once::Done(then(&index, Some(&once))))
+        Ok(Once::Done(then(index, Some(&once))))
     }
 
     /// Pins every page holding keys of `ranges` in memory (loading those
@@ -391,22 +421,20 @@ impl Catalog {
     /// then, under the same hold of the index's write lock, runs `then` if
     /// every page of `ranges` is in memory; then evicts what the cache
     /// has no room for.
-    fn install_then(
+    fn install_then_under<R>(
         &self,
+        index: &mut Index,
         loaded: Vec<Loaded>,
         ranges: &[(u64, u64)],
-        then: &mut dyn FnMut(&Index),
-    ) -> Result<(), ArrayError> {
-        let mut index = self.index_mut();
-        self.install_loaded(&mut index, loaded)?;
-        map_waiting(&mut index, ranges);
+        then: &dyn Fn(&Index, Option<&ReadOnce>) -> R,
+    ) -> Result<Option<R>, ArrayError> {
+        self.install_loaded(index, loaded)?;
+        map_waiting(index, ranges);
         // (A page found stale is refused by the caller's next look.)
-        let ready = self::missing(&index.map, ranges).is_empty() && !waiting(&index, ranges);
-        if ready && stale(&index, ranges).is_none() {
-            then(&index);
-        }
-        self.evict_pages(&mut index);
-        Ok(())
+        let ready = self::missing(&index.map, ranges).is_empty() && !waiting(index, ranges);
+        let done = (ready && stale(index, ranges).is_none()).then(|| then(index, None));
+        self.evict_pages(index);
+        Ok(done)
     }
 
     /// Brings the pages `missing` names in, evicting none: read on the I/O
@@ -1011,14 +1039,29 @@ fn stale(index: &Index, ranges: &[(u64, u64)]) -> Option<ArrayError> {
     Some(crate::index::stale_error(lba, slot))
 }
 
-/// Whether `loaded` is one page, the one that the one range of `ranges`
-/// lies in.
-fn the_page_of(ranges: &[(u64, u64)], loaded: &[Loaded]) -> bool {
-    match (ranges, loaded) {
-        ([(lba, end)], [Loaded::Page(page, _)]) => {
-            page.page() == lba / PAGE && end.saturating_sub(1) / PAGE == lba / PAGE
-        }
-        _ => false,
+/// What was read for the one page that the one range of `ranges` lies
+/// in (`None`: something else).
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum With {
+    /// That page alone.
+    Page,
+    /// Its directory page, then that page.
+    Directory,
+}
+
+/// What `loaded` is, where it is the page that the one range of `ranges`
+/// lies in, read alone or after its directory page.
+fn the_page_of(ranges: &[(u64, u64)], loaded: &[Loaded]) -> Option<With> {
+    let ([(lba, end)], Some((Loaded::Page(page, _), before))) = (ranges, loaded.split_last()) else {
+        return None;
+    };
+    if page.page() != lba / PAGE || end.saturating_sub(1) / PAGE != lba / PAGE {
+        return None;
+    }
+    match before {
+        [] => Some(With::Page),
+        [Loaded::Dir { dir, .. }] if *dir == page.page() / crate::limits::MAP_DIRECTORY_PAGES => Some(With::Directory),
+        _ => None,
     }
 }
 

@@ -1158,7 +1158,8 @@ pub struct Map {
     clock: AtomicU64,
     /// The bytes held after an eviction that could not bring them down
     /// to its target (the rest changed since the last checkpoint, or
-    /// pinned): the next one waits until they have grown by an eighth of
+    /// pinned), lowered where the map shrank since (at a later call of
+    /// `evict`): the next walk waits until they have grown by an eighth of
     /// the limit, or a checkpoint made pages clean (`publish`). Each
     /// eviction walks every page in memory; before, a cache full of
     /// changed pages walked them all at each page read in, under the
@@ -1833,11 +1834,17 @@ impl Map {
     /// other than `pinned_dir`; until they hold at
     /// most `limit` bytes (or a few less, so that it is not done at every
     /// load). Nothing while the last could not get down to that and the
-    /// map has grown by less than an eighth of `limit` since, with no
+    /// map has grown by less than an eighth of `limit` since (since the
+    /// least it held at an eviction after, where it shrank), with no
     /// checkpoint published (`evict_stuck_at`). Returns the map pages
     /// evicted.
     pub fn evict(&mut self, limit: usize, pinned: &dyn Fn(u64) -> bool, pinned_dir: &dyn Fn(u64) -> bool) -> usize {
         let held = self.held_bytes();
+        // A map that shrank since (pages emptied or freed) is stuck at
+        // the lower mark: what grew since is what waits to be evicted.
+        if let Some(at) = self.evict_stuck_at.as_mut() {
+            *at = (*at).min(held);
+        }
         if held <= limit || self.evict_stuck_at.is_some_and(|at| held < at + limit / 8) {
             return 0;
         }
@@ -3070,6 +3077,46 @@ mod tests {
         assert!(map.evict(limit, &none, &none) > 0);
         assert_eq!(map.eviction_walks(), 3);
         assert!(map.held_bytes() <= limit - limit / 8);
+    }
+
+    /// A map stuck past its limit that then shrinks (pages emptied, freed)
+    /// is stuck at its lower mark: the next walk waits on an eighth of the
+    /// limit grown since, not since the higher mark. Until 2026-12-03 it
+    /// waited on the higher one: a volume deleted all over (its pages read
+    /// in, then emptied) left the mark far above, and the directory pages
+    /// read in after it were never evicted while reads installed no page
+    /// (`map_pages::a_volume_deleted_all_over_lets_its_directory_pages_go`).
+    #[test]
+    fn a_map_that_shrank_while_stuck_walks_again_as_it_grows_from_there() {
+        use rand::SeedableRng;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(8);
+        let mut map = Map::default();
+        for p in 0..64 {
+            write_four(&mut map, &mut rng, p * MAP_PAGE_BLOCKS, 1);
+        }
+        let limit = map.held_bytes() / 2;
+        let none = |_: u64| false;
+        assert_eq!(map.evict(limit, &none, &none), 0);
+        let stuck = map.held_bytes();
+        map.remove_from(16 * MAP_PAGE_BLOCKS, u64::MAX);
+        let low = map.held_bytes();
+        assert!(low + limit / 4 < stuck, "the map shrank: {low} of {stuck} bytes");
+        // Still over the limit: nothing goes, and no walk.
+        assert_eq!(map.evict(limit, &none, &none), 0);
+        assert_eq!(map.eviction_walks(), 1);
+        let mut p = 64;
+        while map.held_bytes() < low + limit / 8 {
+            assert!(p < 64 + 4096, "an eighth of the limit never held");
+            write_four(&mut map, &mut rng, p * MAP_PAGE_BLOCKS, 2);
+            p += 1;
+        }
+        assert!(map.held_bytes() < stuck, "grown back to the higher mark");
+        assert_eq!(map.evict(limit, &none, &none), 0);
+        assert_eq!(
+            map.eviction_walks(),
+            2,
+            "no walk an eighth of the limit past the lower mark"
+        );
     }
 
     /// Random writes, replays, relocations and removals over a few pages,

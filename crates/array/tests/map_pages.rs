@@ -723,6 +723,16 @@ fn a_directory_larger_than_its_cache_reads_back_exactly() {
         "nothing read at opening"
     );
     verify(&array, &model);
+    // Each block read its directory page and its page: the directory
+    // page installed, the page (past the full cache, and never read
+    // before) looked at once and let go.
+    let s = array.status().unwrap();
+    assert!(
+        s.map_pages_read_once > dirs * 3 / 4,
+        "{} pages read once, {} kept",
+        s.map_pages_read_once,
+        s.map_page_misses
+    );
     // Overwrites and new blocks, some in directory pages not read since
     // opening, then kill -9: replayed over the pages they land in.
     for i in 0..500 {
