@@ -3031,6 +3031,22 @@ mod tests {
         map.end_snapshot();
     }
 
+    /// A map of 64 pages, all changed since the last checkpoint, with a
+    /// limit of half what it holds and one eviction walked (which could
+    /// evict none), and the random source (`seed`) that wrote it.
+    fn stuck_past_half(seed: u64) -> (Map, rand::rngs::StdRng, usize) {
+        use rand::SeedableRng;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut map = Map::default();
+        for p in 0..64 {
+            write_four(&mut map, &mut rng, p * MAP_PAGE_BLOCKS, 1);
+        }
+        let limit = map.held_bytes() / 2;
+        assert_eq!(map.evict(limit, &|_| false, &|_| false), 0);
+        assert_eq!(map.eviction_walks(), 1);
+        (map, rng, limit)
+    }
+
     /// Past a cache full of pages changed since the last checkpoint, an
     /// eviction walks the pages in memory again only once they hold an
     /// eighth of the limit more, or a checkpoint made pages clean. Before,
@@ -3040,17 +3056,9 @@ mod tests {
     /// changed pages").
     #[test]
     fn evictions_past_a_cache_full_of_changed_pages_walk_the_pages_only_as_they_grow() {
-        use rand::SeedableRng;
-        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-        let mut map = Map::default();
-        for p in 0..64 {
-            write_four(&mut map, &mut rng, p * MAP_PAGE_BLOCKS, 1);
-        }
-        let limit = map.held_bytes() / 2;
-        let none = |_: u64| false;
         // Every page changed: nothing may go, and one walk finds that.
-        assert_eq!(map.evict(limit, &none, &none), 0);
-        assert_eq!(map.eviction_walks(), 1);
+        let (mut map, mut rng, limit) = stuck_past_half(7);
+        let none = |_: u64| false;
         // More pages changed, one at a time, each followed by an eviction
         // (as a write after each page read in): no walk until they hold
         // an eighth of the limit more.
@@ -3088,15 +3096,8 @@ mod tests {
     /// (`map_pages::a_volume_deleted_all_over_lets_its_directory_pages_go`).
     #[test]
     fn a_map_that_shrank_while_stuck_walks_again_as_it_grows_from_there() {
-        use rand::SeedableRng;
-        let mut rng = rand::rngs::StdRng::seed_from_u64(8);
-        let mut map = Map::default();
-        for p in 0..64 {
-            write_four(&mut map, &mut rng, p * MAP_PAGE_BLOCKS, 1);
-        }
-        let limit = map.held_bytes() / 2;
+        let (mut map, mut rng, limit) = stuck_past_half(8);
         let none = |_: u64| false;
-        assert_eq!(map.evict(limit, &none, &none), 0);
         let stuck = map.held_bytes();
         map.remove_from(16 * MAP_PAGE_BLOCKS, u64::MAX);
         let low = map.held_bytes();
